@@ -1,0 +1,92 @@
+//! Machines: their IDs (from `/etc/machine-id`) and what each publishes about itself.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+/// A machine's ID: 1 to 64 ASCII letters, digits, `-` or `_` (systemd's machine IDs are 32
+/// lowercase hex digits). Safe to use as an etcd key segment.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct MachineId(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MachineIdError {
+    #[error("machine ID cannot be empty")]
+    Empty,
+    #[error("machine ID exceeds maximum length (64)")]
+    TooLong,
+    #[error("invalid character {0:?} in machine ID")]
+    InvalidChar(char),
+}
+
+impl MachineId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// fleet's short form: the first 8 characters.
+    pub fn short(&self) -> &str {
+        &self.0[..self.0.len().min(8)]
+    }
+
+    /// fleet's `MachineID=` match: the full ID or its 8-character short form.
+    pub fn matches(&self, wanted: &str) -> bool {
+        wanted == self.0 || (wanted.len() == 8 && wanted == self.short())
+    }
+}
+
+impl FromStr for MachineId {
+    type Err = MachineIdError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.is_empty() {
+            return Err(MachineIdError::Empty);
+        }
+        if s.len() > 64 {
+            return Err(MachineIdError::TooLong);
+        }
+        if let Some(c) = s
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
+        {
+            return Err(MachineIdError::InvalidChar(c));
+        }
+        Ok(Self(s.to_owned()))
+    }
+}
+
+impl TryFrom<String> for MachineId {
+    type Error = MachineIdError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<MachineId> for String {
+    fn from(m: MachineId) -> String {
+        m.0
+    }
+}
+
+impl fmt::Display for MachineId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a live machine publishes about itself (its presence record).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineInfo {
+    pub id: MachineId,
+    /// Empty when unknown.
+    #[serde(default)]
+    pub public_ip: String,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    pub version: String,
+    /// Whether this machine takes part in leader election.
+    #[serde(default)]
+    pub disable_engine: bool,
+}
