@@ -1,0 +1,1 @@
+#[derive(Clone, Debug)] pub struct MemKv {}

@@ -1,0 +1,242 @@
+//! The small slice of etcd v3 the registry uses, behind one trait with two sides:
+//! [`EtcdKv`] (real etcd through etcd-client) and [`MemKv`] (an in-memory model for pure tests).
+//!
+//! The contract tests in `tests/kv_contract.rs` run the same bodies against both, so the fake
+//! cannot drift from etcd. Nothing above this module names etcd-client.
+
+use std::future::Future;
+use std::time::Duration;
+
+mod etcd;
+mod mem;
+
+pub use etcd::{EtcdConfig, EtcdKv, TlsFiles};
+pub use mem::MemKv;
+
+/// An etcd revision (cluster-wide, monotonically increasing).
+pub type Revision = i64;
+
+/// An etcd lease ID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseId(pub i64);
+
+/// One key with its metadata, as etcd returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyValue {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub create_revision: Revision,
+    pub mod_revision: Revision,
+    pub version: i64,
+    /// 0 when the key has no lease.
+    pub lease: i64,
+}
+
+/// The result of a range read: every key at one revision, sorted by key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeResult {
+    pub revision: Revision,
+    pub kvs: Vec<KeyValue>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmpOp {
+    Equal,
+    NotEqual,
+    Less,
+    Greater,
+}
+
+/// What a comparison looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmpTarget {
+    Value(Vec<u8>),
+    Version(i64),
+    CreateRevision(Revision),
+    ModRevision(Revision),
+}
+
+/// A transaction guard. With `prefix`, every key under `key` must satisfy it; an empty range
+/// compares as a single absent key (version, create and mod revision 0), as in etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compare {
+    pub key: String,
+    pub prefix: bool,
+    pub op: CmpOp,
+    pub target: CmpTarget,
+}
+
+impl Compare {
+    /// The key does not exist (create-if-absent).
+    pub fn absent(key: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            prefix: false,
+            op: CmpOp::Equal,
+            target: CmpTarget::CreateRevision(0),
+        }
+    }
+
+    /// No key exists under `prefix`.
+    pub fn prefix_empty(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: true,
+            ..Self::absent(prefix)
+        }
+    }
+
+    /// The key was last modified at `rev` (compare-and-swap on a read).
+    pub fn mod_revision(key: impl Into<String>, rev: Revision) -> Self {
+        Self {
+            key: key.into(),
+            prefix: false,
+            op: CmpOp::Equal,
+            target: CmpTarget::ModRevision(rev),
+        }
+    }
+
+    /// The key's value equals `value`.
+    pub fn value(key: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        Self {
+            key: key.into(),
+            prefix: false,
+            op: CmpOp::Equal,
+            target: CmpTarget::Value(value.into()),
+        }
+    }
+}
+
+/// A write (or read) inside a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOp {
+    Put {
+        key: String,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    },
+    Delete {
+        key: String,
+        prefix: bool,
+    },
+    Get {
+        key: String,
+        prefix: bool,
+    },
+}
+
+/// `if compares then success else failure`, applied atomically at one revision.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Txn {
+    pub compares: Vec<Compare>,
+    pub success: Vec<TxnOp>,
+    pub failure: Vec<TxnOp>,
+}
+
+/// What one op of the branch taken returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOpResponse {
+    Put,
+    /// How many keys were deleted.
+    Delete(i64),
+    Get(Vec<KeyValue>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnResult {
+    pub succeeded: bool,
+    /// The store's revision after the transaction.
+    pub revision: Revision,
+    pub responses: Vec<TxnOpResponse>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Put,
+    Delete,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub kind: EventKind,
+    /// For deletes, only `key` and `mod_revision` are meaningful.
+    pub kv: KeyValue,
+}
+
+/// What a watch delivers. Watches are hints: after `Compacted` or `Broken` the caller re-reads
+/// and watches again from the revision it read at + 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchMessage {
+    /// Events of one revision (or a batch of consecutive revisions), in order.
+    Events {
+        revision: Revision,
+        events: Vec<Event>,
+    },
+    /// The requested start revision was compacted away; relist.
+    Compacted { compact_revision: Revision },
+    /// The stream ended (server gone, connection lost); resume from the last seen revision + 1.
+    Broken,
+}
+
+/// A live watch. Dropping it cancels the watch.
+#[derive(Debug)]
+pub struct Watch {
+    pub rx: tokio::sync::mpsc::Receiver<WatchMessage>,
+}
+
+/// Errors from the store. `Unavailable` is the one callers retry.
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    #[error("etcd unreachable at {endpoints} ({detail})")]
+    Unavailable { endpoints: String, detail: String },
+    #[error("etcd request timed out after {0:?} (endpoints {1})")]
+    Timeout(Duration, String),
+    #[error("revision {requested} has been compacted (compacted up to {compacted})")]
+    Compacted {
+        requested: Revision,
+        compacted: Revision,
+    },
+    #[error("lease {0:?} not found or expired")]
+    LeaseNotFound(LeaseId),
+    #[error("etcd refused the request: {0}")]
+    Refused(String),
+    #[error("invalid etcd configuration: {0}")]
+    Config(String),
+}
+
+impl KvError {
+    /// Whether retrying later may succeed (connectivity), as opposed to a refusal.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable { .. } | Self::Timeout(..))
+    }
+}
+
+/// The store. Every method is one etcd round trip.
+pub trait Kv: Clone + Send + Sync + 'static {
+    /// Reads `key` (or every key under it with `prefix`), at `revision` or the latest.
+    fn range(
+        &self,
+        key: &str,
+        prefix: bool,
+        revision: Option<Revision>,
+    ) -> impl Future<Output = Result<RangeResult, KvError>> + Send;
+
+    /// Applies `txn` atomically.
+    fn txn(&self, txn: Txn) -> impl Future<Output = Result<TxnResult, KvError>> + Send;
+
+    /// Grants a lease of `ttl` (etcd may round it up to its minimum).
+    fn grant(&self, ttl: Duration) -> impl Future<Output = Result<LeaseId, KvError>> + Send;
+
+    /// Refreshes a lease once; `LeaseNotFound` when it has expired.
+    fn keep_alive(&self, lease: LeaseId) -> impl Future<Output = Result<(), KvError>> + Send;
+
+    /// Revokes a lease, deleting its keys. Revoking an unknown lease is not an error.
+    fn revoke(&self, lease: LeaseId) -> impl Future<Output = Result<(), KvError>> + Send;
+
+    /// Watches `key` (or everything under it) from `from_revision` inclusive.
+    fn watch(
+        &self,
+        key: &str,
+        prefix: bool,
+        from_revision: Revision,
+    ) -> impl Future<Output = Result<Watch, KvError>> + Send;
+}
