@@ -54,6 +54,8 @@ pub enum CmpTarget {
     Version(i64),
     CreateRevision(Revision),
     ModRevision(Revision),
+    /// The key's lease ID (0: no lease).
+    Lease(i64),
 }
 
 /// A transaction guard. With `prefix`, every key under `key` must satisfy it; an empty range

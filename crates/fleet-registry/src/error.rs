@@ -1,0 +1,55 @@
+//! The registry's one error type.
+
+use fleet_core::{MachineId, UnitHash, UnitName};
+
+use crate::kv::KvError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// etcd failed or could not be reached; `op` names what the registry was doing.
+    #[error("{op}: {source}")]
+    Kv {
+        op: &'static str,
+        #[source]
+        source: KvError,
+    },
+    /// Another client changed the unit between our read and our write.
+    #[error("unit {0} was changed concurrently by another client; nothing was written, try again")]
+    Conflict(UnitName),
+    #[error("unit {0} not found")]
+    UnitNotFound(UnitName),
+    /// A unit record points at a file that is not in the registry.
+    #[error("unit file {hash} of {unit} is missing from the registry")]
+    FileMissing { unit: UnitName, hash: UnitHash },
+    #[error("corrupt registry value at {key}: {detail}")]
+    Corrupt { key: String, detail: String },
+    /// Another live fleetd holds this machine ID.
+    #[error(
+        "machine ID {0} is already registered by a live fleetd; is /etc/machine-id duplicated?"
+    )]
+    DuplicateMachine(MachineId),
+    /// A write fenced by leadership found that we are not the leader any more.
+    #[error("not the engine leader any more")]
+    LostLeadership,
+}
+
+impl RegistryError {
+    pub(crate) fn kv(op: &'static str) -> impl FnOnce(KvError) -> RegistryError {
+        move |source| RegistryError::Kv { op, source }
+    }
+
+    /// Whether the failure is about reaching etcd (worth retrying later).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Kv { source, .. } => source.is_transient(),
+            Self::Conflict(_)
+            | Self::UnitNotFound(_)
+            | Self::FileMissing { .. }
+            | Self::Corrupt { .. }
+            | Self::DuplicateMachine(_)
+            | Self::LostLeadership => false,
+        }
+    }
+}
+
+pub type Result<T, E = RegistryError> = std::result::Result<T, E>;

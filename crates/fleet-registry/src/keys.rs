@@ -1,0 +1,128 @@
+//! The etcd key schema (documented in docs/registry.md). Every key the project writes is built
+//! here, so the schema lives in one place.
+//!
+//! `P` is the prefix (default `/_coreos.com/fleet/`):
+//!
+//! | key                               | value                         | lease      |
+//! |-----------------------------------|-------------------------------|------------|
+//! | `P/unit/<name>`                   | [`UnitRecord`] JSON           | none       |
+//! | `P/file/<hash>`                   | canonical unit text           | none       |
+//! | `P/file-ref/<hash>/<name>`        | empty (GC reference index)    | none       |
+//! | `P/schedule/<machine>/<name>`     | [`ScheduleEntry`] JSON        | none       |
+//! | `P/machine/<machine>`             | `MachineInfo` JSON            | machine's  |
+//! | `P/state/<name>/<machine>`        | [`UnitStateRecord`] JSON      | machine's  |
+//! | `P/engine/leader`                 | leader's machine ID           | leader's   |
+//! | `P/unscheduled/<name>`            | why the engine cannot place it| none       |
+//!
+//! [`UnitRecord`]: crate::UnitRecord
+//! [`ScheduleEntry`]: crate::ScheduleEntry
+//! [`UnitStateRecord`]: crate::UnitStateRecord
+
+use fleet_core::{MachineId, UnitHash, UnitName};
+
+/// The default key prefix, fleet's.
+pub const DEFAULT_PREFIX: &str = "/_coreos.com/fleet/";
+
+/// Builds keys under one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// `prefix` gets a trailing `/` if it lacks one.
+    pub fn new(prefix: &str) -> Keys {
+        let mut prefix = prefix.to_owned();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        Keys { prefix }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn units(&self) -> String {
+        format!("{}unit/", self.prefix)
+    }
+
+    pub fn unit(&self, name: &UnitName) -> String {
+        format!("{}unit/{name}", self.prefix)
+    }
+
+    pub fn file(&self, hash: &UnitHash) -> String {
+        format!("{}file/{hash}", self.prefix)
+    }
+
+    pub fn files(&self) -> String {
+        format!("{}file/", self.prefix)
+    }
+
+    pub fn file_refs(&self, hash: &UnitHash) -> String {
+        format!("{}file-ref/{hash}/", self.prefix)
+    }
+
+    pub fn all_file_refs(&self) -> String {
+        format!("{}file-ref/", self.prefix)
+    }
+
+    pub fn file_ref(&self, hash: &UnitHash, name: &UnitName) -> String {
+        format!("{}file-ref/{hash}/{name}", self.prefix)
+    }
+
+    pub fn schedules(&self) -> String {
+        format!("{}schedule/", self.prefix)
+    }
+
+    pub fn machine_schedule(&self, machine: &MachineId) -> String {
+        format!("{}schedule/{machine}/", self.prefix)
+    }
+
+    pub fn schedule(&self, machine: &MachineId, name: &UnitName) -> String {
+        format!("{}schedule/{machine}/{name}", self.prefix)
+    }
+
+    pub fn machines(&self) -> String {
+        format!("{}machine/", self.prefix)
+    }
+
+    pub fn machine(&self, machine: &MachineId) -> String {
+        format!("{}machine/{machine}", self.prefix)
+    }
+
+    pub fn states(&self) -> String {
+        format!("{}state/", self.prefix)
+    }
+
+    pub fn unit_states(&self, name: &UnitName) -> String {
+        format!("{}state/{name}/", self.prefix)
+    }
+
+    pub fn state(&self, name: &UnitName, machine: &MachineId) -> String {
+        format!("{}state/{name}/{machine}", self.prefix)
+    }
+
+    pub fn leader(&self) -> String {
+        format!("{}engine/leader", self.prefix)
+    }
+
+    pub fn unscheduled_all(&self) -> String {
+        format!("{}unscheduled/", self.prefix)
+    }
+
+    pub fn unscheduled(&self, name: &UnitName) -> String {
+        format!("{}unscheduled/{name}", self.prefix)
+    }
+
+    /// The part of `key` after `base`, if `key` is under it.
+    pub fn rest<'a>(key: &'a str, base: &str) -> Option<&'a str> {
+        key.strip_prefix(base)
+    }
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Keys::new(DEFAULT_PREFIX)
+    }
+}

@@ -1,0 +1,60 @@
+//! The values stored under the keys of [`crate::keys`], as JSON.
+
+use fleet_core::{DesiredState, MachineId, SystemdState, UnitHash, UnitName};
+use serde::{Deserialize, Serialize};
+
+use crate::kv::Revision;
+
+/// A unit known to the cluster: which file (by hash) and what the user wants of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitRecord {
+    pub name: UnitName,
+    pub hash: UnitHash,
+    pub desired: DesiredState,
+}
+
+/// A [`UnitRecord`] as read, with the revision a compare-and-swap must match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unit {
+    pub record: UnitRecord,
+    pub mod_revision: Revision,
+}
+
+impl Unit {
+    pub fn name(&self) -> &UnitName {
+        &self.record.name
+    }
+    pub fn hash(&self) -> UnitHash {
+        self.record.hash
+    }
+    pub fn desired(&self) -> DesiredState {
+        self.record.desired
+    }
+}
+
+/// What a machine must run: written by the engine (or by tests) under the machine's own
+/// prefix, so an agent watches only its own work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleEntry {
+    pub name: UnitName,
+    pub machine: MachineId,
+    pub hash: UnitHash,
+    /// `Loaded` or `Launched`; an `Inactive` unit has no entry.
+    pub desired: DesiredState,
+}
+
+/// What an agent publishes about a unit it runs; lives as long as the machine's lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitStateRecord {
+    pub name: UnitName,
+    pub machine: MachineId,
+    /// Hash of the unit file the agent has in place (None: no readable file).
+    pub hash: Option<UnitHash>,
+    pub systemd: SystemdState,
+    /// Drop-in files systemd applies on top of fleet's file (reported, never removed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drop_ins: Vec<String>,
+    /// The running process started from an older file than the one in place.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restart_pending: bool,
+}

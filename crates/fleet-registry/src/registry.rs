@@ -1,0 +1,517 @@
+//! Typed registry operations on top of any [`Kv`].
+//!
+//! Invariants every write keeps, each in one transaction:
+//! - a unit record exists only together with its file and its `file-ref` entry;
+//! - a file with no `file-ref` entry left is deleted (garbage collection fleet never did);
+//! - a unit record is replaced or its desired state changed only if it is unchanged since the
+//!   caller read it (compare-and-swap on its mod revision).
+
+use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::time::Duration;
+use tracing::debug;
+
+use crate::error::{RegistryError, Result};
+use crate::keys::Keys;
+use crate::kv::{Compare, KeyValue, Kv, LeaseId, Revision, Txn, TxnOp, TxnOpResponse};
+use crate::records::{ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
+
+/// The registry: one etcd (or fake) and one key prefix.
+#[derive(Debug, Clone)]
+pub struct Registry<K> {
+    kv: K,
+    keys: Keys,
+}
+
+/// What `create_unit` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateOutcome {
+    Created(Unit),
+    /// A unit of that name already exists (possibly with other content); nothing was written.
+    Exists(Unit),
+}
+
+/// Guards an engine write: it applies only while `key` still holds `value` (our leadership).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub key: String,
+    pub value: String,
+}
+
+/// A machine's presence: the lease its record and published states hang on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Presence {
+    pub lease: LeaseId,
+    /// True when a restarted fleetd took over its predecessor's still-live lease.
+    pub resumed: bool,
+}
+
+pub(crate) fn decode<T: DeserializeOwned>(kv: &KeyValue) -> Result<T> {
+    serde_json::from_slice(&kv.value).map_err(|e| RegistryError::Corrupt {
+        key: kv.key.clone(),
+        detail: e.to_string(),
+    })
+}
+
+pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("registry records always serialize")
+}
+
+pub(crate) fn decode_unit(kv: &KeyValue) -> Result<Unit> {
+    Ok(Unit {
+        record: decode(kv)?,
+        mod_revision: kv.mod_revision,
+    })
+}
+
+fn put(key: String, value: Vec<u8>) -> TxnOp {
+    TxnOp::Put {
+        key,
+        value,
+        lease: None,
+    }
+}
+
+fn delete(key: String) -> TxnOp {
+    TxnOp::Delete { key, prefix: false }
+}
+
+impl<K: Kv> Registry<K> {
+    pub fn new(kv: K, prefix: &str) -> Registry<K> {
+        Registry {
+            kv,
+            keys: Keys::new(prefix),
+        }
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    pub fn kv(&self) -> &K {
+        &self.kv
+    }
+
+    // ---- units ------------------------------------------------------------------------
+
+    pub async fn unit(&self, name: &UnitName) -> Result<Option<Unit>> {
+        let res = self
+            .kv
+            .range(&self.keys.unit(name), false, None)
+            .await
+            .map_err(RegistryError::kv("reading unit"))?;
+        res.kvs.first().map(decode_unit).transpose()
+    }
+
+    /// Every unit, sorted by name, at one revision.
+    pub async fn units(&self) -> Result<(Revision, Vec<Unit>)> {
+        let res = self
+            .kv
+            .range(&self.keys.units(), true, None)
+            .await
+            .map_err(RegistryError::kv("listing units"))?;
+        let units = res.kvs.iter().map(decode_unit).collect::<Result<_>>()?;
+        Ok((res.revision, units))
+    }
+
+    /// The unit file stored under `hash`.
+    pub async fn file(&self, hash: &UnitHash) -> Result<Option<UnitFile>> {
+        let key = self.keys.file(hash);
+        let res = self
+            .kv
+            .range(&key, false, None)
+            .await
+            .map_err(RegistryError::kv("reading unit file"))?;
+        let Some(kv) = res.kvs.first() else {
+            return Ok(None);
+        };
+        UnitFile::parse(&kv.value)
+            .map(Some)
+            .map_err(|e| RegistryError::Corrupt {
+                key,
+                detail: e.to_string(),
+            })
+    }
+
+    /// The file of `unit`, which must exist (the registry writes both in one transaction).
+    pub async fn unit_file(&self, unit: &Unit) -> Result<UnitFile> {
+        self.file(&unit.hash())
+            .await?
+            .ok_or_else(|| RegistryError::FileMissing {
+                unit: unit.name().clone(),
+                hash: unit.hash(),
+            })
+    }
+
+    /// Creates `name` with `file` and `desired` if no unit of that name exists.
+    pub async fn create_unit(
+        &self,
+        name: &UnitName,
+        file: &UnitFile,
+        desired: DesiredState,
+    ) -> Result<CreateOutcome> {
+        let record = UnitRecord {
+            name: name.clone(),
+            hash: file.hash(),
+            desired,
+        };
+        let unit_key = self.keys.unit(name);
+        let txn = Txn {
+            compares: vec![Compare::absent(&unit_key)],
+            success: self.unit_write_ops(&record, file),
+            failure: vec![TxnOp::Get {
+                key: unit_key.clone(),
+                prefix: false,
+            }],
+        };
+        let res = self
+            .kv
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("creating unit"))?;
+        if res.succeeded {
+            debug!(unit = %name, hash = %record.hash, "created unit");
+            return Ok(CreateOutcome::Created(Unit {
+                record,
+                mod_revision: res.revision,
+            }));
+        }
+        match res.responses.first() {
+            Some(TxnOpResponse::Get(kvs)) if !kvs.is_empty() => {
+                Ok(CreateOutcome::Exists(decode_unit(&kvs[0])?))
+            }
+            // Deleted between the compare and the read of the failure branch cannot happen
+            // (one revision), so an empty answer means a store bug; report it as a conflict.
+            _ => Err(RegistryError::Conflict(name.clone())),
+        }
+    }
+
+    /// Replaces `existing` with `file` and `desired`, if it is unchanged since it was read.
+    /// The old file is garbage-collected when no unit refers to it any more.
+    pub async fn replace_unit(
+        &self,
+        existing: &Unit,
+        file: &UnitFile,
+        desired: DesiredState,
+    ) -> Result<Unit> {
+        let name = existing.name();
+        let record = UnitRecord {
+            name: name.clone(),
+            hash: file.hash(),
+            desired,
+        };
+        let mut success = self.unit_write_ops(&record, file);
+        let old = existing.hash();
+        if old != record.hash {
+            success.push(delete(self.keys.file_ref(&old, name)));
+        }
+        let txn = Txn {
+            compares: vec![Compare::mod_revision(
+                self.keys.unit(name),
+                existing.mod_revision,
+            )],
+            success,
+            failure: vec![],
+        };
+        let res = self
+            .kv
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("replacing unit"))?;
+        if !res.succeeded {
+            return Err(RegistryError::Conflict(name.clone()));
+        }
+        debug!(unit = %name, old = %old, new = %record.hash, "replaced unit");
+        if old != record.hash {
+            self.collect_file(&old).await?;
+        }
+        Ok(Unit {
+            record,
+            mod_revision: res.revision,
+        })
+    }
+
+    /// Sets the desired state of `existing`, if it is unchanged since it was read.
+    pub async fn set_desired(&self, existing: &Unit, desired: DesiredState) -> Result<Unit> {
+        let record = UnitRecord {
+            desired,
+            ..existing.record.clone()
+        };
+        let key = self.keys.unit(existing.name());
+        let txn = Txn {
+            compares: vec![Compare::mod_revision(&key, existing.mod_revision)],
+            success: vec![put(key, encode(&record))],
+            failure: vec![],
+        };
+        let res = self
+            .kv
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("setting desired state"))?;
+        if !res.succeeded {
+            return Err(RegistryError::Conflict(existing.name().clone()));
+        }
+        Ok(Unit {
+            record,
+            mod_revision: res.revision,
+        })
+    }
+
+    /// Deletes `existing` (if unchanged since read) and collects its file.
+    pub async fn destroy_unit(&self, existing: &Unit) -> Result<()> {
+        let name = existing.name();
+        let txn = Txn {
+            compares: vec![Compare::mod_revision(
+                self.keys.unit(name),
+                existing.mod_revision,
+            )],
+            success: vec![
+                delete(self.keys.unit(name)),
+                delete(self.keys.file_ref(&existing.hash(), name)),
+            ],
+            failure: vec![],
+        };
+        let res = self
+            .kv
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("destroying unit"))?;
+        if !res.succeeded {
+            return Err(RegistryError::Conflict(name.clone()));
+        }
+        debug!(unit = %name, "destroyed unit");
+        self.collect_file(&existing.hash()).await
+    }
+
+    /// The ops that write a unit record with its file and reference. The file is always
+    /// (re)written: a concurrent collection of the same hash may have just deleted it.
+    fn unit_write_ops(&self, record: &UnitRecord, file: &UnitFile) -> Vec<TxnOp> {
+        vec![
+            put(self.keys.file(&record.hash), file.canonical().into_bytes()),
+            put(self.keys.file_ref(&record.hash, &record.name), Vec::new()),
+            put(self.keys.unit(&record.name), encode(record)),
+        ]
+    }
+
+    /// Deletes the file `hash` if no unit refers to it. Atomic against a concurrent writer:
+    /// a writer adds its reference in the same transaction as the file, so either our
+    /// compare sees the reference, or the writer re-creates the file after us.
+    pub async fn collect_file(&self, hash: &UnitHash) -> Result<()> {
+        let txn = Txn {
+            compares: vec![Compare::prefix_empty(self.keys.file_refs(hash))],
+            success: vec![delete(self.keys.file(hash))],
+            failure: vec![],
+        };
+        let res = self
+            .kv
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("collecting unit file"))?;
+        if res.succeeded {
+            debug!(hash = %hash, "collected unreferenced unit file");
+        }
+        Ok(())
+    }
+
+    // ---- schedule ---------------------------------------------------------------------
+
+    /// Every schedule entry of `machine`, and the revision they were read at.
+    pub async fn machine_schedule(
+        &self,
+        machine: &MachineId,
+    ) -> Result<(Revision, Vec<ScheduleEntry>)> {
+        let res = self
+            .kv
+            .range(&self.keys.machine_schedule(machine), true, None)
+            .await
+            .map_err(RegistryError::kv("reading machine schedule"))?;
+        let entries = res.kvs.iter().map(decode).collect::<Result<_>>()?;
+        Ok((res.revision, entries))
+    }
+
+    /// Writes and deletes schedule entries in one transaction, fenced by leadership if given.
+    pub async fn apply_schedule(
+        &self,
+        fence: Option<&Fence>,
+        put_entries: &[ScheduleEntry],
+        delete_entries: &[(MachineId, UnitName)],
+    ) -> Result<Revision> {
+        let mut ops: Vec<TxnOp> = put_entries
+            .iter()
+            .map(|e| put(self.keys.schedule(&e.machine, &e.name), encode(e)))
+            .collect();
+        ops.extend(
+            delete_entries
+                .iter()
+                .map(|(m, n)| delete(self.keys.schedule(m, n))),
+        );
+        let txn = Txn {
+            compares: fence
+                .map(|f| vec![Compare::value(&f.key, f.value.as_bytes().to_vec())])
+                .unwrap_or_default(),
+            success: ops,
+            failure: vec![],
+        };
+        let res = self
+            .kv
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("writing schedule"))?;
+        if !res.succeeded {
+            return Err(RegistryError::LostLeadership);
+        }
+        Ok(res.revision)
+    }
+
+    // ---- machines -----------------------------------------------------------------------
+
+    /// Registers this machine's presence on a new lease of `ttl`. If the record already exists
+    /// on `previous` (our own lease from before a restart, still alive), it is taken over and
+    /// the units' published states survive; any other holder is a duplicate machine ID.
+    pub async fn register_machine(
+        &self,
+        info: &MachineInfo,
+        ttl: Duration,
+        previous: Option<LeaseId>,
+    ) -> Result<Presence> {
+        let key = self.keys.machine(&info.id);
+        if let Some(lease) = previous {
+            if let Some(presence) = self.resume_presence(info, lease).await? {
+                return Ok(presence);
+            }
+        }
+        let lease = self
+            .kv
+            .grant(ttl)
+            .await
+            .map_err(RegistryError::kv("granting machine lease"))?;
+        let txn = Txn {
+            compares: vec![Compare::absent(&key)],
+            success: vec![TxnOp::Put {
+                key,
+                value: encode(info),
+                lease: Some(lease),
+            }],
+            failure: vec![],
+        };
+        let res = self
+            .kv
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("registering machine"))?;
+        if !res.succeeded {
+            // Best effort: the unused lease would expire by itself anyway.
+            let _ = self.kv.revoke(lease).await;
+            return Err(RegistryError::DuplicateMachine(info.id.clone()));
+        }
+        Ok(Presence {
+            lease,
+            resumed: false,
+        })
+    }
+
+    async fn resume_presence(
+        &self,
+        info: &MachineInfo,
+        lease: LeaseId,
+    ) -> Result<Option<Presence>> {
+        let key = self.keys.machine(&info.id);
+        if self.kv.keep_alive(lease).await.is_err() {
+            return Ok(None);
+        }
+        let txn = Txn {
+            compares: vec![crate::kv::Compare {
+                key: key.clone(),
+                prefix: false,
+                op: crate::kv::CmpOp::Equal,
+                target: crate::kv::CmpTarget::Lease(lease.0),
+            }],
+            success: vec![TxnOp::Put {
+                key,
+                value: encode(info),
+                lease: Some(lease),
+            }],
+            failure: vec![],
+        };
+        let res = self
+            .kv
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("resuming machine presence"))?;
+        Ok(res.succeeded.then_some(Presence {
+            lease,
+            resumed: true,
+        }))
+    }
+
+    /// Refreshes a presence lease; `Kv { source: LeaseNotFound }` once it has expired.
+    pub async fn keep_alive(&self, presence: &Presence) -> Result<()> {
+        self.kv
+            .keep_alive(presence.lease)
+            .await
+            .map_err(RegistryError::kv("refreshing machine lease"))
+    }
+
+    /// Ends a presence: the machine record and every state published under it vanish.
+    pub async fn unregister(&self, presence: &Presence) -> Result<()> {
+        self.kv
+            .revoke(presence.lease)
+            .await
+            .map_err(RegistryError::kv("revoking machine lease"))
+    }
+
+    /// Every live machine, sorted by ID.
+    pub async fn machines(&self) -> Result<Vec<MachineInfo>> {
+        let res = self
+            .kv
+            .range(&self.keys.machines(), true, None)
+            .await
+            .map_err(RegistryError::kv("listing machines"))?;
+        res.kvs.iter().map(decode).collect()
+    }
+
+    // ---- unit states ----------------------------------------------------------------------
+
+    /// Publishes the state of a unit on this machine, living as long as `presence`.
+    pub async fn publish_state(&self, presence: &Presence, state: &UnitStateRecord) -> Result<()> {
+        let txn = Txn {
+            compares: vec![],
+            success: vec![TxnOp::Put {
+                key: self.keys.state(&state.name, &state.machine),
+                value: encode(state),
+                lease: Some(presence.lease),
+            }],
+            failure: vec![],
+        };
+        self.kv
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("publishing unit state"))?;
+        Ok(())
+    }
+
+    /// Withdraws the state of `name` on `machine` (only that machine's entry).
+    pub async fn remove_state(&self, name: &UnitName, machine: &MachineId) -> Result<()> {
+        let txn = Txn {
+            compares: vec![],
+            success: vec![delete(self.keys.state(name, machine))],
+            failure: vec![],
+        };
+        self.kv
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("removing unit state"))?;
+        Ok(())
+    }
+
+    /// Every published unit state, sorted by unit then machine.
+    pub async fn unit_states(&self) -> Result<Vec<UnitStateRecord>> {
+        let res = self
+            .kv
+            .range(&self.keys.states(), true, None)
+            .await
+            .map_err(RegistryError::kv("listing unit states"))?;
+        res.kvs.iter().map(decode).collect()
+    }
+}
