@@ -6,6 +6,7 @@
 
 pub mod machine;
 pub mod name;
+pub mod quote;
 pub mod state;
 pub mod unit_file;
 pub mod xfleet;

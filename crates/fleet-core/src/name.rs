@@ -1,8 +1,11 @@
-//! Unit names, validated with fleet's rules and messages.
+//! Unit names, validated with fleet's rules, in fleet's order, with fleet's messages
+//! (`api/units.go:ValidateName`), and fleetctl's mangling of command-line arguments.
 //!
-//! A `UnitName` can never escape the units directory: it has no `/`, no control or space
-//! characters, and is never `.` or `..`.
+//! A `UnitName` can never escape the units directory: before its type suffix it holds only
+//! ASCII letters, digits and `:-_.\@`, so no `/`, no control or space characters, and it is
+//! never `.` or `..`. It does not know about files or the registry.
 
+use crate::quote::{quote, quote_char};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -10,7 +13,11 @@ use std::str::FromStr;
 /// Longest accepted unit name, as in fleet (`unit name exceeds maximum length (256)`).
 pub const MAX_NAME_LEN: usize = 256;
 
-/// Unit types fleet knows. Declaration order is the order fleet lists them in.
+/// Characters allowed before the type suffix, besides ASCII letters and digits (systemd's).
+const VALID_PUNCTUATION: &str = ":-_.\\@";
+
+/// Unit types fleet knows. The first seven, in the order fleetctl lists them, are the ones
+/// fleetctl recognizes in an argument; the API also accepts the rest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum UnitType {
     Service,
@@ -20,9 +27,17 @@ pub enum UnitType {
     Device,
     Mount,
     Automount,
+    Target,
+    Slice,
+    Swap,
+    Scope,
+    Busname,
+    Snapshot,
 }
 
 impl UnitType {
+    /// The types fleetctl recognizes at the end of an argument (`unit.RecognizedUnitType`);
+    /// any other name gets `.service` appended, so `foo.target` is `foo.target.service`.
     pub const ALL: [UnitType; 7] = [
         Self::Service,
         Self::Socket,
@@ -31,6 +46,23 @@ impl UnitType {
         Self::Device,
         Self::Mount,
         Self::Automount,
+    ];
+
+    /// Every type the API accepts in a unit name: [`UnitType::ALL`] and six more.
+    pub const ACCEPTED: [UnitType; 13] = [
+        Self::Service,
+        Self::Socket,
+        Self::Timer,
+        Self::Path,
+        Self::Device,
+        Self::Mount,
+        Self::Automount,
+        Self::Target,
+        Self::Slice,
+        Self::Swap,
+        Self::Scope,
+        Self::Busname,
+        Self::Snapshot,
     ];
 
     /// The suffix without the dot: `service`.
@@ -43,42 +75,62 @@ impl UnitType {
             Self::Device => "device",
             Self::Mount => "mount",
             Self::Automount => "automount",
+            Self::Target => "target",
+            Self::Slice => "slice",
+            Self::Swap => "swap",
+            Self::Scope => "scope",
+            Self::Busname => "busname",
+            Self::Snapshot => "snapshot",
         }
     }
 
+    /// The type for an exact, case-sensitive suffix among all [`UnitType::ACCEPTED`].
     pub fn from_suffix(s: &str) -> Option<UnitType> {
-        Self::ALL.into_iter().find(|t| t.suffix() == s)
+        Self::ACCEPTED.into_iter().find(|t| t.suffix() == s)
     }
 
-    /// systemd cannot template these.
+    /// Whether fleetctl keeps an argument ending in this type instead of appending `.service`.
+    pub fn recognized_by_fleetctl(self) -> bool {
+        Self::ALL.contains(&self)
+    }
+
+    /// Whether a name of this type may contain `@` (fleet's `validTemplateTypes`).
     pub fn can_be_template(self) -> bool {
         match self {
-            Self::Service | Self::Socket | Self::Timer | Self::Path => true,
-            Self::Device | Self::Mount | Self::Automount => false,
+            Self::Service | Self::Socket | Self::Timer | Self::Path | Self::Target => true,
+            Self::Device
+            | Self::Mount
+            | Self::Automount
+            | Self::Slice
+            | Self::Swap
+            | Self::Scope
+            | Self::Busname
+            | Self::Snapshot => false,
         }
     }
 }
 
-/// Why a unit name was refused. Messages are fleet's.
+/// Why a unit name was refused. Messages are fleet's, `%q` quoting included.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NameError {
     #[error("unit name cannot be empty")]
     Empty,
     #[error("unit name exceeds maximum length ({MAX_NAME_LEN})")]
     TooLong,
-    #[error("invalid character {0:?} in unit name")]
+    #[error("invalid character {} in unit name", quote_char(*.0))]
     InvalidChar(char),
     #[error("unit name must contain \".\"")]
     NoDot,
     #[error("unit name cannot end in \".\"")]
     EndsInDot,
-    #[error("invalid unit type: {0:?}")]
+    #[error("invalid unit type: {}", quote(.0))]
     InvalidType(String),
-    #[error("invalid unit type for template: {0:?}")]
+    #[error("invalid unit type for template: {}", quote(.0))]
     InvalidTemplateType(String),
     #[error("unit name cannot start in \"@\"")]
     StartsWithAt,
-    #[error("unit name cannot be {0:?}")]
+    /// Nothing before the type suffix (`.service`): fleet would take it, systemd refuses it.
+    #[error("unit name cannot be {}", quote(.0))]
     Reserved(String),
 }
 
@@ -95,8 +147,9 @@ pub struct UnitName {
 }
 
 impl UnitName {
-    /// fleetctl's argument mangling: take the last path component and append `.service` when
-    /// the name does not end in a known unit type (`foo` is `foo.service`).
+    /// fleetctl's argument mangling: take the last path component (Go's `path.Base`) and
+    /// append `.service` unless it ends in a type fleetctl recognizes (`foo` is `foo.service`,
+    /// `dir/foo.target` is `foo.target.service`).
     pub fn from_arg(arg: &str) -> Result<UnitName, NameError> {
         Self::with_default_type(base_name(arg)).parse()
     }
@@ -104,9 +157,9 @@ impl UnitName {
     /// `arg` with `.service` appended unless it already ends in a known unit type; used both
     /// for the unit name and for the local file fleetctl looks for.
     pub fn with_default_type(arg: &str) -> String {
-        let known = arg
-            .rsplit_once('.')
-            .is_some_and(|(_, suffix)| UnitType::from_suffix(suffix).is_some());
+        let known = arg.rsplit_once('.').is_some_and(|(_, suffix)| {
+            UnitType::from_suffix(suffix).is_some_and(UnitType::recognized_by_fleetctl)
+        });
         if known {
             arg.to_owned()
         } else {
@@ -163,31 +216,34 @@ impl UnitName {
     }
 }
 
+/// Go's `path.Base`: `""` is `"."` and a path of only slashes is `"/"`.
 fn base_name(arg: &str) -> &str {
+    if arg.is_empty() {
+        return ".";
+    }
     let trimmed = arg.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return "/";
+    }
     match trimmed.rsplit_once('/') {
         Some((_, base)) => base,
         None => trimmed,
     }
 }
 
+fn is_valid_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || VALID_PUNCTUATION.contains(c)
+}
+
 impl FromStr for UnitName {
     type Err = NameError;
+    /// fleet's checks in fleet's order, so a name with several faults gets fleet's message.
     fn from_str(name: &str) -> Result<Self, Self::Err> {
         if name.is_empty() {
             return Err(NameError::Empty);
         }
         if name.len() > MAX_NAME_LEN {
             return Err(NameError::TooLong);
-        }
-        if let Some(c) = name
-            .chars()
-            .find(|c| c.is_control() || c.is_whitespace() || *c == '/' || *c == '\\')
-        {
-            return Err(NameError::InvalidChar(c));
-        }
-        if name == "." || name == ".." {
-            return Err(NameError::Reserved(name.to_owned()));
         }
         let Some(dot) = name.rfind('.') else {
             return Err(NameError::NoDot);
@@ -196,22 +252,20 @@ impl FromStr for UnitName {
             return Err(NameError::EndsInDot);
         }
         let suffix = &name[dot + 1..];
-        let unit_type =
-            UnitType::from_suffix(suffix).ok_or_else(|| NameError::InvalidType(suffix.to_owned()))?;
+        let unit_type = UnitType::from_suffix(suffix)
+            .ok_or_else(|| NameError::InvalidType(suffix.to_owned()))?;
         let at = name.find('@');
+        if at.is_some() && !unit_type.can_be_template() {
+            return Err(NameError::InvalidTemplateType(suffix.to_owned()));
+        }
+        if let Some(c) = name[..dot].chars().find(|c| !is_valid_char(*c)) {
+            return Err(NameError::InvalidChar(c));
+        }
         if at == Some(0) {
             return Err(NameError::StartsWithAt);
         }
         if dot == 0 {
             return Err(NameError::Reserved(name.to_owned()));
-        }
-        if let Some(at) = at {
-            if at > dot {
-                return Err(NameError::InvalidType(suffix.to_owned()));
-            }
-            if !unit_type.can_be_template() {
-                return Err(NameError::InvalidTemplateType(suffix.to_owned()));
-            }
         }
         Ok(UnitName {
             name: name.to_owned(),
@@ -240,3 +294,6 @@ impl fmt::Display for UnitName {
         f.write_str(&self.name)
     }
 }
+
+#[cfg(test)]
+mod tests;
