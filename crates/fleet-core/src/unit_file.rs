@@ -9,7 +9,9 @@ use sha1::{Digest, Sha1};
 use std::fmt;
 use std::str::FromStr;
 
-/// Longest physical line accepted, as systemd's `LINE_MAX` and fleet's parser.
+/// systemd's `LINE_MAX`: a physical line, its newline included, must fit in this many bytes,
+/// so its text is at most 2047 bytes. go-systemd refuses longer lines rather than let systemd
+/// truncate them silently.
 pub const MAX_LINE_BYTES: usize = 2048;
 
 /// Largest unit file accepted. etcd refuses requests over 1.5 MiB by default; a unit file and
@@ -25,10 +27,21 @@ pub struct UnitOption {
 }
 
 /// A parsed unit file. Options keep their order; repeated keys are all kept.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Two unit files are equal when their canonical texts are, hence their hashes: options of
+/// different sections may be interleaved differently (fleet's `unit.MatchUnitFiles`).
+#[derive(Debug, Clone)]
 pub struct UnitFile {
     options: Vec<UnitOption>,
 }
+
+impl PartialEq for UnitFile {
+    fn eq(&self, other: &Self) -> bool {
+        self.canonical() == other.canonical()
+    }
+}
+
+impl Eq for UnitFile {}
 
 /// Why a unit file was refused. Line numbers are 1-based.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,10 +54,14 @@ pub enum ParseError {
     TooLarge { size: usize },
     #[error("line {line}: unterminated section header")]
     UnterminatedSection { line: usize },
+    #[error("line {line}: found garbage after section name {section:?}")]
+    GarbageAfterSection { line: usize, section: String },
     #[error("line {line}: option {name:?} outside of any section")]
     OutsideSection { line: usize, name: String },
     #[error("line {line}: expected Name=Value, found {text:?}")]
     NotAnAssignment { line: usize, text: String },
+    #[error("line {line}: value ends in a backslash that continues nothing")]
+    DanglingBackslash { line: usize },
     #[error("line {line}: empty option name")]
     EmptyName { line: usize },
     #[error("unit file has no options")]
@@ -52,9 +69,11 @@ pub enum ParseError {
 }
 
 impl UnitFile {
-    /// Parses a unit file: sections, `Name=Value`, `#`/`;` comments, blank lines, backslash
-    /// continuations (kept in the value as `\` + newline, as fleet does), repeated keys in order,
-    /// repeated `[Section]` headers merged.
+    /// Parses a unit file as go-systemd does: sections, `Name=Value`, `#`/`;` comments, blank
+    /// lines, backslash continuations (kept in the value as `\` + newline), repeated keys in
+    /// order, repeated `[Section]` headers merged. Unlike go-systemd it refuses text before the
+    /// first section, non-UTF-8 bytes and empty files, and it honours continuations in CRLF
+    /// files.
     pub fn parse(bytes: &[u8]) -> Result<UnitFile, ParseError> {
         if bytes.len() > MAX_UNIT_FILE_BYTES {
             return Err(ParseError::TooLarge { size: bytes.len() });
@@ -65,30 +84,27 @@ impl UnitFile {
                 .filter(|b| **b == b'\n')
                 .count(),
         })?;
+        let mut lines = Lines::new(text);
         let mut options = Vec::new();
         let mut section: Option<String> = None;
-        let mut lines = text.split('\n').enumerate().peekable();
-        while let Some((idx, raw)) = lines.next() {
-            let line_no = idx + 1;
-            let raw = raw.strip_suffix('\r').unwrap_or(raw);
-            if raw.len() > MAX_LINE_BYTES {
-                return Err(ParseError::LineTooLong { line: line_no });
+        while let Some((line_no, raw)) = lines.next_line()? {
+            // Leading space is insignificant; trailing space is not (it ends a continuation).
+            let line = raw.trim_start();
+            if line.is_empty() {
+                continue;
             }
-            let line = raw.trim();
-            if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            if line.starts_with(['#', ';']) {
+                skip_comment(line, &mut lines)?;
                 continue;
             }
             if let Some(rest) = line.strip_prefix('[') {
-                let Some(name) = rest.strip_suffix(']') else {
-                    return Err(ParseError::UnterminatedSection { line: line_no });
-                };
-                section = Some(name.to_owned());
+                section = Some(section_name(rest, line_no)?);
                 continue;
             }
             let Some((name, first)) = line.split_once('=') else {
                 return Err(ParseError::NotAnAssignment {
                     line: line_no,
-                    text: line.to_owned(),
+                    text: line.trim_end().to_owned(),
                 });
             };
             let name = name.trim();
@@ -101,22 +117,10 @@ impl UnitFile {
                     name: name.to_owned(),
                 });
             };
-            let mut value = first.to_owned();
-            while value.ends_with('\\') {
-                let Some((next_idx, next)) = lines.next() else {
-                    break;
-                };
-                let next = next.strip_suffix('\r').unwrap_or(next);
-                if next.len() > MAX_LINE_BYTES {
-                    return Err(ParseError::LineTooLong { line: next_idx + 1 });
-                }
-                value.push('\n');
-                value.push_str(next);
-            }
             options.push(UnitOption {
                 section: section.clone(),
                 name: name.to_owned(),
-                value: value.trim().to_owned(),
+                value: read_value(first, line_no, &mut lines)?,
             });
         }
         if options.is_empty() {
@@ -183,6 +187,94 @@ impl UnitFile {
     }
 }
 
+/// Physical lines with their 1-based numbers, line ends (`\n` or `\r\n`) removed, each
+/// checked against [`MAX_LINE_BYTES`].
+struct Lines<'a> {
+    inner: std::iter::Enumerate<std::str::Split<'a, char>>,
+}
+
+impl<'a> Lines<'a> {
+    fn new(text: &'a str) -> Self {
+        Lines {
+            inner: text.split('\n').enumerate(),
+        }
+    }
+
+    fn next_line(&mut self) -> Result<Option<(usize, &'a str)>, ParseError> {
+        let Some((idx, raw)) = self.inner.next() else {
+            return Ok(None);
+        };
+        let line = raw.strip_suffix('\r').unwrap_or(raw);
+        if line.len() >= MAX_LINE_BYTES {
+            return Err(ParseError::LineTooLong { line: idx + 1 });
+        }
+        Ok(Some((idx + 1, line)))
+    }
+}
+
+/// `rest` is a header line after its `[`: the name runs to the first `]`, and only space may
+/// follow.
+fn section_name(rest: &str, line: usize) -> Result<String, ParseError> {
+    let Some((name, after)) = rest.split_once(']') else {
+        return Err(ParseError::UnterminatedSection { line });
+    };
+    if !after.trim().is_empty() {
+        return Err(ParseError::GarbageAfterSection {
+            line,
+            section: name.to_owned(),
+        });
+    }
+    Ok(name.to_owned())
+}
+
+/// go-systemd lets a comment continue onto the next line when it ends in `\` (one trailing
+/// space allowed), so the continued line is a comment too and must not become an option.
+fn skip_comment<'a>(mut line: &'a str, lines: &mut Lines<'a>) -> Result<(), ParseError> {
+    while line.strip_suffix(' ').unwrap_or(line).ends_with('\\') {
+        match lines.next_line()? {
+            Some((_, next)) => line = next,
+            None => break,
+        }
+    }
+    Ok(())
+}
+
+/// Reads a value whose first line is `first` (everything after `=`). A line ending exactly in
+/// `\` continues onto the next, joined with a newline; a blank continuation line ends the value
+/// and, as in go-systemd, leaves that newline at its end. The value is then trimmed.
+///
+/// go-systemd accepts a value that still ends in `\` (`A=x\ ` with a trailing space, or a
+/// backslash on the last line), but its canonical text reads back as a continuation and
+/// systemd joins it with the next line: such a value is refused.
+fn read_value<'a>(
+    first: &'a str,
+    line_no: usize,
+    lines: &mut Lines<'a>,
+) -> Result<String, ParseError> {
+    let mut value = first.to_owned();
+    let (mut last, mut last_no) = (first, line_no);
+    let mut ends_in_newline = false;
+    while last.ends_with('\\') {
+        let Some((next_no, next)) = lines.next_line()? else {
+            break;
+        };
+        value.push('\n');
+        if next.trim().is_empty() {
+            ends_in_newline = true;
+            break;
+        }
+        value.push_str(next);
+        (last, last_no) = (next, next_no);
+    }
+    let mut value = value.trim().to_owned();
+    if ends_in_newline {
+        value.push('\n');
+    } else if value.ends_with('\\') {
+        return Err(ParseError::DanglingBackslash { line: last_no });
+    }
+    Ok(value)
+}
+
 /// SHA-1 of a unit file's canonical text.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -230,7 +322,10 @@ impl FromStr for UnitHash {
         let mut out = [0u8; 20];
         for (i, chunk) in s.as_bytes().chunks(2).enumerate() {
             let hex = std::str::from_utf8(chunk).map_err(|_| bad())?;
-            if !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            if !hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            {
                 return Err(bad());
             }
             out[i] = u8::from_str_radix(hex, 16).map_err(|_| bad())?;
@@ -253,18 +348,4 @@ impl From<UnitHash> for String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hashes_match_fleets_own_vectors() {
-        let hello = "[Service]\nExecStart=/bin/bash -c \"while true; do echo Hello, World!; sleep 1; done\"\n";
-        let unit = UnitFile::parse(hello.as_bytes()).unwrap();
-        assert_eq!(unit.hash().to_string(), "3750b3e9f3962a56c7582929426e9abb012754cf");
-        assert_eq!(unit.hash().short(), "3750b3e");
-
-        let example = "[Unit]\nDescription=Hello World\n\n[Service]\nExecStart=/bin/bash -c \"while true; do echo \\\"Hello, world\\\"; sleep 1; done\"\n";
-        let unit = UnitFile::parse(example.as_bytes()).unwrap();
-        assert_eq!(unit.hash().to_string(), "e55c0aeb44ba0b68004ceb8a200e685194448b45");
-    }
-}
+mod tests;

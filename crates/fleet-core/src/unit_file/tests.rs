@@ -1,0 +1,354 @@
+use super::*;
+use proptest::prelude::*;
+
+fn parse(text: &str) -> UnitFile {
+    UnitFile::parse(text.as_bytes()).unwrap_or_else(|e| panic!("{text:?}: {e}"))
+}
+
+fn triples(unit: &UnitFile) -> Vec<(&str, &str, &str)> {
+    unit.options()
+        .iter()
+        .map(|o| (o.section.as_str(), o.name.as_str(), o.value.as_str()))
+        .collect()
+}
+
+#[test]
+fn hashes_match_fleets_own_vectors() {
+    let hello =
+        "[Service]\nExecStart=/bin/bash -c \"while true; do echo Hello, World!; sleep 1; done\"\n";
+    let unit = UnitFile::parse(hello.as_bytes()).unwrap();
+    assert_eq!(
+        unit.hash().to_string(),
+        "3750b3e9f3962a56c7582929426e9abb012754cf"
+    );
+    assert_eq!(unit.hash().short(), "3750b3e");
+
+    let example = "[Unit]\nDescription=Hello World\n\n[Service]\nExecStart=/bin/bash -c \"while true; do echo \\\"Hello, world\\\"; sleep 1; done\"\n";
+    let unit = UnitFile::parse(example.as_bytes()).unwrap();
+    assert_eq!(
+        unit.hash().to_string(),
+        "e55c0aeb44ba0b68004ceb8a200e685194448b45"
+    );
+}
+
+#[test]
+fn drops_comments_and_blank_lines() {
+    let unit = parse(
+        "# leading comment\n; another\n\n[Unit]\n  # indented comment\nDescription=x # not a comment\n\n\n;Foo=bar\n[Service]\nExecStart=/bin/true\n",
+    );
+    assert_eq!(
+        triples(&unit),
+        [
+            ("Unit", "Description", "x # not a comment"),
+            ("Service", "ExecStart", "/bin/true"),
+        ]
+    );
+}
+
+#[test]
+fn trims_names_and_values() {
+    let unit = parse("[Unit]\n   Description   =   spaced out  \t\nAfter=\n");
+    assert_eq!(
+        triples(&unit),
+        [("Unit", "Description", "spaced out"), ("Unit", "After", "")]
+    );
+}
+
+#[test]
+fn keeps_continuations_as_backslash_newline() {
+    let unit = parse("[Service]\nExecStart=/bin/sh -c \\\n  'echo a; \\\n   echo b'\nUser=core\n");
+    assert_eq!(
+        triples(&unit),
+        [
+            (
+                "Service",
+                "ExecStart",
+                "/bin/sh -c \\\n  'echo a; \\\n   echo b'"
+            ),
+            ("Service", "User", "core"),
+        ]
+    );
+}
+
+#[test]
+fn treats_continuations_like_go_systemd_at_the_edges() {
+    let table: &[(&str, &str)] = &[
+        // A blank continuation line ends the value and leaves its newline.
+        ("[S]\nA=x\\\n\nB=y\n", "x\\\n"),
+        ("[S]\nA=x\\\n   \nB=y\n", "x\\\n"),
+        // So does the end of the file after the backslash line's newline.
+        ("[S]\nA=x\\\n", "x\\\n"),
+        // A continued line is taken as it is, comment marks and brackets included.
+        ("[S]\nA=x\\\n# y\nB=y\n", "x\\\n# y"),
+        ("[S]\nA=x\\\n[T]\n", "x\\\n[T]"),
+        // CRLF continuations work too.
+        ("[S]\r\nA=x\\\r\ny\r\n", "x\\\ny"),
+    ];
+    for (text, want) in table {
+        let unit = parse(text);
+        assert_eq!(unit.options()[0].value, *want, "{text:?}");
+    }
+}
+
+#[test]
+fn lets_a_comment_continue_onto_the_next_line() {
+    let unit = parse("[S]\n# comment \\\nHidden=yes\n#two \\ \nHidden=too\nShown=yes\n");
+    assert_eq!(triples(&unit), [("S", "Shown", "yes")]);
+}
+
+#[test]
+fn keeps_repeated_keys_in_order() {
+    let unit = parse("[Unit]\nAfter=a\nAfter=b\nRequires=c\nAfter=d\n");
+    assert_eq!(
+        unit.values("Unit", "After").collect::<Vec<_>>(),
+        ["a", "b", "d"]
+    );
+    assert_eq!(
+        unit.canonical(),
+        "[Unit]\nAfter=a\nAfter=b\nRequires=c\nAfter=d\n"
+    );
+}
+
+#[test]
+fn merges_repeated_section_headers_in_order_of_first_appearance() {
+    let unit = parse("[A]\nx=1\n[B]\ny=2\n[A]\nz=3\n");
+    assert_eq!(unit.canonical(), "[A]\nx=1\nz=3\n\n[B]\ny=2\n");
+}
+
+#[test]
+fn forgets_sections_without_options() {
+    let unit = parse("[Empty]\n# nothing\n[Unit]\nDescription=d\n[AlsoEmpty]\n");
+    assert_eq!(unit.canonical(), "[Unit]\nDescription=d\n");
+    assert!(!unit.has_section("Empty"));
+    assert!(unit.has_section("Unit"));
+    assert_eq!(unit.description(), Some("d"));
+}
+
+#[test]
+fn reads_crlf_files_like_lf_files() {
+    let crlf = parse("[Unit]\r\nDescription=d\r\n\r\n[Service]\r\nExecStart=/bin/true\r\n");
+    let lf = parse("[Unit]\nDescription=d\n\n[Service]\nExecStart=/bin/true\n");
+    assert_eq!(crlf, lf);
+    assert_eq!(crlf.hash(), lf.hash());
+}
+
+#[test]
+fn writes_one_blank_line_between_sections_and_ends_with_one_newline() {
+    let unit = parse(
+        "\n\n[Unit]\nDescription=d\n\n\n\n[Service]\nExecStart=/bin/true\n\n\n[X-Fleet]\nGlobal=true\n\n\n",
+    );
+    let text = unit.canonical();
+    assert_eq!(
+        text,
+        "[Unit]\nDescription=d\n\n[Service]\nExecStart=/bin/true\n\n[X-Fleet]\nGlobal=true\n"
+    );
+    assert!(text.ends_with('\n') && !text.ends_with("\n\n"));
+}
+
+#[test]
+fn compares_equal_exactly_when_the_hashes_do() {
+    let interleaved = parse("[A]\nx=1\n[B]\ny=2\n[A]\nz=3\n");
+    let grouped = parse("[A]\nx=1\nz=3\n[B]\ny=2\n");
+    let reordered = parse("[A]\nz=3\nx=1\n[B]\ny=2\n");
+    let sections_swapped = parse("[B]\ny=2\n[A]\nx=1\nz=3\n");
+    assert_eq!(interleaved, grouped);
+    assert_eq!(interleaved.hash(), grouped.hash());
+    for other in [&reordered, &sections_swapped] {
+        assert_ne!(&grouped, other);
+        assert_ne!(grouped.hash(), other.hash());
+    }
+}
+
+#[test]
+fn hash_ignores_formatting_but_not_content() {
+    let a = parse("[Unit]\nDescription=d\n[Service]\nExecStart=/bin/true\n");
+    let b = parse("# c\n[Unit]\n  Description = d  \n\n\n[Service]\r\nExecStart=/bin/true");
+    let c = parse("[Unit]\nDescription=e\n[Service]\nExecStart=/bin/true\n");
+    assert_eq!(a.hash(), b.hash());
+    assert_ne!(a.hash(), c.hash());
+    assert_eq!(a.hash(), UnitHash::of_bytes(a.canonical().as_bytes()));
+}
+
+#[test]
+fn refuses_bad_files_naming_the_line() {
+    let long_value = format!("[S]\nA={}\n", "x".repeat(MAX_LINE_BYTES - 2));
+    let long_comment = format!("[S]\nA=b\n#{}\n", "x".repeat(MAX_LINE_BYTES));
+    let long_continuation = format!("[S]\nA=b\\\n{}\n", "x".repeat(MAX_LINE_BYTES));
+    let table: &[(&[u8], ParseError, &str)] = &[
+        (
+            long_value.as_bytes(),
+            ParseError::LineTooLong { line: 2 },
+            "line 2 too long (max 2048 bytes)",
+        ),
+        (
+            long_comment.as_bytes(),
+            ParseError::LineTooLong { line: 3 },
+            "line 3 too long (max 2048 bytes)",
+        ),
+        (
+            long_continuation.as_bytes(),
+            ParseError::LineTooLong { line: 3 },
+            "line 3 too long (max 2048 bytes)",
+        ),
+        (
+            b"[S]\nA=ok\nB=caf\xe9\n",
+            ParseError::NotUtf8 { line: 3 },
+            "unit file is not valid UTF-8 (line 3)",
+        ),
+        (
+            b"\xff[S]\n",
+            ParseError::NotUtf8 { line: 1 },
+            "unit file is not valid UTF-8 (line 1)",
+        ),
+        (
+            b"# c\nA=b\n[S]\n",
+            ParseError::OutsideSection {
+                line: 2,
+                name: "A".into(),
+            },
+            "line 2: option \"A\" outside of any section",
+        ),
+        (
+            b"[S]\nnot an assignment\n",
+            ParseError::NotAnAssignment {
+                line: 2,
+                text: "not an assignment".into(),
+            },
+            "line 2: expected Name=Value, found \"not an assignment\"",
+        ),
+        (
+            b"[S]\n=v\n",
+            ParseError::EmptyName { line: 2 },
+            "line 2: empty option name",
+        ),
+        (
+            b"[S]\nA=x\\ \nB=y\n",
+            ParseError::DanglingBackslash { line: 2 },
+            "line 2: value ends in a backslash that continues nothing",
+        ),
+        (
+            b"[S]\nA=x\\\ny\\",
+            ParseError::DanglingBackslash { line: 3 },
+            "line 3: value ends in a backslash that continues nothing",
+        ),
+        (
+            b"[S]\nA=x\\",
+            ParseError::DanglingBackslash { line: 2 },
+            "line 2: value ends in a backslash that continues nothing",
+        ),
+        (
+            b"[S\nA=b\n",
+            ParseError::UnterminatedSection { line: 1 },
+            "line 1: unterminated section header",
+        ),
+        (
+            b"\n[S] x\nA=b\n",
+            ParseError::GarbageAfterSection {
+                line: 2,
+                section: "S".into(),
+            },
+            "line 2: found garbage after section name \"S\"",
+        ),
+        (b"", ParseError::Empty, "unit file has no options"),
+        (
+            b"# only\n[Unit]\n\n",
+            ParseError::Empty,
+            "unit file has no options",
+        ),
+    ];
+    for (bytes, want, message) in table {
+        let got = UnitFile::parse(bytes).expect_err(&String::from_utf8_lossy(bytes));
+        assert_eq!(&got, want, "{:?}", String::from_utf8_lossy(bytes));
+        assert_eq!(got.to_string(), *message);
+    }
+}
+
+#[test]
+fn accepts_the_longest_line_that_fits() {
+    let fits = format!("[S]\nA={}\r\n", "x".repeat(MAX_LINE_BYTES - 3));
+    assert_eq!(parse(&fits).options()[0].value.len(), MAX_LINE_BYTES - 3);
+}
+
+#[test]
+fn refuses_files_over_the_size_limit() {
+    let mut big = b"[S]\n".to_vec();
+    while big.len() <= MAX_UNIT_FILE_BYTES {
+        big.extend_from_slice(b"A=0123456789012345678901234567890123456789\n");
+    }
+    assert_eq!(
+        UnitFile::parse(&big),
+        Err(ParseError::TooLarge { size: big.len() })
+    );
+}
+
+#[test]
+fn parses_hashes_only_as_40_lowercase_hex_digits() {
+    let text = "3750b3e9f3962a56c7582929426e9abb012754cf";
+    let hash: UnitHash = text.parse().unwrap();
+    assert_eq!(hash.to_string(), text);
+    assert_eq!(serde_json::to_string(&hash).unwrap(), format!("\"{text}\""));
+    for bad in [
+        "",
+        "3750b3e",
+        &text.to_uppercase(),
+        &format!("{text}0"),
+        &text.replace('f', "g"),
+        "é750b3e9f3962a56c7582929426e9abb012754c",
+    ] {
+        assert!(bad.parse::<UnitHash>().is_err(), "{bad:?}");
+    }
+}
+
+/// Unit file text with the awkward parts: comments, continuations, blank and space-only
+/// lines, CRLF, repeated keys and sections, empty values.
+fn unit_text() -> impl Strategy<Value = String> {
+    let value = prop_oneof![
+        8 => "[ -~]{0,30}",
+        3 => "[ -~]{0,10}\\\\",
+        1 => "[a-z]{1,5}\\\\ ",
+    ];
+    let line = prop_oneof![
+        3 => ("[A-Z][A-Za-z]{0,6}", "[ \t]{0,2}", value).prop_map(|(n, s, v)| format!("{s}{n}{s}={v}")),
+        1 => "[#;][ -~]{0,20}",
+        1 => "[ \t]{0,3}",
+        1 => "\\[(Unit|Service|X-Fleet|Install)\\]",
+    ];
+    (
+        "\\[(Unit|Service|X-Fleet)\\]",
+        prop::collection::vec(line, 0..16),
+        prop::bool::ANY,
+        prop::bool::ANY,
+    )
+        .prop_map(|(first, lines, crlf, final_newline)| {
+            let eol = if crlf { "\r\n" } else { "\n" };
+            let mut text = std::iter::once(first)
+                .chain(lines)
+                .collect::<Vec<_>>()
+                .join(eol);
+            if final_newline {
+                text.push_str(eol);
+            }
+            text
+        })
+}
+
+proptest! {
+    // About half the generated texts parse; the rest exercise the error paths.
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    #[test]
+    fn canonical_text_is_a_fixed_point(text in unit_text()) {
+        if let Ok(unit) = UnitFile::parse(text.as_bytes()) {
+            let canonical = unit.canonical();
+            let again = UnitFile::parse(canonical.as_bytes()).unwrap();
+            prop_assert_eq!(again.canonical(), canonical);
+            prop_assert_eq!(again.hash(), unit.hash());
+            prop_assert_eq!(again, unit);
+        }
+    }
+
+    #[test]
+    fn parsing_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+        let _ = UnitFile::parse(&bytes);
+    }
+}
