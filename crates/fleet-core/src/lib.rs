@@ -4,6 +4,7 @@
 //! This crate does no I/O: no tokio, no etcd, no D-Bus. Everything here is parsed once at the
 //! edge (`FromStr`, `UnitFile::parse`) so the rest of the code cannot hold an invalid value.
 
+mod glob;
 pub mod machine;
 pub mod name;
 pub mod quote;
@@ -15,4 +16,4 @@ pub use machine::{MachineId, MachineIdError, MachineInfo};
 pub use name::{NameError, UnitName, UnitType};
 pub use state::{DesiredState, StateError, SystemdState};
 pub use unit_file::{HashError, ParseError, UnitFile, UnitHash, UnitOption};
-pub use xfleet::{RequirementError, Requirements};
+pub use xfleet::{RequirementError, Requirements, glob_match, units_conflict, units_replace};
