@@ -1,1 +1,96 @@
-fn main() {}
+//! fleetctl: drives a fleet cluster by talking to its etcd registry directly.
+
+mod cli;
+mod commands;
+mod local;
+mod table;
+
+use anyhow::Result;
+use clap::Parser;
+use fleet_registry::Registry;
+use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cli::{Cli, Command};
+use commands::Ctx;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if cli.global.debug {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter("debug")
+            .init();
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("Error starting fleetctl: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn connect(global: &cli::Global) -> Result<Registry<EtcdKv>> {
+    let config = EtcdConfig {
+        endpoints: global
+            .endpoint
+            .split(',')
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect(),
+        request_timeout: Duration::from_secs_f64(global.request_timeout),
+        tls: TlsFiles {
+            ca_file: global.ca_file.clone(),
+            cert_file: global.cert_file.clone(),
+            key_file: global.key_file.clone(),
+        },
+    };
+    let kv = EtcdKv::connect(&config)
+        .await
+        .map_err(|e| anyhow::anyhow!("Unable to initialize client: {e}"))?;
+    Ok(Registry::new(kv, &global.etcd_key_prefix))
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let command = match cli.command {
+        _ if cli.global.version => Command::Version,
+        Some(c) => c,
+        None => {
+            use clap::CommandFactory;
+            Cli::command().print_help()?;
+            return Ok(());
+        }
+    };
+    if let Command::Version = command {
+        println!("fleetctl version {VERSION}");
+        return Ok(());
+    }
+    let mut ctx = Ctx {
+        registry: connect(&cli.global).await?,
+        out: Box::new(std::io::stdout()),
+        err: Box::new(std::io::stderr()),
+    };
+    match command {
+        Command::Submit(a) => commands::submit::run(&mut ctx, &a.units, a.replace).await,
+        Command::Cat(a) => commands::cat::run(&mut ctx, &a.units).await,
+        Command::ListUnitFiles(a) => commands::list::list_unit_files(&mut ctx, &a).await,
+        Command::ListUnits(a) => commands::list::list_units(&mut ctx, &a).await,
+        Command::ListMachines(a) => commands::list::list_machines(&mut ctx, &a).await,
+        Command::Destroy(a) => commands::destroy::run(&mut ctx, &a.units).await,
+        Command::Version => unreachable!("handled above"),
+    }
+}

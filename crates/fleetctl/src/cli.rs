@@ -1,0 +1,181 @@
+//! fleetctl's command line, with fleet's commands, flags and `FLEETCTL_<FLAG>` environment
+//! defaults. Unlike fleet, short flags such as `-l` work and every error exits non-zero.
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fleetctl",
+    about = "fleetctl -- a command line interface to a fleet cluster (Rust re-implementation)",
+    disable_version_flag = true,
+    infer_subcommands = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Flags every command takes, each also read from `FLEETCTL_<FLAG>`.
+#[derive(Debug, Clone, Args)]
+pub struct Global {
+    /// etcd endpoint(s), a comma-separated list of URLs.
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_ENDPOINT",
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub endpoint: String,
+    /// Key prefix of the fleet registry in etcd.
+    #[arg(long, global = true, env = "FLEETCTL_ETCD_KEY_PREFIX", default_value = fleet_registry::DEFAULT_PREFIX)]
+    pub etcd_key_prefix: String,
+    /// Seconds to wait for each etcd request.
+    #[arg(long, global = true, env = "FLEETCTL_REQUEST_TIMEOUT", default_value_t = 3.0, value_parser = parse_seconds)]
+    pub request_timeout: f64,
+    /// CA file for etcd's TLS certificate.
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_CA_FILE",
+        visible_alias = "etcd-cafile"
+    )]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Client certificate for etcd TLS.
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_CERT_FILE",
+        visible_alias = "etcd-certfile"
+    )]
+    pub cert_file: Option<std::path::PathBuf>,
+    /// Client key for etcd TLS.
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_KEY_FILE",
+        visible_alias = "etcd-keyfile"
+    )]
+    pub key_file: Option<std::path::PathBuf>,
+    /// How fleetctl reaches the cluster; only `etcd` (direct) is supported.
+    #[arg(long, global = true, env = "FLEETCTL_DRIVER", default_value = "etcd", value_parser = ["etcd"])]
+    pub driver: String,
+    /// SSH bastion `host[:port]` used to reach machines for status and journal.
+    #[arg(long, global = true, env = "FLEETCTL_TUNNEL", default_value = "")]
+    pub tunnel: String,
+    /// SSH user for status and journal on remote machines.
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_SSH_USERNAME",
+        default_value = "core"
+    )]
+    pub ssh_username: String,
+    /// Seconds to wait for an SSH connection.
+    #[arg(long, global = true, env = "FLEETCTL_SSH_TIMEOUT", default_value_t = 10.0, value_parser = parse_seconds)]
+    pub ssh_timeout: f64,
+    /// Verify remote host keys.
+    #[arg(long, global = true, env = "FLEETCTL_STRICT_HOST_KEY_CHECKING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub strict_host_key_checking: bool,
+    /// Known hosts file for SSH.
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_KNOWN_HOSTS_FILE",
+        default_value = "~/.fleetctl/known_hosts"
+    )]
+    pub known_hosts_file: String,
+    /// Print debug logs.
+    #[arg(long, global = true, env = "FLEETCTL_DEBUG")]
+    pub debug: bool,
+    /// Print the version and exit.
+    #[arg(short = 'v', long)]
+    pub version: bool,
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{s:?} must be a positive number of seconds"))
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Upload one or more units to the cluster without starting them.
+    Submit(Submit),
+    /// Output the contents of a submitted unit.
+    Cat(Cat),
+    /// List the units that exist in the cluster.
+    ListUnitFiles(ListUnitFiles),
+    /// List the current state of units in the cluster.
+    ListUnits(ListUnits),
+    /// Enumerate the current hosts in the cluster.
+    ListMachines(ListMachines),
+    /// Destroy one or more units in the cluster.
+    Destroy(Units),
+    /// Print the version and exit.
+    Version,
+}
+
+#[derive(Debug, Args)]
+pub struct Submit {
+    /// Replace the unit in the registry if its content differs from the local file.
+    #[arg(long)]
+    pub replace: bool,
+    /// Units (unit names or paths to unit files).
+    pub units: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct Units {
+    pub units: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct Cat {
+    pub units: Vec<String>,
+}
+
+/// Options common to every listing.
+#[derive(Debug, Args)]
+pub struct Listing {
+    /// Do not print the header line.
+    #[arg(long)]
+    pub no_legend: bool,
+    /// Do not shorten machine IDs and hashes.
+    #[arg(short = 'l', long, visible_alias = "l")]
+    pub full: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ListUnitFiles {
+    #[command(flatten)]
+    pub listing: Listing,
+    /// Columns to print, comma-separated, from: desc, dstate, global, hash, state, target, unit.
+    #[arg(long, default_value = "unit,hash,dstate,state,target")]
+    pub fields: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ListUnits {
+    #[command(flatten)]
+    pub listing: Listing,
+    /// Columns to print, comma-separated, from: active, hash, load, machine, sub, unit.
+    #[arg(long, default_value = "unit,machine,active,sub")]
+    pub fields: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ListMachines {
+    #[command(flatten)]
+    pub listing: Listing,
+    /// Columns to print, comma-separated, from: ip, machine, metadata.
+    #[arg(long, default_value = "machine,ip,metadata")]
+    pub fields: String,
+}

@@ -1,0 +1,266 @@
+//! Getting units into the registry (`submit`, and the first step of `load`/`start`):
+//! resolve every argument to content, decide create / replace / keep, and only when every
+//! argument is valid write them all, each in one transaction.
+
+use anyhow::{Context, Result, anyhow, bail};
+use fleet_core::{DesiredState, Requirements, UnitFile, UnitName};
+use fleet_registry::kv::EtcdKv;
+use fleet_registry::{CreateOutcome, Registry, Unit};
+use futures::StreamExt;
+
+use super::Ctx;
+use crate::local::{local_path, local_template_path, read_unit_file};
+
+/// Which command is creating units: it decides in which desired states `--replace` may act.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)] // load and start arrive with the engine
+pub enum Verb {
+    Submit,
+    Load,
+    Start,
+}
+
+impl Verb {
+    /// fleet's rule: submit replaces only inactive units, load inactive or loaded, start any.
+    fn may_replace(self, desired: DesiredState) -> bool {
+        match self {
+            Verb::Submit => desired == DesiredState::Inactive,
+            Verb::Load => desired != DesiredState::Launched,
+            Verb::Start => true,
+        }
+    }
+}
+
+/// What will happen to one argument.
+#[derive(Debug)]
+pub enum Action {
+    Create(UnitFile),
+    Replace {
+        existing: Unit,
+        file: UnitFile,
+    },
+    /// Already in the registry; left as it is.
+    Keep(Unit),
+}
+
+#[derive(Debug)]
+pub struct Prepared {
+    pub name: UnitName,
+    pub action: Action,
+}
+
+/// Resolves every argument without writing anything. Warnings go to `ctx` as fleet prints
+/// them; the first invalid argument fails the whole command.
+pub async fn prepare(
+    ctx: &mut Ctx,
+    args: &[String],
+    replace: bool,
+    verb: Verb,
+) -> Result<Vec<Prepared>> {
+    if args.is_empty() {
+        bail!("No units given");
+    }
+    let mut prepared = Vec::with_capacity(args.len());
+    for arg in args {
+        let name = UnitName::from_arg(arg).map_err(|e| anyhow!("{e} ({arg:?})"))?;
+        if verb != Verb::Submit && name.is_template() {
+            bail!(
+                "cannot activate template {name}: load or start an instance such as {}@1.{}",
+                name.prefix(),
+                name.unit_type().suffix()
+            );
+        }
+        let action = prepare_one(ctx, arg, &name, replace, verb).await?;
+        prepared.push(Prepared { name, action });
+    }
+    Ok(prepared)
+}
+
+async fn prepare_one(
+    ctx: &mut Ctx,
+    arg: &str,
+    name: &UnitName,
+    replace: bool,
+    verb: Verb,
+) -> Result<Action> {
+    let registry = &ctx.registry;
+    let existing = registry.unit(name).await?;
+    let Some(existing) = existing else {
+        let file = find_new_content(registry, arg, name)
+            .await?
+            .ok_or_else(|| not_found(name))?;
+        check_requirements(ctx, name, &file)?;
+        return Ok(Action::Create(file));
+    };
+    let local = read_local(arg, name)?;
+    if !replace {
+        if let Some((file, is_template)) = &local {
+            if file.hash() != existing.hash() {
+                let kind = if *is_template {
+                    "local template unit file"
+                } else {
+                    "local unit file"
+                };
+                ctx.warn(format!(
+                    "WARNING: Unit {name} in registry differs from {kind} {}. Add --replace to override.",
+                    UnitName::with_default_type(arg)
+                ));
+            }
+        }
+        return Ok(Action::Keep(existing));
+    }
+    let file = find_replacement(registry, arg, name)
+        .await?
+        .with_context(|| {
+            format!(
+                "cannot replace {name}: no local file {} and no template to take it from",
+                local_path(arg).display()
+            )
+        })?;
+    if file.hash() == existing.hash() {
+        ctx.say(format!(
+            "Found same Unit({name}) in Registry, nothing to do"
+        ));
+        return Ok(Action::Keep(existing));
+    }
+    if !verb.may_replace(existing.desired()) {
+        bail!(
+            "can not replace Unit({name}) in state '{}', use the appropriate command",
+            existing.desired()
+        );
+    }
+    check_requirements(ctx, name, &file)?;
+    Ok(Action::Replace { existing, file })
+}
+
+/// The local file to compare a registered unit with: its own, else its local template.
+fn read_local(arg: &str, name: &UnitName) -> Result<Option<(UnitFile, bool)>> {
+    if let Some(f) = read_unit_file(&local_path(arg))? {
+        return Ok(Some((f, false)));
+    }
+    if let Some(template) = name.template() {
+        if let Some(f) = read_unit_file(&local_template_path(arg, &template))? {
+            return Ok(Some((f, true)));
+        }
+    }
+    Ok(None)
+}
+
+/// Content for a unit not yet registered: local file, registry template, local template.
+async fn find_new_content(
+    registry: &Registry<EtcdKv>,
+    arg: &str,
+    name: &UnitName,
+) -> Result<Option<UnitFile>> {
+    if let Some(f) = read_unit_file(&local_path(arg))? {
+        return Ok(Some(f));
+    }
+    from_template(registry, arg, name).await
+}
+
+/// Content replacing a registered unit: local file, then the registry template, then the local
+/// template (the registry template wins over the local one, as in fleet after #1691).
+async fn find_replacement(
+    registry: &Registry<EtcdKv>,
+    arg: &str,
+    name: &UnitName,
+) -> Result<Option<UnitFile>> {
+    find_new_content(registry, arg, name).await
+}
+
+async fn from_template(
+    registry: &Registry<EtcdKv>,
+    arg: &str,
+    name: &UnitName,
+) -> Result<Option<UnitFile>> {
+    let Some(template) = name.template() else {
+        return Ok(None);
+    };
+    if let Some(unit) = registry.unit(&template).await? {
+        return Ok(Some(registry.unit_file(&unit).await?));
+    }
+    match read_unit_file(&local_template_path(arg, &template))? {
+        Some(f) => Ok(Some(f)),
+        None => bail!(
+            "failed getting Unit({name}) from template: unable to find template Unit({template}) in Registry or on filesystem"
+        ),
+    }
+}
+
+fn not_found(name: &UnitName) -> anyhow::Error {
+    anyhow!("unable to find Unit({name}) in Registry or on filesystem")
+}
+
+fn check_requirements(ctx: &mut Ctx, name: &UnitName, file: &UnitFile) -> Result<()> {
+    let req = Requirements::from_unit(name, file);
+    req.validate().map_err(|e| anyhow!("{name}: {e}"))?;
+    for key in &req.unknown {
+        ctx.warn(format!(
+            "WARNING: Unit {name}: unrecognized requirement in [X-Fleet] section: {key:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Writes every prepared action, concurrently, and returns the resulting units in argument
+/// order. New units get `desired`; replaced ones keep `replace_desired(existing)`.
+pub async fn apply(
+    registry: &Registry<EtcdKv>,
+    prepared: Vec<Prepared>,
+    desired: DesiredState,
+) -> Vec<(UnitName, Result<Unit>)> {
+    futures::stream::iter(prepared)
+        .map(|p| {
+            let registry = registry.clone();
+            async move {
+                let res = apply_one(&registry, &p.name, p.action, desired).await;
+                (p.name, res)
+            }
+        })
+        .buffered(32)
+        .collect()
+        .await
+}
+
+async fn apply_one(
+    registry: &Registry<EtcdKv>,
+    name: &UnitName,
+    action: Action,
+    desired: DesiredState,
+) -> Result<Unit> {
+    match action {
+        Action::Keep(unit) => Ok(unit),
+        Action::Create(file) => match registry.create_unit(name, &file, desired).await? {
+            CreateOutcome::Created(unit) => Ok(unit),
+            CreateOutcome::Exists(unit) if unit.hash() == file.hash() => Ok(unit),
+            CreateOutcome::Exists(_) => bail!(
+                "unit {name} was just created by another client with different content; nothing was written"
+            ),
+        },
+        Action::Replace { existing, file } => {
+            let desired = existing.desired().max(desired);
+            Ok(registry.replace_unit(&existing, &file, desired).await?)
+        }
+    }
+}
+
+/// `fleetctl submit [--replace] UNIT...`
+pub async fn run(ctx: &mut Ctx, args: &[String], replace: bool) -> Result<()> {
+    let prepared = prepare(ctx, args, replace, Verb::Submit)
+        .await
+        .context("Error creating units")?;
+    let announce: Vec<bool> = prepared
+        .iter()
+        .map(|p| !matches!(p.action, Action::Keep(_)))
+        .collect();
+    let results = apply(&ctx.registry.clone(), prepared, DesiredState::Inactive).await;
+    let mut failures = Vec::new();
+    for ((name, res), announce) in results.into_iter().zip(announce) {
+        match res {
+            Ok(unit) if announce => ctx.say(format!("Unit {name} {}", unit.desired())),
+            Ok(_) => {}
+            Err(e) => failures.push((name, e)),
+        }
+    }
+    super::fail_if_any(ctx, "Error creating", failures)
+}

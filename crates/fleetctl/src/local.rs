@@ -1,0 +1,53 @@
+//! Finding the content of a unit named on the command line, in fleet's order: the unit's own
+//! local file, then (for an instance) its template in the registry, then the template file
+//! next to the argument. Files are read with a size cap and parsed before anything is written.
+
+use anyhow::{Context, Result, anyhow, bail};
+use fleet_core::unit_file::MAX_UNIT_FILE_BYTES;
+use fleet_core::{UnitFile, UnitName};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// The local file fleetctl looks for: the argument with `.service` appended unless it already
+/// ends in a known unit type.
+pub fn local_path(arg: &str) -> PathBuf {
+    PathBuf::from(UnitName::with_default_type(arg))
+}
+
+/// The template file next to the argument: `dir/foo@.service` for `dir/foo@1.service`.
+pub fn local_template_path(arg: &str, template: &UnitName) -> PathBuf {
+    let path = local_path(arg);
+    match path.parent() {
+        Some(dir) => dir.join(template.as_str()),
+        None => PathBuf::from(template.as_str()),
+    }
+}
+
+/// Reads and parses a local unit file, or `None` if there is no such file.
+pub fn read_unit_file(path: &Path) -> Result<Option<UnitFile>> {
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let meta = file
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?;
+    if meta.is_dir() {
+        bail!("{} is a directory, not a unit file", path.display());
+    }
+    if meta.len() > MAX_UNIT_FILE_BYTES as u64 {
+        bail!(
+            "{}: unit file too large ({} bytes, max {MAX_UNIT_FILE_BYTES})",
+            path.display(),
+            meta.len()
+        );
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_UNIT_FILE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading {}", path.display()))?;
+    UnitFile::parse(&bytes)
+        .map(Some)
+        .map_err(|e| anyhow!("{}: {e}", path.display()))
+}

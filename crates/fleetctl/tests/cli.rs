@@ -1,0 +1,325 @@
+//! fleetctl end to end against a real etcd started by the test: messages, exit codes and,
+//! for every bad input, proof that nothing was written.
+
+use fleet_registry::kv::Kv;
+use fleet_registry::testing::TestEtcd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const HELLO: &str =
+    "[Service]\nExecStart=/bin/bash -c \"while true; do echo Hello, World!; sleep 1; done\"\n";
+const HELLO_HASH: &str = "3750b3e9f3962a56c7582929426e9abb012754cf";
+
+/// One etcd and one scratch directory per test.
+struct Env {
+    etcd: TestEtcd,
+    dir: PathBuf,
+}
+
+impl Env {
+    async fn new(test: &str) -> Env {
+        let etcd = TestEtcd::start().await;
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join("fleetctl-cli")
+            .join(test);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Env { etcd, dir }
+    }
+
+    fn write(&self, name: &str, text: &str) -> String {
+        let p = self.dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_string_lossy().into_owned()
+    }
+
+    fn fleetctl(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_fleetctl"))
+            .arg("--endpoint")
+            .arg(self.etcd.endpoint())
+            .args(args)
+            .current_dir(&self.dir)
+            .env_remove("FLEETCTL_ENDPOINT")
+            .output()
+            .unwrap()
+    }
+
+    /// Every key and value in etcd, to prove a failed command wrote nothing.
+    async fn dump(&self) -> Vec<(String, Vec<u8>)> {
+        let kv = self.etcd.kv().await;
+        kv.range("/", true, None)
+            .await
+            .unwrap()
+            .kvs
+            .into_iter()
+            .map(|kv| (kv.key, kv.value))
+            .collect()
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[track_caller]
+fn ok(o: &Output) {
+    assert!(o.status.success(), "failed: {}\n{}", stdout(o), stderr(o));
+}
+
+#[track_caller]
+fn fails_with(o: &Output, message: &str) {
+    assert!(!o.status.success(), "should fail: {}", stdout(o));
+    assert!(
+        stderr(o).contains(message),
+        "stderr {:?} lacks {message:?}",
+        stderr(o)
+    );
+}
+
+#[tokio::test]
+async fn submit_then_list_cat_and_destroy_like_fleet() {
+    let env = Env::new("lifecycle").await;
+    let path = env.write("hello.service", HELLO);
+    let o = env.fleetctl(&["submit", &path]);
+    ok(&o);
+    assert_eq!(stdout(&o), "Unit hello.service inactive\n");
+
+    let o = env.fleetctl(&["list-unit-files"]);
+    ok(&o);
+    assert_eq!(
+        stdout(&o),
+        "UNIT\t\tHASH\tDSTATE\t\tSTATE\t\tTARGET\nhello.service\t3750b3e\tinactive\tinactive\t-\n"
+    );
+    let o = env.fleetctl(&[
+        "list-unit-files",
+        "--full",
+        "--no-legend",
+        "--fields",
+        "unit,hash",
+    ]);
+    assert_eq!(stdout(&o), format!("hello.service\t{HELLO_HASH}\n"));
+    let o = env.fleetctl(&["list-unit-files", "-l", "--no-legend", "--fields", "hash"]);
+    assert_eq!(stdout(&o), format!("{HELLO_HASH}\n"));
+
+    let o = env.fleetctl(&["cat", "hello.service"]);
+    ok(&o);
+    assert_eq!(stdout(&o), HELLO);
+
+    // Submitting the same thing again is a silent no-op.
+    let o = env.fleetctl(&["submit", &path]);
+    ok(&o);
+    assert_eq!(stdout(&o), "");
+
+    let o = env.fleetctl(&["destroy", "hello"]);
+    ok(&o);
+    assert_eq!(stdout(&o), "Destroyed hello.service\n");
+    assert!(
+        env.dump().await.is_empty(),
+        "destroy must leave nothing, file included"
+    );
+}
+
+#[tokio::test]
+async fn differing_local_file_warns_and_replace_swaps_content() {
+    let env = Env::new("replace").await;
+    env.write("hello.service", HELLO);
+    let path = "hello.service";
+    ok(&env.fleetctl(&["submit", path]));
+    let changed = "[Service]\nExecStart=/bin/sleep 1000\n";
+    env.write("hello.service", changed);
+
+    let before = env.dump().await;
+    let o = env.fleetctl(&["submit", path]);
+    ok(&o);
+    assert!(stderr(&o).contains(
+        "WARNING: Unit hello.service in registry differs from local unit file hello.service. Add --replace to override."
+    ), "{}", stderr(&o));
+    assert_eq!(env.dump().await, before);
+
+    let o = env.fleetctl(&["submit", "--replace", path]);
+    ok(&o);
+    assert_eq!(stdout(&o), "Unit hello.service inactive\n");
+    assert_eq!(stdout(&env.fleetctl(&["cat", "hello"])), changed);
+    // The old file is garbage-collected: one file left.
+    let files = env
+        .dump()
+        .await
+        .into_iter()
+        .filter(|(k, _)| k.contains("/file/"))
+        .count();
+    assert_eq!(files, 1);
+
+    let o = env.fleetctl(&["submit", "--replace", path]);
+    ok(&o);
+    assert_eq!(
+        stdout(&o),
+        "Found same Unit(hello.service) in Registry, nothing to do\n"
+    );
+}
+
+#[tokio::test]
+async fn instances_take_their_content_from_the_template() {
+    let env = Env::new("template").await;
+    env.write("web@.service", "[Service]\nExecStart=/bin/sleep %i\n");
+    let arg = env.dir.join("web@10.service");
+    let o = env.fleetctl(&["submit", arg.to_str().unwrap()]);
+    ok(&o);
+    assert_eq!(stdout(&o), "Unit web@10.service inactive\n");
+    let o = env.fleetctl(&["list-unit-files", "--no-legend", "--fields", "unit"]);
+    assert_eq!(
+        stdout(&o),
+        "web@10.service\n",
+        "the template itself is not submitted"
+    );
+    let o = env.fleetctl(&["submit", "elsewhere/web@11.service"]);
+    fails_with(
+        &o,
+        "unable to find template Unit(web@.service) in Registry or on filesystem",
+    );
+}
+
+#[tokio::test]
+async fn list_unit_files_is_sorted() {
+    let env = Env::new("sorted").await;
+    env.write("u@.service", "[Service]\nExecStart=/bin/true\n");
+    for i in [3, 20, 1, 10, 2] {
+        let arg = env.dir.join(format!("u@{i:02}.service"));
+        ok(&env.fleetctl(&["submit", arg.to_str().unwrap()]));
+    }
+    let o = env.fleetctl(&["list-unit-files", "--no-legend", "--fields", "unit"]);
+    assert_eq!(
+        stdout(&o),
+        "u@01.service\nu@02.service\nu@03.service\nu@10.service\nu@20.service\n"
+    );
+}
+
+#[tokio::test]
+async fn bad_inputs_are_refused_and_write_nothing() {
+    let env = Env::new("bad").await;
+    let good = env.write("good.service", HELLO);
+    let malformed = env.write("malformed.service", "[Service]\nExecStart /bin/true\n");
+    let big = env.write(
+        "big.service",
+        &format!(
+            "[Service]\n{}",
+            "Environment=A=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n".repeat(40_000)
+        ),
+    );
+    let long_line = env.write(
+        "long.service",
+        &format!("[Service]\nExecStart=/bin/echo {}\n", "x".repeat(3000)),
+    );
+    let impossible = env.write(
+        "impossible.service",
+        "[Service]\nExecStart=/bin/true\n[X-Fleet]\nMachineID=abc\nGlobal=true\n",
+    );
+    let not_utf8 = env.dir.join("latin1.service");
+    std::fs::write(&not_utf8, b"[Service]\nExecStart=/bin/echo caf\xe9\n").unwrap();
+    let ten_kb = "a".repeat(10_000) + ".service";
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["submit", &malformed], "line 2"),
+        (vec!["submit", &big], "too large"),
+        (vec!["submit", &long_line], "line 2 too long"),
+        (
+            vec!["submit", &impossible],
+            "MachineID cannot be used with Global",
+        ),
+        (
+            vec!["submit", not_utf8.to_str().unwrap()],
+            "not valid UTF-8",
+        ),
+        (
+            vec!["submit", "bad name"],
+            "invalid character ' ' in unit name",
+        ),
+        (vec!["submit", "a\u{1}b.service"], "invalid character"),
+        (vec!["submit", &ten_kb], "exceeds maximum length (256)"),
+        (vec!["submit", "@x.service"], "cannot start in \"@\""),
+        (
+            vec!["submit", "nonexistent.service"],
+            "unable to find Unit(nonexistent.service) in Registry or on filesystem",
+        ),
+        // One bad argument after a good one: the good one is not written either.
+        (vec!["submit", &good, &malformed], "line 2"),
+        (
+            vec!["list-unit-files", "--fields", "unit,foo"],
+            "Invalid key in output format: \"foo\"",
+        ),
+        (
+            vec!["list-unit-files", "--fields", ""],
+            "Must define output format",
+        ),
+        (
+            vec!["list-units", "--fields", "bogus"],
+            "Invalid key in output format",
+        ),
+        (vec!["cat"], "One unit file must be provided"),
+        (
+            vec!["cat", "missing.service"],
+            "Unit missing.service not found",
+        ),
+        (
+            vec!["destroy", "missing.service"],
+            "Units not found in registry",
+        ),
+        (vec!["submit"], "No units given"),
+        (vec!["list-units", "--bogus-flag"], "--bogus-flag"),
+        (vec!["--request-timeout=-1", "list-units"], "positive"),
+        (
+            vec!["--request-timeout", "soon", "list-units"],
+            "not a number",
+        ),
+    ];
+    for (args, message) in cases {
+        let o = env.fleetctl(&args);
+        fails_with(&o, message);
+        assert!(env.dump().await.is_empty(), "{args:?} wrote something");
+    }
+}
+
+#[tokio::test]
+async fn etcd_down_is_one_clear_line_within_the_timeout() {
+    let mut env = Env::new("down").await;
+    let endpoint = env.etcd.endpoint();
+    env.etcd.stop();
+    for args in [
+        vec!["list-unit-files"],
+        vec!["list-units"],
+        vec!["list-machines"],
+        vec!["cat", "hello.service"],
+        vec!["destroy", "hello.service"],
+    ] {
+        let started = Instant::now();
+        let o = env.fleetctl(&[&["--request-timeout", "1"][..], &args].concat());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+        fails_with(&o, &endpoint);
+        assert_eq!(stderr(&o).trim().lines().count(), 1, "{}", stderr(&o));
+    }
+}
+
+#[tokio::test]
+async fn version_and_env_endpoint_work() {
+    let env = Env::new("version").await;
+    let o = env.fleetctl(&["version"]);
+    ok(&o);
+    assert_eq!(
+        stdout(&o),
+        format!("fleetctl version {}\n", env!("CARGO_PKG_VERSION"))
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
+        .arg("list-machines")
+        .env("FLEETCTL_ENDPOINT", env.etcd.endpoint())
+        .output()
+        .unwrap();
+    ok(&o);
+    assert_eq!(stdout(&o), "MACHINE\tIP\tMETADATA\n");
+}
