@@ -1,4 +1,24 @@
-//! [`Kv`](super::Kv) on a real etcd through etcd-client.
+//! [`Kv`] on a real etcd through etcd-client.
+//!
+//! Owns the connection, the per-call deadline and the translation of etcd-client's errors into
+//! [`KvError`]. It makes no decisions: no retries, no logging of errors it returns (the loop
+//! that retries is the one that logs). etcd-client's types stay inside this module and its
+//! children ([`convert`] and [`watch`]).
+
+mod convert;
+mod watch;
+
+use std::fmt;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
+use tracing::debug;
+
+use super::{Kv, KvError, LeaseId, RangeResult, Revision, Txn, TxnResult, Watch};
+use convert::Failure;
 
 /// TLS client files.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -16,5 +36,347 @@ pub struct EtcdConfig {
     pub tls: TlsFiles,
 }
 
-#[derive(Clone, Debug)]
-pub struct EtcdKv {}
+/// HTTP/2 pings while a stream (a watch) is open, so a silently vanished server breaks the
+/// watch instead of leaving it hanging. etcd's default keepalive policy rejects pings more
+/// often than every 5 s, and pings on idle connections altogether.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The store on a real etcd cluster. Cheap to clone: clones share one connection pool.
+#[derive(Clone)]
+pub struct EtcdKv {
+    client: Client,
+    /// The configured endpoints as one comma-separated string, for error messages.
+    endpoints: Arc<str>,
+    request_timeout: Duration,
+}
+
+impl fmt::Debug for EtcdKv {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdKv")
+            .field("endpoints", &self.endpoints)
+            .field("request_timeout", &self.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdKv {
+    /// Prepares a client for `cfg.endpoints`. Connecting is lazy: this fails only on a bad
+    /// configuration (no endpoints, a malformed URL, unreadable TLS files); an unreachable
+    /// cluster shows up as [`KvError::Unavailable`] or [`KvError::Timeout`] on the first call.
+    pub async fn connect(cfg: &EtcdConfig) -> Result<EtcdKv, KvError> {
+        if cfg.endpoints.is_empty() {
+            return Err(KvError::Config("no etcd endpoints configured".to_owned()));
+        }
+        if cfg.request_timeout.is_zero() {
+            return Err(KvError::Config(
+                "the etcd request timeout must be positive".to_owned(),
+            ));
+        }
+        let endpoints: Arc<str> = cfg.endpoints.join(",").into();
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(cfg.request_timeout)
+            .with_timeout(cfg.request_timeout)
+            .with_keep_alive(KEEPALIVE_INTERVAL, cfg.request_timeout)
+            .with_keep_alive_while_idle(false);
+        if let Some(tls) = tls_options(&cfg.endpoints, &cfg.tls)? {
+            options = options.with_tls(tls);
+        }
+        let connect = Client::connect(&cfg.endpoints, Some(options));
+        let client = match tokio::time::timeout(cfg.request_timeout, connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => {
+                return Err(KvError::Config(format!(
+                    "cannot use etcd endpoints {endpoints}: {e}"
+                )));
+            }
+            Err(_) => {
+                return Err(KvError::Timeout(cfg.request_timeout, endpoints.to_string()));
+            }
+        };
+        debug!(endpoints = %endpoints, timeout = ?cfg.request_timeout, "etcd client ready");
+        Ok(EtcdKv {
+            client,
+            endpoints,
+            request_timeout: cfg.request_timeout,
+        })
+    }
+
+    /// The configured endpoints, comma-separated.
+    pub fn endpoints(&self) -> &str {
+        &self.endpoints
+    }
+
+    /// Compacts etcd's history up to `revision`: older revisions can no longer be read or
+    /// watched. For tests of the compaction paths; a real cluster compacts itself.
+    #[cfg(feature = "test-etcd")]
+    pub(crate) async fn compact(&self, revision: Revision) -> Result<(), KvError> {
+        let mut kv = self.client.kv_client();
+        let res = self.call(kv.compact(revision, None)).await;
+        res.map(drop).map_err(|f| self.error(f, revision))
+    }
+
+    /// Runs one etcd-client call under the request deadline.
+    async fn call<T>(
+        &self,
+        fut: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, Failure> {
+        match tokio::time::timeout(self.request_timeout, fut).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(Failure::classify(&e)),
+            Err(_) => Err(Failure::Timeout),
+        }
+    }
+
+    /// The error callers see. `revision` is the one a compaction error refers to (ranges and
+    /// watches); other failures ignore it.
+    fn error(&self, failure: Failure, revision: Revision) -> KvError {
+        self.error_with(failure, revision, None)
+    }
+
+    fn error_with(&self, failure: Failure, revision: Revision, lease: Option<LeaseId>) -> KvError {
+        match failure {
+            Failure::Unreachable(detail) => KvError::Unavailable {
+                endpoints: self.endpoints.to_string(),
+                detail,
+            },
+            Failure::Timeout => KvError::Timeout(self.request_timeout, self.endpoints.to_string()),
+            Failure::Compacted(_) => KvError::Compacted {
+                requested: revision,
+                compacted: revision + 1,
+            },
+            Failure::LeaseNotFound(msg) => match lease {
+                Some(lease) => KvError::LeaseNotFound(lease),
+                None => KvError::Refused(msg),
+            },
+            Failure::Refused(msg) => KvError::Refused(msg),
+        }
+    }
+}
+
+impl Kv for EtcdKv {
+    async fn range(
+        &self,
+        key: &str,
+        prefix: bool,
+        revision: Option<Revision>,
+    ) -> Result<RangeResult, KvError> {
+        let mut options = GetOptions::new().with_revision(revision.unwrap_or(0));
+        if prefix {
+            options = options.with_prefix();
+        }
+        let mut kv = self.client.kv_client();
+        match self.call(kv.get(key, Some(options))).await {
+            Ok(resp) => Ok(convert::range_result(resp)),
+            Err(Failure::Compacted(_)) => {
+                let requested = revision.unwrap_or(0);
+                // etcd does not say where it compacted to; a watch from revision 1 does.
+                match watch::compact_revision(self, key).await {
+                    Some(compacted) => Err(KvError::Compacted {
+                        requested,
+                        compacted,
+                    }),
+                    None => Err(self.error(Failure::Compacted(String::new()), requested)),
+                }
+            }
+            Err(f) => Err(self.error(f, revision.unwrap_or(0))),
+        }
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
+        let lease = convert::first_lease(&txn);
+        let mut kv = self.client.kv_client();
+        match self.call(kv.txn(convert::txn(txn))).await {
+            Ok(resp) => Ok(convert::txn_result(&resp)),
+            Err(f) => Err(self.error_with(f, 0, lease)),
+        }
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
+        let mut lease = self.client.lease_client();
+        match self.call(lease.grant(whole_seconds(ttl), None)).await {
+            Ok(resp) => Ok(LeaseId(resp.id())),
+            Err(f) => Err(self.error(f, 0)),
+        }
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<(), KvError> {
+        let mut client = self.client.lease_client();
+        // etcd-client sends the first ping and reads its answer before returning the keeper;
+        // a TTL of 0 in that answer (expired or unknown lease) comes back as an error. Dropping
+        // the keeper and its stream then closes the keep-alive stream.
+        match self.call(client.keep_alive(lease.0)).await {
+            Ok(_) => Ok(()),
+            Err(f) => Err(self.error_with(f, 0, Some(lease))),
+        }
+    }
+
+    async fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {
+        let mut client = self.client.lease_client();
+        match self.call(client.revoke(lease.0)).await {
+            Ok(_) | Err(Failure::LeaseNotFound(_)) => Ok(()),
+            Err(f) => Err(self.error(f, 0)),
+        }
+    }
+
+    async fn watch(
+        &self,
+        key: &str,
+        prefix: bool,
+        from_revision: Revision,
+    ) -> Result<Watch, KvError> {
+        watch::start(self, key, prefix, from_revision).await
+    }
+}
+
+/// etcd takes whole seconds; rounding up keeps the lease at least as long as asked.
+fn whole_seconds(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// TLS settings for `https://` endpoints, read and checked now so a bad file is reported by
+/// name instead of as a handshake failure later.
+fn tls_options(endpoints: &[String], files: &TlsFiles) -> Result<Option<TlsOptions>, KvError> {
+    let https = endpoints
+        .iter()
+        .filter(|e| e.starts_with("https://"))
+        .count();
+    if https == 0 {
+        return Ok(None);
+    }
+    if https != endpoints.len() {
+        return Err(KvError::Config(format!(
+            "etcd endpoints mix https and http: {}",
+            endpoints.join(",")
+        )));
+    }
+    let Some(ca_file) = &files.ca_file else {
+        return Err(KvError::Config(
+            "https etcd endpoints need a CA file (etcd_cafile)".to_owned(),
+        ));
+    };
+    let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read_pem(ca_file)?));
+    match (&files.cert_file, &files.key_file) {
+        (Some(cert), Some(key)) => {
+            tls = tls.identity(Identity::from_pem(read_pem(cert)?, read_pem(key)?));
+        }
+        (None, None) => {}
+        (Some(cert), None) => {
+            return Err(KvError::Config(format!(
+                "etcd client certificate {} given without a key file (etcd_keyfile)",
+                cert.display()
+            )));
+        }
+        (None, Some(key)) => {
+            return Err(KvError::Config(format!(
+                "etcd client key {} given without a certificate file (etcd_certfile)",
+                key.display()
+            )));
+        }
+    }
+    Ok(Some(tls))
+}
+
+fn read_pem(path: &Path) -> Result<Vec<u8>, KvError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| KvError::Config(format!("cannot read {}: {e}", path.display())))?;
+    if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(KvError::Config(format!(
+            "{} is not a PEM file",
+            path.display()
+        )));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(endpoints: &[&str], tls: TlsFiles) -> EtcdConfig {
+        EtcdConfig {
+            endpoints: endpoints.iter().map(|e| (*e).to_owned()).collect(),
+            request_timeout: Duration::from_secs(1),
+            tls,
+        }
+    }
+
+    #[test]
+    fn rounds_lease_ttl_up_to_whole_seconds() {
+        assert_eq!(whole_seconds(Duration::ZERO), 1);
+        assert_eq!(whole_seconds(Duration::from_millis(100)), 1);
+        assert_eq!(whole_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(whole_seconds(Duration::from_millis(2001)), 3);
+    }
+
+    #[tokio::test]
+    async fn connect_rejects_empty_endpoints() {
+        let err = EtcdKv::connect(&cfg(&[], TlsFiles::default()))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, KvError::Config(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn connect_names_a_missing_ca_file() {
+        let tls = TlsFiles {
+            ca_file: Some("/nonexistent/fleet-ca.pem".into()),
+            ..TlsFiles::default()
+        };
+        let err = EtcdKv::connect(&cfg(&["https://127.0.0.1:2379"], tls))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, KvError::Config(m) if m.contains("/nonexistent/fleet-ca.pem")),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn connect_names_a_file_that_is_not_pem() {
+        let path = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
+        let tls = TlsFiles {
+            ca_file: Some(path.clone()),
+            ..TlsFiles::default()
+        };
+        let err = EtcdKv::connect(&cfg(&["https://127.0.0.1:2379"], tls))
+            .await
+            .unwrap_err();
+        let name = path.display().to_string();
+        assert!(
+            matches!(&err, KvError::Config(m) if m.contains(&name)),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn connect_rejects_a_certificate_without_key() {
+        let tls = TlsFiles {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            cert_file: Some("/nonexistent/cert.pem".into()),
+            key_file: None,
+        };
+        // The CA is read first; a missing CA is reported before the pairing problem.
+        let err = EtcdKv::connect(&cfg(&["https://127.0.0.1:2379"], tls))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, KvError::Config(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn connect_rejects_mixed_schemes() {
+        let err = EtcdKv::connect(&cfg(
+            &["https://127.0.0.1:2379", "http://127.0.0.1:2380"],
+            TlsFiles::default(),
+        ))
+        .await
+        .unwrap_err();
+        assert!(matches!(err, KvError::Config(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn connect_is_lazy_about_an_unreachable_endpoint() {
+        let kv = EtcdKv::connect(&cfg(&["http://127.0.0.1:9"], TlsFiles::default())).await;
+        assert_eq!(kv.unwrap().endpoints(), "http://127.0.0.1:9");
+    }
+}

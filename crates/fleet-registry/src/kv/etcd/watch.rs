@@ -1,0 +1,157 @@
+//! etcd watch streams turned into [`Watch`] channels.
+//!
+//! One gRPC stream per watch, read by one spawned task that forwards events and ends after
+//! the first `Compacted` or `Broken`: etcd-client does not resume a watch after the server is
+//! gone, and resuming here would hide the gap from the caller, who relists instead. The task
+//! also ends, cancelling the etcd watch, when the [`Watch`] is dropped.
+
+use etcd_client::{WatchOptions, WatchResponse, WatchStream};
+use tokio::sync::mpsc;
+use tracing::debug;
+
+use super::{EtcdKv, convert};
+use crate::kv::{KvError, Revision, Watch, WatchMessage};
+
+/// Messages buffered between the stream and a slow consumer; beyond that the task waits, and
+/// etcd holds the rest server-side.
+const CHANNEL_CAPACITY: usize = 64;
+
+/// Opens the watch and waits for etcd's acknowledgement, both under the request deadline, so
+/// `Ok` means the server has registered the watch and an unreachable cluster is an error now.
+pub(super) async fn start(
+    kv: &EtcdKv,
+    key: &str,
+    prefix: bool,
+    from_revision: Revision,
+) -> Result<Watch, KvError> {
+    let mut options = WatchOptions::new().with_start_revision(from_revision);
+    if prefix {
+        options = options.with_prefix();
+    }
+    let mut client = kv.client.watch_client();
+    let setup = async {
+        let mut stream = client.watch(key, Some(options)).await?;
+        let first = stream.message().await?;
+        Ok((stream, first))
+    };
+    let (stream, first) = kv
+        .call(setup)
+        .await
+        .map_err(|f| kv.error(f, from_revision))?;
+    let Some(first) = first else {
+        return Err(KvError::Unavailable {
+            endpoints: kv.endpoints.to_string(),
+            detail: "the watch stream closed before etcd acknowledged it".to_owned(),
+        });
+    };
+    let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+    debug!(
+        key,
+        prefix,
+        from_revision,
+        watch_id = first.watch_id(),
+        "etcd watch created"
+    );
+    tokio::spawn(forward(stream, first, tx, key.to_owned()));
+    Ok(Watch { rx })
+}
+
+/// What to do with one response of the stream.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// The `created` ack, a progress notification: nothing for the caller.
+    Skip,
+    Forward(WatchMessage),
+    /// Deliver this, then stop: etcd will send nothing more on this watch.
+    End(WatchMessage),
+}
+
+fn step(resp: &WatchResponse) -> Step {
+    if resp.compact_revision() > 0 {
+        return Step::End(WatchMessage::Compacted {
+            compact_revision: resp.compact_revision(),
+        });
+    }
+    if resp.canceled() {
+        debug!(reason = resp.cancel_reason(), "etcd cancelled the watch");
+        return Step::End(WatchMessage::Broken);
+    }
+    let events: Vec<_> = resp.events().iter().filter_map(convert::event).collect();
+    // The last event's revision, not the header's: the header carries the store's current
+    // revision, which may be past events still to come on a watch that is catching up.
+    match events.last() {
+        None => Step::Skip,
+        Some(last) => Step::Forward(WatchMessage::Events {
+            revision: last.kv.mod_revision,
+            events,
+        }),
+    }
+}
+
+async fn forward(
+    mut stream: WatchStream,
+    first: WatchResponse,
+    tx: mpsc::Sender<WatchMessage>,
+    key: String,
+) {
+    let watch_id = first.watch_id();
+    let mut next = Some(first);
+    loop {
+        let received = match next.take() {
+            Some(resp) => Ok(Some(resp)),
+            None => tokio::select! {
+                received = stream.message() => received,
+                () = tx.closed() => break,
+            },
+        };
+        let message = match received {
+            Ok(Some(resp)) => match step(&resp) {
+                Step::Skip => continue,
+                Step::Forward(message) => message,
+                Step::End(message) => {
+                    debug!(key = %key, watch_id, ?message, "etcd watch ended");
+                    // Nothing to cancel: etcd already dropped this watch.
+                    let _ = tx.send(message).await;
+                    return;
+                }
+            },
+            Ok(None) => {
+                debug!(key = %key, watch_id, "etcd watch stream closed");
+                let _ = tx.send(WatchMessage::Broken).await;
+                return;
+            }
+            Err(error) => {
+                debug!(key = %key, watch_id, %error, "etcd watch stream failed");
+                let _ = tx.send(WatchMessage::Broken).await;
+                return;
+            }
+        };
+        if tx.send(message).await.is_err() {
+            break;
+        }
+    }
+    // The receiver is gone. Cancel explicitly so etcd frees the watcher now; dropping the
+    // stream then resets it.
+    debug!(key = %key, watch_id, "etcd watch dropped by its receiver");
+    let _ = stream.cancel(watch_id).await;
+}
+
+/// Where etcd's history starts: a watch from revision 1 is cancelled with that revision.
+/// `None` if the probe fails or the history is not compacted after all.
+pub(super) async fn compact_revision(kv: &EtcdKv, key: &str) -> Option<Revision> {
+    let mut client = kv.client.watch_client();
+    let probe = async {
+        let options = WatchOptions::new().with_start_revision(1);
+        let mut stream = client.watch(key, Some(options)).await?;
+        while let Some(resp) = stream.message().await? {
+            if resp.compact_revision() > 0 {
+                return Ok(Some(resp.compact_revision()));
+            }
+            if resp.canceled() || !resp.events().is_empty() {
+                return Ok(None);
+            }
+        }
+        Ok(None)
+    };
+    kv.call(probe).await.ok().flatten()
+}
