@@ -134,6 +134,32 @@ impl<K: Kv> Registry<K> {
             })
     }
 
+    /// Every stored unit file by hash, read at `revision` (or the latest).
+    pub async fn files(
+        &self,
+        revision: Option<Revision>,
+    ) -> Result<std::collections::BTreeMap<UnitHash, UnitFile>> {
+        let base = self.keys.files();
+        let res = self
+            .kv
+            .range(&base, true, revision)
+            .await
+            .map_err(RegistryError::kv("listing unit files"))?;
+        let mut files = std::collections::BTreeMap::new();
+        for kv in &res.kvs {
+            let corrupt = |detail: String| RegistryError::Corrupt {
+                key: kv.key.clone(),
+                detail,
+            };
+            let hash: UnitHash = kv.key[base.len()..]
+                .parse()
+                .map_err(|e: fleet_core::HashError| corrupt(e.to_string()))?;
+            let file = UnitFile::parse(&kv.value).map_err(|e| corrupt(e.to_string()))?;
+            files.insert(hash, file);
+        }
+        Ok(files)
+    }
+
     /// The file of `unit`, which must exist (the registry writes both in one transaction).
     pub async fn unit_file(&self, unit: &Unit) -> Result<UnitFile> {
         self.file(&unit.hash())

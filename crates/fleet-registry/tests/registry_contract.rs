@@ -1,0 +1,364 @@
+//! Contract tests of the typed registry: every body runs against the in-memory `MemKv` and
+//! against a real etcd started by the test, so the fake cannot drift from etcd.
+
+use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
+use fleet_registry::kv::{Kv, MemKv};
+use fleet_registry::testing::TestEtcd;
+use fleet_registry::{
+    CreateOutcome, Fence, Registry, RegistryError, ScheduleEntry, UnitStateRecord, WatchHints,
+};
+use std::time::Duration;
+
+const PREFIX: &str = "/contract/";
+
+fn name(s: &str) -> UnitName {
+    s.parse().unwrap()
+}
+
+fn machine(s: &str) -> MachineId {
+    s.parse().unwrap()
+}
+
+fn file(exec: &str) -> UnitFile {
+    UnitFile::parse(format!("[Service]\nExecStart={exec}\n").as_bytes()).unwrap()
+}
+
+fn info(id: &str) -> MachineInfo {
+    MachineInfo {
+        id: machine(id),
+        public_ip: "10.0.0.1".into(),
+        metadata: Default::default(),
+        version: "test".into(),
+        disable_engine: false,
+    }
+}
+
+/// Every key under the prefix, for "nothing else was written" checks.
+async fn keys<K: Kv>(reg: &Registry<K>) -> Vec<String> {
+    let res = reg.kv().range(PREFIX, true, None).await.unwrap();
+    res.kvs.into_iter().map(|kv| kv.key).collect()
+}
+
+async fn creates_a_unit_with_its_file_and_reference<K: Kv>(reg: Registry<K>) {
+    let f = file("/bin/true");
+    let out = reg
+        .create_unit(&name("a.service"), &f, DesiredState::Inactive)
+        .await
+        .unwrap();
+    let CreateOutcome::Created(unit) = out else {
+        panic!("expected Created, got {out:?}");
+    };
+    assert_eq!(unit.hash(), f.hash());
+    let h = f.hash();
+    assert_eq!(
+        keys(&reg).await,
+        vec![
+            format!("{PREFIX}file-ref/{h}/a.service"),
+            format!("{PREFIX}file/{h}"),
+            format!("{PREFIX}unit/a.service"),
+        ]
+    );
+    assert_eq!(reg.file(&h).await.unwrap().unwrap(), f);
+}
+
+async fn refuses_to_create_an_existing_unit_and_returns_it<K: Kv>(reg: Registry<K>) {
+    let n = name("a.service");
+    reg.create_unit(&n, &file("/bin/true"), DesiredState::Inactive)
+        .await
+        .unwrap();
+    let before = keys(&reg).await;
+    let out = reg
+        .create_unit(&n, &file("/bin/false"), DesiredState::Launched)
+        .await
+        .unwrap();
+    let CreateOutcome::Exists(existing) = out else {
+        panic!("expected Exists, got {out:?}");
+    };
+    assert_eq!(existing.hash(), file("/bin/true").hash());
+    assert_eq!(keys(&reg).await, before, "nothing may be written");
+}
+
+async fn replace_collects_the_old_file<K: Kv>(reg: Registry<K>) {
+    let n = name("a.service");
+    let CreateOutcome::Created(unit) = reg
+        .create_unit(&n, &file("/bin/true"), DesiredState::Inactive)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let new = file("/bin/false");
+    let replaced = reg
+        .replace_unit(&unit, &new, DesiredState::Inactive)
+        .await
+        .unwrap();
+    assert_eq!(replaced.hash(), new.hash());
+    let h = new.hash();
+    assert_eq!(
+        keys(&reg).await,
+        vec![
+            format!("{PREFIX}file-ref/{h}/a.service"),
+            format!("{PREFIX}file/{h}"),
+            format!("{PREFIX}unit/a.service"),
+        ]
+    );
+}
+
+async fn shared_file_survives_until_its_last_unit_goes<K: Kv>(reg: Registry<K>) {
+    let f = file("/bin/true");
+    let mut units = Vec::new();
+    for n in ["x@1.service", "x@2.service"] {
+        match reg
+            .create_unit(&name(n), &f, DesiredState::Inactive)
+            .await
+            .unwrap()
+        {
+            CreateOutcome::Created(u) => units.push(u),
+            other => panic!("{other:?}"),
+        }
+    }
+    reg.destroy_unit(&units[0]).await.unwrap();
+    assert!(reg.file(&f.hash()).await.unwrap().is_some());
+    reg.destroy_unit(&units[1]).await.unwrap();
+    assert!(reg.file(&f.hash()).await.unwrap().is_none());
+    assert!(keys(&reg).await.is_empty());
+}
+
+async fn stale_replace_is_a_conflict_and_writes_nothing<K: Kv>(reg: Registry<K>) {
+    let n = name("a.service");
+    let CreateOutcome::Created(unit) = reg
+        .create_unit(&n, &file("/bin/true"), DesiredState::Inactive)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    // Another client wins the race.
+    reg.replace_unit(&unit, &file("/bin/one"), DesiredState::Inactive)
+        .await
+        .unwrap();
+    let before = keys(&reg).await;
+    let err = reg
+        .replace_unit(&unit, &file("/bin/two"), DesiredState::Inactive)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RegistryError::Conflict(_)), "{err:?}");
+    assert_eq!(keys(&reg).await, before);
+    let err = reg.destroy_unit(&unit).await.unwrap_err();
+    assert!(matches!(err, RegistryError::Conflict(_)), "{err:?}");
+    let err = reg
+        .set_desired(&unit, DesiredState::Launched)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RegistryError::Conflict(_)), "{err:?}");
+    assert_eq!(keys(&reg).await, before);
+}
+
+async fn concurrent_replaces_have_exactly_one_winner<K: Kv>(reg: Registry<K>) {
+    let n = name("a.service");
+    let CreateOutcome::Created(unit) = reg
+        .create_unit(&n, &file("/bin/true"), DesiredState::Inactive)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let reg = reg.clone();
+            let unit = unit.clone();
+            tokio::spawn(async move {
+                reg.replace_unit(&unit, &file(&format!("/bin/v{i}")), DesiredState::Inactive)
+                    .await
+            })
+        })
+        .collect();
+    let mut wins = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => wins += 1,
+            Err(RegistryError::Conflict(_)) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(wins, 1);
+    // Exactly one file and one reference remain: the winner's.
+    let ks = keys(&reg).await;
+    assert_eq!(
+        ks.iter().filter(|k| k.contains("/file/")).count(),
+        1,
+        "{ks:?}"
+    );
+    assert_eq!(
+        ks.iter().filter(|k| k.contains("/file-ref/")).count(),
+        1,
+        "{ks:?}"
+    );
+}
+
+async fn snapshot_reads_everything_at_one_revision<K: Kv>(reg: Registry<K>) {
+    let n = name("a.service");
+    let f = file("/bin/true");
+    reg.create_unit(&n, &f, DesiredState::Launched)
+        .await
+        .unwrap();
+    let m = machine("m1");
+    let presence = reg
+        .register_machine(&info("m1"), Duration::from_secs(10), None)
+        .await
+        .unwrap();
+    let entry = ScheduleEntry {
+        name: n.clone(),
+        machine: m.clone(),
+        hash: f.hash(),
+        desired: DesiredState::Launched,
+    };
+    reg.apply_schedule(None, std::slice::from_ref(&entry), &[])
+        .await
+        .unwrap();
+    let state = UnitStateRecord {
+        name: n.clone(),
+        machine: m.clone(),
+        hash: Some(f.hash()),
+        systemd: SystemdState {
+            load: "loaded".into(),
+            active: "active".into(),
+            sub: "running".into(),
+        },
+        drop_ins: vec![],
+        restart_pending: false,
+    };
+    reg.publish_state(&presence, &state).await.unwrap();
+    let snap = reg.snapshot().await.unwrap();
+    assert_eq!(snap.units.len(), 1);
+    assert_eq!(snap.machines.keys().collect::<Vec<_>>(), vec![&m]);
+    assert_eq!(snap.schedule[&n][&m], entry);
+    assert_eq!(snap.states[&n][&m], state);
+    // A later change is not visible in the snapshot taken before it.
+    reg.remove_state(&n, &m).await.unwrap();
+    assert_eq!(snap.states[&n][&m], state);
+    assert!(reg.snapshot().await.unwrap().states.is_empty());
+}
+
+async fn second_machine_with_same_id_is_refused<K: Kv>(reg: Registry<K>) {
+    let first = reg
+        .register_machine(&info("m1"), Duration::from_secs(10), None)
+        .await
+        .unwrap();
+    let err = reg
+        .register_machine(&info("m1"), Duration::from_secs(10), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RegistryError::DuplicateMachine(_)), "{err:?}");
+    // The owner of the lease (a restarted fleetd) resumes it.
+    let resumed = reg
+        .register_machine(&info("m1"), Duration::from_secs(10), Some(first.lease))
+        .await
+        .unwrap();
+    assert!(resumed.resumed);
+    assert_eq!(resumed.lease, first.lease);
+}
+
+async fn states_vanish_with_the_machine_lease<K: Kv>(reg: Registry<K>) {
+    let presence = reg
+        .register_machine(&info("m1"), Duration::from_secs(10), None)
+        .await
+        .unwrap();
+    let state = UnitStateRecord {
+        name: name("a.service"),
+        machine: machine("m1"),
+        hash: None,
+        systemd: SystemdState {
+            load: "loaded".into(),
+            active: "inactive".into(),
+            sub: "dead".into(),
+        },
+        drop_ins: vec![],
+        restart_pending: false,
+    };
+    reg.publish_state(&presence, &state).await.unwrap();
+    assert_eq!(reg.unit_states().await.unwrap().len(), 1);
+    reg.unregister(&presence).await.unwrap();
+    assert!(reg.unit_states().await.unwrap().is_empty());
+    assert!(reg.machines().await.unwrap().is_empty());
+}
+
+async fn fenced_schedule_write_fails_without_leadership<K: Kv>(reg: Registry<K>) {
+    let entry = ScheduleEntry {
+        name: name("a.service"),
+        machine: machine("m1"),
+        hash: file("/bin/true").hash(),
+        desired: DesiredState::Launched,
+    };
+    let fence = Fence {
+        key: reg.keys().leader(),
+        value: "m1".into(),
+    };
+    let err = reg
+        .apply_schedule(Some(&fence), std::slice::from_ref(&entry), &[])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RegistryError::LostLeadership), "{err:?}");
+    assert!(keys(&reg).await.is_empty());
+    let (_, entries) = reg.machine_schedule(&machine("m1")).await.unwrap();
+    assert!(entries.is_empty());
+}
+
+async fn watch_hints_wake_on_changes_under_the_prefix<K: Kv>(reg: Registry<K>) {
+    let m = machine("m1");
+    let (rev, _) = reg.machine_schedule(&m).await.unwrap();
+    let mut hints = WatchHints::start(reg.kv().clone(), reg.keys().machine_schedule(&m), rev + 1);
+    let entry = ScheduleEntry {
+        name: name("a.service"),
+        machine: m.clone(),
+        hash: file("/bin/true").hash(),
+        desired: DesiredState::Launched,
+    };
+    let written = reg
+        .apply_schedule(None, std::slice::from_ref(&entry), &[])
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(5), hints.changed())
+        .await
+        .expect("a hint within 5 s")
+        .expect("watcher alive");
+    assert!(seen >= written, "seen {seen} < written {written}");
+}
+
+macro_rules! contract {
+    ($($test:ident),* $(,)?) => {
+        mod mem {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let reg = fleet_registry::Registry::new(super::MemKv::new(), super::PREFIX);
+                    super::$test(reg).await;
+                }
+            )*
+        }
+        mod etcd {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let etcd = super::TestEtcd::start().await;
+                    let reg = fleet_registry::Registry::new(etcd.kv().await, super::PREFIX);
+                    super::$test(reg).await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    creates_a_unit_with_its_file_and_reference,
+    refuses_to_create_an_existing_unit_and_returns_it,
+    replace_collects_the_old_file,
+    shared_file_survives_until_its_last_unit_goes,
+    stale_replace_is_a_conflict_and_writes_nothing,
+    concurrent_replaces_have_exactly_one_winner,
+    snapshot_reads_everything_at_one_revision,
+    second_machine_with_same_id_is_refused,
+    states_vanish_with_the_machine_lease,
+    fenced_schedule_write_fails_without_leadership,
+    watch_hints_wake_on_changes_under_the_prefix,
+);
