@@ -103,6 +103,7 @@ contract_tests!(
     refuses_a_transaction_that_writes_a_key_twice,
     refuses_a_put_on_an_unknown_lease,
     deletes_lease_keys_on_revoke,
+    rewriting_a_key_without_its_lease_detaches_it,
     ignores_revoking_an_unknown_lease,
     deletes_lease_keys_on_expiry,
     keep_alive_keeps_a_key_alive,
@@ -572,6 +573,24 @@ async fn deletes_lease_keys_on_revoke(h: &impl Harness, p: &str) {
     assert_eq!(current_revision(&kv).await, before + 1);
 }
 
+async fn rewriting_a_key_without_its_lease_detaches_it(h: &impl Harness, p: &str) {
+    let kv = h.kv();
+    let (a, b) = (format!("{p}a"), format!("{p}b"));
+    let lease = kv.grant(Duration::from_secs(30)).await.unwrap();
+    let leased = writes(vec![
+        put_op(&a, "1", Some(lease)),
+        put_op(&b, "1", Some(lease)),
+    ]);
+    kv.txn(leased).await.unwrap();
+    put(&kv, &a, "2").await;
+    assert_eq!(get(&kv, &a).await.unwrap().lease, 0);
+    kv.revoke(lease).await.unwrap();
+    assert_eq!(
+        keys(&kv.range(p, true, None).await.unwrap().kvs),
+        [a.as_str()]
+    );
+}
+
 async fn ignores_revoking_an_unknown_lease(h: &impl Harness, _p: &str) {
     let kv = h.kv();
     let lease = kv.grant(Duration::from_secs(30)).await.unwrap();
@@ -792,6 +811,16 @@ mod etcd_only {
         ));
         assert_fails_fast(&endpoint, kv.watch("k", true, 0)).await;
         drop(listener);
+    }
+
+    #[tokio::test]
+    async fn watch_outlives_the_request_timeout() {
+        let server = TestEtcd::start().await;
+        let kv = client(&server.endpoint()).await;
+        let mut watch = kv.watch("w/", true, 0).await.unwrap();
+        sleep(SHORT * 2).await;
+        let rev = put(&kv, "w/a", "1").await;
+        assert_eq!(next_events(&mut watch, 1).await[0].kv.mod_revision, rev);
     }
 
     #[tokio::test]

@@ -375,6 +375,17 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn connect_rejects_a_malformed_endpoint() {
+        let err = EtcdKv::connect(&cfg(&["http://[::1"], TlsFiles::default()))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, KvError::Config(m) if m.contains("http://[::1")),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
     async fn connect_is_lazy_about_an_unreachable_endpoint() {
         let kv = EtcdKv::connect(&cfg(&["http://127.0.0.1:9"], TlsFiles::default())).await;
         assert_eq!(kv.unwrap().endpoints(), "http://127.0.0.1:9");
