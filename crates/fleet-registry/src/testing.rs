@@ -4,6 +4,10 @@
 //! data directory (never under /tmp: a namespaced systemd in other tests may empty it), with
 //! fast raft timings. It can be killed and restarted on the same ports and data to test
 //! outages. Test code only: failures panic with the server's log attached.
+//!
+//! Environment: `$FLEET_TEST_DIR` is where data directories go (default
+//! `<workspace>/target/test-etcd`), `$FLEET_TEST_ETCD` the etcd binary (default `etcd` on
+//! `PATH`).
 
 use std::fs::{self, File};
 use std::io::{Read, Write};

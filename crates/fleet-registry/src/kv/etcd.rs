@@ -14,6 +14,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
 use tracing::debug;
 
@@ -112,7 +114,7 @@ impl EtcdKv {
     pub(crate) async fn compact(&self, revision: Revision) -> Result<(), KvError> {
         let mut kv = self.client.kv_client();
         let res = self.call(kv.compact(revision, None)).await;
-        res.map(drop).map_err(|f| self.error(f, revision))
+        res.map(drop).map_err(|f| self.error(f, None))
     }
 
     /// Runs one etcd-client call under the request deadline.
@@ -120,30 +122,34 @@ impl EtcdKv {
         &self,
         fut: impl Future<Output = Result<T, etcd_client::Error>>,
     ) -> Result<T, Failure> {
-        match tokio::time::timeout(self.request_timeout, fut).await {
+        self.call_until(Instant::now() + self.request_timeout, fut)
+            .await
+    }
+
+    /// Runs one etcd-client call under a deadline shared with other calls of one operation.
+    async fn call_until<T>(
+        &self,
+        deadline: Instant,
+        fut: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, Failure> {
+        match tokio::time::timeout_at(deadline, fut).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(Failure::classify(&e)),
             Err(_) => Err(Failure::Timeout),
         }
     }
 
-    /// The error callers see. `revision` is the one a compaction error refers to (ranges and
-    /// watches); other failures ignore it.
-    fn error(&self, failure: Failure, revision: Revision) -> KvError {
-        self.error_with(failure, revision, None)
-    }
-
-    fn error_with(&self, failure: Failure, revision: Revision, lease: Option<LeaseId>) -> KvError {
+    /// The error callers see; `lease` is the one a "lease not found" refers to, if any.
+    /// Compaction is handled where a revision was asked for (ranges, watches); anywhere else
+    /// it is a refusal.
+    fn error(&self, failure: Failure, lease: Option<LeaseId>) -> KvError {
         match failure {
             Failure::Unreachable(detail) => KvError::Unavailable {
                 endpoints: self.endpoints.to_string(),
                 detail,
             },
             Failure::Timeout => KvError::Timeout(self.request_timeout, self.endpoints.to_string()),
-            Failure::Compacted(_) => KvError::Compacted {
-                requested: revision,
-                compacted: revision + 1,
-            },
+            Failure::Compacted(msg) => KvError::Refused(msg),
             Failure::LeaseNotFound(msg) => match lease {
                 Some(lease) => KvError::LeaseNotFound(lease),
                 None => KvError::Refused(msg),
@@ -164,21 +170,21 @@ impl Kv for EtcdKv {
         if prefix {
             options = options.with_prefix();
         }
+        let deadline = Instant::now() + self.request_timeout;
         let mut kv = self.client.kv_client();
-        match self.call(kv.get(key, Some(options))).await {
+        match self.call_until(deadline, kv.get(key, Some(options))).await {
             Ok(resp) => Ok(convert::range_result(resp)),
             Err(Failure::Compacted(_)) => {
                 let requested = revision.unwrap_or(0);
-                // etcd does not say where it compacted to; a watch from revision 1 does.
-                match watch::compact_revision(self, key).await {
-                    Some(compacted) => Err(KvError::Compacted {
-                        requested,
-                        compacted,
-                    }),
-                    None => Err(self.error(Failure::Compacted(String::new()), requested)),
-                }
+                // etcd does not say where it compacted to; a watch from revision 1 does. If
+                // that fails, requested + 1 is still true as a lower bound.
+                let compacted = watch::compact_revision(self, key, deadline).await;
+                Err(KvError::Compacted {
+                    requested,
+                    compacted: compacted.unwrap_or(requested + 1),
+                })
             }
-            Err(f) => Err(self.error(f, revision.unwrap_or(0))),
+            Err(f) => Err(self.error(f, None)),
         }
     }
 
@@ -187,7 +193,7 @@ impl Kv for EtcdKv {
         let mut kv = self.client.kv_client();
         match self.call(kv.txn(convert::txn(txn))).await {
             Ok(resp) => Ok(convert::txn_result(&resp)),
-            Err(f) => Err(self.error_with(f, 0, lease)),
+            Err(f) => Err(self.error(f, lease)),
         }
     }
 
@@ -195,7 +201,7 @@ impl Kv for EtcdKv {
         let mut lease = self.client.lease_client();
         match self.call(lease.grant(whole_seconds(ttl), None)).await {
             Ok(resp) => Ok(LeaseId(resp.id())),
-            Err(f) => Err(self.error(f, 0)),
+            Err(f) => Err(self.error(f, None)),
         }
     }
 
@@ -206,7 +212,7 @@ impl Kv for EtcdKv {
         // the keeper and its stream then closes the keep-alive stream.
         match self.call(client.keep_alive(lease.0)).await {
             Ok(_) => Ok(()),
-            Err(f) => Err(self.error_with(f, 0, Some(lease))),
+            Err(f) => Err(self.error(f, Some(lease))),
         }
     }
 
@@ -214,7 +220,7 @@ impl Kv for EtcdKv {
         let mut client = self.client.lease_client();
         match self.call(client.revoke(lease.0)).await {
             Ok(_) | Err(Failure::LeaseNotFound(_)) => Ok(()),
-            Err(f) => Err(self.error(f, 0)),
+            Err(f) => Err(self.error(f, None)),
         }
     }
 

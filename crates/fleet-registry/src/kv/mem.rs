@@ -36,12 +36,14 @@ pub struct MemKv {
 
 impl fmt::Debug for MemKv {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.lock();
-        f.debug_struct("MemKv")
-            .field("revision", &state.store.revision())
-            .field("watchers", &state.watchers.len())
-            .field("unavailable", &state.unavailable)
-            .finish_non_exhaustive()
+        let mut out = f.debug_struct("MemKv");
+        // try_lock: formatting must not deadlock, e.g. in a log line under the lock.
+        if let Ok(state) = self.state.try_lock() {
+            out.field("revision", &state.store.revision())
+                .field("watchers", &state.watchers.len())
+                .field("unavailable", &state.unavailable);
+        }
+        out.finish_non_exhaustive()
     }
 }
 
@@ -113,6 +115,7 @@ impl State {
 }
 
 impl MemKv {
+    /// An empty store at revision 1, as a fresh etcd.
     pub fn new() -> MemKv {
         MemKv::default()
     }
@@ -282,7 +285,7 @@ async fn expire_lease(state: Weak<Mutex<State>>, lease: LeaseId) {
                 Some(deadline) if deadline > now => deadline,
                 // etcd is down: nothing expires; recovery renews every lease anyway.
                 Some(_) if state.unavailable => {
-                    let _ = state.store.keep_alive(lease, now);
+                    state.store.renew(lease, now);
                     continue;
                 }
                 Some(_) => {

@@ -7,6 +7,7 @@
 
 use etcd_client::{WatchOptions, WatchResponse, WatchStream};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::debug;
 
 use super::{EtcdKv, convert};
@@ -34,10 +35,7 @@ pub(super) async fn start(
         let first = stream.message().await?;
         Ok((stream, first))
     };
-    let (stream, first) = kv
-        .call(setup)
-        .await
-        .map_err(|f| kv.error(f, from_revision))?;
+    let (stream, first) = kv.call(setup).await.map_err(|f| kv.error(f, None))?;
     let Some(first) = first else {
         return Err(KvError::Unavailable {
             endpoints: kv.endpoints.to_string(),
@@ -138,7 +136,11 @@ async fn forward(
 
 /// Where etcd's history starts: a watch from revision 1 is cancelled with that revision.
 /// `None` if the probe fails or the history is not compacted after all.
-pub(super) async fn compact_revision(kv: &EtcdKv, key: &str) -> Option<Revision> {
+pub(super) async fn compact_revision(
+    kv: &EtcdKv,
+    key: &str,
+    deadline: Instant,
+) -> Option<Revision> {
     let mut client = kv.client.watch_client();
     let probe = async {
         let options = WatchOptions::new().with_start_revision(1);
@@ -153,5 +155,5 @@ pub(super) async fn compact_revision(kv: &EtcdKv, key: &str) -> Option<Revision>
         }
         Ok(None)
     };
-    kv.call(probe).await.ok().flatten()
+    kv.call_until(deadline, probe).await.ok().flatten()
 }

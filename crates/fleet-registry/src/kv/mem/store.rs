@@ -267,13 +267,23 @@ impl Store {
         LeaseId(id)
     }
 
+    /// Renews the lease for its TTL from `now`. A lease past its deadline is gone even if
+    /// its timer has not revoked it yet, as in etcd.
     pub(super) fn keep_alive(&mut self, lease: LeaseId, now: Instant) -> Result<(), KvError> {
-        let l = self
-            .leases
-            .get_mut(&lease.0)
-            .ok_or(KvError::LeaseNotFound(lease))?;
-        l.deadline = now + l.ttl;
-        Ok(())
+        match self.leases.get(&lease.0) {
+            Some(l) if l.deadline > now => {
+                self.renew(lease, now);
+                Ok(())
+            }
+            Some(_) | None => Err(KvError::LeaseNotFound(lease)),
+        }
+    }
+
+    /// Gives the lease its full TTL again from `now`, expired or not.
+    pub(super) fn renew(&mut self, lease: LeaseId, now: Instant) {
+        if let Some(l) = self.leases.get_mut(&lease.0) {
+            l.deadline = now + l.ttl;
+        }
     }
 
     /// Every lease gets its full TTL again from `now`: what etcd does when a new leader takes
