@@ -1,0 +1,123 @@
+#!/bin/bash
+# One test machine: a real systemd as PID 1 of its own PID+mount+UTS+IPC namespace, inside a
+# network namespace the harness made. Two phases, both run by this one file so the whole boot
+# sequence reads top to bottom:
+#
+#   machine.sh boot   on the host: joins the machine's cgroups, then enters the network namespace
+#                     and unshares the rest, re-running this script as `init` in the new namespaces.
+#   machine.sh init   PID 1 of the new namespaces: builds the machine's private view of the
+#                     filesystem, then execs systemd.
+#
+# Inputs (environment, set by the harness in Rust, see src/machine.rs):
+#   FT_STAGE     host directory with this machine's files: machine-id, hostname, system/ (units for
+#                /run/systemd/system), fleet/ (copied to /run/fleet)
+#   FT_NETNS     name of the network namespace (/run/netns/$FT_NETNS)
+#   FT_CGROUPS   space-separated cgroup directories made for this machine, one per hierarchy
+#   FT_TARGET    the unit systemd boots
+#   FT_BIN_DIR   optional: host directory mounted read-only at /opt/fleet/bin
+#
+# Safety: nothing here may change the host. Every mount happens in the new, private mount
+# namespace, and `init` refuses to exec systemd unless /tmp is a fresh tmpfs, because systemd's
+# boot empties /tmp (Debian's `D /tmp` tmpfiles rule) and without it that would be the host's /tmp.
+set -euo pipefail
+
+boot() {
+    # Our own cgroup in every hierarchy BEFORE unshare, so that everything systemd forks later is
+    # below it. The host has no cgroup namespace: without this, same-named units on two machines
+    # would share /system.slice/<unit> and see each other's processes.
+    local dir
+    for dir in $FT_CGROUPS; do
+        echo $$ >"$dir/cgroup.procs"
+    done
+    # nsenter rather than `ip netns exec`: the latter remounts /sys for the new network namespace,
+    # which drops the cgroup mounts below /sys/fs/cgroup that systemd needs.
+    exec nsenter --net="/run/netns/$FT_NETNS" \
+        unshare --pid --fork --mount --uts --ipc --mount-proc --propagation private \
+        "$0" init
+}
+
+# Allowed OS unit files: everything else the OS ships is masked, so the machine runs only
+# journald, dbus and what the harness installs. Targets stay: they only group units (which are
+# masked) and default dependencies of every service name them (Requires=sysinit.target), so
+# masking them would make every start fail.
+keep_unit() {
+    case "$1" in
+        systemd-journald.service | systemd-journald.socket | systemd-journald-dev-log.socket) return 0 ;;
+        dbus.service | dbus.socket) return 0 ;;
+        *.target | *.slice) return 0 ;;
+        *) return 1 ;;
+    esac
+}
+
+mask_os_units() {
+    local dir path name
+    for dir in /etc/systemd/system /lib/systemd/system /usr/lib/systemd/system; do
+        for path in "$dir"/*; do
+            name=${path##*/}
+            # Directories (foo.target.wants, foo.service.d) are not units.
+            [[ -d $path ]] && continue
+            keep_unit "$name" && continue
+            # system.control ranks above /etc and /lib, so a /dev/null link there wins.
+            ln -sfn /dev/null "/run/systemd/system.control/$name"
+        done
+    done
+}
+
+init() {
+    # Writable, private, empty: systemd, journald, dbus and fleetd write here.
+    local dir
+    for dir in /run /tmp /var/tmp /var/lib/systemd /var/log/journal /dev/shm; do
+        mount -t tmpfs -o mode=0755,nosuid,nodev "tmpfs-$dir" "$dir"
+    done
+    chmod 1777 /tmp /var/tmp /dev/shm
+    if [[ $(findmnt -n -o FSTYPE --mountpoint /tmp) != tmpfs ]]; then
+        echo "machine.sh: /tmp is not a private tmpfs, refusing to boot systemd" >&2
+        exit 1
+    fi
+
+    # Identity. Read-only binds: the machine cannot rewrite the harness's files.
+    mount --bind "$FT_STAGE/machine-id" /etc/machine-id
+    mount -o remount,bind,ro /etc/machine-id
+    mount --bind "$FT_STAGE/hostname" /etc/hostname
+    mount -o remount,bind,ro /etc/hostname
+    hostname "$(cat "$FT_STAGE/hostname")"
+
+    if [[ -n ${FT_BIN_DIR:-} ]]; then
+        # /opt gets a tmpfs so the mount point can exist without touching the host's /opt.
+        mount -t tmpfs -o mode=0755 tmpfs-opt /opt
+        mkdir -p /opt/fleet/bin
+        mount --bind "$FT_BIN_DIR" /opt/fleet/bin
+        mount -o remount,bind,ro /opt/fleet/bin
+    fi
+
+    mkdir -p /run/systemd/system /run/systemd/system.control /run/systemd/journald.conf.d /run/fleet
+    mask_os_units
+    cp -r "$FT_STAGE/system/." /run/systemd/system/
+    cp -r "$FT_STAGE/fleet/." /run/fleet/
+    # No persistent journal: the machine's log lives and dies with it. No kernel messages
+    # either: /dev/kmsg is the host's, and every machine would copy the host's dmesg.
+    printf '[Journal]\nStorage=volatile\nReadKMsg=no\n' >/run/systemd/journald.conf.d/fleet-test.conf
+
+    # Last: from here on the machine cannot write to the host's root filesystem at all. Per-mount
+    # flags (bind remounts), so the host's own mounts stay read-write. /sys and /proc/sys hold
+    # host-wide kernel settings; the cgroup mounts below /sys/fs/cgroup are separate mounts and
+    # stay writable, as the machine's systemd needs.
+    mount -o remount,bind,ro /
+    mount -o remount,bind,ro /sys
+    mount --bind /proc/sys /proc/sys
+    mount -o remount,bind,ro /proc/sys
+
+    # container= tells systemd it is not the host's init: it skips hardware and kernel setup,
+    # logs to stderr (our log file) and keeps this environment for its services.
+    exec env -i container=fleet-test PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+        /lib/systemd/systemd --system --unit="$FT_TARGET" --show-status=no
+}
+
+case "${1:-}" in
+    boot) boot ;;
+    init) init ;;
+    *)
+        echo "usage: machine.sh boot|init (run by the functional-test harness)" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,339 @@
+//! A whole cluster: etcd on the host, N machines on a bridge, fleetctl run from the host.
+//!
+//! A [`Cluster`] owns everything it started and tears it all down when dropped, also while a
+//! test panics. [`Cluster::detach`] hands that duty to `fleet-cluster down` instead.
+
+use crate::cleanup;
+use crate::etcd;
+use crate::fleetd::FleetdSpec;
+use crate::machine::{self, BOOT_TIMEOUT, Machine};
+use crate::net;
+use crate::proc::ProcId;
+use crate::state::{ClusterState, EtcdState, RunId, default_bin_dir, functional_dir};
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+/// What to boot.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterSpec {
+    /// Machines to boot at start (more with [`Cluster::add_machine`]).
+    pub machines: usize,
+    /// Run fleetd in every machine; `None` boots bare machines (systemd, journald, dbus).
+    pub fleetd: Option<FleetdSpec>,
+    /// Where fleetctl is, when `fleetd` is `None`: default `$FLEET_BIN_DIR` or
+    /// `<workspace>/target/debug`. (With fleetd, its `bin_dir` is used.)
+    pub bin_dir: Option<PathBuf>,
+    /// The run directory (state, logs, etcd data); default
+    /// `<workspace>/target/functional/<run id>`.
+    pub dir: Option<PathBuf>,
+}
+
+impl ClusterSpec {
+    /// `machines` machines without fleetd.
+    pub fn bare(machines: usize) -> ClusterSpec {
+        ClusterSpec {
+            machines,
+            ..ClusterSpec::default()
+        }
+    }
+
+    /// `machines` machines, each running fleetd as `fleetd` says.
+    pub fn with_fleetd(machines: usize, fleetd: FleetdSpec) -> ClusterSpec {
+        ClusterSpec {
+            machines,
+            fleetd: Some(fleetd),
+            ..ClusterSpec::default()
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Cluster {
+    state: ClusterState,
+    machines: Vec<Machine>,
+    /// etcd, when this process started it (to reap it).
+    etcd: Option<Child>,
+    /// Whether dropping this value tears the cluster down.
+    owned: bool,
+}
+
+impl Cluster {
+    /// Boots etcd and `spec.machines` machines and waits until every machine is `running`.
+    /// On error, whatever was already started is torn down.
+    pub fn start(spec: ClusterSpec) -> Result<Cluster> {
+        let run_id = RunId::random()?;
+        let dir = spec
+            .dir
+            .clone()
+            .unwrap_or_else(|| functional_dir().join(run_id.as_str()));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let dir = dir.canonicalize()?;
+        if let Ok(existing) = ClusterState::load(&dir)
+            && existing.is_claimed()
+        {
+            bail!(
+                "{} already holds a running cluster: tear it down first",
+                dir.display()
+            );
+        }
+        let bin_dir = match &spec.fleetd {
+            Some(f) => f.bin_dir.clone(),
+            None => spec.bin_dir.clone().unwrap_or_else(default_bin_dir),
+        };
+        let state = ClusterState {
+            bridge: run_id.bridge(),
+            run_id,
+            dir,
+            owner: Some(ProcId::current()?),
+            subnet: None,
+            bin_dir,
+            fleetd: spec.fleetd.clone(),
+            etcd: EtcdState {
+                client_port: etcd::free_port()?,
+                peer_port: etcd::free_port()?,
+                process: None,
+            },
+            machines: Vec::new(),
+        };
+        // Recorded before anything exists, so a crash from here on leaves a trail to clean.
+        state.save()?;
+        let mut cluster = Cluster {
+            state,
+            machines: Vec::new(),
+            etcd: None,
+            owned: true,
+        };
+        cluster.create_network()?;
+        // The ports were free a moment ago; if another process took one since, etcd exits at
+        // once and we try fresh ones.
+        let mut attempts = 0;
+        while let Err(e) = cluster.start_etcd() {
+            attempts += 1;
+            if attempts == 3 {
+                return Err(e);
+            }
+            cluster.state.etcd.client_port = etcd::free_port()?;
+            cluster.state.etcd.peer_port = etcd::free_port()?;
+            cluster.state.save()?;
+        }
+        cluster.boot_machines(spec.machines)?;
+        Ok(cluster)
+    }
+
+    fn create_network(&mut self) -> Result<()> {
+        let first = u8::from_str_radix(&self.state.run_id.as_str()[..2], 16).unwrap_or(0);
+        let state_file = self.state.path().display().to_string();
+        self.state.subnet = Some(net::create_bridge(&self.state.bridge, &state_file, first)?);
+        self.state.save()
+    }
+
+    /// Boots `count` more machines in parallel and waits until all are `running`.
+    fn boot_machines(&mut self, count: usize) -> Result<()> {
+        let first_new = self.machines.len();
+        for _ in 0..count {
+            let index = self
+                .state
+                .machines
+                .iter()
+                .map(|m| m.index)
+                .max()
+                .unwrap_or(0)
+                + 1;
+            let mut record = machine::prepare(&self.state, index)?;
+            self.state.machines.push(record.clone());
+            self.state.save()?;
+            machine::create_resources(&self.state, &record)?;
+            let (child, unshare) = machine::spawn(&self.state, &record)?;
+            record.unshare = Some(unshare);
+            *self
+                .state
+                .machines
+                .last_mut()
+                .context("machine not recorded")? = record.clone();
+            // Tracked at once, so that teardown reaps the child whatever fails next.
+            self.machines.push(Machine::new(record, Some(child)));
+            self.state.save()?;
+        }
+        for slot in first_new..self.machines.len() {
+            let record = self.machines[slot].state().clone();
+            let console = machine::stage_dir(&self.state, &record.name).join("console.log");
+            let unshare = record.unshare.context("machine has no unshare process")?;
+            let pid1 = machine::find_pid1(&unshare, &console)?;
+            self.machines[slot].set_pid1(pid1);
+            if let Some(r) = self
+                .state
+                .machines
+                .iter_mut()
+                .find(|m| m.index == record.index)
+            {
+                r.pid1 = Some(pid1);
+            }
+            self.state.save()?;
+        }
+        for machine in &self.machines[first_new..] {
+            machine.wait_running(BOOT_TIMEOUT)?;
+        }
+        Ok(())
+    }
+
+    /// Boots one more machine (named `m<N+1>`) and waits until it is `running`.
+    pub fn add_machine(&mut self) -> Result<&Machine> {
+        self.boot_machines(1)?;
+        self.machines.last().context("no machine booted")
+    }
+
+    /// Reattaches to a cluster recorded in `dir` (e.g. by `fleet-cluster up`). Dropping the
+    /// returned value leaves the cluster running.
+    pub fn attach(dir: &Path) -> Result<Cluster> {
+        let state = ClusterState::load(dir)?;
+        let machines = state
+            .machines
+            .iter()
+            .map(|m| Machine::new(m.clone(), None))
+            .collect();
+        Ok(Cluster {
+            state,
+            machines,
+            etcd: None,
+            owned: false,
+        })
+    }
+
+    /// Tears down the cluster recorded in `dir`, whoever started it.
+    pub fn down(dir: &Path) -> Result<()> {
+        let state = ClusterState::load(dir)?;
+        cleanup::teardown(&state)?;
+        cleanup::mark_down(dir, &state.path())
+    }
+
+    /// Leaves the cluster running when this value is dropped, for `fleet-cluster down` to tear
+    /// down later. Returns the run directory.
+    pub fn detach(mut self) -> Result<PathBuf> {
+        self.state.owner = None;
+        self.state.save()?;
+        self.owned = false;
+        Ok(self.state.dir.clone())
+    }
+
+    /// Tears everything down now (what dropping does), reporting problems.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.owned = false;
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        // Kill and reap our own children first: a zombie can keep its cgroup busy.
+        for machine in &self.machines {
+            let _ = cleanup::kill_machine(machine.state());
+            let _ = machine.reap(Duration::from_secs(5));
+        }
+        self.stop_etcd_process()?;
+        cleanup::teardown(&self.state)?;
+        cleanup::mark_down(&self.state.dir, &self.state.path())
+    }
+
+    pub fn run_id(&self) -> &RunId {
+        &self.state.run_id
+    }
+
+    /// The run directory: `cluster.json`, `etcd.log`, `machines/<name>/console.log`.
+    pub fn dir(&self) -> &Path {
+        &self.state.dir
+    }
+
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    pub fn machines(&self) -> &[Machine] {
+        &self.machines
+    }
+
+    /// The machine called `name` (`m1`, ...).
+    pub fn machine(&self, name: &str) -> Result<&Machine> {
+        self.machines
+            .iter()
+            .find(|m| m.name() == name)
+            .with_context(|| format!("no machine {name}"))
+    }
+
+    /// etcd's client URL on the bridge, e.g. `http://10.251.7.1:40123`: the same from the host
+    /// and from inside every machine.
+    pub fn etcd_endpoint(&self) -> String {
+        self.state.etcd_endpoint().unwrap_or_default()
+    }
+
+    /// The fleetctl binary on the host.
+    pub fn fleetctl_path(&self) -> PathBuf {
+        self.state.bin_dir.join("fleetctl")
+    }
+
+    /// Runs `fleetctl --endpoint <etcd> args...` on the host.
+    pub fn fleetctl<I, S>(&self, args: I) -> Result<Output>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        Command::new(self.fleetctl_path())
+            .arg("--endpoint")
+            .arg(self.etcd_endpoint())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("cannot run {}", self.fleetctl_path().display()))
+    }
+
+    /// Stops etcd (SIGTERM, then SIGKILL after 10 s). Its data stays for [`Cluster::start_etcd`].
+    pub fn stop_etcd(&mut self) -> Result<()> {
+        self.stop_etcd_process()?;
+        self.state.save()
+    }
+
+    fn stop_etcd_process(&mut self) -> Result<()> {
+        if let Some(process) = self.state.etcd.process {
+            process.signal(crate::Signal::Term)?;
+            let stopped =
+                crate::wait_for(Duration::from_secs(10), Duration::from_millis(10), || {
+                    !process.is_alive()
+                });
+            if stopped.is_err() {
+                process.kill_and_wait(Duration::from_secs(10))?;
+            }
+        }
+        if let Some(mut child) = self.etcd.take() {
+            child.wait().context("cannot reap etcd")?;
+        }
+        self.state.etcd.process = None;
+        Ok(())
+    }
+
+    /// Starts etcd (again) on the same ports with the same data, and waits until it is healthy.
+    pub fn start_etcd(&mut self) -> Result<()> {
+        if self.state.etcd.process.is_some_and(|p| p.is_alive()) {
+            bail!("etcd is already running");
+        }
+        let (child, process) = etcd::start(&self.state)?;
+        self.etcd = Some(child);
+        self.state.etcd.process = Some(process);
+        self.state.save()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        // Drop cannot return the error, and a test's output is where someone will look.
+        if let Err(e) = self.teardown() {
+            eprintln!(
+                "fleet-functional-tests: teardown of {} incomplete ({e:#}); \
+                 the next cleanup_stale() retries it",
+                self.state.dir.display()
+            );
+        }
+    }
+}

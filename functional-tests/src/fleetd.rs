@@ -1,0 +1,138 @@
+//! How fleetd runs inside a machine: a unit file and an environment file that the harness
+//! writes and the machine's boot copies into its private /run.
+//!
+//! fleetd is an ordinary service of the machine's systemd, so tests exercise it the way it runs
+//! in production: started at boot, restarted on failure, stopped with `systemctl stop`.
+//! `KillMode=process`: stopping or restarting fleetd kills fleetd only, never the units it
+//! started (those live in their own cgroups anyway), because fleet must survive its own restart
+//! without disturbing the workload.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+/// Where the host's binary directory is mounted (read-only) inside every machine.
+pub const MACHINE_BIN_DIR: &str = "/opt/fleet/bin";
+/// fleetd's environment file inside a machine.
+pub const ENV_FILE: &str = "/run/fleet/fleetd.env";
+/// fleetd's unit name inside a machine.
+pub const UNIT: &str = "fleetd.service";
+
+/// How to run fleetd in each machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetdSpec {
+    /// Host directory holding `fleetd` (and `fleetctl`): `$FLEET_BIN_DIR`, else
+    /// `<workspace>/target/debug`.
+    pub bin_dir: PathBuf,
+    /// `FLEET_AGENT_TTL`, a Go-style duration as fleet's config takes it.
+    pub agent_ttl: String,
+    /// `FLEET_METADATA`; `{name}` is replaced by the machine's name. Default `hostname={name}`.
+    pub metadata: String,
+    /// More environment for fleetd (e.g. `FLEET_ETCD_KEY_PREFIX`, `RUST_LOG`); these win over
+    /// the harness's own keys.
+    pub env: BTreeMap<String, String>,
+}
+
+impl Default for FleetdSpec {
+    fn default() -> Self {
+        FleetdSpec {
+            bin_dir: crate::state::default_bin_dir(),
+            agent_ttl: "3s".to_owned(),
+            metadata: "hostname={name}".to_owned(),
+            env: BTreeMap::new(),
+        }
+    }
+}
+
+impl FleetdSpec {
+    /// Adds one environment variable for fleetd.
+    pub fn with_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+
+    /// The environment file for one machine.
+    pub fn env_file(&self, etcd_endpoint: &str, machine_name: &str, ip: Ipv4Addr) -> String {
+        let mut env = BTreeMap::new();
+        env.insert("FLEET_ETCD_SERVERS".to_owned(), etcd_endpoint.to_owned());
+        env.insert("FLEET_PUBLIC_IP".to_owned(), ip.to_string());
+        env.insert(
+            "FLEET_METADATA".to_owned(),
+            self.metadata.replace("{name}", machine_name),
+        );
+        env.insert("FLEET_AGENT_TTL".to_owned(), self.agent_ttl.clone());
+        env.extend(self.env.clone());
+        render_env(&env)
+    }
+}
+
+/// systemd `EnvironmentFile=` syntax. Values are double-quoted so spaces and `#` survive.
+pub fn render_env(env: &BTreeMap<String, String>) -> String {
+    env.iter()
+        .map(|(k, v)| {
+            let v = v.replace('\\', "\\\\").replace('"', "\\\"");
+            format!("{k}=\"{v}\"\n")
+        })
+        .collect()
+}
+
+/// The fleetd unit. `RestartSec`/`StartLimitIntervalSec=0`: a fleetd that exits while etcd is
+/// down keeps being restarted instead of giving up (and leaving the machine `degraded`).
+pub fn unit_file() -> String {
+    format!(
+        "[Unit]
+Description=fleet daemon (functional-test machine)
+Wants=dbus.service
+After=dbus.service
+StartLimitIntervalSec=0
+
+[Service]
+EnvironmentFile={ENV_FILE}
+ExecStart={MACHINE_BIN_DIR}/fleetd
+Restart=on-failure
+RestartSec=1s
+KillMode=process
+"
+    )
+}
+
+/// The target each machine boots: journald comes with sysinit.target, dbus, and fleetd if run.
+pub fn machine_target(with_fleetd: bool) -> String {
+    let fleetd = if with_fleetd { " fleetd.service" } else { "" };
+    format!(
+        "[Unit]
+Description=fleet functional-test machine
+Requires=basic.target
+After=basic.target
+Wants=dbus.socket dbus.service{fleetd}
+AllowIsolate=yes
+"
+    )
+}
+
+/// The target's name.
+pub const MACHINE_TARGET: &str = "fleet-machine.target";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_file_has_the_harness_keys_and_extra_ones_win() {
+        let spec = FleetdSpec::default()
+            .with_env("FLEET_AGENT_TTL", "5s")
+            .with_env("RUST_LOG", "debug warn");
+        let env = spec.env_file(
+            "http://10.251.3.1:2379",
+            "m2",
+            Ipv4Addr::new(10, 251, 3, 12),
+        );
+        assert_eq!(
+            env,
+            "FLEET_AGENT_TTL=\"5s\"\nFLEET_ETCD_SERVERS=\"http://10.251.3.1:2379\"\n\
+             FLEET_METADATA=\"hostname=m2\"\nFLEET_PUBLIC_IP=\"10.251.3.12\"\n\
+             RUST_LOG=\"debug warn\"\n"
+        );
+    }
+}
