@@ -14,7 +14,9 @@ use tracing::debug;
 
 use crate::error::{RegistryError, Result};
 use crate::keys::Keys;
-use crate::kv::{Compare, KeyValue, Kv, LeaseId, Revision, Txn, TxnOp, TxnOpResponse};
+use crate::kv::{
+    CmpOp, CmpTarget, Compare, KeyValue, Kv, LeaseId, Revision, Txn, TxnOp, TxnOpResponse,
+};
 use crate::records::{ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 
 /// The registry: one etcd (or fake) and one key prefix.
@@ -402,10 +404,10 @@ impl<K: Kv> Registry<K> {
         previous: Option<LeaseId>,
     ) -> Result<Presence> {
         let key = self.keys.machine(&info.id);
-        if let Some(lease) = previous {
-            if let Some(presence) = self.resume_presence(info, lease).await? {
-                return Ok(presence);
-            }
+        if let Some(lease) = previous
+            && let Some(presence) = self.resume_presence(info, lease).await?
+        {
+            return Ok(presence);
         }
         let lease = self
             .kv
@@ -447,11 +449,11 @@ impl<K: Kv> Registry<K> {
             return Ok(None);
         }
         let txn = Txn {
-            compares: vec![crate::kv::Compare {
+            compares: vec![Compare {
                 key: key.clone(),
                 prefix: false,
-                op: crate::kv::CmpOp::Equal,
-                target: crate::kv::CmpTarget::Lease(lease.0),
+                op: CmpOp::Equal,
+                target: CmpTarget::Lease(lease.0),
             }],
             success: vec![TxnOp::Put {
                 key,

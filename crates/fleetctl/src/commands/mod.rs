@@ -57,11 +57,11 @@ pub fn machine_legend(
     } else {
         format!("{}...", id.short())
     };
-    if let Some(m) = machines.get(id) {
-        if !m.public_ip.is_empty() {
-            s.push('/');
-            s.push_str(&m.public_ip);
-        }
+    if let Some(m) = machines.get(id)
+        && !m.public_ip.is_empty()
+    {
+        s.push('/');
+        s.push_str(&m.public_ip);
     }
     s
 }

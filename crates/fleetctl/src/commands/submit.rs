@@ -94,18 +94,18 @@ async fn prepare_one(
     };
     let local = read_local(arg, name)?;
     if !replace {
-        if let Some((file, is_template)) = &local {
-            if file.hash() != existing.hash() {
-                let kind = if *is_template {
-                    "local template unit file"
-                } else {
-                    "local unit file"
-                };
-                ctx.warn(format!(
+        if let Some((file, is_template)) = &local
+            && file.hash() != existing.hash()
+        {
+            let kind = if *is_template {
+                "local template unit file"
+            } else {
+                "local unit file"
+            };
+            ctx.warn(format!(
                     "WARNING: Unit {name} in registry differs from {kind} {}. Add --replace to override.",
                     UnitName::with_default_type(arg)
                 ));
-            }
         }
         return Ok(Action::Keep(existing));
     }
@@ -138,10 +138,10 @@ fn read_local(arg: &str, name: &UnitName) -> Result<Option<(UnitFile, bool)>> {
     if let Some(f) = read_unit_file(&local_path(arg))? {
         return Ok(Some((f, false)));
     }
-    if let Some(template) = name.template() {
-        if let Some(f) = read_unit_file(&local_template_path(arg, &template))? {
-            return Ok(Some((f, true)));
-        }
+    if let Some(template) = name.template()
+        && let Some(f) = read_unit_file(&local_template_path(arg, &template))?
+    {
+        return Ok(Some((f, true)));
     }
     Ok(None)
 }
