@@ -1,1 +1,9 @@
-//! Placeholder; see the crate's description.
+//! fleet's per-machine agent: adopts or removes what systemd already runs at boot, then keeps
+//! the units scheduled to this machine loaded or launched as desired.
+
+pub mod manager;
+
+pub use manager::{
+    BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome,
+    ManagerError, UnitDetails, UnitFileError, UnitManager,
+};
