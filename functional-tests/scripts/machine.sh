@@ -64,6 +64,14 @@ mask_os_units() {
 }
 
 init() {
+    # Host mounts below the directories the machine gets fresh must go first, in this private
+    # mount namespace only: /run/netns holds every machine's network namespace, and a copy of
+    # those mounts here (merely hidden under the new /run) would keep the other machines'
+    # namespaces alive for as long as this machine runs.
+    local target
+    findmnt -rn -o TARGET | grep -E '^/(run|tmp|var/tmp|var/lib/systemd|var/log/journal|dev/shm)(/|$)' |
+        sort -r | while read -r target; do umount -l "$target"; done
+
     # Writable, private, empty: systemd, journald, dbus and fleetd write here.
     local dir
     for dir in /run /tmp /var/tmp /var/lib/systemd /var/log/journal /dev/shm; do

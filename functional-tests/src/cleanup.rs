@@ -254,11 +254,14 @@ fn orphans(already_cleaned: &BTreeSet<RunId>) -> Result<BTreeSet<RunId>> {
 }
 
 /// Removes every resource named after `rid`, killing first the processes in its cgroups (all
-/// of them descendants of machines the harness booted).
+/// of them descendants of machines the harness booted) and its etcd.
 fn remove_orphan(rid: &RunId) -> Result<()> {
     let prefix = rid.bridge();
     let cgroups = cgroup::find(|name| name.starts_with(&prefix));
     kill_cgroup_members(&cgroups)?;
+    for etcd in etcd_processes(rid) {
+        etcd.kill_and_wait(KILL_TIMEOUT)?;
+    }
     let mut problems = Problems::default();
     for dir in &cgroups {
         problems.check(cgroup::remove(dir, CGROUP_TIMEOUT));
@@ -276,6 +279,27 @@ fn remove_orphan(rid: &RunId) -> Result<()> {
         problems.check(net::delete_netns(ns));
     }
     problems.into_result(&format!("orphaned resources of run {rid}"))
+}
+
+/// etcd servers of run `rid`: `/usr/bin/etcd` with `--name flt<rid>`, a name only the harness
+/// gives (see `etcd::start`).
+fn etcd_processes(rid: &RunId) -> Vec<ProcId> {
+    let name = rid.bridge();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.first() == Some(&&b"/usr/bin/etcd"[..])
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == b"--name" && w[1] == name.as_bytes())
+        })
+        .filter_map(|pid| ProcId::of(pid).ok())
+        .collect()
 }
 
 /// Deletes finished run directories beyond the newest [`KEEP_RUNS`], if older than an hour.

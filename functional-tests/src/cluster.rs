@@ -71,13 +71,24 @@ impl Cluster {
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
         let dir = dir.canonicalize()?;
-        if let Ok(existing) = ClusterState::load(&dir)
-            && existing.is_claimed()
-        {
-            bail!(
-                "{} already holds a running cluster: tear it down first",
-                dir.display()
-            );
+        if let Ok(existing) = ClusterState::load(&dir) {
+            if existing.is_claimed() {
+                bail!(
+                    "{} already holds a running cluster: tear it down first",
+                    dir.display()
+                );
+            }
+            // Its owner died: clear the leftovers before the record of them is overwritten.
+            cleanup::teardown(&existing)?;
+        }
+        if let Some(fleetd) = &spec.fleetd {
+            let binary = fleetd.bin_dir.join("fleetd");
+            if !binary.is_file() {
+                bail!(
+                    "no fleetd at {}: build it first (cargo build -p fleetd)",
+                    binary.display()
+                );
+            }
         }
         let bin_dir = match &spec.fleetd {
             Some(f) => f.bin_dir.clone(),
@@ -264,6 +275,14 @@ impl Cluster {
     /// and from inside every machine.
     pub fn etcd_endpoint(&self) -> String {
         self.state.etcd_endpoint().unwrap_or_default()
+    }
+
+    /// Whether etcd answers its health check right now.
+    pub fn etcd_healthy(&self) -> bool {
+        self.state.subnet.is_some_and(|subnet| {
+            let addr = (crate::state::bridge_ip(subnet), self.state.etcd.client_port);
+            etcd::is_healthy(addr.into())
+        })
     }
 
     /// The fleetctl binary on the host.

@@ -4,8 +4,8 @@
 
 use anyhow::{Context, Result};
 use fleet_functional_tests::{
-    Cluster, ClusterSpec, FleetdSpec, Machine, OutputExt, Signal, cleanup_stale, functional_dir,
-    leftovers, wait_for, wait_for_value,
+    Cluster, ClusterSpec, ClusterState, FleetdSpec, Machine, OutputExt, ProcId, Signal,
+    cleanup_stale, functional_dir, leftovers, wait_for, wait_for_value,
 };
 use std::path::PathBuf;
 use std::time::Duration;
@@ -238,23 +238,58 @@ fn teardown_leaves_nothing_behind() -> Result<()> {
     Ok(())
 }
 
+/// Cleans up until nothing of `state` is left. Any process running tests here may be the one
+/// that actually cleans (they all call `cleanup_stale`), so this waits instead of asserting on
+/// one call's report.
+fn cleaned_up(state: &ClusterState) -> Result<()> {
+    wait_for(TIMEOUT, POLL, || {
+        let _ = cleanup_stale();
+        leftovers(state).is_ok_and(|l| l.is_empty())
+    })
+    .with_context(|| format!("left over: {:?}", leftovers(state)))
+}
+
 #[test]
 fn a_cluster_abandoned_by_a_dead_owner_is_cleaned_up_later() -> Result<()> {
     let cluster = start(ClusterSpec::bare(1))?;
-    let dir = cluster.dir().to_path_buf();
     let mut state = cluster.state().clone();
     // Pretend the owner died: hand the cluster to a process that no longer exists.
     cluster.detach()?;
-    state.owner = Some(fleet_functional_tests::ProcId {
+    state.owner = Some(ProcId {
         pid: 1,
         start_time: u64::MAX,
     });
     state.save()?;
-    let cleaned = cleanup_stale()?;
-    assert!(
-        cleaned.iter().any(|c| c.contains(dir.to_str().unwrap())),
-        "{cleaned:?}"
-    );
+    cleaned_up(&state)?;
+    wait_for(TIMEOUT, POLL, || {
+        state.dir.join("cluster.down.json").exists()
+    })?;
+    Ok(())
+}
+
+#[test]
+fn a_cluster_whose_state_file_is_lost_is_found_by_its_names() -> Result<()> {
+    let cluster = start(ClusterSpec::bare(1))?;
+    let state = cluster.state().clone();
+    cluster.detach()?;
+    // As after `cargo clean` under a running cluster: only the resources' names are left.
+    std::fs::remove_dir_all(&state.dir)?;
+    cleaned_up(&state)
+}
+
+#[test]
+fn a_panicking_test_still_tears_its_cluster_down() -> Result<()> {
+    let started = std::sync::Mutex::new(None);
+    let result = std::panic::catch_unwind(|| {
+        let cluster = start(ClusterSpec::bare(1)).unwrap();
+        *started.lock().unwrap() = Some(cluster.state().clone());
+        panic!("a failing test");
+    });
+    assert!(result.is_err());
+    let state = started
+        .into_inner()
+        .unwrap()
+        .context("cluster did not start")?;
     assert_eq!(leftovers(&state)?, Vec::<String>::new());
     Ok(())
 }
