@@ -1,0 +1,709 @@
+//! [`FakeManager`]: an in-memory [`UnitManager`] for the agent loop's tests.
+//!
+//! It models what the planner and the executor rely on, not all of systemd: a units directory
+//! (raw names and bytes, so foreign and unparseable files can be planted), runtime links, and
+//! per-unit systemd records with the definition systemd loaded. Like systemd, a linked file
+//! loads on demand (on a status query or a start) when no definition is loaded, a loaded unit
+//! keeps its definition until [`UnitManager::reload`], and a start runs whatever definition is
+//! loaded, stale or not ([`FakeManager::running_hash`] tells which). Every call is logged;
+//! failures can be injected per operation and per unit; jobs can be made to fail or hang.
+
+use crate::manager::{
+    BusError, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, ManagerError,
+    UnitDetails, UnitFileError, UnitManager,
+};
+use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR};
+use fleet_core::{SystemdState, UnitFile, UnitHash, UnitName};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// The D-Bus error name of injected failures.
+pub const INJECTED_ERROR: &str = "org.freedesktop.fleet.Fake.Injected";
+
+/// The operations of [`UnitManager`], to inject failures into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    Installed,
+    Install,
+    Uninstall,
+    Reload,
+    Start,
+    Stop,
+    Status,
+    Details,
+}
+
+/// One logged call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    Installed,
+    Install(UnitName, UnitHash),
+    Uninstall(UnitName),
+    Reload,
+    Start(UnitName),
+    Stop(UnitName),
+    Status(Vec<UnitName>),
+    Details(UnitName),
+}
+
+impl Call {
+    /// The unit the call is about, if it is about one.
+    pub fn unit(&self) -> Option<&UnitName> {
+        match self {
+            Self::Install(n, _)
+            | Self::Uninstall(n)
+            | Self::Start(n)
+            | Self::Stop(n)
+            | Self::Details(n) => Some(n),
+            Self::Installed | Self::Reload | Self::Status(_) => None,
+        }
+    }
+}
+
+/// How a start or stop job of one unit ends, overriding the fake's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FakeJob {
+    Ends(JobOutcome),
+    /// No `JobRemoved` ever comes: the call waits for the job timeout, then fails.
+    NeverEnds,
+}
+
+/// The default bound on waiting for a job, as in the real adapter.
+pub const DEFAULT_FAKE_JOB_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Definition {
+    /// Loaded from the units directory file with these bytes.
+    Ours(Vec<u8>),
+    /// Loaded from a file that is not fleet's (e.g. `/etc/systemd/system`).
+    Foreign,
+}
+
+#[derive(Debug, Clone)]
+struct Record {
+    /// `None`: load state `not-found`.
+    definition: Option<Definition>,
+    active: String,
+    sub: String,
+    /// The definition the current process was started from.
+    started_from: Option<Definition>,
+    main_pid: Option<u32>,
+    invocation_id: Option<String>,
+    drop_ins: Vec<PathBuf>,
+}
+
+impl Record {
+    fn running(&self) -> bool {
+        matches!(
+            self.active.as_str(),
+            "active" | "activating" | "reloading" | "refreshing"
+        )
+    }
+
+    fn set(&mut self, active: &str, sub: &str) {
+        active.clone_into(&mut self.active);
+        sub.clone_into(&mut self.sub);
+    }
+
+    fn state(&self) -> SystemdState {
+        SystemdState {
+            load: if self.definition.is_some() {
+                "loaded"
+            } else {
+                "not-found"
+            }
+            .to_owned(),
+            active: self.active.clone(),
+            sub: self.sub.clone(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Fault {
+    op: Op,
+    unit: Option<UnitName>,
+    /// `None`: forever.
+    remaining: Option<u32>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    files: BTreeMap<String, Vec<u8>>,
+    linked: BTreeSet<UnitName>,
+    records: BTreeMap<UnitName, Record>,
+    calls: Vec<Call>,
+    faults: Vec<Fault>,
+    jobs: BTreeMap<(UnitName, bool), FakeJob>,
+    next_pid: u32,
+    next_invocation: u128,
+}
+
+impl State {
+    /// What systemd would load for `name` now.
+    fn loadable(&self, name: &UnitName) -> Option<Definition> {
+        if !self.linked.contains(name) {
+            return None;
+        }
+        self.files
+            .get(name.as_str())
+            .map(|bytes| Definition::Ours(bytes.clone()))
+    }
+
+    fn load_on_demand(&mut self, name: &UnitName) {
+        let Some(definition) = self.loadable(name) else {
+            return;
+        };
+        match self.records.get_mut(name) {
+            None => {
+                self.records.insert(
+                    name.clone(),
+                    Record {
+                        definition: Some(definition),
+                        active: "inactive".to_owned(),
+                        sub: "dead".to_owned(),
+                        started_from: None,
+                        main_pid: None,
+                        invocation_id: None,
+                        drop_ins: Vec::new(),
+                    },
+                );
+            }
+            Some(r) if r.definition.is_none() && !r.running() => r.definition = Some(definition),
+            Some(_) => {}
+        }
+    }
+
+    fn state(&self, name: &UnitName) -> SystemdState {
+        match self.records.get(name) {
+            Some(r) => r.state(),
+            None => SystemdState {
+                load: "not-found".to_owned(),
+                active: "inactive".to_owned(),
+                sub: "dead".to_owned(),
+            },
+        }
+    }
+
+    fn need_daemon_reload(&self, name: &UnitName) -> bool {
+        self.records.get(name).is_some_and(|r| {
+            matches!(r.definition, Some(Definition::Ours(_))) && r.definition != self.loadable(name)
+        })
+    }
+
+    /// Logs the call, then returns whether an injected failure hits it.
+    fn call(&mut self, call: Call, op: Op, units: &[UnitName]) -> bool {
+        self.calls.push(call);
+        let hit = self.faults.iter_mut().find(|f| {
+            f.op == op
+                && f.remaining != Some(0)
+                && f.unit.as_ref().is_none_or(|u| units.contains(u))
+        });
+        match hit {
+            Some(fault) => {
+                if let Some(n) = &mut fault.remaining {
+                    *n -= 1;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn start(&mut self, name: &UnitName, outcome: JobOutcome) {
+        let Some(record) = self.records.get_mut(name) else {
+            return;
+        };
+        match outcome {
+            JobOutcome::Done if record.running() => {}
+            JobOutcome::Done => {
+                self.next_pid += 1;
+                self.next_invocation += 1;
+                record.set("active", "running");
+                record.started_from = record.definition.clone();
+                record.main_pid = Some(1000 + self.next_pid);
+                record.invocation_id = Some(format!("{:032x}", self.next_invocation));
+            }
+            JobOutcome::Failed | JobOutcome::Timeout => {
+                record.set("failed", "failed");
+                record.main_pid = None;
+                record.started_from = None;
+            }
+            JobOutcome::NotLoaded
+            | JobOutcome::Canceled
+            | JobOutcome::Dependency
+            | JobOutcome::Skipped
+            | JobOutcome::Invalid
+            | JobOutcome::Assert
+            | JobOutcome::Unsupported
+            | JobOutcome::Collected
+            | JobOutcome::Once
+            | JobOutcome::Frozen
+            | JobOutcome::Concurrency => {}
+        }
+    }
+
+    fn stop(&mut self, name: &UnitName, outcome: JobOutcome) {
+        let Some(record) = self.records.get_mut(name) else {
+            return;
+        };
+        match outcome {
+            JobOutcome::Done => {
+                if record.running() || record.active == "deactivating" {
+                    record.set("inactive", "dead");
+                }
+                record.main_pid = None;
+                record.started_from = None;
+            }
+            JobOutcome::Failed | JobOutcome::Timeout => {
+                record.set("failed", "failed");
+                record.main_pid = None;
+                record.started_from = None;
+            }
+            JobOutcome::NotLoaded
+            | JobOutcome::Canceled
+            | JobOutcome::Dependency
+            | JobOutcome::Skipped
+            | JobOutcome::Invalid
+            | JobOutcome::Assert
+            | JobOutcome::Unsupported
+            | JobOutcome::Collected
+            | JobOutcome::Once
+            | JobOutcome::Frozen
+            | JobOutcome::Concurrency => {}
+        }
+    }
+
+    fn reload(&mut self) {
+        let names: Vec<UnitName> = self.records.keys().cloned().collect();
+        for name in names {
+            let loadable = self.loadable(&name);
+            let Some(record) = self.records.get_mut(&name) else {
+                continue;
+            };
+            let definition = match loadable {
+                Some(d) => Some(d),
+                None if record.definition == Some(Definition::Foreign) => Some(Definition::Foreign),
+                None => None,
+            };
+            if definition.is_none() && !record.running() {
+                self.records.remove(&name);
+            } else {
+                record.definition = definition;
+            }
+        }
+    }
+}
+
+/// An in-memory [`UnitManager`]; clones share state.
+#[derive(Debug, Clone)]
+pub struct FakeManager {
+    state: Arc<Mutex<State>>,
+    changes: ChangeSender,
+    job_timeout: Duration,
+}
+
+impl Default for FakeManager {
+    fn default() -> Self {
+        FakeManager::new()
+    }
+}
+
+impl FakeManager {
+    pub fn new() -> FakeManager {
+        FakeManager {
+            state: Arc::default(),
+            changes: ChangeSender::new(),
+            job_timeout: DEFAULT_FAKE_JOB_TIMEOUT,
+        }
+    }
+
+    /// How long a [`FakeJob::NeverEnds`] job is waited for.
+    pub fn with_job_timeout(mut self, timeout: Duration) -> FakeManager {
+        self.job_timeout = timeout;
+        self
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    // --- Arranging a machine ---
+
+    /// Puts a raw file into the units directory, under any name (foreign and unparseable
+    /// files included), as if written before the agent started.
+    pub fn put_file(&self, file_name: &str, bytes: impl Into<Vec<u8>>) {
+        self.lock().files.insert(file_name.to_owned(), bytes.into());
+    }
+
+    /// Links (or unlinks) `name` in systemd's runtime directory.
+    pub fn set_linked(&self, name: &UnitName, linked: bool) {
+        let mut state = self.lock();
+        if linked {
+            state.linked.insert(name.clone());
+        } else {
+            state.linked.remove(name);
+        }
+    }
+
+    /// A file of ours, written, linked, loaded and (if `running`) started, as a previous agent
+    /// would have left it.
+    pub fn put_unit(&self, name: &UnitName, file: &UnitFile, running: bool) {
+        let mut state = self.lock();
+        state
+            .files
+            .insert(name.to_string(), file.canonical().into_bytes());
+        state.linked.insert(name.clone());
+        state.load_on_demand(name);
+        if running {
+            state.start(name, JobOutcome::Done);
+        }
+    }
+
+    /// systemd holds `name` from a file that is not fleet's, in this ActiveState/SubState.
+    pub fn put_foreign_unit(&self, name: &UnitName, active: &str, sub: &str) {
+        let mut state = self.lock();
+        let record = Record {
+            definition: Some(Definition::Foreign),
+            active: active.to_owned(),
+            sub: sub.to_owned(),
+            started_from: Some(Definition::Foreign),
+            main_pid: None,
+            invocation_id: None,
+            drop_ins: Vec::new(),
+        };
+        state.records.insert(name.clone(), record);
+    }
+
+    /// Something outside the agent changed the unit's state (a crash, `systemctl stop`); emits
+    /// a change hint as systemd's signals would.
+    pub fn set_active(&self, name: &UnitName, active: &str, sub: &str) {
+        {
+            let mut state = self.lock();
+            state.load_on_demand(name);
+            if let Some(record) = state.records.get_mut(name) {
+                record.set(active, sub);
+                if !record.running() {
+                    record.main_pid = None;
+                    record.started_from = None;
+                }
+            }
+        }
+        self.changes.unit(name);
+    }
+
+    pub fn set_drop_ins(&self, name: &UnitName, drop_ins: Vec<PathBuf>) {
+        let mut state = self.lock();
+        state.load_on_demand(name);
+        if let Some(record) = state.records.get_mut(name) {
+            record.drop_ins = drop_ins;
+        }
+    }
+
+    // --- Injecting failures ---
+
+    /// Every call of `op` (for `unit`, or for any unit when `None`) fails.
+    pub fn fail(&self, op: Op, unit: Option<&UnitName>) {
+        self.push_fault(op, unit, None);
+    }
+
+    /// The next `times` calls of `op` (for `unit`, or any) fail.
+    pub fn fail_times(&self, op: Op, unit: Option<&UnitName>, times: u32) {
+        self.push_fault(op, unit, Some(times));
+    }
+
+    fn push_fault(&self, op: Op, unit: Option<&UnitName>, remaining: Option<u32>) {
+        self.lock().faults.push(Fault {
+            op,
+            unit: unit.cloned(),
+            remaining,
+        });
+    }
+
+    /// Removes every injected failure.
+    pub fn heal(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// How `kind` jobs of `name` end from now on.
+    pub fn set_job(&self, kind: JobKind, name: &UnitName, job: FakeJob) {
+        self.lock()
+            .jobs
+            .insert((name.clone(), kind == JobKind::Start), job);
+    }
+
+    pub fn clear_job(&self, kind: JobKind, name: &UnitName) {
+        self.lock()
+            .jobs
+            .remove(&(name.clone(), kind == JobKind::Start));
+    }
+
+    /// Hints that `name` changed, as a systemd signal would.
+    pub fn notify_unit(&self, name: &UnitName) {
+        self.changes.unit(name);
+    }
+
+    pub fn notify_resync(&self) {
+        self.changes.resync();
+    }
+
+    // --- Looking ---
+
+    /// Every call so far, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.lock().calls.clone()
+    }
+
+    /// The calls so far, clearing the log.
+    pub fn take_calls(&self) -> Vec<Call> {
+        std::mem::take(&mut self.lock().calls)
+    }
+
+    /// The raw bytes of a file in the units directory.
+    pub fn file(&self, file_name: &str) -> Option<Vec<u8>> {
+        self.lock().files.get(file_name).cloned()
+    }
+
+    /// Every file name in the units directory.
+    pub fn file_names(&self) -> Vec<String> {
+        self.lock().files.keys().cloned().collect()
+    }
+
+    pub fn is_linked(&self, name: &UnitName) -> bool {
+        self.lock().linked.contains(name)
+    }
+
+    /// systemd's states, without loading anything on demand.
+    pub fn state(&self, name: &UnitName) -> SystemdState {
+        self.lock().state(name)
+    }
+
+    /// The hash of the file the unit's current process was started from: `None` when nothing
+    /// runs or it came from a file that is not fleet's.
+    pub fn running_hash(&self, name: &UnitName) -> Option<UnitHash> {
+        let state = self.lock();
+        let record = state.records.get(name).filter(|r| r.running())?;
+        match &record.started_from {
+            Some(Definition::Ours(bytes)) => UnitFile::parse(bytes).ok().map(|f| f.hash()),
+            Some(Definition::Foreign) | None => None,
+        }
+    }
+
+    /// The main PID of the unit's current process, which a restart changes.
+    pub fn main_pid(&self, name: &UnitName) -> Option<u32> {
+        self.lock().records.get(name).and_then(|r| r.main_pid)
+    }
+
+    async fn run_job(&self, kind: JobKind, name: &UnitName) -> Result<JobOutcome, ManagerError> {
+        let (call, op) = match kind {
+            JobKind::Start => (Call::Start(name.clone()), Op::Start),
+            JobKind::Stop => (Call::Stop(name.clone()), Op::Stop),
+        };
+        let job = {
+            let mut state = self.lock();
+            if state.call(call, op, std::slice::from_ref(name)) {
+                return Err(ManagerError::QueueJob {
+                    kind,
+                    unit: name.clone(),
+                    source: injected(op),
+                });
+            }
+            state.load_on_demand(name);
+            let loaded = state
+                .records
+                .get(name)
+                .is_some_and(|r| r.definition.is_some() || r.running());
+            let job = state
+                .jobs
+                .get(&(name.clone(), kind == JobKind::Start))
+                .copied();
+            match (kind, loaded, job) {
+                (JobKind::Start, false, _) => {
+                    return Err(ManagerError::QueueJob {
+                        kind,
+                        unit: name.clone(),
+                        source: BusError::Method {
+                            name: BusError::NO_SUCH_UNIT.to_owned(),
+                            message: format!("Unit {name} not found."),
+                        },
+                    });
+                }
+                (JobKind::Stop, false, _) => return Ok(JobOutcome::NotLoaded),
+                (_, true, Some(FakeJob::NeverEnds)) => None,
+                (_, true, Some(FakeJob::Ends(outcome))) => Some(outcome),
+                (_, true, None) => Some(JobOutcome::Done),
+            }
+        };
+        let Some(outcome) = job else {
+            tokio::time::sleep(self.job_timeout).await;
+            return Err(ManagerError::JobTimeout {
+                kind,
+                unit: name.clone(),
+                waited: self.job_timeout,
+            });
+        };
+        {
+            let mut state = self.lock();
+            match kind {
+                JobKind::Start => state.start(name, outcome),
+                JobKind::Stop => state.stop(name, outcome),
+            }
+        }
+        self.changes.unit(name);
+        Ok(outcome)
+    }
+}
+
+fn injected(op: Op) -> BusError {
+    BusError::Method {
+        name: INJECTED_ERROR.to_owned(),
+        message: format!("injected failure of {op:?}"),
+    }
+}
+
+impl UnitManager for FakeManager {
+    async fn installed(&self) -> Result<Vec<InstalledUnit>, ManagerError> {
+        let state = &mut *self.lock();
+        if state.call(Call::Installed, Op::Installed, &[]) {
+            return Err(ManagerError::ListUnitsDir {
+                path: PathBuf::from(DEFAULT_UNITS_DIR),
+                source: io::Error::other("injected failure"),
+            });
+        }
+        let units = state
+            .files
+            .iter()
+            .filter_map(|(file_name, bytes)| {
+                let name: UnitName = file_name.parse().ok()?;
+                let content = UnitFile::parse(bytes)
+                    .map(|f| f.hash())
+                    .map_err(UnitFileError::Parse);
+                let linked = state.linked.contains(&name);
+                Some(InstalledUnit {
+                    name,
+                    content,
+                    linked,
+                })
+            })
+            .collect();
+        Ok(units)
+    }
+
+    async fn install(&self, name: &UnitName, file: &UnitFile) -> Result<(), ManagerError> {
+        let mut state = self.lock();
+        let call = Call::Install(name.clone(), file.hash());
+        if state.call(call, Op::Install, std::slice::from_ref(name)) {
+            return Err(ManagerError::Link {
+                unit: name.clone(),
+                source: injected(Op::Install),
+            });
+        }
+        state
+            .files
+            .insert(name.to_string(), file.canonical().into_bytes());
+        state.linked.insert(name.clone());
+        Ok(())
+    }
+
+    async fn uninstall(&self, name: &UnitName) -> Result<(), ManagerError> {
+        {
+            let mut state = self.lock();
+            let call = Call::Uninstall(name.clone());
+            if state.call(call, Op::Uninstall, std::slice::from_ref(name)) {
+                return Err(ManagerError::Disable {
+                    unit: name.clone(),
+                    source: injected(Op::Uninstall),
+                });
+            }
+            state.linked.remove(name);
+            if let Some(record) = state.records.get_mut(name)
+                && record.active == "failed"
+            {
+                record.set("inactive", "dead");
+            }
+            state.files.remove(name.as_str());
+        }
+        self.changes.unit(name);
+        Ok(())
+    }
+
+    async fn reload(&self) -> Result<(), ManagerError> {
+        {
+            let mut state = self.lock();
+            if state.call(Call::Reload, Op::Reload, &[]) {
+                return Err(ManagerError::Reload(injected(Op::Reload)));
+            }
+            state.reload();
+        }
+        self.changes.resync();
+        Ok(())
+    }
+
+    async fn start(&self, name: &UnitName) -> Result<JobOutcome, ManagerError> {
+        self.run_job(JobKind::Start, name).await
+    }
+
+    async fn stop(&self, name: &UnitName) -> Result<JobOutcome, ManagerError> {
+        self.run_job(JobKind::Stop, name).await
+    }
+
+    async fn status(
+        &self,
+        names: &[UnitName],
+    ) -> Result<BTreeMap<UnitName, SystemdState>, ManagerError> {
+        let mut state = self.lock();
+        if state.call(Call::Status(names.to_vec()), Op::Status, names) {
+            return Err(ManagerError::Status {
+                count: names.len(),
+                source: injected(Op::Status),
+            });
+        }
+        let mut out = BTreeMap::new();
+        for name in names {
+            state.load_on_demand(name);
+            out.insert(name.clone(), state.state(name));
+        }
+        Ok(out)
+    }
+
+    async fn details(&self, name: &UnitName) -> Result<UnitDetails, ManagerError> {
+        let mut state = self.lock();
+        let call = Call::Details(name.clone());
+        if state.call(call, Op::Details, std::slice::from_ref(name)) {
+            return Err(ManagerError::Details {
+                unit: name.clone(),
+                source: injected(Op::Details),
+            });
+        }
+        state.load_on_demand(name);
+        let need_daemon_reload = state.need_daemon_reload(name);
+        let record = state.records.get(name);
+        let fragment_path = match record.and_then(|r| r.definition.as_ref()) {
+            Some(Definition::Ours(_)) => {
+                Some(PathBuf::from(DEFAULT_RUNTIME_UNIT_DIR).join(name.as_str()))
+            }
+            Some(Definition::Foreign) => {
+                Some(PathBuf::from("/etc/systemd/system").join(name.as_str()))
+            }
+            None => None,
+        };
+        Ok(UnitDetails {
+            state: state.state(name),
+            fragment_path,
+            drop_in_paths: record.map(|r| r.drop_ins.clone()).unwrap_or_default(),
+            need_daemon_reload,
+            main_pid: record.and_then(|r| r.main_pid),
+            invocation_id: record.and_then(|r| r.invocation_id.clone()),
+        })
+    }
+
+    fn changes(&self) -> ChangeReceiver {
+        self.changes.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests;

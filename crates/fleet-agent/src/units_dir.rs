@@ -1,0 +1,414 @@
+//! The units directory (`/run/fleet/units` by default): one file per unit fleet loaded here,
+//! named after the unit, holding the unit's canonical text.
+//!
+//! Owns listing (with hashes and link status), atomic writes and removal. Must not talk to
+//! systemd, and must never touch a file whose name is not a unit name: those are someone
+//! else's, so they are skipped with one warning each. Calls block; async callers go through
+//! `spawn_blocking`.
+
+use crate::manager::{InstalledUnit, ManagerError, UnitFileError};
+use fleet_core::{UnitFile, UnitName};
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tracing::{debug, warn};
+
+/// Where fleet keeps its unit files.
+pub const DEFAULT_UNITS_DIR: &str = "/run/fleet/units";
+
+/// Where `LinkUnitFiles(runtime=true)` puts its symlinks.
+pub const DEFAULT_RUNTIME_UNIT_DIR: &str = "/run/systemd/system";
+
+/// Temporary files of interrupted writes start with this; never a valid unit name (no suffix).
+const TEMP_PREFIX: &str = ".fleet-tmp-";
+
+/// Whether [`UnitsDir::write`] changed the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// The file already had this content; left alone so its mtime does not make systemd think
+    /// the unit needs a daemon-reload.
+    Unchanged,
+    Replaced,
+}
+
+/// Why a directory entry is skipped.
+#[derive(Debug, Clone, Copy)]
+enum Ignored {
+    NotAUnitName,
+    NotAFile,
+}
+
+/// The units directory and the runtime unit directory its files get linked from.
+#[derive(Debug)]
+pub struct UnitsDir {
+    path: PathBuf,
+    runtime_dir: PathBuf,
+    /// Names of foreign files already warned about, so each is logged once, not every pass.
+    warned: Mutex<BTreeSet<OsString>>,
+    temp_seq: AtomicU64,
+}
+
+impl UnitsDir {
+    /// Opens `path`, creating it (mode 0755) if absent, and removes temporary files an
+    /// interrupted write left behind.
+    pub fn open(path: PathBuf, runtime_dir: PathBuf) -> Result<UnitsDir, ManagerError> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&path)
+            .map_err(|source| ManagerError::CreateUnitsDir {
+                path: path.clone(),
+                source,
+            })?;
+        let dir = UnitsDir {
+            path,
+            runtime_dir,
+            warned: Mutex::default(),
+            temp_seq: AtomicU64::new(0),
+        };
+        dir.remove_stale_temp_files()?;
+        Ok(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file of `name`; a [`UnitName`] has no `/` and is never `.` or `..`, so this stays
+    /// inside the directory.
+    pub fn file_path(&self, name: &UnitName) -> PathBuf {
+        self.path.join(name.as_str())
+    }
+
+    /// Every unit file, sorted by name.
+    pub fn list(&self) -> Result<Vec<InstalledUnit>, ManagerError> {
+        let list_err = |source| ManagerError::ListUnitsDir {
+            path: self.path.clone(),
+            source,
+        };
+        let entries = match fs::read_dir(&self.path) {
+            Ok(entries) => entries,
+            // Someone removed it: nothing is installed.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(list_err(e)),
+        };
+        let mut units = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(list_err)?;
+            let file_name = entry.file_name();
+            let Some(name) = self.unit_name(&file_name) else {
+                continue;
+            };
+            let file_type = entry.file_type().map_err(list_err)?;
+            if !file_type.is_file() {
+                self.warn_once(&file_name, Ignored::NotAFile);
+                continue;
+            }
+            let content = read_hash(&entry.path());
+            let linked = self.is_linked(&name);
+            units.push(InstalledUnit {
+                name,
+                content,
+                linked,
+            });
+        }
+        units.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(units)
+    }
+
+    /// Writes the unit's canonical text, mode 0644, atomically (temporary file + rename).
+    pub fn write(&self, name: &UnitName, file: &UnitFile) -> Result<Written, ManagerError> {
+        let path = self.file_path(name);
+        let text = file.canonical();
+        match fs::read(&path) {
+            Ok(existing) if existing == text.as_bytes() => return Ok(Written::Unchanged),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(ManagerError::WriteUnitFile { path, source }),
+        }
+        let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
+        let temp = self
+            .path
+            .join(format!("{TEMP_PREFIX}{}-{seq}", std::process::id()));
+        let result = write_new(&temp, text.as_bytes()).and_then(|()| fs::rename(&temp, &path));
+        if let Err(source) = result {
+            // Best effort: a leftover is removed at the next open anyway.
+            let _ = fs::remove_file(&temp);
+            return Err(ManagerError::WriteUnitFile { path, source });
+        }
+        Ok(Written::Replaced)
+    }
+
+    /// Removes the unit's file; a missing file is fine.
+    pub fn remove(&self, name: &UnitName) -> Result<(), ManagerError> {
+        let path = self.file_path(name);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(ManagerError::RemoveUnitFile { path, source }),
+        }
+    }
+
+    /// Whether the runtime unit directory has `name` as a symlink to this directory's file.
+    pub fn is_linked(&self, name: &UnitName) -> bool {
+        let link = self.runtime_dir.join(name.as_str());
+        fs::read_link(link).is_ok_and(|target| target == self.file_path(name))
+    }
+
+    fn unit_name(&self, file_name: &OsString) -> Option<UnitName> {
+        let text = file_name.to_str();
+        if text.is_some_and(|t| t.starts_with(TEMP_PREFIX)) {
+            return None;
+        }
+        match text.map(str::parse::<UnitName>) {
+            Some(Ok(name)) => Some(name),
+            Some(Err(_)) | None => {
+                self.warn_once(file_name, Ignored::NotAUnitName);
+                None
+            }
+        }
+    }
+
+    fn warn_once(&self, file_name: &OsString, why: Ignored) {
+        let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+        if !warned.insert(file_name.clone()) {
+            return;
+        }
+        let dir = self.path.display();
+        match why {
+            Ignored::NotAUnitName => {
+                warn!(%dir, file = ?file_name, "ignoring file whose name is not a unit name");
+            }
+            Ignored::NotAFile => {
+                warn!(%dir, file = ?file_name, "ignoring non-file in units directory")
+            }
+        }
+    }
+
+    fn remove_stale_temp_files(&self) -> Result<(), ManagerError> {
+        let list_err = |source| ManagerError::ListUnitsDir {
+            path: self.path.clone(),
+            source,
+        };
+        for entry in fs::read_dir(&self.path).map_err(list_err)? {
+            let entry = entry.map_err(list_err)?;
+            let is_temp = entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(TEMP_PREFIX));
+            if is_temp {
+                debug!(file = %entry.path().display(), "removing leftover temporary unit file");
+                let path = entry.path();
+                fs::remove_file(&path)
+                    .map_err(|source| ManagerError::RemoveUnitFile { path, source })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_hash(path: &Path) -> Result<fleet_core::UnitHash, UnitFileError> {
+    let bytes = fs::read(path).map_err(UnitFileError::Read)?;
+    let file = UnitFile::parse(&bytes).map_err(UnitFileError::Parse)?;
+    Ok(file.hash())
+}
+
+fn write_new(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(path)?;
+    file.write_all(bytes)?;
+    // The umask may have narrowed the mode; systemd only needs to read it, others may too.
+    file.set_permissions(fs::Permissions::from_mode(0o644))?;
+    // No fsync: /run is a tmpfs, and the rename is what makes the write atomic to readers.
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A scratch directory under the system temp dir, removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(test: &str) -> Scratch {
+            let path = std::env::temp_dir().join(format!(
+                "fleet-agent-units-dir-{test}-{}",
+                std::process::id()
+            ));
+            let _ = fs::remove_dir_all(&path);
+            fs::create_dir_all(&path).unwrap();
+            Scratch(path)
+        }
+
+        fn open(&self) -> UnitsDir {
+            UnitsDir::open(self.0.join("units"), self.0.join("runtime")).unwrap()
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn name(s: &str) -> UnitName {
+        s.parse().unwrap()
+    }
+
+    fn unit(text: &str) -> UnitFile {
+        UnitFile::parse(text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn creates_the_directory_with_mode_0755() {
+        let scratch = Scratch::new("create");
+        let dir = scratch.open();
+        let mode = fs::metadata(dir.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o755 & !current_umask());
+    }
+
+    #[test]
+    fn writes_canonical_text_with_mode_0644_and_lists_its_hash() {
+        let scratch = Scratch::new("write");
+        let dir = scratch.open();
+        let file = unit("[Service]\n  ExecStart = /bin/true  \n");
+        assert_eq!(
+            dir.write(&name("a.service"), &file).unwrap(),
+            Written::Replaced
+        );
+        let path = dir.file_path(&name("a.service"));
+        assert_eq!(fs::read_to_string(&path).unwrap(), file.canonical());
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o644
+        );
+        let listed = dir.list().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].name, name("a.service"));
+        assert_eq!(*listed[0].content.as_ref().unwrap(), file.hash());
+        assert!(!listed[0].linked);
+    }
+
+    #[test]
+    fn leaves_an_identical_file_alone() {
+        let scratch = Scratch::new("unchanged");
+        let dir = scratch.open();
+        let file = unit("[Service]\nExecStart=/bin/true\n");
+        dir.write(&name("a.service"), &file).unwrap();
+        assert_eq!(
+            dir.write(&name("a.service"), &file).unwrap(),
+            Written::Unchanged
+        );
+        let other = unit("[Service]\nExecStart=/bin/false\n");
+        assert_eq!(
+            dir.write(&name("a.service"), &other).unwrap(),
+            Written::Replaced
+        );
+        assert_eq!(
+            *dir.list().unwrap()[0].content.as_ref().unwrap(),
+            other.hash()
+        );
+    }
+
+    #[test]
+    fn reports_unparseable_files_without_failing_the_others() {
+        let scratch = Scratch::new("unparseable");
+        let dir = scratch.open();
+        fs::write(dir.path().join("bad.service"), "no sections here\n").unwrap();
+        dir.write(
+            &name("good.service"),
+            &unit("[Service]\nExecStart=/bin/true\n"),
+        )
+        .unwrap();
+        let listed = dir.list().unwrap();
+        let names: Vec<_> = listed.iter().map(|u| u.name.to_string()).collect();
+        assert_eq!(names, ["bad.service", "good.service"]);
+        assert!(matches!(listed[0].content, Err(UnitFileError::Parse(_))));
+        assert!(listed[1].content.is_ok());
+    }
+
+    #[test]
+    fn ignores_and_never_touches_files_that_are_not_unit_names() {
+        let scratch = Scratch::new("foreign");
+        let dir = scratch.open();
+        fs::write(dir.path().join("README"), "mine").unwrap();
+        fs::write(dir.path().join("notes.txt"), "mine too").unwrap();
+        fs::create_dir(dir.path().join("sub.service")).unwrap();
+        assert!(dir.list().unwrap().is_empty());
+        assert!(dir.list().unwrap().is_empty());
+        drop(dir);
+        let _reopened = scratch.open();
+        assert_eq!(
+            fs::read_to_string(scratch.0.join("units/README")).unwrap(),
+            "mine"
+        );
+        assert!(scratch.0.join("units/notes.txt").exists());
+    }
+
+    #[test]
+    fn removes_leftover_temporary_files_when_opened() {
+        let scratch = Scratch::new("temp");
+        let dir = scratch.open();
+        let temp = dir.path().join(format!("{TEMP_PREFIX}1-0"));
+        fs::write(&temp, "half").unwrap();
+        assert!(dir.list().unwrap().is_empty());
+        drop(dir);
+        scratch.open();
+        assert!(!temp.exists());
+    }
+
+    #[test]
+    fn sees_the_runtime_link_to_its_file() {
+        let scratch = Scratch::new("link");
+        let dir = scratch.open();
+        let a = name("a.service");
+        dir.write(&a, &unit("[Service]\nExecStart=/bin/true\n"))
+            .unwrap();
+        fs::create_dir_all(scratch.0.join("runtime")).unwrap();
+        symlink(dir.file_path(&a), scratch.0.join("runtime/a.service")).unwrap();
+        symlink("/elsewhere/b.service", scratch.0.join("runtime/b.service")).unwrap();
+        assert!(dir.is_linked(&a));
+        assert!(!dir.is_linked(&name("b.service")));
+        assert!(dir.list().unwrap()[0].linked);
+    }
+
+    #[test]
+    fn removing_a_missing_file_is_fine() {
+        let scratch = Scratch::new("remove");
+        let dir = scratch.open();
+        let a = name("a.service");
+        dir.remove(&a).unwrap();
+        dir.write(&a, &unit("[Service]\nExecStart=/bin/true\n"))
+            .unwrap();
+        dir.remove(&a).unwrap();
+        assert!(dir.list().unwrap().is_empty());
+    }
+
+    #[test]
+    fn lists_nothing_when_the_directory_vanished() {
+        let scratch = Scratch::new("vanished");
+        let dir = scratch.open();
+        fs::remove_dir(dir.path()).unwrap();
+        assert!(dir.list().unwrap().is_empty());
+    }
+
+    fn current_umask() -> u32 {
+        let probe = std::env::temp_dir().join(format!("fleet-agent-umask-{}", std::process::id()));
+        let _ = fs::remove_dir(&probe);
+        fs::DirBuilder::new().mode(0o777).create(&probe).unwrap();
+        let mode = fs::metadata(&probe).unwrap().permissions().mode();
+        fs::remove_dir(&probe).unwrap();
+        !mode & 0o777
+    }
+}
