@@ -1,9 +1,16 @@
 //! fleet's per-machine agent: adopts or removes what systemd already runs at boot, then keeps
 //! the units scheduled to this machine loaded or launched as desired.
+//!
+//! - [`plan`]: the pure planner, `plan(&desired, &current, &backoff) -> Vec<Task>`.
+//! - [`manager`]: the [`UnitManager`] trait the executor drives, with its contract.
+//! - [`systemd`]: the real [`UnitManager`] over D-Bus (the only module that names zbus).
+//! - [`fake`]: an in-memory [`UnitManager`] for the loop's tests.
+//! - [`units_dir`]: the units directory (`/run/fleet/units`) on disk.
 
 pub mod fake;
 pub mod manager;
 pub mod plan;
+pub mod systemd;
 pub mod units_dir;
 
 pub use fake::FakeManager;
@@ -12,4 +19,5 @@ pub use manager::{
     ManagerError, UnitDetails, UnitFileError, UnitManager,
 };
 pub use plan::{CurrentUnit, DesiredUnit, Reason, Target, Task, TaskKind, UnitFileState, plan};
+pub use systemd::{SystemdConfig, SystemdManager};
 pub use units_dir::UnitsDir;
