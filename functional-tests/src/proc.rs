@@ -62,7 +62,18 @@ impl ProcId {
         if !self.is_alive() {
             return Ok(());
         }
-        let out = cmd::output("kill", ["-s", signal.name(), "--", &self.pid.to_string()])?;
+        // bash's builtin kill: no dependency on procps for /bin/kill, and bash is needed anyway.
+        let pid = self.pid.to_string();
+        let out = cmd::output(
+            "bash",
+            [
+                "-c",
+                "kill -s \"$1\" -- \"$2\"",
+                "kill",
+                signal.name(),
+                &pid,
+            ],
+        )?;
         // It may have exited between the check and the kill: that is what we wanted anyway.
         if out.status.success() || !self.is_alive() {
             return Ok(());

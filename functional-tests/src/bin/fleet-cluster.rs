@@ -4,6 +4,7 @@
 //!   fleet-cluster up --machines 3 [--dir DIR] [--no-fleetd]   boot, print how to use it, exit
 //!   fleet-cluster status [--dir DIR]                          what runs
 //!   fleet-cluster down [--dir DIR]                            tear it all down
+//!   fleet-cluster cleanup                                     what killed test runs left
 //!
 //! The cluster's state (processes, names, IDs, addresses, etcd endpoint) is in DIR/cluster.json.
 
@@ -52,6 +53,8 @@ enum Command {
         #[arg(long, default_value_os_t = default_dir())]
         dir: PathBuf,
     },
+    /// Remove what test runs that died without tearing down left behind.
+    Cleanup,
 }
 
 /// `<workspace>/target/demo`, where `make demo` keeps its cluster.
@@ -93,6 +96,12 @@ fn main() -> Result<()> {
             })
         }
         Command::Status { dir } => status(&dir),
+        Command::Cleanup => {
+            for cleaned in cleanup_stale()? {
+                println!("cleaned up stale {cleaned}");
+            }
+            Ok(())
+        }
         Command::Down { dir } => {
             Cluster::down(&dir).with_context(|| format!("tearing down {}", dir.display()))?;
             println!("cluster in {} is down", dir.display());
