@@ -64,6 +64,13 @@ mask_os_units() {
 }
 
 init() {
+    # Only ever as PID 1 of the namespaces `boot` made (`unshare --pid --fork --mount`): run on
+    # the host, the mounts below would hide the host's /run and /tmp and make its / read-only.
+    if [[ $$ -ne 1 ]]; then
+        echo "machine.sh init: not PID 1 of a new namespace, refusing" >&2
+        exit 2
+    fi
+
     # Host mounts below the directories the machine gets fresh must go first, in this private
     # mount namespace only: /run/netns holds every machine's network namespace, and a copy of
     # those mounts here (merely hidden under the new /run) would keep the other machines'
