@@ -271,6 +271,15 @@ impl Cluster {
             .with_context(|| format!("no machine {name}"))
     }
 
+    /// The machine whose ID is `id`, full or fleet's 8-character short form (as fleetctl
+    /// prints it).
+    pub fn machine_by_id(&self, id: &str) -> Result<&Machine> {
+        self.machines
+            .iter()
+            .find(|m| m.id().matches(id))
+            .with_context(|| format!("no machine with ID {id}"))
+    }
+
     /// etcd's client URL on the bridge, e.g. `http://10.251.7.1:40123`: the same from the host
     /// and from inside every machine.
     pub fn etcd_endpoint(&self) -> String {

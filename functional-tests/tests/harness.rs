@@ -220,6 +220,7 @@ fn a_powered_off_machine_is_gone_and_a_new_one_can_join() -> Result<()> {
     let m3 = cluster.machine("m3")?;
     assert_ne!(m3.id(), cluster.machines()[0].id());
     assert_eq!(m3.sh("hostname")?.trim(), "m3");
+    assert_eq!(cluster.machine_by_id(m3.id().short())?.name(), "m3");
     Ok(())
 }
 
