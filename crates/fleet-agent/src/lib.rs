@@ -6,13 +6,19 @@
 //! - [`systemd`]: the real [`UnitManager`] over D-Bus (the only module that names zbus).
 //! - [`fake`]: an in-memory [`UnitManager`] for the loop's tests.
 //! - [`units_dir`]: the units directory (`/run/fleet/units`) on disk.
+//! - [`agent`]: the loop: boot (preload, adopt or remove), reconcile, publish states.
+//! - [`executor`]: runs a plan's tasks in order on a [`UnitManager`].
 
+pub mod agent;
+mod current;
+pub mod executor;
 pub mod fake;
 pub mod manager;
 pub mod plan;
 pub mod systemd;
 pub mod units_dir;
 
+pub use agent::{Agent, AgentConfig};
 pub use fake::FakeManager;
 pub use manager::{
     BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome,

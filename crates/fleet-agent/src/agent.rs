@@ -1,0 +1,404 @@
+//! The agent's loop: boot (preload what systemd runs, read this machine's schedule, adopt or
+//! remove), then reconcile on every hint: a schedule change (a watch on this machine's own
+//! prefix only), a systemd signal, a retry coming due, or the periodic resync.
+//!
+//! It fails closed: until the schedule has been read once, nothing is planned, so nothing is
+//! removed. While etcd is unreachable it keeps acting on the last schedule it read, so running
+//! units stay as they are. It never touches a unit outside its units directory.
+
+use fleet_core::{MachineId, UnitFile, UnitHash, UnitName, glob_match};
+use fleet_registry::kv::{Kv, LeaseId, Revision};
+use fleet_registry::{
+    Presence, Registry, RegistryError, ScheduleEntry, UnitStateRecord, WatchHints,
+};
+use futures::StreamExt;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::current::Current;
+use crate::executor::{self, Outcome};
+use crate::manager::{Change, UnitManager};
+use crate::plan::{self, DesiredUnit, Target, TaskKind, UnitFileState};
+
+/// How the agent behaves.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub machine: MachineId,
+    /// Safety net: re-read everything this often even without hints.
+    pub resync_interval: Duration,
+    /// Unit name globs the agent refuses to manage (they would take over the host).
+    pub deny_units: Vec<String>,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+}
+
+impl AgentConfig {
+    pub fn new(machine: MachineId) -> AgentConfig {
+        AgentConfig {
+            machine,
+            resync_interval: Duration::from_secs(60),
+            deny_units: Vec::new(),
+            backoff_min: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    until: Instant,
+    delay: Duration,
+}
+
+/// The agent of one machine.
+#[derive(Debug)]
+pub struct Agent<K, M> {
+    registry: Registry<K>,
+    manager: M,
+    cfg: AgentConfig,
+    presence: watch::Receiver<Option<Presence>>,
+    /// This machine's schedule; `None` until read once (fail closed).
+    desired: Option<BTreeMap<UnitName, ScheduleEntry>>,
+    files: BTreeMap<UnitHash, UnitFile>,
+    current: Current,
+    published: BTreeMap<UnitName, UnitStateRecord>,
+    published_lease: Option<LeaseId>,
+    backoff: BTreeMap<UnitName, Backoff>,
+    denied: BTreeSet<UnitName>,
+}
+
+impl<K: Kv, M: UnitManager> Agent<K, M> {
+    pub fn new(
+        registry: Registry<K>,
+        manager: M,
+        cfg: AgentConfig,
+        presence: watch::Receiver<Option<Presence>>,
+    ) -> Agent<K, M> {
+        Agent {
+            registry,
+            manager,
+            cfg,
+            presence,
+            desired: None,
+            files: BTreeMap::new(),
+            current: Current::default(),
+            published: BTreeMap::new(),
+            published_lease: None,
+            backoff: BTreeMap::new(),
+            denied: BTreeSet::new(),
+        }
+    }
+
+    /// Runs until `shutdown` becomes true. Never stops or removes units because of shutdown:
+    /// the units keep running and a restarted agent adopts them.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut changes = self.manager.changes();
+        let Some(revision) = self.boot(&mut shutdown).await else {
+            return;
+        };
+        let mut hints = WatchHints::start(
+            self.registry.kv().clone(),
+            self.registry.keys().machine_schedule(&self.cfg.machine),
+            revision + 1,
+        );
+        let mut resync = tokio::time::interval(self.cfg.resync_interval);
+        resync.reset();
+        let mut presence = self.presence.clone();
+        let mut pass = 0u64;
+        loop {
+            pass += 1;
+            self.reconcile()
+                .instrument(info_span!("reconcile", pass))
+                .await;
+            let retry_at = self.backoff.values().map(|b| b.until).min();
+            let mut schedule = false;
+            let mut details = false;
+            tokio::select! {
+                _ = shutdown.changed() => {
+                    info!("agent stopping; units keep running");
+                    return;
+                }
+                Some(_) = hints.changed() => schedule = true,
+                Some(change) = changes.recv() => details = matches!(change, Change::Resync),
+                _ = resync.tick() => { schedule = true; details = true; }
+                _ = sleep_until(retry_at) => {}
+                Ok(()) = presence.changed() => {}
+            }
+            if schedule && let Err(e) = self.read_schedule().await {
+                warn!(error = %e, "reading schedule failed; keeping the last one");
+            }
+            self.refresh_current(details).await;
+        }
+    }
+
+    /// Builds the current state from systemd and reads the schedule (retrying until it can),
+    /// logging what will be kept, replaced or removed. `None` on shutdown.
+    async fn boot(&mut self, shutdown: &mut watch::Receiver<bool>) -> Option<Revision> {
+        let mut delay = self.cfg.backoff_min;
+        loop {
+            match Current::read(&self.manager, &BTreeSet::new(), &BTreeMap::new()).await {
+                Ok(mut current) => {
+                    current.read_details(&self.manager).await;
+                    self.current = current;
+                    break;
+                }
+                Err(e) => warn!(error = %e, "reading systemd state at boot failed; retrying"),
+            }
+            if wait_or_shutdown(shutdown, &mut delay, self.cfg.backoff_max).await {
+                return None;
+            }
+        }
+        info!(
+            units = self.current.hashes.len(),
+            "preloaded units directory"
+        );
+        let mut delay = self.cfg.backoff_min;
+        let revision = loop {
+            match self.read_schedule().await {
+                Ok(rev) => break rev,
+                // Fail closed: nothing is removed until we know what should run here.
+                Err(e) => warn!(error = %e, "reading schedule at boot failed; touching nothing"),
+            }
+            if wait_or_shutdown(shutdown, &mut delay, self.cfg.backoff_max).await {
+                return None;
+            }
+        };
+        self.log_boot_decisions();
+        Some(revision)
+    }
+
+    fn log_boot_decisions(&self) {
+        let desired = self.desired.as_ref().expect("read at boot");
+        for (name, unit) in &self.current.units {
+            let state = unit
+                .systemd
+                .as_ref()
+                .map_or("unknown", |s| s.active.as_str());
+            match (&unit.file, desired.get(name)) {
+                (UnitFileState::Present { hash, .. }, Some(want)) if *hash == want.hash => {
+                    info!(unit = %name, hash = %hash.short(), active = state, "keeping unit: its file matches the schedule");
+                }
+                (UnitFileState::Present { hash, .. }, Some(want)) => {
+                    info!(unit = %name, current = %hash.short(), desired = %want.hash.short(), "replacing unit: hash differs from the schedule");
+                }
+                (UnitFileState::Unparseable, Some(_)) => {
+                    info!(unit = %name, "replacing unit: its file is unreadable");
+                }
+                (UnitFileState::Present { .. } | UnitFileState::Unparseable, None) => {
+                    info!(unit = %name, active = state, "removing unit: not scheduled here");
+                }
+                (UnitFileState::Absent, _) => {}
+            }
+        }
+    }
+
+    /// Reads this machine's schedule and the files it needs.
+    async fn read_schedule(&mut self) -> Result<Revision, RegistryError> {
+        let (revision, entries) = self.registry.machine_schedule(&self.cfg.machine).await?;
+        let mut desired = BTreeMap::new();
+        for e in entries {
+            if self.is_denied(&e.name) {
+                if self.denied.insert(e.name.clone()) {
+                    warn!(unit = %e.name, "refusing to manage unit: it matches deny_units");
+                }
+                continue;
+            }
+            desired.insert(e.name.clone(), e);
+        }
+        let wanted: BTreeSet<UnitHash> = desired.values().map(|e| e.hash).collect();
+        self.files.retain(|h, _| wanted.contains(h));
+        for hash in wanted {
+            if self.files.contains_key(&hash) {
+                continue;
+            }
+            match self.registry.file(&hash).await? {
+                Some(file) => {
+                    self.files.insert(hash, file);
+                }
+                None => warn!(hash = %hash, "scheduled unit file missing from the registry"),
+            }
+        }
+        self.desired = Some(desired);
+        Ok(revision)
+    }
+
+    fn is_denied(&self, name: &UnitName) -> bool {
+        self.cfg
+            .deny_units
+            .iter()
+            .any(|g| glob_match(g, name.as_str()))
+    }
+
+    async fn refresh_current(&mut self, details: bool) {
+        let also: BTreeSet<UnitName> = self
+            .desired
+            .as_ref()
+            .map(|d| d.keys().cloned().collect())
+            .unwrap_or_default();
+        match Current::read(&self.manager, &also, &self.current.drop_ins).await {
+            Ok(mut current) => {
+                if details {
+                    current.read_details(&self.manager).await;
+                }
+                self.current = current;
+            }
+            Err(e) => warn!(error = %e, "reading systemd state failed"),
+        }
+    }
+
+    /// Plans and executes until nothing is left to do (bounded), then publishes states.
+    async fn reconcile(&mut self) {
+        for _ in 0..3 {
+            let outcome = self.plan_and_execute().await;
+            let reloaded = outcome.reloaded;
+            if outcome.outcome.executed == 0 {
+                break;
+            }
+            self.refresh_current(reloaded).await;
+            if !outcome.outcome.failed.is_empty() {
+                break;
+            }
+        }
+        self.publish().await;
+    }
+
+    async fn plan_and_execute(&mut self) -> PassOutcome {
+        let Some(desired) = &self.desired else {
+            return PassOutcome::default();
+        };
+        let now = Instant::now();
+        let waiting: BTreeSet<UnitName> = self
+            .backoff
+            .iter()
+            .filter(|(_, b)| b.until > now)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut want = BTreeMap::new();
+        let mut hashes = BTreeMap::new();
+        for (name, e) in desired {
+            let Some(target) = Target::from_desired(e.desired) else {
+                continue;
+            };
+            if !self.files.contains_key(&e.hash) {
+                continue;
+            }
+            want.insert(
+                name.clone(),
+                DesiredUnit {
+                    hash: e.hash,
+                    target,
+                },
+            );
+            hashes.insert(name.clone(), e.hash);
+        }
+        let tasks = plan::plan(&want, &self.current.units, &waiting);
+        if tasks.is_empty() {
+            return PassOutcome::default();
+        }
+        let reloaded = tasks.iter().any(|t| t.kind == TaskKind::ReloadUnitFiles);
+        let touched: BTreeSet<UnitName> = tasks.iter().map(|t| t.unit.clone()).collect();
+        debug!(tasks = tasks.len(), "executing plan");
+        let outcome = executor::execute(&self.manager, tasks, &hashes, &self.files).await;
+        for unit in touched {
+            match outcome.failed.get(&unit) {
+                Some(_) => self.fail(unit, now),
+                None => {
+                    self.backoff.remove(&unit);
+                }
+            }
+        }
+        PassOutcome { outcome, reloaded }
+    }
+
+    fn fail(&mut self, unit: UnitName, now: Instant) {
+        let delay = match self.backoff.get(&unit) {
+            Some(b) => (b.delay * 2).min(self.cfg.backoff_max),
+            None => self.cfg.backoff_min,
+        };
+        info!(unit = %unit, retry_in = ?delay, "unit failed; retrying later");
+        self.backoff.insert(
+            unit,
+            Backoff {
+                until: now + delay,
+                delay,
+            },
+        );
+    }
+
+    /// Publishes the states that changed since last time (all of them under a new lease) and
+    /// withdraws those of units that left the units directory.
+    async fn publish(&mut self) {
+        let Some(presence) = *self.presence.borrow() else {
+            return;
+        };
+        if self.published_lease != Some(presence.lease) {
+            self.published.clear();
+            self.published_lease = Some(presence.lease);
+        }
+        let records = self.current.records(&self.cfg.machine);
+        let changed: Vec<UnitStateRecord> = records
+            .iter()
+            .filter(|(n, r)| self.published.get(*n) != Some(*r))
+            .map(|(_, r)| r.clone())
+            .collect();
+        let gone: Vec<UnitName> = self
+            .published
+            .keys()
+            .filter(|n| !records.contains_key(*n))
+            .cloned()
+            .collect();
+        let registry = &self.registry;
+        let machine = &self.cfg.machine;
+        let published: Vec<(UnitStateRecord, bool)> = futures::stream::iter(changed)
+            .map(|r| async move {
+                let ok = registry.publish_state(&presence, &r).await;
+                if let Err(e) = &ok {
+                    debug!(unit = %r.name, error = %e, "publishing state failed");
+                }
+                (r, ok.is_ok())
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        for (r, ok) in published {
+            if ok {
+                self.published.insert(r.name.clone(), r);
+            }
+        }
+        for name in gone {
+            if registry.remove_state(&name, machine).await.is_ok() {
+                self.published.remove(&name);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct PassOutcome {
+    outcome: Outcome,
+    reloaded: bool,
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps `delay` (doubling it up to `max`) unless shutdown comes first; true on shutdown.
+async fn wait_or_shutdown(
+    shutdown: &mut watch::Receiver<bool>,
+    delay: &mut Duration,
+    max: Duration,
+) -> bool {
+    let d = *delay;
+    *delay = (*delay * 2).min(max);
+    tokio::select! {
+        _ = shutdown.changed() => true,
+        _ = tokio::time::sleep(d) => *shutdown.borrow(),
+    }
+}

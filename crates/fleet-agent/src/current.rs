@@ -1,0 +1,125 @@
+//! Reading what this machine has: the units directory and systemd's view of each unit in it,
+//! turned into the planner's `CurrentUnit`s and the states the agent publishes.
+
+use fleet_core::{MachineId, SystemdState, UnitHash, UnitName};
+use fleet_registry::UnitStateRecord;
+use futures::StreamExt;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::manager::{ManagerError, UnitManager};
+use crate::plan::{CurrentUnit, UnitFileState};
+
+/// Everything known about the units in the units directory (plus desired units systemd knows).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Current {
+    pub units: BTreeMap<UnitName, CurrentUnit>,
+    /// Hash of each readable file in the units directory.
+    pub hashes: BTreeMap<UnitName, UnitHash>,
+    /// Drop-ins systemd applies on top of our files, refreshed at boot and after reloads.
+    pub drop_ins: BTreeMap<UnitName, Vec<String>>,
+}
+
+impl Current {
+    /// Reads the units directory and the systemd state of its units and of `also` (desired
+    /// units that may have no file yet), in one batched status call.
+    pub async fn read<M: UnitManager>(
+        manager: &M,
+        also: &BTreeSet<UnitName>,
+        previous_drop_ins: &BTreeMap<UnitName, Vec<String>>,
+    ) -> Result<Current, ManagerError> {
+        let installed = manager.installed().await?;
+        let mut names: BTreeSet<UnitName> = installed.iter().map(|u| u.name.clone()).collect();
+        names.extend(also.iter().cloned());
+        let names: Vec<UnitName> = names.into_iter().collect();
+        let status = manager.status(&names).await?;
+        let mut current = Current::default();
+        for inst in &installed {
+            let file = match &inst.content {
+                Ok(hash) => {
+                    current.hashes.insert(inst.name.clone(), *hash);
+                    UnitFileState::Present {
+                        hash: *hash,
+                        linked: inst.linked,
+                    }
+                }
+                Err(_) => UnitFileState::Unparseable,
+            };
+            current.units.insert(
+                inst.name.clone(),
+                CurrentUnit {
+                    file,
+                    systemd: status.get(&inst.name).cloned(),
+                    need_daemon_reload: false,
+                },
+            );
+            if let Some(d) = previous_drop_ins.get(&inst.name) {
+                current.drop_ins.insert(inst.name.clone(), d.clone());
+            }
+        }
+        for name in also {
+            current
+                .units
+                .entry(name.clone())
+                .or_insert_with(|| CurrentUnit {
+                    file: UnitFileState::Absent,
+                    systemd: status.get(name).cloned(),
+                    need_daemon_reload: false,
+                });
+        }
+        Ok(current)
+    }
+
+    /// Reads per-unit details (drop-ins, NeedDaemonReload) of every unit with a file: at boot,
+    /// to adopt correctly, and after a daemon-reload, to report drop-ins.
+    pub async fn read_details<M: UnitManager>(&mut self, manager: &M) {
+        let names: Vec<UnitName> = self.hashes.keys().cloned().collect();
+        let details: Vec<(UnitName, Result<_, ManagerError>)> = futures::stream::iter(names)
+            .map(|name| async move {
+                let d = manager.details(&name).await;
+                (name, d)
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        for (name, d) in details {
+            let Ok(d) = d else { continue };
+            let drop_ins: Vec<String> = d
+                .drop_in_paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            if drop_ins.is_empty() {
+                self.drop_ins.remove(&name);
+            } else {
+                self.drop_ins.insert(name.clone(), drop_ins);
+            }
+            if let Some(u) = self.units.get_mut(&name) {
+                u.need_daemon_reload = d.need_daemon_reload;
+            }
+        }
+    }
+
+    /// The state to publish for every unit with a file in the units directory.
+    pub fn records(&self, machine: &MachineId) -> BTreeMap<UnitName, UnitStateRecord> {
+        self.units
+            .iter()
+            .filter(|(_, u)| !matches!(u.file, UnitFileState::Absent))
+            .map(|(name, u)| {
+                let systemd = u.systemd.clone().unwrap_or_else(|| SystemdState {
+                    load: "not-found".into(),
+                    active: "inactive".into(),
+                    sub: "dead".into(),
+                });
+                let record = UnitStateRecord {
+                    name: name.clone(),
+                    machine: machine.clone(),
+                    hash: self.hashes.get(name).copied(),
+                    systemd,
+                    drop_ins: self.drop_ins.get(name).cloned().unwrap_or_default(),
+                    restart_pending: false,
+                };
+                (name.clone(), record)
+            })
+            .collect()
+    }
+}

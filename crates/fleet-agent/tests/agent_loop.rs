@@ -1,0 +1,309 @@
+//! The agent's loop on a fake systemd and the in-memory registry, on paused time: boot
+//! adoption, replacement and removal, failing closed, isolation of a failing unit, publishing.
+
+use fleet_agent::fake::{Call, Op};
+use fleet_agent::{Agent, AgentConfig, FakeManager};
+use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
+use fleet_registry::kv::MemKv;
+use fleet_registry::{Presence, Registry, ScheduleEntry};
+use std::time::Duration;
+use tokio::sync::watch;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn name(s: &str) -> UnitName {
+    s.parse().unwrap()
+}
+
+fn file(exec: &str) -> UnitFile {
+    UnitFile::parse(format!("[Service]\nExecStart={exec}\n").as_bytes()).unwrap()
+}
+
+struct World {
+    kv: MemKv,
+    registry: Registry<MemKv>,
+    fake: FakeManager,
+    machine: MachineId,
+    presence: Presence,
+    shutdown: watch::Sender<bool>,
+}
+
+impl World {
+    async fn new() -> World {
+        let kv = MemKv::new();
+        let registry = Registry::new(kv.clone(), "/t/");
+        let machine: MachineId = "m1".parse().unwrap();
+        let info = MachineInfo {
+            id: machine.clone(),
+            public_ip: String::new(),
+            metadata: Default::default(),
+            version: "test".into(),
+            disable_engine: true,
+        };
+        let presence = registry.register_machine(&info, TTL, None).await.unwrap();
+        let (shutdown, _) = watch::channel(false);
+        World {
+            kv,
+            registry,
+            fake: FakeManager::new(),
+            machine,
+            presence,
+            shutdown,
+        }
+    }
+
+    /// Puts `unit` with `file` in the registry and schedules it here.
+    async fn schedule(&self, unit: &str, f: &UnitFile, desired: DesiredState) {
+        let n = name(unit);
+        self.registry.create_unit(&n, f, desired).await.unwrap();
+        let entry = ScheduleEntry {
+            name: n,
+            machine: self.machine.clone(),
+            hash: f.hash(),
+            desired,
+        };
+        self.registry
+            .apply_schedule(None, &[entry], &[])
+            .await
+            .unwrap();
+    }
+
+    async fn unschedule(&self, unit: &str) {
+        self.registry
+            .apply_schedule(None, &[], &[(self.machine.clone(), name(unit))])
+            .await
+            .unwrap();
+    }
+
+    fn start_agent(&self) -> tokio::task::JoinHandle<()> {
+        let (_tx, presence) = watch::channel(Some(self.presence));
+        let agent = Agent::new(
+            self.registry.clone(),
+            self.fake.clone(),
+            AgentConfig::new(self.machine.clone()),
+            presence,
+        );
+        let shutdown = self.shutdown.subscribe();
+        // Keep the presence sender alive for the agent's lifetime.
+        tokio::spawn(async move {
+            let _tx = _tx;
+            agent.run(shutdown).await;
+        })
+    }
+
+    /// Waits (on paused time) until `check` holds.
+    async fn until(&self, what: &str, mut check: impl FnMut() -> bool) {
+        for _ in 0..2000 {
+            if check() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "timed out waiting for {what}; calls: {:?}",
+            self.fake.calls()
+        );
+    }
+
+    async fn published(&self, unit: &str) -> Option<fleet_registry::UnitStateRecord> {
+        self.registry
+            .unit_states()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|s| s.name.as_str() == unit)
+    }
+
+    async fn until_published(&self, unit: &str, active: &str) {
+        for _ in 0..2000 {
+            if let Some(s) = self.published(unit).await
+                && s.systemd.active == active
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "{unit} never published {active}; calls: {:?}",
+            self.fake.calls()
+        );
+    }
+}
+
+fn mutating(calls: &[Call]) -> Vec<Call> {
+    calls
+        .iter()
+        .filter(|c| !matches!(c, Call::Installed | Call::Status(_) | Call::Details(_)))
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn adopts_running_unit_with_same_hash_without_any_job() {
+    let w = World::new().await;
+    let f = file("/bin/sleep 1000");
+    w.fake.put_unit(&name("web.service"), &f, true);
+    let pid = w.fake.main_pid(&name("web.service"));
+    w.schedule("web.service", &f, DesiredState::Launched).await;
+    let _agent = w.start_agent();
+    w.until_published("web.service", "active").await;
+    let state = w.published("web.service").await.unwrap();
+    assert_eq!(state.hash, Some(f.hash()), "published with its hash");
+    assert_eq!(
+        mutating(&w.fake.calls()),
+        vec![],
+        "no load, start, stop or reload"
+    );
+    assert_eq!(w.fake.main_pid(&name("web.service")), pid);
+}
+
+#[tokio::test(start_paused = true)]
+async fn replaces_unit_whose_file_changed_behind_its_back() {
+    let w = World::new().await;
+    let old = file("/bin/sleep 1");
+    let new = file("/bin/sleep 2");
+    w.fake.put_unit(&name("web.service"), &old, true);
+    w.schedule("web.service", &new, DesiredState::Launched)
+        .await;
+    let _agent = w.start_agent();
+    w.until("the new version running", || {
+        w.fake.running_hash(&name("web.service")) == Some(new.hash())
+    })
+    .await;
+    let n = name("web.service");
+    assert_eq!(
+        mutating(&w.fake.calls()),
+        vec![
+            Call::Stop(n.clone()),
+            Call::Uninstall(n.clone()),
+            Call::Install(n.clone(), new.hash()),
+            Call::Reload,
+            Call::Start(n.clone()),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn removes_unit_not_scheduled_here() {
+    let w = World::new().await;
+    w.fake
+        .put_unit(&name("stray.service"), &file("/bin/sleep 1"), true);
+    let _agent = w.start_agent();
+    w.until("the stray unit removed", || w.fake.file_names().is_empty())
+        .await;
+    let n = name("stray.service");
+    assert_eq!(
+        mutating(&w.fake.calls()),
+        vec![Call::Stop(n.clone()), Call::Uninstall(n), Call::Reload],
+        "stopped (awaited) before its file went, then one reload to forget it"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn touches_nothing_while_the_registry_cannot_be_read_at_boot() {
+    let w = World::new().await;
+    w.fake
+        .put_unit(&name("stray.service"), &file("/bin/sleep 1"), true);
+    w.kv.set_unavailable(true);
+    let _agent = w.start_agent();
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(mutating(&w.fake.calls()), vec![], "fails closed");
+    assert_eq!(w.fake.file_names(), vec!["stray.service".to_string()]);
+    // Once etcd is back, the agent acts.
+    w.kv.set_unavailable(false);
+    w.until("the stray unit removed", || w.fake.file_names().is_empty())
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn loads_starts_stops_and_removes_as_the_schedule_changes() {
+    let w = World::new().await;
+    let _agent = w.start_agent();
+    let f = file("/bin/sleep 1000");
+    w.schedule("web.service", &f, DesiredState::Launched).await;
+    w.until_published("web.service", "active").await;
+    w.unschedule("web.service").await;
+    w.until("the unit removed", || w.fake.file_names().is_empty())
+        .await;
+    for _ in 0..200 {
+        if w.published("web.service").await.is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("state of an unloaded unit still published");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_unit_does_not_wedge_the_others() {
+    let w = World::new().await;
+    w.fake.fail(Op::Install, Some(&name("bad.service")));
+    let _agent = w.start_agent();
+    w.schedule("bad.service", &file("/bin/bad"), DesiredState::Launched)
+        .await;
+    w.schedule("good.service", &file("/bin/good"), DesiredState::Launched)
+        .await;
+    w.until_published("good.service", "active").await;
+    // The bad unit is retried with backoff, not in a hot loop.
+    let before = w
+        .fake
+        .calls()
+        .iter()
+        .filter(|c| matches!(c, Call::Install(n, _) if n.as_str() == "bad.service"))
+        .count();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after = w
+        .fake
+        .calls()
+        .iter()
+        .filter(|c| matches!(c, Call::Install(n, _) if n.as_str() == "bad.service"))
+        .count();
+    assert!(after > before, "retried");
+    assert!(
+        after - before <= 6,
+        "backoff, not a hot loop: {} retries in 10 s",
+        after - before
+    );
+    w.fake.heal();
+    w.until_published("bad.service", "active").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn keeps_units_running_while_etcd_is_away() {
+    let w = World::new().await;
+    let _agent = w.start_agent();
+    let f = file("/bin/sleep 1000");
+    w.schedule("web.service", &f, DesiredState::Launched).await;
+    w.until_published("web.service", "active").await;
+    let calls = w.fake.calls().len();
+    w.kv.set_unavailable(true);
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    let new_calls = w.fake.calls()[calls..].to_vec();
+    assert_eq!(
+        mutating(&new_calls),
+        vec![],
+        "nothing stopped while etcd is away"
+    );
+    assert_eq!(w.fake.state(&name("web.service")).active, "active");
+}
+
+#[tokio::test(start_paused = true)]
+async fn reports_drop_ins_of_adopted_units_without_removing_them() {
+    let w = World::new().await;
+    let f = file("/bin/sleep 1000");
+    let n = name("web.service");
+    w.fake.put_unit(&n, &f, true);
+    w.fake.set_drop_ins(
+        &n,
+        vec!["/run/systemd/system/web.service.d/override.conf".into()],
+    );
+    w.schedule("web.service", &f, DesiredState::Launched).await;
+    let _agent = w.start_agent();
+    w.until_published("web.service", "active").await;
+    let state = w.published("web.service").await.unwrap();
+    assert_eq!(
+        state.drop_ins,
+        vec!["/run/systemd/system/web.service.d/override.conf".to_string()]
+    );
+    assert_eq!(mutating(&w.fake.calls()), vec![]);
+}
