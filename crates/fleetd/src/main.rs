@@ -1,1 +1,197 @@
-fn main() {}
+//! fleetd: the agent (always) and an engine candidate (unless `disable_engine`) of one machine.
+//!
+//! Stopping or restarting fleetd never stops the units it runs: on SIGTERM it stops its loops
+//! and exits, leaving its lease to the restarted fleetd (or to expire).
+
+mod cli;
+mod config;
+mod engine;
+mod presence;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use fleet_agent::{Agent, AgentConfig, SystemdConfig, SystemdManager};
+use fleet_core::{MachineId, MachineInfo};
+use fleet_registry::Registry;
+use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use config::Config;
+use presence::PresenceKeeper;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+const MACHINE_ID_FILE: &str = "/etc/machine-id";
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    if cli.print_version || cli.positional == ["version"] {
+        println!("fleetd version {VERSION}");
+        return ExitCode::SUCCESS;
+    }
+    if !cli.positional.is_empty() {
+        eprintln!("fleetd takes no arguments. Did you mean to invoke fleetctl instead?");
+        return ExitCode::FAILURE;
+    }
+    let mut warnings = Vec::new();
+    let config = match load_config(&cli, &mut warnings) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fleetd: bad configuration: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let default_level = if config.verbosity > 0 {
+        "debug"
+    } else {
+        "info"
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    for w in warnings {
+        warn!(warning = %w, "configuration");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(rt) => rt.block_on(run(config)),
+        Err(e) => Err(e).context("starting the runtime"),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = format!("{e:#}"), "fleetd failed");
+            eprintln!("fleetd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(cli: &cli::Cli, warnings: &mut Vec<String>) -> Result<Config> {
+    let mut raw = config::load_file(cli.config.as_deref())?;
+    raw.extend(config::from_env(std::env::vars()));
+    raw.extend(cli.flags()?);
+    config::build(&raw, warnings)
+}
+
+fn machine_id() -> Result<MachineId> {
+    let text = std::fs::read_to_string(MACHINE_ID_FILE)
+        .with_context(|| format!("unable to determine local machine ID from {MACHINE_ID_FILE}"))?;
+    text.trim()
+        .parse()
+        .with_context(|| format!("invalid machine ID in {MACHINE_ID_FILE}"))
+}
+
+/// The address other machines reach us at: the local address of a route to etcd (a UDP
+/// "connect" sends nothing). Loopback means "unknown".
+fn auto_public_ip(endpoints: &[String]) -> String {
+    let host = endpoints.first().and_then(|e| {
+        let rest = e.split("://").nth(1)?;
+        Some(rest.split('/').next()?.to_owned())
+    });
+    let Some(host) = host else {
+        return String::new();
+    };
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| s.connect(&host).map(|()| s));
+    match sock.and_then(|s| s.local_addr()) {
+        Ok(addr) if !addr.ip().is_loopback() && !addr.ip().is_unspecified() => {
+            addr.ip().to_string()
+        }
+        _ => String::new(),
+    }
+}
+
+async fn run(config: Config) -> Result<()> {
+    let machine = machine_id()?;
+    let kv = EtcdKv::connect(&EtcdConfig {
+        endpoints: config.etcd_servers.clone(),
+        request_timeout: config.etcd_request_timeout,
+        tls: TlsFiles {
+            ca_file: config.etcd_cafile.clone(),
+            cert_file: config.etcd_certfile.clone(),
+            key_file: config.etcd_keyfile.clone(),
+        },
+    })
+    .await
+    .context("connecting to etcd")?;
+    let registry = Registry::new(kv, &config.etcd_key_prefix);
+    let public_ip = config
+        .public_ip
+        .clone()
+        .unwrap_or_else(|| auto_public_ip(&config.etcd_servers));
+    let info = MachineInfo {
+        id: machine.clone(),
+        public_ip,
+        metadata: config.metadata.clone(),
+        version: VERSION.to_owned(),
+        disable_engine: config.disable_engine,
+    };
+    let runtime_dir = config
+        .units_directory
+        .parent()
+        .map(|p| p.to_path_buf())
+        .unwrap_or_else(|| "/run/fleet".into());
+    let manager = SystemdManager::connect(SystemdConfig {
+        units_dir: config.units_directory.clone(),
+        ..SystemdConfig::default()
+    })
+    .await
+    .context("connecting to systemd")?;
+    let keeper = PresenceKeeper {
+        registry: registry.clone(),
+        info,
+        ttl: config.agent_ttl,
+        lease_file: runtime_dir.join("fleetd.lease"),
+    };
+    let presence = keeper.register().await?;
+    info!(machine = %machine, version = VERSION, "fleetd started");
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (presence_tx, presence_rx) = watch::channel(Some(presence));
+    let mut agent_cfg = AgentConfig::new(machine.clone());
+    agent_cfg.deny_units = config.deny_units.clone();
+    let agent = Agent::new(registry.clone(), manager, agent_cfg, presence_rx);
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(keeper.keep(presence, presence_tx, shutdown_rx.clone()));
+    {
+        let shutdown = shutdown_rx.clone();
+        tasks.spawn(async move {
+            agent.run(shutdown).await;
+            Ok(())
+        });
+    }
+    if !config.disable_engine {
+        engine::spawn(
+            &mut tasks,
+            registry.clone(),
+            &machine,
+            &config,
+            shutdown_rx.clone(),
+        );
+    }
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let outcome = tokio::select! {
+        _ = sigterm.recv() => { info!("SIGTERM: stopping; units keep running"); Ok(()) }
+        _ = tokio::signal::ctrl_c() => { info!("SIGINT: stopping; units keep running"); Ok(()) }
+        Some(res) = tasks.join_next() => match res {
+            Ok(Ok(())) => bail!("a fleetd component stopped unexpectedly"),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(e).context("a fleetd component panicked"),
+        },
+    };
+    let _ = shutdown_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    outcome
+}
