@@ -14,11 +14,15 @@ use crate::manager::{
 };
 use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR};
 use fleet_core::{SystemdState, UnitFile, UnitHash, UnitName};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+
+mod model;
+
+use model::{Definition, Fault, Record, State};
 
 /// The D-Bus error name of injected failures.
 pub const INJECTED_ERROR: &str = "org.freedesktop.fleet.Fake.Injected";
@@ -73,230 +77,6 @@ pub enum FakeJob {
 
 /// The default bound on waiting for a job, as in the real adapter.
 pub const DEFAULT_FAKE_JOB_TIMEOUT: Duration = Duration::from_secs(120);
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Definition {
-    /// Loaded from the units directory file with these bytes.
-    Ours(Vec<u8>),
-    /// Loaded from a file that is not fleet's (e.g. `/etc/systemd/system`).
-    Foreign,
-}
-
-#[derive(Debug, Clone)]
-struct Record {
-    /// `None`: load state `not-found`.
-    definition: Option<Definition>,
-    active: String,
-    sub: String,
-    /// The definition the current process was started from.
-    started_from: Option<Definition>,
-    main_pid: Option<u32>,
-    invocation_id: Option<String>,
-    drop_ins: Vec<PathBuf>,
-}
-
-impl Record {
-    fn running(&self) -> bool {
-        matches!(
-            self.active.as_str(),
-            "active" | "activating" | "reloading" | "refreshing"
-        )
-    }
-
-    fn set(&mut self, active: &str, sub: &str) {
-        active.clone_into(&mut self.active);
-        sub.clone_into(&mut self.sub);
-    }
-
-    fn state(&self) -> SystemdState {
-        SystemdState {
-            load: if self.definition.is_some() {
-                "loaded"
-            } else {
-                "not-found"
-            }
-            .to_owned(),
-            active: self.active.clone(),
-            sub: self.sub.clone(),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Fault {
-    op: Op,
-    unit: Option<UnitName>,
-    /// `None`: forever.
-    remaining: Option<u32>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    files: BTreeMap<String, Vec<u8>>,
-    linked: BTreeSet<UnitName>,
-    records: BTreeMap<UnitName, Record>,
-    calls: Vec<Call>,
-    faults: Vec<Fault>,
-    jobs: BTreeMap<(UnitName, bool), FakeJob>,
-    next_pid: u32,
-    next_invocation: u128,
-}
-
-impl State {
-    /// What systemd would load for `name` now.
-    fn loadable(&self, name: &UnitName) -> Option<Definition> {
-        if !self.linked.contains(name) {
-            return None;
-        }
-        self.files
-            .get(name.as_str())
-            .map(|bytes| Definition::Ours(bytes.clone()))
-    }
-
-    fn load_on_demand(&mut self, name: &UnitName) {
-        let Some(definition) = self.loadable(name) else {
-            return;
-        };
-        match self.records.get_mut(name) {
-            None => {
-                self.records.insert(
-                    name.clone(),
-                    Record {
-                        definition: Some(definition),
-                        active: "inactive".to_owned(),
-                        sub: "dead".to_owned(),
-                        started_from: None,
-                        main_pid: None,
-                        invocation_id: None,
-                        drop_ins: Vec::new(),
-                    },
-                );
-            }
-            Some(r) if r.definition.is_none() && !r.running() => r.definition = Some(definition),
-            Some(_) => {}
-        }
-    }
-
-    fn state(&self, name: &UnitName) -> SystemdState {
-        match self.records.get(name) {
-            Some(r) => r.state(),
-            None => SystemdState {
-                load: "not-found".to_owned(),
-                active: "inactive".to_owned(),
-                sub: "dead".to_owned(),
-            },
-        }
-    }
-
-    fn need_daemon_reload(&self, name: &UnitName) -> bool {
-        self.records.get(name).is_some_and(|r| {
-            matches!(r.definition, Some(Definition::Ours(_))) && r.definition != self.loadable(name)
-        })
-    }
-
-    /// Logs the call, then returns whether an injected failure hits it.
-    fn call(&mut self, call: Call, op: Op, units: &[UnitName]) -> bool {
-        self.calls.push(call);
-        let hit = self.faults.iter_mut().find(|f| {
-            f.op == op
-                && f.remaining != Some(0)
-                && f.unit.as_ref().is_none_or(|u| units.contains(u))
-        });
-        match hit {
-            Some(fault) => {
-                if let Some(n) = &mut fault.remaining {
-                    *n -= 1;
-                }
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn start(&mut self, name: &UnitName, outcome: JobOutcome) {
-        let Some(record) = self.records.get_mut(name) else {
-            return;
-        };
-        match outcome {
-            JobOutcome::Done if record.running() => {}
-            JobOutcome::Done => {
-                self.next_pid += 1;
-                self.next_invocation += 1;
-                record.set("active", "running");
-                record.started_from = record.definition.clone();
-                record.main_pid = Some(1000 + self.next_pid);
-                record.invocation_id = Some(format!("{:032x}", self.next_invocation));
-            }
-            JobOutcome::Failed | JobOutcome::Timeout => {
-                record.set("failed", "failed");
-                record.main_pid = None;
-                record.started_from = None;
-            }
-            JobOutcome::NotLoaded
-            | JobOutcome::Canceled
-            | JobOutcome::Dependency
-            | JobOutcome::Skipped
-            | JobOutcome::Invalid
-            | JobOutcome::Assert
-            | JobOutcome::Unsupported
-            | JobOutcome::Collected
-            | JobOutcome::Once
-            | JobOutcome::Frozen
-            | JobOutcome::Concurrency => {}
-        }
-    }
-
-    fn stop(&mut self, name: &UnitName, outcome: JobOutcome) {
-        let Some(record) = self.records.get_mut(name) else {
-            return;
-        };
-        match outcome {
-            JobOutcome::Done => {
-                if record.running() || record.active == "deactivating" {
-                    record.set("inactive", "dead");
-                }
-                record.main_pid = None;
-                record.started_from = None;
-            }
-            JobOutcome::Failed | JobOutcome::Timeout => {
-                record.set("failed", "failed");
-                record.main_pid = None;
-                record.started_from = None;
-            }
-            JobOutcome::NotLoaded
-            | JobOutcome::Canceled
-            | JobOutcome::Dependency
-            | JobOutcome::Skipped
-            | JobOutcome::Invalid
-            | JobOutcome::Assert
-            | JobOutcome::Unsupported
-            | JobOutcome::Collected
-            | JobOutcome::Once
-            | JobOutcome::Frozen
-            | JobOutcome::Concurrency => {}
-        }
-    }
-
-    fn reload(&mut self) {
-        let names: Vec<UnitName> = self.records.keys().cloned().collect();
-        for name in names {
-            let loadable = self.loadable(&name);
-            let Some(record) = self.records.get_mut(&name) else {
-                continue;
-            };
-            let definition = match loadable {
-                Some(d) => Some(d),
-                None if record.definition == Some(Definition::Foreign) => Some(Definition::Foreign),
-                None => None,
-            };
-            if definition.is_none() && !record.running() {
-                self.records.remove(&name);
-            } else {
-                record.definition = definition;
-            }
-        }
-    }
-}
 
 /// An in-memory [`UnitManager`]; clones share state.
 #[derive(Debug, Clone)]
@@ -430,15 +210,11 @@ impl FakeManager {
 
     /// How `kind` jobs of `name` end from now on.
     pub fn set_job(&self, kind: JobKind, name: &UnitName, job: FakeJob) {
-        self.lock()
-            .jobs
-            .insert((name.clone(), kind == JobKind::Start), job);
+        self.lock().jobs.insert((name.clone(), kind), job);
     }
 
     pub fn clear_job(&self, kind: JobKind, name: &UnitName) {
-        self.lock()
-            .jobs
-            .remove(&(name.clone(), kind == JobKind::Start));
+        self.lock().jobs.remove(&(name.clone(), kind));
     }
 
     /// Hints that `name` changed, as a systemd signal would.
@@ -516,10 +292,7 @@ impl FakeManager {
                 .records
                 .get(name)
                 .is_some_and(|r| r.definition.is_some() || r.running());
-            let job = state
-                .jobs
-                .get(&(name.clone(), kind == JobKind::Start))
-                .copied();
+            let job = state.jobs.get(&(name.clone(), kind)).copied();
             match (kind, loaded, job) {
                 (JobKind::Start, false, _) => {
                     return Err(ManagerError::QueueJob {

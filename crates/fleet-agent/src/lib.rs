@@ -1,7 +1,7 @@
 //! fleet's per-machine agent: adopts or removes what systemd already runs at boot, then keeps
 //! the units scheduled to this machine loaded or launched as desired.
 //!
-//! - [`plan`]: the pure planner, `plan(&desired, &current, &backoff) -> Vec<Task>`.
+//! - [`mod@plan`]: the pure planner, `plan(&desired, &current, &backoff) -> Vec<Task>`.
 //! - [`manager`]: the [`UnitManager`] trait the executor drives, with its contract.
 //! - [`systemd`]: the real [`UnitManager`] over D-Bus (the only module that names zbus).
 //! - [`fake`]: an in-memory [`UnitManager`] for the loop's tests.

@@ -3,7 +3,7 @@
 //! ([`crate::fake::FakeManager`]).
 //!
 //! This module owns the contract and its types. It must not name zbus (only `systemd.rs` does)
-//! and must not decide anything: deciding is [`crate::plan`]'s job, executing the tasks in
+//! and must not decide anything: deciding is [`mod@crate::plan`]'s job, executing the tasks in
 //! order is the executor's.
 //!
 //! # What an executor must guarantee
@@ -26,8 +26,7 @@
 //!   the job succeeded (a failed start is `Ok(JobOutcome::Failed)`, not an error).
 //!
 //! Tasks of one kind for different units may run concurrently; the real adapter caps the D-Bus
-//! calls in flight itself. Two tasks for the same unit never run concurrently, and
-//! [`UnitManager::install`] of one unit must not race another `install` of the same unit.
+//! calls in flight itself. Two tasks for the same unit must not run concurrently.
 //!
 //! # State the agent must keep itself
 //!
@@ -110,9 +109,10 @@ pub trait UnitManager: Send + Sync {
     ) -> impl Future<Output = Result<UnitDetails, ManagerError>> + Send;
 
     /// A new receiver of change hints. Its first hint is [`Change::Resync`]; after that, hints
-    /// come from systemd's signals (a unit's properties changed, a job ended, a unit appeared or
-    /// went away, a daemon-reload finished). Hints are coalesced, never queued without bound,
-    /// and may be spurious or (rarely) missed: the agent still resyncs periodically.
+    /// come from systemd's signals: a unit's ActiveState/SubState changed, a job ended, a
+    /// daemon-reload finished. Hints are coalesced, never queued without bound, name any unit
+    /// (not only fleet's) and may be spurious or (rarely) missed: the agent still resyncs
+    /// periodically. The receiver ends when the manager is gone or its connection is lost.
     fn changes(&self) -> ChangeReceiver;
 }
 
@@ -136,7 +136,7 @@ pub enum UnitFileError {
 }
 
 /// The kind of job [`UnitManager::start`] and [`UnitManager::stop`] queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum JobKind {
     Start,
     Stop,

@@ -9,6 +9,7 @@
 //! connection). It never decides anything and never logs errors it returns.
 
 mod jobs;
+mod query;
 mod signals;
 
 use crate::manager::{
@@ -16,7 +17,7 @@ use crate::manager::{
     STATUS_BATCH, UnitDetails, UnitManager,
 };
 use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR, UnitsDir};
-use fleet_core::{SystemdState, UnitFile, UnitName, UnitType};
+use fleet_core::{SystemdState, UnitFile, UnitName};
 use jobs::{JobWaiters, Registered};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -26,7 +27,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::JoinHandle;
 use tracing::debug;
 use zbus::proxy::CacheProperties;
-use zbus_systemd::systemd1::{ManagerProxy, ServiceProxy, UnitProxy};
+use zbus_systemd::systemd1::ManagerProxy;
 
 /// How the adapter connects and where the files go.
 #[derive(Debug, Clone)]
@@ -216,91 +217,6 @@ impl SystemdManager {
         }
         Ok(())
     }
-
-    async fn status_batch(
-        &self,
-        names: &[UnitName],
-        out: &mut BTreeMap<UnitName, SystemdState>,
-    ) -> Result<(), ManagerError> {
-        // systemd refuses a whole batch over one name it considers invalid; such a unit cannot
-        // exist in systemd, so it is not-found without asking.
-        let (asked, refused): (Vec<&UnitName>, Vec<&UnitName>) =
-            names.iter().partition(|n| systemd_accepts(n));
-        for name in refused {
-            out.insert(name.clone(), not_found());
-        }
-        if asked.is_empty() {
-            return Ok(());
-        }
-        let request = asked.iter().map(|n| n.to_string()).collect();
-        let reply = {
-            let _permit = self.permit().await;
-            self.inner.manager.list_units_by_names(request).await
-        };
-        let reply = reply.map_err(|e| ManagerError::Status {
-            count: asked.len(),
-            source: bus_error(e),
-        })?;
-        // One entry per name, in order; an alias comes back under its unit's own name, so the
-        // position, not the returned name, says which unit was asked for.
-        if reply.len() == asked.len() {
-            for (name, entry) in asked.into_iter().zip(reply) {
-                let (_, _, load, active, sub, ..) = entry;
-                out.insert(name.clone(), SystemdState { load, active, sub });
-            }
-        } else {
-            for (id, _, load, active, sub, ..) in reply {
-                if let Ok(name) = id.parse::<UnitName>() {
-                    out.insert(name, SystemdState { load, active, sub });
-                }
-            }
-            for name in asked {
-                out.entry(name.clone()).or_insert_with(not_found);
-            }
-        }
-        Ok(())
-    }
-
-    async fn read_details(&self, name: &UnitName) -> zbus::Result<UnitDetails> {
-        let path = zbus_systemd::bus_path_encode(
-            &zbus::ObjectPath::from_static_str_unchecked("/org/freedesktop/systemd1/unit"),
-            name.as_str(),
-        );
-        let _permit = self.permit().await;
-        let unit = UnitProxy::builder(&self.inner.conn)
-            .path(path.clone())
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await?;
-        let state = SystemdState {
-            load: unit.load_state().await?,
-            active: unit.active_state().await?,
-            sub: unit.sub_state().await?,
-        };
-        let fragment = unit.fragment_path().await?;
-        let drop_ins = unit.drop_in_paths().await?;
-        let need_daemon_reload = unit.need_daemon_reload().await?;
-        let invocation = unit.invocation_id().await?;
-        // Only services have a main process (the Service interface).
-        let main_pid = if name.unit_type() == UnitType::Service {
-            let service = ServiceProxy::builder(&self.inner.conn)
-                .path(path)
-                .cache_properties(CacheProperties::No)
-                .build()
-                .await?;
-            Some(service.main_pid().await?).filter(|pid| *pid != 0)
-        } else {
-            None
-        };
-        Ok(UnitDetails {
-            state,
-            fragment_path: Some(PathBuf::from(fragment)).filter(|p| !p.as_os_str().is_empty()),
-            drop_in_paths: drop_ins.into_iter().map(PathBuf::from).collect(),
-            need_daemon_reload,
-            main_pid,
-            invocation_id: Some(hex(&invocation)).filter(|id| !id.is_empty()),
-        })
-    }
 }
 
 impl UnitManager for SystemdManager {
@@ -429,53 +345,13 @@ fn bus_error(error: zbus::Error) -> BusError {
     }
 }
 
-fn not_found() -> SystemdState {
-    SystemdState {
-        load: "not-found".to_owned(),
-        active: "inactive".to_owned(),
-        sub: "dead".to_owned(),
-    }
-}
-
-/// systemd's own unit name rules (`unit_name_is_valid`): fleet allows one byte more.
-fn systemd_accepts(name: &UnitName) -> bool {
-    let s = name.as_str();
-    s.len() < 256
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b":-_.\\@".contains(&b))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn name(s: &str) -> UnitName {
-        s.parse().unwrap()
-    }
-
     #[test]
-    fn asks_systemd_only_about_names_it_accepts() {
-        assert!(systemd_accepts(&name("web@1.service")));
-        assert!(systemd_accepts(&name("a-b_c:d.mount")));
-        let longest = format!("{}.service", "a".repeat(255 - ".service".len()));
-        assert!(systemd_accepts(&name(&longest)));
-        let too_long = format!("{}.service", "a".repeat(256 - ".service".len()));
-        assert!(!systemd_accepts(&name(&too_long)));
-    }
-
-    #[test]
-    fn maps_dbus_errors_to_names_and_messages() {
+    fn keeps_systemds_error_name_and_message() {
         let transport = bus_error(zbus::Error::InvalidReply);
         assert!(matches!(transport, BusError::Transport(_)));
-    }
-
-    #[test]
-    fn formats_invocation_ids_as_hex() {
-        assert_eq!(hex(&[0x0a, 0xff, 0x10]), "0aff10");
-        assert_eq!(hex(&[]), "");
     }
 }

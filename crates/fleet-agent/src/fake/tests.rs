@@ -1,6 +1,7 @@
 use super::*;
 use crate::manager::Change;
 use crate::plan::{CurrentUnit, DesiredUnit, Target, Task, TaskKind, UnitFileState, plan};
+use std::collections::BTreeSet;
 
 fn name(s: &str) -> UnitName {
     s.parse().unwrap()
