@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::current::Current;
 use crate::executor::{self, Outcome};
@@ -122,7 +122,15 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     return;
                 }
                 Some(_) = hints.changed() => schedule = true,
-                Some(change) = changes.recv() => details = matches!(change, Change::Resync),
+                change = changes.recv() => match change {
+                    Some(change) => details = matches!(change, Change::Resync),
+                    // The D-Bus connection is gone; fleetd exits and is restarted, and the
+                    // new agent adopts everything.
+                    None => {
+                        error!("lost the connection to systemd; agent stopping");
+                        return;
+                    }
+                },
                 _ = resync.tick() => { schedule = true; details = true; }
                 _ = sleep_until(retry_at) => {}
                 Ok(()) = presence.changed() => {}

@@ -109,6 +109,15 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 pub enum Command {
     /// Upload one or more units to the cluster without starting them.
     Submit(Submit),
+    /// Schedule one or more units in the cluster, first submitting them if necessary.
+    Load(Activate),
+    /// Instruct systemd to start one or more units in the cluster, first submitting and loading
+    /// if necessary.
+    Start(Activate),
+    /// Instruct systemd to stop one or more units in the cluster.
+    Stop(Blocking),
+    /// Unschedule one or more units in the cluster.
+    Unload(Blocking),
     /// Output the contents of a submitted unit.
     Cat(Cat),
     /// List the units that exist in the cluster.
@@ -129,6 +138,34 @@ pub struct Submit {
     #[arg(long)]
     pub replace: bool,
     /// Units (unit names or paths to unit files).
+    pub units: Vec<String>,
+}
+
+/// `--no-block` and `--block-attempts`, as fleet has them.
+#[derive(Debug, Args)]
+pub struct BlockFlags {
+    /// Do not wait until the units reach their state before exiting.
+    #[arg(long)]
+    pub no_block: bool,
+    /// Wait this many attempts (2 s each) for the units to reach their state; 0 waits forever.
+    #[arg(long, default_value_t = 0)]
+    pub block_attempts: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct Activate {
+    /// Replace the unit in the registry if its content differs from the local file.
+    #[arg(long)]
+    pub replace: bool,
+    #[command(flatten)]
+    pub block: BlockFlags,
+    pub units: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct Blocking {
+    #[command(flatten)]
+    pub block: BlockFlags,
     pub units: Vec<String>,
 }
 

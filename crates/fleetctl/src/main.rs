@@ -13,7 +13,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cli::{Cli, Command};
-use commands::Ctx;
+use commands::submit::Verb;
+use commands::wait::Block;
+use commands::{Ctx, lifecycle};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -86,6 +88,22 @@ async fn run(cli: Cli) -> Result<()> {
     };
     match command {
         Command::Submit(a) => commands::submit::run(&mut ctx, &a.units, a.replace).await,
+        Command::Load(a) => {
+            let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
+            lifecycle::load_or_start(&mut ctx, &a.units, a.replace, Verb::Load, block).await
+        }
+        Command::Start(a) => {
+            let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
+            lifecycle::load_or_start(&mut ctx, &a.units, a.replace, Verb::Start, block).await
+        }
+        Command::Stop(a) => {
+            let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
+            lifecycle::stop(&mut ctx, &a.units, block).await
+        }
+        Command::Unload(a) => {
+            let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
+            lifecycle::unload(&mut ctx, &a.units, block).await
+        }
         Command::Cat(a) => commands::cat::run(&mut ctx, &a.units).await,
         Command::ListUnitFiles(a) => commands::list::list_unit_files(&mut ctx, &a).await,
         Command::ListUnits(a) => commands::list::list_units(&mut ctx, &a).await,

@@ -3,8 +3,10 @@
 
 pub mod cat;
 pub mod destroy;
+pub mod lifecycle;
 pub mod list;
 pub mod submit;
+pub mod wait;
 
 use anyhow::{Result, bail};
 use fleet_core::{MachineId, MachineInfo, UnitName};

@@ -13,7 +13,6 @@ use crate::local::{local_path, local_template_path, read_unit_file};
 
 /// Which command is creating units: it decides in which desired states `--replace` may act.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(dead_code)] // load and start arrive with the engine
 pub enum Verb {
     Submit,
     Load,

@@ -1,0 +1,172 @@
+//! `load`, `start`, `stop`, `unload`: set desired states (compare-and-swap, re-read on a
+//! concurrent change), then wait for the cluster to get there unless `--no-block`.
+//!
+//! Unlike fleet, `load` never stops a launched unit (fleet #1428): it only raises a unit's
+//! desired state; `stop` is the command that stops.
+
+use anyhow::{Result, bail};
+use fleet_core::{DesiredState, Requirements, UnitName};
+use fleet_registry::kv::EtcdKv;
+use fleet_registry::{Registry, RegistryError, Unit};
+use futures::StreamExt;
+use std::collections::BTreeMap;
+
+use super::submit::{self, Action, Verb};
+use super::wait::{Block, Goal, wait_for};
+use super::{Ctx, fail_if_any, unit_names};
+
+/// How often a desired-state change re-reads a unit another client keeps changing.
+const ATTEMPTS: usize = 5;
+
+/// Sets `name`'s desired state with `decide(current) -> Option<new>` (None: leave it).
+async fn set_desired(
+    registry: &Registry<EtcdKv>,
+    name: &UnitName,
+    decide: impl Fn(&Unit) -> Result<Option<DesiredState>>,
+) -> Result<Option<Unit>> {
+    for _ in 0..ATTEMPTS {
+        let Some(unit) = registry.unit(name).await? else {
+            bail!("Unit {name} does not exist");
+        };
+        let Some(desired) = decide(&unit)? else {
+            return Ok(None);
+        };
+        match registry.set_desired(&unit, desired).await {
+            Ok(u) => return Ok(Some(u)),
+            Err(RegistryError::Conflict(_)) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(RegistryError::Conflict(name.clone()).into())
+}
+
+/// `load` / `start`: create what is missing, raise desired states, wait.
+pub async fn load_or_start(
+    ctx: &mut Ctx,
+    args: &[String],
+    replace: bool,
+    verb: Verb,
+    block: Block,
+) -> Result<()> {
+    let target = match verb {
+        Verb::Load => DesiredState::Loaded,
+        Verb::Start | Verb::Submit => DesiredState::Launched,
+    };
+    let prepared = submit::prepare(ctx, args, replace, verb)
+        .await
+        .map_err(|e| e.context("Error creating units"))?;
+    let mut created = BTreeMap::new();
+    for p in &prepared {
+        created.insert(p.name.clone(), !matches!(p.action, Action::Keep(_)));
+    }
+    let registry = ctx.registry.clone();
+    let results = submit::apply(&registry, prepared, target).await;
+    let raised: Vec<(UnitName, Result<(Unit, bool)>)> = futures::stream::iter(results)
+        .map(|(name, res)| {
+            let registry = registry.clone();
+            let changed = created[&name];
+            async move {
+                let res = match res {
+                    Err(e) => Err(e),
+                    Ok(unit) if unit.desired() >= target => Ok((unit, changed)),
+                    Ok(_) => set_desired(&registry, &name, |u| {
+                        Ok((u.desired() < target).then_some(target))
+                    })
+                    .await
+                    .map(|u| (u.expect("raised"), true)),
+                };
+                (name, res)
+            }
+        })
+        .buffered(32)
+        .collect()
+        .await;
+    let mut goals = BTreeMap::new();
+    let mut failures = Vec::new();
+    for (name, res) in raised {
+        match res {
+            Ok((unit, true)) => {
+                if block == Block::No {
+                    ctx.say(format!(
+                        "Triggered unit {name} {}",
+                        match target {
+                            DesiredState::Launched => "start",
+                            DesiredState::Loaded | DesiredState::Inactive => "load",
+                        }
+                    ));
+                } else if is_global(&registry, &unit).await? {
+                    ctx.say(format!("Unit {name} {target}"));
+                } else {
+                    goals.insert(name, Goal::of(target));
+                }
+            }
+            Ok((_, false)) => {}
+            Err(e) => failures.push((name, e)),
+        }
+    }
+    fail_if_any(ctx, "Error setting desired state of", failures)?;
+    wait_for(ctx, &registry, goals, block).await
+}
+
+async fn is_global(registry: &Registry<EtcdKv>, unit: &Unit) -> Result<bool> {
+    let file = registry.unit_file(unit).await?;
+    Ok(Requirements::from_unit(unit.name(), &file).global)
+}
+
+/// `stop`: launched units become loaded; stopping an inactive unit is an error.
+pub async fn stop(ctx: &mut Ctx, args: &[String], block: Block) -> Result<()> {
+    change_state(ctx, args, block, DesiredState::Loaded, |u| {
+        match u.desired() {
+            DesiredState::Inactive => bail!("Unable to stop unit {} in state inactive", u.name()),
+            DesiredState::Loaded => Ok(None),
+            DesiredState::Launched => Ok(Some(DesiredState::Loaded)),
+        }
+    })
+    .await
+}
+
+/// `unload`: every unit becomes inactive (unscheduled everywhere).
+pub async fn unload(ctx: &mut Ctx, args: &[String], block: Block) -> Result<()> {
+    change_state(ctx, args, block, DesiredState::Inactive, |u| {
+        Ok((u.desired() != DesiredState::Inactive).then_some(DesiredState::Inactive))
+    })
+    .await
+}
+
+async fn change_state(
+    ctx: &mut Ctx,
+    args: &[String],
+    block: Block,
+    target: DesiredState,
+    decide: impl Fn(&Unit) -> Result<Option<DesiredState>> + Copy,
+) -> Result<()> {
+    let names = unit_names(args)?;
+    let registry = ctx.registry.clone();
+    let results: Vec<(UnitName, Result<Option<Unit>>)> = futures::stream::iter(names)
+        .map(|name| {
+            let registry = registry.clone();
+            async move {
+                let res = set_desired(&registry, &name, decide).await;
+                (name, res)
+            }
+        })
+        .buffered(32)
+        .collect()
+        .await;
+    let mut goals = BTreeMap::new();
+    let mut failures = Vec::new();
+    for (name, res) in results {
+        match res {
+            Ok(Some(unit)) if block == Block::No || is_global(&registry, &unit).await? => {
+                ctx.say(format!("Unit {name} {target}"));
+            }
+            Ok(Some(_)) => {
+                goals.insert(name, Goal::of(target));
+            }
+            Ok(None) => {}
+            Err(e) => failures.push((name, e)),
+        }
+    }
+    fail_if_any(ctx, "Error changing state of", failures)?;
+    wait_for(ctx, &registry, goals, block).await
+}

@@ -1,0 +1,183 @@
+//! Waiting for units to reach what a command asked, the way fleet's blocking commands do, but
+//! on watch hints instead of polling: every change under the registry prefix wakes the wait,
+//! which re-reads one snapshot and reports each unit as it arrives.
+
+use anyhow::{Result, bail};
+use fleet_core::{DesiredState, UnitName};
+use fleet_registry::kv::EtcdKv;
+use fleet_registry::{Registry, Snapshot, WatchHints};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+use tokio::time::Instant;
+
+use super::{Ctx, machine_legend};
+
+/// One attempt of fleet's `--block-attempts` lasts this long.
+pub const ATTEMPT: Duration = Duration::from_secs(2);
+
+/// `--no-block` / `--block-attempts` as one value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Block {
+    No,
+    Forever,
+    Attempts(u32),
+}
+
+impl Block {
+    pub fn from_flags(no_block: bool, attempts: u32) -> Block {
+        match (no_block, attempts) {
+            (true, _) => Block::No,
+            (false, 0) => Block::Forever,
+            (false, n) => Block::Attempts(n),
+        }
+    }
+
+    fn deadline(self, start: Instant) -> Option<Instant> {
+        match self {
+            Block::No => Some(start),
+            Block::Forever => None,
+            Block::Attempts(n) => Some(start + ATTEMPT * n),
+        }
+    }
+}
+
+/// What a unit is waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Goal {
+    /// Active on its machine, with the registry's hash.
+    Launched,
+    /// Present and not running on its machine, with the registry's hash.
+    Loaded,
+    /// Gone from every machine.
+    Inactive,
+}
+
+impl Goal {
+    pub fn of(state: DesiredState) -> Goal {
+        match state {
+            DesiredState::Inactive => Goal::Inactive,
+            DesiredState::Loaded => Goal::Loaded,
+            DesiredState::Launched => Goal::Launched,
+        }
+    }
+}
+
+enum Verdict {
+    Pending,
+    Reached(String),
+    Failed(String),
+}
+
+fn judge(snap: &Snapshot, name: &UnitName, goal: Goal, full: bool) -> Verdict {
+    let Some(unit) = snap.units.get(name) else {
+        return match goal {
+            Goal::Inactive => Verdict::Reached(format!("Unit {name} inactive")),
+            Goal::Launched | Goal::Loaded => Verdict::Failed(format!("Unit {name} was destroyed")),
+        };
+    };
+    let scheduled = snap.schedule.get(name);
+    let states = snap.states.get(name);
+    if goal == Goal::Inactive {
+        let gone =
+            scheduled.is_none_or(BTreeMap::is_empty) && states.is_none_or(BTreeMap::is_empty);
+        return if gone {
+            Verdict::Reached(format!("Unit {name} inactive"))
+        } else {
+            Verdict::Pending
+        };
+    }
+    let Some((machine, _)) = scheduled.and_then(|s| s.iter().next()) else {
+        return Verdict::Pending;
+    };
+    let Some(state) = states.and_then(|s| s.get(machine)) else {
+        return Verdict::Pending;
+    };
+    if state.hash != Some(unit.hash()) {
+        return Verdict::Pending;
+    }
+    let legend = machine_legend(machine, &snap.machines, full);
+    let active = state.systemd.active.as_str();
+    match goal {
+        Goal::Launched if active == "active" => {
+            Verdict::Reached(format!("Unit {name} launched on {legend}"))
+        }
+        Goal::Launched if active == "failed" => Verdict::Failed(format!(
+            "Unit {name} failed to start on {legend}: {}/{}/{}",
+            state.systemd.load, state.systemd.active, state.systemd.sub
+        )),
+        Goal::Loaded if matches!(active, "inactive" | "failed") => {
+            Verdict::Reached(format!("Unit {name} loaded on {legend}"))
+        }
+        Goal::Launched | Goal::Loaded | Goal::Inactive => Verdict::Pending,
+    }
+}
+
+/// Waits until every unit in `goals` reaches its goal, printing each as it arrives. Fails if a
+/// unit fails or the block attempts run out.
+pub async fn wait_for(
+    ctx: &mut Ctx,
+    registry: &Registry<EtcdKv>,
+    mut goals: BTreeMap<UnitName, Goal>,
+    block: Block,
+) -> Result<()> {
+    if block == Block::No || goals.is_empty() {
+        return Ok(());
+    }
+    let deadline = block.deadline(Instant::now());
+    let mut snap = registry.snapshot().await?;
+    let mut hints = WatchHints::start(
+        registry.kv().clone(),
+        registry.keys().prefix().to_owned(),
+        snap.revision + 1,
+    );
+    let mut failures = Vec::new();
+    let mut told_unscheduled = BTreeSet::new();
+    loop {
+        goals.retain(|name, goal| match judge(&snap, name, *goal, false) {
+            Verdict::Pending => true,
+            Verdict::Reached(line) => {
+                ctx.say(line);
+                false
+            }
+            Verdict::Failed(line) => {
+                failures.push(line);
+                false
+            }
+        });
+        for name in goals.keys() {
+            if let Some(reason) = snap.unscheduled.get(name)
+                && told_unscheduled.insert(name.clone())
+            {
+                ctx.warn(format!("Unit {name} cannot be scheduled yet: {reason}"));
+            }
+        }
+        if goals.is_empty() {
+            break;
+        }
+        let timeout = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = hints.changed() => {}
+            _ = timeout => {
+                let names: Vec<String> = goals.keys().map(|n| n.to_string()).collect();
+                failures.push(format!("Timed out waiting for units: {}", names.join(", ")));
+                break;
+            }
+        }
+        snap = registry.snapshot().await?;
+    }
+    match failures.len() {
+        0 => Ok(()),
+        1 => bail!("{}", failures[0]),
+        _ => {
+            for f in &failures {
+                ctx.warn(f);
+            }
+            bail!("{} units did not reach their state", failures.len())
+        }
+    }
+}
