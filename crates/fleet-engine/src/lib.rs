@@ -1,1 +1,9 @@
-//! Placeholder; see the crate's description.
+//! The cluster engine: one fleetd at a time (the leader) reads the registry, plans where every
+//! unit must run with a pure scheduler, and writes the decisions fenced by its leadership.
+//!
+//! [`scheduler`] decides (pure); [`run`] holds leadership and executes. Nothing here talks to
+//! etcd except through `fleet_registry`, and nothing here depends on the agent.
+
+pub mod scheduler;
+
+pub use scheduler::{Decision, DecisionKind, Reason, Violation, plan};

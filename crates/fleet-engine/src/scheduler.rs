@@ -1,0 +1,343 @@
+//! The engine's scheduler: a pure function from one consistent [`Snapshot`] (and the unit
+//! files it names) to the [`Decision`]s that make the schedule obey every unit's `[X-Fleet]`
+//! rules. No I/O, no clock, no randomness: the same snapshot always yields the same plan.
+//!
+//! The rules are fleet's (`engine/reconciler.go`, `engine/scheduler.go`,
+//! `agent/state.go:AbleToRun`), made deterministic and settled within one plan:
+//! - An entry stays where it is while its machine is live and still satisfies the unit's
+//!   rules; a changed hash or desired state is updated in place. Healthy units never move.
+//! - Of two units on one machine that conflict, the first in name order stays; a unit that
+//!   another unit there `Replaces=` is displaced (fleet #1698) to another machine able to
+//!   run it. A non-global unit wins over a global one.
+//! - An unplaced unit goes to the least-loaded able machine (fewest units, ties by machine
+//!   ID), units taken in name order. `MachineOf=` dependents follow their peer.
+//! - A global unit runs on every machine whose rules it satisfies; of two conflicting
+//!   globals the first in name order wins.
+//! - A unit that cannot be placed gets a reason; it is cleared once the unit is placed.
+//!   Units whose options fleet's validation refuses are never placed (their reason says so).
+//!
+//! Every change is applied to a working copy at once, so later decisions see earlier ones,
+//! and the plan is repeated until nothing changes: applying a plan and planning again yields
+//! nothing. The output is the net difference from the snapshot.
+
+mod cluster;
+mod decision;
+
+use fleet_core::{MachineId, UnitFile, UnitHash, UnitName};
+use fleet_registry::Snapshot;
+use std::collections::{BTreeMap, BTreeSet};
+
+use cluster::{Cluster, Slot};
+pub use decision::{Decision, DecisionKind, Reason, Violation};
+
+/// A bound on evict-then-place rounds. Ordinary plans settle in two or three; only a cycle
+/// of `Replaces=` (a replaces b replaces c replaces a) could go on, and then the next plan
+/// carries on where this one stopped.
+const MAX_ROUNDS: usize = 16;
+
+/// Decides what to change so that the schedule obeys every unit's rules. Units whose file is
+/// missing from `files` are left where they are. Decisions come in [`DecisionKind`] order.
+pub fn plan(snapshot: &Snapshot, files: &BTreeMap<UnitHash, UnitFile>) -> Vec<Decision> {
+    let mut cluster = Cluster::new(snapshot, files);
+    for _ in 0..MAX_ROUNDS {
+        settle(&mut cluster);
+        if !place_unplaced(&mut cluster) {
+            break;
+        }
+    }
+    decisions(snapshot, &cluster)
+}
+
+/// Evicts misplaced units and recomputes global units until neither changes anything. It
+/// ends: evictions only remove, and the globals are a function of the non-global units.
+fn settle(c: &mut Cluster<'_>) {
+    loop {
+        let evicted = evict_misplaced(c);
+        let globals_changed = settle_globals(c);
+        if !evicted && !globals_changed {
+            return;
+        }
+    }
+}
+
+/// Removes every placed non-global unit whose machine no longer satisfies it.
+fn evict_misplaced(c: &mut Cluster<'_>) -> bool {
+    let placed: Vec<Slot> = c
+        .slots()
+        .filter(|(u, _)| c.specs.contains_key(u) && !c.is_global(u))
+        .collect();
+    let mut evicted = false;
+    for (unit, machine) in placed {
+        if let Some(reason) = keep_violation(c, &unit, &machine) {
+            c.remove(&unit, &machine, reason);
+            evicted = true;
+        }
+    }
+    evicted
+}
+
+/// Why `unit` may not stay on `machine`. Conflicts count only against units before it in
+/// name order (the later one of a pair goes); globals are ignored (they yield instead).
+fn keep_violation(c: &Cluster<'_>, unit: &UnitName, machine: &MachineId) -> Option<Reason> {
+    let violation = c.static_violation(unit, machine).or_else(|| {
+        c.units_on(machine)
+            .filter(|other| !c.is_global(other))
+            .find_map(|other| c.neighbour_violation(unit, other, other < unit))
+    })?;
+    Some(reason_for(machine, violation))
+}
+
+fn reason_for(machine: &MachineId, violation: Violation) -> Reason {
+    match violation {
+        Violation::ReplacedBy { unit } => Reason::ReplacedBy {
+            unit,
+            machine: machine.clone(),
+        },
+        violation @ (Violation::MachineIdMismatch { .. }
+        | Violation::MetadataMismatch { .. }
+        | Violation::PeerNotHere { .. }
+        | Violation::PeerReplaced { .. }
+        | Violation::ConflictsWith { .. }
+        | Violation::WouldReplace { .. }) => Reason::ConstraintsViolated {
+            machine: machine.clone(),
+            violation,
+        },
+    }
+}
+
+fn globals(c: &Cluster<'_>) -> Vec<UnitName> {
+    c.specs
+        .iter()
+        .filter(|(_, s)| s.reqs.global)
+        .map(|(n, _)| n.clone())
+        .collect()
+}
+
+/// Each global unit's verdict on `machine`, deciding in name order.
+fn global_verdicts(
+    c: &Cluster<'_>,
+    globals: &[UnitName],
+    machine: &MachineId,
+) -> Vec<(UnitName, Option<Violation>)> {
+    let mut accepted: Vec<UnitName> = Vec::new();
+    let mut verdicts = Vec::with_capacity(globals.len());
+    for unit in globals {
+        let verdict = c.global_violation(unit, machine, &accepted);
+        if verdict.is_none() {
+            accepted.push(unit.clone());
+        }
+        verdicts.push((unit.clone(), verdict));
+    }
+    verdicts
+}
+
+/// Puts every global unit on exactly the machines that accept it.
+fn settle_globals(c: &mut Cluster<'_>) -> bool {
+    let globals = globals(c);
+    let machines: Vec<MachineId> = c.machines.keys().cloned().collect();
+    let mut changed = false;
+    for machine in &machines {
+        for (unit, verdict) in global_verdicts(c, &globals, machine) {
+            let here = c.machines_of(&unit).any(|m| m == machine);
+            match (verdict, here) {
+                (None, false) => c.place(&unit, machine, Reason::Global),
+                (Some(violation), true) => c.remove(&unit, machine, reason_for(machine, violation)),
+                (None, true) | (Some(_), false) => continue,
+            }
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// Places every unplaced non-global unit that some machine can take, in name order, again
+/// and again while that places something (a dependent named before its peer waits a turn).
+fn place_unplaced(c: &mut Cluster<'_>) -> bool {
+    let mut placed_any = false;
+    loop {
+        let waiting: Vec<UnitName> = c
+            .specs
+            .iter()
+            .filter(|(n, s)| !s.reqs.global && c.machines_of(n).next().is_none())
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut progress = false;
+        for unit in waiting {
+            if let Ok(machine) = choose(c, &unit) {
+                let reason = c.placement_reason(&unit, c.specs[&unit].desired);
+                c.place(&unit, &machine, reason);
+                progress = true;
+            }
+        }
+        if !progress {
+            return placed_any;
+        }
+        placed_any = true;
+    }
+}
+
+/// The least-loaded machine able to run `unit` (ties by machine ID), or why there is none.
+fn choose(c: &Cluster<'_>, unit: &UnitName) -> Result<MachineId, Reason> {
+    if c.machines.is_empty() {
+        return Err(Reason::NoMachines);
+    }
+    if let Some(peer) = c.reqs(unit).machine_of.iter().find(|p| !c.is_placed(p)) {
+        return Err(Reason::PeerNotScheduled { peer: peer.clone() });
+    }
+    let mut candidates: Vec<&MachineId> = c.machines.keys().collect();
+    candidates.sort_by_key(|m| (c.load(m), *m));
+    let mut rejections = Vec::new();
+    for machine in candidates {
+        match place_violation(c, unit, machine) {
+            None => return Ok(machine.clone()),
+            Some(violation) => rejections.push((machine.clone(), violation)),
+        }
+    }
+    rejections.sort_by(|a, b| a.0.cmp(&b.0));
+    Err(Reason::NoMachineAble { rejections })
+}
+
+/// Why a new placement of `unit` on `machine` is refused. Replacing a unit there is allowed:
+/// the replaced unit is then displaced.
+fn place_violation(c: &Cluster<'_>, unit: &UnitName, machine: &MachineId) -> Option<Violation> {
+    c.static_violation(unit, machine)
+        .or_else(|| {
+            c.units_on(machine)
+                .find_map(|other| c.neighbour_violation(unit, other, true))
+        })
+        .or_else(|| c.peer_displaced(unit, machine))
+}
+
+/// Why a wanted unit ends the plan on no machine, if it does.
+fn unschedulable_reason(c: &Cluster<'_>, unit: &UnitName) -> Option<Reason> {
+    if c.machines_of(unit).next().is_some() {
+        return None;
+    }
+    if !c.is_global(unit) {
+        return choose(c, unit).err();
+    }
+    if c.machines.is_empty() {
+        return Some(Reason::NoMachines);
+    }
+    let globals = globals(c);
+    let rejections = c
+        .machines
+        .keys()
+        .filter_map(|m| {
+            let verdicts = global_verdicts(c, &globals, m);
+            let (_, verdict) = verdicts.into_iter().find(|(g, _)| g == unit)?;
+            verdict.map(|v| (m.clone(), v))
+        })
+        .collect();
+    Some(Reason::NoMachineAble { rejections })
+}
+
+/// The net difference between the snapshot and the settled working copy.
+fn decisions(snapshot: &Snapshot, c: &Cluster<'_>) -> Vec<Decision> {
+    let before: BTreeSet<Slot> = snapshot
+        .schedule
+        .iter()
+        .flat_map(|(u, ms)| ms.keys().map(move |m| (u.clone(), m.clone())))
+        .collect();
+    let after: BTreeSet<Slot> = c.slots().collect();
+    let mut out = Vec::new();
+    for ((unit, machine), reason) in &c.removed {
+        let slot = (unit.clone(), machine.clone());
+        if before.contains(&slot) && !after.contains(&slot) {
+            let kind = DecisionKind::Unschedule {
+                unit: unit.clone(),
+                machine: machine.clone(),
+            };
+            out.push(Decision {
+                kind,
+                reason: reason.clone(),
+            });
+        }
+    }
+    out.extend(
+        before
+            .intersection(&after)
+            .filter_map(|s| update(snapshot, c, s)),
+    );
+    for ((unit, machine), reason) in &c.added {
+        let slot = (unit.clone(), machine.clone());
+        let spec = &c.specs[unit];
+        if after.contains(&slot) && !before.contains(&slot) {
+            let kind = DecisionKind::Schedule {
+                unit: unit.clone(),
+                machine: machine.clone(),
+                hash: spec.hash,
+                desired: spec.desired,
+            };
+            out.push(Decision {
+                kind,
+                reason: reason.clone(),
+            });
+        }
+    }
+    out.extend(unschedulable(snapshot, c));
+    out
+}
+
+/// An in-place update of an entry whose hash or desired state is stale.
+fn update(snapshot: &Snapshot, c: &Cluster<'_>, (unit, machine): &Slot) -> Option<Decision> {
+    let spec = c.specs.get(unit)?;
+    let entry = snapshot.schedule.get(unit)?.get(machine)?;
+    let reason = if entry.hash != spec.hash {
+        Reason::HashChanged {
+            from: entry.hash,
+            to: spec.hash,
+        }
+    } else if entry.desired != spec.desired {
+        Reason::DesiredChanged {
+            from: entry.desired,
+            to: spec.desired,
+        }
+    } else {
+        return None;
+    };
+    let kind = DecisionKind::Update {
+        unit: unit.clone(),
+        machine: machine.clone(),
+        hash: spec.hash,
+        desired: spec.desired,
+    };
+    Some(Decision { kind, reason })
+}
+
+/// Unscheduled reasons to publish (new or changed) and to clear.
+fn unschedulable(snapshot: &Snapshot, c: &Cluster<'_>) -> Vec<Decision> {
+    let mut out = Vec::new();
+    let mut stuck = BTreeSet::new();
+    let invalid = c.invalid.iter().map(|(unit, error)| {
+        let error = error.clone();
+        (unit, Some(Reason::InvalidRequirements { error }))
+    });
+    let reasons = c.specs.keys().map(|u| (u, unschedulable_reason(c, u)));
+    for (unit, reason) in reasons.chain(invalid) {
+        let Some(reason) = reason else {
+            continue;
+        };
+        stuck.insert(unit);
+        if snapshot.unscheduled.get(unit) != Some(&reason.to_string()) {
+            let kind = DecisionKind::Unschedulable { unit: unit.clone() };
+            out.push(Decision { kind, reason });
+        }
+    }
+    for unit in snapshot.unscheduled.keys() {
+        if stuck.contains(unit) || c.frozen.contains(unit) {
+            continue;
+        }
+        let reason = if c.specs.contains_key(unit) {
+            Reason::NowPlaced
+        } else {
+            Reason::NoLongerWanted
+        };
+        let kind = DecisionKind::ClearUnschedulable { unit: unit.clone() };
+        out.push(Decision { kind, reason });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,349 @@
+//! The scheduler's working copy of the cluster: which unit is on which machine, updated by
+//! every decision of a plan so that later decisions see earlier ones, plus the `[X-Fleet]`
+//! tests of one unit on one machine against it (`agent/state.go:AbleToRun` in fleet).
+//!
+//! It only records: which rule wins when two units disagree is the planner's business.
+
+use fleet_core::{
+    DesiredState, MachineId, MachineInfo, RequirementError, Requirements, UnitFile, UnitHash,
+    UnitName, units_conflict,
+};
+use fleet_registry::Snapshot;
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::decision::{Reason, Violation};
+
+/// What the plan needs of a wanted unit (desired `loaded` or `launched`, file known).
+#[derive(Debug)]
+pub(super) struct Spec {
+    pub hash: UnitHash,
+    pub desired: DesiredState,
+    pub reqs: Requirements,
+}
+
+/// The requirements of a unit whose file the engine does not have: it constrains nothing.
+static NO_REQUIREMENTS: Requirements = Requirements {
+    machine_id: None,
+    machine_of: Vec::new(),
+    metadata: BTreeMap::new(),
+    conflicts: Vec::new(),
+    replaces: Vec::new(),
+    global: false,
+    unknown: Vec::new(),
+};
+
+/// A schedule entry: one unit on one machine.
+pub(super) type Slot = (UnitName, MachineId);
+
+#[derive(Debug)]
+pub(super) struct Cluster<'s> {
+    pub machines: &'s BTreeMap<MachineId, MachineInfo>,
+    /// Units the plan places: wanted, with a known file.
+    pub specs: BTreeMap<UnitName, Spec>,
+    /// Wanted units whose file is unknown: left exactly as they are.
+    pub frozen: BTreeSet<UnitName>,
+    /// Wanted units whose `[X-Fleet]` options fleet refuses: never placed.
+    pub invalid: BTreeMap<UnitName, RequirementError>,
+    on: BTreeMap<MachineId, BTreeSet<UnitName>>,
+    at: BTreeMap<UnitName, BTreeSet<MachineId>>,
+    /// The latest reason each slot was emptied or filled during the plan.
+    pub removed: BTreeMap<Slot, Reason>,
+    pub added: BTreeMap<Slot, Reason>,
+    /// Why a unit last lost its machine; the reason it gets for its new one.
+    last_removal: BTreeMap<UnitName, Reason>,
+}
+
+impl<'s> Cluster<'s> {
+    /// Builds the working copy from a snapshot. Entries that cannot stay whatever the rules
+    /// say (destroyed or inactive unit, machine gone, second entry of a non-global unit) are
+    /// dropped here with their reason, and so are the entries of units whose options fleet's
+    /// validation refuses (they can only come from a client that skipped it; placing them
+    /// could loop forever, e.g. a peer that is also replaced). Units whose file is missing from `files` (replaced
+    /// since the snapshot was read) are left exactly where they are.
+    pub fn new(snapshot: &'s Snapshot, files: &BTreeMap<UnitHash, UnitFile>) -> Cluster<'s> {
+        let mut cluster = Cluster {
+            machines: &snapshot.machines,
+            specs: BTreeMap::new(),
+            frozen: BTreeSet::new(),
+            invalid: BTreeMap::new(),
+            on: snapshot
+                .machines
+                .keys()
+                .map(|m| (m.clone(), BTreeSet::new()))
+                .collect(),
+            at: BTreeMap::new(),
+            removed: BTreeMap::new(),
+            added: BTreeMap::new(),
+            last_removal: BTreeMap::new(),
+        };
+        let wanted = snapshot
+            .units
+            .iter()
+            .filter(|(_, u)| u.desired() != DesiredState::Inactive);
+        for (name, unit) in wanted {
+            let Some(file) = files.get(&unit.hash()) else {
+                cluster.frozen.insert(name.clone());
+                continue;
+            };
+            let reqs = Requirements::from_unit(name, file);
+            if let Err(error) = reqs.validate() {
+                cluster.invalid.insert(name.clone(), error);
+                continue;
+            }
+            let spec = Spec {
+                hash: unit.hash(),
+                desired: unit.desired(),
+                reqs,
+            };
+            cluster.specs.insert(name.clone(), spec);
+        }
+        for (name, entries) in &snapshot.schedule {
+            for machine in entries.keys() {
+                match cluster.entry_verdict(snapshot, name, machine) {
+                    Some(reason) => {
+                        cluster.last_removal.insert(name.clone(), reason.clone());
+                        cluster
+                            .removed
+                            .insert((name.clone(), machine.clone()), reason);
+                    }
+                    None => cluster.insert(name, machine),
+                }
+            }
+        }
+        cluster
+    }
+
+    /// Why an existing entry must go before any rule is looked at; `None` keeps it.
+    fn entry_verdict(
+        &self,
+        snap: &Snapshot,
+        name: &UnitName,
+        machine: &MachineId,
+    ) -> Option<Reason> {
+        let Some(unit) = snap.units.get(name) else {
+            return Some(Reason::UnitDestroyed);
+        };
+        if unit.desired() == DesiredState::Inactive {
+            return Some(Reason::TargetInactive);
+        }
+        if let Some(error) = self.invalid.get(name) {
+            return Some(Reason::InvalidRequirements {
+                error: error.clone(),
+            });
+        }
+        if !self.machines.contains_key(machine) {
+            return Some(Reason::MachineGone {
+                machine: machine.clone(),
+            });
+        }
+        let non_global = self.specs.get(name).is_some_and(|s| !s.reqs.global);
+        match self.at.get(name).and_then(|ms| ms.first()) {
+            Some(kept) if non_global => Some(Reason::Duplicate { kept: kept.clone() }),
+            Some(_) | None => None,
+        }
+    }
+
+    pub fn reqs(&self, unit: &UnitName) -> &Requirements {
+        self.specs.get(unit).map_or(&NO_REQUIREMENTS, |s| &s.reqs)
+    }
+
+    pub fn is_global(&self, unit: &UnitName) -> bool {
+        self.specs.get(unit).is_some_and(|s| s.reqs.global)
+    }
+
+    /// The machines `unit` is on, in ID order.
+    pub fn machines_of(&self, unit: &UnitName) -> impl Iterator<Item = &MachineId> {
+        self.at.get(unit).into_iter().flatten()
+    }
+
+    pub fn is_placed(&self, unit: &str) -> bool {
+        unit.parse::<UnitName>()
+            .ok()
+            .and_then(|u| self.at.get(&u).map(|ms| !ms.is_empty()))
+            .unwrap_or(false)
+    }
+
+    /// The units on `machine`, in name order.
+    pub fn units_on(&self, machine: &MachineId) -> impl Iterator<Item = &UnitName> {
+        self.on.get(machine).into_iter().flatten()
+    }
+
+    /// fleet's load: how many units a machine runs, global ones included.
+    pub fn load(&self, machine: &MachineId) -> usize {
+        self.on.get(machine).map_or(0, BTreeSet::len)
+    }
+
+    /// Every slot the plan ends with, in (unit, machine) order.
+    pub fn slots(&self) -> impl Iterator<Item = Slot> + '_ {
+        self.at
+            .iter()
+            .flat_map(|(u, ms)| ms.iter().map(move |m| (u.clone(), m.clone())))
+    }
+
+    pub fn place(&mut self, unit: &UnitName, machine: &MachineId, reason: Reason) {
+        self.insert(unit, machine);
+        self.added.insert((unit.clone(), machine.clone()), reason);
+    }
+
+    /// The reason `unit` gets when it is placed: why it lost its machine, if it did.
+    pub fn placement_reason(&self, unit: &UnitName, desired: DesiredState) -> Reason {
+        self.last_removal
+            .get(unit)
+            .cloned()
+            .unwrap_or(Reason::NotScheduled { desired })
+    }
+
+    pub fn remove(&mut self, unit: &UnitName, machine: &MachineId, reason: Reason) {
+        if let Some(units) = self.on.get_mut(machine) {
+            units.remove(unit);
+        }
+        if let Some(machines) = self.at.get_mut(unit) {
+            machines.remove(machine);
+            if machines.is_empty() {
+                self.at.remove(unit);
+            }
+        }
+        self.last_removal.insert(unit.clone(), reason.clone());
+        self.removed.insert((unit.clone(), machine.clone()), reason);
+    }
+
+    fn insert(&mut self, unit: &UnitName, machine: &MachineId) {
+        self.on
+            .entry(machine.clone())
+            .or_default()
+            .insert(unit.clone());
+        self.at
+            .entry(unit.clone())
+            .or_default()
+            .insert(machine.clone());
+    }
+
+    /// The rules about the machine itself: `MachineID=`, then `MachineMetadata=`.
+    pub fn machine_violation(&self, unit: &UnitName, machine: &MachineId) -> Option<Violation> {
+        let reqs = self.reqs(unit);
+        if !reqs.machine_id_matches(machine) {
+            let wanted = reqs.machine_id.clone().unwrap_or_default();
+            return Some(Violation::MachineIdMismatch { wanted });
+        }
+        let metadata = self.machines.get(machine).map(|m| &m.metadata);
+        reqs.metadata.iter().find_map(|(key, accepted)| {
+            let have = metadata.and_then(|md| md.get(key));
+            (!have.is_some_and(|v| accepted.contains(v)))
+                .then(|| Violation::MetadataMismatch { key: key.clone() })
+        })
+    }
+
+    /// `MachineID=`, `MachineMetadata=`, then `MachineOf=` against what is on the machine now
+    /// (fleet's order).
+    pub fn static_violation(&self, unit: &UnitName, machine: &MachineId) -> Option<Violation> {
+        self.machine_violation(unit, machine).or_else(|| {
+            let here: Vec<&UnitName> = self.units_on(machine).collect();
+            self.peer_violation(unit, &here)
+        })
+    }
+
+    /// `MachineOf=`: every peer must be among `here`. Peers are plain names, not globs.
+    fn peer_violation(&self, unit: &UnitName, here: &[&UnitName]) -> Option<Violation> {
+        self.reqs(unit)
+            .machine_of
+            .iter()
+            .find(|peer| !here.iter().any(|u| u.as_str() == peer.as_str()))
+            .map(|peer| Violation::PeerNotHere { peer: peer.clone() })
+    }
+
+    /// `MachineOf=` once `unit` is on `machine` and the units it replaces have left it,
+    /// taking along (transitively) the units that must share their machine. Without this a
+    /// unit that needs, through its peers, the very unit it replaces would displace it and
+    /// follow it forever.
+    pub fn peer_displaced(&self, unit: &UnitName, machine: &MachineId) -> Option<Violation> {
+        let reqs = self.reqs(unit);
+        let here: Vec<&UnitName> = self.units_on(machine).collect();
+        let mut leaving: Vec<&UnitName> = here
+            .iter()
+            .copied()
+            .filter(|o| {
+                matches!(
+                    self.neighbour_violation(o, unit, false),
+                    Some(Violation::ReplacedBy { .. })
+                )
+            })
+            .collect();
+        while !leaving.is_empty() {
+            let follows = |o: &&UnitName| {
+                !leaving.contains(o)
+                    && self
+                        .reqs(o)
+                        .machine_of
+                        .iter()
+                        .any(|p| leaving.iter().any(|l| l.as_str() == p))
+            };
+            let more: Vec<&UnitName> = here.iter().copied().filter(follows).collect();
+            if more.is_empty() {
+                break;
+            }
+            leaving.extend(more);
+        }
+        reqs.machine_of
+            .iter()
+            .find(|peer| leaving.iter().any(|l| l.as_str() == peer.as_str()))
+            .map(|peer| Violation::PeerReplaced { peer: peer.clone() })
+    }
+
+    /// Whether global `unit` may run on `machine`, given the globals `accepted` there before it
+    /// (name order, so of two conflicting globals the first in name order wins). Non-global
+    /// units on the machine always win: a global never displaces one.
+    pub fn global_violation(
+        &self,
+        unit: &UnitName,
+        machine: &MachineId,
+        accepted: &[UnitName],
+    ) -> Option<Violation> {
+        if let Some(v) = self.machine_violation(unit, machine) {
+            return Some(v);
+        }
+        let pinned: Vec<&UnitName> = self
+            .units_on(machine)
+            .filter(|u| !self.is_global(u))
+            .collect();
+        let here: Vec<&UnitName> = pinned.iter().copied().chain(accepted).collect();
+        if let Some(v) = self.peer_violation(unit, &here) {
+            return Some(v);
+        }
+        let reqs = self.reqs(unit);
+        let against_pinned = pinned.iter().find_map(|other| {
+            self.neighbour_violation(unit, other, true).or_else(|| {
+                (reqs.replaces_name(other) && !self.reqs(other).replaces_name(unit)).then(|| {
+                    Violation::WouldReplace {
+                        unit: (*other).clone(),
+                    }
+                })
+            })
+        });
+        against_pinned.or_else(|| {
+            accepted
+                .iter()
+                .find_map(|other| self.neighbour_violation(unit, other, true))
+        })
+    }
+
+    /// Whether `unit` can share a machine with `other`: `Conflicts=` either way, or `other`
+    /// replacing `unit` (one way only: fleet ignores units that replace each other).
+    pub fn neighbour_violation(
+        &self,
+        unit: &UnitName,
+        other: &UnitName,
+        check_conflicts: bool,
+    ) -> Option<Violation> {
+        let (reqs, other_reqs) = (self.reqs(unit), self.reqs(other));
+        if check_conflicts && units_conflict((unit, reqs), (other, other_reqs)) {
+            return Some(Violation::ConflictsWith {
+                unit: other.clone(),
+            });
+        }
+        (unit != other && other_reqs.replaces_name(unit) && !reqs.replaces_name(other)).then(|| {
+            Violation::ReplacedBy {
+                unit: other.clone(),
+            }
+        })
+    }
+}

@@ -1,0 +1,209 @@
+//! What the scheduler tells the engine to write, and why. Every decision carries a typed
+//! [`Reason`]; its `Display` is what the engine logs and what `P/unscheduled/<name>` shows.
+
+use fleet_core::{DesiredState, MachineId, RequirementError, UnitHash, UnitName};
+use std::fmt;
+
+/// One change to the registry, with the reason for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub kind: DecisionKind,
+    pub reason: Reason,
+}
+
+/// The changes the engine may make. Declaration order is the order a plan lists them in and
+/// the engine writes them in: removals first, so that even a batch split over several
+/// transactions never has a unit on two machines at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecisionKind {
+    /// Delete the unit's entry on `machine`.
+    Unschedule { unit: UnitName, machine: MachineId },
+    /// Rewrite the unit's entry on `machine` (same machine, new hash or desired state).
+    Update {
+        unit: UnitName,
+        machine: MachineId,
+        hash: UnitHash,
+        desired: DesiredState,
+    },
+    /// Write a new entry: `machine` must run the unit.
+    Schedule {
+        unit: UnitName,
+        machine: MachineId,
+        hash: UnitHash,
+        desired: DesiredState,
+    },
+    /// The unit cannot be placed; publish the reason at `P/unscheduled/<unit>`.
+    Unschedulable { unit: UnitName },
+    /// Remove a previously published reason: the unit is placed or no longer wanted.
+    ClearUnschedulable { unit: UnitName },
+}
+
+impl DecisionKind {
+    pub fn unit(&self) -> &UnitName {
+        match self {
+            Self::Unschedule { unit, .. }
+            | Self::Update { unit, .. }
+            | Self::Schedule { unit, .. }
+            | Self::Unschedulable { unit }
+            | Self::ClearUnschedulable { unit } => unit,
+        }
+    }
+
+    /// The machine whose schedule changes; `None` for the unscheduled-reason records.
+    pub fn machine(&self) -> Option<&MachineId> {
+        match self {
+            Self::Unschedule { machine, .. }
+            | Self::Update { machine, .. }
+            | Self::Schedule { machine, .. } => Some(machine),
+            Self::Unschedulable { .. } | Self::ClearUnschedulable { .. } => None,
+        }
+    }
+}
+
+/// Why a machine cannot run a unit: one `[X-Fleet]` rule it fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// `MachineID=` names another machine.
+    MachineIdMismatch { wanted: String },
+    /// `MachineMetadata=`: the machine lacks `key` or has none of its accepted values.
+    MetadataMismatch { key: String },
+    /// `MachineOf=`: the peer is not on this machine.
+    PeerNotHere { peer: String },
+    /// `MachineOf=`: the peer would leave this machine with a unit this one replaces.
+    PeerReplaced { peer: String },
+    /// `Conflicts=` (either unit's globs) with a unit on this machine.
+    ConflictsWith { unit: UnitName },
+    /// A unit on this machine `Replaces=` this one.
+    ReplacedBy { unit: UnitName },
+    /// A global unit would displace a unit on this machine; globals never displace.
+    WouldReplace { unit: UnitName },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::MachineIdMismatch { wanted } => {
+                write!(f, "machine ID does not match required {wanted:?}")
+            }
+            Self::MetadataMismatch { key } => {
+                write!(f, "machine metadata does not satisfy {key:?}")
+            }
+            Self::PeerNotHere { peer } => {
+                write!(f, "required peer unit {peer} is not scheduled here")
+            }
+            Self::PeerReplaced { peer } => write!(
+                f,
+                "required peer unit {peer} would leave with a unit it replaces here"
+            ),
+            Self::ConflictsWith { unit } => write!(f, "conflicts with unit {unit} scheduled here"),
+            Self::ReplacedBy { unit } => write!(f, "unit {unit} scheduled here replaces it"),
+            Self::WouldReplace { unit } => {
+                write!(f, "global unit would replace unit {unit} scheduled here")
+            }
+        }
+    }
+}
+
+/// Why a decision was made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    /// Wanted `loaded` or `launched` and on no machine (fleet's wording).
+    NotScheduled { desired: DesiredState },
+    /// A global unit and this machine qualifies.
+    Global,
+    /// The machine it was on went away (its presence record vanished).
+    MachineGone { machine: MachineId },
+    /// Its desired state is `inactive`.
+    TargetInactive,
+    /// The unit no longer exists.
+    UnitDestroyed,
+    /// A non-global unit had entries on several machines; the one on `kept` stays.
+    Duplicate { kept: MachineId },
+    /// Its machine can no longer run it.
+    ConstraintsViolated {
+        machine: MachineId,
+        violation: Violation,
+    },
+    /// A unit that `Replaces=` it took its machine.
+    ReplacedBy { unit: UnitName, machine: MachineId },
+    /// Its unit file changed; the entry is updated where it is.
+    HashChanged { from: UnitHash, to: UnitHash },
+    /// Its desired state changed; the entry is updated where it is.
+    DesiredChanged {
+        from: DesiredState,
+        to: DesiredState,
+    },
+    /// Its `[X-Fleet]` options are a combination fleet refuses; it is never placed.
+    InvalidRequirements { error: RequirementError },
+    /// There is no live machine at all.
+    NoMachines,
+    /// `MachineOf=` names a unit that is not scheduled anywhere.
+    PeerNotScheduled { peer: String },
+    /// Every live machine fails one of its rules (sorted by machine).
+    NoMachineAble {
+        rejections: Vec<(MachineId, Violation)>,
+    },
+    /// A unit that could not be placed now is.
+    NowPlaced,
+    /// A unit that could not be placed is now inactive or destroyed.
+    NoLongerWanted,
+}
+
+/// How many machines a [`Reason::NoMachineAble`] names before summarising the rest.
+const REJECTIONS_SHOWN: usize = 5;
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotScheduled { desired } => {
+                write!(f, "target state {desired} and unit not scheduled")
+            }
+            Self::Global => f.write_str("global unit and the machine qualifies"),
+            Self::MachineGone { machine } => write!(f, "target machine {machine} went away"),
+            Self::TargetInactive => f.write_str("target state inactive"),
+            Self::UnitDestroyed => f.write_str("unit destroyed"),
+            Self::Duplicate { kept } => write!(f, "unit is already scheduled on {kept}"),
+            Self::ConstraintsViolated { machine, violation } => {
+                write!(
+                    f,
+                    "target machine {machine} unable to run unit: {violation}"
+                )
+            }
+            Self::ReplacedBy { unit, machine } => {
+                write!(f, "replaced by unit {unit} on machine {machine}")
+            }
+            Self::HashChanged { from, to } => write!(
+                f,
+                "unit file changed from {} to {}",
+                from.short(),
+                to.short()
+            ),
+            Self::DesiredChanged { from, to } => {
+                write!(f, "target state changed from {from} to {to}")
+            }
+            Self::InvalidRequirements { error } => write!(f, "invalid [X-Fleet] options: {error}"),
+            Self::NoMachines => f.write_str("zero machines available"),
+            Self::PeerNotScheduled { peer } => {
+                write!(f, "required peer unit {peer} is not scheduled")
+            }
+            Self::NoMachineAble { rejections } => write_rejections(f, rejections),
+            Self::NowPlaced => f.write_str("unit is scheduled now"),
+            Self::NoLongerWanted => f.write_str("unit is inactive or destroyed"),
+        }
+    }
+}
+
+fn write_rejections(
+    f: &mut fmt::Formatter<'_>,
+    rejections: &[(MachineId, Violation)],
+) -> fmt::Result {
+    f.write_str("no machine able to run unit")?;
+    for (i, (machine, violation)) in rejections.iter().take(REJECTIONS_SHOWN).enumerate() {
+        let sep = if i == 0 { ": " } else { "; " };
+        write!(f, "{sep}{machine}: {violation}")?;
+    }
+    if rejections.len() > REJECTIONS_SHOWN {
+        write!(f, "; and {} more", rejections.len() - REJECTIONS_SHOWN)?;
+    }
+    Ok(())
+}

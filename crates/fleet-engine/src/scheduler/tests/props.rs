@@ -1,0 +1,350 @@
+//! Properties of the scheduler over generated clusters, checked by an oracle written
+//! directly against fleet-core's rules (not against the planner's own helpers): safety
+//! (never two entries of a non-global unit, never on a machine that breaks a rule),
+//! completeness (every unit some machine could take is placed), convergence (a plan applied
+//! and planned again yields nothing) and stability (healthy units never move).
+
+use super::*;
+use fleet_core::{Requirements, units_conflict, units_replace};
+use proptest::prelude::*;
+
+/// Machine IDs long enough for 8-character short forms; the last one is never live.
+const MACHINES: [&str; 5] = [
+    "alpha000aaaa",
+    "bravo000bbbb",
+    "charlie0cccc",
+    "delta000dddd",
+    "echo0000eeee",
+];
+const UNITS: usize = 8;
+
+fn unit_name(i: usize) -> String {
+    format!("u{i}.service")
+}
+
+#[derive(Debug, Clone)]
+struct GenUnit {
+    desired: DesiredState,
+    global: bool,
+    machine_id: Option<(usize, bool)>,
+    role: Option<&'static str>,
+    machine_of: Option<usize>,
+    conflicts: Option<&'static str>,
+    replaces: Option<usize>,
+}
+
+fn gen_unit() -> impl Strategy<Value = GenUnit> {
+    (
+        prop::sample::select(vec![Inactive, Loaded, Launched, Launched]),
+        prop::bool::weighted(0.15),
+        prop::option::weighted(0.15, (0..4usize, any::<bool>())),
+        prop::option::weighted(0.3, prop::sample::select(vec!["a", "b"])),
+        prop::option::weighted(0.2, 0..UNITS),
+        prop::option::weighted(
+            0.3,
+            prop::sample::select(vec!["u0.service", "u1.service", "u[2-4].service", "u7*"]),
+        ),
+        prop::option::weighted(0.2, 0..UNITS),
+    )
+        .prop_map(
+            |(desired, global, machine_id, role, machine_of, conflicts, replaces)| GenUnit {
+                desired,
+                global,
+                machine_id,
+                role,
+                machine_of,
+                conflicts,
+                replaces,
+            },
+        )
+}
+
+impl GenUnit {
+    /// The `[X-Fleet]` lines; `Replaces=` only names units before `index` so that replace
+    /// chains are acyclic (cycles are fleet's endless loop; see `MAX_ROUNDS`).
+    fn xfleet(&self, index: usize) -> String {
+        let mut lines = Vec::new();
+        if self.global {
+            lines.push("Global=true".to_owned());
+        }
+        if let Some((m, short)) = self.machine_id {
+            let id = if short {
+                &MACHINES[m][..8]
+            } else {
+                MACHINES[m]
+            };
+            lines.push(format!("MachineID={id}"));
+        }
+        if let Some(role) = self.role {
+            lines.push(format!("MachineMetadata=role={role}"));
+        }
+        if let Some(peer) = self.machine_of.filter(|p| *p != index) {
+            lines.push(format!("MachineOf={}", unit_name(peer)));
+        }
+        if let Some(glob) = self.conflicts {
+            lines.push(format!("Conflicts={glob}"));
+        }
+        if let Some(r) = self.replaces.filter(|r| *r < index) {
+            lines.push(format!("Replaces={}", unit_name(r)));
+        }
+        lines.join(";")
+    }
+}
+
+#[derive(Debug, Clone)]
+struct GenWorld {
+    /// Live machines (by index into `MACHINES[..4]`) with their role.
+    machines: Vec<(usize, Option<&'static str>)>,
+    units: Vec<GenUnit>,
+    /// Existing entries: unit, machine (4 = a dead machine), stale file, desired.
+    entries: Vec<(usize, usize, bool, DesiredState)>,
+    unscheduled: Vec<usize>,
+}
+
+fn gen_world() -> impl Strategy<Value = GenWorld> {
+    (
+        prop::sample::subsequence(vec![0usize, 1, 2, 3], 0..=4).prop_flat_map(|ms| {
+            let n = ms.len();
+            (
+                Just(ms),
+                prop::collection::vec(prop::option::of(prop::sample::select(vec!["a", "b"])), n),
+            )
+        }),
+        prop::collection::vec(gen_unit(), 0..=UNITS),
+        prop::collection::vec(
+            (
+                0..UNITS,
+                0..5usize,
+                prop::bool::weighted(0.2),
+                prop::sample::select(vec![Loaded, Launched]),
+            ),
+            0..10,
+        ),
+        prop::collection::vec(0..UNITS, 0..3),
+    )
+        .prop_map(|((ms, roles), units, entries, unscheduled)| GenWorld {
+            machines: ms.into_iter().zip(roles).collect(),
+            units,
+            entries,
+            unscheduled,
+        })
+}
+
+fn build(g: &GenWorld) -> World {
+    let mut w = World::new();
+    for (m, role) in &g.machines {
+        let md: Vec<(&str, &str)> = role.iter().map(|r| ("role", *r)).collect();
+        w = w.machine(MACHINES[*m], &md);
+    }
+    for (i, u) in g.units.iter().enumerate() {
+        w = w.unit_version(&unit_name(i), u.desired, &u.xfleet(i), 1);
+    }
+    for (u, m, stale, desired) in &g.entries {
+        let hash = match w.snap.units.get(&name(&unit_name(*u))) {
+            Some(unit) if !stale => unit.hash(),
+            Some(_) | None => unit_file("", 0).hash(),
+        };
+        w = w.entry_with(&unit_name(*u), MACHINES[*m], hash, *desired);
+    }
+    for u in &g.unscheduled {
+        w.snap
+            .unscheduled
+            .insert(name(&unit_name(*u)), "stale reason".into());
+    }
+    w
+}
+
+/// The oracle's view of a settled world.
+struct View<'w> {
+    w: &'w World,
+    reqs: BTreeMap<UnitName, Requirements>,
+}
+
+impl<'w> View<'w> {
+    fn new(w: &'w World) -> View<'w> {
+        let reqs = w
+            .snap
+            .units
+            .iter()
+            .map(|(n, u)| (n.clone(), Requirements::from_unit(n, &w.files[&u.hash()])))
+            .collect();
+        View { w, reqs }
+    }
+
+    fn on(&self, m: &MachineId) -> Vec<&UnitName> {
+        let s = &self.w.snap.schedule;
+        s.iter()
+            .filter(|(_, ms)| ms.contains_key(m))
+            .map(|(u, _)| u)
+            .collect()
+    }
+
+    /// Units to place: not inactive, with options fleet accepts.
+    fn wanted(&self) -> impl Iterator<Item = &UnitName> {
+        self.w
+            .snap
+            .units
+            .values()
+            .filter(|u| u.desired() != Inactive && self.reqs[u.name()].validate().is_ok())
+            .map(|u| u.name())
+    }
+
+    /// Whether `u` on `m` breaks MachineID, metadata or MachineOf.
+    fn own_rules_fail(&self, u: &UnitName, m: &MachineId) -> bool {
+        let r = &self.reqs[u];
+        let here = self.on(m);
+        !r.machine_id_matches(m)
+            || !r.metadata_matches(&self.w.snap.machines[m].metadata)
+            || r.machine_of
+                .iter()
+                .any(|p| !here.iter().any(|h| h.as_str() == p))
+    }
+
+    fn clash(&self, a: &UnitName, b: &UnitName) -> bool {
+        let (ra, rb) = (&self.reqs[a], &self.reqs[b]);
+        units_conflict((a, ra), (b, rb)) || units_replace((a, ra), (b, rb))
+    }
+
+    /// Whether a non-global `u` could be added to `m` (being replaced there counts as no,
+    /// and so does needing a peer that would leave with a unit `u` replaces).
+    fn could_place(&self, u: &UnitName, m: &MachineId) -> bool {
+        let r = &self.reqs[u];
+        !self.own_rules_fail(u, m)
+            && self.on(m).iter().all(|o| {
+                let ro = &self.reqs[*o];
+                let replaced_by_o = ro.replaces_name(u) && !r.replaces_name(o);
+                !units_conflict((u, r), (o, ro)) && !replaced_by_o
+            })
+            && !self
+                .leaving(u, m)
+                .iter()
+                .any(|l| r.machine_of.iter().any(|p| p == l.as_str()))
+    }
+
+    /// The units that leave `m` if `u` joins it: those it replaces, and their followers.
+    fn leaving(&self, u: &UnitName, m: &MachineId) -> BTreeSet<UnitName> {
+        let r = &self.reqs[u];
+        let on = self.on(m);
+        let mut out: BTreeSet<UnitName> = on
+            .iter()
+            .filter(|o| units_replace((u, r), (o, &self.reqs[**o])) && r.replaces_name(o))
+            .map(|o| (*o).clone())
+            .collect();
+        loop {
+            let before = out.len();
+            for o in &on {
+                if self.reqs[*o]
+                    .machine_of
+                    .iter()
+                    .any(|p| out.iter().any(|l| l.as_str() == p))
+                {
+                    out.insert((*o).clone());
+                }
+            }
+            if out.len() == before {
+                return out;
+            }
+        }
+    }
+}
+
+fn check_safety(v: &View<'_>) -> Result<(), TestCaseError> {
+    for (u, ms) in &v.w.snap.schedule {
+        let unit = v.w.snap.units.get(u);
+        prop_assert!(v.wanted().any(|w| w == u), "{u} is not wanted");
+        prop_assert!(v.reqs[u].global || ms.len() == 1, "{u} on {:?}", ms.keys());
+        for (m, entry) in ms {
+            prop_assert!(v.w.snap.machines.contains_key(m), "{u} on dead {m}");
+            prop_assert!(!v.own_rules_fail(u, m), "{u} breaks its rules on {m}");
+            prop_assert_eq!(entry.hash, unit.unwrap().hash());
+            prop_assert_eq!(entry.desired, unit.unwrap().desired());
+            for o in v.on(m) {
+                prop_assert!(!v.clash(u, o), "{u} and {o} clash on {m}");
+            }
+        }
+        prop_assert!(
+            !v.w.snap.unscheduled.contains_key(u),
+            "{u} placed but has a reason"
+        );
+    }
+    Ok(())
+}
+
+fn check_completeness(v: &View<'_>) -> Result<(), TestCaseError> {
+    for (n, u) in &v.w.snap.units {
+        let invalid = u.desired() != Inactive && v.reqs[n].validate().is_err();
+        prop_assert!(
+            !invalid || v.w.snap.unscheduled.contains_key(n),
+            "invalid {n} has no reason"
+        );
+    }
+    for u in v.wanted() {
+        let placed_on = v.w.snap.schedule.get(u);
+        for m in v.w.snap.machines.keys() {
+            if placed_on.is_some_and(|ms| ms.contains_key(m)) {
+                continue;
+            }
+            if v.reqs[u].global {
+                let blocked = v.own_rules_fail(u, m) || v.on(m).iter().any(|o| v.clash(u, o));
+                prop_assert!(blocked, "global {u} could run on {m}");
+            } else if placed_on.is_none() {
+                prop_assert!(!v.could_place(u, m), "{u} could run on {m}");
+            }
+        }
+        if placed_on.is_none() {
+            prop_assert!(
+                v.w.snap.unscheduled.contains_key(u),
+                "{u} unplaced without reason"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn unschedules(w: &World) -> Vec<String> {
+    let d = w.plan();
+    let out: Vec<Decision> = d
+        .into_iter()
+        .filter(|d| matches!(d.kind, DecisionKind::Unschedule { .. }))
+        .collect();
+    lines(&out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn a_settled_schedule_is_safe_complete_and_stable(g in gen_world()) {
+        let mut w = build(&g);
+        w.settle();
+        let v = View::new(&w);
+        check_safety(&v)?;
+        check_completeness(&v)?;
+        let again = lines(&w.plan());
+        prop_assert!(again.is_empty(), "re-plan not empty: {again:?}");
+    }
+
+    #[test]
+    fn healthy_units_stay_when_a_machine_joins(g in gen_world(), role in prop::option::of(prop::sample::select(vec!["a", "b"]))) {
+        let mut w = build(&g);
+        w.settle();
+        let md: Vec<(&str, &str)> = role.iter().map(|r| ("role", *r)).collect();
+        let w = w.machine("foxtrot0ffff", &md);
+        prop_assert_eq!(unschedules(&w), Vec::<String>::new());
+    }
+
+    #[test]
+    fn healthy_units_stay_when_a_unit_without_replaces_arrives(g in gen_world(), new in gen_unit()) {
+        let mut w = build(&g);
+        w.settle();
+        let new = GenUnit { replaces: None, ..new };
+        let w = w.unit("u9.service", new.desired, &new.xfleet(9));
+        prop_assert_eq!(unschedules(&w), Vec::<String>::new());
+    }
+
+    #[test]
+    fn planning_is_deterministic(g in gen_world()) {
+        let w = build(&g);
+        prop_assert_eq!(w.plan(), w.plan());
+    }
+}
