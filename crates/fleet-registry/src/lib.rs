@@ -7,6 +7,7 @@
 mod error;
 pub mod keys;
 pub mod kv;
+mod leader;
 mod records;
 mod registry;
 mod snapshot;
@@ -16,6 +17,7 @@ mod watch;
 
 pub use error::{RegistryError, Result};
 pub use keys::{DEFAULT_PREFIX, Keys};
+pub use leader::{EngineWrite, Leadership, MAX_TXN_OPS};
 pub use records::{ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 pub use registry::{CreateOutcome, Fence, Presence, Registry};
 pub use snapshot::Snapshot;

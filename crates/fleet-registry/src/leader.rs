@@ -1,0 +1,448 @@
+//! Engine leadership and the writes only a leader can make.
+//!
+//! The leader holds `P/engine/leader` (its machine ID) on a lease of its own. Every engine
+//! write is a transaction whose first compares are that key's value *and* its lease, so a
+//! deposed leader (lease expired, key taken, or a newer incarnation of the same machine
+//! holding it) cannot schedule anything. This module decides nothing about scheduling.
+
+use fleet_core::{MachineId, UnitName};
+use std::time::Duration;
+use tracing::debug;
+
+use crate::error::{RegistryError, Result};
+use crate::kv::{
+    CmpOp, CmpTarget, Compare, Kv, KvError, LeaseId, Revision, Txn, TxnOp, TxnOpResponse,
+};
+use crate::records::ScheduleEntry;
+use crate::registry::{Fence, Registry, encode};
+use crate::watch::WatchHints;
+
+/// etcd's default `--max-txn-ops`: a transaction may hold at most this many operations.
+pub const MAX_TXN_OPS: usize = 128;
+
+/// Proof of leadership. Writes made through it are fenced by the leader key and its lease.
+#[derive(Debug, Clone)]
+pub struct Leadership<K> {
+    registry: Registry<K>,
+    pub lease: LeaseId,
+    pub fence: Fence,
+}
+
+/// One change an engine writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineWrite {
+    /// Write (or rewrite) an entry of a machine's schedule.
+    Schedule(ScheduleEntry),
+    /// Delete an entry of a machine's schedule.
+    Unschedule { machine: MachineId, unit: UnitName },
+    /// Publish why a unit cannot be placed, at `P/unscheduled/<unit>`.
+    Unschedulable { unit: UnitName, reason: String },
+    /// Withdraw that reason.
+    ClearUnschedulable { unit: UnitName },
+}
+
+impl<K: Kv> Registry<K> {
+    /// Tries to become the engine leader: creates the leader key on a new lease of `ttl` if
+    /// there is none. A key already holding `me` (our own from before a restart) is taken
+    /// over onto the new lease. `None`: another machine leads.
+    pub async fn campaign(&self, me: &MachineId, ttl: Duration) -> Result<Option<Leadership<K>>> {
+        let lease = self
+            .kv()
+            .grant(ttl)
+            .await
+            .map_err(RegistryError::kv("granting engine lease"))?;
+        match self.claim(me, lease).await {
+            Ok(true) => Ok(Some(self.leadership(me, lease))),
+            Ok(false) => {
+                // Best effort: an unused lease expires by itself anyway.
+                let _ = self.kv().revoke(lease).await;
+                Ok(None)
+            }
+            Err(err) => {
+                let _ = self.kv().revoke(lease).await;
+                Err(err)
+            }
+        }
+    }
+
+    /// Puts `me` on the leader key with `lease` if the key is absent or already ours.
+    async fn claim(&self, me: &MachineId, lease: LeaseId) -> Result<bool> {
+        let key = self.keys().leader();
+        let put = TxnOp::Put {
+            key: key.clone(),
+            value: me.as_str().as_bytes().to_vec(),
+            lease: Some(lease),
+        };
+        let create = Txn {
+            compares: vec![Compare::absent(&key)],
+            success: vec![put.clone()],
+            failure: vec![TxnOp::Get {
+                key: key.clone(),
+                prefix: false,
+            }],
+        };
+        let res = self
+            .kv()
+            .txn(create)
+            .await
+            .map_err(RegistryError::kv("campaigning for engine leadership"))?;
+        if res.succeeded {
+            return Ok(true);
+        }
+        let holder = match res.responses.first() {
+            Some(TxnOpResponse::Get(kvs)) => kvs.first().cloned(),
+            Some(TxnOpResponse::Put | TxnOpResponse::Delete(_)) | None => None,
+        };
+        let Some(holder) = holder.filter(|kv| kv.value == me.as_str().as_bytes()) else {
+            return Ok(false);
+        };
+        debug!(machine = %me, "taking over our own engine leader key");
+        let take_over = Txn {
+            compares: vec![Compare::mod_revision(&key, holder.mod_revision)],
+            success: vec![put],
+            failure: vec![],
+        };
+        let res = self
+            .kv()
+            .txn(take_over)
+            .await
+            .map_err(RegistryError::kv("taking over engine leadership"))?;
+        Ok(res.succeeded)
+    }
+
+    fn leadership(&self, me: &MachineId, lease: LeaseId) -> Leadership<K> {
+        Leadership {
+            registry: self.clone(),
+            lease,
+            fence: Fence {
+                key: self.keys().leader(),
+                value: me.as_str().to_owned(),
+            },
+        }
+    }
+
+    /// The current engine leader, if any.
+    pub async fn leader(&self) -> Result<Option<MachineId>> {
+        Ok(self.read_leader().await?.0)
+    }
+
+    /// The current leader, and a watch that wakes on every change of the leader key after
+    /// that read (followers wait on it instead of polling).
+    pub async fn watch_leader(&self) -> Result<(Option<MachineId>, WatchHints)> {
+        let (leader, revision) = self.read_leader().await?;
+        let hints = WatchHints::start(self.kv().clone(), self.keys().leader(), revision + 1);
+        Ok((leader, hints))
+    }
+
+    async fn read_leader(&self) -> Result<(Option<MachineId>, Revision)> {
+        let key = self.keys().leader();
+        let res = self
+            .kv()
+            .range(&key, false, None)
+            .await
+            .map_err(RegistryError::kv("reading engine leader"))?;
+        let leader = res
+            .kvs
+            .first()
+            .map(|kv| {
+                let text = String::from_utf8_lossy(&kv.value);
+                text.parse::<MachineId>()
+                    .map_err(|e| RegistryError::Corrupt {
+                        key: key.clone(),
+                        detail: e.to_string(),
+                    })
+            })
+            .transpose()?;
+        Ok((leader, res.revision))
+    }
+}
+
+impl<K: Kv> Leadership<K> {
+    /// The transaction guard: the leader key holds our ID on our lease.
+    fn compares(&self) -> Vec<Compare> {
+        vec![
+            Compare::value(&self.fence.key, self.fence.value.as_bytes().to_vec()),
+            Compare {
+                key: self.fence.key.clone(),
+                prefix: false,
+                op: CmpOp::Equal,
+                target: CmpTarget::Lease(self.lease.0),
+            },
+        ]
+    }
+
+    /// Refreshes the lease and checks that the key is still ours. `LostLeadership` when the
+    /// lease has expired or the key was deleted or taken while it lived.
+    pub async fn renew(&self) -> Result<()> {
+        let kv = self.registry.kv();
+        match kv.keep_alive(self.lease).await {
+            Ok(()) => {}
+            Err(KvError::LeaseNotFound(_)) => return Err(RegistryError::LostLeadership),
+            Err(err) => return Err(RegistryError::kv("renewing engine lease")(err)),
+        }
+        let res = kv
+            .range(&self.fence.key, false, None)
+            .await
+            .map_err(RegistryError::kv("checking engine leadership"))?;
+        match res.kvs.first() {
+            Some(k) if k.value == self.fence.value.as_bytes() && k.lease == self.lease.0 => Ok(()),
+            Some(_) | None => Err(RegistryError::LostLeadership),
+        }
+    }
+
+    /// Gives leadership up at once (another engine need not wait for the lease to expire):
+    /// deletes the key if it is still ours, then revokes the lease.
+    pub async fn resign(self) -> Result<()> {
+        let kv = self.registry.kv();
+        let txn = Txn {
+            compares: self.compares(),
+            success: vec![TxnOp::Delete {
+                key: self.fence.key.clone(),
+                prefix: false,
+            }],
+            failure: vec![],
+        };
+        kv.txn(txn)
+            .await
+            .map_err(RegistryError::kv("resigning engine leadership"))?;
+        kv.revoke(self.lease)
+            .await
+            .map_err(RegistryError::kv("revoking engine lease"))
+    }
+
+    /// Applies `writes` in order, fenced by this leadership, in transactions of at most
+    /// [`MAX_TXN_OPS`] operations. Returns the revision of the last one (`None` if there was
+    /// nothing to write). `LostLeadership` if a fence failed: that transaction and every
+    /// later one wrote nothing, earlier ones stay (callers order writes so that any prefix is
+    /// safe, removals first).
+    pub async fn write(&self, writes: &[EngineWrite]) -> Result<Option<Revision>> {
+        let mut revision = None;
+        for chunk in writes.chunks(MAX_TXN_OPS) {
+            let txn = Txn {
+                compares: self.compares(),
+                success: chunk.iter().map(|w| self.op(w)).collect(),
+                failure: vec![],
+            };
+            let res = self
+                .registry
+                .kv()
+                .txn(txn)
+                .await
+                .map_err(RegistryError::kv("writing engine decisions"))?;
+            if !res.succeeded {
+                return Err(RegistryError::LostLeadership);
+            }
+            revision = Some(res.revision);
+        }
+        Ok(revision)
+    }
+
+    fn op(&self, write: &EngineWrite) -> TxnOp {
+        let keys = self.registry.keys();
+        match write {
+            EngineWrite::Schedule(entry) => TxnOp::Put {
+                key: keys.schedule(&entry.machine, &entry.name),
+                value: encode(entry),
+                lease: None,
+            },
+            EngineWrite::Unschedule { machine, unit } => TxnOp::Delete {
+                key: keys.schedule(machine, unit),
+                prefix: false,
+            },
+            EngineWrite::Unschedulable { unit, reason } => TxnOp::Put {
+                key: keys.unscheduled(unit),
+                value: reason.as_bytes().to_vec(),
+                lease: None,
+            },
+            EngineWrite::ClearUnschedulable { unit } => TxnOp::Delete {
+                key: keys.unscheduled(unit),
+                prefix: false,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::MemKv;
+    use fleet_core::{DesiredState, UnitFile};
+
+    const TTL: Duration = Duration::from_secs(10);
+
+    fn registry() -> Registry<MemKv> {
+        Registry::new(MemKv::new(), "/leader-test/")
+    }
+
+    fn machine(s: &str) -> MachineId {
+        s.parse().unwrap()
+    }
+
+    fn entry(unit: &str, m: &str) -> ScheduleEntry {
+        let file = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n").unwrap();
+        ScheduleEntry {
+            name: unit.parse().unwrap(),
+            machine: machine(m),
+            hash: file.hash(),
+            desired: DesiredState::Launched,
+        }
+    }
+
+    async fn schedule_keys(reg: &Registry<MemKv>) -> Vec<String> {
+        let res = reg
+            .kv()
+            .range(&reg.keys().schedules(), true, None)
+            .await
+            .unwrap();
+        res.kvs.into_iter().map(|kv| kv.key).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_campaign_wins_and_later_ones_lose() {
+        let reg = registry();
+        assert_eq!(reg.leader().await.unwrap(), None);
+        let a = reg.campaign(&machine("a"), TTL).await.unwrap();
+        assert!(a.is_some());
+        assert!(reg.campaign(&machine("b"), TTL).await.unwrap().is_none());
+        assert_eq!(reg.leader().await.unwrap(), Some(machine("a")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_leader_takes_its_own_key_over_and_fences_its_old_self() {
+        let reg = registry();
+        let old = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        let new = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        assert_ne!(old.lease, new.lease);
+        let refused = old
+            .write(&[EngineWrite::Schedule(entry("x.service", "a"))])
+            .await;
+        assert!(
+            matches!(refused, Err(RegistryError::LostLeadership)),
+            "{refused:?}"
+        );
+        assert!(matches!(
+            old.renew().await,
+            Err(RegistryError::LostLeadership)
+        ));
+        new.renew().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leadership_lapses_without_renewal_and_lasts_with_it() {
+        let reg = registry();
+        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        for _ in 0..5 {
+            tokio::time::sleep(TTL / 3).await;
+            a.renew().await.unwrap();
+        }
+        assert_eq!(reg.leader().await.unwrap(), Some(machine("a")));
+        tokio::time::sleep(TTL + Duration::from_secs(1)).await;
+        assert_eq!(reg.leader().await.unwrap(), None);
+        assert!(matches!(
+            a.renew().await,
+            Err(RegistryError::LostLeadership)
+        ));
+        assert!(reg.campaign(&machine("b"), TTL).await.unwrap().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resigning_frees_the_key_at_once() {
+        let reg = registry();
+        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        a.resign().await.unwrap();
+        assert_eq!(reg.leader().await.unwrap(), None);
+        assert!(reg.campaign(&machine("b"), TTL).await.unwrap().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deposed_leaders_write_is_refused_and_writes_nothing() {
+        let reg = registry();
+        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        reg.kv().revoke(a.lease).await.unwrap();
+        let b = reg.campaign(&machine("b"), TTL).await.unwrap().unwrap();
+        let refused = a
+            .write(&[EngineWrite::Schedule(entry("x.service", "a"))])
+            .await;
+        assert!(
+            matches!(refused, Err(RegistryError::LostLeadership)),
+            "{refused:?}"
+        );
+        assert!(schedule_keys(&reg).await.is_empty());
+        b.write(&[EngineWrite::Schedule(entry("x.service", "b"))])
+            .await
+            .unwrap();
+        assert_eq!(
+            schedule_keys(&reg).await,
+            ["/leader-test/schedule/b/x.service"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_whose_key_was_deleted_loses_at_its_next_renewal() {
+        let reg = registry();
+        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        let delete = Txn {
+            compares: vec![],
+            success: vec![TxnOp::Delete {
+                key: reg.keys().leader(),
+                prefix: false,
+            }],
+            failure: vec![],
+        };
+        reg.kv().txn(delete).await.unwrap();
+        assert!(matches!(
+            a.renew().await,
+            Err(RegistryError::LostLeadership)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_schedules_and_reasons_and_splits_large_batches() {
+        let reg = registry();
+        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        let x: UnitName = "x.service".parse().unwrap();
+        let mut writes: Vec<EngineWrite> = (0..300)
+            .map(|i| EngineWrite::Schedule(entry(&format!("u{i}.service"), "m1")))
+            .collect();
+        writes.push(EngineWrite::Unschedulable {
+            unit: x.clone(),
+            reason: "zero machines available".into(),
+        });
+        let before = reg.kv().range("/", true, None).await.unwrap().revision;
+        let last = a.write(&writes).await.unwrap().unwrap();
+        assert_eq!(
+            last - before,
+            3,
+            "301 writes take three transactions of at most 128"
+        );
+        assert_eq!(schedule_keys(&reg).await.len(), 300);
+        let snap = reg.snapshot().await.unwrap();
+        assert_eq!(snap.unscheduled[&x], "zero machines available");
+        let clear = [
+            EngineWrite::Unschedule {
+                machine: machine("m1"),
+                unit: "u0.service".parse().unwrap(),
+            },
+            EngineWrite::ClearUnschedulable { unit: x.clone() },
+        ];
+        a.write(&clear).await.unwrap();
+        let snap = reg.snapshot().await.unwrap();
+        assert!(snap.unscheduled.is_empty());
+        assert_eq!(schedule_keys(&reg).await.len(), 299);
+        assert_eq!(a.write(&[]).await.unwrap(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_is_woken_when_the_leader_key_changes() {
+        let reg = registry();
+        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        let (leader, mut hints) = reg.watch_leader().await.unwrap();
+        assert_eq!(leader, Some(machine("a")));
+        a.resign().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(1), hints.changed())
+            .await
+            .expect("woken")
+            .expect("watch alive");
+        assert_eq!(reg.leader().await.unwrap(), None);
+    }
+}
