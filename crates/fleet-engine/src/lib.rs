@@ -4,6 +4,9 @@
 //! [`scheduler`] decides (pure); [`run`] holds leadership and executes. Nothing here talks to
 //! etcd except through `fleet_registry`, and nothing here depends on the agent.
 
+mod engine;
 pub mod scheduler;
+
+pub use engine::{EngineConfig, run};
 
 pub use scheduler::{Decision, DecisionKind, Reason, Violation, plan};

@@ -1,0 +1,312 @@
+//! The engine loop against a registry: every body runs on the in-memory `MemKv` (on paused
+//! time, so lease expiry and resyncs cost nothing) and on a real etcd started by the test.
+
+use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
+use fleet_engine::EngineConfig;
+use fleet_registry::kv::{Compare, Kv, LeaseId, MemKv, Txn, TxnOp};
+use fleet_registry::testing::TestEtcd;
+use fleet_registry::{Presence, Registry};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+
+const PREFIX: &str = "/engine-test/";
+/// Machine presence in these tests outlives them unless revoked.
+const PRESENCE_TTL: Duration = Duration::from_secs(3600);
+
+/// Time scales: the engine's intervals, and how soon a watch-driven change must show.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    interval: Duration,
+    lease_ttl: Duration,
+    prompt: Duration,
+}
+
+/// On paused time a change must show long before the first resync would.
+const MEM: Timing = Timing {
+    interval: Duration::from_secs(2),
+    lease_ttl: Duration::from_secs(10),
+    prompt: Duration::from_millis(100),
+};
+const ETCD: Timing = Timing {
+    interval: Duration::from_millis(200),
+    lease_ttl: Duration::from_secs(2),
+    prompt: Duration::from_secs(2),
+};
+
+fn machine(s: &str) -> MachineId {
+    s.parse().unwrap()
+}
+
+fn name(s: &str) -> UnitName {
+    s.parse().unwrap()
+}
+
+async fn join<K: Kv>(reg: &Registry<K>, id: &str) -> Presence {
+    let info = MachineInfo {
+        id: machine(id),
+        public_ip: String::new(),
+        metadata: BTreeMap::new(),
+        version: "test".into(),
+        disable_engine: false,
+    };
+    reg.register_machine(&info, PRESENCE_TTL, None)
+        .await
+        .unwrap()
+}
+
+async fn submit<K: Kv>(reg: &Registry<K>, unit: &str) {
+    let file = UnitFile::parse(format!("[Service]\nExecStart=/bin/echo {unit}\n").as_bytes());
+    reg.create_unit(&name(unit), &file.unwrap(), DesiredState::Launched)
+        .await
+        .unwrap();
+}
+
+/// Unit -> machines it is scheduled on.
+async fn schedule<K: Kv>(reg: &Registry<K>) -> BTreeMap<String, Vec<String>> {
+    let snap = reg.snapshot().await.unwrap();
+    snap.schedule
+        .iter()
+        .map(|(u, ms)| (u.to_string(), ms.keys().map(|m| m.to_string()).collect()))
+        .collect()
+}
+
+async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn leader_is<K: Kv>(reg: &Registry<K>, id: Option<&str>) -> bool {
+    reg.leader().await.unwrap() == id.map(machine)
+}
+
+struct Engine {
+    task: JoinHandle<()>,
+    stop: watch::Sender<bool>,
+}
+
+fn start<K: Kv>(reg: &Registry<K>, id: &str, t: Timing) -> Engine {
+    let mut cfg = EngineConfig::new(machine(id), t.interval);
+    cfg.lease_ttl = t.lease_ttl;
+    let (stop, shutdown) = watch::channel(false);
+    let task = tokio::spawn(fleet_engine::run(reg.clone(), cfg, shutdown));
+    Engine { task, stop }
+}
+
+impl Engine {
+    async fn shutdown(self) {
+        self.stop.send(true).unwrap();
+        self.task.await.unwrap();
+    }
+
+    /// A crash: no resignation, the lease lapses by itself.
+    fn crash(self) {
+        self.task.abort();
+    }
+}
+
+// ---- bodies -----------------------------------------------------------------------------------
+
+async fn elects_a_leader_and_schedules_a_submitted_unit_promptly<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    let a = start(&reg, "a", t);
+    eventually(t.prompt, "a leads", || leader_is(&reg, Some("a"))).await;
+    join(&reg, "m1").await;
+    submit(&reg, "hello.service").await;
+    eventually(t.prompt, "hello scheduled", || async {
+        schedule(&reg).await.get("hello.service") == Some(&vec!["m1".to_owned()])
+    })
+    .await;
+    a.shutdown().await;
+    assert!(leader_is(&reg, None).await, "a resigned on shutdown");
+}
+
+async fn a_second_engine_does_not_take_over_while_the_first_leads<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    let a = start(&reg, "a", t);
+    eventually(t.prompt, "a leads", || leader_is(&reg, Some("a"))).await;
+    let b = start(&reg, "b", t);
+    let until = Instant::now() + t.lease_ttl * 3;
+    while Instant::now() < until {
+        assert!(leader_is(&reg, Some("a")).await, "leadership moved to b");
+        sleep(t.interval / 2).await;
+    }
+    b.shutdown().await;
+    a.shutdown().await;
+}
+
+async fn another_engine_takes_over_at_once_when_the_leader_shuts_down<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    join(&reg, "m1").await;
+    let a = start(&reg, "a", t);
+    eventually(t.prompt, "a leads", || leader_is(&reg, Some("a"))).await;
+    let b = start(&reg, "b", t);
+    sleep(t.interval).await;
+    a.shutdown().await;
+    eventually(t.prompt, "b leads", || leader_is(&reg, Some("b"))).await;
+    submit(&reg, "after.service").await;
+    eventually(t.prompt, "after scheduled", || async {
+        schedule(&reg).await.contains_key("after.service")
+    })
+    .await;
+    b.shutdown().await;
+}
+
+async fn another_engine_takes_over_when_the_leaders_lease_expires<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    join(&reg, "m1").await;
+    let a = start(&reg, "a", t);
+    eventually(t.prompt, "a leads", || leader_is(&reg, Some("a"))).await;
+    let b = start(&reg, "b", t);
+    sleep(t.interval).await;
+    a.crash();
+    let crashed = Instant::now();
+    eventually(t.lease_ttl * 2, "b leads", || leader_is(&reg, Some("b"))).await;
+    assert!(
+        crashed.elapsed() >= t.lease_ttl / 2,
+        "b did not wait for the lease"
+    );
+    submit(&reg, "after.service").await;
+    eventually(t.prompt, "after scheduled", || async {
+        schedule(&reg).await.contains_key("after.service")
+    })
+    .await;
+    b.shutdown().await;
+}
+
+/// Puts `holder` on the leader key on a lease of its own (an engine that is not running),
+/// revoking the current holder's lease first.
+async fn usurp<K: Kv>(reg: &Registry<K>, holder: &str) -> LeaseId {
+    let key = reg.keys().leader();
+    let current = reg.kv().range(&key, false, None).await.unwrap();
+    if let Some(kv) = current.kvs.first() {
+        reg.kv().revoke(LeaseId(kv.lease)).await.unwrap();
+    }
+    let lease = reg.kv().grant(PRESENCE_TTL).await.unwrap();
+    let put = Txn {
+        compares: vec![Compare::absent(&key)],
+        success: vec![TxnOp::Put {
+            key,
+            value: holder.as_bytes().to_vec(),
+            lease: Some(lease),
+        }],
+        failure: vec![],
+    };
+    assert!(reg.kv().txn(put).await.unwrap().succeeded);
+    lease
+}
+
+async fn a_deposed_leader_stops_writing_until_it_leads_again<K: Kv>(reg: Registry<K>, t: Timing) {
+    join(&reg, "m1").await;
+    let a = start(&reg, "a", t);
+    eventually(t.prompt, "a leads", || leader_is(&reg, Some("a"))).await;
+    let z = usurp(&reg, "z").await;
+    submit(&reg, "late.service").await;
+    sleep(t.lease_ttl).await;
+    assert!(
+        schedule(&reg).await.is_empty(),
+        "a deposed leader scheduled"
+    );
+    assert!(leader_is(&reg, Some("z")).await);
+    reg.kv().revoke(z).await.unwrap();
+    eventually(t.prompt, "a leads again", || leader_is(&reg, Some("a"))).await;
+    eventually(t.prompt, "late scheduled", || async {
+        schedule(&reg).await.contains_key("late.service")
+    })
+    .await;
+    a.shutdown().await;
+}
+
+async fn reschedules_the_units_of_a_machine_whose_record_vanishes<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    let m1 = join(&reg, "m1").await;
+    join(&reg, "m2").await;
+    submit(&reg, "a.service").await;
+    submit(&reg, "b.service").await;
+    let a = start(&reg, "a", t);
+    eventually(t.prompt, "both scheduled", || async {
+        schedule(&reg).await.len() == 2
+    })
+    .await;
+    assert_eq!(schedule(&reg).await["a.service"], ["m1"]);
+    reg.unregister(&m1).await.unwrap();
+    eventually(t.prompt, "a moved to m2", || async {
+        schedule(&reg).await.get("a.service") == Some(&vec!["m2".to_owned()])
+    })
+    .await;
+    assert_eq!(schedule(&reg).await["b.service"], ["m2"], "b did not move");
+    a.shutdown().await;
+}
+
+async fn publishes_and_clears_why_a_unit_cannot_be_placed<K: Kv>(reg: Registry<K>, t: Timing) {
+    let a = start(&reg, "a", t);
+    submit(&reg, "lonely.service").await;
+    let unscheduled = || async {
+        let snap = reg.snapshot().await.unwrap();
+        snap.unscheduled.get(&name("lonely.service")).cloned()
+    };
+    eventually(t.prompt, "reason published", || async {
+        unscheduled().await.as_deref() == Some("zero machines available")
+    })
+    .await;
+    join(&reg, "m1").await;
+    eventually(t.prompt, "placed and reason cleared", || async {
+        unscheduled().await.is_none() && schedule(&reg).await.contains_key("lonely.service")
+    })
+    .await;
+    a.shutdown().await;
+}
+
+macro_rules! on_both {
+    ($($test:ident),* $(,)?) => {
+        mod mem {
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $test() {
+                    let reg = fleet_registry::Registry::new(super::MemKv::new(), super::PREFIX);
+                    super::$test(reg, super::MEM).await;
+                }
+            )*
+        }
+        mod etcd {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let etcd = super::TestEtcd::start().await;
+                    let reg = fleet_registry::Registry::new(etcd.kv().await, super::PREFIX);
+                    super::$test(reg, super::ETCD).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    elects_a_leader_and_schedules_a_submitted_unit_promptly,
+    a_second_engine_does_not_take_over_while_the_first_leads,
+    another_engine_takes_over_at_once_when_the_leader_shuts_down,
+    another_engine_takes_over_when_the_leaders_lease_expires,
+    a_deposed_leader_stops_writing_until_it_leads_again,
+    reschedules_the_units_of_a_machine_whose_record_vanishes,
+    publishes_and_clears_why_a_unit_cannot_be_placed,
+);
