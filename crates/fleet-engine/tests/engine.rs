@@ -277,6 +277,34 @@ async fn publishes_and_clears_why_a_unit_cannot_be_placed<K: Kv>(reg: Registry<K
     a.shutdown().await;
 }
 
+async fn schedules_more_units_than_one_transaction_holds<K: Kv>(reg: Registry<K>, t: Timing) {
+    for m in ["m1", "m2", "m3"] {
+        join(&reg, m).await;
+    }
+    let units = fleet_registry::MAX_TXN_OPS * 2 + 10;
+    for i in 0..units {
+        submit(&reg, &format!("bulk{i}.service")).await;
+    }
+    let a = start(&reg, "a", t);
+    eventually(t.prompt * 5, "all scheduled", || async {
+        schedule(&reg).await.len() == units
+    })
+    .await;
+    let snap = reg.snapshot().await.unwrap();
+    let per_machine: Vec<usize> = snap
+        .machines
+        .keys()
+        .map(|m| {
+            snap.schedule
+                .values()
+                .filter(|ms| ms.contains_key(m))
+                .count()
+        })
+        .collect();
+    assert_eq!(per_machine, [89, 89, 88], "least-loaded spreads evenly");
+    a.shutdown().await;
+}
+
 macro_rules! on_both {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -309,4 +337,5 @@ on_both!(
     a_deposed_leader_stops_writing_until_it_leads_again,
     reschedules_the_units_of_a_machine_whose_record_vanishes,
     publishes_and_clears_why_a_unit_cannot_be_placed,
+    schedules_more_units_than_one_transaction_holds,
 );
