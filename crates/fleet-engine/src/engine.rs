@@ -125,10 +125,18 @@ async fn follow<K: Kv>(
         return Flow::Campaign;
     };
     debug!(leader = %leader, "following engine leader");
-    tokio::select! {
-        () = stop_requested(shutdown) => Flow::Shutdown,
-        _ = hints.changed() => Flow::Campaign,
-        () = tokio::time::sleep(cfg.lease_ttl) => Flow::Campaign,
+    loop {
+        tokio::select! {
+            () = stop_requested(shutdown) => return Flow::Shutdown,
+            _ = hints.changed() => return Flow::Campaign,
+            () = tokio::time::sleep(cfg.lease_ttl) => {}
+        }
+        // The slow re-check in case the watch missed a change: campaign only if the key
+        // is gone (or cannot be read), without granting a lease for nothing.
+        match registry.leader().await {
+            Ok(Some(_)) => continue,
+            Ok(None) | Err(_) => return Flow::Campaign,
+        }
     }
 }
 

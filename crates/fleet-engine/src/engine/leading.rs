@@ -19,6 +19,9 @@ use tracing::{Instrument, debug, debug_span, info, warn};
 use super::{EngineConfig, Flow, stop_requested};
 use crate::scheduler::{Decision, DecisionKind, plan};
 
+/// The shortest re-check period honoured (a zero interval would spin).
+const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
 /// Unit files fetched at once when many are new (an engine taking over a big cluster).
 const FILE_FETCHES: usize = 16;
 
@@ -78,8 +81,8 @@ impl<K: Kv> Leading<K> {
         Leading {
             registry,
             leadership,
-            reconcile_interval: cfg.reconcile_interval,
-            lease_ttl: cfg.lease_ttl,
+            reconcile_interval: cfg.reconcile_interval.max(MIN_INTERVAL),
+            lease_ttl: cfg.lease_ttl.max(MIN_INTERVAL * 3),
             files: BTreeMap::new(),
             watches: None,
             settled_at: 0,
