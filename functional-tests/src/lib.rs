@@ -28,6 +28,7 @@ mod fleetd;
 mod machine;
 mod net;
 mod proc;
+mod registry;
 mod state;
 mod wait;
 
@@ -37,5 +38,6 @@ pub use cmd::{OutputExt, Signal};
 pub use fleetd::{ENV_FILE as FLEETD_ENV_FILE, FleetdSpec, MACHINE_BIN_DIR, UNIT as FLEETD_UNIT};
 pub use machine::Machine;
 pub use proc::ProcId;
+pub use registry::TestRegistry;
 pub use state::{ClusterState, MachineState, RunId, default_bin_dir, functional_dir};
 pub use wait::{wait_for, wait_for_value};
