@@ -77,7 +77,14 @@ init() {
     # namespaces alive for as long as this machine runs.
     local target
     findmnt -rn -o TARGET | grep -E '^/(run|tmp|var/tmp|var/lib/systemd|var/log/journal|dev/shm)(/|$)' |
-        sort -r | while read -r target; do umount -l "$target"; done
+        sort -r | while read -r target; do
+            # Another cluster may tear its namespace down between findmnt and here; a mount
+            # that is already gone is fine (the tmpfs checks below still guard the host).
+            if ! umount -l "$target" 2>/dev/null && findmnt -rn --mountpoint "$target" >/dev/null; then
+                echo "machine.sh: cannot unmount $target" >&2
+                exit 1
+            fi
+        done
 
     # Writable, private, empty: systemd, journald, dbus and fleetd write here.
     local dir

@@ -387,8 +387,6 @@ fn a_restart_leaves_units_untouched(how: Restart) -> Result<()> {
         .keys()
         .map(|u| Ok((*u, identity(m1, u)?)))
         .collect::<Result<_>>()?;
-    let revisions = registry.state_revisions()?;
-    let key = |unit: &str| (unit.to_owned(), m1.id().to_string());
     let old_fleetd = m1
         .main_pid("fleetd.service")?
         .context("fleetd not running")?;
@@ -420,15 +418,18 @@ fn a_restart_leaves_units_untouched(how: Restart) -> Result<()> {
             fleetd_log(m1, &cursor).unwrap_or_default()
         )
     })?;
+    // Its first pass is over (any job it would issue has been issued by then), and every
+    // state is published with its hash (kept as is when unchanged: no needless writes).
     wait_for(TIMEOUT, POLL, || {
-        registry.state_revisions().is_ok_and(|now| {
-            hashes.keys().all(|u| {
-                now.get(&key(u))
-                    .is_some_and(|r| Some(r) > revisions.get(&key(u)))
-            })
-        })
+        fleetd_log(m1, &cursor).is_ok_and(|l| l.contains("initial reconcile complete"))
     })
-    .context("the restarted fleetd did not publish every state again")?;
+    .context("the restarted fleetd did not finish its first pass")?;
+    for (unit, hash) in &hashes {
+        let state = registry
+            .unit_state(unit, m1.id())?
+            .with_context(|| format!("no state published for {unit}"))?;
+        assert_eq!(state.hash, Some(*hash), "{unit} published without its hash");
+    }
 
     for unit in hashes.keys() {
         assert_eq!(identity(m1, unit)?, before[unit], "{unit} was restarted");
@@ -638,22 +639,16 @@ fn a_unit_unscheduled_while_fleetd_was_down_is_removed_and_its_state_withdrawn()
     let units = three_running_units(&registry, m1)?;
     m1.stop_fleetd()?;
     registry.unschedule(m1.id(), "gone.service")?;
-    let revisions = registry.state_revisions()?;
     let cursor = journal_cursor(m1)?;
     m1.start_fleetd()?;
 
     converges(&registry, m1, &units, &cursor)?;
     // The new fleetd's first publish (the kept units' states, written again) is done; the
     // withdrawal of the removed unit's state belongs to that same pass.
-    let key = |unit: &str| (unit.to_owned(), m1.id().to_string());
     wait_for(TIMEOUT, POLL, || {
-        registry.state_revisions().is_ok_and(|now| {
-            ["keep1.service", "keep2.service"]
-                .iter()
-                .all(|u| now.get(&key(u)) > revisions.get(&key(u)))
-        })
+        fleetd_log(m1, &cursor).is_ok_and(|l| l.contains("initial reconcile complete"))
     })
-    .context("the restarted fleetd did not publish the kept units' states again")?;
+    .context("the restarted fleetd did not finish its first pass")?;
     wait_state_gone_within(&registry, "gone.service", m1, Duration::from_secs(5)).context(
         "BUG: the restarted fleetd removed gone.service but left the state its predecessor \
          published under the (resumed) lease: fleetctl list-units shows a unit that is gone",

@@ -113,6 +113,15 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             self.reconcile()
                 .instrument(info_span!("reconcile", pass))
                 .await;
+            if pass == 1 {
+                // Operators (and the functional tests) read this as "boot is over": every
+                // job the boot decisions called for has been issued and awaited.
+                info!(
+                    units = self.current.hashes.len(),
+                    published = self.published.len(),
+                    "initial reconcile complete"
+                );
+            }
             let retry_at = self.backoff.values().map(|b| b.until).min();
             let mut schedule = false;
             let mut details = false;
@@ -175,7 +184,27 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
         };
         self.log_boot_decisions();
+        self.adopt_published_states().await;
         Some(revision)
+    }
+
+    /// States a previous fleetd published under the lease we resumed are ours now: knowing
+    /// them, the first publish withdraws those of units that are gone and skips unchanged ones.
+    async fn adopt_published_states(&mut self) {
+        let Some(presence) = *self.presence.borrow() else {
+            return;
+        };
+        match self.registry.unit_states().await {
+            Ok(states) => {
+                self.published = states
+                    .into_iter()
+                    .filter(|s| s.machine == self.cfg.machine)
+                    .map(|s| (s.name.clone(), s))
+                    .collect();
+                self.published_lease = Some(presence.lease);
+            }
+            Err(e) => warn!(error = %e, "reading previously published states failed"),
+        }
     }
 
     fn log_boot_decisions(&self) {

@@ -1,20 +1,24 @@
-//! Starting the engine candidate next to the agent.
+//! Starting the engine candidate next to the agent (unless `disable_engine`).
 
 use fleet_core::MachineId;
+use fleet_engine::EngineConfig;
 use fleet_registry::Registry;
 use fleet_registry::kv::EtcdKv;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tracing::warn;
 
 use crate::config::Config;
 
 pub fn spawn(
-    _tasks: &mut JoinSet<anyhow::Result<()>>,
-    _registry: Registry<EtcdKv>,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+    registry: Registry<EtcdKv>,
     machine: &MachineId,
-    _config: &Config,
-    _shutdown: watch::Receiver<bool>,
+    config: &Config,
+    shutdown: watch::Receiver<bool>,
 ) {
-    warn!(machine = %machine, "engine not available in this build; only the agent runs");
+    let cfg = EngineConfig::new(machine.clone(), config.engine_reconcile_interval);
+    tasks.spawn(async move {
+        fleet_engine::run(registry, cfg, shutdown).await;
+        Ok(())
+    });
 }

@@ -110,6 +110,31 @@ fn auto_public_ip(endpoints: &[String]) -> String {
     }
 }
 
+/// One fleetd per runtime directory: a second one would manage the same units directory and
+/// take over the first one's lease. The lock is released when the process exits, however.
+fn lock_runtime_dir(dir: &std::path::Path) -> Result<std::fs::File> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating runtime directory {}", dir.display()))?;
+    let path = dir.join("fleetd.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
+            "another fleetd is already running with runtime directory {} (it holds {})",
+            dir.display(),
+            path.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+}
+
 async fn run(config: Config) -> Result<()> {
     let machine = machine_id()?;
     let kv = EtcdKv::connect(&EtcdConfig {
@@ -140,6 +165,7 @@ async fn run(config: Config) -> Result<()> {
         .parent()
         .map(|p| p.to_path_buf())
         .unwrap_or_else(|| "/run/fleet".into());
+    let _lock = lock_runtime_dir(&runtime_dir)?;
     let manager = SystemdManager::connect(SystemdConfig {
         units_dir: config.units_directory.clone(),
         ..SystemdConfig::default()
