@@ -79,6 +79,7 @@ impl TestRegistry {
             machine: machine.clone(),
             hash: unit.hash(),
             desired,
+            restart: 0,
         };
         self.block_on(self.registry.apply_schedule(None, &[entry], &[]))?;
         Ok(())

@@ -20,6 +20,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::current::Current;
 use crate::executor::{self, Outcome};
+use crate::ledger::RestartLedger;
 use crate::manager::{Change, UnitManager};
 use crate::plan::{self, DesiredUnit, Target, TaskKind, UnitFileState};
 
@@ -33,6 +34,8 @@ pub struct AgentConfig {
     pub deny_units: Vec<String>,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// Where restart generations are recorded (`None`: in memory only, for tests).
+    pub restarts_dir: Option<std::path::PathBuf>,
 }
 
 impl AgentConfig {
@@ -43,6 +46,7 @@ impl AgentConfig {
             deny_units: Vec::new(),
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
+            restarts_dir: None,
         }
     }
 }
@@ -68,6 +72,7 @@ pub struct Agent<K, M> {
     published_lease: Option<LeaseId>,
     backoff: BTreeMap<UnitName, Backoff>,
     denied: BTreeSet<UnitName>,
+    restarts: RestartLedger,
 }
 
 impl<K: Kv, M: UnitManager> Agent<K, M> {
@@ -77,6 +82,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         cfg: AgentConfig,
         presence: watch::Receiver<Option<Presence>>,
     ) -> Agent<K, M> {
+        let cfg_restarts_dir = cfg.restarts_dir.clone();
         Agent {
             registry,
             manager,
@@ -89,6 +95,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             published_lease: None,
             backoff: BTreeMap::new(),
             denied: BTreeSet::new(),
+            restarts: RestartLedger::load(cfg_restarts_dir),
         }
     }
 
@@ -159,6 +166,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             match Current::read(&self.manager, &BTreeSet::new(), &BTreeMap::new()).await {
                 Ok(mut current) => {
                     current.read_details(&self.manager).await;
+                    current.set_restarted(self.restarts.all());
                     self.current = current;
                     break;
                 }
@@ -280,6 +288,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 if details {
                     current.read_details(&self.manager).await;
                 }
+                current.set_restarted(self.restarts.all());
                 self.current = current;
             }
             Err(e) => warn!(error = %e, "reading systemd state failed"),
@@ -327,18 +336,22 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 DesiredUnit {
                     hash: e.hash,
                     target,
+                    restart: e.restart,
                 },
             );
             hashes.insert(name.clone(), e.hash);
         }
         let tasks = plan::plan(&want, &self.current.units, &waiting);
+        self.record_restarts(&want, &tasks, None);
         if tasks.is_empty() {
             return PassOutcome::default();
         }
+        let planned = tasks.clone();
         let reloaded = tasks.iter().any(|t| t.kind == TaskKind::ReloadUnitFiles);
         let touched: BTreeSet<UnitName> = tasks.iter().map(|t| t.unit.clone()).collect();
         debug!(tasks = tasks.len(), "executing plan");
         let outcome = executor::execute(&self.manager, tasks, &hashes, &self.files).await;
+        self.record_restarts(&want, &planned, Some(&outcome));
         for unit in touched {
             match outcome.failed.get(&unit) {
                 Some(_) => self.fail(unit, now),
@@ -348,6 +361,47 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
         }
         PassOutcome { outcome, reloaded }
+    }
+
+    /// Keeps the restart ledger: a unit (re)started by a successful task has had the desired
+    /// generation; a desired unit the ledger does not know yet starts from the desired one (it
+    /// is never restarted on a guess); units gone from here are forgotten.
+    fn record_restarts(
+        &mut self,
+        want: &BTreeMap<UnitName, DesiredUnit>,
+        tasks: &[plan::Task],
+        outcome: Option<&Outcome>,
+    ) {
+        match outcome {
+            None => {
+                for (name, d) in want {
+                    if self.restarts.get(name).is_none() {
+                        self.restarts.set(name, d.restart);
+                    }
+                }
+                let gone: Vec<UnitName> = self
+                    .restarts
+                    .all()
+                    .keys()
+                    .filter(|n| !want.contains_key(*n) && !self.current.hashes.contains_key(*n))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    self.restarts.remove(&name);
+                }
+            }
+            Some(outcome) => {
+                for t in tasks {
+                    let started = matches!(t.kind, TaskKind::Start | TaskKind::Restart);
+                    if started
+                        && !outcome.failed.contains_key(&t.unit)
+                        && let Some(d) = want.get(&t.unit)
+                    {
+                        self.restarts.set(&t.unit, d.restart);
+                    }
+                }
+            }
+        }
     }
 
     fn fail(&mut self, unit: UnitName, now: Instant) {

@@ -50,6 +50,7 @@ impl Current {
                     file,
                     systemd: status.get(&inst.name).cloned(),
                     need_daemon_reload: false,
+                    restarted: None,
                 },
             );
             if let Some(d) = previous_drop_ins.get(&inst.name) {
@@ -64,6 +65,7 @@ impl Current {
                     file: UnitFileState::Absent,
                     systemd: status.get(name).cloned(),
                     need_daemon_reload: false,
+                    restarted: None,
                 });
         }
         Ok(current)
@@ -100,6 +102,13 @@ impl Current {
     }
 
     /// The state to publish for every unit with a file in the units directory.
+    /// Fills in the restart generation each unit has had here.
+    pub fn set_restarted(&mut self, done: &BTreeMap<UnitName, u64>) {
+        for (name, unit) in &mut self.units {
+            unit.restarted = done.get(name).copied();
+        }
+    }
+
     pub fn records(&self, machine: &MachineId) -> BTreeMap<UnitName, UnitStateRecord> {
         self.units
             .iter()
@@ -116,6 +125,7 @@ impl Current {
                     hash: self.hashes.get(name).copied(),
                     systemd,
                     drop_ins: self.drop_ins.get(name).cloned().unwrap_or_default(),
+                    restart: u.restarted.unwrap_or(0),
                     restart_pending: false,
                 };
                 (name.clone(), record)

@@ -129,6 +129,10 @@ async fn run_task_inner<M: UnitManager>(
         TaskKind::ReloadUnitFiles => manager.reload().await.map_err(mgr),
         TaskKind::Stop => job(kind, manager.stop(unit).await.map_err(mgr)?),
         TaskKind::Start => job(kind, manager.start(unit).await.map_err(mgr)?),
+        TaskKind::Restart => {
+            job(kind, manager.stop(unit).await.map_err(mgr)?)?;
+            job(kind, manager.start(unit).await.map_err(mgr)?)
+        }
     }
 }
 

@@ -13,6 +13,7 @@ pub mod agent;
 mod current;
 pub mod executor;
 pub mod fake;
+mod ledger;
 pub mod manager;
 pub mod plan;
 pub mod systemd;

@@ -38,6 +38,8 @@ impl Target {
 pub struct DesiredUnit {
     pub hash: UnitHash,
     pub target: Target,
+    /// The restart generation asked for (`fleetctl restart` bumps it).
+    pub restart: u64,
 }
 
 /// The unit's file in the units directory.
@@ -60,6 +62,9 @@ pub struct CurrentUnit {
     pub systemd: Option<SystemdState>,
     /// systemd's `NeedDaemonReload`: what it has loaded is older than the files on disk.
     pub need_daemon_reload: bool,
+    /// The restart generation this machine carried out; `None` when it does not know (then no
+    /// restart is ever guessed: a running unit is never restarted on a doubt).
+    pub restarted: Option<u64>,
 }
 
 /// What a task does. Declaration order is execution order: every unload, then every load, then
@@ -74,6 +79,8 @@ pub enum TaskKind {
     ReloadUnitFiles,
     Stop,
     Start,
+    /// Stop then start a running unit, awaiting each job: `fleetctl restart`.
+    Restart,
 }
 
 impl fmt::Display for TaskKind {
@@ -84,6 +91,7 @@ impl fmt::Display for TaskKind {
             Self::ReloadUnitFiles => "reload-unit-files",
             Self::Stop => "stop",
             Self::Start => "start",
+            Self::Restart => "restart",
         })
     }
 }
@@ -121,6 +129,8 @@ pub enum Reason {
     DesiredLaunched { active: String },
     /// Desired loaded; systemd's ActiveState is `active`.
     DesiredLoaded { active: String },
+    /// A restart was asked for (`fleetctl restart`): generation `wanted`, done `done`.
+    RestartRequested { done: u64, wanted: u64 },
 }
 
 impl fmt::Display for Reason {
@@ -151,6 +161,9 @@ impl fmt::Display for Reason {
             }
             Self::DesiredLoaded { active } => {
                 write!(f, "unit {active} but desired state is loaded")
+            }
+            Self::RestartRequested { done, wanted } => {
+                write!(f, "restart {wanted} requested, {done} done")
             }
         }
     }
@@ -194,6 +207,7 @@ struct View<'a> {
     holds: bool,
     not_found: bool,
     need_daemon_reload: bool,
+    restarted: Option<u64>,
 }
 
 impl<'a> View<'a> {
@@ -209,6 +223,7 @@ impl<'a> View<'a> {
             holds: !not_found || running,
             not_found,
             need_daemon_reload: current.is_some_and(|c| c.need_daemon_reload),
+            restarted: current.and_then(|c| c.restarted),
         }
     }
 }
@@ -327,8 +342,18 @@ impl Plan {
                 let active = view.active.to_owned();
                 self.push(TaskKind::Stop, name, Reason::DesiredLoaded { active });
             }
-            // Adoption: the file and the state already match; leave the unit alone.
-            (Target::Launched, true) | (Target::Loaded, false) => {}
+            (Target::Launched, true) => match view.restarted {
+                Some(done) if done < want.restart => {
+                    let reason = Reason::RestartRequested {
+                        done,
+                        wanted: want.restart,
+                    };
+                    self.push(TaskKind::Restart, name, reason);
+                }
+                // Adoption: the file and the state already match; leave the unit alone.
+                Some(_) | None => {}
+            },
+            (Target::Loaded, false) => {}
         }
     }
 

@@ -61,6 +61,22 @@ impl World {
             machine: self.machine.clone(),
             hash: f.hash(),
             desired,
+            restart: 0,
+        };
+        self.registry
+            .apply_schedule(None, &[entry], &[])
+            .await
+            .unwrap();
+    }
+
+    /// Rewrites `unit`'s entry here as the engine would after `fleetctl restart`.
+    async fn request_restart(&self, unit: &str, f: &UnitFile, generation: u64) {
+        let entry = ScheduleEntry {
+            name: name(unit),
+            machine: self.machine.clone(),
+            hash: f.hash(),
+            desired: DesiredState::Launched,
+            restart: generation,
         };
         self.registry
             .apply_schedule(None, &[entry], &[])
@@ -76,13 +92,12 @@ impl World {
     }
 
     fn start_agent(&self) -> tokio::task::JoinHandle<()> {
+        self.start_agent_with(AgentConfig::new(self.machine.clone()))
+    }
+
+    fn start_agent_with(&self, cfg: AgentConfig) -> tokio::task::JoinHandle<()> {
         let (_tx, presence) = watch::channel(Some(self.presence));
-        let agent = Agent::new(
-            self.registry.clone(),
-            self.fake.clone(),
-            AgentConfig::new(self.machine.clone()),
-            presence,
-        );
+        let agent = Agent::new(self.registry.clone(), self.fake.clone(), cfg, presence);
         let shutdown = self.shutdown.subscribe();
         // Keep the presence sender alive for the agent's lifetime.
         tokio::spawn(async move {
@@ -306,4 +321,47 @@ async fn reports_drop_ins_of_adopted_units_without_removing_them() {
         vec!["/run/systemd/system/web.service.d/override.conf".to_string()]
     );
     assert_eq!(mutating(&w.fake.calls()), vec![]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn restarts_once_per_requested_generation_even_across_agent_restarts() {
+    let w = World::new().await;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("restarts-ledger");
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut cfg = AgentConfig::new(w.machine.clone());
+    cfg.restarts_dir = Some(dir.clone());
+    let n = name("web.service");
+    let f = file("/bin/sleep 1000");
+    w.schedule("web.service", &f, DesiredState::Launched).await;
+    let agent = w.start_agent_with(cfg.clone());
+    w.until_published("web.service", "active").await;
+    let first = w.fake.main_pid(&n);
+
+    w.request_restart("web.service", &f, 1).await;
+    w.until("a new process", || w.fake.main_pid(&n) != first)
+        .await;
+    for _ in 0..200 {
+        if w.published("web.service")
+            .await
+            .is_some_and(|s| s.restart == 1)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(w.published("web.service").await.unwrap().restart, 1);
+    let second = w.fake.main_pid(&n);
+
+    // A new agent (same runtime directory) does not restart it again.
+    agent.abort();
+    w.fake.take_calls();
+    let _agent = w.start_agent_with(cfg);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        mutating(&w.fake.calls()),
+        vec![],
+        "restart 1 was done already"
+    );
+    assert_eq!(w.fake.main_pid(&n), second);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -268,6 +268,7 @@ fn decisions(snapshot: &Snapshot, c: &Cluster<'_>) -> Vec<Decision> {
                 machine: machine.clone(),
                 hash: spec.hash,
                 desired: spec.desired,
+                restart: spec.restart,
             };
             out.push(Decision {
                 kind,
@@ -293,6 +294,10 @@ fn update(snapshot: &Snapshot, c: &Cluster<'_>, (unit, machine): &Slot) -> Optio
             from: entry.desired,
             to: spec.desired,
         }
+    } else if entry.restart != spec.restart {
+        Reason::RestartRequested {
+            generation: spec.restart,
+        }
     } else {
         return None;
     };
@@ -301,6 +306,7 @@ fn update(snapshot: &Snapshot, c: &Cluster<'_>, (unit, machine): &Slot) -> Optio
         machine: machine.clone(),
         hash: spec.hash,
         desired: spec.desired,
+        restart: spec.restart,
     };
     Some(Decision { kind, reason })
 }

@@ -285,6 +285,7 @@ mod tests {
             machine: machine(m),
             hash: file.hash(),
             desired: DesiredState::Launched,
+            restart: 0,
         }
     }
 

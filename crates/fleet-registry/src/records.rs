@@ -11,6 +11,14 @@ pub struct UnitRecord {
     pub name: UnitName,
     pub hash: UnitHash,
     pub desired: DesiredState,
+    /// Restart generation: `fleetctl restart` bumps it, and every machine running the unit
+    /// restarts it once for each new value.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restart: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A [`UnitRecord`] as read, with the revision a compare-and-swap must match.
@@ -41,6 +49,9 @@ pub struct ScheduleEntry {
     pub hash: UnitHash,
     /// `Loaded` or `Launched`; an `Inactive` unit has no entry.
     pub desired: DesiredState,
+    /// The unit's restart generation, copied by the engine.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restart: u64,
 }
 
 /// What an agent publishes about a unit it runs; lives as long as the machine's lease.
@@ -54,6 +65,9 @@ pub struct UnitStateRecord {
     /// Drop-in files systemd applies on top of fleet's file (reported, never removed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drop_ins: Vec<String>,
+    /// The restart generation this machine has carried out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restart: u64,
     /// The running process started from an older file than the one in place.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restart_pending: bool,

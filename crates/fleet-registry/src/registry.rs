@@ -183,6 +183,7 @@ impl<K: Kv> Registry<K> {
             name: name.clone(),
             hash: file.hash(),
             desired,
+            restart: 0,
         };
         let unit_key = self.keys.unit(name);
         let txn = Txn {
@@ -228,6 +229,7 @@ impl<K: Kv> Registry<K> {
             name: name.clone(),
             hash: file.hash(),
             desired,
+            restart: existing.record.restart,
         };
         let mut success = self.unit_write_ops(&record, file);
         let old = existing.hash();
@@ -266,17 +268,33 @@ impl<K: Kv> Registry<K> {
             desired,
             ..existing.record.clone()
         };
+        self.write_record(existing, record, "setting desired state")
+            .await
+    }
+
+    /// Asks every machine running `existing` to restart it once more (if unchanged since read).
+    pub async fn request_restart(&self, existing: &Unit) -> Result<Unit> {
+        let record = UnitRecord {
+            restart: existing.record.restart + 1,
+            ..existing.record.clone()
+        };
+        self.write_record(existing, record, "requesting restart")
+            .await
+    }
+
+    async fn write_record(
+        &self,
+        existing: &Unit,
+        record: UnitRecord,
+        op: &'static str,
+    ) -> Result<Unit> {
         let key = self.keys.unit(existing.name());
         let txn = Txn {
             compares: vec![Compare::mod_revision(&key, existing.mod_revision)],
             success: vec![put(key, encode(&record))],
             failure: vec![],
         };
-        let res = self
-            .kv
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv("setting desired state"))?;
+        let res = self.kv.txn(txn).await.map_err(RegistryError::kv(op))?;
         if !res.succeeded {
             return Err(RegistryError::Conflict(existing.name().clone()));
         }

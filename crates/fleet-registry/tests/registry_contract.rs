@@ -212,6 +212,7 @@ async fn snapshot_reads_everything_at_one_revision<K: Kv>(reg: Registry<K>) {
         machine: m.clone(),
         hash: f.hash(),
         desired: DesiredState::Launched,
+        restart: 0,
     };
     reg.apply_schedule(None, std::slice::from_ref(&entry), &[])
         .await
@@ -226,6 +227,7 @@ async fn snapshot_reads_everything_at_one_revision<K: Kv>(reg: Registry<K>) {
             sub: "running".into(),
         },
         drop_ins: vec![],
+        restart: 0,
         restart_pending: false,
     };
     reg.publish_state(&presence, &state).await.unwrap();
@@ -274,6 +276,7 @@ async fn states_vanish_with_the_machine_lease<K: Kv>(reg: Registry<K>) {
             sub: "dead".into(),
         },
         drop_ins: vec![],
+        restart: 0,
         restart_pending: false,
     };
     reg.publish_state(&presence, &state).await.unwrap();
@@ -289,6 +292,7 @@ async fn fenced_schedule_write_fails_without_leadership<K: Kv>(reg: Registry<K>)
         machine: machine("m1"),
         hash: file("/bin/true").hash(),
         desired: DesiredState::Launched,
+        restart: 0,
     };
     let fence = Fence {
         key: reg.keys().leader(),
@@ -313,6 +317,7 @@ async fn watch_hints_wake_on_changes_under_the_prefix<K: Kv>(reg: Registry<K>) {
         machine: m.clone(),
         hash: file("/bin/true").hash(),
         desired: DesiredState::Launched,
+        restart: 0,
     };
     let written = reg
         .apply_schedule(None, std::slice::from_ref(&entry), &[])

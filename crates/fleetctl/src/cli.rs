@@ -118,6 +118,8 @@ pub enum Command {
     Stop(Blocking),
     /// Unschedule one or more units in the cluster.
     Unload(Blocking),
+    /// Restart one or more units in the cluster (every machine of a global unit).
+    Restart(Blocking),
     /// Output the contents of a submitted unit.
     Cat(Cat),
     /// List the units that exist in the cluster.

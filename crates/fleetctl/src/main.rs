@@ -104,6 +104,10 @@ async fn run(cli: Cli) -> Result<()> {
             let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
             lifecycle::unload(&mut ctx, &a.units, block).await
         }
+        Command::Restart(a) => {
+            let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
+            lifecycle::restart(&mut ctx, &a.units, block).await
+        }
         Command::Cat(a) => commands::cat::run(&mut ctx, &a.units).await,
         Command::ListUnitFiles(a) => commands::list::list_unit_files(&mut ctx, &a).await,
         Command::ListUnits(a) => commands::list::list_units(&mut ctx, &a).await,

@@ -39,6 +39,7 @@ async fn converge(fake: &FakeManager, desired: &[(&UnitName, &UnitFile, Target)]
             file,
             systemd,
             need_daemon_reload,
+            restarted: None,
         };
         current.insert(name.clone(), unit);
     }
@@ -48,6 +49,7 @@ async fn converge(fake: &FakeManager, desired: &[(&UnitName, &UnitFile, Target)]
             let unit = DesiredUnit {
                 hash: f.hash(),
                 target: *target,
+                restart: 0,
             };
             ((*n).clone(), unit)
         })
@@ -67,6 +69,10 @@ async fn converge(fake: &FakeManager, desired: &[(&UnitName, &UnitFile, Target)]
             TaskKind::ReloadUnitFiles => fake.reload().await.unwrap(),
             TaskKind::Stop => assert!(fake.stop(unit).await.unwrap().is_success()),
             TaskKind::Start => assert!(fake.start(unit).await.unwrap().is_success()),
+            TaskKind::Restart => {
+                assert!(fake.stop(unit).await.unwrap().is_success());
+                assert!(fake.start(unit).await.unwrap().is_success());
+            }
         }
     }
     tasks

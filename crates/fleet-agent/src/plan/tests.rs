@@ -36,6 +36,7 @@ fn current(file: UnitFileState, systemd: Option<SystemdState>) -> CurrentUnit {
         file,
         systemd,
         need_daemon_reload: false,
+        restarted: None,
     }
 }
 
@@ -43,6 +44,7 @@ fn want(n: u8, target: Target) -> DesiredUnit {
     DesiredUnit {
         hash: hash(n),
         target,
+        restart: 0,
     }
 }
 
@@ -482,4 +484,42 @@ proptest! {
             prop_assert!(!tasks.iter().any(|t| t.kind == Start && t.unit == stop.unit));
         }
     }
+}
+
+#[test]
+fn restarts_running_unit_once_a_newer_generation_is_asked_for() {
+    let mut want = want(1, Target::Launched);
+    want.restart = 2;
+    let mut now = current(linked(1), state("loaded", "active"));
+    now.restarted = Some(1);
+    let tasks = plan_one(Some(want), Some(now.clone()));
+    assert_eq!(
+        tasks,
+        vec![(
+            TaskKind::Restart,
+            Reason::RestartRequested { done: 1, wanted: 2 }
+        )]
+    );
+    now.restarted = Some(2);
+    assert_eq!(plan_one(Some(want), Some(now)), vec![], "done already");
+}
+
+#[test]
+fn never_restarts_on_a_guess_when_the_done_generation_is_unknown() {
+    let mut want = want(1, Target::Launched);
+    want.restart = 5;
+    let tasks = plan_one(
+        Some(want),
+        Some(current(linked(1), state("loaded", "active"))),
+    );
+    assert_eq!(tasks, vec![]);
+}
+
+#[test]
+fn a_stopped_unit_with_a_restart_pending_is_simply_started() {
+    let mut want = want(1, Target::Launched);
+    want.restart = 3;
+    let mut now = current(linked(1), state("loaded", "inactive"));
+    now.restarted = Some(1);
+    assert_eq!(kinds(&plan_one(Some(want), Some(now))), vec![Start]);
 }

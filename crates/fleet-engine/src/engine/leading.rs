@@ -218,17 +218,20 @@ fn write_of(decision: &Decision) -> EngineWrite {
             machine,
             hash,
             desired,
+            restart,
         }
         | DecisionKind::Schedule {
             unit,
             machine,
             hash,
             desired,
+            restart,
         } => EngineWrite::Schedule(ScheduleEntry {
             name: unit.clone(),
             machine: machine.clone(),
             hash: *hash,
             desired: *desired,
+            restart: *restart,
         }),
         DecisionKind::Unschedulable { unit } => EngineWrite::Unschedulable {
             unit: unit.clone(),
@@ -251,6 +254,7 @@ fn log_decision(decision: &Decision) {
             machine,
             hash,
             desired,
+            ..
         } => {
             info!(unit = %unit, machine = %machine, hash = %hash, desired = %desired, reason = %reason, "updating unit in place");
         }

@@ -18,6 +18,7 @@ use super::decision::{Reason, Violation};
 pub(super) struct Spec {
     pub hash: UnitHash,
     pub desired: DesiredState,
+    pub restart: u64,
     pub reqs: Requirements,
 }
 
@@ -93,6 +94,7 @@ impl<'s> Cluster<'s> {
             let spec = Spec {
                 hash: unit.hash(),
                 desired: unit.desired(),
+                restart: unit.record.restart,
                 reqs,
             };
             cluster.specs.insert(name.clone(), spec);

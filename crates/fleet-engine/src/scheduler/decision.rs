@@ -24,6 +24,7 @@ pub enum DecisionKind {
         machine: MachineId,
         hash: UnitHash,
         desired: DesiredState,
+        restart: u64,
     },
     /// Write a new entry: `machine` must run the unit.
     Schedule {
@@ -31,6 +32,7 @@ pub enum DecisionKind {
         machine: MachineId,
         hash: UnitHash,
         desired: DesiredState,
+        restart: u64,
     },
     /// The unit cannot be placed; publish the reason at `P/unscheduled/<unit>`.
     Unschedulable { unit: UnitName },
@@ -128,6 +130,8 @@ pub enum Reason {
     ReplacedBy { unit: UnitName, machine: MachineId },
     /// Its unit file changed; the entry is updated where it is.
     HashChanged { from: UnitHash, to: UnitHash },
+    /// `fleetctl restart` asked for another restart.
+    RestartRequested { generation: u64 },
     /// Its desired state changed; the entry is updated where it is.
     DesiredChanged {
         from: DesiredState,
@@ -171,6 +175,9 @@ impl fmt::Display for Reason {
             }
             Self::ReplacedBy { unit, machine } => {
                 write!(f, "replaced by unit {unit} on machine {machine}")
+            }
+            Self::RestartRequested { generation } => {
+                write!(f, "restart {generation} requested")
             }
             Self::HashChanged { from, to } => write!(
                 f,

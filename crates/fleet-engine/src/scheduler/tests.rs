@@ -66,6 +66,7 @@ impl World {
             name: name(unit),
             hash: file.hash(),
             desired,
+            restart: 0,
         };
         self.files.insert(file.hash(), file);
         let unit = Unit {
@@ -95,6 +96,7 @@ impl World {
             machine: mid(machine),
             hash,
             desired,
+            restart: 0,
         };
         self.snap
             .schedule
@@ -129,18 +131,21 @@ impl World {
                     machine,
                     hash,
                     desired,
+                    restart,
                 }
                 | DecisionKind::Schedule {
                     unit,
                     machine,
                     hash,
                     desired,
+                    restart,
                 } => {
                     let entry = ScheduleEntry {
                         name: unit.clone(),
                         machine: machine.clone(),
                         hash: *hash,
                         desired: *desired,
+                        restart: *restart,
                     };
                     self.snap
                         .schedule

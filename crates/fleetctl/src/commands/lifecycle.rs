@@ -170,3 +170,62 @@ async fn change_state(
     fail_if_any(ctx, "Error changing state of", failures)?;
     wait_for(ctx, &registry, goals, block).await
 }
+
+/// `restart`: a launched unit is restarted on every machine that runs it (stop, then start,
+/// each awaited there); a loaded unit is started; an inactive one is an error.
+pub async fn restart(ctx: &mut Ctx, args: &[String], block: Block) -> Result<()> {
+    let names = unit_names(args)?;
+    let registry = ctx.registry.clone();
+    let results: Vec<(UnitName, Result<Option<Goal>>)> = futures::stream::iter(names)
+        .map(|name| {
+            let registry = registry.clone();
+            async move {
+                let res = restart_one(&registry, &name).await;
+                (name, res)
+            }
+        })
+        .buffered(32)
+        .collect()
+        .await;
+    let mut goals = BTreeMap::new();
+    let mut failures = Vec::new();
+    for (name, res) in results {
+        match res {
+            Ok(Some(_)) if block == Block::No => {
+                ctx.say(format!("Triggered unit {name} restart"))
+            }
+            Ok(Some(goal)) => {
+                goals.insert(name, goal);
+            }
+            Ok(None) => {}
+            Err(e) => failures.push((name, e)),
+        }
+    }
+    fail_if_any(ctx, "Error restarting", failures)?;
+    wait_for(ctx, &registry, goals, block).await
+}
+
+async fn restart_one(registry: &Registry<EtcdKv>, name: &UnitName) -> Result<Option<Goal>> {
+    for _ in 0..ATTEMPTS {
+        let Some(unit) = registry.unit(name).await? else {
+            bail!("Unit {name} does not exist");
+        };
+        let res = match unit.desired() {
+            DesiredState::Inactive => bail!("Unable to restart unit {name} in state inactive"),
+            DesiredState::Loaded => registry
+                .set_desired(&unit, DesiredState::Launched)
+                .await
+                .map(|_| Goal::Launched),
+            DesiredState::Launched => registry
+                .request_restart(&unit)
+                .await
+                .map(|u| Goal::Restarted(u.record.restart)),
+        };
+        match res {
+            Ok(done) => return Ok(Some(done)),
+            Err(RegistryError::Conflict(_)) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(RegistryError::Conflict(name.clone()).into())
+}

@@ -50,6 +50,8 @@ pub enum Goal {
     Loaded,
     /// Gone from every machine.
     Inactive,
+    /// Restarted at least to this generation, and active, on every machine scheduled to run it.
+    Restarted(u64),
 }
 
 impl Goal {
@@ -72,11 +74,16 @@ fn judge(snap: &Snapshot, name: &UnitName, goal: Goal, full: bool) -> Verdict {
     let Some(unit) = snap.units.get(name) else {
         return match goal {
             Goal::Inactive => Verdict::Reached(format!("Unit {name} inactive")),
-            Goal::Launched | Goal::Loaded => Verdict::Failed(format!("Unit {name} was destroyed")),
+            Goal::Launched | Goal::Loaded | Goal::Restarted(_) => {
+                Verdict::Failed(format!("Unit {name} was destroyed"))
+            }
         };
     };
     let scheduled = snap.schedule.get(name);
     let states = snap.states.get(name);
+    if let Goal::Restarted(generation) = goal {
+        return judge_restart(snap, name, generation, full);
+    }
     if goal == Goal::Inactive {
         let gone =
             scheduled.is_none_or(BTreeMap::is_empty) && states.is_none_or(BTreeMap::is_empty);
@@ -108,8 +115,36 @@ fn judge(snap: &Snapshot, name: &UnitName, goal: Goal, full: bool) -> Verdict {
         Goal::Loaded if matches!(active, "inactive" | "failed") => {
             Verdict::Reached(format!("Unit {name} loaded on {legend}"))
         }
-        Goal::Launched | Goal::Loaded | Goal::Inactive => Verdict::Pending,
+        Goal::Launched | Goal::Loaded | Goal::Inactive | Goal::Restarted(_) => Verdict::Pending,
     }
+}
+
+fn judge_restart(snap: &Snapshot, name: &UnitName, generation: u64, full: bool) -> Verdict {
+    let Some(machines) = snap.schedule.get(name).filter(|m| !m.is_empty()) else {
+        return Verdict::Pending;
+    };
+    let states = snap.states.get(name);
+    let mut legends = Vec::new();
+    for machine in machines.keys() {
+        let Some(state) = states.and_then(|s| s.get(machine)) else {
+            return Verdict::Pending;
+        };
+        let legend = machine_legend(machine, &snap.machines, full);
+        if state.restart < generation {
+            return Verdict::Pending;
+        }
+        match state.systemd.active.as_str() {
+            "active" => legends.push(legend),
+            "failed" => {
+                return Verdict::Failed(format!(
+                    "Unit {name} failed to restart on {legend}: {}/{}/{}",
+                    state.systemd.load, state.systemd.active, state.systemd.sub
+                ));
+            }
+            _ => return Verdict::Pending,
+        }
+    }
+    Verdict::Reached(format!("Unit {name} restarted on {}", legends.join(", ")))
 }
 
 /// Waits until every unit in `goals` reaches its goal, printing each as it arrives. Fails if a

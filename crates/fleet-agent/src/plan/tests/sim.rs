@@ -128,6 +128,7 @@ impl SimUnit {
             file,
             systemd,
             need_daemon_reload,
+            restarted: None,
         }
     }
 }
@@ -151,6 +152,7 @@ impl World {
                 let unit = DesiredUnit {
                     hash: hash(*c),
                     target: *target,
+                    restart: 0,
                 };
                 (n.clone(), unit)
             })
@@ -219,6 +221,8 @@ impl World {
                     s.active = ActiveState::Inactive;
                 }
             }
+            // The simulator never asks for restarts (its units have generation 0).
+            TaskKind::Restart => panic!("restart of {} in the simulator", task.unit),
             TaskKind::Start => {
                 let (c, _) = desired.expect("start of an undesired unit");
                 unit.load_on_demand();
