@@ -120,6 +120,10 @@ pub enum Command {
     Unload(Blocking),
     /// Restart one or more units in the cluster (every machine of a global unit).
     Restart(Blocking),
+    /// Output the unit's status (`systemctl status`) from the machine running it.
+    Status(StatusArgs),
+    /// Print the journal of a unit from the machine running it.
+    Journal(JournalArgs),
     /// Output the contents of a submitted unit.
     Cat(Cat),
     /// List the units that exist in the cluster.
@@ -168,6 +172,34 @@ pub struct Activate {
 pub struct Blocking {
     #[command(flatten)]
     pub block: BlockFlags,
+    pub units: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// SSH port of the machines.
+    #[arg(long, default_value_t = 22)]
+    pub ssh_port: u16,
+    pub units: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct JournalArgs {
+    /// Number of recent log lines to print.
+    #[arg(long, default_value_t = 10)]
+    pub lines: u32,
+    /// Keep printing new entries as they arrive.
+    #[arg(short = 'f', long, visible_alias = "f")]
+    pub follow: bool,
+    /// journalctl output mode (short, verbose, json, cat...).
+    #[arg(long, default_value = "short")]
+    pub output: String,
+    /// Run journalctl with sudo.
+    #[arg(long)]
+    pub sudo: bool,
+    /// SSH port of the machines.
+    #[arg(long, default_value_t = 22)]
+    pub ssh_port: u16,
     pub units: Vec<String>,
 }
 

@@ -81,6 +81,7 @@ async fn run(cli: Cli) -> Result<()> {
         println!("fleetctl version {VERSION}");
         return Ok(());
     }
+    let global = cli.global.clone();
     let mut ctx = Ctx {
         registry: connect(&cli.global).await?,
         out: Box::new(std::io::stdout()),
@@ -107,6 +108,19 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Restart(a) => {
             let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
             lifecycle::restart(&mut ctx, &a.units, block).await
+        }
+        Command::Status(a) => {
+            commands::remote::status(&mut ctx, &global, a.ssh_port, &a.units).await
+        }
+        Command::Journal(a) => {
+            let opts = commands::remote::JournalOptions {
+                lines: a.lines,
+                follow: a.follow,
+                output: a.output.clone(),
+                sudo: a.sudo,
+                port: a.ssh_port,
+            };
+            commands::remote::journal(&mut ctx, &global, &opts, &a.units).await
         }
         Command::Cat(a) => commands::cat::run(&mut ctx, &a.units).await,
         Command::ListUnitFiles(a) => commands::list::list_unit_files(&mut ctx, &a).await,

@@ -191,9 +191,7 @@ pub async fn restart(ctx: &mut Ctx, args: &[String], block: Block) -> Result<()>
     let mut failures = Vec::new();
     for (name, res) in results {
         match res {
-            Ok(Some(_)) if block == Block::No => {
-                ctx.say(format!("Triggered unit {name} restart"))
-            }
+            Ok(Some(_)) if block == Block::No => ctx.say(format!("Triggered unit {name} restart")),
             Ok(Some(goal)) => {
                 goals.insert(name, goal);
             }

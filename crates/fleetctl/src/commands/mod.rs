@@ -5,6 +5,7 @@ pub mod cat;
 pub mod destroy;
 pub mod lifecycle;
 pub mod list;
+pub mod remote;
 pub mod submit;
 pub mod wait;
 
