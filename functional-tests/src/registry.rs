@@ -80,6 +80,8 @@ impl TestRegistry {
             hash: unit.hash(),
             desired,
             restart: 0,
+            no_restart: false,
+            placement: 0,
         };
         self.block_on(self.registry.apply_schedule(None, &[entry], &[]))?;
         Ok(())

@@ -62,6 +62,8 @@ impl World {
             hash: f.hash(),
             desired,
             restart: 0,
+            no_restart: false,
+            placement: 0,
         };
         self.registry
             .apply_schedule(None, &[entry], &[])
@@ -77,6 +79,8 @@ impl World {
             hash: f.hash(),
             desired: DesiredState::Launched,
             restart: generation,
+            no_restart: false,
+            placement: 0,
         };
         self.registry
             .apply_schedule(None, &[entry], &[])

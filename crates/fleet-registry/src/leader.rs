@@ -286,6 +286,8 @@ mod tests {
             hash: file.hash(),
             desired: DesiredState::Launched,
             restart: 0,
+            no_restart: false,
+            placement: 0,
         }
     }
 

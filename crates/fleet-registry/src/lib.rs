@@ -18,7 +18,7 @@ mod watch;
 pub use error::{RegistryError, Result};
 pub use keys::{DEFAULT_PREFIX, Keys};
 pub use leader::{EngineWrite, Leadership, MAX_TXN_OPS};
-pub use records::{ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
+pub use records::{ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 pub use registry::{CreateOutcome, Fence, Presence, Registry};
 pub use snapshot::Snapshot;
 pub use watch::WatchHints;

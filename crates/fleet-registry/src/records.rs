@@ -15,10 +15,50 @@ pub struct UnitRecord {
     /// restarts it once for each new value.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restart: u64,
+    /// How the current version replaces the previous one (`--replace` options).
+    #[serde(default, skip_serializing_if = "ReplaceState::is_default")]
+    pub replace: ReplaceState,
 }
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// The options of the last replace of a unit, read by the engine and copied to the agents.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplaceState {
+    /// `--no-restart`: machines running the unit put the new file in place and reload
+    /// systemd, but leave the running process alone until its next restart.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub no_restart: bool,
+    /// Placement generation: `--reschedule` bumps it, and the engine places the unit afresh.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub placement: u64,
+    /// With a new placement generation: the machine to avoid if another one can run it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avoid: Option<MachineId>,
+    /// A rolling replace in progress: machines not in `updated` keep `previous`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
+}
+
+impl ReplaceState {
+    pub fn is_default(&self) -> bool {
+        *self == ReplaceState::default()
+    }
+}
+
+/// A rolling replace: the machines already given the new version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rollout {
+    /// The version machines not yet updated keep running.
+    pub previous: UnitHash,
+    #[serde(default)]
+    pub updated: std::collections::BTreeSet<MachineId>,
 }
 
 /// A [`UnitRecord`] as read, with the revision a compare-and-swap must match.
@@ -52,6 +92,12 @@ pub struct ScheduleEntry {
     /// The unit's restart generation, copied by the engine.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restart: u64,
+    /// A new hash replaces the file and reloads systemd without restarting the unit.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub no_restart: bool,
+    /// The unit's placement generation when it was placed here.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub placement: u64,
 }
 
 /// What an agent publishes about a unit it runs; lives as long as the machine's lease.

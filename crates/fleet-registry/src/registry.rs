@@ -17,7 +17,7 @@ use crate::keys::Keys;
 use crate::kv::{
     CmpOp, CmpTarget, Compare, KeyValue, Kv, LeaseId, Revision, Txn, TxnOp, TxnOpResponse,
 };
-use crate::records::{ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
+use crate::records::{ReplaceState, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 
 /// The registry: one etcd (or fake) and one key prefix.
 #[derive(Debug, Clone)]
@@ -65,6 +65,26 @@ pub(crate) fn decode_unit(kv: &KeyValue) -> Result<Unit> {
         record: decode(kv)?,
         mod_revision: kv.mod_revision,
     })
+}
+
+/// The files a unit record keeps referenced: its own, and a rolling replace's previous one.
+fn referenced(record: &UnitRecord) -> Vec<UnitHash> {
+    let mut hashes = vec![record.hash];
+    if let Some(r) = &record.replace.rollout
+        && r.previous != record.hash
+    {
+        hashes.push(r.previous);
+    }
+    hashes
+}
+
+/// Files `old` referenced that `new` does not.
+fn dropped_hashes(old: &UnitRecord, new: &UnitRecord) -> Vec<UnitHash> {
+    let keep = referenced(new);
+    referenced(old)
+        .into_iter()
+        .filter(|h| !keep.contains(h))
+        .collect()
 }
 
 fn put(key: String, value: Vec<u8>) -> TxnOp {
@@ -184,6 +204,7 @@ impl<K: Kv> Registry<K> {
             hash: file.hash(),
             desired,
             restart: 0,
+            replace: ReplaceState::default(),
         };
         let unit_key = self.keys.unit(name);
         let txn = Txn {
@@ -216,13 +237,29 @@ impl<K: Kv> Registry<K> {
         }
     }
 
-    /// Replaces `existing` with `file` and `desired`, if it is unchanged since it was read.
-    /// The old file is garbage-collected when no unit refers to it any more.
+    /// Replaces `existing` with `file` and `desired`, if it is unchanged since it was read,
+    /// keeping its placement. The old file is garbage-collected when no unit refers to it.
     pub async fn replace_unit(
         &self,
         existing: &Unit,
         file: &UnitFile,
         desired: DesiredState,
+    ) -> Result<Unit> {
+        let replace = ReplaceState {
+            placement: existing.record.replace.placement,
+            ..ReplaceState::default()
+        };
+        self.replace_unit_with(existing, file, desired, replace).await
+    }
+
+    /// Replaces `existing` with the replace options `replace` (no restart, a new placement, a
+    /// rolling replace that keeps the previous file referenced until it is finished).
+    pub async fn replace_unit_with(
+        &self,
+        existing: &Unit,
+        file: &UnitFile,
+        desired: DesiredState,
+        replace: ReplaceState,
     ) -> Result<Unit> {
         let name = existing.name();
         let record = UnitRecord {
@@ -230,12 +267,11 @@ impl<K: Kv> Registry<K> {
             hash: file.hash(),
             desired,
             restart: existing.record.restart,
+            replace,
         };
         let mut success = self.unit_write_ops(&record, file);
-        let old = existing.hash();
-        if old != record.hash {
-            success.push(delete(self.keys.file_ref(&old, name)));
-        }
+        let dropped = dropped_hashes(&existing.record, &record);
+        success.extend(dropped.iter().map(|h| delete(self.keys.file_ref(h, name))));
         let txn = Txn {
             compares: vec![Compare::mod_revision(
                 self.keys.unit(name),
@@ -252,9 +288,57 @@ impl<K: Kv> Registry<K> {
         if !res.succeeded {
             return Err(RegistryError::Conflict(name.clone()));
         }
-        debug!(unit = %name, old = %old, new = %record.hash, "replaced unit");
-        if old != record.hash {
-            self.collect_file(&old).await?;
+        debug!(unit = %name, old = %existing.hash(), new = %record.hash, "replaced unit");
+        for hash in &dropped {
+            self.collect_file(hash).await?;
+        }
+        Ok(Unit {
+            record,
+            mod_revision: res.revision,
+        })
+    }
+
+    /// Marks more machines of a rolling replace as updated (they get the new version).
+    pub async fn advance_rollout(
+        &self,
+        existing: &Unit,
+        machines: impl IntoIterator<Item = MachineId>,
+    ) -> Result<Unit> {
+        let mut record = existing.record.clone();
+        if let Some(rollout) = &mut record.replace.rollout {
+            rollout.updated.extend(machines);
+        }
+        self.write_record(existing, record, "advancing rolling replace")
+            .await
+    }
+
+    /// Ends a rolling replace: every machine gets the new version, the previous file goes.
+    pub async fn finish_rollout(&self, existing: &Unit) -> Result<Unit> {
+        let mut record = existing.record.clone();
+        record.replace.rollout = None;
+        let dropped = dropped_hashes(&existing.record, &record);
+        let key = self.keys.unit(existing.name());
+        let mut success = vec![put(key.clone(), encode(&record))];
+        success.extend(
+            dropped
+                .iter()
+                .map(|h| delete(self.keys.file_ref(h, existing.name()))),
+        );
+        let txn = Txn {
+            compares: vec![Compare::mod_revision(&key, existing.mod_revision)],
+            success,
+            failure: vec![],
+        };
+        let res = self
+            .kv
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("finishing rolling replace"))?;
+        if !res.succeeded {
+            return Err(RegistryError::Conflict(existing.name().clone()));
+        }
+        for hash in &dropped {
+            self.collect_file(hash).await?;
         }
         Ok(Unit {
             record,
@@ -312,10 +396,11 @@ impl<K: Kv> Registry<K> {
                 self.keys.unit(name),
                 existing.mod_revision,
             )],
-            success: vec![
-                delete(self.keys.unit(name)),
-                delete(self.keys.file_ref(&existing.hash(), name)),
-            ],
+            success: referenced(&existing.record)
+                .iter()
+                .map(|h| delete(self.keys.file_ref(h, name)))
+                .chain([delete(self.keys.unit(name))])
+                .collect(),
             failure: vec![],
         };
         let res = self
@@ -327,7 +412,10 @@ impl<K: Kv> Registry<K> {
             return Err(RegistryError::Conflict(name.clone()));
         }
         debug!(unit = %name, "destroyed unit");
-        self.collect_file(&existing.hash()).await
+        for hash in referenced(&existing.record) {
+            self.collect_file(&hash).await?;
+        }
+        Ok(())
     }
 
     /// The ops that write a unit record with its file and reference. The file is always

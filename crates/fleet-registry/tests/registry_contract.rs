@@ -213,6 +213,8 @@ async fn snapshot_reads_everything_at_one_revision<K: Kv>(reg: Registry<K>) {
         hash: f.hash(),
         desired: DesiredState::Launched,
         restart: 0,
+        no_restart: false,
+        placement: 0,
     };
     reg.apply_schedule(None, std::slice::from_ref(&entry), &[])
         .await
@@ -293,6 +295,8 @@ async fn fenced_schedule_write_fails_without_leadership<K: Kv>(reg: Registry<K>)
         hash: file("/bin/true").hash(),
         desired: DesiredState::Launched,
         restart: 0,
+        no_restart: false,
+        placement: 0,
     };
     let fence = Fence {
         key: reg.keys().leader(),
@@ -318,6 +322,8 @@ async fn watch_hints_wake_on_changes_under_the_prefix<K: Kv>(reg: Registry<K>) {
         hash: file("/bin/true").hash(),
         desired: DesiredState::Launched,
         restart: 0,
+        no_restart: false,
+        placement: 0,
     };
     let written = reg
         .apply_schedule(None, std::slice::from_ref(&entry), &[])

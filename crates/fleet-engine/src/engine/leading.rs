@@ -232,6 +232,8 @@ fn write_of(decision: &Decision) -> EngineWrite {
             hash: *hash,
             desired: *desired,
             restart: *restart,
+            no_restart: false,
+            placement: 0,
         }),
         DecisionKind::Unschedulable { unit } => EngineWrite::Unschedulable {
             unit: unit.clone(),

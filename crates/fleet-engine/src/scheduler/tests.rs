@@ -67,6 +67,7 @@ impl World {
             hash: file.hash(),
             desired,
             restart: 0,
+            replace: Default::default(),
         };
         self.files.insert(file.hash(), file);
         let unit = Unit {
@@ -97,6 +98,8 @@ impl World {
             hash,
             desired,
             restart: 0,
+            no_restart: false,
+            placement: 0,
         };
         self.snap
             .schedule
@@ -146,6 +149,8 @@ impl World {
                         hash: *hash,
                         desired: *desired,
                         restart: *restart,
+                        no_restart: false,
+                        placement: 0,
                     };
                     self.snap
                         .schedule
