@@ -20,7 +20,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::current::Current;
 use crate::executor::{self, Outcome};
-use crate::ledger::RestartLedger;
+use crate::ledger::Ledger;
 use crate::manager::{Change, UnitManager};
 use crate::plan::{self, DesiredUnit, Target, TaskKind, UnitFileState};
 
@@ -72,7 +72,7 @@ pub struct Agent<K, M> {
     published_lease: Option<LeaseId>,
     backoff: BTreeMap<UnitName, Backoff>,
     denied: BTreeSet<UnitName>,
-    restarts: RestartLedger,
+    ledger: Ledger,
 }
 
 impl<K: Kv, M: UnitManager> Agent<K, M> {
@@ -95,7 +95,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             published_lease: None,
             backoff: BTreeMap::new(),
             denied: BTreeSet::new(),
-            restarts: RestartLedger::load(cfg_restarts_dir),
+            ledger: Ledger::load(cfg_restarts_dir),
         }
     }
 
@@ -166,7 +166,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             match Current::read(&self.manager, &BTreeSet::new(), &BTreeMap::new()).await {
                 Ok(mut current) => {
                     current.read_details(&self.manager).await;
-                    current.set_restarted(self.restarts.all());
+                    current.set_restarted(&self.ledger.restarts());
                     self.current = current;
                     break;
                 }
@@ -288,8 +288,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 if details {
                     current.read_details(&self.manager).await;
                 }
-                current.set_restarted(self.restarts.all());
+                current.set_restarted(&self.ledger.restarts());
                 self.current = current;
+                self.refresh_pending().await;
             }
             Err(e) => warn!(error = %e, "reading systemd state failed"),
         }
@@ -316,7 +317,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             return PassOutcome::default();
         };
         let now = Instant::now();
-        let waiting: BTreeSet<UnitName> = self
+        let mut waiting: BTreeSet<UnitName> = self
             .backoff
             .iter()
             .filter(|(_, b)| b.until > now)
@@ -329,6 +330,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 continue;
             };
             if !self.files.contains_key(&e.hash) {
+                // Without its file the unit cannot be (re)loaded; leave what runs alone
+                // rather than treating it as unscheduled.
+                waiting.insert(name.clone());
                 continue;
             }
             want.insert(
@@ -337,6 +341,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     hash: e.hash,
                     target,
                     restart: e.restart,
+                    no_restart: e.no_restart,
                 },
             );
             hashes.insert(name.clone(), e.hash);
@@ -348,6 +353,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         }
         let planned = tasks.clone();
         let reloaded = tasks.iter().any(|t| t.kind == TaskKind::ReloadUnitFiles);
+        self.remember_running_versions(&tasks).await;
         let touched: BTreeSet<UnitName> = tasks.iter().map(|t| t.unit.clone()).collect();
         debug!(tasks = tasks.len(), "executing plan");
         let outcome = executor::execute(&self.manager, tasks, &hashes, &self.files).await;
@@ -363,9 +369,10 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         PassOutcome { outcome, reloaded }
     }
 
-    /// Keeps the restart ledger: a unit (re)started by a successful task has had the desired
-    /// generation; a desired unit the ledger does not know yet starts from the desired one (it
-    /// is never restarted on a guess); units gone from here are forgotten.
+    /// Keeps the ledger: a unit (re)started by a successful task has had the desired restart
+    /// generation and runs the desired file; a desired unit the ledger does not know yet starts
+    /// from the desired generation (it is never restarted on a guess); units gone from here are
+    /// forgotten.
     fn record_restarts(
         &mut self,
         want: &BTreeMap<UnitName, DesiredUnit>,
@@ -375,19 +382,18 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         match outcome {
             None => {
                 for (name, d) in want {
-                    if self.restarts.get(name).is_none() {
-                        self.restarts.set(name, d.restart);
+                    if self.ledger.get(name).is_none() {
+                        self.ledger.update(name, |e| e.restart = d.restart);
                     }
                 }
                 let gone: Vec<UnitName> = self
-                    .restarts
-                    .all()
-                    .keys()
+                    .ledger
+                    .units()
                     .filter(|n| !want.contains_key(*n) && !self.current.hashes.contains_key(*n))
                     .cloned()
                     .collect();
                 for name in gone {
-                    self.restarts.remove(&name);
+                    self.ledger.remove(&name);
                 }
             }
             Some(outcome) => {
@@ -397,11 +403,78 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                         && !outcome.failed.contains_key(&t.unit)
                         && let Some(d) = want.get(&t.unit)
                     {
-                        self.restarts.set(&t.unit, d.restart);
+                        self.ledger.update(&t.unit, |e| {
+                            e.restart = d.restart;
+                            e.started = None;
+                            e.invocation = None;
+                        });
                     }
                 }
             }
         }
+    }
+
+    /// Before a file is swapped under a running unit (`--no-restart`), remembers which
+    /// version and which invocation of the unit run, so the unit shows `restart_pending`
+    /// until it restarts.
+    async fn remember_running_versions(&mut self, tasks: &[plan::Task]) {
+        for t in tasks {
+            let plan::Reason::ReplaceWithoutRestart { current, .. } = &t.reason else {
+                continue;
+            };
+            let invocation = match self.manager.details(&t.unit).await {
+                Ok(d) => d.invocation_id,
+                Err(e) => {
+                    warn!(unit = %t.unit, error = %e, "reading the unit's invocation failed");
+                    None
+                }
+            };
+            let current = *current;
+            self.ledger.update(&t.unit, |e| {
+                // A process already behind its file stays attached to the older version.
+                if e.started.is_none() {
+                    e.started = Some(current);
+                    e.invocation = invocation;
+                }
+            });
+        }
+    }
+
+    /// Which running units run an older version than their file. A unit systemd restarted by
+    /// itself (another InvocationID) runs the file it was restarted with: no longer pending.
+    async fn refresh_pending(&mut self) {
+        let mut pending = BTreeMap::new();
+        let candidates: Vec<(UnitName, UnitHash, Option<String>)> = self
+            .current
+            .hashes
+            .iter()
+            .filter_map(|(name, hash)| {
+                let e = self.ledger.get(name)?;
+                let started = e.started?;
+                (started != *hash).then(|| (name.clone(), *hash, e.invocation.clone()))
+            })
+            .collect();
+        for (name, _hash, invocation) in candidates {
+            let running = self
+                .current
+                .units
+                .get(&name)
+                .and_then(|u| u.systemd.as_ref())
+                .is_some_and(|s| s.active == "active");
+            let now = match self.manager.details(&name).await {
+                Ok(d) => d.invocation_id,
+                Err(_) => continue,
+            };
+            if running && invocation.is_some() && now == invocation {
+                pending.insert(name, true);
+            } else {
+                self.ledger.update(&name, |e| {
+                    e.started = None;
+                    e.invocation = None;
+                });
+            }
+        }
+        self.current.restart_pending = pending;
     }
 
     fn fail(&mut self, unit: UnitName, now: Instant) {

@@ -17,6 +17,8 @@ pub struct Current {
     pub hashes: BTreeMap<UnitName, UnitHash>,
     /// Drop-ins systemd applies on top of our files, refreshed at boot and after reloads.
     pub drop_ins: BTreeMap<UnitName, Vec<String>>,
+    /// Running units whose process started from an older file than the one in place.
+    pub restart_pending: BTreeMap<UnitName, bool>,
 }
 
 impl Current {
@@ -126,7 +128,7 @@ impl Current {
                     systemd,
                     drop_ins: self.drop_ins.get(name).cloned().unwrap_or_default(),
                     restart: u.restarted.unwrap_or(0),
-                    restart_pending: false,
+                    restart_pending: self.restart_pending.get(name).copied().unwrap_or(false),
                 };
                 (name.clone(), record)
             })

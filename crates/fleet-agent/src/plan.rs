@@ -40,6 +40,8 @@ pub struct DesiredUnit {
     pub target: Target,
     /// The restart generation asked for (`fleetctl restart` bumps it).
     pub restart: u64,
+    /// A new file replaces the old one without restarting a running unit (`--no-restart`).
+    pub no_restart: bool,
 }
 
 /// The unit's file in the units directory.
@@ -131,6 +133,11 @@ pub enum Reason {
     DesiredLoaded { active: String },
     /// A restart was asked for (`fleetctl restart`): generation `wanted`, done `done`.
     RestartRequested { done: u64, wanted: u64 },
+    /// `--no-restart`: the file differs; swap it and reload, leave the process running.
+    ReplaceWithoutRestart {
+        current: UnitHash,
+        desired: UnitHash,
+    },
 }
 
 impl fmt::Display for Reason {
@@ -165,6 +172,12 @@ impl fmt::Display for Reason {
             Self::RestartRequested { done, wanted } => {
                 write!(f, "restart {wanted} requested, {done} done")
             }
+            Self::ReplaceWithoutRestart { current, desired } => write!(
+                f,
+                "unit file hash {} replaced by {} without restart",
+                current.short(),
+                desired.short()
+            ),
         }
     }
 }
@@ -273,6 +286,18 @@ impl Plan {
         match view.file {
             UnitFileState::Present { hash, linked } if hash == want.hash => {
                 self.same_file(name, want, view, linked);
+            }
+            UnitFileState::Present { hash, linked }
+                if want.no_restart && linked && view.running && !view.not_found =>
+            {
+                // The new file goes in place and systemd reloads it; the running process is
+                // left alone and picks the new version up at its next restart.
+                let reason = Reason::ReplaceWithoutRestart {
+                    current: hash,
+                    desired: want.hash,
+                };
+                self.push(TaskKind::Load, name, reason);
+                self.need_reload(name, Reason::UnitFileChanged);
             }
             UnitFileState::Present { hash, .. } => {
                 let reason = Reason::HashDiffers {

@@ -73,13 +73,18 @@ impl World {
 
     /// Rewrites `unit`'s entry here as the engine would after `fleetctl restart`.
     async fn request_restart(&self, unit: &str, f: &UnitFile, generation: u64) {
+        self.entry(unit, f, generation, false).await;
+    }
+
+    /// Rewrites `unit`'s entry here as the engine would.
+    async fn entry(&self, unit: &str, f: &UnitFile, restart: u64, no_restart: bool) {
         let entry = ScheduleEntry {
             name: name(unit),
             machine: self.machine.clone(),
             hash: f.hash(),
             desired: DesiredState::Launched,
-            restart: generation,
-            no_restart: false,
+            restart,
+            no_restart,
             placement: 0,
         };
         self.registry
@@ -368,4 +373,82 @@ async fn restarts_once_per_requested_generation_even_across_agent_restarts() {
     );
     assert_eq!(w.fake.main_pid(&n), second);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(start_paused = true)]
+async fn replaces_without_restart_and_reports_the_restart_pending_until_restarted() {
+    let w = World::new().await;
+    let n = name("web.service");
+    let old = file("/bin/sleep 1");
+    let new = file("/bin/sleep 2");
+    w.schedule("web.service", &old, DesiredState::Launched)
+        .await;
+    let _agent = w.start_agent();
+    w.until_published("web.service", "active").await;
+    let pid = w.fake.main_pid(&n);
+    w.fake.take_calls();
+
+    // The new version is in the registry (as a replace puts it there).
+    w.registry
+        .create_unit(&name("spare.service"), &new, DesiredState::Inactive)
+        .await
+        .unwrap();
+    w.entry("web.service", &new, 0, true).await;
+    for _ in 0..500 {
+        if w.published("web.service")
+            .await
+            .is_some_and(|s| s.hash == Some(new.hash()) && s.restart_pending)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let state = w.published("web.service").await.unwrap();
+    assert_eq!(state.hash, Some(new.hash()), "the new file is in place");
+    assert!(state.restart_pending, "the old process still runs");
+    assert_eq!(w.fake.main_pid(&n), pid, "not restarted");
+    assert_eq!(
+        mutating(&w.fake.calls()),
+        vec![Call::Install(n.clone(), new.hash()), Call::Reload]
+    );
+
+    // fleetctl restart: the new version runs, nothing pending any more.
+    w.entry("web.service", &new, 1, true).await;
+    w.until("a new process", || w.fake.main_pid(&n) != pid)
+        .await;
+    assert_eq!(w.fake.running_hash(&n), Some(new.hash()));
+    for _ in 0..500 {
+        if w.published("web.service")
+            .await
+            .is_some_and(|s| !s.restart_pending && s.restart == 1)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "restart_pending never cleared: {:?}",
+        w.published("web.service").await
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scheduled_unit_whose_file_is_missing_is_left_alone() {
+    let w = World::new().await;
+    let n = name("web.service");
+    let f = file("/bin/sleep 1");
+    w.schedule("web.service", &f, DesiredState::Launched).await;
+    let _agent = w.start_agent();
+    w.until_published("web.service", "active").await;
+    w.fake.take_calls();
+    // An entry pointing at a hash the registry does not have.
+    w.entry("web.service", &file("/bin/not-there"), 0, false)
+        .await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        mutating(&w.fake.calls()),
+        vec![],
+        "nothing stopped or removed"
+    );
+    assert_eq!(w.fake.state(&n).active, "active");
 }

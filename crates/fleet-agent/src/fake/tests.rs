@@ -50,6 +50,7 @@ async fn converge(fake: &FakeManager, desired: &[(&UnitName, &UnitFile, Target)]
                 hash: f.hash(),
                 target: *target,
                 restart: 0,
+                no_restart: false,
             };
             ((*n).clone(), unit)
         })

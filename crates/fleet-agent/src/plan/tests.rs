@@ -45,6 +45,7 @@ fn want(n: u8, target: Target) -> DesiredUnit {
         hash: hash(n),
         target,
         restart: 0,
+        no_restart: false,
     }
 }
 
@@ -522,4 +523,33 @@ fn a_stopped_unit_with_a_restart_pending_is_simply_started() {
     let mut now = current(linked(1), state("loaded", "inactive"));
     now.restarted = Some(1);
     assert_eq!(kinds(&plan_one(Some(want), Some(now))), vec![Start]);
+}
+
+#[test]
+fn swaps_the_file_of_a_running_unit_without_restarting_it_when_asked() {
+    let mut want = want(2, Target::Launched);
+    want.no_restart = true;
+    let tasks = plan_one(
+        Some(want),
+        Some(current(linked(1), state("loaded", "active"))),
+    );
+    assert_eq!(kinds(&tasks), vec![Load, ReloadUnitFiles]);
+    assert_eq!(
+        tasks[0].1,
+        Reason::ReplaceWithoutRestart {
+            current: hash(1),
+            desired: hash(2)
+        }
+    );
+}
+
+#[test]
+fn a_stopped_unit_is_replaced_normally_even_with_no_restart() {
+    let mut want = want(2, Target::Launched);
+    want.no_restart = true;
+    let tasks = plan_one(
+        Some(want),
+        Some(current(linked(1), state("loaded", "inactive"))),
+    );
+    assert_eq!(kinds(&tasks), vec![Unload, Load, ReloadUnitFiles, Start]);
 }

@@ -153,6 +153,7 @@ impl World {
                     hash: hash(*c),
                     target: *target,
                     restart: 0,
+                    no_restart: false,
                 };
                 (n.clone(), unit)
             })
