@@ -163,6 +163,18 @@ pub struct Activate {
     /// Replace the unit in the registry if its content differs from the local file.
     #[arg(long)]
     pub replace: bool,
+    /// With --replace: put the new file in place and reload systemd, but leave running units
+    /// running; the new version takes effect at their next restart.
+    #[arg(long, requires = "replace")]
+    pub no_restart: bool,
+    /// With --replace: place the unit afresh (preferably on another machine) instead of
+    /// keeping it where it runs.
+    #[arg(long, requires = "replace")]
+    pub reschedule: bool,
+    /// With --replace: replace N machines of a global unit (or N units of the list) at a time,
+    /// waiting for each to be active, stopping at the first failure.
+    #[arg(long, requires = "replace", value_name = "N", num_args = 0..=1, default_missing_value = "1")]
+    pub rolling: Option<usize>,
     #[command(flatten)]
     pub block: BlockFlags,
     pub units: Vec<String>,

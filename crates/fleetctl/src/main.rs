@@ -67,6 +67,20 @@ async fn connect(global: &cli::Global) -> Result<Registry<EtcdKv>> {
     Ok(Registry::new(kv, &global.etcd_key_prefix))
 }
 
+async fn activate(ctx: &mut Ctx, a: cli::Activate, verb: Verb) -> Result<()> {
+    let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
+    let how = commands::submit::ReplaceHow {
+        no_restart: a.no_restart,
+        reschedule: a.reschedule,
+        rolling: a.rolling.is_some(),
+        placed: Default::default(),
+    };
+    match a.rolling {
+        Some(step) => commands::rolling::run(ctx, &a.units, verb, block, how, step).await,
+        None => lifecycle::load_or_start(ctx, &a.units, a.replace, verb, block, how).await,
+    }
+}
+
 async fn run(cli: Cli) -> Result<()> {
     let command = match cli.command {
         _ if cli.global.version => Command::Version,
@@ -89,14 +103,8 @@ async fn run(cli: Cli) -> Result<()> {
     };
     match command {
         Command::Submit(a) => commands::submit::run(&mut ctx, &a.units, a.replace).await,
-        Command::Load(a) => {
-            let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
-            lifecycle::load_or_start(&mut ctx, &a.units, a.replace, Verb::Load, block).await
-        }
-        Command::Start(a) => {
-            let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
-            lifecycle::load_or_start(&mut ctx, &a.units, a.replace, Verb::Start, block).await
-        }
+        Command::Load(a) => activate(&mut ctx, a, Verb::Load).await,
+        Command::Start(a) => activate(&mut ctx, a, Verb::Start).await,
         Command::Stop(a) => {
             let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
             lifecycle::stop(&mut ctx, &a.units, block).await

@@ -11,7 +11,7 @@ use fleet_registry::{Registry, RegistryError, Unit};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 
-use super::submit::{self, Action, Verb};
+use super::submit::{self, Action, ReplaceHow, Verb};
 use super::wait::{Block, Goal, wait_for};
 use super::{Ctx, fail_if_any, unit_names};
 
@@ -40,27 +40,49 @@ async fn set_desired(
     Err(RegistryError::Conflict(name.clone()).into())
 }
 
-/// `load` / `start`: create what is missing, raise desired states, wait.
+/// The desired state `verb` asks for.
+pub fn target_of(verb: Verb) -> DesiredState {
+    match verb {
+        Verb::Submit => DesiredState::Inactive,
+        Verb::Load => DesiredState::Loaded,
+        Verb::Start => DesiredState::Launched,
+    }
+}
+
+/// `load` / `start`: create what is missing, replace what differs (with `--replace`), raise
+/// desired states, wait.
 pub async fn load_or_start(
     ctx: &mut Ctx,
     args: &[String],
     replace: bool,
     verb: Verb,
     block: Block,
+    mut how: ReplaceHow,
 ) -> Result<()> {
-    let target = match verb {
-        Verb::Load => DesiredState::Loaded,
-        Verb::Start | Verb::Submit => DesiredState::Launched,
-    };
+    let target = target_of(verb);
     let prepared = submit::prepare(ctx, args, replace, verb)
         .await
         .map_err(|e| e.context("Error creating units"))?;
+    let replaced: Vec<UnitName> = prepared
+        .iter()
+        .filter(|p| matches!(p.action, Action::Replace { .. }))
+        .map(|p| p.name.clone())
+        .collect();
+    if !replaced.is_empty() {
+        let snap = ctx.registry.snapshot().await?;
+        for name in &replaced {
+            if let Some(machine) = snap.schedule.get(name).and_then(|m| m.keys().next()) {
+                how.placed.insert(name.clone(), machine.clone());
+            }
+        }
+    }
+    let before = how.placed.clone();
     let mut created = BTreeMap::new();
     for p in &prepared {
         created.insert(p.name.clone(), !matches!(p.action, Action::Keep(_)));
     }
     let registry = ctx.registry.clone();
-    let results = submit::apply(&registry, prepared, target).await;
+    let results = submit::apply(&registry, prepared, target, &how).await;
     let raised: Vec<(UnitName, Result<(Unit, bool)>)> = futures::stream::iter(results)
         .map(|(name, res)| {
             let registry = registry.clone();
@@ -105,7 +127,40 @@ pub async fn load_or_start(
         }
     }
     fail_if_any(ctx, "Error setting desired state of", failures)?;
-    wait_for(ctx, &registry, goals, block).await
+    let waited: Vec<UnitName> = goals.keys().cloned().collect();
+    wait_for(ctx, &registry, goals, block).await?;
+    report_placement(ctx, &registry, &before, &waited, &replaced).await
+}
+
+/// Says, for each replaced unit that was waited for, whether it stayed on its machine or
+/// moved (and why it may have: `--reschedule` or new constraints).
+async fn report_placement(
+    ctx: &mut Ctx,
+    registry: &Registry<EtcdKv>,
+    before: &BTreeMap<UnitName, fleet_core::MachineId>,
+    waited: &[UnitName],
+    replaced: &[UnitName],
+) -> Result<()> {
+    if replaced.is_empty() {
+        return Ok(());
+    }
+    let snap = registry.snapshot().await?;
+    for name in replaced.iter().filter(|n| waited.contains(n)) {
+        let now = snap.schedule.get(name).and_then(|m| m.keys().next());
+        match (before.get(name), now) {
+            (Some(old), Some(new)) if old == new => ctx.say(format!(
+                "Unit {name} replaced in place on {}",
+                super::machine_legend(new, &snap.machines, false)
+            )),
+            (Some(old), Some(new)) => ctx.say(format!(
+                "Unit {name} moved from {} to {}",
+                super::machine_legend(old, &snap.machines, false),
+                super::machine_legend(new, &snap.machines, false)
+            )),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 async fn is_global(registry: &Registry<EtcdKv>, unit: &Unit) -> Result<bool> {

@@ -6,6 +6,7 @@ pub mod destroy;
 pub mod lifecycle;
 pub mod list;
 pub mod remote;
+pub mod rolling;
 pub mod submit;
 pub mod wait;
 

@@ -3,10 +3,12 @@
 //! argument is valid write them all, each in one transaction.
 
 use anyhow::{Context, Result, anyhow, bail};
+use fleet_core::MachineId;
 use fleet_core::{DesiredState, Requirements, UnitFile, UnitName};
 use fleet_registry::kv::EtcdKv;
-use fleet_registry::{CreateOutcome, Registry, Unit};
+use fleet_registry::{CreateOutcome, Registry, ReplaceState, Rollout, Unit};
 use futures::StreamExt;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::Ctx;
 use crate::local::{local_path, local_template_path, read_unit_file};
@@ -201,18 +203,49 @@ fn check_requirements(ctx: &mut Ctx, name: &UnitName, file: &UnitFile) -> Result
     Ok(())
 }
 
+/// How `--replace` replaces: `--no-restart`, `--reschedule`, `--rolling`.
+#[derive(Debug, Clone, Default)]
+pub struct ReplaceHow {
+    pub no_restart: bool,
+    pub reschedule: bool,
+    pub rolling: bool,
+    /// Where each replaced unit runs now (the machine `--reschedule` moves it away from).
+    pub placed: BTreeMap<UnitName, MachineId>,
+}
+
+impl ReplaceHow {
+    /// The replace options recorded with the new version of `existing`.
+    pub fn state_for(&self, existing: &Unit) -> ReplaceState {
+        let old = &existing.record.replace;
+        ReplaceState {
+            no_restart: self.no_restart,
+            placement: old.placement + u64::from(self.reschedule),
+            avoid: if self.reschedule {
+                self.placed.get(existing.name()).cloned()
+            } else {
+                None
+            },
+            rollout: self.rolling.then(|| Rollout {
+                previous: existing.hash(),
+                updated: BTreeSet::new(),
+            }),
+        }
+    }
+}
+
 /// Writes every prepared action, concurrently, and returns the resulting units in argument
 /// order. New units get `desired`; replaced ones keep `replace_desired(existing)`.
 pub async fn apply(
     registry: &Registry<EtcdKv>,
     prepared: Vec<Prepared>,
     desired: DesiredState,
+    how: &ReplaceHow,
 ) -> Vec<(UnitName, Result<Unit>)> {
     futures::stream::iter(prepared)
         .map(|p| {
             let registry = registry.clone();
             async move {
-                let res = apply_one(&registry, &p.name, p.action, desired).await;
+                let res = apply_one(&registry, &p.name, p.action, desired, how).await;
                 (p.name, res)
             }
         })
@@ -226,6 +259,7 @@ async fn apply_one(
     name: &UnitName,
     action: Action,
     desired: DesiredState,
+    how: &ReplaceHow,
 ) -> Result<Unit> {
     match action {
         Action::Keep(unit) => Ok(unit),
@@ -238,7 +272,10 @@ async fn apply_one(
         },
         Action::Replace { existing, file } => {
             let desired = existing.desired().max(desired);
-            Ok(registry.replace_unit(&existing, &file, desired).await?)
+            let state = how.state_for(&existing);
+            Ok(registry
+                .replace_unit_with(&existing, &file, desired, state)
+                .await?)
         }
     }
 }
@@ -252,7 +289,13 @@ pub async fn run(ctx: &mut Ctx, args: &[String], replace: bool) -> Result<()> {
         .iter()
         .map(|p| !matches!(p.action, Action::Keep(_)))
         .collect();
-    let results = apply(&ctx.registry.clone(), prepared, DesiredState::Inactive).await;
+    let results = apply(
+        &ctx.registry.clone(),
+        prepared,
+        DesiredState::Inactive,
+        &ReplaceHow::default(),
+    )
+    .await;
     let mut failures = Vec::new();
     for ((name, res), announce) in results.into_iter().zip(announce) {
         match res {
