@@ -249,7 +249,8 @@ pub struct ListUnitFiles {
 pub struct ListUnits {
     #[command(flatten)]
     pub listing: Listing,
-    /// Columns to print, comma-separated, from: active, hash, load, machine, sub, unit.
+    /// Columns to print, comma-separated, from: active, hash, load, machine, pending, sub,
+    /// unit (`pending` says `restart` where the running process predates its unit file).
     #[arg(long, default_value = "unit,machine,active,sub")]
     pub fields: String,
 }

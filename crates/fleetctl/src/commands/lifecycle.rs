@@ -129,7 +129,12 @@ pub async fn load_or_start(
     fail_if_any(ctx, "Error setting desired state of", failures)?;
     let waited: Vec<UnitName> = goals.keys().cloned().collect();
     wait_for(ctx, &registry, goals, block).await?;
-    report_placement(ctx, &registry, &before, &waited, &replaced).await
+    let note = if how.no_restart {
+        " without restart (the new version runs from the next restart)"
+    } else {
+        ""
+    };
+    report_placement(ctx, &registry, &before, &waited, &replaced, note).await
 }
 
 /// Says, for each replaced unit that was waited for, whether it stayed on its machine or
@@ -140,6 +145,7 @@ async fn report_placement(
     before: &BTreeMap<UnitName, fleet_core::MachineId>,
     waited: &[UnitName],
     replaced: &[UnitName],
+    note: &str,
 ) -> Result<()> {
     if replaced.is_empty() {
         return Ok(());
@@ -149,7 +155,7 @@ async fn report_placement(
         let now = snap.schedule.get(name).and_then(|m| m.keys().next());
         match (before.get(name), now) {
             (Some(old), Some(new)) if old == new => ctx.say(format!(
-                "Unit {name} replaced in place on {}",
+                "Unit {name} replaced in place on {}{note}",
                 super::machine_legend(new, &snap.machines, false)
             )),
             (Some(old), Some(new)) => ctx.say(format!(

@@ -111,7 +111,9 @@ fn target_cell(snap: &Snapshot, name: &fleet_core::UnitName, full: bool) -> Stri
 pub async fn list_units(ctx: &mut Ctx, args: &ListUnits) -> Result<()> {
     let fields = parse_fields(
         &args.fields,
-        &["active", "hash", "load", "machine", "sub", "unit"],
+        &[
+            "active", "hash", "load", "machine", "pending", "sub", "unit",
+        ],
     )?;
     let snap = ctx
         .registry
@@ -131,6 +133,8 @@ pub async fn list_units(ctx: &mut Ctx, args: &ListUnits) -> Result<()> {
                     "sub" => state.systemd.sub.clone(),
                     "load" => state.systemd.load.clone(),
                     "hash" => hash_cell(state.hash.as_ref(), full),
+                    "pending" if state.restart_pending => "restart".into(),
+                    "pending" => "-".into(),
                     other => unreachable!("field {other} was validated"),
                 })
                 .collect();
