@@ -9,4 +9,4 @@ pub mod scheduler;
 
 pub use engine::{EngineConfig, run};
 
-pub use scheduler::{Decision, DecisionKind, Reason, Violation, plan};
+pub use scheduler::{Decision, DecisionKind, Plan, Reason, Violation, plan};

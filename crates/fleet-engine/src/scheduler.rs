@@ -5,7 +5,14 @@
 //! The rules are fleet's (`engine/reconciler.go`, `engine/scheduler.go`,
 //! `agent/state.go:AbleToRun`), made deterministic and settled within one plan:
 //! - An entry stays where it is while its machine is live and still satisfies the unit's
-//!   rules; a changed hash or desired state is updated in place. Healthy units never move.
+//!   rules; a changed hash, desired state, restart generation or replace option is updated
+//!   in place. Healthy units never move, a replaced one included.
+//! - A rolling replace gives the new version only to the machines it has reached (and to
+//!   machines that have no entry yet); the others keep the previous version.
+//! - An entry placed under an older placement generation (`--reschedule`) is placed afresh,
+//!   away from the machine to avoid if another one can run it.
+//! - A non-global unit is not placed while another live machine still publishes a running
+//!   copy of it: it waits, with a reason, until that copy has stopped.
 //! - Of two units on one machine that conflict, the first in name order stays; a unit that
 //!   another unit there `Replaces=` is displaced (fleet #1698) to another machine able to
 //!   run it. A non-global unit wins over a global one.
@@ -18,26 +25,39 @@
 //!
 //! Every change is applied to a working copy at once, so later decisions see earlier ones,
 //! and the plan is repeated until nothing changes: applying a plan and planning again yields
-//! nothing. The output is the net difference from the snapshot.
+//! nothing (as long as the published states stay the same). The output is the net
+//! difference from the snapshot.
 
 mod cluster;
 mod decision;
+mod spec;
 
 use fleet_core::{MachineId, UnitFile, UnitHash, UnitName};
-use fleet_registry::Snapshot;
+use fleet_registry::{ScheduleEntry, Snapshot};
 use std::collections::{BTreeMap, BTreeSet};
 
 use cluster::{Cluster, Slot};
 pub use decision::{Decision, DecisionKind, Reason, Violation};
+use spec::Spec;
 
 /// A bound on evict-then-place rounds. Ordinary plans settle in two or three; only a cycle
 /// of `Replaces=` (a replaces b replaces c replaces a) could go on, and then the next plan
 /// carries on where this one stopped.
 const MAX_ROUNDS: usize = 16;
 
+/// What a plan decided, and what it waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The changes to write, in [`DecisionKind`] order.
+    pub decisions: Vec<Decision>,
+    /// Units held back until a copy another machine still runs has stopped: the only case
+    /// where a change of published states can change the plan.
+    pub waiting: BTreeSet<UnitName>,
+}
+
 /// Decides what to change so that the schedule obeys every unit's rules. Units whose file is
 /// missing from `files` are left where they are. Decisions come in [`DecisionKind`] order.
-pub fn plan(snapshot: &Snapshot, files: &BTreeMap<UnitHash, UnitFile>) -> Vec<Decision> {
+pub fn plan(snapshot: &Snapshot, files: &BTreeMap<UnitHash, UnitFile>) -> Plan {
     let mut cluster = Cluster::new(snapshot, files);
     for _ in 0..MAX_ROUNDS {
         settle(&mut cluster);
@@ -45,7 +65,8 @@ pub fn plan(snapshot: &Snapshot, files: &BTreeMap<UnitHash, UnitFile>) -> Vec<De
             break;
         }
     }
-    decisions(snapshot, &cluster)
+    let (decisions, waiting) = decisions(snapshot, &cluster);
+    Plan { decisions, waiting }
 }
 
 /// Evicts misplaced units and recomputes global units until neither changes anything. It
@@ -152,6 +173,11 @@ fn settle_globals(c: &mut Cluster<'_>) -> bool {
 
 /// Places every unplaced non-global unit that some machine can take, in name order, again
 /// and again while that places something (a dependent named before its peer waits a turn).
+///
+/// A unit whose copy may still run on another live machine is not placed: the old copy's
+/// stop job (`ExecStopPost=` included) may still be going, and two copies of a non-global
+/// unit never run at once. The engine watches unit states and places it once that copy
+/// has stopped.
 fn place_unplaced(c: &mut Cluster<'_>) -> bool {
     let mut placed_any = false;
     loop {
@@ -163,11 +189,15 @@ fn place_unplaced(c: &mut Cluster<'_>) -> bool {
             .collect();
         let mut progress = false;
         for unit in waiting {
-            if let Ok(machine) = choose(c, &unit) {
-                let reason = c.placement_reason(&unit, c.specs[&unit].desired);
-                c.place(&unit, &machine, reason);
-                progress = true;
+            let Ok(machine) = choose(c, &unit) else {
+                continue;
+            };
+            if c.previous_copy(&unit, &machine).is_some() {
+                continue;
             }
+            let reason = c.placement_reason(&unit, c.specs[&unit].desired);
+            c.place(&unit, &machine, reason);
+            progress = true;
         }
         if !progress {
             return placed_any;
@@ -177,6 +207,7 @@ fn place_unplaced(c: &mut Cluster<'_>) -> bool {
 }
 
 /// The least-loaded machine able to run `unit` (ties by machine ID), or why there is none.
+/// The machine a `--reschedule` avoids comes last, whatever its load.
 fn choose(c: &Cluster<'_>, unit: &UnitName) -> Result<MachineId, Reason> {
     if c.machines.is_empty() {
         return Err(Reason::NoMachines);
@@ -185,7 +216,8 @@ fn choose(c: &Cluster<'_>, unit: &UnitName) -> Result<MachineId, Reason> {
         return Err(Reason::PeerNotScheduled { peer: peer.clone() });
     }
     let mut candidates: Vec<&MachineId> = c.machines.keys().collect();
-    candidates.sort_by_key(|m| (c.load(m), *m));
+    let avoided = c.avoided(unit);
+    candidates.sort_by_key(|m| (Some(*m) == avoided, c.load(m), *m));
     let mut rejections = Vec::new();
     for machine in candidates {
         match place_violation(c, unit, machine) {
@@ -214,7 +246,12 @@ fn unschedulable_reason(c: &Cluster<'_>, unit: &UnitName) -> Option<Reason> {
         return None;
     }
     if !c.is_global(unit) {
-        return choose(c, unit).err();
+        return match choose(c, unit) {
+            Err(reason) => Some(reason),
+            Ok(machine) => c
+                .previous_copy(unit, &machine)
+                .map(|m| Reason::WaitingForPreviousCopy { machine: m.clone() }),
+        };
     }
     if c.machines.is_empty() {
         return Some(Reason::NoMachines);
@@ -232,8 +269,9 @@ fn unschedulable_reason(c: &Cluster<'_>, unit: &UnitName) -> Option<Reason> {
     Some(Reason::NoMachineAble { rejections })
 }
 
-/// The net difference between the snapshot and the settled working copy.
-fn decisions(snapshot: &Snapshot, c: &Cluster<'_>) -> Vec<Decision> {
+/// The net difference between the snapshot and the settled working copy, and the units
+/// waiting for a previous copy to stop.
+fn decisions(snapshot: &Snapshot, c: &Cluster<'_>) -> (Vec<Decision>, BTreeSet<UnitName>) {
     let before: BTreeSet<Slot> = snapshot
         .schedule
         .iter()
@@ -266,9 +304,11 @@ fn decisions(snapshot: &Snapshot, c: &Cluster<'_>) -> Vec<Decision> {
             let kind = DecisionKind::Schedule {
                 unit: unit.clone(),
                 machine: machine.clone(),
-                hash: spec.hash,
+                hash: spec.hash_on(machine, None),
                 desired: spec.desired,
                 restart: spec.restart,
+                no_restart: spec.replace.no_restart,
+                placement: spec.placement(),
             };
             out.push(Decision {
                 kind,
@@ -276,45 +316,64 @@ fn decisions(snapshot: &Snapshot, c: &Cluster<'_>) -> Vec<Decision> {
             });
         }
     }
-    out.extend(unschedulable(snapshot, c));
-    out
+    let (reasons, waiting) = unschedulable(snapshot, c);
+    out.extend(reasons);
+    (out, waiting)
 }
 
-/// An in-place update of an entry whose hash or desired state is stale.
+/// An in-place update of an entry that differs from what its unit asks of that machine.
 fn update(snapshot: &Snapshot, c: &Cluster<'_>, (unit, machine): &Slot) -> Option<Decision> {
     let spec = c.specs.get(unit)?;
     let entry = snapshot.schedule.get(unit)?.get(machine)?;
-    let reason = if entry.hash != spec.hash {
-        Reason::HashChanged {
-            from: entry.hash,
-            to: spec.hash,
-        }
-    } else if entry.desired != spec.desired {
-        Reason::DesiredChanged {
-            from: entry.desired,
-            to: spec.desired,
-        }
-    } else if entry.restart != spec.restart {
-        Reason::RestartRequested {
-            generation: spec.restart,
-        }
-    } else {
-        return None;
-    };
+    let hash = spec.hash_on(machine, Some(entry.hash));
+    let reason = stale_entry_reason(entry, spec, hash)?;
     let kind = DecisionKind::Update {
         unit: unit.clone(),
         machine: machine.clone(),
-        hash: spec.hash,
+        hash,
         desired: spec.desired,
         restart: spec.restart,
+        no_restart: spec.replace.no_restart,
+        placement: spec.placement(),
     };
     Some(Decision { kind, reason })
 }
 
-/// Unscheduled reasons to publish (new or changed) and to clear.
-fn unschedulable(snapshot: &Snapshot, c: &Cluster<'_>) -> Vec<Decision> {
+/// Why `entry` must be rewritten to run `hash` as `spec` says; `None` if it need not be.
+fn stale_entry_reason(entry: &ScheduleEntry, spec: &Spec, hash: UnitHash) -> Option<Reason> {
+    if entry.hash != hash {
+        Some(Reason::HashChanged {
+            from: entry.hash,
+            to: hash,
+        })
+    } else if entry.desired != spec.desired {
+        Some(Reason::DesiredChanged {
+            from: entry.desired,
+            to: spec.desired,
+        })
+    } else if entry.restart != spec.restart {
+        Some(Reason::RestartRequested {
+            generation: spec.restart,
+        })
+    } else if entry.no_restart != spec.replace.no_restart {
+        Some(Reason::NoRestartChanged {
+            no_restart: spec.replace.no_restart,
+        })
+    } else if entry.placement != spec.placement() {
+        Some(Reason::RescheduleRequested {
+            generation: spec.placement(),
+        })
+    } else {
+        None
+    }
+}
+
+/// Unscheduled reasons to publish (new or changed) and to clear, and the units waiting for
+/// a previous copy to stop.
+fn unschedulable(snapshot: &Snapshot, c: &Cluster<'_>) -> (Vec<Decision>, BTreeSet<UnitName>) {
     let mut out = Vec::new();
     let mut stuck = BTreeSet::new();
+    let mut waiting = BTreeSet::new();
     let invalid = c.invalid.iter().map(|(unit, error)| {
         let error = error.clone();
         (unit, Some(Reason::InvalidRequirements { error }))
@@ -325,6 +384,9 @@ fn unschedulable(snapshot: &Snapshot, c: &Cluster<'_>) -> Vec<Decision> {
             continue;
         };
         stuck.insert(unit);
+        if matches!(reason, Reason::WaitingForPreviousCopy { .. }) {
+            waiting.insert(unit.clone());
+        }
         if snapshot.unscheduled.get(unit) != Some(&reason.to_string()) {
             let kind = DecisionKind::Unschedulable { unit: unit.clone() };
             out.push(Decision { kind, reason });
@@ -342,7 +404,7 @@ fn unschedulable(snapshot: &Snapshot, c: &Cluster<'_>) -> Vec<Decision> {
         let kind = DecisionKind::ClearUnschedulable { unit: unit.clone() };
         out.push(Decision { kind, reason });
     }
-    out
+    (out, waiting)
 }
 
 #[cfg(test)]

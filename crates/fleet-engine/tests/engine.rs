@@ -1,11 +1,11 @@
 //! The engine loop against a registry: every body runs on the in-memory `MemKv` (on paused
 //! time, so lease expiry and resyncs cost nothing) and on a real etcd started by the test.
 
-use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
+use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
 use fleet_engine::EngineConfig;
 use fleet_registry::kv::{Compare, Kv, LeaseId, MemKv, Txn, TxnOp};
 use fleet_registry::testing::TestEtcd;
-use fleet_registry::{Presence, Registry};
+use fleet_registry::{Presence, Registry, UnitStateRecord};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
@@ -305,6 +305,74 @@ async fn schedules_more_units_than_one_transaction_holds<K: Kv>(reg: Registry<K>
     a.shutdown().await;
 }
 
+/// The agent of machine `id` (present as `presence`) publishes `unit` with ActiveState
+/// `active`.
+async fn publish<K: Kv>(
+    reg: &Registry<K>,
+    (id, presence): (&str, &Presence),
+    unit: &str,
+    active: &str,
+) {
+    let state = UnitStateRecord {
+        name: name(unit),
+        machine: machine(id),
+        hash: None,
+        systemd: SystemdState {
+            load: "loaded".into(),
+            active: active.into(),
+            sub: String::new(),
+        },
+        drop_ins: Vec::new(),
+        restart: 0,
+        restart_pending: false,
+    };
+    reg.publish_state(presence, &state).await.unwrap();
+}
+
+async fn moves_a_replaced_unit_only_once_its_previous_copy_has_stopped<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    let m1 = join(&reg, "m1").await;
+    join(&reg, "m2").await;
+    submit(&reg, "a.service").await;
+    let a = start(&reg, "a", t);
+    eventually(t.prompt, "a on m1", || async {
+        schedule(&reg).await.get("a.service") == Some(&vec!["m1".to_owned()])
+    })
+    .await;
+    publish(&reg, ("m1", &m1), "a.service", "active").await;
+    let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
+    let file = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n\n[X-Fleet]\nMachineID=m2\n");
+    reg.replace_unit(&unit, &file.unwrap(), DesiredState::Launched)
+        .await
+        .unwrap();
+    let reason = || async {
+        let snap = reg.snapshot().await.unwrap();
+        snap.unscheduled.get(&name("a.service")).cloned()
+    };
+    eventually(t.prompt, "a waits for its copy on m1", || async {
+        reason().await.as_deref() == Some("waiting for the previous copy on m1 to stop")
+            && !schedule(&reg).await.contains_key("a.service")
+    })
+    .await;
+    publish(&reg, ("m1", &m1), "a.service", "deactivating").await;
+    sleep(t.interval * 2).await;
+    assert!(
+        !schedule(&reg).await.contains_key("a.service"),
+        "placed while the old copy was still stopping"
+    );
+    reg.remove_state(&name("a.service"), &machine("m1"))
+        .await
+        .unwrap();
+    eventually(t.prompt, "a on m2 once the copy on m1 is gone", || async {
+        schedule(&reg).await.get("a.service") == Some(&vec!["m2".to_owned()])
+            && reason().await.is_none()
+    })
+    .await;
+    a.shutdown().await;
+}
+
 macro_rules! on_both {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -338,4 +406,5 @@ on_both!(
     reschedules_the_units_of_a_machine_whose_record_vanishes,
     publishes_and_clears_why_a_unit_cannot_be_placed,
     schedules_more_units_than_one_transaction_holds,
+    moves_a_replaced_unit_only_once_its_previous_copy_has_stopped,
 );

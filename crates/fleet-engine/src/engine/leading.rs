@@ -1,7 +1,8 @@
 //! What a leader does: keep the lease alive (a separate task, so a slow pass never delays a
 //! renewal), and run a pass (snapshot, plan, fenced write) at once, on every watch hint
-//! (units, machines, schedules) and on the periodic re-check. It stops at the first sign of
-//! lost leadership; the fence makes sure nothing it writes after that lands.
+//! (units, machines, schedules; unit states while a unit waits for a previous copy to stop)
+//! and on the periodic re-check. It stops at the first sign of lost leadership; the fence
+//! makes sure nothing it writes after that lands.
 
 use fleet_core::{DesiredState, UnitFile, UnitHash};
 use fleet_registry::kv::{Kv, Revision};
@@ -36,6 +37,10 @@ pub(super) struct Leading<K> {
     watches: Option<Watches>,
     /// The revision of the last snapshot planned and written; hints up to it are old news.
     settled_at: Revision,
+    /// Whether the last plan held a unit back until a copy on another machine stops. Only
+    /// then can a change of unit states change the plan, so only then do state hints (which
+    /// every agent sends on every unit's state change) wake a pass.
+    waiting: bool,
 }
 
 /// The prefixes whose changes can change a plan.
@@ -44,6 +49,7 @@ struct Watches {
     units: WatchHints,
     machines: WatchHints,
     schedules: WatchHints,
+    states: WatchHints,
 }
 
 impl Watches {
@@ -54,15 +60,19 @@ impl Watches {
             units: WatchHints::start(kv.clone(), keys.units(), from),
             machines: WatchHints::start(kv.clone(), keys.machines(), from),
             schedules: WatchHints::start(kv.clone(), keys.schedules(), from),
+            states: WatchHints::start(kv.clone(), keys.states(), from),
         }
     }
 
-    /// The newest revision any watch reports; `None` when one of them stopped.
-    async fn changed(&mut self) -> Option<Revision> {
+    /// The newest revision any watch reports; `None` when one of them stopped. State hints
+    /// count only with `states`; meanwhile they coalesce into one (the newest revision),
+    /// which a pass skips when its snapshot already covers it.
+    async fn changed(&mut self, states: bool) -> Option<Revision> {
         tokio::select! {
             rev = self.units.changed() => rev,
             rev = self.machines.changed() => rev,
             rev = self.schedules.changed() => rev,
+            rev = self.states.changed(), if states => rev,
         }
     }
 }
@@ -86,6 +96,7 @@ impl<K: Kv> Leading<K> {
             files: BTreeMap::new(),
             watches: None,
             settled_at: 0,
+            waiting: false,
         }
     }
 
@@ -104,7 +115,7 @@ impl<K: Kv> Leading<K> {
                 biased;
                 () = stop_requested(shutdown) => return Flow::Shutdown,
                 _ = lost.changed() => return Flow::Campaign,
-                hint = wake(&mut self.watches) => match hint {
+                hint = wake(&mut self.watches, self.waiting) => match hint {
                     Some(rev) if rev <= self.settled_at => continue,
                     Some(_) => {}
                     None => self.watches = None,
@@ -135,16 +146,18 @@ impl<K: Kv> Leading<K> {
             self.watches = Some(Watches::start(&self.registry, snapshot.revision + 1));
         }
         self.fetch_files(&snapshot).await?;
-        let decisions = plan(&snapshot, &self.files);
-        let writes: Vec<EngineWrite> = decisions.iter().map(write_of).collect();
+        let plan = plan(&snapshot, &self.files);
+        let writes: Vec<EngineWrite> = plan.decisions.iter().map(write_of).collect();
         self.leadership.write(&writes).await?;
         self.settled_at = snapshot.revision;
+        self.waiting = !plan.waiting.is_empty();
         debug!(
             revision = snapshot.revision,
-            decisions = decisions.len(),
+            decisions = plan.decisions.len(),
+            waiting = plan.waiting.len(),
             "engine pass done"
         );
-        decisions.iter().for_each(log_decision);
+        plan.decisions.iter().for_each(log_decision);
         Ok(())
     }
 
@@ -175,10 +188,11 @@ impl<K: Kv> Leading<K> {
     }
 }
 
-/// The next hint; never resolves while there are no watches (the next pass starts them).
-async fn wake(watches: &mut Option<Watches>) -> Option<Revision> {
+/// The next hint (of unit states too with `states`); never resolves while there are no
+/// watches (the next pass starts them).
+async fn wake(watches: &mut Option<Watches>, states: bool) -> Option<Revision> {
     match watches {
-        Some(w) => w.changed().await,
+        Some(w) => w.changed(states).await,
         None => std::future::pending().await,
     }
 }
@@ -219,6 +233,8 @@ fn write_of(decision: &Decision) -> EngineWrite {
             hash,
             desired,
             restart,
+            no_restart,
+            placement,
         }
         | DecisionKind::Schedule {
             unit,
@@ -226,14 +242,16 @@ fn write_of(decision: &Decision) -> EngineWrite {
             hash,
             desired,
             restart,
+            no_restart,
+            placement,
         } => EngineWrite::Schedule(ScheduleEntry {
             name: unit.clone(),
             machine: machine.clone(),
             hash: *hash,
             desired: *desired,
             restart: *restart,
-            no_restart: false,
-            placement: 0,
+            no_restart: *no_restart,
+            placement: *placement,
         }),
         DecisionKind::Unschedulable { unit } => EngineWrite::Unschedulable {
             unit: unit.clone(),
@@ -263,10 +281,11 @@ fn log_decision(decision: &Decision) {
         DecisionKind::Schedule {
             unit,
             machine,
+            hash,
             desired,
             ..
         } => {
-            info!(unit = %unit, machine = %machine, desired = %desired, reason = %reason, "scheduling unit");
+            info!(unit = %unit, machine = %machine, hash = %hash, desired = %desired, reason = %reason, "scheduling unit");
         }
         DecisionKind::Unschedulable { unit } => {
             warn!(unit = %unit, reason = %reason, "unit cannot be scheduled");

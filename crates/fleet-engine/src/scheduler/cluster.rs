@@ -8,18 +8,17 @@ use fleet_core::{
     DesiredState, MachineId, MachineInfo, RequirementError, Requirements, UnitFile, UnitHash,
     UnitName, units_conflict,
 };
-use fleet_registry::Snapshot;
+use fleet_registry::{Snapshot, UnitStateRecord};
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::decision::{Reason, Violation};
+use super::spec::Spec;
 
-/// What the plan needs of a wanted unit (desired `loaded` or `launched`, file known).
-#[derive(Debug)]
-pub(super) struct Spec {
-    pub hash: UnitHash,
-    pub desired: DesiredState,
-    pub restart: u64,
-    pub reqs: Requirements,
+/// Whether a published ActiveState may mean processes of the unit are alive: anything but
+/// `inactive` and `failed` (`active`, `activating`, `deactivating`, `reloading`, and states
+/// systemd may add later), so that an unknown state errs on the side of waiting.
+fn may_be_running(active: &str) -> bool {
+    !matches!(active, "inactive" | "failed")
 }
 
 /// The requirements of a unit whose file the engine does not have: it constrains nothing.
@@ -39,6 +38,8 @@ pub(super) type Slot = (UnitName, MachineId);
 #[derive(Debug)]
 pub(super) struct Cluster<'s> {
     pub machines: &'s BTreeMap<MachineId, MachineInfo>,
+    /// What agents publish: only read to hold a unit back while a copy of it still runs.
+    states: &'s BTreeMap<UnitName, BTreeMap<MachineId, UnitStateRecord>>,
     /// Units the plan places: wanted, with a known file.
     pub specs: BTreeMap<UnitName, Spec>,
     /// Wanted units whose file is unknown: left exactly as they are.
@@ -56,14 +57,16 @@ pub(super) struct Cluster<'s> {
 
 impl<'s> Cluster<'s> {
     /// Builds the working copy from a snapshot. Entries that cannot stay whatever the rules
-    /// say (destroyed or inactive unit, machine gone, second entry of a non-global unit) are
-    /// dropped here with their reason, and so are the entries of units whose options fleet's
-    /// validation refuses (they can only come from a client that skipped it; placing them
-    /// could loop forever, e.g. a peer that is also replaced). Units whose file is missing from `files` (replaced
-    /// since the snapshot was read) are left exactly where they are.
+    /// say (destroyed or inactive unit, machine gone, placed under an older placement
+    /// generation, second entry of a non-global unit) are dropped here with their reason,
+    /// and so are the entries of units whose options fleet's validation refuses (they can
+    /// only come from a client that skipped it; placing them could loop forever, e.g. a peer
+    /// that is also replaced). Units whose file is missing from `files` (replaced since the
+    /// snapshot was read) are left exactly where they are.
     pub fn new(snapshot: &'s Snapshot, files: &BTreeMap<UnitHash, UnitFile>) -> Cluster<'s> {
         let mut cluster = Cluster {
             machines: &snapshot.machines,
+            states: &snapshot.states,
             specs: BTreeMap::new(),
             frozen: BTreeSet::new(),
             invalid: BTreeMap::new(),
@@ -95,13 +98,14 @@ impl<'s> Cluster<'s> {
                 hash: unit.hash(),
                 desired: unit.desired(),
                 restart: unit.record.restart,
+                replace: unit.record.replace.clone(),
                 reqs,
             };
             cluster.specs.insert(name.clone(), spec);
         }
         for (name, entries) in &snapshot.schedule {
-            for machine in entries.keys() {
-                match cluster.entry_verdict(snapshot, name, machine) {
+            for (machine, entry) in entries {
+                match cluster.entry_verdict(snapshot, name, machine, entry.placement) {
                     Some(reason) => {
                         cluster.last_removal.insert(name.clone(), reason.clone());
                         cluster
@@ -115,12 +119,14 @@ impl<'s> Cluster<'s> {
         cluster
     }
 
-    /// Why an existing entry must go before any rule is looked at; `None` keeps it.
+    /// Why an existing entry (placed under generation `placement`) must go before any rule
+    /// is looked at; `None` keeps it.
     fn entry_verdict(
         &self,
         snap: &Snapshot,
         name: &UnitName,
         machine: &MachineId,
+        placement: u64,
     ) -> Option<Reason> {
         let Some(unit) = snap.units.get(name) else {
             return Some(Reason::UnitDestroyed);
@@ -138,15 +144,41 @@ impl<'s> Cluster<'s> {
                 machine: machine.clone(),
             });
         }
-        let non_global = self.specs.get(name).is_some_and(|s| !s.reqs.global);
+        let non_global = self.specs.get(name).filter(|s| !s.reqs.global);
+        // A global unit is on every machine anyway: a new generation updates it in place.
+        if let Some(spec) = non_global.filter(|s| placement < s.placement()) {
+            return Some(Reason::RescheduleRequested {
+                generation: spec.placement(),
+            });
+        }
         match self.at.get(name).and_then(|ms| ms.first()) {
-            Some(kept) if non_global => Some(Reason::Duplicate { kept: kept.clone() }),
+            Some(kept) if non_global.is_some() => Some(Reason::Duplicate { kept: kept.clone() }),
             Some(_) | None => None,
         }
     }
 
     pub fn reqs(&self, unit: &UnitName) -> &Requirements {
         self.specs.get(unit).map_or(&NO_REQUIREMENTS, |s| &s.reqs)
+    }
+
+    /// The machine to keep away from when placing `unit` (`--reschedule`), if any.
+    pub fn avoided(&self, unit: &UnitName) -> Option<&MachineId> {
+        self.specs.get(unit)?.replace.avoid.as_ref()
+    }
+
+    /// A live machine other than `machine` that publishes a copy of `unit` that may still be
+    /// running. A machine that is gone never holds a unit back: its states went with its
+    /// lease.
+    pub fn previous_copy(&self, unit: &UnitName, machine: &MachineId) -> Option<&MachineId> {
+        self.states
+            .get(unit)?
+            .iter()
+            .find(|(m, state)| {
+                *m != machine
+                    && self.machines.contains_key(*m)
+                    && may_be_running(&state.systemd.active)
+            })
+            .map(|(m, _)| m)
     }
 
     pub fn is_global(&self, unit: &UnitName) -> bool {

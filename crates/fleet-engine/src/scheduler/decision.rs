@@ -18,13 +18,16 @@ pub struct Decision {
 pub enum DecisionKind {
     /// Delete the unit's entry on `machine`.
     Unschedule { unit: UnitName, machine: MachineId },
-    /// Rewrite the unit's entry on `machine` (same machine, new hash or desired state).
+    /// Rewrite the unit's entry on `machine` (same machine; a new hash, desired state,
+    /// restart generation or replace option).
     Update {
         unit: UnitName,
         machine: MachineId,
         hash: UnitHash,
         desired: DesiredState,
         restart: u64,
+        no_restart: bool,
+        placement: u64,
     },
     /// Write a new entry: `machine` must run the unit.
     Schedule {
@@ -33,6 +36,8 @@ pub enum DecisionKind {
         hash: UnitHash,
         desired: DesiredState,
         restart: u64,
+        no_restart: bool,
+        placement: u64,
     },
     /// The unit cannot be placed; publish the reason at `P/unscheduled/<unit>`.
     Unschedulable { unit: UnitName },
@@ -132,6 +137,10 @@ pub enum Reason {
     HashChanged { from: UnitHash, to: UnitHash },
     /// `fleetctl restart` asked for another restart.
     RestartRequested { generation: u64 },
+    /// A replace with `--reschedule` asked for a fresh placement (placement generation).
+    RescheduleRequested { generation: u64 },
+    /// The replace option "no restart" changed; the entry is updated where it is.
+    NoRestartChanged { no_restart: bool },
     /// Its desired state changed; the entry is updated where it is.
     DesiredChanged {
         from: DesiredState,
@@ -141,6 +150,9 @@ pub enum Reason {
     InvalidRequirements { error: RequirementError },
     /// There is no live machine at all.
     NoMachines,
+    /// A machine could take it, but the live `machine` still publishes a running (starting,
+    /// stopping) copy of it: two copies of a non-global unit never run at once.
+    WaitingForPreviousCopy { machine: MachineId },
     /// `MachineOf=` names a unit that is not scheduled anywhere.
     PeerNotScheduled { peer: String },
     /// Every live machine fails one of its rules (sorted by machine).
@@ -179,6 +191,12 @@ impl fmt::Display for Reason {
             Self::RestartRequested { generation } => {
                 write!(f, "restart {generation} requested")
             }
+            Self::RescheduleRequested { generation } => {
+                write!(f, "reschedule {generation} requested")
+            }
+            Self::NoRestartChanged { no_restart } => {
+                write!(f, "no-restart changed to {no_restart}")
+            }
             Self::HashChanged { from, to } => write!(
                 f,
                 "unit file changed from {} to {}",
@@ -190,6 +208,9 @@ impl fmt::Display for Reason {
             }
             Self::InvalidRequirements { error } => write!(f, "invalid [X-Fleet] options: {error}"),
             Self::NoMachines => f.write_str("zero machines available"),
+            Self::WaitingForPreviousCopy { machine } => {
+                write!(f, "waiting for the previous copy on {machine} to stop")
+            }
             Self::PeerNotScheduled { peer } => {
                 write!(f, "required peer unit {peer} is not scheduled")
             }

@@ -2,10 +2,11 @@
 //! built by [`World`]; plans are compared as one line per decision.
 
 use super::*;
-use fleet_core::{DesiredState, MachineInfo};
-use fleet_registry::{ScheduleEntry, Unit, UnitRecord};
+use fleet_core::{DesiredState, MachineInfo, SystemdState};
+use fleet_registry::{ReplaceState, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 
 mod props;
+mod replace;
 
 use DesiredState::{Inactive, Launched, Loaded};
 
@@ -114,8 +115,73 @@ impl World {
         self
     }
 
+    /// Sets the replace options of `unit` (as `fleetctl ... --replace` leaves them).
+    pub fn replace(mut self, unit: &str, replace: ReplaceState) -> World {
+        let u = self.snap.units.get_mut(&name(unit)).expect("unit exists");
+        u.record.replace = replace;
+        self
+    }
+
+    /// Changes the entry of `unit` on `machine`.
+    pub fn with_entry(
+        mut self,
+        unit: &str,
+        machine: &str,
+        f: impl FnOnce(&mut ScheduleEntry),
+    ) -> World {
+        let entries = self
+            .snap
+            .schedule
+            .get_mut(&name(unit))
+            .expect("unit has entries");
+        f(entries.get_mut(&mid(machine)).expect("entry exists"));
+        self
+    }
+
+    /// `machine`'s agent publishes `unit` with ActiveState `active`.
+    pub fn state(mut self, unit: &str, machine: &str, active: &str) -> World {
+        let record = UnitStateRecord {
+            name: name(unit),
+            machine: mid(machine),
+            hash: None,
+            systemd: SystemdState {
+                load: "loaded".into(),
+                active: active.into(),
+                sub: String::new(),
+            },
+            drop_ins: Vec::new(),
+            restart: 0,
+            restart_pending: false,
+        };
+        self.snap
+            .states
+            .entry(name(unit))
+            .or_default()
+            .insert(mid(machine), record);
+        self
+    }
+
+    /// `machine`'s agent withdraws its state of `unit` (it unloaded it).
+    pub fn without_state(mut self, unit: &str, machine: &str) -> World {
+        if let Some(states) = self.snap.states.get_mut(&name(unit)) {
+            states.remove(&mid(machine));
+        }
+        self
+    }
+
     pub fn plan(&self) -> Vec<Decision> {
-        plan(&self.snap, &self.files)
+        plan(&self.snap, &self.files).decisions
+    }
+
+    /// The units the plan holds back until a previous copy stops.
+    pub fn waiting(&self) -> Vec<String> {
+        let waiting = plan(&self.snap, &self.files).waiting;
+        waiting.iter().map(ToString::to_string).collect()
+    }
+
+    /// The entry of `unit` on `machine`.
+    pub fn entry_of(&self, unit: &str, machine: &str) -> &ScheduleEntry {
+        &self.snap.schedule[&name(unit)][&mid(machine)]
     }
 
     /// What the engine's write does to the registry.
@@ -135,6 +201,8 @@ impl World {
                     hash,
                     desired,
                     restart,
+                    no_restart,
+                    placement,
                 }
                 | DecisionKind::Schedule {
                     unit,
@@ -142,6 +210,8 @@ impl World {
                     hash,
                     desired,
                     restart,
+                    no_restart,
+                    placement,
                 } => {
                     let entry = ScheduleEntry {
                         name: unit.clone(),
@@ -149,8 +219,8 @@ impl World {
                         hash: *hash,
                         desired: *desired,
                         restart: *restart,
-                        no_restart: false,
-                        placement: 0,
+                        no_restart: *no_restart,
+                        placement: *placement,
                     };
                     self.snap
                         .schedule
@@ -218,11 +288,11 @@ fn line(d: &Decision) -> String {
     }
 }
 
-fn two_machines() -> World {
+pub(super) fn two_machines() -> World {
     World::new().machine("m1", &[]).machine("m2", &[])
 }
 
-fn placed(pairs: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+pub(super) fn placed(pairs: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
     pairs
         .iter()
         .map(|(u, ms)| (u.to_string(), ms.iter().map(|m| m.to_string()).collect()))

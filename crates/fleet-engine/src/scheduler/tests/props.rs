@@ -1,11 +1,15 @@
 //! Properties of the scheduler over generated clusters, checked by an oracle written
 //! directly against fleet-core's rules (not against the planner's own helpers): safety
-//! (never two entries of a non-global unit, never on a machine that breaks a rule),
-//! completeness (every unit some machine could take is placed), convergence (a plan applied
-//! and planned again yields nothing) and stability (healthy units never move).
+//! (never two entries of a non-global unit, never on a machine that breaks a rule, never
+//! placed while another live machine still runs a copy, a rolling replace never ahead of
+//! itself), completeness (every unit some machine could take is placed), convergence (a
+//! plan applied and planned again yields nothing) and stability (healthy units never move).
+//! Generated units carry replace options (no restart, `--reschedule`, rolling) and machines
+//! publish states, live or dead.
 
 use super::*;
 use fleet_core::{Requirements, units_conflict, units_replace};
+use fleet_registry::Rollout;
 use proptest::prelude::*;
 
 /// Machine IDs long enough for 8-character short forms; the last one is never live.
@@ -31,6 +35,52 @@ struct GenUnit {
     machine_of: Option<usize>,
     conflicts: Option<&'static str>,
     replaces: Option<usize>,
+    replace: GenReplace,
+}
+
+/// Replace options: no restart; a placement generation (0 to 2) with a machine to avoid
+/// (4 = a dead one); a rolling replace from version 0 or 9 that has reached some machines.
+#[derive(Debug, Clone)]
+struct GenReplace {
+    no_restart: bool,
+    placement: u64,
+    avoid: Option<usize>,
+    rollout: Option<(u32, Vec<usize>)>,
+}
+
+fn gen_replace() -> impl Strategy<Value = GenReplace> {
+    (
+        prop::bool::weighted(0.2),
+        prop::sample::select(vec![0u64, 0, 1, 2]),
+        prop::option::of(0..5usize),
+        prop::option::weighted(
+            0.3,
+            (
+                prop::sample::select(vec![0u32, 9]),
+                prop::sample::subsequence(vec![0usize, 1, 2, 3], 0..=4),
+            ),
+        ),
+    )
+        .prop_map(|(no_restart, placement, avoid, rollout)| GenReplace {
+            no_restart,
+            placement,
+            avoid,
+            rollout,
+        })
+}
+
+impl GenReplace {
+    fn state(&self) -> ReplaceState {
+        ReplaceState {
+            no_restart: self.no_restart,
+            placement: self.placement,
+            avoid: self.avoid.map(|m| mid(MACHINES[m])),
+            rollout: self.rollout.as_ref().map(|(previous, updated)| Rollout {
+                previous: unit_file("", *previous).hash(),
+                updated: updated.iter().map(|m| mid(MACHINES[*m])).collect(),
+            }),
+        }
+    }
 }
 
 fn gen_unit() -> impl Strategy<Value = GenUnit> {
@@ -45,16 +95,20 @@ fn gen_unit() -> impl Strategy<Value = GenUnit> {
             prop::sample::select(vec!["u0.service", "u1.service", "u[2-4].service", "u7*"]),
         ),
         prop::option::weighted(0.2, 0..UNITS),
+        gen_replace(),
     )
         .prop_map(
-            |(desired, global, machine_id, role, machine_of, conflicts, replaces)| GenUnit {
-                desired,
-                global,
-                machine_id,
-                role,
-                machine_of,
-                conflicts,
-                replaces,
+            |(desired, global, machine_id, role, machine_of, conflicts, replaces, replace)| {
+                GenUnit {
+                    desired,
+                    global,
+                    machine_id,
+                    role,
+                    machine_of,
+                    conflicts,
+                    replaces,
+                    replace,
+                }
             },
         )
 }
@@ -96,9 +150,11 @@ struct GenWorld {
     /// Live machines (by index into `MACHINES[..4]`) with their role.
     machines: Vec<(usize, Option<&'static str>)>,
     units: Vec<GenUnit>,
-    /// Existing entries: unit, machine (4 = a dead machine), stale file, desired.
-    entries: Vec<(usize, usize, bool, DesiredState)>,
+    /// Existing entries: unit, machine (4 = a dead machine), stale file, desired, placement.
+    entries: Vec<(usize, usize, bool, DesiredState, u64)>,
     unscheduled: Vec<usize>,
+    /// Published states: unit, machine (4 = a dead machine), ActiveState.
+    states: Vec<(usize, usize, &'static str)>,
 }
 
 fn gen_world() -> impl Strategy<Value = GenWorld> {
@@ -117,17 +173,35 @@ fn gen_world() -> impl Strategy<Value = GenWorld> {
                 0..5usize,
                 prop::bool::weighted(0.2),
                 prop::sample::select(vec![Loaded, Launched]),
+                prop::sample::select(vec![0u64, 0, 1]),
             ),
             0..10,
         ),
         prop::collection::vec(0..UNITS, 0..3),
+        prop::collection::vec(
+            (
+                0..UNITS,
+                0..5usize,
+                prop::sample::select(vec![
+                    "active",
+                    "activating",
+                    "deactivating",
+                    "inactive",
+                    "failed",
+                ]),
+            ),
+            0..4,
+        ),
     )
-        .prop_map(|((ms, roles), units, entries, unscheduled)| GenWorld {
-            machines: ms.into_iter().zip(roles).collect(),
-            units,
-            entries,
-            unscheduled,
-        })
+        .prop_map(
+            |((ms, roles), units, entries, unscheduled, states)| GenWorld {
+                machines: ms.into_iter().zip(roles).collect(),
+                units,
+                entries,
+                unscheduled,
+                states,
+            },
+        )
 }
 
 fn build(g: &GenWorld) -> World {
@@ -138,13 +212,18 @@ fn build(g: &GenWorld) -> World {
     }
     for (i, u) in g.units.iter().enumerate() {
         w = w.unit_version(&unit_name(i), u.desired, &u.xfleet(i), 1);
+        w = w.replace(&unit_name(i), u.replace.state());
     }
-    for (u, m, stale, desired) in &g.entries {
+    for (u, m, stale, desired, placement) in &g.entries {
         let hash = match w.snap.units.get(&name(&unit_name(*u))) {
             Some(unit) if !stale => unit.hash(),
             Some(_) | None => unit_file("", 0).hash(),
         };
         w = w.entry_with(&unit_name(*u), MACHINES[*m], hash, *desired);
+        w = w.with_entry(&unit_name(*u), MACHINES[*m], |e| e.placement = *placement);
+    }
+    for (u, m, active) in &g.states {
+        w = w.state(&unit_name(*u), MACHINES[*m], active);
     }
     for u in &g.unscheduled {
         w.snap
@@ -198,6 +277,36 @@ impl<'w> View<'w> {
             || r.machine_of
                 .iter()
                 .any(|p| !here.iter().any(|h| h.as_str() == p))
+    }
+
+    /// The live machines that publish a copy of `u` that may be running.
+    fn running_on(&self, u: &UnitName) -> Vec<&MachineId> {
+        let states = self.w.snap.states.get(u).into_iter().flatten();
+        states
+            .filter(|(m, s)| {
+                self.w.snap.machines.contains_key(*m)
+                    && !["inactive", "failed"].contains(&s.systemd.active.as_str())
+            })
+            .map(|(m, _)| m)
+            .collect()
+    }
+
+    /// A live machine other than `m` that publishes a copy of `u` that may be running.
+    fn copy_elsewhere(&self, u: &UnitName, m: &MachineId) -> Option<&MachineId> {
+        self.running_on(u).into_iter().find(|other| *other != m)
+    }
+
+    /// The versions `u` may have on `m`: its own, and a rolling replace's previous one on
+    /// machines the roll has not reached.
+    fn allowed_hashes(&self, u: &UnitName, m: &MachineId) -> Vec<UnitHash> {
+        let record = &self.w.snap.units[u].record;
+        let mut hashes = vec![record.hash];
+        if let Some(r) = &record.replace.rollout
+            && !r.updated.contains(m)
+        {
+            hashes.push(r.previous);
+        }
+        hashes
     }
 
     fn clash(&self, a: &UnitName, b: &UnitName) -> bool {
@@ -256,8 +365,14 @@ fn check_safety(v: &View<'_>) -> Result<(), TestCaseError> {
         for (m, entry) in ms {
             prop_assert!(v.w.snap.machines.contains_key(m), "{u} on dead {m}");
             prop_assert!(!v.own_rules_fail(u, m), "{u} breaks its rules on {m}");
-            prop_assert_eq!(entry.hash, unit.unwrap().hash());
-            prop_assert_eq!(entry.desired, unit.unwrap().desired());
+            let unit = unit.unwrap();
+            prop_assert!(
+                v.allowed_hashes(u, m).contains(&entry.hash),
+                "{u} version on {m}"
+            );
+            prop_assert_eq!(entry.desired, unit.desired());
+            prop_assert_eq!(entry.no_restart, unit.record.replace.no_restart);
+            prop_assert_eq!(entry.placement, unit.record.replace.placement);
             for o in v.on(m) {
                 prop_assert!(!v.clash(u, o), "{u} and {o} clash on {m}");
             }
@@ -287,7 +402,9 @@ fn check_completeness(v: &View<'_>) -> Result<(), TestCaseError> {
             if v.reqs[u].global {
                 let blocked = v.own_rules_fail(u, m) || v.on(m).iter().any(|o| v.clash(u, o));
                 prop_assert!(blocked, "global {u} could run on {m}");
-            } else if placed_on.is_none() {
+            } else if placed_on.is_none() && v.running_on(u).is_empty() {
+                // With a copy still running, the unit may wait: the machine chosen for it
+                // can be another one.
                 prop_assert!(!v.could_place(u, m), "{u} could run on {m}");
             }
         }
@@ -340,6 +457,37 @@ proptest! {
         let new = GenUnit { replaces: None, ..new };
         let w = w.unit("u9.service", new.desired, &new.xfleet(9));
         prop_assert_eq!(unschedules(&w), Vec::<String>::new());
+    }
+
+    #[test]
+    fn never_places_a_unit_while_another_live_machine_runs_a_copy(g in gen_world()) {
+        let w = build(&g);
+        let v = View::new(&w);
+        for d in w.plan() {
+            if let DecisionKind::Schedule { unit, machine, .. } = &d.kind
+                && !v.reqs[unit].global
+            {
+                let elsewhere = v.copy_elsewhere(unit, machine);
+                prop_assert!(elsewhere.is_none(), "{unit} on {machine} while on {elsewhere:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_rolling_replace_gives_the_new_version_only_where_it_has_reached(g in gen_world()) {
+        let w = build(&g);
+        for d in w.plan() {
+            let DecisionKind::Update { unit, machine, hash, .. } = &d.kind else {
+                continue;
+            };
+            let record = &w.snap.units[unit].record;
+            let before = w.snap.schedule[unit][machine].hash;
+            if let Some(r) = &record.replace.rollout
+                && !r.updated.contains(machine)
+            {
+                prop_assert!(*hash != record.hash || before == record.hash, "{unit} on {machine}");
+            }
+        }
     }
 
     #[test]
