@@ -240,7 +240,8 @@ pub struct Listing {
 pub struct ListUnitFiles {
     #[command(flatten)]
     pub listing: Listing,
-    /// Columns to print, comma-separated, from: desc, dstate, global, hash, state, target, unit.
+    /// Columns to print, comma-separated, from: desc, dstate, global, hash, reason, state,
+    /// target, unit (`reason`: why the engine cannot place the unit yet).
     #[arg(long, default_value = "unit,hash,dstate,state,target")]
     pub fields: String,
 }

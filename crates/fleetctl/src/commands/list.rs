@@ -88,6 +88,11 @@ pub async fn list_unit_files(ctx: &mut Ctx, args: &ListUnitFiles) -> Result<()> 
                 "target" if global => "global".into(),
                 "target" => target_cell(&snap, name, full),
                 "global" => global.to_string(),
+                "reason" => snap
+                    .unscheduled
+                    .get(name)
+                    .cloned()
+                    .unwrap_or_else(|| "-".into()),
                 "desc" => file
                     .and_then(|f| f.description())
                     .unwrap_or("-")
