@@ -254,6 +254,12 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             desired.insert(e.name.clone(), e);
         }
         let wanted: BTreeSet<UnitHash> = desired.values().map(|e| e.hash).collect();
+        // A unit waiting out a retry backoff gets a fresh chance as soon as what is asked of
+        // it changes (a fixed version, a new desired state, or no longer scheduled here).
+        if let Some(old) = &self.desired {
+            self.backoff
+                .retain(|name, _| old.get(name) == desired.get(name));
+        }
         self.files.retain(|h, _| wanted.contains(h));
         for hash in wanted {
             if self.files.contains_key(&hash) {

@@ -452,3 +452,30 @@ async fn a_scheduled_unit_whose_file_is_missing_is_left_alone() {
     );
     assert_eq!(w.fake.state(&n).active, "active");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_unit_gets_a_fresh_chance_when_its_schedule_changes() {
+    let w = World::new().await;
+    let n = name("web.service");
+    let bad = file("/bin/bad");
+    let good = file("/bin/good");
+    w.fake.fail(Op::Install, Some(&n));
+    let _agent = w.start_agent();
+    w.schedule("web.service", &bad, DesiredState::Launched)
+        .await;
+    // Let it fail a few times, so its backoff is long.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    w.fake.heal();
+    w.registry
+        .create_unit(&name("spare.service"), &good, DesiredState::Inactive)
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    w.entry("web.service", &good, 0, false).await;
+    w.until_published("web.service", "active").await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "waited out the backoff: {:?}",
+        started.elapsed()
+    );
+}

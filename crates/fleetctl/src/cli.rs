@@ -173,7 +173,14 @@ pub struct Activate {
     pub reschedule: bool,
     /// With --replace: replace N machines of a global unit (or N units of the list) at a time,
     /// waiting for each to be active, stopping at the first failure.
-    #[arg(long, requires = "replace", value_name = "N", num_args = 0..=1, default_missing_value = "1")]
+    #[arg(
+        long,
+        requires = "replace",
+        value_name = "N",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "1"
+    )]
     pub rolling: Option<usize>,
     #[command(flatten)]
     pub block: BlockFlags,

@@ -126,7 +126,7 @@ pub async fn load_or_start(
             Err(e) => failures.push((name, e)),
         }
     }
-    fail_if_any(ctx, "Error setting desired state of", failures)?;
+    fail_if_any(ctx, "Error updating", failures)?;
     let waited: Vec<UnitName> = goals.keys().cloned().collect();
     wait_for(ctx, &registry, goals, block).await?;
     let note = if how.no_restart {
