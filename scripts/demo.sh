@@ -69,7 +69,7 @@ The cluster is up and stays up. Use it:
   fleetctl destroy web@3.service
 
 Enter a machine (its own systemd, journal and network):
-$(grep 'nsenter' "$dir.up.log" | sed 's/^ */  /')
+$(grep -E '^ +m[0-9]+ ' "$dir.up.log" | sed 's/^ */  /')
 
 Tear it down:
 
