@@ -5,13 +5,17 @@
 //! fast raft timings. It can be killed and restarted on the same ports and data to test
 //! outages. Test code only: failures panic with the server's log attached.
 //!
+//! [`TestEtcd::start_tls`] serves clients over TLS and requires client certificates, with a
+//! certificate authority, server and client certificates made by [`TestCerts::generate`]
+//! (the `openssl` command line tool, on `PATH`).
+//!
 //! Environment: `$FLEET_TEST_DIR` is where data directories go (default
 //! `<workspace>/target/test-etcd`), `$FLEET_TEST_ETCD` the etcd binary (default `etcd` on
 //! `PATH`).
 
 use std::fs::{self, File};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -40,21 +44,54 @@ static SERVERS: AtomicU32 = AtomicU32::new(0);
 pub struct TestEtcd {
     child: Option<Child>,
     dir: PathBuf,
+    /// The address clients connect to.
+    host: IpAddr,
     client_port: u16,
     peer_port: u16,
+    /// With TLS: the certificates it serves and trusts.
+    tls: Option<ServerTls>,
+}
+
+/// The files a TLS test etcd runs with, and those its clients get.
+#[derive(Debug, Clone)]
+struct ServerTls {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+    client: TlsFiles,
 }
 
 impl TestEtcd {
     /// Starts a server and waits until it answers a read. Panics if it cannot.
     pub async fn start() -> TestEtcd {
+        TestEtcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), None).await
+    }
+
+    /// Starts a server for clients on `https://<host>:<port>` with `certs`' server
+    /// certificate, accepting only clients with a certificate of `certs`' authority
+    /// (`--client-cert-auth`). `host` must be one of the server certificate's addresses (a
+    /// local address: loopback, or a bridge the test made). Panics if it cannot start.
+    pub async fn start_tls(certs: &TestCerts, host: IpAddr) -> TestEtcd {
+        let tls = ServerTls {
+            ca: certs.ca(),
+            cert: certs.server_cert(),
+            key: certs.server_key(),
+            client: certs.client_files(),
+        };
+        TestEtcd::start_on(host, Some(tls)).await
+    }
+
+    async fn start_on(host: IpAddr, tls: Option<ServerTls>) -> TestEtcd {
         let mut last_log = String::new();
         for attempt in 1..=START_ATTEMPTS {
             let (client_port, peer_port) = free_ports();
             let mut etcd = TestEtcd {
                 child: None,
-                dir: unique_dir(),
+                dir: unique_dir("etcd"),
+                host,
                 client_port,
                 peer_port,
+                tls: tls.clone(),
             };
             etcd.spawn();
             if etcd.wait_ready().await {
@@ -66,17 +103,25 @@ impl TestEtcd {
         panic!("test etcd did not start after {START_ATTEMPTS} attempts; last log:\n{last_log}");
     }
 
-    /// The client URL, `http://127.0.0.1:<port>`.
+    /// The client URL: `http://127.0.0.1:<port>`, or `https://<host>:<port>` with TLS.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let host = match self.host {
+            IpAddr::V6(v6) => format!("[{v6}]"),
+            IpAddr::V4(v4) => v4.to_string(),
+        };
+        format!("{scheme}://{host}:{}", self.client_port)
     }
 
-    /// A client configuration for this server.
+    /// A client configuration for this server (with TLS: its CA and a client certificate).
     pub fn config(&self) -> EtcdConfig {
         EtcdConfig {
             endpoints: vec![self.endpoint()],
             request_timeout: REQUEST_TIMEOUT,
-            tls: TlsFiles::default(),
+            tls: self
+                .tls
+                .as_ref()
+                .map_or_else(TlsFiles::default, |t| t.client.clone()),
         }
     }
 
@@ -118,7 +163,12 @@ impl TestEtcd {
     }
 
     /// How many watchers the server holds (its `etcd_debugging_mvcc_watcher_total` gauge).
+    /// Plain-HTTP servers only.
     pub async fn watcher_count(&self) -> u64 {
+        assert!(
+            self.tls.is_none(),
+            "watcher_count reads metrics over plain HTTP"
+        );
         let port = self.client_port;
         let metrics = tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
             .await
@@ -159,6 +209,13 @@ impl TestEtcd {
             if name.to_string_lossy().starts_with("ETCD_") {
                 command.env_remove(name);
             }
+        }
+        if let Some(tls) = &self.tls {
+            command
+                .arg(format!("--cert-file={}", tls.cert.display()))
+                .arg(format!("--key-file={}", tls.key.display()))
+                .arg("--client-cert-auth")
+                .arg(format!("--trusted-ca-file={}", tls.ca.display()));
         }
         let child = command
             .arg("--name=test")
@@ -210,8 +267,178 @@ impl Drop for TestEtcd {
     }
 }
 
-/// `$FLEET_TEST_DIR/<unique>`, else `<workspace>/target/test-etcd/<unique>`.
-fn unique_dir() -> PathBuf {
+/// Certificates for a TLS test etcd, made with the `openssl` command line tool: a certificate
+/// authority, a server certificate for given IP addresses, a client certificate, and a second,
+/// unrelated authority with a client certificate of its own (what a wrong CA looks like).
+/// ECDSA P-256 keys: generating them takes milliseconds. Dropping it deletes the files.
+#[derive(Debug)]
+pub struct TestCerts {
+    dir: PathBuf,
+}
+
+impl TestCerts {
+    /// Generates everything into a new directory under the test directory; the server
+    /// certificate is valid for `server_ips` (its subject alternative names). Panics if
+    /// `openssl` fails.
+    pub fn generate(server_ips: &[IpAddr]) -> TestCerts {
+        let certs = TestCerts {
+            dir: unique_dir("certs"),
+        };
+        let san = server_ips
+            .iter()
+            .map(|ip| format!("IP:{ip}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        certs.authority("ca");
+        certs.authority("other-ca");
+        certs.leaf("server", "ca", "serverAuth,clientAuth", Some(&san));
+        certs.leaf("client", "ca", "clientAuth", None);
+        certs.leaf("other-client", "other-ca", "clientAuth", None);
+        certs
+    }
+
+    /// The directory holding every file (`<name>.pem`, `<name>.key`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The certificate authority etcd trusts and its server certificate is signed by.
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    /// Another certificate authority, which signed neither the server's certificate nor the
+    /// client's: a client trusting it must refuse the server.
+    pub fn wrong_ca(&self) -> PathBuf {
+        self.dir.join("other-ca.pem")
+    }
+
+    pub fn server_cert(&self) -> PathBuf {
+        self.dir.join("server.pem")
+    }
+
+    pub fn server_key(&self) -> PathBuf {
+        self.dir.join("server.key")
+    }
+
+    /// A client certificate of [`TestCerts::ca`], which etcd accepts.
+    pub fn client_cert(&self) -> PathBuf {
+        self.dir.join("client.pem")
+    }
+
+    pub fn client_key(&self) -> PathBuf {
+        self.dir.join("client.key")
+    }
+
+    /// A client certificate of [`TestCerts::wrong_ca`], which etcd refuses.
+    pub fn wrong_client_cert(&self) -> PathBuf {
+        self.dir.join("other-client.pem")
+    }
+
+    pub fn wrong_client_key(&self) -> PathBuf {
+        self.dir.join("other-client.key")
+    }
+
+    /// The files a client of a [`TestEtcd::start_tls`] server needs.
+    pub fn client_files(&self) -> TlsFiles {
+        TlsFiles {
+            ca_file: Some(self.ca()),
+            cert_file: Some(self.client_cert()),
+            key_file: Some(self.client_key()),
+        }
+    }
+
+    fn authority(&self, name: &str) {
+        self.openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.pem"),
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=fleet test {name}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
+    }
+
+    fn leaf(&self, name: &str, ca: &str, usage: &str, san: Option<&str>) {
+        self.openssl(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN=fleet test {name}"),
+        ]);
+        let mut ext = format!(
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
+             extendedKeyUsage={usage}\n"
+        );
+        if let Some(san) = san {
+            ext.push_str(&format!("subjectAltName={san}\n"));
+        }
+        let ext_file = self.dir.join(format!("{name}.ext"));
+        fs::write(&ext_file, ext).unwrap_or_else(|e| panic!("writing {}: {e}", ext_file.display()));
+        self.openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+        ]);
+    }
+
+    fn openssl(&self, args: &[&str]) {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("running openssl (apt-get install openssl): {e}"));
+        assert!(
+            out.status.success(),
+            "openssl {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for TestCerts {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `$FLEET_TEST_DIR/<kind>-<unique>`, else `<workspace>/target/test-etcd/<kind>-<unique>`.
+fn unique_dir(kind: &str) -> PathBuf {
     let base = std::env::var_os("FLEET_TEST_DIR").map_or_else(
         || {
             PathBuf::from(concat!(
@@ -222,7 +449,7 @@ fn unique_dir() -> PathBuf {
         PathBuf::from,
     );
     let name = format!(
-        "etcd-{}-{}-{:08x}",
+        "{kind}-{}-{}-{:08x}",
         std::process::id(),
         SERVERS.fetch_add(1, Ordering::Relaxed),
         rand::rng().random::<u32>()
@@ -250,4 +477,144 @@ fn http_get(port: u16, path: &str) -> std::io::Result<String> {
     let mut body = String::new();
     stream.read_to_string(&mut body)?;
     Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The TLS side of [`EtcdKv`] against a real etcd requiring client certificates: what
+    //! promise 6 of `docs/guarantees.md` rests on.
+
+    use super::*;
+    use crate::kv::KvError;
+
+    fn loopback() -> IpAddr {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    }
+
+    /// A read with `tls` against `etcd`'s endpoint.
+    async fn read_with(etcd: &TestEtcd, tls: TlsFiles) -> Result<(), KvError> {
+        let cfg = EtcdConfig {
+            request_timeout: Duration::from_secs(2),
+            tls,
+            ..etcd.config()
+        };
+        let kv = EtcdKv::connect(&cfg).await?;
+        kv.range("k", false, None).await.map(drop)
+    }
+
+    #[tokio::test]
+    async fn a_client_with_the_servers_ca_and_its_own_certificate_reads_and_writes() {
+        let certs = TestCerts::generate(&[loopback()]);
+        let etcd = TestEtcd::start_tls(&certs, loopback()).await;
+        assert!(etcd.endpoint().starts_with("https://127.0.0.1:"));
+        let kv = etcd.kv().await;
+        let put = crate::kv::Txn {
+            success: vec![crate::kv::TxnOp::Put {
+                key: "k".into(),
+                value: b"v".to_vec(),
+                lease: None,
+            }],
+            ..Default::default()
+        };
+        kv.txn(put).await.expect("a write over TLS");
+        let got = kv.range("k", false, None).await.expect("a read over TLS");
+        assert_eq!(got.kvs[0].value, b"v");
+    }
+
+    #[tokio::test]
+    async fn a_client_trusting_another_ca_refuses_the_server_and_says_why() {
+        let certs = TestCerts::generate(&[loopback()]);
+        let etcd = TestEtcd::start_tls(&certs, loopback()).await;
+        let tls = TlsFiles {
+            ca_file: Some(certs.wrong_ca()),
+            ..certs.client_files()
+        };
+        let err = read_with(&etcd, tls).await.unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("invalid peer certificate") && text.contains("UnknownIssuer"),
+            "{text}"
+        );
+        assert!(text.contains(&etcd.endpoint()), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_server_certificate_for_another_name_is_refused() {
+        // Valid for 127.0.0.1 only; reached as `localhost`.
+        let certs = TestCerts::generate(&[loopback()]);
+        let etcd = TestEtcd::start_tls(&certs, loopback()).await;
+        let cfg = EtcdConfig {
+            endpoints: vec![etcd.endpoint().replace("127.0.0.1", "localhost")],
+            request_timeout: Duration::from_secs(2),
+            tls: certs.client_files(),
+        };
+        let kv = EtcdKv::connect(&cfg).await.unwrap();
+        let err = kv.range("k", false, None).await.unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("certificate not valid for name \"localhost\""),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_server_refuses_a_client_without_a_certificate_of_its_ca() {
+        let certs = TestCerts::generate(&[loopback()]);
+        let etcd = TestEtcd::start_tls(&certs, loopback()).await;
+        let none = TlsFiles {
+            ca_file: Some(certs.ca()),
+            cert_file: None,
+            key_file: None,
+        };
+        let err = read_with(&etcd, none).await.unwrap_err().to_string();
+        assert!(
+            err.contains("no TLS client certificate is configured"),
+            "{err}"
+        );
+        let other = TlsFiles {
+            ca_file: Some(certs.ca()),
+            cert_file: Some(certs.wrong_client_cert()),
+            key_file: Some(certs.wrong_client_key()),
+        };
+        assert!(read_with(&etcd, other).await.is_err());
+        // The server is fine: a proper client still gets in.
+        read_with(&etcd, certs.client_files()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_and_key_that_do_not_belong_together_are_named() {
+        let certs = TestCerts::generate(&[loopback()]);
+        let etcd = TestEtcd::start_tls(&certs, loopback()).await;
+        let cases = [
+            (certs.wrong_client_key(), "KeyMismatch"),
+            (certs.client_cert(), "PrivateKeyParseError"),
+        ];
+        for (key, cause) in cases {
+            let tls = TlsFiles {
+                key_file: Some(key.clone()),
+                ..certs.client_files()
+            };
+            let err = read_with(&etcd, tls).await.unwrap_err();
+            let text = err.to_string();
+            let files = format!(
+                "the TLS client certificate {} and key {} cannot be used (",
+                certs.client_cert().display(),
+                key.display()
+            );
+            assert!(text.contains(&files) && text.contains(cause), "{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_plain_http_client_of_a_tls_server_fails() {
+        let certs = TestCerts::generate(&[loopback()]);
+        let etcd = TestEtcd::start_tls(&certs, loopback()).await;
+        let cfg = EtcdConfig {
+            endpoints: vec![etcd.endpoint().replace("https://", "http://")],
+            request_timeout: Duration::from_secs(2),
+            tls: TlsFiles::default(),
+        };
+        let kv = EtcdKv::connect(&cfg).await.unwrap();
+        assert!(kv.range("k", false, None).await.is_err());
+    }
 }

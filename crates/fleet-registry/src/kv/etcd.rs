@@ -50,7 +50,15 @@ pub struct EtcdKv {
     /// The configured endpoints as one comma-separated string, for error messages.
     endpoints: Arc<str>,
     request_timeout: Duration,
+    /// Said after a connection the server closed or a TLS alert it sent: over TLS without a
+    /// client certificate, the likely reason is a server requiring one (it ends the handshake
+    /// with a bare alert or closes the connection, depending on timing).
+    closed_hint: Option<&'static str>,
 }
+
+/// See [`EtcdKv::closed_hint`].
+const NO_CLIENT_CERT_HINT: &str =
+    "no TLS client certificate is configured; etcd may require one (--client-cert-auth)";
 
 impl fmt::Debug for EtcdKv {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -88,7 +96,8 @@ impl EtcdKv {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {
                 return Err(KvError::Config(format!(
-                    "cannot use etcd endpoints {endpoints}: {e}"
+                    "cannot use etcd endpoints {endpoints}: {}",
+                    connect_error(&e, &cfg.tls)
                 )));
             }
             Err(_) => {
@@ -96,10 +105,12 @@ impl EtcdKv {
             }
         };
         debug!(endpoints = %endpoints, timeout = ?cfg.request_timeout, "etcd client ready");
+        let https = cfg.endpoints.iter().all(|e| e.starts_with("https://"));
         Ok(EtcdKv {
             client,
             endpoints,
             request_timeout: cfg.request_timeout,
+            closed_hint: (https && cfg.tls.cert_file.is_none()).then_some(NO_CLIENT_CERT_HINT),
         })
     }
 
@@ -146,7 +157,12 @@ impl EtcdKv {
         match failure {
             Failure::Unreachable(detail) => KvError::Unavailable {
                 endpoints: self.endpoints.to_string(),
-                detail,
+                detail: match self.closed_hint {
+                    Some(hint) if ended_by_server(&detail) => {
+                        format!("{detail}; {hint}")
+                    }
+                    _ => detail,
+                },
             },
             Failure::Timeout => KvError::Timeout(self.request_timeout, self.endpoints.to_string()),
             Failure::Compacted(msg) => KvError::Refused(msg),
@@ -234,6 +250,20 @@ impl Kv for EtcdKv {
     }
 }
 
+/// Whether a transport failure is the server ending the connection (rather than refusing it,
+/// timing out, or failing our own certificate checks). A TLS server that wants a client
+/// certificate does that in one of these ways, depending on timing.
+fn ended_by_server(detail: &str) -> bool {
+    [
+        "connection closed",
+        "received fatal alert",
+        "broken pipe",
+        "connection reset",
+    ]
+    .iter()
+    .any(|s| detail.contains(s))
+}
+
 /// etcd takes whole seconds; rounding up keeps the lease at least as long as asked.
 fn whole_seconds(ttl: Duration) -> i64 {
     let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
@@ -281,6 +311,28 @@ fn tls_options(endpoints: &[String], files: &TlsFiles) -> Result<Option<TlsOptio
         }
     }
     Ok(Some(tls))
+}
+
+/// What went wrong building a client. etcd-client shows a TLS identity it cannot use as
+/// "transport error: transport error"; the cause (`InconsistentKeys(KeyMismatch)`,
+/// `PrivateKeyParseError`, `InvalidCertificate(BadEncoding)`) is only in its debug form.
+fn connect_error(err: &etcd_client::Error, tls: &TlsFiles) -> String {
+    let shown = err.to_string();
+    let debug = format!("{err:?}");
+    let Some(cause) = debug
+        .split_once("Transport, ")
+        .and_then(|(_, rest)| rest.strip_suffix("))"))
+    else {
+        return shown;
+    };
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => format!(
+            "the TLS client certificate {} and key {} cannot be used ({cause})",
+            cert.display(),
+            key.display()
+        ),
+        _ => format!("{shown} ({cause})"),
+    }
 }
 
 fn read_pem(path: &Path) -> Result<Vec<u8>, KvError> {

@@ -1,0 +1,637 @@
+//! Bad input on a real cluster, and fleetd's trust boundary (promises 4 and 5 of
+//! `docs/guarantees.md`): a bad fleetd configuration stops fleetd at once with a clear message
+//! and writes nothing; units that would take over the host are refused even when scheduled;
+//! fleetd touches no unit file outside its units directory and no unit it did not load; a
+//! schedule entry with a name trick touches nothing; and one unit whose stored file cannot be
+//! read wedges nothing else. Needs root.
+//!
+//! fleetctl's own refusals (names, files, options) are in `crates/fleetctl/tests/bad_input.rs`
+//! and `cli.rs`: they need only etcd. A second fleetd with the same machine ID is refused in
+//! `agent.rs` (`a_second_fleetd_with_the_same_machine_id_is_refused`).
+
+mod support;
+
+use anyhow::{Context, Result, ensure};
+use fleet_core::DesiredState;
+use fleet_functional_tests::{
+    FleetdSpec, MACHINE_BIN_DIR, Machine, TestRegistry, wait_for, wait_for_value,
+};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use support::{
+    POLL, PREFIX, RUNTIME_UNIT_DIR, TIMEOUT, UNITS_DIR, UnitView, Want, dump, file_exists,
+    fleetctl, fleetd_log, jobs_after, journal_cursor, logged, sleeper, start, units_on,
+    wait_converged, write_units,
+};
+
+fn agent_only() -> FleetdSpec {
+    FleetdSpec::default().with_env("FLEET_DISABLE_ENGINE", "true")
+}
+
+/// What a run of fleetd inside a machine printed, and how it ended.
+#[derive(Debug)]
+struct Exit {
+    code: Option<i32>,
+    stderr: String,
+}
+
+/// Runs `fleetd args...` inside `machine` with an empty environment (plus `env`), under a
+/// 20 s `timeout` so a fleetd that wrongly starts cannot hang the test.
+fn run_fleetd(machine: &Machine, env: &[&str], args: &[&str]) -> Result<Exit> {
+    let fleetd = format!("{MACHINE_BIN_DIR}/fleetd");
+    let mut all = vec!["20", "env", "-i"];
+    all.extend(env);
+    all.push(&fleetd);
+    all.extend(args);
+    let out = machine.exec("timeout", &all)?;
+    Ok(Exit {
+        code: out.status.code(),
+        stderr: support::strip_ansi(&String::from_utf8_lossy(&out.stderr)),
+    })
+}
+
+/// A bad configuration: fleetd exits non-zero (not killed by the timeout) at once, says what
+/// is wrong in its last line, and etcd's revision did not move.
+#[test]
+fn a_bad_fleetd_configuration_stops_it_at_once_with_a_clear_message_and_writes_nothing()
+-> Result<()> {
+    let (cluster, registry) = start(1, agent_only())?;
+    let m1 = &cluster.machines()[0];
+    let endpoint = cluster.etcd_endpoint();
+    let https = endpoint.replace("http://", "https://");
+    // Everything else valid, in its own runtime directory: a fleetd that got past its
+    // configuration would run (and be refused as a duplicate, with another message).
+    let base = format!("etcd_servers={endpoint}\nunits_directory=/run/fleet-bad/units\n");
+    let file_cases: Vec<(&str, String, String)> = vec![
+        (
+            "unknown-key",
+            format!("{base}etcd_servrs=http://127.0.0.1:2379\n"),
+            "unknown config key \"etcd_servrs\" (/run/fleet-bad/unknown-key.conf:3)".into(),
+        ),
+        (
+            "not-key-value",
+            format!("{base}this is not a setting\n"),
+            "/run/fleet-bad/not-key-value.conf:3: expected key=value".into(),
+        ),
+        (
+            "bad-duration",
+            format!("{base}agent_ttl=forever\n"),
+            "invalid agent_ttl \"forever\"".into(),
+        ),
+        (
+            "short-ttl",
+            format!("{base}agent_ttl=500ms\n"),
+            "must be at least 1s".into(),
+        ),
+        (
+            "not-a-url",
+            "etcd_servers=127.0.0.1:2379\n".into(),
+            "\"127.0.0.1:2379\" is not an http:// or https:// URL".into(),
+        ),
+        (
+            "bad-metadata",
+            format!("{base}metadata=region\n"),
+            "invalid metadata \"region\"".into(),
+        ),
+        (
+            "bad-metadata-key",
+            format!("{base}metadata=re gion=west\n"),
+            "is not a valid metadata key".into(),
+        ),
+        (
+            "bad-bool",
+            format!("{base}disable_engine=maybe\n"),
+            "expected true or false".into(),
+        ),
+        (
+            "bad-timeout",
+            format!("{base}etcd_request_timeout=0\n"),
+            "expected a positive number of seconds".into(),
+        ),
+        (
+            "bad-verbosity",
+            format!("{base}verbosity=loud\n"),
+            "expected a small whole number".into(),
+        ),
+        (
+            "https-without-ca",
+            format!("etcd_servers={https}\nunits_directory=/run/fleet-bad/units\n"),
+            "https etcd endpoints need a CA file (etcd_cafile)".into(),
+        ),
+        (
+            "missing-ca",
+            format!(
+                "etcd_servers={https}\netcd_cafile=/nonexistent/ca.pem\n\
+                 units_directory=/run/fleet-bad/units\n"
+            ),
+            "cannot read /nonexistent/ca.pem".into(),
+        ),
+        (
+            "ca-not-pem",
+            format!(
+                "etcd_servers={https}\netcd_cafile=/etc/hostname\n\
+                 units_directory=/run/fleet-bad/units\n"
+            ),
+            "/etc/hostname is not a PEM file".into(),
+        ),
+        (
+            "mixed-schemes",
+            format!("etcd_servers={https},{endpoint}\nunits_directory=/run/fleet-bad/units\n"),
+            "etcd endpoints mix https and http".into(),
+        ),
+    ];
+    let (rev0, before) = dump(&registry, "/")?;
+    let mut failures = Vec::new();
+    // The message is fleetd's last line. Errors found after logging started are logged as
+    // well (one ERROR line before it), so at most two lines.
+    let mut check = |case: &str, exit: Exit, expected: &str| {
+        let lines = exit.stderr.trim().lines().count();
+        let last = exit.stderr.trim().lines().last().unwrap_or_default();
+        let ok = matches!(exit.code, Some(c) if c != 0 && c != 124)
+            && last.contains(expected)
+            && lines <= 2;
+        if !ok {
+            failures.push(format!(
+                "{case}: exit {:?}, {lines} lines, expected {expected:?} in {:?}",
+                exit.code, exit.stderr
+            ));
+        }
+    };
+    for (case, text, expected) in &file_cases {
+        let path = format!("/run/fleet-bad/{case}.conf");
+        m1.write_file(&path, text)?;
+        check(case, run_fleetd(m1, &[], &["--config", &path])?, expected);
+    }
+    m1.write_file("/run/fleet-bad/latin1.conf", b"metadata=caf\xe9=1\n")?;
+    let path = "/run/fleet-bad/latin1.conf";
+    check(
+        "not-utf8",
+        run_fleetd(m1, &[], &["--config", path])?,
+        "reading config file /run/fleet-bad/latin1.conf",
+    );
+    check(
+        "missing-file",
+        run_fleetd(m1, &[], &["--config", "/run/fleet-bad/missing.conf"])?,
+        "reading config file /run/fleet-bad/missing.conf",
+    );
+    check(
+        "bad-environment",
+        run_fleetd(
+            m1,
+            &[
+                "FLEET_AGENT_TTL=soon",
+                "FLEET_UNITS_DIRECTORY=/run/fleet-bad/units",
+            ],
+            &[],
+        )?,
+        "invalid agent_ttl \"soon\" (environment FLEET_AGENT_TTL)",
+    );
+    check(
+        "unknown-set-key",
+        run_fleetd(m1, &[], &["--set", "agent_tll=3s"])?,
+        "unknown config key \"agent_tll\" (flag --set)",
+    );
+    check(
+        "arguments",
+        run_fleetd(m1, &[], &["start"])?,
+        "fleetd takes no arguments",
+    );
+    let (rev1, after) = dump(&registry, "/")?;
+    ensure!(
+        failures.is_empty(),
+        "unclear refusals:\n{}",
+        failures.join("\n")
+    );
+    ensure!(
+        rev1 == rev0 && after == before,
+        "etcd changed (revision {rev0} -> {rev1})"
+    );
+    // Nothing was created for the refused fleetd either.
+    ensure!(
+        !file_exists(m1, "/run/fleet-bad/units")?,
+        "a refused fleetd created its units directory"
+    );
+    support::finish(cluster)
+}
+
+/// Schedules `units` to `machine` through the registry (as a compromised or careless engine
+/// user could), each with `sleeper` content.
+fn schedule_all(registry: &TestRegistry, machine: &Machine, units: &[&str]) -> Result<()> {
+    for (i, unit) in units.iter().enumerate() {
+        registry.submit_and_schedule(
+            machine.id(),
+            unit,
+            &sleeper(600_000 + i as u32),
+            DesiredState::Launched,
+        )?;
+    }
+    Ok(())
+}
+
+/// Waits until `unit` runs on `machine` and its state is published: the agent has read the
+/// schedule that came with it.
+fn wait_running(registry: &TestRegistry, machine: &Machine, unit: &str) -> Result<()> {
+    wait_for(TIMEOUT, POLL, || {
+        registry
+            .unit_state(unit, machine.id())
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.systemd.active == "active")
+    })
+    .with_context(|| format!("{unit} never ran on {}", machine.name()))
+}
+
+/// Main PIDs and invocations of `units`, to show they were not touched.
+fn identities(machine: &Machine, units: &[&str]) -> Result<BTreeMap<String, UnitView>> {
+    let names: Vec<String> = units.iter().map(|u| (*u).to_owned()).collect();
+    units_on(machine, &names)
+}
+
+/// Everything about `denied` on `machine`: refused in the log, no file, no link, no state,
+/// no job since `cursor`.
+fn refused(
+    registry: &TestRegistry,
+    machine: &Machine,
+    denied: &[&str],
+    cursor: &str,
+) -> Result<()> {
+    let log = wait_for_value(TIMEOUT, POLL, || {
+        let log = fleetd_log(machine, cursor).ok()?;
+        denied
+            .iter()
+            .all(|u| logged(&log, "refusing to manage unit: it matches deny_units", u))
+            .then_some(log)
+    })
+    .with_context(|| {
+        format!(
+            "fleetd did not refuse every one of {denied:?}; its log:\n{}",
+            fleetd_log(machine, cursor).unwrap_or_default()
+        )
+    })?;
+    for unit in denied {
+        ensure!(
+            !file_exists(machine, &format!("{UNITS_DIR}/{unit}"))?,
+            "{unit} was written into the units directory"
+        );
+        ensure!(
+            registry.unit_state(unit, machine.id())?.is_none(),
+            "a state of {unit} was published"
+        );
+        ensure!(
+            !log.lines()
+                .any(|l| l.contains("executing task") && l.contains(&format!("unit={unit}"))),
+            "fleetd acted on {unit}:\n{log}"
+        );
+    }
+    let jobs: Vec<_> = jobs_after(machine, "*", cursor)?
+        .into_iter()
+        .filter(|(unit, _)| denied.contains(&unit.as_str()))
+        .collect();
+    ensure!(jobs.is_empty(), "systemd jobs on refused units: {jobs:?}");
+    Ok(())
+}
+
+/// The default deny list: fleetd itself, dbus, systemd's own units, ssh and etcd are refused
+/// even when scheduled to the machine, and the machine's dbus, journald and fleetd keep
+/// running untouched.
+#[test]
+fn units_that_would_take_over_the_host_are_refused_and_the_host_keeps_running() -> Result<()> {
+    let (cluster, registry) = start(1, agent_only())?;
+    let m1 = &cluster.machines()[0];
+    let host = ["dbus.service", "systemd-journald.service", "fleetd.service"];
+    let before = identities(m1, &host)?;
+    let fleetd_unit = m1.read_file(&format!("{RUNTIME_UNIT_DIR}/fleetd.service"))?;
+    let cursor = journal_cursor(m1)?;
+    let denied = [
+        "dbus.service",
+        "dbus.socket",
+        "systemd-journald.service",
+        "systemd-logind.service",
+        "fleetd.service",
+        "sshd.service",
+        "ssh.socket",
+        "etcd.service",
+        "etcd-member.service",
+    ];
+    schedule_all(&registry, m1, &denied)?;
+    // After the denied ones: once it runs, the agent has read them all.
+    schedule_all(&registry, m1, &["innocent.service"])?;
+    wait_running(&registry, m1, "innocent.service")?;
+
+    refused(&registry, m1, &denied, &cursor)?;
+    let after = identities(m1, &host)?;
+    for unit in host {
+        ensure!(
+            after[unit].is_active(),
+            "{unit} is not running: {:?}",
+            after[unit]
+        );
+        ensure!(
+            after[unit].identity() == before[unit].identity(),
+            "{unit} was restarted: {:?} -> {:?}",
+            before[unit],
+            after[unit]
+        );
+    }
+    ensure!(
+        m1.read_file(&format!("{RUNTIME_UNIT_DIR}/fleetd.service"))? == fleetd_unit,
+        "fleetd's own unit file was changed"
+    );
+    for unit in [
+        "dbus.service",
+        "dbus.socket",
+        "systemd-journald.service",
+        "sshd.service",
+    ] {
+        ensure!(
+            !file_exists(m1, &format!("{RUNTIME_UNIT_DIR}/{unit}"))?,
+            "{unit} was linked into {RUNTIME_UNIT_DIR}"
+        );
+    }
+    support::finish(cluster)
+}
+
+/// `deny_units` is configurable: a unit matching the operator's own glob is refused, others
+/// run.
+#[test]
+fn a_configured_deny_list_refuses_the_units_it_names() -> Result<()> {
+    let spec = agent_only().with_env("FLEET_DENY_UNITS", "secret-*.service,vault.service");
+    let (cluster, registry) = start(1, spec)?;
+    let m1 = &cluster.machines()[0];
+    let cursor = journal_cursor(m1)?;
+    let denied = ["secret-db.service", "vault.service"];
+    schedule_all(&registry, m1, &denied)?;
+    schedule_all(&registry, m1, &["public.service"])?;
+    wait_running(&registry, m1, "public.service")?;
+    refused(&registry, m1, &denied, &cursor)?;
+    support::finish(cluster)
+}
+
+/// The operator's own units next to fleet's: a unit file written into systemd's runtime
+/// directory and a unit linked there from elsewhere, both running, each with the name of a
+/// unit then scheduled to the machine; and files in the units directory that are not units.
+/// fleetd replaces, links over, stops and deletes none of them, while or after they are
+/// scheduled.
+#[test]
+fn fleetd_never_touches_unit_files_outside_its_units_directory_nor_units_it_did_not_load()
+-> Result<()> {
+    let (cluster, registry) = start(1, agent_only())?;
+    let m1 = &cluster.machines()[0];
+    let own_file = format!("{RUNTIME_UNIT_DIR}/foreign.service");
+    let own_text = sleeper(700_001);
+    m1.write_file(&own_file, &own_text)?;
+    let elsewhere = "/run/operator/linked.service";
+    m1.write_file(elsewhere, sleeper(700_002))?;
+    m1.systemctl_ok(&["daemon-reload"])?;
+    m1.systemctl_ok(&["link", "--runtime", elsewhere])?;
+    m1.systemctl_ok(&["start", "foreign.service", "linked.service"])?;
+    let strays = [
+        (format!("{UNITS_DIR}/README"), "not a unit\n".to_owned()),
+        (format!("{UNITS_DIR}/notes.txt"), "nor this\n".to_owned()),
+        (
+            format!("{UNITS_DIR}/.hidden.service.swp"),
+            "vim\n".to_owned(),
+        ),
+    ];
+    for (path, text) in &strays {
+        m1.write_file(path, text)?;
+    }
+    let operator = ["foreign.service", "linked.service"];
+    let before = identities(m1, &operator)?;
+    let cursor = journal_cursor(m1)?;
+
+    schedule_all(&registry, m1, &operator)?;
+    schedule_all(&registry, m1, &["fleet-own.service"])?;
+    wait_running(&registry, m1, "fleet-own.service")?;
+    // Give the agent its retries: it has seen the operator's units fail to link by now, or
+    // it never will (a failed unit is retried after 1 s, 2 s, ...).
+    wait_for(TIMEOUT, POLL, || {
+        fleetd_log(m1, &cursor).is_ok_and(|log| {
+            operator
+                .iter()
+                .all(|u| log.matches(&format!("unit={u}")).count() >= 2)
+        })
+    })
+    .with_context(|| {
+        format!(
+            "fleetd never acted on the operator's unit names; its log:\n{}",
+            fleetd_log(m1, &cursor).unwrap_or_default()
+        )
+    })?;
+    // Every violation at once: the first one found is rarely the most telling.
+    let untouched = |when: &str| -> Result<()> {
+        let mut problems = Vec::new();
+        let now = identities(m1, &operator)?;
+        for unit in operator {
+            if !(now[unit].is_active() && now[unit].identity() == before[unit].identity()) {
+                problems.push(format!(
+                    "{unit} was stopped or restarted: {:?} -> {:?}",
+                    before[unit], now[unit]
+                ));
+            }
+        }
+        let jobs: Vec<_> = jobs_after(m1, "*", &cursor)?
+            .into_iter()
+            .filter(|(unit, _)| operator.contains(&unit.as_str()))
+            .collect();
+        if !jobs.is_empty() {
+            problems.push(format!("systemd jobs on the operator's units: {jobs:?}"));
+        }
+        if m1.read_file(&own_file).ok().as_deref() != Some(own_text.as_str()) {
+            problems.push(format!("{own_file} was rewritten or removed"));
+        }
+        let link = m1
+            .sh(&format!(
+                "readlink {RUNTIME_UNIT_DIR}/linked.service || true"
+            ))?
+            .trim()
+            .to_owned();
+        if link != elsewhere {
+            problems.push(format!(
+                "the operator's link {RUNTIME_UNIT_DIR}/linked.service -> {elsewhere} now \
+                 points to {link:?}"
+            ));
+        }
+        for (path, text) in &strays {
+            if m1.read_file(path).ok().as_ref() != Some(text) {
+                problems.push(format!("{path} was changed or removed"));
+            }
+        }
+        ensure!(
+            problems.is_empty(),
+            "{when}, fleetd touched what is not its own:\n{}\nits log:\n{}",
+            problems.join("\n"),
+            fleetd_log(m1, &cursor).unwrap_or_default()
+        );
+        Ok(())
+    };
+    untouched("while scheduled")?;
+
+    for unit in operator {
+        registry.unschedule(m1.id(), unit)?;
+    }
+    registry.unschedule(m1.id(), "fleet-own.service")?;
+    wait_for(TIMEOUT, POLL, || {
+        units_on(m1, &["fleet-own.service".to_owned()])
+            .is_ok_and(|v| !v["fleet-own.service"].is_active())
+            && registry
+                .unit_state("fleet-own.service", m1.id())
+                .is_ok_and(|s| s.is_none())
+    })
+    .context("fleet-own.service was not removed")?;
+    untouched("once unscheduled")?;
+    // A restart boots through the units directory: the strays are still not its business.
+    m1.restart_fleetd()?;
+    let boot = journal_cursor(m1)?;
+    wait_for(TIMEOUT, POLL, || {
+        fleetd_log(m1, &boot).is_ok_and(|l| l.contains("initial reconcile complete"))
+    })
+    .context("the restarted fleetd did not finish its first pass")?;
+    untouched("after a restart")?;
+    support::finish(cluster)
+}
+
+/// A schedule entry written behind fleet's back whose unit name is a path
+/// (`../../../etc/systemd/system/evil.service`): the agent cannot read its schedule as a
+/// whole, keeps everything as it is, writes no file anywhere, and converges once the entry is
+/// gone.
+#[test]
+fn a_schedule_entry_with_a_path_for_a_name_writes_nothing_anywhere() -> Result<()> {
+    let (cluster, registry) = start(1, agent_only())?;
+    let m1 = &cluster.machines()[0];
+    let keep = "keep.service";
+    registry.submit_and_schedule(m1.id(), keep, &sleeper(800_000), DesiredState::Launched)?;
+    wait_running(&registry, m1, keep)?;
+    let before = identities(m1, &[keep])?;
+    let hash = registry.create_unit("decoy.service", &sleeper(800_001), DesiredState::Launched)?;
+    let cursor = journal_cursor(m1)?;
+    let tricks = [
+        "../../../etc/systemd/system/evil.service",
+        "..%2f..%2fevil.service",
+        "evil\nExecStart=/bin/sh.service",
+    ];
+    let mut keys = Vec::new();
+    for (i, name) in tricks.iter().enumerate() {
+        let key = format!("{PREFIX}schedule/{}/trick-{i}", m1.id());
+        let value = serde_json::json!({
+            "name": name,
+            "machine": m1.id().to_string(),
+            "hash": hash.to_string(),
+            "desired": "launched",
+        });
+        registry.put_raw(&key, value.to_string().as_bytes())?;
+        keys.push(key);
+    }
+    wait_for(TIMEOUT, POLL, || {
+        fleetd_log(m1, &cursor).is_ok_and(|l| l.contains("reading schedule failed"))
+    })
+    .with_context(|| {
+        format!(
+            "fleetd did not report the unreadable schedule; its log:\n{}",
+            fleetd_log(m1, &cursor).unwrap_or_default()
+        )
+    })?;
+    let evil = m1.sh(
+        "find / -xdev \\( -name 'evil*' -o -name '*evil.service' \\) -print 2>/dev/null; \
+         find /run /tmp /var/tmp -name '*evil*' -print 2>/dev/null; true",
+    )?;
+    ensure!(
+        evil.trim().is_empty(),
+        "files written for a trick name: {evil}"
+    );
+    ensure!(
+        identities(m1, &[keep])?[keep].identity() == before[keep].identity(),
+        "{keep} was touched while the schedule was unreadable"
+    );
+    for key in &keys {
+        registry.delete_raw(key)?;
+    }
+    registry.schedule(m1.id(), "decoy.service", DesiredState::Launched)?;
+    wait_running(&registry, m1, "decoy.service")?;
+    ensure!(
+        identities(m1, &[keep])?[keep].identity() == before[keep].identity(),
+        "{keep} was restarted"
+    );
+    support::finish(cluster)
+}
+
+/// A near-limit unit file made of many small sections: accepted by fleetctl (under 1 MiB as
+/// written), its canonical text is over the limit, so every reader of the registry refuses
+/// it. Whatever fleet decides about such a file, the other units must not suffer: a unit
+/// started after it runs, and listings work.
+#[test]
+fn one_unit_whose_stored_file_cannot_be_read_back_wedges_nothing_else() -> Result<()> {
+    let spec = FleetdSpec::default().with_env("FLEET_ENGINE_RECONCILE_INTERVAL", "0.5");
+    let (cluster, registry) = start(2, spec)?;
+    let max = fleet_core::unit_file::MAX_UNIT_FILE_BYTES;
+    let value = "v".repeat(400);
+    let mut big = String::from("[Service]\nExecStart=/bin/sleep 900000\n");
+    let mut i = 0;
+    loop {
+        let section = format!("[X-Pad{i}]\nA={value}\n");
+        if big.len() + section.len() > max {
+            break;
+        }
+        big.push_str(&section);
+        i += 1;
+    }
+    let texts: BTreeMap<String, String> = [
+        ("big.service".to_owned(), big),
+        ("small.service".to_owned(), sleeper(900_001)),
+    ]
+    .into();
+    let paths = write_units(&cluster.dir().join("units"), &texts)?;
+    let big_run = fleetctl(
+        &cluster,
+        &["start", "--no-block", paths["big.service"].as_str()],
+    )?;
+    let small = fleetctl(
+        &cluster,
+        &["start", "--no-block", paths["small.service"].as_str()],
+    )?;
+    ensure!(small.success, "starting small.service failed: {small:?}");
+    let mut want: BTreeMap<String, Want> = [("small.service".to_owned(), Want::Launched)].into();
+    if big_run.success {
+        // Accepted at the door: then it must run like any other unit.
+        want.insert("big.service".to_owned(), Want::Launched);
+    } else {
+        ensure!(
+            big_run.stderr.contains("too large") && big_run.stderr.trim().lines().count() == 1,
+            "unclear refusal of big.service: {big_run:?}"
+        );
+        let (_, units) = dump(&registry, &format!("{PREFIX}unit/"))?;
+        ensure!(
+            units.len() == 1,
+            "big.service was written: {:?}",
+            units.keys()
+        );
+    }
+    let small_only: BTreeMap<String, Want> = [("small.service".to_owned(), Want::Launched)].into();
+    wait_converged(&cluster, &registry, &small_only, Duration::from_secs(15)).with_context(
+        || {
+            format!(
+                "BUG: small.service never ran after big.service ({} bytes as written) was {}",
+                texts["big.service"].len(),
+                if big_run.success {
+                    "accepted"
+                } else {
+                    "refused"
+                }
+            )
+        },
+    )?;
+    wait_converged(&cluster, &registry, &want, Duration::from_secs(15)).with_context(|| {
+        format!(
+            "BUG? big.service ({} bytes as written) was {}",
+            texts["big.service"].len(),
+            if big_run.success {
+                "accepted"
+            } else {
+                "refused"
+            }
+        )
+    })?;
+    let listing = fleetctl(&cluster, &["list-unit-files"])?;
+    ensure!(listing.success, "list-unit-files failed: {listing:?}");
+    support::finish(cluster)
+}
