@@ -126,7 +126,40 @@ impl UnitFile {
         if options.is_empty() {
             return Err(ParseError::Empty);
         }
-        Ok(UnitFile { options })
+        let file = UnitFile { options };
+        // The registry stores the canonical text, which can be longer than the file as
+        // written (headers repeated per merged section): that is what must fit.
+        let size = file.canonical_len();
+        if size > MAX_UNIT_FILE_BYTES {
+            return Err(ParseError::TooLarge { size });
+        }
+        Ok(file)
+    }
+
+    /// The length of [`UnitFile::canonical`] without building it.
+    fn canonical_len(&self) -> usize {
+        let grouped = self.by_section();
+        let headers: usize = grouped.iter().map(|(s, _)| s.len() + 3).sum();
+        let lines: usize = self
+            .options
+            .iter()
+            .map(|o| o.name.len() + o.value.len() + 2)
+            .sum();
+        headers + lines + grouped.len().saturating_sub(1)
+    }
+
+    /// Options grouped by section in order of first appearance; linear in the options.
+    fn by_section(&self) -> Vec<(&str, Vec<&UnitOption>)> {
+        let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        let mut grouped: Vec<(&str, Vec<&UnitOption>)> = Vec::new();
+        for o in &self.options {
+            let i = *index.entry(o.section.as_str()).or_insert_with(|| {
+                grouped.push((o.section.as_str(), Vec::new()));
+                grouped.len() - 1
+            });
+            grouped[i].1.push(o);
+        }
+        grouped
     }
 
     /// Builds a unit file from options (for instance ones read back from the registry).
@@ -158,21 +191,15 @@ impl UnitFile {
 
     /// fleet's canonical serialization; the hash is taken over exactly these bytes.
     pub fn canonical(&self) -> String {
-        let mut sections: Vec<&str> = Vec::new();
-        for o in &self.options {
-            if !sections.contains(&o.section.as_str()) {
-                sections.push(&o.section);
-            }
-        }
-        let mut out = String::new();
-        for (i, section) in sections.iter().enumerate() {
+        let mut out = String::with_capacity(self.canonical_len());
+        for (i, (section, options)) in self.by_section().into_iter().enumerate() {
             if i > 0 {
                 out.push('\n');
             }
             out.push('[');
             out.push_str(section);
             out.push_str("]\n");
-            for o in self.options.iter().filter(|o| o.section == *section) {
+            for o in options {
                 out.push_str(&o.name);
                 out.push('=');
                 out.push_str(&o.value);

@@ -180,8 +180,17 @@ impl<K: Kv> Leading<K> {
             .map(|hash| async move { (hash, registry.file(&hash).await) })
             .buffer_unordered(FILE_FETCHES);
         while let Some((hash, file)) = fetched.next().await {
-            if let Some(file) = file? {
-                self.files.insert(hash, file);
+            match file {
+                Ok(Some(file)) => {
+                    self.files.insert(hash, file);
+                }
+                Ok(None) => {}
+                // One unreadable file must not stop the scheduling of every other unit: its
+                // units are left as they are (the scheduler skips units without a file).
+                Err(e @ RegistryError::Corrupt { .. }) => {
+                    warn!(hash = %hash, error = %e, "unit file unreadable; its units are left alone");
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(())

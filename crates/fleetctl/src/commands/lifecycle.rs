@@ -91,11 +91,16 @@ pub async fn load_or_start(
                 let res = match res {
                     Err(e) => Err(e),
                     Ok(unit) if unit.desired() >= target => Ok((unit, changed)),
-                    Ok(_) => set_desired(&registry, &name, |u| {
+                    Ok(unit) => match set_desired(&registry, &name, |u| {
                         Ok((u.desired() < target).then_some(target))
                     })
                     .await
-                    .map(|u| (u.expect("raised"), true)),
+                    {
+                        Ok(Some(raised)) => Ok((raised, true)),
+                        // Another client raised it first: wait for it all the same.
+                        Ok(None) => Ok((unit, true)),
+                        Err(e) => Err(e),
+                    },
                 };
                 (name, res)
             }
