@@ -73,6 +73,8 @@ pub struct Agent<K, M> {
     backoff: BTreeMap<UnitName, Backoff>,
     denied: BTreeSet<UnitName>,
     ledger: Ledger,
+    /// Whether the last publish got every state out.
+    publish_complete: bool,
 }
 
 impl<K: Kv, M: UnitManager> Agent<K, M> {
@@ -96,6 +98,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             backoff: BTreeMap::new(),
             denied: BTreeSet::new(),
             ledger: Ledger::load(cfg_restarts_dir),
+            publish_complete: true,
         }
     }
 
@@ -115,6 +118,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         resync.reset();
         let mut presence = self.presence.clone();
         let mut pass = 0u64;
+        let mut publish_delay = self.cfg.backoff_min;
         loop {
             pass += 1;
             self.reconcile()
@@ -129,7 +133,22 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     "initial reconcile complete"
                 );
             }
-            let retry_at = self.backoff.values().map(|b| b.until).min();
+            // States that could not be published (etcd away) are retried on their own: no
+            // watch event or systemd signal may come to wake us once etcd is back.
+            let publish_retry = if self.publish_complete {
+                publish_delay = self.cfg.backoff_min;
+                None
+            } else {
+                let at = Instant::now() + publish_delay;
+                publish_delay = (publish_delay * 2).min(Duration::from_secs(5));
+                Some(at)
+            };
+            let retry_at = self
+                .backoff
+                .values()
+                .map(|b| b.until)
+                .chain(publish_retry)
+                .min();
             let mut schedule = false;
             let mut details = false;
             tokio::select! {
@@ -315,7 +334,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 break;
             }
         }
-        self.publish().await;
+        self.publish_complete = self.publish().await;
     }
 
     async fn plan_and_execute(&mut self) -> PassOutcome {
@@ -500,9 +519,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
 
     /// Publishes the states that changed since last time (all of them under a new lease) and
     /// withdraws those of units that left the units directory.
-    async fn publish(&mut self) {
+    async fn publish(&mut self) -> bool {
         let Some(presence) = *self.presence.borrow() else {
-            return;
+            return true;
         };
         if self.published_lease != Some(presence.lease) {
             self.published.clear();
@@ -533,16 +552,22 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             .buffer_unordered(32)
             .collect()
             .await;
+        let mut complete = true;
         for (r, ok) in published {
             if ok {
                 self.published.insert(r.name.clone(), r);
+            } else {
+                complete = false;
             }
         }
         for name in gone {
             if registry.remove_state(&name, machine).await.is_ok() {
                 self.published.remove(&name);
+            } else {
+                complete = false;
             }
         }
+        complete
     }
 }
 

@@ -479,3 +479,30 @@ async fn a_failing_unit_gets_a_fresh_chance_when_its_schedule_changes() {
         started.elapsed()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn states_that_could_not_be_published_go_out_once_etcd_is_back() {
+    let w = World::new().await;
+    let n = name("web.service");
+    w.schedule(
+        "web.service",
+        &file("/bin/sleep 1000"),
+        DesiredState::Launched,
+    )
+    .await;
+    let _agent = w.start_agent();
+    w.until_published("web.service", "active").await;
+    w.kv.set_unavailable(true);
+    // The unit changes (in a way the agent leaves alone) while etcd is away; nothing else
+    // will happen afterwards to wake the agent.
+    w.fake.set_active(&n, "reloading", "reload");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    w.kv.set_unavailable(false);
+    let back = tokio::time::Instant::now();
+    w.until_published("web.service", "reloading").await;
+    assert!(
+        back.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        back.elapsed()
+    );
+}
