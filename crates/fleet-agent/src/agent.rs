@@ -36,6 +36,9 @@ pub struct AgentConfig {
     pub backoff_max: Duration,
     /// Where restart generations are recorded (`None`: in memory only, for tests).
     pub restarts_dir: Option<std::path::PathBuf>,
+    /// fleet's units directory, to tell our unit files from an operator's of the same name
+    /// (`None`: no such check, for tests).
+    pub units_dir: Option<std::path::PathBuf>,
 }
 
 impl AgentConfig {
@@ -47,6 +50,7 @@ impl AgentConfig {
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
             restarts_dir: None,
+            units_dir: None,
         }
     }
 }
@@ -371,6 +375,10 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             );
             hashes.insert(name.clone(), e.hash);
         }
+        for name in self.foreign(&want).await {
+            want.remove(&name);
+            waiting.insert(name);
+        }
         let tasks = plan::plan(&want, &self.current.units, &waiting);
         self.record_restarts(&want, &tasks, None);
         if tasks.is_empty() {
@@ -500,6 +508,42 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
         }
         self.current.restart_pending = pending;
+    }
+
+    /// Desired units that systemd has from a unit file outside our units directory (an
+    /// operator's own unit of the same name): never stopped, replaced or relinked by fleet.
+    async fn foreign(&mut self, want: &BTreeMap<UnitName, DesiredUnit>) -> Vec<UnitName> {
+        let Some(units_dir) = self.cfg.units_dir.clone() else {
+            return Vec::new();
+        };
+        let mut foreign = Vec::new();
+        for name in want.keys() {
+            let Some(unit) = self.current.units.get(name) else {
+                continue;
+            };
+            let loaded = unit.systemd.as_ref().is_some_and(|s| s.load != "not-found");
+            if !matches!(unit.file, UnitFileState::Absent) || !loaded {
+                continue;
+            }
+            let Ok(details) = self.manager.details(name).await else {
+                continue;
+            };
+            let Some(fragment) = details.fragment_path else {
+                continue;
+            };
+            let ours = units_dir.join(name.as_str());
+            let is_ours = fragment.starts_with(&units_dir)
+                || std::fs::read_link(&fragment).is_ok_and(|target| target == ours);
+            // A definition whose file is gone protects nothing (e.g. ours, before a reload).
+            if is_ours || !fragment.exists() {
+                continue;
+            }
+            if self.denied.insert(name.clone()) {
+                warn!(unit = %name, fragment = %fragment.display(), "refusing to manage unit: a unit file of that name outside the units directory is not fleet's");
+            }
+            foreign.push(name.clone());
+        }
+        foreign
     }
 
     fn fail(&mut self, unit: UnitName, now: Instant) {
