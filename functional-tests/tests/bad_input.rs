@@ -482,8 +482,9 @@ fn fleetd_never_touches_unit_files_outside_its_units_directory_nor_units_it_did_
     .context("fleet-own.service was not removed")?;
     untouched("once unscheduled")?;
     // A restart boots through the units directory: the strays are still not its business.
-    m1.restart_fleetd()?;
+    // The cursor comes first: the new fleetd may finish its first pass before restart returns.
     let boot = journal_cursor(m1)?;
+    m1.restart_fleetd()?;
     wait_for(TIMEOUT, POLL, || {
         fleetd_log(m1, &boot).is_ok_and(|l| l.contains("initial reconcile complete"))
     })
