@@ -170,7 +170,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                         return;
                     }
                 },
-                _ = resync.tick() => { schedule = true; details = true; }
+                // The safety net re-reads the schedule and systemd's states (one batched call);
+                // per-unit details (drop-ins) change only with a reload, which systemd signals.
+                _ = resync.tick() => schedule = true,
                 _ = sleep_until(retry_at) => {}
                 Ok(()) = presence.changed() => {}
             }
