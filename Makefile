@@ -4,9 +4,9 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 DEMO_DIR ?= $(CURDIR)/target/demo
-APT_PACKAGES := etcd-server etcd-client protobuf-compiler iproute2 dbus systemd util-linux
+APT_PACKAGES := etcd-server etcd-client protobuf-compiler iproute2 dbus systemd util-linux openssl
 
-.PHONY: all deps build test test-unit lint demo demo-down bench clean
+.PHONY: all deps build test test-unit lint demo demo-down bench soak clean
 
 all: build
 
@@ -28,6 +28,11 @@ build: deps
 test: build
 	$(CARGO) test --workspace --all-features -- --test-threads=4
 
+# The long fault-injection variants (50 units with 20 kills of fleetd, 100 rounds of racing
+# clients): about 75 s more than `make test`, which runs their short versions.
+soak: build
+	$(CARGO) test -p fleet-functional-tests --test faults -- --ignored --test-threads=4
+
 test-unit:
 	$(CARGO) test --workspace --lib
 
@@ -40,6 +45,17 @@ demo: build
 
 demo-down:
 	@if [ -f "$(DEMO_DIR)/cluster.json" ]; then ./target/debug/fleet-cluster down --dir "$(DEMO_DIR)"; else echo "no demo cluster at $(DEMO_DIR)"; fi
+
+# Every benchmark of issue 6 (not part of `make test`), each scenario writing its section of
+# docs/benchmarks.md: release build, then e2e, one-agent, scale, plot. Needs root; ~15 min.
+bench: deps
+	@start=$$(date +%s); \
+	$(CARGO) build --release -p fleetd -p fleetctl -p fleet-bench && \
+	./target/release/fleet-bench e2e && \
+	./target/release/fleet-bench one-agent && \
+	./target/release/fleet-bench scale && \
+	./target/release/fleet-bench plot && \
+	./target/release/fleet-bench total --secs $$(( $$(date +%s) - start ))
 
 clean: demo-down
 	$(CARGO) clean

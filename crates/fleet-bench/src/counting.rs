@@ -1,0 +1,373 @@
+//! [`CountingKv`]: a [`Kv`] that counts every etcd request it passes on, by method and by the
+//! part of the key schema it touches, plus the write operations inside transactions and the
+//! events its watches deliver. It changes nothing about the requests themselves.
+//!
+//! One request can be counted into several [`Counters`] (e.g. "this agent" and "all agents").
+
+use fleet_registry::kv::{
+    Kv, KvError, LeaseId, RangeResult, Revision, Txn, TxnOp, TxnResult, Watch, WatchMessage,
+};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// The etcd calls of the [`Kv`] trait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Method {
+    Range,
+    Txn,
+    Grant,
+    KeepAlive,
+    Revoke,
+    Watch,
+}
+
+impl Method {
+    pub const ALL: [Method; 6] = [
+        Method::Range,
+        Method::Txn,
+        Method::Grant,
+        Method::KeepAlive,
+        Method::Revoke,
+        Method::Watch,
+    ];
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Method::Range => "range",
+            Method::Txn => "txn",
+            Method::Grant => "lease-grant",
+            Method::KeepAlive => "lease-keepalive",
+            Method::Revoke => "lease-revoke",
+            Method::Watch => "watch-create",
+        }
+    }
+}
+
+/// The part of the key schema a request is about (`docs/registry.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Class {
+    Unit,
+    Schedule,
+    State,
+    Machine,
+    Engine,
+    Unscheduled,
+    File,
+    FileRef,
+    Other,
+}
+
+impl Class {
+    /// In the order a transaction is classified by: the first class it writes, in this order.
+    pub const ALL: [Class; 9] = [
+        Class::Unit,
+        Class::Schedule,
+        Class::State,
+        Class::Machine,
+        Class::Engine,
+        Class::Unscheduled,
+        Class::File,
+        Class::FileRef,
+        Class::Other,
+    ];
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Class::Unit => "unit",
+            Class::Schedule => "schedule",
+            Class::State => "state",
+            Class::Machine => "machine",
+            Class::Engine => "engine",
+            Class::Unscheduled => "unscheduled",
+            Class::File => "file",
+            Class::FileRef => "file-ref",
+            Class::Other => "other",
+        }
+    }
+
+    fn of(key: &str, prefix: &str) -> Class {
+        let rest = key.strip_prefix(prefix).unwrap_or(key);
+        match rest.split('/').next().unwrap_or_default() {
+            "unit" => Class::Unit,
+            "schedule" => Class::Schedule,
+            "state" => Class::State,
+            "machine" => Class::Machine,
+            "engine" => Class::Engine,
+            "unscheduled" => Class::Unscheduled,
+            "file" => Class::File,
+            "file-ref" => Class::FileRef,
+            _ => Class::Other,
+        }
+    }
+}
+
+mod tally;
+
+pub use tally::Tally;
+
+const METHODS: usize = Method::ALL.len();
+const CLASSES: usize = Class::ALL.len();
+
+/// Live counters, shared by every [`CountingKv`] that counts into them.
+#[derive(Debug, Default)]
+pub struct Counters {
+    requests: [[AtomicU64; CLASSES]; METHODS],
+    puts: [AtomicU64; CLASSES],
+    deletes: [AtomicU64; CLASSES],
+    errors: AtomicU64,
+    read_bytes: AtomicU64,
+    watch_messages: AtomicU64,
+    watch_events: AtomicU64,
+    /// Per method: the slowest request and the sum of all, in microseconds.
+    latency_max_us: [AtomicU64; METHODS],
+    latency_sum_us: [AtomicU64; METHODS],
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+impl Counters {
+    pub fn new() -> Arc<Counters> {
+        Arc::default()
+    }
+
+    /// A copy of the counts now.
+    pub fn tally(&self) -> Tally {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Tally {
+            requests: self.requests.each_ref().map(|row| row.each_ref().map(load)),
+            puts: self.puts.each_ref().map(load),
+            deletes: self.deletes.each_ref().map(load),
+            errors: load(&self.errors),
+            read_bytes: load(&self.read_bytes),
+            watch_messages: load(&self.watch_messages),
+            watch_events: load(&self.watch_events),
+            latency_max_us: self.latency_max_us.each_ref().map(load),
+            latency_sum_us: self.latency_sum_us.each_ref().map(load),
+        }
+    }
+}
+
+/// A [`Kv`] that counts what passes through it into every one of its sinks.
+#[derive(Debug, Clone)]
+pub struct CountingKv<K> {
+    inner: K,
+    prefix: Arc<str>,
+    sinks: Arc<[Arc<Counters>]>,
+}
+
+impl<K: Kv> CountingKv<K> {
+    /// Counts `inner`'s requests; keys are classified relative to the registry `prefix`.
+    pub fn new(inner: K, prefix: &str, sinks: Vec<Arc<Counters>>) -> CountingKv<K> {
+        CountingKv {
+            inner,
+            prefix: prefix.into(),
+            sinks: sinks.into(),
+        }
+    }
+
+    fn each(&self, f: impl Fn(&Counters)) {
+        self.sinks.iter().for_each(|c| f(c));
+    }
+
+    fn request(&self, method: Method, class: Class) {
+        self.each(|c| add(&c.requests[method.index()][class.index()], 1));
+    }
+
+    fn outcome<T>(
+        &self,
+        method: Method,
+        started: Instant,
+        res: Result<T, KvError>,
+    ) -> Result<T, KvError> {
+        let us = started.elapsed().as_micros() as u64;
+        self.each(|c| {
+            add(&c.latency_sum_us[method.index()], us);
+            c.latency_max_us[method.index()].fetch_max(us, Ordering::Relaxed);
+            if res.is_err() {
+                add(&c.errors, 1);
+            }
+        });
+        res
+    }
+
+    /// The first class (in [`Class::ALL`] order) a transaction's success branch touches.
+    fn txn_class(&self, txn: &Txn) -> Class {
+        let keys = txn.success.iter().map(op_key);
+        let classes: Vec<Class> = keys
+            .chain(txn.compares.iter().map(|c| c.key.as_str()))
+            .map(|k| Class::of(k, &self.prefix))
+            .collect();
+        Class::ALL
+            .into_iter()
+            .find(|c| classes.contains(c))
+            .unwrap_or(Class::Other)
+    }
+
+    fn count_ops(&self, ops: &[TxnOp]) {
+        for op in ops {
+            let class = Class::of(op_key(op), &self.prefix).index();
+            match op {
+                TxnOp::Put { .. } => self.each(|c| add(&c.puts[class], 1)),
+                TxnOp::Delete { .. } => self.each(|c| add(&c.deletes[class], 1)),
+                TxnOp::Get { .. } => {}
+            }
+        }
+    }
+}
+
+fn op_key(op: &TxnOp) -> &str {
+    match op {
+        TxnOp::Put { key, .. } | TxnOp::Delete { key, .. } | TxnOp::Get { key, .. } => key,
+    }
+}
+
+impl<K: Kv> Kv for CountingKv<K> {
+    async fn range(
+        &self,
+        key: &str,
+        prefix: bool,
+        revision: Option<Revision>,
+    ) -> Result<RangeResult, KvError> {
+        self.request(Method::Range, Class::of(key, &self.prefix));
+        let t0 = Instant::now();
+        let res = self.outcome(
+            Method::Range,
+            t0,
+            self.inner.range(key, prefix, revision).await,
+        )?;
+        let bytes: usize = res.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
+        self.each(|c| add(&c.read_bytes, bytes as u64));
+        Ok(res)
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
+        self.request(Method::Txn, self.txn_class(&txn));
+        let (success, failure) = (txn.success.clone(), txn.failure.clone());
+        let t0 = Instant::now();
+        let res = self.outcome(Method::Txn, t0, self.inner.txn(txn).await)?;
+        self.count_ops(if res.succeeded { &success } else { &failure });
+        Ok(res)
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
+        self.request(Method::Grant, Class::Other);
+        let t0 = Instant::now();
+        self.outcome(Method::Grant, t0, self.inner.grant(ttl).await)
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<(), KvError> {
+        self.request(Method::KeepAlive, Class::Other);
+        let t0 = Instant::now();
+        self.outcome(Method::KeepAlive, t0, self.inner.keep_alive(lease).await)
+    }
+
+    async fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {
+        self.request(Method::Revoke, Class::Other);
+        let t0 = Instant::now();
+        self.outcome(Method::Revoke, t0, self.inner.revoke(lease).await)
+    }
+
+    async fn watch(
+        &self,
+        key: &str,
+        prefix: bool,
+        from_revision: Revision,
+    ) -> Result<Watch, KvError> {
+        self.request(Method::Watch, Class::of(key, &self.prefix));
+        let t0 = Instant::now();
+        let watch = self.inner.watch(key, prefix, from_revision).await;
+        let mut inner = self.outcome(Method::Watch, t0, watch)?;
+        // Same capacity as the real adapter's channel, so back-pressure is unchanged.
+        let (tx, rx) = mpsc::channel(64);
+        let sinks = self.sinks.clone();
+        tokio::spawn(async move {
+            while let Some(message) = inner.rx.recv().await {
+                if let WatchMessage::Events { events, .. } = &message {
+                    let n = events.len() as u64;
+                    sinks.iter().for_each(|c| {
+                        add(&c.watch_messages, 1);
+                        add(&c.watch_events, n);
+                    });
+                }
+                if tx.send(message).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Watch { rx })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_registry::kv::{MemKv, TxnOp};
+
+    const PREFIX: &str = "/p/";
+
+    fn put(key: &str) -> TxnOp {
+        TxnOp::Put {
+            key: key.to_owned(),
+            value: b"v".to_vec(),
+            lease: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn counts_requests_by_method_and_class_and_writes_by_op() {
+        let counters = Counters::new();
+        let kv = CountingKv::new(MemKv::new(), PREFIX, vec![counters.clone()]);
+        let txn = Txn {
+            compares: vec![],
+            success: vec![put("/p/file/abc"), put("/p/unit/a.service")],
+            failure: vec![],
+        };
+        kv.txn(txn).await.unwrap();
+        kv.range("/p/schedule/m1/", true, None).await.unwrap();
+        let t = counters.tally();
+        assert_eq!(t.requests(Method::Txn, Class::Unit), 1);
+        assert_eq!(t.requests(Method::Range, Class::Schedule), 1);
+        assert_eq!(t.writes(Class::File), 1);
+        assert_eq!(t.writes(Class::Unit), 1);
+        assert_eq!(t.total(), 2);
+        assert_eq!(t.all_writes(), 2);
+    }
+
+    #[tokio::test]
+    async fn counts_the_events_its_watches_deliver() {
+        let counters = Counters::new();
+        let kv = CountingKv::new(MemKv::new(), PREFIX, vec![counters.clone()]);
+        let mut watch = kv.watch("/p/state/", true, 1).await.unwrap();
+        let txn = Txn {
+            compares: vec![],
+            success: vec![put("/p/state/a/m1"), put("/p/state/b/m1")],
+            failure: vec![],
+        };
+        kv.txn(txn).await.unwrap();
+        let msg = watch.rx.recv().await.unwrap();
+        assert!(matches!(msg, WatchMessage::Events { ref events, .. } if events.len() == 2));
+        assert_eq!(counters.tally().watch_events, 2);
+        assert_eq!(counters.tally().method(Method::Watch), 1);
+    }
+
+    #[test]
+    fn a_difference_of_tallies_is_what_happened_in_between() {
+        let counters = Counters::new();
+        let before = counters.tally();
+        add(&counters.requests[0][0], 3);
+        let diff = counters.tally() - before;
+        assert_eq!(diff.total(), 3);
+    }
+}

@@ -1,0 +1,181 @@
+//! `fleet-bench`: the benchmarks of `make bench` (issue 6), each runnable alone, each writing
+//! its own section of `docs/benchmarks.md`:
+//!
+//! - `e2e`: a real 3-machine cluster (real etcd, systemd, release fleetd/fleetctl);
+//! - `one-agent`: 1,000 units on one real machine, its idle D-Bus traffic and pass time;
+//! - `scale`: 1,000 simulated machines (real agents and engines, fake systemd), 10,000 units;
+//! - `plot`: convergence time over a grid of units and machines, drawn as an SVG;
+//! - `agent-probe` (internal): run by `one-agent` inside a machine.
+//!
+//! It measures; it never asserts the targets (they are reported as met or missed).
+
+mod counting;
+mod e2e;
+mod metered;
+mod metrics;
+mod monitor;
+mod one_agent;
+mod plot;
+mod probe;
+mod real;
+mod report;
+mod scale;
+mod sim;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(name = "fleet-bench", about = "fleet's benchmarks (make bench)")]
+struct Cli {
+    /// Print the results only; leave docs/benchmarks.md as it is.
+    #[arg(long, global = true)]
+    no_write: bool,
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Debug, Subcommand)]
+enum Scenario {
+    /// End to end on a real 3-machine functional cluster.
+    E2e {
+        #[arg(long, default_value_t = 50)]
+        runs: usize,
+        #[arg(long, default_value_t = 300)]
+        units: usize,
+        #[arg(long, default_value_t = 60)]
+        idle_secs: u64,
+        /// fleetd's `agent_ttl` (its default; the test harness's own is 3s).
+        #[arg(long, default_value = "30s")]
+        agent_ttl: String,
+    },
+    /// One agent, many units, real systemd.
+    OneAgent {
+        #[arg(long, default_value_t = 1000)]
+        units: usize,
+        #[arg(long, default_value_t = 60)]
+        idle_secs: u64,
+        /// fleetd's `agent_ttl` (its default; the test harness's own is 3s).
+        #[arg(long, default_value = "30s")]
+        agent_ttl: String,
+    },
+    /// Simulated machines (real agents and engines on a fake systemd), real etcd.
+    Scale {
+        #[arg(long, default_value_t = 1000)]
+        machines: usize,
+        #[arg(long, default_value_t = 10_000)]
+        units: usize,
+        #[arg(long, default_value_t = 30)]
+        idle_secs: u64,
+    },
+    /// Convergence time over a grid of machines and units, as docs/bench-scale.svg.
+    Plot {
+        #[arg(long, value_delimiter = ',', default_value = "100,300,1000")]
+        machines: Vec<usize>,
+        #[arg(long, value_delimiter = ',', default_value = "1000,3000,10000")]
+        units: Vec<usize>,
+    },
+    /// Records how long the whole `make bench` took (its last step).
+    #[command(hide = true)]
+    Total {
+        #[arg(long)]
+        secs: u64,
+    },
+    /// Internal: runs the agent in-process inside a functional-test machine and times passes.
+    #[command(hide = true)]
+    AgentProbe(probe::ProbeArgs),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    if let Ok(filter) = std::env::var("FLEET_BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let section = match cli.scenario {
+        Scenario::E2e {
+            runs,
+            units,
+            idle_secs,
+            agent_ttl,
+        } => {
+            let idle = Duration::from_secs(idle_secs);
+            ("e2e", e2e::run(&bin_dir()?, runs, units, idle, &agent_ttl)?)
+        }
+        Scenario::OneAgent {
+            units,
+            idle_secs,
+            agent_ttl,
+        } => {
+            let idle = Duration::from_secs(idle_secs);
+            (
+                "one-agent",
+                one_agent::run(&bin_dir()?, units, idle, &agent_ttl)?,
+            )
+        }
+        Scenario::Scale {
+            machines,
+            units,
+            idle_secs,
+        } => {
+            let fleetctl = bin_dir()?.join("fleetctl");
+            let idle = Duration::from_secs(idle_secs);
+            (
+                "scale",
+                runtime()?.block_on(scale::run(machines, units, idle, &fleetctl))?,
+            )
+        }
+        Scenario::Plot { machines, units } => {
+            ("plot", runtime()?.block_on(plot::run(&machines, &units))?)
+        }
+        Scenario::Total { secs } => ("total", report::total(Duration::from_secs(secs))),
+        Scenario::AgentProbe(args) => return runtime()?.block_on(probe::run(args)),
+    };
+    println!("\n{}", section.1);
+    if !cli.no_write {
+        report::write_section(section.0, &section.1)?;
+    }
+    Ok(())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")
+}
+
+/// Where the release `fleetd` and `fleetctl` are: `$FLEET_BIN_DIR`, else next to this
+/// binary. Under `cargo run` (which sets `$CARGO`) missing ones are built first.
+fn bin_dir() -> Result<PathBuf> {
+    let dir = match std::env::var_os("FLEET_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::current_exe()?
+            .parent()
+            .context("this binary has no directory")?
+            .to_path_buf(),
+    };
+    let missing = ["fleetd", "fleetctl"]
+        .iter()
+        .any(|b| !dir.join(b).is_file());
+    if missing {
+        let Some(cargo) = std::env::var_os("CARGO") else {
+            bail!(
+                "no fleetd/fleetctl in {}: run `cargo build --release -p fleetd -p fleetctl` first",
+                dir.display()
+            );
+        };
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--release", "-p", "fleetd", "-p", "fleetctl"])
+            .status()?;
+        if !status.success() {
+            bail!("building fleetd and fleetctl failed");
+        }
+    }
+    Ok(dir)
+}

@@ -1,0 +1,191 @@
+//! Scenario 2, one agent with many units on real systemd: one functional-test machine running
+//! the release fleetd (agent and engine). Times `fleetctl start` of 1,000 units until all are
+//! active and published, counts fleetd's D-Bus method calls and etcd requests over an idle
+//! minute, and times the agent's passes with nothing to do by running it in-process inside the
+//! machine (`agent-probe`) in place of the stopped fleetd.
+
+use anyhow::{Context, Result, ensure};
+use fleet_functional_tests::{Cluster, MACHINE_BIN_DIR, Machine, OutputExt};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::metrics::{Metrics, received_between};
+use crate::probe::{PassSample, ProbeResult};
+use crate::real::{
+    active_bench_units, boot, count_method_calls, fleetctl_timed, fleetd_bus_name, fleetd_cpu,
+    fleetd_rss, unit_dir, write_units,
+};
+use crate::report::{self, Table, ms, secs, verdict};
+use crate::scale::fmt_map;
+
+/// What the scenario measured.
+#[derive(Debug)]
+struct OneAgent {
+    units: usize,
+    agent_ttl: String,
+    start: Duration,
+    rss_empty: f64,
+    rss_full: f64,
+    idle: Duration,
+    dbus_calls: BTreeMap<String, u64>,
+    idle_cpu: f64,
+    idle_etcd: BTreeMap<String, u64>,
+    probe: ProbeResult,
+}
+
+pub fn run(bin_dir: &Path, units: usize, idle: Duration, agent_ttl: &str) -> Result<String> {
+    let wall = SystemTime::now();
+    let started = Instant::now();
+    println!(
+        "one-agent: booting 1 machine with fleetd from {}",
+        bin_dir.display()
+    );
+    let (cluster, _registry) = boot(1, bin_dir, agent_ttl)?;
+    let result = measure(&cluster, units, idle, agent_ttl);
+    cluster.shutdown()?;
+    let mut out = report::provenance(wall, started.elapsed());
+    out.push_str(&render(&result?));
+    Ok(out)
+}
+
+fn measure(cluster: &Cluster, units: usize, idle: Duration, agent_ttl: &str) -> Result<OneAgent> {
+    let machine = &cluster.machines()[0];
+    let rss_empty = fleetd_rss(machine)?;
+    let dir = unit_dir("one-agent")?;
+    let paths = write_units(&dir, 0..units, 1)?;
+    let mut args: Vec<OsString> = vec!["start".into(), "--block-attempts".into(), "120".into()];
+    args.extend(paths.iter().map(|p| p.clone().into_os_string()));
+    let start = fleetctl_timed(cluster, &args)?;
+    let (active, _) = active_bench_units(machine, 1)?;
+    ensure!(active == units, "{active} of {units} units active");
+    println!(
+        "one-agent: {units} units active and published in {}",
+        secs(start)
+    );
+    let rss_full = fleetd_rss(machine)?;
+
+    println!("one-agent: idle for {} under dbus-monitor", secs(idle));
+    let bus_name = fleetd_bus_name(machine)?;
+    let cpu = fleetd_cpu(machine)?;
+    let metrics = Metrics::fetch(&cluster.etcd_endpoint())?;
+    let dbus_calls = count_method_calls(machine, &bus_name, idle)?;
+    let idle_cpu = fleetd_cpu(machine)? - cpu;
+    let idle_etcd = received_between(&metrics, &Metrics::fetch(&cluster.etcd_endpoint())?);
+
+    println!("one-agent: timing the agent's passes in-process");
+    machine.stop_fleetd()?;
+    let probe = run_probe(machine, &cluster.etcd_endpoint(), agent_ttl)?;
+    Ok(OneAgent {
+        units,
+        agent_ttl: agent_ttl.to_owned(),
+        start,
+        rss_empty,
+        rss_full,
+        idle,
+        dbus_calls,
+        idle_cpu,
+        idle_etcd,
+        probe,
+    })
+}
+
+fn render(r: &OneAgent) -> String {
+    let (units, idle) = (r.units, r.idle.as_secs());
+    let mut out = format!(
+        "\n1 machine, fleetd (agent + engine) as a service of the machine's systemd, \
+         `agent_ttl` {}. Units are `[Service] ExecStart=/bin/sleep infinity`.\n\n",
+        r.agent_ttl
+    );
+    let mut t = Table::new(&["figure", "measured", "target", ""]);
+    let mut row = |figure: String, measured: String, goal: &str, met: Option<bool>| {
+        let verdict = met.map_or("", verdict).to_owned();
+        t.row(vec![figure, measured, goal.to_owned(), verdict]);
+    };
+    row(
+        format!("`fleetctl start` of {units} units until all active and published"),
+        secs(r.start),
+        "< 10 s",
+        Some(r.start < Duration::from_secs(10)),
+    );
+    row(
+        format!("fleetd RSS: 0 units / {units} units"),
+        format!("{:.1} MiB / {:.1} MiB", r.rss_empty, r.rss_full),
+        "< 20 MB",
+        Some(r.rss_full * 1048576.0 < 20e6),
+    );
+    let dbus_total: u64 = r.dbus_calls.values().sum();
+    row(
+        format!("fleetd D-Bus method calls over {idle} idle s"),
+        format!("{dbus_total} ({})", fmt_map(&r.dbus_calls)),
+        "",
+        None,
+    );
+    row(
+        format!("fleetd CPU time over {idle} idle s"),
+        format!("{:.2} s", r.idle_cpu),
+        "",
+        None,
+    );
+    let p = &r.probe;
+    row(
+        "agent boot with the units already running (preload, adopt, publish)".into(),
+        format!(
+            "{:.0} ms ({} units, lease resumed: {})",
+            p.boot_ms, p.units, p.resumed
+        ),
+        "",
+        None,
+    );
+    row(
+        "reconcile pass with nothing to do, woken by a systemd signal".into(),
+        summary(&p.light),
+        "",
+        None,
+    );
+    row(
+        "reconcile pass with nothing to do, periodic resync (every 60 s by default)".into(),
+        summary(&p.full),
+        "",
+        None,
+    );
+    out.push_str(&t.render());
+    out.push_str(&format!(
+        "\netcd requests received during the idle {idle} s: {}\n",
+        fmt_map(&r.idle_etcd)
+    ));
+    out
+}
+
+/// `median 12 ms (n=5, min …, max …); per pass: …`.
+fn summary(samples: &[PassSample]) -> String {
+    let Some(last) = samples.last() else {
+        return "no pass observed".to_owned();
+    };
+    let mut sorted: Vec<f64> = samples.iter().map(|s| s.ms).collect();
+    sorted.sort_by(f64::total_cmp);
+    let at = |ms_value: f64| ms(Duration::from_secs_f64(ms_value / 1000.0));
+    format!(
+        "median {} (n={}, min {}, max {}); per pass: {} status calls, {} details calls, \
+         {} etcd requests",
+        at(sorted[sorted.len() / 2]),
+        samples.len(),
+        at(sorted[0]),
+        at(sorted[sorted.len() - 1]),
+        last.status_calls,
+        last.details_calls,
+        last.etcd_requests
+    )
+}
+
+fn run_probe(machine: &Machine, etcd: &str, agent_ttl: &str) -> Result<ProbeResult> {
+    let probe = PathBuf::from(MACHINE_BIN_DIR).join("fleet-bench");
+    let args = ["agent-probe", "--etcd", etcd, "--agent-ttl", agent_ttl];
+    let out = machine
+        .exec(&probe.to_string_lossy(), args)?
+        .checked()
+        .context("agent-probe inside the machine")?;
+    let line = out.lines().last().unwrap_or_default();
+    serde_json::from_str(line).with_context(|| format!("agent-probe printed {line:?}"))
+}

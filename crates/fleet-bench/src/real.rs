@@ -1,0 +1,158 @@
+//! Helpers for the scenarios on real functional-test clusters (`e2e`, `one-agent`): boot one
+//! on the release binaries, time fleetctl, read fleetd's memory and CPU time inside a machine.
+
+use anyhow::{Context, Result, bail, ensure};
+use fleet_functional_tests::{
+    Cluster, ClusterSpec, FleetdSpec, Machine, OutputExt, TestRegistry, cleanup_stale, wait_for,
+};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::report;
+use crate::scale::{cpu_of_stat, rss_of_status};
+use crate::sim::unit_text;
+
+/// A booted cluster on the release binaries, with a registry client.
+/// `agent_ttl` is fleetd's (`30s` by default; the harness's own default is 3 s, for tests).
+pub fn boot(machines: usize, bin_dir: &Path, agent_ttl: &str) -> Result<(Cluster, TestRegistry)> {
+    cleanup_stale()?;
+    let spec = FleetdSpec {
+        bin_dir: bin_dir.to_path_buf(),
+        agent_ttl: agent_ttl.to_owned(),
+        ..FleetdSpec::default()
+    };
+    let cluster = Cluster::start(ClusterSpec::with_fleetd(machines, spec))?;
+    let registry = TestRegistry::of(&cluster)?;
+    wait_for(Duration::from_secs(30), Duration::from_millis(50), || {
+        registry.machine_ids().is_ok_and(|m| m.len() == machines)
+            && registry
+                .block_on(registry.registry().leader())
+                .is_ok_and(|l| l.is_some())
+    })
+    .context("fleetd did not register every machine and elect an engine")?;
+    Ok((cluster, registry))
+}
+
+/// fleetd's main PID inside `machine`.
+pub fn fleetd_pid(machine: &Machine) -> Result<u32> {
+    let pid = machine.systemctl_ok(&["show", "--property=MainPID", "--value", "fleetd.service"])?;
+    let pid: u32 = pid.trim().parse().context("fleetd's MainPID")?;
+    ensure!(pid != 0, "fleetd is not running in {}", machine.name());
+    Ok(pid)
+}
+
+/// fleetd's resident memory in `machine`, MiB.
+pub fn fleetd_rss(machine: &Machine) -> Result<f64> {
+    let pid = fleetd_pid(machine)?;
+    Ok(rss_of_status(
+        &machine.sh(&format!("cat /proc/{pid}/status"))?,
+    ))
+}
+
+/// fleetd's CPU time (user + system) so far in `machine`, seconds.
+pub fn fleetd_cpu(machine: &Machine) -> Result<f64> {
+    let pid = fleetd_pid(machine)?;
+    Ok(cpu_of_stat(&machine.sh(&format!("cat /proc/{pid}/stat"))?))
+}
+
+/// Runs fleetctl with `args`; how long it took. Fails if it fails.
+pub fn fleetctl_timed<S: AsRef<std::ffi::OsStr>>(
+    cluster: &Cluster,
+    args: &[S],
+) -> Result<Duration> {
+    let t0 = Instant::now();
+    let out = cluster.fleetctl(args)?;
+    let took = t0.elapsed();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        let tail: String = text.lines().rev().take(5).collect::<Vec<_>>().join(" / ");
+        bail!("fleetctl {} failed: {tail}", first_arg(args));
+    }
+    Ok(took)
+}
+
+fn first_arg<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
+    args.first()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// A fresh directory for a scenario's unit files, under target/bench.
+pub fn unit_dir(name: &str) -> Result<PathBuf> {
+    let dir = report::work_dir().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Writes `bench-<i>.service` for every i in `range` (generation `generation`); their paths.
+pub fn write_units(
+    dir: &Path,
+    range: std::ops::Range<usize>,
+    generation: u32,
+) -> Result<Vec<PathBuf>> {
+    range
+        .map(|i| {
+            let path = dir.join(format!("bench-{i:05}.service"));
+            std::fs::write(&path, unit_text(i, generation))?;
+            Ok(path)
+        })
+        .collect()
+}
+
+/// How many `bench-*` units `machine`'s systemd has active (running), and how many of them
+/// run generation `generation` (their description says which).
+pub fn active_bench_units(machine: &Machine, generation: u32) -> Result<(usize, usize)> {
+    let out = machine
+        .systemctl([
+            "list-units",
+            "bench-*",
+            "--state=active",
+            "--no-legend",
+            "--plain",
+        ])?
+        .checked()?;
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains(" running ")).collect();
+    let tag = format!("generation {generation}");
+    let current = lines.iter().filter(|l| l.contains(&tag)).count();
+    Ok((lines.len(), current))
+}
+
+/// fleetd's unique name on `machine`'s system bus (for dbus-monitor).
+pub fn fleetd_bus_name(machine: &Machine) -> Result<String> {
+    let pid = fleetd_pid(machine)?.to_string();
+    let out = machine.exec("busctl", ["--system", "list", "--no-legend", "--no-pager"])?;
+    let out = out.checked()?;
+    out.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cols| cols.len() > 1 && cols[0].starts_with(':') && cols[1] == pid)
+        .map(|cols| cols[0].to_owned())
+        .context("fleetd has no connection on the system bus")
+}
+
+/// Counts the D-Bus method calls `sender` makes over `window`, by member, with dbus-monitor
+/// inside `machine`.
+pub fn count_method_calls(
+    machine: &Machine,
+    sender: &str,
+    window: Duration,
+) -> Result<std::collections::BTreeMap<String, u64>> {
+    let script = format!(
+        "timeout {} dbus-monitor --system \"type='method_call',sender='{sender}'\" || true",
+        window.as_secs()
+    );
+    let out = machine.sh(&script)?;
+    let mut by_member = std::collections::BTreeMap::new();
+    for line in out.lines().filter(|l| l.starts_with("method call")) {
+        let member = line
+            .split("member=")
+            .nth(1)
+            .map_or("?", |m| m.split_whitespace().next().unwrap_or("?"));
+        *by_member.entry(member.to_owned()).or_insert(0) += 1;
+    }
+    Ok(by_member)
+}
