@@ -249,7 +249,8 @@ impl<K: Kv> Registry<K> {
             placement: existing.record.replace.placement,
             ..ReplaceState::default()
         };
-        self.replace_unit_with(existing, file, desired, replace).await
+        self.replace_unit_with(existing, file, desired, replace)
+            .await
     }
 
     /// Replaces `existing` with the replace options `replace` (no restart, a new placement, a

@@ -103,7 +103,10 @@ fn judge(snap: &Snapshot, name: &UnitName, goal: Goal, full: bool) -> Verdict {
         return Verdict::Pending;
     }
     let legend = machine_legend(machine, &snap.machines, full);
-    if matches!(state.systemd.load.as_str(), "error" | "bad-setting" | "masked") {
+    if matches!(
+        state.systemd.load.as_str(),
+        "error" | "bad-setting" | "masked"
+    ) {
         return Verdict::Failed(format!(
             "Unit {name} cannot be loaded by systemd on {legend}: {}/{}/{}",
             state.systemd.load, state.systemd.active, state.systemd.sub
