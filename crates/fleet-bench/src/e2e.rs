@@ -11,7 +11,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::metrics::{Metrics, received_between};
 use crate::real::{
-    active_bench_units, boot, fleetctl_timed, fleetd_cpu, fleetd_rss, unit_dir, write_units,
+    FleetdOptions, active_bench_units, boot, fleetctl_timed, fleetd_cpu, fleetd_rss, unit_dir,
+    write_units,
 };
 use crate::report::{self, Table, ms, percentile, secs, verdict};
 use crate::scale::fmt_map;
@@ -24,7 +25,7 @@ const BLOCK_ATTEMPTS: &str = "60";
 struct E2e {
     runs: usize,
     units: usize,
-    agent_ttl: String,
+    fleetd: String,
     leader: String,
     latencies: Vec<Duration>,
     start: Duration,
@@ -43,7 +44,7 @@ pub fn run(
     runs: usize,
     units: usize,
     idle: Duration,
-    agent_ttl: &str,
+    fleetd: &FleetdOptions,
 ) -> Result<String> {
     let wall = SystemTime::now();
     let started = Instant::now();
@@ -51,8 +52,8 @@ pub fn run(
         "e2e: booting 3 machines with fleetd from {}",
         bin_dir.display()
     );
-    let (cluster, registry) = boot(3, bin_dir, agent_ttl)?;
-    let result = measure(&cluster, &registry, runs, units, idle, agent_ttl);
+    let (cluster, registry) = boot(3, bin_dir, fleetd)?;
+    let result = measure(&cluster, &registry, runs, units, idle, fleetd);
     cluster.shutdown()?;
     let mut out = report::provenance(wall, started.elapsed());
     out.push_str(&render(&result?));
@@ -65,7 +66,7 @@ fn measure(
     runs: usize,
     units: usize,
     idle: Duration,
-    agent_ttl: &str,
+    fleetd: &FleetdOptions,
 ) -> Result<E2e> {
     let rss_empty = rss_all(cluster)?;
     let dir = unit_dir("e2e")?;
@@ -121,7 +122,7 @@ fn measure(
     Ok(E2e {
         runs,
         units,
-        agent_ttl: agent_ttl.to_owned(),
+        fleetd: fleetd.describe(),
         leader,
         latencies,
         start,
@@ -139,9 +140,9 @@ fn measure(
 fn render(r: &E2e) -> String {
     let (runs, units) = (r.runs, r.units);
     let mut out = format!(
-        "\n3 machines, fleetd (agent + engine candidate) in each with `agent_ttl` {}, \
+        "\n3 machines, fleetd (agent + engine candidate) in each with {}, \
          engine leader on {}. Units are `[Service] ExecStart=/bin/sleep infinity`.\n\n",
-        r.agent_ttl, r.leader
+        r.fleetd, r.leader
     );
     let median = percentile(&r.latencies, 50.0);
     let mut t = Table::new(&["figure", "measured", "target", ""]);

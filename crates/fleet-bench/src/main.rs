@@ -37,6 +37,26 @@ struct Cli {
     scenario: Scenario,
 }
 
+/// How fleetd runs in the real machines.
+#[derive(Debug, clap::Args)]
+struct FleetdArgs {
+    /// fleetd's `agent_ttl` (its default; the test harness's own is 3s).
+    #[arg(long, default_value = "30s")]
+    agent_ttl: String,
+    /// More environment for fleetd, KEY=VALUE (repeatable), e.g. MALLOC_ARENA_MAX=2.
+    #[arg(long)]
+    fleetd_env: Vec<String>,
+}
+
+impl FleetdArgs {
+    fn options(self) -> real::FleetdOptions {
+        real::FleetdOptions {
+            agent_ttl: self.agent_ttl,
+            env: self.fleetd_env,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Scenario {
     /// End to end on a real 3-machine functional cluster.
@@ -47,9 +67,8 @@ enum Scenario {
         units: usize,
         #[arg(long, default_value_t = 60)]
         idle_secs: u64,
-        /// fleetd's `agent_ttl` (its default; the test harness's own is 3s).
-        #[arg(long, default_value = "30s")]
-        agent_ttl: String,
+        #[command(flatten)]
+        fleetd: FleetdArgs,
     },
     /// One agent, many units, real systemd.
     OneAgent {
@@ -57,9 +76,8 @@ enum Scenario {
         units: usize,
         #[arg(long, default_value_t = 60)]
         idle_secs: u64,
-        /// fleetd's `agent_ttl` (its default; the test harness's own is 3s).
-        #[arg(long, default_value = "30s")]
-        agent_ttl: String,
+        #[command(flatten)]
+        fleetd: FleetdArgs,
     },
     /// Simulated machines (real agents and engines on a fake systemd), real etcd.
     Scale {
@@ -102,21 +120,21 @@ fn main() -> Result<()> {
             runs,
             units,
             idle_secs,
-            agent_ttl,
+            fleetd,
         } => {
             let idle = Duration::from_secs(idle_secs);
-            ("e2e", e2e::run(&bin_dir()?, runs, units, idle, &agent_ttl)?)
+            let fleetd = fleetd.options();
+            ("e2e", e2e::run(&bin_dir()?, runs, units, idle, &fleetd)?)
         }
         Scenario::OneAgent {
             units,
             idle_secs,
-            agent_ttl,
+            fleetd,
         } => {
             let idle = Duration::from_secs(idle_secs);
-            (
-                "one-agent",
-                one_agent::run(&bin_dir()?, units, idle, &agent_ttl)?,
-            )
+            let fleetd = fleetd.options();
+            let text = one_agent::run(&bin_dir()?, units, idle, &fleetd)?;
+            ("one-agent", text)
         }
         Scenario::Scale {
             machines,

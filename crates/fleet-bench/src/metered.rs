@@ -1,7 +1,6 @@
 //! [`MeteredManager`]: a [`UnitManager`] that counts (and optionally times) the calls the
 //! agent makes to the one it wraps. Every agent loop wake-up starts with `installed()`, so its
-//! count is the agent's passes; `details()` runs only on the periodic resync (and after a
-//! daemon-reload), which tells a resync from a hint.
+//! count is the agent's passes; the log of call start times lets a probe cut time into passes.
 
 use fleet_agent::{
     ChangeReceiver, InstalledUnit, JobOutcome, ManagerError, UnitDetails, UnitManager,

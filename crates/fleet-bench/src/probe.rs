@@ -4,7 +4,8 @@
 //! A pass is timed from the first systemd call after the loop wakes (`installed()`, see
 //! [`crate::metered`]) to the end of its `reconcile` span, caught by a tracing layer. Passes
 //! woken by a systemd signal read the units directory and `ListUnitsByNames`; passes woken by
-//! the periodic resync also read each unit's details. It prints its findings as JSON.
+//! the periodic resync also re-read the schedule from etcd (and, in older agents, each unit's
+//! details). It prints its findings as JSON.
 
 use anyhow::{Context, Result};
 use fleet_agent::{Agent, AgentConfig, SystemdConfig, SystemdManager};
@@ -216,7 +217,7 @@ async fn wait_passes(passes: &Passes, n: usize, within: Duration) -> Result<()> 
 }
 
 /// Cuts the timeline into passes: the calls after one `reconcile` span ended up to the end
-/// of the next belong to that next pass.
+/// of the next belong to that next pass. Returns (signal-woken, resync) passes.
 fn split_passes(
     closed: &[(Instant, Tally)],
     log: &[crate::metered::Timed],
@@ -235,7 +236,8 @@ fn split_passes(
             details_calls: count(Call::Details),
             etcd_requests: (*after - *before).total(),
         };
-        if sample.details_calls > 0 {
+        // A resync re-reads the schedule from etcd; a systemd signal wakes no etcd request.
+        if sample.details_calls > 0 || sample.etcd_requests > 0 {
             full.push(sample);
         } else {
             light.push(sample);

@@ -13,14 +13,41 @@ use crate::scale::{cpu_of_stat, rss_of_status};
 use crate::sim::unit_text;
 
 /// A booted cluster on the release binaries, with a registry client.
-/// `agent_ttl` is fleetd's (`30s` by default; the harness's own default is 3 s, for tests).
-pub fn boot(machines: usize, bin_dir: &Path, agent_ttl: &str) -> Result<(Cluster, TestRegistry)> {
+/// How fleetd runs in the benchmark's machines.
+#[derive(Debug, Clone)]
+pub struct FleetdOptions {
+    /// fleetd's `agent_ttl` (`30s`, its default; the harness's own default is 3 s, for tests).
+    pub agent_ttl: String,
+    /// More environment for fleetd, `KEY=VALUE`.
+    pub env: Vec<String>,
+}
+
+impl FleetdOptions {
+    /// `agent_ttl 30s`, plus `MALLOC_ARENA_MAX=2` if given.
+    pub fn describe(&self) -> String {
+        let mut text = format!("`agent_ttl` {}", self.agent_ttl);
+        for e in &self.env {
+            text.push_str(&format!(", `{e}`"));
+        }
+        text
+    }
+}
+
+pub fn boot(
+    machines: usize,
+    bin_dir: &Path,
+    options: &FleetdOptions,
+) -> Result<(Cluster, TestRegistry)> {
     cleanup_stale()?;
-    let spec = FleetdSpec {
+    let mut spec = FleetdSpec {
         bin_dir: bin_dir.to_path_buf(),
-        agent_ttl: agent_ttl.to_owned(),
+        agent_ttl: options.agent_ttl.clone(),
         ..FleetdSpec::default()
     };
+    for e in &options.env {
+        let (k, v) = e.split_once('=').context("--fleetd-env takes KEY=VALUE")?;
+        spec = spec.with_env(k, v);
+    }
     let cluster = Cluster::start(ClusterSpec::with_fleetd(machines, spec))?;
     let registry = TestRegistry::of(&cluster)?;
     wait_for(Duration::from_secs(30), Duration::from_millis(50), || {

@@ -43,12 +43,44 @@ pub fn provenance(started: SystemTime, took: Duration) -> String {
     format!(
         "Command: `cargo run --release -p fleet-bench -- {}` (part of `make bench`)  \n\
          Machine: {}  \n\
+         Code: {}  \n\
          Date: {} (scenario took {})\n",
         args.join(" "),
         machine(),
+        commit(),
         utc(started),
         human(took),
     )
+}
+
+/// The workspace's commit, `+ local changes` when the code differs from it.
+fn commit() -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let Some(head) = git(&["rev-parse", "--short", "HEAD"]) else {
+        return "not a git checkout".to_owned();
+    };
+    let paths = [
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        "crates",
+        "functional-tests",
+    ];
+    match git(&paths) {
+        Some(changes) if changes.is_empty() => format!("commit {head}"),
+        _ => format!("commit {head} + local changes"),
+    }
 }
 
 /// The section saying how long the last `make bench` took.

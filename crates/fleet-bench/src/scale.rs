@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
-use crate::counting::{Class, Tally};
+use crate::counting::{Class, Method, Tally};
 use crate::metered::Call;
 use crate::metrics::{Metrics, received_between};
 use crate::report::{self, ms, secs};
@@ -165,7 +165,8 @@ pub fn rss_of_status(status: &str) -> f64 {
 struct Uninvolved {
     latency: Duration,
     involved: Option<usize>,
-    /// Agents other than the involved one that woke for a reason other than their resync.
+    /// Agents other than the involved one that got a watch event or did more than their
+    /// periodic resync (read their own schedule).
     woken: usize,
     /// Agents whose periodic resync happened to fall in the window.
     resyncs: usize,
@@ -184,17 +185,10 @@ async fn one_start(
     std::fs::create_dir_all(dir)?;
     let path = dir.join("probe.service");
     std::fs::write(&path, unit_text(999_999, 1))?;
-    let snapshot = |sim: &Sim| -> Vec<(Tally, u64, u64)> {
+    let snapshot = |sim: &Sim| -> Vec<(Tally, u64)> {
         sim.machines
             .iter()
-            .map(|m| {
-                let c = &m.calls;
-                (
-                    m.counters.tally(),
-                    c.get(Call::Installed),
-                    c.get(Call::Details),
-                )
-            })
+            .map(|m| (m.counters.tally(), m.calls.get(Call::Installed)))
             .collect()
     };
     let before = snapshot(sim);
@@ -232,12 +226,14 @@ async fn one_start(
             involved_tally = tally;
             continue;
         }
-        let (passes, resynced) = (a.1 - b.1, a.2 > b.2);
         stray_events += tally.watch_events;
-        if resynced {
-            resyncs += 1;
-        } else if passes > 0 || tally.watch_events > 0 || tally.total() > 0 {
+        // A start reaches an agent only through its watch; its periodic resync (every 60 s,
+        // whatever happens) reads its own schedule and nothing else.
+        let schedule_reads = tally.requests(Method::Range, Class::Schedule);
+        if tally.watch_events > 0 || tally.total() > schedule_reads {
             woken += 1;
+        } else if a.1 > b.1 {
+            resyncs += 1;
         }
     }
     Ok(Uninvolved {
@@ -368,6 +364,7 @@ pub async fn run(
         roles: idle_roles,
         etcd: idle_etcd,
     };
+    out.push('\n');
     out.push_str(&render::render(&c, rss, &idle, &one, &loss));
     Ok(out)
 }
