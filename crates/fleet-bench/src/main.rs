@@ -85,7 +85,8 @@ enum Scenario {
         machines: usize,
         #[arg(long, default_value_t = 10_000)]
         units: usize,
-        #[arg(long, default_value_t = 30)]
+        /// At least the agents' 60 s resync, so the window holds one resync of each.
+        #[arg(long, default_value_t = 60)]
         idle_secs: u64,
     },
     /// Convergence time over a grid of machines and units, as docs/bench-scale.svg.
