@@ -47,7 +47,8 @@ demo-down:
 	@if [ -f "$(DEMO_DIR)/cluster.json" ]; then ./target/debug/fleet-cluster down --dir "$(DEMO_DIR)"; else echo "no demo cluster at $(DEMO_DIR)"; fi
 
 # Every benchmark of issue 6 (not part of `make test`), each scenario writing its section of
-# docs/benchmarks.md: release build, then e2e, one-agent, scale, plot. Needs root; ~15 min.
+# docs/benchmarks.md: release build, then e2e, one-agent, scale, plot. Needs root; ~7 min
+# (~14 from a clean clone, with the release build).
 bench: deps
 	@start=$$(date +%s); \
 	$(CARGO) build --release -p fleetd -p fleetctl -p fleet-bench && \

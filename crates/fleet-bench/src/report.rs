@@ -86,7 +86,8 @@ fn commit() -> String {
 /// The section saying how long the last `make bench` took.
 pub fn total(took: Duration) -> String {
     format!(
-        "The last full `make bench` (release build included) took **{}** on {}, finished {}.\n",
+        "The last full `make bench` took **{}** (with whatever release build it needed) on {}, \
+         finished {}.\n",
         human(took),
         machine(),
         utc(SystemTime::now())
