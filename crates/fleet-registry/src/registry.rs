@@ -273,29 +273,14 @@ impl<K: Kv> Registry<K> {
         let mut success = self.unit_write_ops(&record, file);
         let dropped = dropped_hashes(&existing.record, &record);
         success.extend(dropped.iter().map(|h| delete(self.keys.file_ref(h, name))));
-        let txn = Txn {
-            compares: vec![Compare::mod_revision(
-                self.keys.unit(name),
-                existing.mod_revision,
-            )],
-            success,
-            failure: vec![],
-        };
-        let res = self
-            .kv
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv("replacing unit"))?;
-        if !res.succeeded {
-            return Err(RegistryError::Conflict(name.clone()));
-        }
+        let mod_revision = self.cas(existing, success, "replacing unit").await?;
         debug!(unit = %name, old = %existing.hash(), new = %record.hash, "replaced unit");
         for hash in &dropped {
             self.collect_file(hash).await?;
         }
         Ok(Unit {
             record,
-            mod_revision: res.revision,
+            mod_revision,
         })
     }
 
@@ -325,25 +310,15 @@ impl<K: Kv> Registry<K> {
                 .iter()
                 .map(|h| delete(self.keys.file_ref(h, existing.name()))),
         );
-        let txn = Txn {
-            compares: vec![Compare::mod_revision(&key, existing.mod_revision)],
-            success,
-            failure: vec![],
-        };
-        let res = self
-            .kv
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv("finishing rolling replace"))?;
-        if !res.succeeded {
-            return Err(RegistryError::Conflict(existing.name().clone()));
-        }
+        let mod_revision = self
+            .cas(existing, success, "finishing rolling replace")
+            .await?;
         for hash in &dropped {
             self.collect_file(hash).await?;
         }
         Ok(Unit {
             record,
-            mod_revision: res.revision,
+            mod_revision,
         })
     }
 
@@ -373,45 +348,41 @@ impl<K: Kv> Registry<K> {
         record: UnitRecord,
         op: &'static str,
     ) -> Result<Unit> {
-        let key = self.keys.unit(existing.name());
+        let ops = vec![put(self.keys.unit(existing.name()), encode(&record))];
+        let mod_revision = self.cas(existing, ops, op).await?;
+        Ok(Unit {
+            record,
+            mod_revision,
+        })
+    }
+
+    /// Applies `ops` if `existing` is unchanged since it was read (compare-and-swap on its
+    /// mod revision); `Conflict` otherwise. Returns the revision written at.
+    async fn cas(&self, existing: &Unit, ops: Vec<TxnOp>, op: &'static str) -> Result<Revision> {
         let txn = Txn {
-            compares: vec![Compare::mod_revision(&key, existing.mod_revision)],
-            success: vec![put(key, encode(&record))],
+            compares: vec![Compare::mod_revision(
+                self.keys.unit(existing.name()),
+                existing.mod_revision,
+            )],
+            success: ops,
             failure: vec![],
         };
         let res = self.kv.txn(txn).await.map_err(RegistryError::kv(op))?;
         if !res.succeeded {
             return Err(RegistryError::Conflict(existing.name().clone()));
         }
-        Ok(Unit {
-            record,
-            mod_revision: res.revision,
-        })
+        Ok(res.revision)
     }
 
     /// Deletes `existing` (if unchanged since read) and collects its file.
     pub async fn destroy_unit(&self, existing: &Unit) -> Result<()> {
         let name = existing.name();
-        let txn = Txn {
-            compares: vec![Compare::mod_revision(
-                self.keys.unit(name),
-                existing.mod_revision,
-            )],
-            success: referenced(&existing.record)
-                .iter()
-                .map(|h| delete(self.keys.file_ref(h, name)))
-                .chain([delete(self.keys.unit(name))])
-                .collect(),
-            failure: vec![],
-        };
-        let res = self
-            .kv
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv("destroying unit"))?;
-        if !res.succeeded {
-            return Err(RegistryError::Conflict(name.clone()));
-        }
+        let ops = referenced(&existing.record)
+            .iter()
+            .map(|h| delete(self.keys.file_ref(h, name)))
+            .chain([delete(self.keys.unit(name))])
+            .collect();
+        self.cas(existing, ops, "destroying unit").await?;
         debug!(unit = %name, "destroyed unit");
         for hash in referenced(&existing.record) {
             self.collect_file(&hash).await?;
