@@ -101,7 +101,14 @@ fn evict_misplaced(c: &mut Cluster<'_>) -> bool {
 /// name order (the later one of a pair goes); globals are ignored (they yield instead).
 fn keep_violation(c: &Cluster<'_>, unit: &UnitName, machine: &MachineId) -> Option<Reason> {
     let violation = c.static_violation(unit, machine).or_else(|| {
-        c.units_on(machine)
+        // Only a unit with Conflicts= or Replaces= can make a pair invalid: when `unit` has
+        // neither, only such neighbours need looking at (usually none).
+        let neighbours: Box<dyn Iterator<Item = &UnitName>> = if c.is_relational(unit) {
+            Box::new(c.units_on(machine))
+        } else {
+            Box::new(c.relational_on(machine))
+        };
+        neighbours
             .filter(|other| !c.is_global(other))
             .find_map(|other| c.neighbour_violation(unit, other, other < unit))
     })?;
@@ -215,9 +222,18 @@ fn choose(c: &Cluster<'_>, unit: &UnitName) -> Result<MachineId, Reason> {
     if let Some(peer) = c.reqs(unit).machine_of.iter().find(|p| !c.is_placed(p)) {
         return Err(Reason::PeerNotScheduled { peer: peer.clone() });
     }
-    let mut candidates: Vec<&MachineId> = c.machines.keys().collect();
     let avoided = c.avoided(unit);
-    candidates.sort_by_key(|m| (Some(*m) == avoided, c.load(m), *m));
+    let least = c
+        .machines
+        .keys()
+        .min_by_key(|m| (Some(*m) == avoided, c.load(m), *m));
+    if let Some(m) = least
+        && place_violation(c, unit, m).is_none()
+    {
+        return Ok(m.clone());
+    }
+    let mut candidates: Vec<&MachineId> = c.machines.keys().collect();
+    candidates.sort_by_cached_key(|m| (Some(*m) == avoided, c.load(m), *m));
     let mut rejections = Vec::new();
     for machine in candidates {
         match place_violation(c, unit, machine) {

@@ -53,6 +53,8 @@ pub(super) struct Cluster<'s> {
     pub added: BTreeMap<Slot, Reason>,
     /// Why a unit last lost its machine; the reason it gets for its new one.
     last_removal: BTreeMap<UnitName, Reason>,
+    /// Wanted units with `Conflicts=` or `Replaces=`.
+    relational: BTreeSet<UnitName>,
 }
 
 impl<'s> Cluster<'s> {
@@ -79,6 +81,7 @@ impl<'s> Cluster<'s> {
             removed: BTreeMap::new(),
             added: BTreeMap::new(),
             last_removal: BTreeMap::new(),
+            relational: BTreeSet::new(),
         };
         let wanted = snapshot
             .units
@@ -93,6 +96,9 @@ impl<'s> Cluster<'s> {
             if let Err(error) = reqs.validate() {
                 cluster.invalid.insert(name.clone(), error);
                 continue;
+            }
+            if !reqs.conflicts.is_empty() || !reqs.replaces.is_empty() {
+                cluster.relational.insert(name.clone());
             }
             let spec = Spec {
                 hash: unit.hash(),
@@ -179,6 +185,22 @@ impl<'s> Cluster<'s> {
                     && may_be_running(&state.systemd.active)
             })
             .map(|(m, _)| m)
+    }
+
+    /// Whether `unit` has `Conflicts=` or `Replaces=`: only such units make a pair invalid.
+    pub fn is_relational(&self, unit: &UnitName) -> bool {
+        self.relational.contains(unit)
+    }
+
+    /// The units on `machine` that have `Conflicts=` or `Replaces=`.
+    pub fn relational_on<'a>(
+        &'a self,
+        machine: &'a MachineId,
+    ) -> impl Iterator<Item = &'a UnitName> {
+        let on = self.on.get(machine);
+        self.relational
+            .iter()
+            .filter(move |u| on.is_some_and(|set| set.contains(*u)))
     }
 
     pub fn is_global(&self, unit: &UnitName) -> bool {
@@ -271,6 +293,9 @@ impl<'s> Cluster<'s> {
     /// (fleet's order).
     pub fn static_violation(&self, unit: &UnitName, machine: &MachineId) -> Option<Violation> {
         self.machine_violation(unit, machine).or_else(|| {
+            if self.reqs(unit).machine_of.is_empty() {
+                return None;
+            }
             let here: Vec<&UnitName> = self.units_on(machine).collect();
             self.peer_violation(unit, &here)
         })
