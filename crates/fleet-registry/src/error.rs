@@ -31,6 +31,10 @@ pub enum RegistryError {
     /// A write fenced by leadership found that we are not the leader any more.
     #[error("not the engine leader any more")]
     LostLeadership,
+    /// A [`LiveView`](crate::LiveView) cannot follow the registry any more (its watch ended
+    /// or fell behind a compaction); a new view reads everything again.
+    #[error("lost track of the registry: {0}")]
+    ViewLost(String),
 }
 
 impl RegistryError {
@@ -42,6 +46,7 @@ impl RegistryError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Kv { source, .. } => source.is_transient(),
+            Self::ViewLost(_) => true,
             Self::Conflict(_)
             | Self::UnitNotFound(_)
             | Self::FileMissing { .. }

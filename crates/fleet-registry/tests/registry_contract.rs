@@ -5,7 +5,8 @@ use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, U
 use fleet_registry::kv::{Kv, MemKv};
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{
-    CreateOutcome, Fence, Registry, RegistryError, ScheduleEntry, UnitStateRecord, WatchHints,
+    CreateOutcome, EngineWrite, Fence, LiveView, Registry, RegistryError, ScheduleEntry,
+    UnitStateRecord, WatchHints,
 };
 use std::time::Duration;
 
@@ -336,6 +337,136 @@ async fn watch_hints_wake_on_changes_under_the_prefix<K: Kv>(reg: Registry<K>) {
     assert!(seen >= written, "seen {seen} < written {written}");
 }
 
+/// Follows `view` until it equals a fresh snapshot and file listing (5 s at most).
+async fn converges<K: Kv>(view: &mut LiveView<K>, reg: &Registry<K>) {
+    let want = reg.snapshot().await.unwrap();
+    let want_files = reg.files(None).await.unwrap();
+    let caught_up = tokio::time::timeout(Duration::from_secs(5), async {
+        while *view.snapshot() != want || *view.files() != want_files {
+            view.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(
+        caught_up.is_ok(),
+        "view never caught up:\n{:#?}\nwanted\n{want:#?}",
+        view.snapshot()
+    );
+}
+
+async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
+    let (a, b) = (name("a.service"), name("b.service"));
+    let CreateOutcome::Created(unit_a) = reg
+        .create_unit(&a, &file("/bin/a"), DesiredState::Launched)
+        .await
+        .unwrap()
+    else {
+        panic!("a exists");
+    };
+    let mut view = LiveView::start(reg.clone()).await.unwrap();
+    assert_eq!(view.snapshot(), &reg.snapshot().await.unwrap());
+    assert_eq!(view.files().len(), 1);
+
+    // Units and files, replaced and destroyed (the old file goes with its last unit).
+    reg.create_unit(&b, &file("/bin/b"), DesiredState::Loaded)
+        .await
+        .unwrap();
+    let unit_a = reg
+        .replace_unit(&unit_a, &file("/bin/a2"), DesiredState::Launched)
+        .await
+        .unwrap();
+    converges(&mut view, &reg).await;
+    assert_eq!(view.files().len(), 2);
+    let unit_b = reg.unit(&b).await.unwrap().unwrap();
+    reg.destroy_unit(&unit_b).await.unwrap();
+    converges(&mut view, &reg).await;
+
+    // A machine, its schedule and states; then it goes and takes its states along.
+    let presence = reg
+        .register_machine(&info("m1"), Duration::from_secs(10), None)
+        .await
+        .unwrap();
+    let entry = ScheduleEntry {
+        name: a.clone(),
+        machine: machine("m1"),
+        hash: unit_a.hash(),
+        desired: DesiredState::Launched,
+        restart: 0,
+        no_restart: false,
+        placement: 0,
+    };
+    reg.apply_schedule(None, std::slice::from_ref(&entry), &[])
+        .await
+        .unwrap();
+    let state = UnitStateRecord {
+        name: a.clone(),
+        machine: machine("m1"),
+        hash: Some(unit_a.hash()),
+        systemd: SystemdState {
+            load: "loaded".into(),
+            active: "active".into(),
+            sub: "running".into(),
+        },
+        drop_ins: vec![],
+        restart: 0,
+        restart_pending: false,
+    };
+    reg.publish_state(&presence, &state).await.unwrap();
+    converges(&mut view, &reg).await;
+    let touched = {
+        reg.unregister(&presence).await.unwrap();
+        let mut touched = view.changed().await.unwrap();
+        while !touched.machines || !touched.states {
+            let more = view.changed().await.unwrap();
+            touched.machines |= more.machines;
+            touched.states |= more.states;
+        }
+        touched
+    };
+    assert!(!touched.only_states());
+    converges(&mut view, &reg).await;
+
+    // The engine's writes: seen at once through record_writes, then the same by their events.
+    let leader = reg
+        .campaign(&machine("m1"), Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("no other leader");
+    let writes = vec![
+        EngineWrite::Unschedule {
+            machine: machine("m1"),
+            unit: a.clone(),
+        },
+        EngineWrite::Unschedulable {
+            unit: a.clone(),
+            reason: "no machine".into(),
+        },
+    ];
+    leader.write(&writes).await.unwrap();
+    view.record_writes(&writes);
+    assert!(view.snapshot().schedule.is_empty());
+    assert_eq!(view.snapshot().unscheduled[&a], "no machine");
+    converges(&mut view, &reg).await;
+    let writes = vec![EngineWrite::ClearUnschedulable { unit: a.clone() }];
+    leader.write(&writes).await.unwrap();
+    view.record_writes(&writes);
+    assert!(view.snapshot().unscheduled.is_empty());
+    converges(&mut view, &reg).await;
+}
+
+/// Only the fake can cut the stream on demand: an outage ends every watch, and the view
+/// says it lost track instead of waiting forever (the engine then reads everything again).
+#[tokio::test]
+async fn live_view_reports_a_broken_watch() {
+    let kv = MemKv::new();
+    let reg = Registry::new(kv.clone(), PREFIX);
+    let mut view = LiveView::start(reg).await.unwrap();
+    kv.set_unavailable(true);
+    let err = view.changed().await.unwrap_err();
+    assert!(matches!(err, RegistryError::ViewLost(_)), "{err:?}");
+    assert!(err.is_transient());
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -372,4 +503,5 @@ contract!(
     states_vanish_with_the_machine_lease,
     fenced_schedule_write_fails_without_leadership,
     watch_hints_wake_on_changes_under_the_prefix,
+    live_view_follows_every_change,
 );
