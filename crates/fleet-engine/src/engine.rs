@@ -19,7 +19,9 @@ use tracing::{debug, info, warn};
 pub struct EngineConfig {
     /// This machine: the value of the leader key while we lead.
     pub machine: MachineId,
-    /// The periodic re-check (`engine_reconcile_interval`); watches do the real work.
+    /// fleet's `engine_reconcile_interval`: sets the leadership lease (five of it) and the
+    /// retry delay after a failed pass. Passes themselves follow changes, with a re-check
+    /// once a minute.
     pub reconcile_interval: Duration,
     /// The leadership lease; renewed every third of it. A crashed leader is replaced after
     /// at most this long.

@@ -408,3 +408,120 @@ on_both!(
     schedules_more_units_than_one_transaction_holds,
     moves_a_replaced_unit_only_once_its_previous_copy_has_stopped,
 );
+
+// ---- MemKv only: what only the fake can count or cut ------------------------------------------
+
+/// Counts the listings (reads of a whole prefix: what grows with the cluster) and the
+/// writes that reach the store; single-key reads (the leader key, checked with each lease
+/// renewal) and lease calls are not counted.
+#[derive(Debug, Clone)]
+struct Counting {
+    kv: MemKv,
+    reads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    writes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Counting {
+    fn counts(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        (self.reads.load(SeqCst), self.writes.load(SeqCst))
+    }
+}
+
+impl Kv for Counting {
+    async fn range(
+        &self,
+        key: &str,
+        prefix: bool,
+        revision: Option<fleet_registry::kv::Revision>,
+    ) -> Result<fleet_registry::kv::RangeResult, fleet_registry::kv::KvError> {
+        if prefix {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.kv.range(key, prefix, revision).await
+    }
+    async fn txn(
+        &self,
+        txn: Txn,
+    ) -> Result<fleet_registry::kv::TxnResult, fleet_registry::kv::KvError> {
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.kv.txn(txn).await
+    }
+    async fn grant(&self, ttl: Duration) -> Result<LeaseId, fleet_registry::kv::KvError> {
+        self.kv.grant(ttl).await
+    }
+    async fn keep_alive(&self, lease: LeaseId) -> Result<(), fleet_registry::kv::KvError> {
+        self.kv.keep_alive(lease).await
+    }
+    async fn revoke(&self, lease: LeaseId) -> Result<(), fleet_registry::kv::KvError> {
+        self.kv.revoke(lease).await
+    }
+    async fn watch(
+        &self,
+        key: &str,
+        prefix: bool,
+        from_revision: fleet_registry::kv::Revision,
+    ) -> Result<fleet_registry::kv::Watch, fleet_registry::kv::KvError> {
+        self.kv.watch(key, prefix, from_revision).await
+    }
+}
+
+/// Issue 6: an idle fleetd does no work proportional to the unit count more often than once
+/// a minute. The leader keeps its view current from its watch: once the cluster has
+/// converged, ten idle minutes cost it no listing and no write at all.
+#[tokio::test(start_paused = true)]
+async fn an_idle_leader_reads_and_writes_nothing() {
+    let kv = Counting {
+        kv: MemKv::new(),
+        reads: Default::default(),
+        writes: Default::default(),
+    };
+    let reg = Registry::new(kv.clone(), PREFIX);
+    join(&reg, "m1").await;
+    join(&reg, "m2").await;
+    for i in 0..50 {
+        submit(&reg, &format!("u{i}.service")).await;
+    }
+    let a = start(&reg, "a", MEM);
+    eventually(MEM.prompt, "all 50 scheduled", || async {
+        schedule(&reg).await.len() == 50
+    })
+    .await;
+    sleep(Duration::from_secs(1)).await;
+    let before = kv.counts();
+    sleep(Duration::from_secs(600)).await;
+    assert_eq!(kv.counts(), before, "(listings, writes) of an idle leader");
+    // And it still follows changes at once.
+    submit(&reg, "late.service").await;
+    eventually(MEM.prompt, "late scheduled", || async {
+        schedule(&reg).await.contains_key("late.service")
+    })
+    .await;
+    a.shutdown().await;
+}
+
+/// A leader whose watch breaks (etcd unreachable for a moment) reads everything again once
+/// etcd is back, and keeps scheduling; what changed meanwhile is not missed.
+#[tokio::test(start_paused = true)]
+async fn a_leader_reads_the_registry_again_after_its_watch_breaks() {
+    let kv = MemKv::new();
+    let reg = Registry::new(kv.clone(), PREFIX);
+    join(&reg, "m1").await;
+    let a = start(&reg, "a", MEM);
+    submit(&reg, "before.service").await;
+    eventually(MEM.prompt, "before scheduled", || async {
+        schedule(&reg).await.contains_key("before.service")
+    })
+    .await;
+    kv.set_unavailable(true);
+    sleep(MEM.interval).await;
+    kv.set_unavailable(false);
+    submit(&reg, "after.service").await;
+    eventually(MEM.interval * 3, "after scheduled", || async {
+        schedule(&reg).await.contains_key("after.service")
+    })
+    .await;
+    assert!(leader_is(&reg, Some("a")).await);
+    a.shutdown().await;
+}

@@ -1,16 +1,16 @@
 //! What a leader does: keep the lease alive (a separate task, so a slow pass never delays a
-//! renewal), and run a pass (snapshot, plan, fenced write) at once, on every watch hint
-//! (units, machines, schedules; unit states while a unit waits for a previous copy to stop)
-//! and on the periodic re-check. It stops at the first sign of lost leadership; the fence
-//! makes sure nothing it writes after that lands.
+//! renewal), and run a pass (plan on its [`LiveView`] of the registry, fenced write) at once,
+//! on every change that can change a plan, and once a minute as a safety net. It stops at the
+//! first sign of lost leadership; the fence makes sure nothing it writes after that lands.
+//!
+//! The view is read once when leadership starts and then follows one watch, so an idle
+//! leader reads and decodes nothing: before, every pass re-read the whole registry, and a
+//! pass ran every `engine_reconcile_interval` (see docs/benchmarks.md).
 
-use fleet_core::{DesiredState, UnitFile, UnitHash};
-use fleet_registry::kv::{Kv, Revision};
+use fleet_registry::kv::Kv;
 use fleet_registry::{
-    EngineWrite, Leadership, Registry, RegistryError, ScheduleEntry, Snapshot, WatchHints,
+    EngineWrite, Leadership, LiveView, Registry, RegistryError, ScheduleEntry, Touched,
 };
-use futures::StreamExt;
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -18,63 +18,28 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, debug_span, info, warn};
 
 use super::{EngineConfig, Flow, stop_requested};
-use crate::scheduler::{Decision, DecisionKind, plan};
+use crate::scheduler::{Decision, DecisionKind, Plan, plan};
 
 /// The shortest re-check period honoured (a zero interval would spin).
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
-/// Unit files fetched at once when many are new (an engine taking over a big cluster).
-const FILE_FETCHES: usize = 16;
+/// How often a leader plans with nothing having changed: only a safety net, since every
+/// change that can change a plan arrives through the view's watch.
+pub(crate) const SAFETY_NET: Duration = Duration::from_secs(60);
 
 #[derive(Debug)]
 pub(super) struct Leading<K> {
     registry: Registry<K>,
     leadership: Leadership<K>,
-    reconcile_interval: Duration,
+    /// How long to wait before retrying a failed pass.
+    retry: Duration,
     lease_ttl: Duration,
-    /// Unit files by hash: immutable, so kept across passes while some unit uses them.
-    files: BTreeMap<UnitHash, UnitFile>,
-    watches: Option<Watches>,
-    /// The revision of the last snapshot planned and written; hints up to it are old news.
-    settled_at: Revision,
+    /// The registry as the next plan sees it; `None` until read (again).
+    view: Option<LiveView<K>>,
     /// Whether the last plan held a unit back until a copy on another machine stops. Only
-    /// then can a change of unit states change the plan, so only then do state hints (which
-    /// every agent sends on every unit's state change) wake a pass.
+    /// then can a change of unit states change the plan, so only then do state changes
+    /// (which every agent writes on every unit's state change) start a pass.
     waiting: bool,
-}
-
-/// The prefixes whose changes can change a plan.
-#[derive(Debug)]
-struct Watches {
-    units: WatchHints,
-    machines: WatchHints,
-    schedules: WatchHints,
-    states: WatchHints,
-}
-
-impl Watches {
-    fn start<K: Kv>(registry: &Registry<K>, from: Revision) -> Watches {
-        let keys = registry.keys();
-        let kv = registry.kv();
-        Watches {
-            units: WatchHints::start(kv.clone(), keys.units(), from),
-            machines: WatchHints::start(kv.clone(), keys.machines(), from),
-            schedules: WatchHints::start(kv.clone(), keys.schedules(), from),
-            states: WatchHints::start(kv.clone(), keys.states(), from),
-        }
-    }
-
-    /// The newest revision any watch reports; `None` when one of them stopped. State hints
-    /// count only with `states`; meanwhile they coalesce into one (the newest revision),
-    /// which a pass skips when its snapshot already covers it.
-    async fn changed(&mut self, states: bool) -> Option<Revision> {
-        tokio::select! {
-            rev = self.units.changed() => rev,
-            rev = self.machines.changed() => rev,
-            rev = self.schedules.changed() => rev,
-            rev = self.states.changed(), if states => rev,
-        }
-    }
 }
 
 /// Aborts the lease keeper when leading ends, however it ends.
@@ -91,11 +56,9 @@ impl<K: Kv> Leading<K> {
         Leading {
             registry,
             leadership,
-            reconcile_interval: cfg.reconcile_interval.max(MIN_INTERVAL),
+            retry: cfg.reconcile_interval.max(MIN_INTERVAL),
             lease_ttl: cfg.lease_ttl.max(MIN_INTERVAL * 3),
-            files: BTreeMap::new(),
-            watches: None,
-            settled_at: 0,
+            view: None,
             waiting: false,
         }
     }
@@ -108,51 +71,79 @@ impl<K: Kv> Leading<K> {
             self.lease_ttl,
             lost_tx,
         )));
-        let mut resync = tokio::time::interval(self.reconcile_interval);
-        resync.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let period = SAFETY_NET.max(self.retry);
+        let mut safety_net = tokio::time::interval_at(Instant::now() + period, period);
+        safety_net.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // Whether a pass is due: at once, then after each change that matters.
+        let mut due = true;
         loop {
+            if due {
+                let pass = tokio::select! {
+                    biased;
+                    () = stop_requested(shutdown) => return Flow::Shutdown,
+                    _ = lost.changed() => return Flow::Campaign,
+                    res = self.pass().instrument(debug_span!("engine pass")) => res,
+                };
+                match pass {
+                    Ok(()) => {}
+                    Err(RegistryError::LostLeadership) => {
+                        warn!("engine leadership lost: a write was refused");
+                        return Flow::Campaign;
+                    }
+                    Err(err) => {
+                        warn!(error = %err, retry_in = ?self.retry, "engine pass failed; retrying");
+                        tokio::select! {
+                            biased;
+                            () = stop_requested(shutdown) => return Flow::Shutdown,
+                            _ = lost.changed() => return Flow::Campaign,
+                            () = tokio::time::sleep(self.retry) => {}
+                        }
+                        continue;
+                    }
+                }
+            }
             tokio::select! {
                 biased;
                 () = stop_requested(shutdown) => return Flow::Shutdown,
                 _ = lost.changed() => return Flow::Campaign,
-                hint = wake(&mut self.watches, self.waiting) => match hint {
-                    Some(rev) if rev <= self.settled_at => continue,
-                    Some(_) => {}
-                    None => self.watches = None,
+                change = changed(&mut self.view) => match change {
+                    Ok(touched) => due = self.matters(touched),
+                    Err(err) => {
+                        warn!(error = %err, "engine lost track of the registry; reading it again");
+                        self.view = None;
+                        due = true;
+                    }
                 },
-                _ = resync.tick() => {}
-            }
-            let pass = tokio::select! {
-                biased;
-                () = stop_requested(shutdown) => return Flow::Shutdown,
-                _ = lost.changed() => return Flow::Campaign,
-                res = self.pass().instrument(debug_span!("engine pass")) => res,
-            };
-            match pass {
-                Ok(()) => {}
-                Err(RegistryError::LostLeadership) => {
-                    warn!("engine leadership lost: a write was refused");
-                    return Flow::Campaign;
-                }
-                Err(err) => warn!(error = %err, "engine pass failed; retrying"),
+                _ = safety_net.tick() => due = true,
             }
         }
     }
 
-    /// Reads a snapshot, plans, writes the decisions fenced, then logs them.
+    /// Whether a change can change the plan. Schedules and unschedulable reasons are written
+    /// by the leader alone and already recorded in the view when written: their echo is
+    /// not news. Unit states matter only while a unit waits for a copy to stop.
+    fn matters(&self, t: Touched) -> bool {
+        t.units || t.files || t.machines || (t.states && self.waiting)
+    }
+
+    /// Plans on the view (reading it first if there is none), writes the decisions fenced,
+    /// records them in the view, then logs them.
     async fn pass(&mut self) -> Result<(), RegistryError> {
-        let snapshot = self.registry.snapshot().await?;
-        if self.watches.is_none() {
-            self.watches = Some(Watches::start(&self.registry, snapshot.revision + 1));
+        if self.view.is_none() {
+            self.view = Some(LiveView::start(self.registry.clone()).await?);
         }
-        self.fetch_files(&snapshot).await?;
-        let plan = plan(&snapshot, &self.files);
+        let view = self.view.as_mut().expect("just read");
+        let plan = plan_off_the_runtime(view);
         let writes: Vec<EngineWrite> = plan.decisions.iter().map(write_of).collect();
-        self.leadership.write(&writes).await?;
-        self.settled_at = snapshot.revision;
+        if let Err(err) = self.leadership.write(&writes).await {
+            // Some of the writes may have landed: only a fresh read knows.
+            self.view = None;
+            return Err(err);
+        }
+        view.record_writes(&writes);
         self.waiting = !plan.waiting.is_empty();
         debug!(
-            revision = snapshot.revision,
+            revision = view.revision(),
             decisions = plan.decisions.len(),
             waiting = plan.waiting.len(),
             "engine pass done"
@@ -160,48 +151,23 @@ impl<K: Kv> Leading<K> {
         plan.decisions.iter().for_each(log_decision);
         Ok(())
     }
+}
 
-    /// Makes `files` hold the file of every wanted unit; a file gone since the snapshot
-    /// (its unit was replaced) is simply absent, and the plan leaves that unit alone.
-    async fn fetch_files(&mut self, snapshot: &Snapshot) -> Result<(), RegistryError> {
-        let wanted: BTreeSet<UnitHash> = snapshot
-            .units
-            .values()
-            .filter(|u| u.desired() != DesiredState::Inactive)
-            .map(|u| u.hash())
-            .collect();
-        self.files.retain(|hash, _| wanted.contains(hash));
-        let missing: Vec<UnitHash> = wanted
-            .into_iter()
-            .filter(|hash| !self.files.contains_key(hash))
-            .collect();
-        let registry = &self.registry;
-        let mut fetched = futures::stream::iter(missing)
-            .map(|hash| async move { (hash, registry.file(&hash).await) })
-            .buffer_unordered(FILE_FETCHES);
-        while let Some((hash, file)) = fetched.next().await {
-            match file {
-                Ok(Some(file)) => {
-                    self.files.insert(hash, file);
-                }
-                Ok(None) => {}
-                // One unreadable file must not stop the scheduling of every other unit: its
-                // units are left as they are (the scheduler skips units without a file).
-                Err(e @ RegistryError::Corrupt { .. }) => {
-                    warn!(hash = %hash, error = %e, "unit file unreadable; its units are left alone");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+/// Plans without holding up the other tasks of a multi-threaded runtime (the agent, the
+/// presence keep-alive) while a big plan runs.
+fn plan_off_the_runtime<K: Kv>(view: &LiveView<K>) -> Plan {
+    let run = || plan(view.snapshot(), view.files());
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(run),
+        _ => run(),
     }
 }
 
-/// The next hint (of unit states too with `states`); never resolves while there are no
-/// watches (the next pass starts them).
-async fn wake(watches: &mut Option<Watches>, states: bool) -> Option<Revision> {
-    match watches {
-        Some(w) => w.changed(states).await,
+/// The next change of the view; never resolves while there is none (the next pass reads
+/// one).
+async fn changed<K: Kv>(view: &mut Option<LiveView<K>>) -> Result<Touched, RegistryError> {
+    match view {
+        Some(v) => v.changed().await,
         None => std::future::pending().await,
     }
 }
