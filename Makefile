@@ -6,7 +6,7 @@ CARGO ?= cargo
 DEMO_DIR ?= $(CURDIR)/target/demo
 APT_PACKAGES := etcd-server etcd-client protobuf-compiler iproute2 dbus systemd util-linux openssl
 
-.PHONY: all deps build test test-unit lint demo demo-down bench soak clean
+.PHONY: all deps build test test-unit lint demo demo-down bench soak soak-only clean
 
 all: build
 
@@ -24,13 +24,19 @@ deps:
 build: deps
 	$(CARGO) build --workspace --bins
 
-# Every test. Functional tests boot systemd machines in namespaces: they need root.
+# Every test. Functional tests boot systemd machines in namespaces: they need root. The
+# long fault-injection variants (`make soak`, ~1 min) run last: ignored by `cargo test` so
+# that a plain `cargo test` stays quick, but part of every `make test` and so of CI.
 test: build
 	$(CARGO) test --workspace --all-features -- --test-threads=4
+	$(MAKE) --no-print-directory soak-only
 
-# The long fault-injection variants (50 units with 20 kills of fleetd, 100 rounds of racing
-# clients): about 75 s more than `make test`, which runs their short versions.
+# The long fault-injection variants alone (50 units with 20 kills of fleetd, 100 rounds of
+# racing clients).
 soak: build
+	$(MAKE) --no-print-directory soak-only
+
+soak-only:
 	$(CARGO) test -p fleet-functional-tests --test faults -- --ignored --test-threads=4
 
 test-unit:

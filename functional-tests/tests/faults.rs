@@ -184,7 +184,7 @@ fn units_converge_and_untouched_ones_keep_running_through_kill_9_of_fleetd() -> 
 
 /// The full variant: 50 units, 20 kills. `make soak`.
 #[test]
-#[ignore = "soak: make soak"]
+#[ignore = "soak: run last by make test, alone by make soak"]
 fn soak_units_converge_through_20_kills_of_fleetd_during_a_churn_of_50_units() -> Result<()> {
     churn_with_kills(50, 20)
 }
@@ -724,7 +724,7 @@ fn concurrent_fleetctl_replace_stop_and_destroy_keep_the_registry_consistent() -
 
 /// The full variant: 100 rounds per client. `make soak`.
 #[test]
-#[ignore = "soak: make soak"]
+#[ignore = "soak: run last by make test, alone by make soak"]
 fn soak_100_rounds_of_concurrent_fleetctl_keep_the_registry_consistent() -> Result<()> {
     racing_clients(100)
 }
