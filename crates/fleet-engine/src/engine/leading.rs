@@ -18,7 +18,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, debug_span, info, warn};
 
 use super::{EngineConfig, Flow, stop_requested};
-use crate::scheduler::{Decision, DecisionKind, Plan, plan};
+use crate::scheduler::{Decision, DecisionKind, plan};
 
 /// The shortest re-check period honoured (a zero interval would spin).
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
@@ -133,7 +133,7 @@ impl<K: Kv> Leading<K> {
             self.view = Some(LiveView::start(self.registry.clone()).await?);
         }
         let view = self.view.as_mut().expect("just read");
-        let plan = plan_off_the_runtime(view);
+        let plan = plan(view.snapshot(), view.files());
         let writes: Vec<EngineWrite> = plan.decisions.iter().map(write_of).collect();
         if let Err(err) = self.leadership.write(&writes).await {
             // Some of the writes may have landed: only a fresh read knows.
@@ -150,16 +150,6 @@ impl<K: Kv> Leading<K> {
         );
         plan.decisions.iter().for_each(log_decision);
         Ok(())
-    }
-}
-
-/// Plans without holding up the other tasks of a multi-threaded runtime (the agent, the
-/// presence keep-alive) while a big plan runs.
-fn plan_off_the_runtime<K: Kv>(view: &LiveView<K>) -> Plan {
-    let run = || plan(view.snapshot(), view.files());
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(run),
-        _ => run(),
     }
 }
 
