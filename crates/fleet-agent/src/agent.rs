@@ -24,6 +24,10 @@ use crate::ledger::Ledger;
 use crate::manager::{Change, UnitManager};
 use crate::plan::{self, DesiredUnit, Target, TaskKind, UnitFileState};
 
+/// Unit files read from etcd at once. One request per file, sequential, made an agent given
+/// 1,000 units wait for 1,000 round trips before it could plan (docs/benchmarks.md, item 3).
+const FILE_FETCHES: usize = 32;
+
 /// How the agent behaves.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -286,11 +290,18 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 .retain(|name, _| old.get(name) == desired.get(name));
         }
         self.files.retain(|h, _| wanted.contains(h));
-        for hash in wanted {
-            if self.files.contains_key(&hash) {
-                continue;
-            }
-            match self.registry.file(&hash).await? {
+        let missing: Vec<UnitHash> = wanted
+            .into_iter()
+            .filter(|h| !self.files.contains_key(h))
+            .collect();
+        let registry = &self.registry;
+        let mut fetched = futures::stream::iter(missing)
+            .map(|hash| async move { (hash, registry.file(&hash).await) })
+            .buffer_unordered(FILE_FETCHES);
+        // The first error fails the read at once (dropping the reads in flight), as when they
+        // were sequential; the files read until then are kept, so a retry needs fewer.
+        while let Some((hash, file)) = fetched.next().await {
+            match file? {
                 Some(file) => {
                     self.files.insert(hash, file);
                 }

@@ -1,21 +1,22 @@
 //! The units directory (`/run/fleet/units` by default): one file per unit fleet loaded here,
 //! named after the unit, holding the unit's canonical text.
 //!
-//! Owns listing (with hashes and link status), atomic writes and removal. Must not talk to
-//! systemd, and must never touch a file whose name is not a unit name: those are someone
-//! else's, so they are skipped with one warning each. Calls block; async callers go through
-//! `spawn_blocking`.
+//! Owns listing (with hashes and link status, the hashes cached by file identity), atomic
+//! writes and removal. Must not talk to systemd, and must never touch a file whose name is not
+//! a unit name: those are someone else's, so they are skipped with one warning each. Calls
+//! block; async callers go through `spawn_blocking`.
 
 use crate::manager::{InstalledUnit, ManagerError, UnitFileError};
-use fleet_core::{UnitFile, UnitName};
-use std::collections::BTreeSet;
+use fleet_core::{UnitFile, UnitHash, UnitName};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 use tracing::{debug, warn};
 
 /// Where fleet keeps its unit files.
@@ -26,6 +27,48 @@ pub const DEFAULT_RUNTIME_UNIT_DIR: &str = "/run/systemd/system";
 
 /// Temporary files of interrupted writes start with this; never a valid unit name (no suffix).
 const TEMP_PREFIX: &str = ".fleet-tmp-";
+
+/// A file's hash is reused only if its status had not changed for this long when it was read.
+/// File times advance in clock ticks (milliseconds on some kernels), so a file rewritten in
+/// place twice within one tick keeps its times and size; one that had been quiet for a second
+/// before we read it cannot change again without a later ctime (which no one can set back).
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// What identifies one version of a file without reading it: every write changes the ctime
+/// (even one that sets the mtime back), and the agent's own writes also bring a new inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &fs::Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// Whether the file's last change came at least `settle` before `now`.
+    fn settled(&self, now: SystemTime, settle: Duration) -> bool {
+        let Ok(now) = now.duration_since(SystemTime::UNIX_EPOCH) else {
+            return false;
+        };
+        let last = self.mtime.max(self.ctime);
+        let Ok(secs) = u64::try_from(last.0) else {
+            return false;
+        };
+        let last = Duration::new(secs, u32::try_from(last.1).unwrap_or(0));
+        last + settle <= now
+    }
+}
 
 /// Whether [`UnitsDir::write`] changed the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +94,12 @@ pub struct UnitsDir {
     /// Names of foreign files already warned about, so each is logged once, not every pass.
     warned: Mutex<BTreeSet<OsString>>,
     temp_seq: AtomicU64,
+    /// The hash of each settled file as of its stamp. Re-reading and re-hashing 1,000 files
+    /// cost 24 ms of every pass a systemd signal woke (docs/benchmarks.md, item 7).
+    hashes: Mutex<BTreeMap<UnitName, (Stamp, UnitHash)>>,
+    settle: Duration,
+    /// Files read and hashed, for tests.
+    reads: AtomicU64,
 }
 
 impl UnitsDir {
@@ -70,6 +119,9 @@ impl UnitsDir {
             runtime_dir,
             warned: Mutex::default(),
             temp_seq: AtomicU64::new(0),
+            hashes: Mutex::default(),
+            settle: SETTLE,
+            reads: AtomicU64::new(0),
         };
         dir.remove_stale_temp_files()?;
         Ok(dir)
@@ -91,10 +143,15 @@ impl UnitsDir {
             path: self.path.clone(),
             source,
         };
+        // Before any file is looked at: a file changed during the listing is not settled.
+        let now = SystemTime::now();
         let entries = match fs::read_dir(&self.path) {
             Ok(entries) => entries,
             // Someone removed it: nothing is installed.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.lock_hashes().clear();
+                return Ok(Vec::new());
+            }
             Err(e) => return Err(list_err(e)),
         };
         let mut units = Vec::new();
@@ -109,7 +166,7 @@ impl UnitsDir {
                 self.warn_once(&file_name, Ignored::NotAFile);
                 continue;
             }
-            let content = read_hash(&entry.path());
+            let content = self.hash(&name, &entry.path(), now);
             let linked = self.is_linked(&name);
             units.push(InstalledUnit {
                 name,
@@ -118,7 +175,43 @@ impl UnitsDir {
             });
         }
         units.sort_by(|a, b| a.name.cmp(&b.name));
+        let listed: BTreeSet<&UnitName> = units.iter().map(|u| &u.name).collect();
+        self.lock_hashes().retain(|name, _| listed.contains(name));
         Ok(units)
+    }
+
+    /// The hash of `name`'s file at `path`: the cached one while its stamp is unchanged, else
+    /// read (and cached once settled).
+    fn hash(
+        &self,
+        name: &UnitName,
+        path: &Path,
+        now: SystemTime,
+    ) -> Result<UnitHash, UnitFileError> {
+        let stamp = fs::symlink_metadata(path).ok().map(|m| Stamp::of(&m));
+        if let Some(stamp) = stamp
+            && let Some((cached, hash)) = self.lock_hashes().get(name)
+            && *cached == stamp
+        {
+            return Ok(*hash);
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        // Read after the stamp: a change in between makes the stamp stale, never the hash.
+        let content = read_hash(path);
+        let mut hashes = self.lock_hashes();
+        match (&content, stamp) {
+            (Ok(hash), Some(stamp)) if stamp.settled(now, self.settle) => {
+                hashes.insert(name.clone(), (stamp, *hash));
+            }
+            _ => {
+                hashes.remove(name);
+            }
+        }
+        content
+    }
+
+    fn lock_hashes(&self) -> std::sync::MutexGuard<'_, BTreeMap<UnitName, (Stamp, UnitHash)>> {
+        self.hashes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Writes the unit's canonical text, mode 0644, atomically (temporary file + rename).
@@ -401,6 +494,120 @@ mod tests {
         let dir = scratch.open();
         fs::remove_dir(dir.path()).unwrap();
         assert!(dir.list().unwrap().is_empty());
+    }
+
+    /// A directory whose files count as settled 50 ms after their last change.
+    fn quick_settling(scratch: &Scratch) -> UnitsDir {
+        let mut dir = scratch.open();
+        dir.settle = Duration::from_millis(50);
+        dir
+    }
+
+    fn settle() {
+        std::thread::sleep(Duration::from_millis(80));
+    }
+
+    fn reads(dir: &UnitsDir) -> u64 {
+        dir.reads.load(Ordering::Relaxed)
+    }
+
+    fn listed_hash(dir: &UnitsDir) -> UnitHash {
+        *dir.list().unwrap()[0].content.as_ref().unwrap()
+    }
+
+    #[test]
+    fn reuses_the_hash_of_a_settled_unchanged_file_without_reading_it() {
+        let scratch = Scratch::new("cache-hit");
+        let dir = quick_settling(&scratch);
+        let file = unit("[Service]\nExecStart=/bin/true\n");
+        dir.write(&name("a.service"), &file).unwrap();
+        settle();
+        assert_eq!(listed_hash(&dir), file.hash());
+        assert_eq!(reads(&dir), 1);
+        assert_eq!(listed_hash(&dir), file.hash());
+        assert_eq!(listed_hash(&dir), file.hash());
+        assert_eq!(reads(&dir), 1, "read once");
+    }
+
+    #[test]
+    fn reads_a_file_again_until_it_has_settled() {
+        let scratch = Scratch::new("cache-fresh");
+        let dir = scratch.open();
+        dir.write(
+            &name("a.service"),
+            &unit("[Service]\nExecStart=/bin/true\n"),
+        )
+        .unwrap();
+        dir.list().unwrap();
+        dir.list().unwrap();
+        assert_eq!(
+            reads(&dir),
+            2,
+            "changed less than a second ago: not trusted"
+        );
+    }
+
+    #[test]
+    fn sees_a_file_rewritten_in_place_with_the_same_size() {
+        let scratch = Scratch::new("cache-in-place");
+        let dir = quick_settling(&scratch);
+        let path = dir.file_path(&name("a.service"));
+        fs::write(&path, "[Service]\nExecStart=/bin/aaa\n").unwrap();
+        settle();
+        listed_hash(&dir);
+        let inode = fs::metadata(&path).unwrap().ino();
+        // An operator's edit: same inode, same size, new content.
+        fs::write(&path, "[Service]\nExecStart=/bin/bbb\n").unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().ino(), inode);
+        assert_eq!(
+            listed_hash(&dir),
+            unit("[Service]\nExecStart=/bin/bbb\n").hash()
+        );
+    }
+
+    #[test]
+    fn sees_a_file_whose_mtime_was_set_back() {
+        let scratch = Scratch::new("cache-mtime");
+        let dir = quick_settling(&scratch);
+        let path = dir.file_path(&name("a.service"));
+        fs::write(&path, "[Service]\nExecStart=/bin/aaa\n").unwrap();
+        settle();
+        let mtime = fs::metadata(&path).unwrap().modified().unwrap();
+        listed_hash(&dir);
+        fs::write(&path, "[Service]\nExecStart=/bin/bbb\n").unwrap();
+        fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        assert_eq!(
+            listed_hash(&dir),
+            unit("[Service]\nExecStart=/bin/bbb\n").hash()
+        );
+    }
+
+    #[test]
+    fn sees_its_own_rewrite_and_forgets_removed_files() {
+        let scratch = Scratch::new("cache-rewrite");
+        let dir = quick_settling(&scratch);
+        let a = name("a.service");
+        dir.write(&a, &unit("[Service]\nExecStart=/bin/aaa\n"))
+            .unwrap();
+        settle();
+        listed_hash(&dir);
+        let new = unit("[Service]\nExecStart=/bin/bbb\n");
+        dir.write(&a, &new).unwrap();
+        assert_eq!(listed_hash(&dir), new.hash());
+        settle();
+        listed_hash(&dir);
+        assert_eq!(dir.lock_hashes().len(), 1);
+        dir.remove(&a).unwrap();
+        assert!(dir.list().unwrap().is_empty());
+        assert!(
+            dir.lock_hashes().is_empty(),
+            "nothing kept for a removed file"
+        );
     }
 
     fn current_umask() -> u32 {

@@ -4,7 +4,9 @@
 use fleet_agent::fake::{Call, Op};
 use fleet_agent::{Agent, AgentConfig, FakeManager};
 use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
-use fleet_registry::kv::MemKv;
+use fleet_registry::kv::{
+    Kv, KvError, LeaseId, MemKv, RangeResult, Revision, Txn, TxnResult, Watch,
+};
 use fleet_registry::{Presence, Registry, ScheduleEntry};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -105,8 +107,17 @@ impl World {
     }
 
     fn start_agent_with(&self, cfg: AgentConfig) -> tokio::task::JoinHandle<()> {
+        self.start_agent_on(self.registry.clone(), cfg)
+    }
+
+    /// Starts an agent reading the registry through `registry` (the same store, wrapped).
+    fn start_agent_on<K: Kv>(
+        &self,
+        registry: Registry<K>,
+        cfg: AgentConfig,
+    ) -> tokio::task::JoinHandle<()> {
         let (_tx, presence) = watch::channel(Some(self.presence));
-        let agent = Agent::new(self.registry.clone(), self.fake.clone(), cfg, presence);
+        let agent = Agent::new(registry, self.fake.clone(), cfg, presence);
         let shutdown = self.shutdown.subscribe();
         // Keep the presence sender alive for the agent's lifetime.
         tokio::spawn(async move {
@@ -504,5 +515,97 @@ async fn states_that_could_not_be_published_go_out_once_etcd_is_back() {
         back.elapsed() < Duration::from_secs(10),
         "{:?}",
         back.elapsed()
+    );
+}
+
+/// The in-memory store, with reads of unit files taking `latency` each; it counts the most
+/// file reads ever in flight at once.
+#[derive(Debug, Clone)]
+struct SlowFilesKv {
+    inner: MemKv,
+    latency: Duration,
+    in_flight: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
+}
+
+impl SlowFilesKv {
+    fn most_in_flight(&self) -> usize {
+        self.in_flight.lock().unwrap().1
+    }
+}
+
+impl Kv for SlowFilesKv {
+    async fn range(
+        &self,
+        key: &str,
+        prefix: bool,
+        revision: Option<Revision>,
+    ) -> Result<RangeResult, KvError> {
+        if !key.starts_with("/t/file/") {
+            return self.inner.range(key, prefix, revision).await;
+        }
+        {
+            let mut n = self.in_flight.lock().unwrap();
+            n.0 += 1;
+            n.1 = n.1.max(n.0);
+        }
+        tokio::time::sleep(self.latency).await;
+        self.in_flight.lock().unwrap().0 -= 1;
+        self.inner.range(key, prefix, revision).await
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
+        self.inner.txn(txn).await
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
+        self.inner.grant(ttl).await
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<(), KvError> {
+        self.inner.keep_alive(lease).await
+    }
+
+    async fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {
+        self.inner.revoke(lease).await
+    }
+
+    async fn watch(
+        &self,
+        key: &str,
+        prefix: bool,
+        from_revision: Revision,
+    ) -> Result<Watch, KvError> {
+        self.inner.watch(key, prefix, from_revision).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn reads_the_files_of_many_new_units_a_bounded_number_at_a_time() {
+    let w = World::new().await;
+    for i in 0..100 {
+        let f = file(&format!("/bin/sleep {i}"));
+        w.schedule(&format!("u{i}.service"), &f, DesiredState::Launched)
+            .await;
+    }
+    let kv = SlowFilesKv {
+        inner: w.kv.clone(),
+        latency: Duration::from_millis(50),
+        in_flight: Default::default(),
+    };
+    let started = tokio::time::Instant::now();
+    let _agent = w.start_agent_on(
+        Registry::new(kv.clone(), "/t/"),
+        AgentConfig::new(w.machine.clone()),
+    );
+    w.until("every unit started", || {
+        (0..100).all(|i| w.fake.state(&name(&format!("u{i}.service"))).active == "active")
+    })
+    .await;
+    assert_eq!(kv.most_in_flight(), 32);
+    // 100 sequential reads would take 5 s; 4 rounds of at most 32 take 200 ms.
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
     );
 }

@@ -9,6 +9,7 @@
 use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tracing::debug;
 
@@ -17,6 +18,7 @@ use crate::keys::Keys;
 use crate::kv::{
     CmpOp, CmpTarget, Compare, KeyValue, Kv, LeaseId, Revision, Txn, TxnOp, TxnOpResponse,
 };
+use crate::leader::MAX_TXN_OPS;
 use crate::records::{ReplaceState, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 
 /// The registry: one etcd (or fake) and one key prefix.
@@ -124,6 +126,45 @@ impl<K: Kv> Registry<K> {
             .await
             .map_err(RegistryError::kv("reading unit"))?;
         res.kvs.first().map(decode_unit).transpose()
+    }
+
+    /// The units of `names` that exist: one transaction of `Get`s per [`MAX_TXN_OPS`] names
+    /// instead of one request per name, and unlike [`Registry::units`] it reads only those
+    /// records, however many other units the registry holds. A corrupt record fails the call
+    /// only if it is one of `names`.
+    pub async fn units_named(
+        &self,
+        names: &BTreeSet<UnitName>,
+    ) -> Result<BTreeMap<UnitName, Unit>> {
+        let names: Vec<&UnitName> = names.iter().collect();
+        let mut units = BTreeMap::new();
+        for chunk in names.chunks(MAX_TXN_OPS) {
+            let txn = Txn {
+                compares: vec![],
+                success: chunk
+                    .iter()
+                    .map(|name| TxnOp::Get {
+                        key: self.keys.unit(name),
+                        prefix: false,
+                    })
+                    .collect(),
+                failure: vec![],
+            };
+            // The same operation name as `unit`: a caller's error reads the same either way.
+            let res = self
+                .kv
+                .txn(txn)
+                .await
+                .map_err(RegistryError::kv("reading unit"))?;
+            for (name, response) in chunk.iter().zip(&res.responses) {
+                if let TxnOpResponse::Get(kvs) = response
+                    && let Some(kv) = kvs.first()
+                {
+                    units.insert((*name).clone(), decode_unit(kv)?);
+                }
+            }
+        }
+        Ok(units)
     }
 
     /// Every unit, sorted by name, at one revision.

@@ -197,6 +197,40 @@ async fn concurrent_replaces_have_exactly_one_winner<K: Kv>(reg: Registry<K>) {
     );
 }
 
+async fn reads_many_named_units_in_transactions_of_at_most_128_gets<K: Kv>(reg: Registry<K>) {
+    let f = file("/bin/true");
+    // More than two transactions' worth (etcd refuses a txn of more than 128 ops by
+    // default, so the etcd run checks the chunking), half of them registered.
+    let names: std::collections::BTreeSet<UnitName> = (0..300)
+        .map(|i| name(&format!("u{i:03}.service")))
+        .collect();
+    for n in names.iter().step_by(2) {
+        reg.create_unit(n, &f, DesiredState::Loaded).await.unwrap();
+    }
+    reg.create_unit(&name("other.service"), &f, DesiredState::Loaded)
+        .await
+        .unwrap();
+
+    let units = reg.units_named(&names).await.unwrap();
+
+    assert_eq!(units.len(), 150);
+    for (i, n) in names.iter().enumerate() {
+        let expected = reg.unit(n).await.unwrap();
+        assert_eq!(units.get(n), expected.as_ref(), "{n}");
+        assert_eq!(expected.is_some(), i % 2 == 0, "{n}");
+    }
+    assert!(
+        !units.contains_key(&name("other.service")),
+        "only the named ones"
+    );
+    assert!(
+        reg.units_named(&Default::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 async fn snapshot_reads_everything_at_one_revision<K: Kv>(reg: Registry<K>) {
     let n = name("a.service");
     let f = file("/bin/true");
@@ -498,6 +532,7 @@ contract!(
     shared_file_survives_until_its_last_unit_goes,
     stale_replace_is_a_conflict_and_writes_nothing,
     concurrent_replaces_have_exactly_one_winner,
+    reads_many_named_units_in_transactions_of_at_most_128_gets,
     snapshot_reads_everything_at_one_revision,
     second_machine_with_same_id_is_refused,
     states_vanish_with_the_machine_lease,

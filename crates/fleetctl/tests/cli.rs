@@ -184,6 +184,62 @@ async fn instances_take_their_content_from_the_template() {
 }
 
 #[tokio::test]
+async fn many_arguments_resolve_as_they_did_one_at_a_time() {
+    let env = Env::new("many").await;
+    env.write("a.service", HELLO);
+    env.write("b.service", "[Service]\nExecStart=/bin/sleep 2\n");
+    env.write("tpl@.service", "[Service]\nExecStart=/bin/sleep %i\n");
+    ok(&env.fleetctl(&["submit", "a.service", "tpl@.service"]));
+    // From now on the instances can take their content only from the registry's template.
+    std::fs::remove_file(env.dir.join("tpl@.service")).unwrap();
+    env.write("a.service", "[Service]\nExecStart=/bin/sleep 1\n");
+
+    let o = env.fleetctl(&[
+        "submit",
+        "a.service",
+        "b.service",
+        "tpl@1.service",
+        "tpl@2.service",
+        "a.service",
+    ]);
+    ok(&o);
+    assert_eq!(
+        stdout(&o),
+        "Unit b.service inactive\nUnit tpl@1.service inactive\nUnit tpl@2.service inactive\n"
+    );
+    let warning = "WARNING: Unit a.service in registry differs from local unit file a.service. Add --replace to override.\n";
+    assert_eq!(stderr(&o), warning.repeat(2));
+    assert_eq!(
+        stdout(&env.fleetctl(&["cat", "tpl@2"])),
+        "[Service]\nExecStart=/bin/sleep %i\n"
+    );
+
+    let o = env.fleetctl(&[
+        "submit",
+        "--replace",
+        "a.service",
+        "b.service",
+        "tpl@1.service",
+    ]);
+    ok(&o);
+    assert_eq!(
+        stdout(&o),
+        "Found same Unit(b.service) in Registry, nothing to do\n\
+         Found same Unit(tpl@1.service) in Registry, nothing to do\n\
+         Unit a.service inactive\n"
+    );
+
+    let before = env.dump().await;
+    env.write("d.service", HELLO);
+    let o = env.fleetctl(&["submit", "d.service", "a.service", "nonexistent.service"]);
+    fails_with(
+        &o,
+        "unable to find Unit(nonexistent.service) in Registry or on filesystem",
+    );
+    assert_eq!(env.dump().await, before, "nothing written");
+}
+
+#[tokio::test]
 async fn list_unit_files_is_sorted() {
     let env = Env::new("sorted").await;
     env.write("u@.service", "[Service]\nExecStart=/bin/true\n");

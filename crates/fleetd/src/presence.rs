@@ -1,6 +1,7 @@
-//! This machine's presence in the registry: registered on a lease, kept alive at TTL/3, and
-//! registered again (a new lease, all states republished) if the lease ever expires, e.g.
-//! after etcd was unreachable for longer than the TTL.
+//! This machine's presence in the registry: registered on a lease, kept alive at TTL/3 (every
+//! [`RETRY`] after a failure, while the lease may still be alive), and registered again (a new
+//! lease, all states republished) if the lease ever expires, e.g. after etcd was unreachable
+//! for longer than the TTL.
 //!
 //! The lease ID is kept in the runtime directory, so a restarted fleetd (even after kill -9)
 //! takes over its own live lease: the machine never disappears from the cluster and its units'
@@ -14,7 +15,28 @@ use fleet_registry::{Presence, Registry, RegistryError};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{info, warn};
+
+/// The pause before retrying a failed keep-alive. Waiting the regular TTL/3 instead cost a
+/// machine its lease: with a 3 s TTL, one renewal that etcd 3.4 held for 1 s under a write
+/// burst left no time for another, and the engine unscheduled all 1,000 units of the machine
+/// (docs/benchmarks.md, item 6).
+const RETRY: Duration = Duration::from_millis(250);
+
+/// How long to wait before the next keep-alive, `since_renewal` after the start of the last
+/// one that succeeded (or of the registration). After a success: TTL/3. After a failure:
+/// [`RETRY`] while the lease may still be alive, then TTL/3 again, since the lease is gone
+/// unless etcd itself is down (it renews every lease when it recovers, or answers
+/// `LeaseNotFound` and we register again), and hammering it would not help.
+fn next_keep_alive(ttl: Duration, last_failed: bool, since_renewal: Duration) -> Duration {
+    let period = ttl / 3;
+    if last_failed && since_renewal < ttl {
+        RETRY.min(period)
+    } else {
+        period
+    }
+}
 
 #[derive(Debug)]
 pub struct PresenceKeeper<K> {
@@ -72,24 +94,242 @@ impl<K: Kv> PresenceKeeper<K> {
         tx: watch::Sender<Option<Presence>>,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<()> {
-        let period = self.ttl / 3;
+        // The start of the last successful keep-alive: etcd renewed the lease no earlier.
+        let mut renewed = Instant::now();
+        let mut failures = 0u32;
         loop {
+            let delay = next_keep_alive(self.ttl, failures > 0, renewed.elapsed());
             tokio::select! {
                 _ = shutdown.changed() => return Ok(()),
-                _ = tokio::time::sleep(period) => {}
+                _ = tokio::time::sleep(delay) => {}
             }
+            let sent = Instant::now();
             match self.registry.keep_alive(&presence).await {
-                Ok(()) => {}
+                Ok(()) => {
+                    if failures > 0 {
+                        info!(failures, since_renewal = ?sent - renewed, "machine lease refreshed again");
+                    }
+                    renewed = sent;
+                    failures = 0;
+                }
                 Err(RegistryError::Kv {
                     source: KvError::LeaseNotFound(_),
                     ..
                 }) => {
                     warn!("machine lease expired; registering again");
                     presence = self.register().await?;
+                    renewed = Instant::now();
+                    failures = 0;
                     let _ = tx.send(Some(presence));
                 }
-                Err(e) => warn!(error = %e, "refreshing machine lease failed"),
+                Err(e) => {
+                    failures += 1;
+                    warn!(
+                        error = %e,
+                        failures,
+                        since_renewal = ?renewed.elapsed(),
+                        retry_in = ?next_keep_alive(self.ttl, true, renewed.elapsed()),
+                        "refreshing machine lease failed"
+                    );
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_registry::kv::{MemKv, RangeResult, Revision, Txn, TxnResult, Watch};
+    use std::sync::{Arc, Mutex};
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    /// A [`MemKv`] whose keep-alives fail while the clock is inside `failing` (offsets from
+    /// `start`), each taking `latency` first, as a renewal etcd holds until its client's
+    /// deadline. It records when every keep-alive was sent.
+    #[derive(Debug, Clone)]
+    struct FlakyKv {
+        inner: MemKv,
+        start: Instant,
+        failing: std::ops::Range<Duration>,
+        latency: Duration,
+        sent: Arc<Mutex<Vec<Duration>>>,
+    }
+
+    impl FlakyKv {
+        fn sent(&self) -> Vec<Duration> {
+            self.sent.lock().unwrap().clone()
+        }
+    }
+
+    impl Kv for FlakyKv {
+        async fn range(
+            &self,
+            key: &str,
+            prefix: bool,
+            revision: Option<Revision>,
+        ) -> Result<RangeResult, KvError> {
+            self.inner.range(key, prefix, revision).await
+        }
+
+        async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
+            self.inner.txn(txn).await
+        }
+
+        async fn grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
+            self.inner.grant(ttl).await
+        }
+
+        async fn keep_alive(&self, lease: LeaseId) -> Result<(), KvError> {
+            let at = self.start.elapsed();
+            self.sent.lock().unwrap().push(at);
+            if self.failing.contains(&at) {
+                tokio::time::sleep(self.latency).await;
+                return Err(KvError::Timeout(self.latency, "memory".to_owned()));
+            }
+            self.inner.keep_alive(lease).await
+        }
+
+        async fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {
+            self.inner.revoke(lease).await
+        }
+
+        async fn watch(
+            &self,
+            key: &str,
+            prefix: bool,
+            from_revision: Revision,
+        ) -> Result<Watch, KvError> {
+            self.inner.watch(key, prefix, from_revision).await
+        }
+    }
+
+    fn ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    struct World {
+        kv: FlakyKv,
+        registry: Registry<FlakyKv>,
+        first: Presence,
+        presence: watch::Receiver<Option<Presence>>,
+        lease_file: std::path::PathBuf,
+        _shutdown: watch::Sender<bool>,
+    }
+
+    impl Drop for World {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.lease_file);
+        }
+    }
+
+    /// Registers machine m1 on a [`TTL`] lease at time 0 and keeps it alive in the background.
+    async fn keep_with(failing: std::ops::Range<Duration>, latency: Duration) -> World {
+        let kv = FlakyKv {
+            inner: MemKv::new(),
+            start: Instant::now(),
+            failing,
+            latency,
+            sent: Arc::default(),
+        };
+        let registry = Registry::new(kv.clone(), "/t/");
+        let lease_file = std::env::temp_dir().join(format!(
+            "fleetd-presence-test-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_file(&lease_file);
+        let keeper = PresenceKeeper {
+            registry: registry.clone(),
+            info: MachineInfo {
+                id: "m1".parse().unwrap(),
+                public_ip: String::new(),
+                metadata: Default::default(),
+                version: "test".into(),
+                disable_engine: true,
+            },
+            ttl: TTL,
+            lease_file: lease_file.clone(),
+        };
+        let first = keeper.register().await.unwrap();
+        let (tx, presence) = watch::channel(Some(first));
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        tokio::spawn(keeper.keep(first, tx, shutdown_rx));
+        World {
+            kv,
+            registry,
+            first,
+            presence,
+            lease_file,
+            _shutdown: shutdown,
+        }
+    }
+
+    impl World {
+        /// The lease m1's record hangs on, if it is registered.
+        async fn machine_lease(&self) -> Option<i64> {
+            let key = self.registry.keys().machine(&"m1".parse().unwrap());
+            let res = self.kv.range(&key, false, None).await.unwrap();
+            res.kvs.first().map(|kv| kv.lease)
+        }
+    }
+
+    #[test]
+    fn waits_a_third_of_the_ttl_after_a_success_and_retries_quickly_after_a_failure() {
+        assert_eq!(next_keep_alive(TTL, false, ms(100)), ms(1000));
+        assert_eq!(next_keep_alive(TTL, true, ms(2000)), RETRY);
+        // Past the TTL the lease is gone unless etcd is down: back to the regular pace.
+        assert_eq!(next_keep_alive(TTL, true, ms(3000)), ms(1000));
+        // A TTL so short that TTL/3 is below the retry pause keeps TTL/3.
+        assert_eq!(next_keep_alive(ms(600), true, ms(100)), ms(200));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_a_slow_failed_keep_alive_after_a_quarter_second() {
+        // The keep-alive sent at 1 s is held 1 s and times out, as etcd 3.4 under a burst.
+        let w = keep_with(ms(500)..ms(1500), ms(1000)).await;
+        tokio::time::sleep(ms(3500)).await;
+
+        assert_eq!(w.kv.sent(), [ms(1000), ms(2250), ms(3250)]);
+        assert_eq!(w.machine_lease().await, Some(w.first.lease.0));
+        assert_eq!(*w.presence.borrow(), Some(w.first));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keeps_the_lease_through_failures_that_last_most_of_the_ttl() {
+        // Every keep-alive sent in [0.5 s, 2.5 s) fails after 100 ms. Waiting TTL/3 after
+        // each failure would send the next one at 3.2 s, after the lease expired at 3 s.
+        let w = keep_with(ms(500)..ms(2500), ms(100)).await;
+        tokio::time::sleep(ms(6000)).await;
+
+        let sent = w.kv.sent();
+        assert_eq!(
+            sent[..7],
+            [1000, 1350, 1700, 2050, 2400, 2750, 3750].map(ms)
+        );
+        assert_eq!(w.machine_lease().await, Some(w.first.lease.0));
+        assert_eq!(*w.presence.borrow(), Some(w.first));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn registers_again_once_the_lease_is_lost() {
+        let w = keep_with(ms(500)..ms(5000), ms(100)).await;
+        tokio::time::sleep(ms(8000)).await;
+
+        // Quick retries only while the lease could still be alive (until 3 s after the renewal
+        // at 0 s), the regular pace after that; at 5.3 s etcd answers again, the lease is
+        // gone, and registering tries the saved lease once more before granting a new one.
+        assert_eq!(
+            w.kv.sent(),
+            [
+                1000, 1350, 1700, 2050, 2400, 2750, 3100, 4200, 5300, 5300, 6300, 7300
+            ]
+            .map(ms)
+        );
+        let now = *w.presence.borrow();
+        let now = now.expect("a presence");
+        assert_ne!(now.lease, w.first.lease);
+        assert_eq!(w.machine_lease().await, Some(now.lease.0));
     }
 }
