@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 use crate::error::{RegistryError, Result};
 use crate::kv::{Event, EventKind, KeyValue, Kv, Revision, Watch, WatchMessage};
 use crate::leader::EngineWrite;
+use crate::per_machine::PerMachine;
 use crate::records::{ScheduleEntry, UnitStateRecord};
 use crate::registry::{Registry, decode, decode_unit};
 use crate::snapshot::Snapshot;
@@ -288,7 +289,7 @@ where
 }
 
 fn remove_inner<V>(
-    map: &mut BTreeMap<UnitName, BTreeMap<MachineId, V>>,
+    map: &mut BTreeMap<UnitName, PerMachine<V>>,
     unit: &UnitName,
     machine: &MachineId,
 ) {

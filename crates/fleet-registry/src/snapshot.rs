@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::error::{RegistryError, Result};
 use crate::kv::{Kv, Revision};
+use crate::per_machine::PerMachine;
 use crate::records::{ScheduleEntry, Unit, UnitStateRecord};
 use crate::registry::{Registry, decode, decode_unit};
 
@@ -15,9 +16,9 @@ pub struct Snapshot {
     pub units: BTreeMap<UnitName, Unit>,
     pub machines: BTreeMap<MachineId, MachineInfo>,
     /// unit -> machine -> entry.
-    pub schedule: BTreeMap<UnitName, BTreeMap<MachineId, ScheduleEntry>>,
+    pub schedule: BTreeMap<UnitName, PerMachine<ScheduleEntry>>,
     /// unit -> machine -> published state.
-    pub states: BTreeMap<UnitName, BTreeMap<MachineId, UnitStateRecord>>,
+    pub states: BTreeMap<UnitName, PerMachine<UnitStateRecord>>,
     /// unit -> why the engine could not place it.
     pub unscheduled: BTreeMap<UnitName, String>,
 }

@@ -8,7 +8,7 @@ use fleet_core::{
     DesiredState, MachineId, MachineInfo, RequirementError, Requirements, UnitFile, UnitHash,
     UnitName, units_conflict,
 };
-use fleet_registry::{Snapshot, UnitStateRecord};
+use fleet_registry::{PerMachine, Snapshot, UnitStateRecord};
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::decision::{Reason, Violation};
@@ -39,7 +39,7 @@ pub(super) type Slot = (UnitName, MachineId);
 pub(super) struct Cluster<'s> {
     pub machines: &'s BTreeMap<MachineId, MachineInfo>,
     /// What agents publish: only read to hold a unit back while a copy of it still runs.
-    states: &'s BTreeMap<UnitName, BTreeMap<MachineId, UnitStateRecord>>,
+    states: &'s BTreeMap<UnitName, PerMachine<UnitStateRecord>>,
     /// Units the plan places: wanted, with a known file.
     pub specs: BTreeMap<UnitName, Spec>,
     /// Wanted units whose file is unknown: left exactly as they are.

@@ -5,7 +5,7 @@
 use anyhow::{Result, bail};
 use fleet_core::{DesiredState, UnitName};
 use fleet_registry::kv::EtcdKv;
-use fleet_registry::{Registry, Snapshot, WatchHints};
+use fleet_registry::{PerMachine, Registry, Snapshot, WatchHints};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -86,7 +86,7 @@ fn judge(snap: &Snapshot, name: &UnitName, goal: Goal, full: bool) -> Verdict {
     }
     if goal == Goal::Inactive {
         let gone =
-            scheduled.is_none_or(BTreeMap::is_empty) && states.is_none_or(BTreeMap::is_empty);
+            scheduled.is_none_or(PerMachine::is_empty) && states.is_none_or(PerMachine::is_empty);
         return if gone {
             Verdict::Reached(format!("Unit {name} inactive"))
         } else {

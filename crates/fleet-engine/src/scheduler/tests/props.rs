@@ -361,7 +361,11 @@ fn check_safety(v: &View<'_>) -> Result<(), TestCaseError> {
     for (u, ms) in &v.w.snap.schedule {
         let unit = v.w.snap.units.get(u);
         prop_assert!(v.wanted().any(|w| w == u), "{u} is not wanted");
-        prop_assert!(v.reqs[u].global || ms.len() == 1, "{u} on {:?}", ms.keys());
+        prop_assert!(
+            v.reqs[u].global || ms.len() == 1,
+            "{u} on {:?}",
+            ms.keys().collect::<Vec<_>>()
+        );
         for (m, entry) in ms {
             prop_assert!(v.w.snap.machines.contains_key(m), "{u} on dead {m}");
             prop_assert!(!v.own_rules_fail(u, m), "{u} breaks its rules on {m}");
