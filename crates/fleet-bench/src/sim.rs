@@ -5,7 +5,7 @@
 //!
 //! What fleetd itself does around the agent (presence on a lease, kept alive at TTL/3) is
 //! done here by one keeper task for all machines; what `fleetctl start --no-block` does (read
-//! each unit, then create them 32 at a time) is done by [`Sim::submit`].
+//! the units in batches, then create them 32 at a time) is done by [`Sim::submit`].
 
 use anyhow::{Context, Result, bail};
 use fleet_agent::{Agent, AgentConfig, FakeManager};
@@ -251,12 +251,12 @@ impl Sim {
         Ok(())
     }
 
-    /// What `fleetctl start --no-block` does for these units: read each (one after the
-    /// other, as fleetctl resolves its arguments), then create them 32 at a time.
+    /// What `fleetctl start --no-block` does for these units: read them all (in transactions
+    /// of 128 reads, as fleetctl resolves many arguments), then create them 32 at a time.
     pub async fn submit(&self, units: &[(UnitName, UnitFile)]) -> Result<()> {
-        for (name, _) in units {
-            self.client.unit(name).await?;
-        }
+        let names: std::collections::BTreeSet<UnitName> =
+            units.iter().map(|(name, _)| name.clone()).collect();
+        self.client.units_named(&names).await?;
         let client = &self.client;
         let results: Vec<_> = futures::stream::iter(units)
             .map(|(name, file)| client.create_unit(name, file, DesiredState::Launched))
