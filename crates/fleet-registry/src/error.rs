@@ -6,13 +6,11 @@ use crate::kv::KvError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    /// etcd failed or could not be reached; `op` names what the registry was doing.
-    #[error("{op}: {source}")]
-    Kv {
-        op: &'static str,
-        #[source]
-        source: KvError,
-    },
+    /// etcd failed or could not be reached; `op` names what the registry was doing. The
+    /// etcd error is part of the message and deliberately not a `source()`: error chains
+    /// (anyhow's `{:#}` in fleetctl and fleetd) would print it twice.
+    #[error("{op}: {cause}")]
+    Kv { op: &'static str, cause: KvError },
     /// Another client changed the unit between our read and our write.
     #[error("unit {0} was changed concurrently by another client; nothing was written, try again")]
     Conflict(UnitName),
@@ -39,13 +37,13 @@ pub enum RegistryError {
 
 impl RegistryError {
     pub(crate) fn kv(op: &'static str) -> impl FnOnce(KvError) -> RegistryError {
-        move |source| RegistryError::Kv { op, source }
+        move |cause| RegistryError::Kv { op, cause }
     }
 
     /// Whether the failure is about reaching etcd (worth retrying later).
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Kv { source, .. } => source.is_transient(),
+            Self::Kv { cause, .. } => cause.is_transient(),
             Self::ViewLost(_) => true,
             Self::Conflict(_)
             | Self::UnitNotFound(_)

@@ -592,7 +592,7 @@ impl<K: Kv> Registry<K> {
         }))
     }
 
-    /// Refreshes a presence lease; `Kv { source: LeaseNotFound }` once it has expired.
+    /// Refreshes a presence lease; `Kv { cause: LeaseNotFound }` once it has expired.
     pub async fn keep_alive(&self, presence: &Presence) -> Result<()> {
         self.kv
             .keep_alive(presence.lease)

@@ -113,7 +113,7 @@ impl<K: Kv> PresenceKeeper<K> {
                     failures = 0;
                 }
                 Err(RegistryError::Kv {
-                    source: KvError::LeaseNotFound(_),
+                    cause: KvError::LeaseNotFound(_),
                     ..
                 }) => {
                     warn!("machine lease expired; registering again");
