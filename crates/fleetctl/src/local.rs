@@ -25,6 +25,13 @@ pub fn local_template_path(arg: &str, template: &UnitName) -> PathBuf {
 
 /// Reads and parses a local unit file, or `None` if there is no such file.
 pub fn read_unit_file(path: &Path) -> Result<Option<UnitFile>> {
+    // Look before opening: opening a FIFO blocks until someone writes to it, and a device
+    // never ends.
+    match std::fs::metadata(path) {
+        Ok(meta) => check_regular(path, &meta)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -33,9 +40,8 @@ pub fn read_unit_file(path: &Path) -> Result<Option<UnitFile>> {
     let meta = file
         .metadata()
         .with_context(|| format!("reading {}", path.display()))?;
-    if meta.is_dir() {
-        bail!("{} is a directory, not a unit file", path.display());
-    }
+    // Again on what was opened, in case the path changed in between.
+    check_regular(path, &meta)?;
     if meta.len() > MAX_UNIT_FILE_BYTES as u64 {
         bail!(
             "{}: unit file too large ({} bytes, max {MAX_UNIT_FILE_BYTES})",
@@ -50,4 +56,17 @@ pub fn read_unit_file(path: &Path) -> Result<Option<UnitFile>> {
     UnitFile::parse(&bytes)
         .map(Some)
         .map_err(|e| anyhow!("{}: {e}", path.display()))
+}
+
+fn check_regular(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    if meta.is_dir() {
+        bail!("{} is a directory, not a unit file", path.display());
+    }
+    if !meta.is_file() {
+        bail!(
+            "{} is not a regular file (a FIFO, socket or device), not a unit file",
+            path.display()
+        );
+    }
+    Ok(())
 }
