@@ -298,14 +298,20 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         let mut fetched = futures::stream::iter(missing)
             .map(|hash| async move { (hash, registry.file(&hash).await) })
             .buffer_unordered(FILE_FETCHES);
-        // The first error fails the read at once (dropping the reads in flight), as when they
-        // were sequential; the files read until then are kept, so a retry needs fewer.
+        // An etcd failure fails the read at once (dropping the reads in flight); the files read
+        // until then are kept, so a retry needs fewer. A missing or unreadable file only holds
+        // back its own units (the planner leaves a unit without a file as it is), as in the
+        // engine: one bad record must not stop every other unit's schedule.
         while let Some((hash, file)) = fetched.next().await {
-            match file? {
-                Some(file) => {
+            match file {
+                Ok(Some(file)) => {
                     self.files.insert(hash, file);
                 }
-                None => warn!(hash = %hash, "scheduled unit file missing from the registry"),
+                Ok(None) => warn!(hash = %hash, "scheduled unit file missing from the registry"),
+                Err(e @ RegistryError::Corrupt { .. }) => {
+                    warn!(hash = %hash, error = %e, "scheduled unit file unreadable; its units are left as they are");
+                }
+                Err(e) => return Err(e),
             }
         }
         self.desired = Some(desired);

@@ -303,6 +303,53 @@ async fn a_failing_unit_does_not_wedge_the_others() {
     w.until_published("bad.service", "active").await;
 }
 
+/// A unit file that cannot be read back from the registry holds back its own unit only: the
+/// agent keeps taking its schedule, so every other unit still runs (the engine does the same).
+#[tokio::test(start_paused = true)]
+async fn an_unreadable_unit_file_holds_back_only_its_own_unit() {
+    let w = World::new().await;
+    let bad = file("/bin/bad");
+    // The file record is overwritten with bytes that do not parse, under the same hash.
+    w.registry
+        .create_unit(&name("bad.service"), &bad, DesiredState::Launched)
+        .await
+        .unwrap();
+    let txn = Txn {
+        compares: vec![],
+        success: vec![fleet_registry::kv::TxnOp::Put {
+            key: w.registry.keys().file(&bad.hash()),
+            value: b"[Service\nExecStart=/bin/bad\n".to_vec(),
+            lease: None,
+        }],
+        failure: vec![],
+    };
+    w.kv.txn(txn).await.unwrap();
+    let entry = ScheduleEntry {
+        name: name("bad.service"),
+        machine: w.machine.clone(),
+        hash: bad.hash(),
+        desired: DesiredState::Launched,
+        restart: 0,
+        no_restart: false,
+        placement: 0,
+    };
+    w.registry
+        .apply_schedule(None, &[entry], &[])
+        .await
+        .unwrap();
+    let _agent = w.start_agent();
+    w.schedule("good.service", &file("/bin/good"), DesiredState::Launched)
+        .await;
+    w.until_published("good.service", "active").await;
+    assert!(
+        !w.fake
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::Install(n, _) if n.as_str() == "bad.service")),
+        "the unit without a readable file is not installed"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn keeps_units_running_while_etcd_is_away() {
     let w = World::new().await;
