@@ -25,8 +25,7 @@ pub fn local_template_path(arg: &str, template: &UnitName) -> PathBuf {
 
 /// Reads and parses a local unit file, or `None` if there is no such file.
 pub fn read_unit_file(path: &Path) -> Result<Option<UnitFile>> {
-    // Look before opening: opening a FIFO blocks until someone writes to it, and a device
-    // never ends.
+    // Look before opening: a device may never end (or block, as a terminal does).
     match std::fs::metadata(path) {
         Ok(meta) => check_regular(path, &meta)?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -59,14 +58,15 @@ pub fn read_unit_file(path: &Path) -> Result<Option<UnitFile>> {
 }
 
 fn check_regular(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
-    if meta.is_dir() {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = meta.file_type();
+    if kind.is_dir() {
         bail!("{} is a directory, not a unit file", path.display());
     }
-    if !meta.is_file() {
-        bail!(
-            "{} is not a regular file (a FIFO, socket or device), not a unit file",
-            path.display()
-        );
+    if kind.is_block_device() || kind.is_char_device() || kind.is_socket() {
+        bail!("{} is a device or socket, not a unit file", path.display());
     }
+    // A FIFO is read like a file (waiting for its writer, as `cat` does): generated unit
+    // files can be handed over that way.
     Ok(())
 }

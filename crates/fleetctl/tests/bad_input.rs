@@ -344,21 +344,16 @@ async fn malformed_and_oversized_unit_files_are_refused() {
     // The same refusals from the commands that submit on the way.
     cases.push((vec!["start", "--no-block", paths[0].as_str()], files[0].2));
     cases.push((vec!["load", "--no-block", paths[4].as_str()], files[4].2));
-    // A directory, a device that never ends, and a FIFO nobody writes to (opening it would
-    // block forever).
+    // A directory, and devices: one that never ends, one that would wait for a keyboard.
     std::fs::create_dir_all(env.dir.join("dir.service")).unwrap();
     cases.push((
         vec!["submit", "dir.service"],
         "is a directory, not a unit file",
     ));
     std::os::unix::fs::symlink("/dev/zero", env.dir.join("zero.service")).unwrap();
-    cases.push((vec!["submit", "zero.service"], "is not a regular file"));
-    let fifo = std::process::Command::new("mkfifo")
-        .arg(env.dir.join("fifo.service"))
-        .status()
-        .unwrap();
-    assert!(fifo.success());
-    cases.push((vec!["submit", "fifo.service"], "is not a regular file"));
+    cases.push((vec!["submit", "zero.service"], "is a device or socket"));
+    std::os::unix::fs::symlink("/dev/tty", env.dir.join("tty.service")).unwrap();
+    cases.push((vec!["submit", "tty.service"], "is a device or socket"));
     env.refuses_all(&cases).await;
 }
 
