@@ -65,24 +65,37 @@ impl Touched {
 pub struct LiveView<K> {
     registry: Registry<K>,
     snapshot: Snapshot,
+    /// Whether unit files are kept (the engine needs them; fleetctl's wait does not).
+    with_files: bool,
     files: BTreeMap<UnitHash, UnitFile>,
     watch: Watch,
 }
 
 impl<K: Kv> LiveView<K> {
-    /// Reads everything at one revision and watches from the next.
+    /// Reads everything, unit files included, at one revision and watches from the next.
     pub async fn start(registry: Registry<K>) -> Result<LiveView<K>> {
+        LiveView::read(registry, true).await
+    }
+
+    /// As [`start`](Self::start), without the unit files: [`files`](Self::files) stays empty.
+    pub async fn start_without_files(registry: Registry<K>) -> Result<LiveView<K>> {
+        LiveView::read(registry, false).await
+    }
+
+    async fn read(registry: Registry<K>, with_files: bool) -> Result<LiveView<K>> {
         let snapshot = registry.snapshot().await?;
-        let base = registry.keys().files();
-        let listed = registry
-            .kv()
-            .range(&base, true, Some(snapshot.revision))
-            .await
-            .map_err(RegistryError::kv("reading unit files"))?;
         let mut files = BTreeMap::new();
-        for kv in &listed.kvs {
-            if let Some((hash, file)) = parse_file(&kv.key[base.len()..], kv) {
-                files.insert(hash, file);
+        if with_files {
+            let base = registry.keys().files();
+            let listed = registry
+                .kv()
+                .range(&base, true, Some(snapshot.revision))
+                .await
+                .map_err(RegistryError::kv("reading unit files"))?;
+            for kv in &listed.kvs {
+                if let Some((hash, file)) = parse_file(&kv.key[base.len()..], kv) {
+                    files.insert(hash, file);
+                }
             }
         }
         let watch = registry
@@ -99,6 +112,7 @@ impl<K: Kv> LiveView<K> {
         Ok(LiveView {
             registry,
             snapshot,
+            with_files,
             files,
             watch,
         })
@@ -110,7 +124,7 @@ impl<K: Kv> LiveView<K> {
         &self.snapshot
     }
 
-    /// Every readable unit file in the registry, by hash.
+    /// Every readable unit file in the registry, by hash (none without files).
     pub fn files(&self) -> &BTreeMap<UnitHash, UnitFile> {
         &self.files
     }
@@ -202,6 +216,7 @@ impl<K: Kv> LiveView<K> {
                 }
                 touched.units = true;
             }
+            "file" if !self.with_files => {}
             "file" => {
                 if put {
                     if let Some((hash, file)) = parse_file(rest, kv) {

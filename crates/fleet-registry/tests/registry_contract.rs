@@ -486,6 +486,21 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
     view.record_writes(&writes);
     assert!(view.snapshot().unscheduled.is_empty());
     converges(&mut view, &reg).await;
+
+    // Without files (fleetctl's wait): the same snapshot, no file kept, new files ignored.
+    let mut bare = LiveView::start_without_files(reg.clone()).await.unwrap();
+    reg.create_unit(&b, &file("/bin/b2"), DesiredState::Loaded)
+        .await
+        .unwrap();
+    let want = reg.snapshot().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while *bare.snapshot() != want {
+            bare.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the view without files caught up");
+    assert!(bare.files().is_empty());
 }
 
 /// Only the fake can cut the stream on demand: an outage ends every watch, and the view

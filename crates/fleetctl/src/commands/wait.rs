@@ -1,11 +1,12 @@
 //! Waiting for units to reach what a command asked, the way fleet's blocking commands do, but
-//! on watch hints instead of polling: every change under the registry prefix wakes the wait,
-//! which re-reads one snapshot and reports each unit as it arrives.
+//! on a watch instead of polling: the wait reads the registry once into a `LiveView`, applies
+//! every change under the prefix to it, and reports each unit as it arrives. (It re-read a
+//! whole snapshot on every change before: 0.42 s for one blocking start at 10,000 units.)
 
 use anyhow::{Result, bail};
 use fleet_core::{DesiredState, UnitName};
 use fleet_registry::kv::EtcdKv;
-use fleet_registry::{PerMachine, Registry, Snapshot, WatchHints};
+use fleet_registry::{LiveView, PerMachine, Registry, Snapshot};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -168,16 +169,12 @@ pub async fn wait_for(
         return Ok(());
     }
     let deadline = block.deadline(Instant::now());
-    let mut snap = registry.snapshot().await?;
-    let mut hints = WatchHints::start(
-        registry.kv().clone(),
-        registry.keys().prefix().to_owned(),
-        snap.revision + 1,
-    );
+    let mut view = LiveView::start_without_files(registry.clone()).await?;
     let mut failures = Vec::new();
     let mut told_unscheduled = BTreeSet::new();
     loop {
-        goals.retain(|name, goal| match judge(&snap, name, *goal, false) {
+        let snap = view.snapshot();
+        goals.retain(|name, goal| match judge(snap, name, *goal, false) {
             Verdict::Pending => true,
             Verdict::Reached(line) => {
                 ctx.say(line);
@@ -205,14 +202,18 @@ pub async fn wait_for(
             }
         };
         tokio::select! {
-            _ = hints.changed() => {}
+            changed = view.changed() => {
+                // A watch that ended (etcd went away for a moment): read everything again.
+                if changed.is_err() {
+                    view = LiveView::start_without_files(registry.clone()).await?;
+                }
+            }
             _ = timeout => {
                 let names: Vec<String> = goals.keys().map(|n| n.to_string()).collect();
                 failures.push(format!("Timed out waiting for units: {}", names.join(", ")));
                 break;
             }
         }
-        snap = registry.snapshot().await?;
     }
     match failures.len() {
         0 => Ok(()),
