@@ -4,9 +4,7 @@
 use fleet_agent::fake::{Call, Op};
 use fleet_agent::{Agent, AgentConfig, FakeManager};
 use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
-use fleet_registry::kv::{
-    Kv, KvError, LeaseId, MemKv, RangeResult, Revision, Txn, TxnResult, Watch,
-};
+use fleet_registry::kv::{Hook, Hooked, Kv, KvError, MemKv, Request, Txn};
 use fleet_registry::{Presence, Registry, ScheduleEntry};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -309,11 +307,9 @@ async fn a_failing_unit_does_not_wedge_the_others() {
 async fn an_unreadable_unit_file_holds_back_only_its_own_unit() {
     let w = World::new().await;
     let bad = file("/bin/bad");
-    // The file record is overwritten with bytes that do not parse, under the same hash.
-    w.registry
-        .create_unit(&name("bad.service"), &bad, DesiredState::Launched)
-        .await
-        .unwrap();
+    w.schedule("bad.service", &bad, DesiredState::Launched)
+        .await;
+    // Its file record is overwritten with bytes that do not parse, under the same hash.
     let txn = Txn {
         compares: vec![],
         success: vec![fleet_registry::kv::TxnOp::Put {
@@ -324,19 +320,6 @@ async fn an_unreadable_unit_file_holds_back_only_its_own_unit() {
         failure: vec![],
     };
     w.kv.txn(txn).await.unwrap();
-    let entry = ScheduleEntry {
-        name: name("bad.service"),
-        machine: w.machine.clone(),
-        hash: bad.hash(),
-        desired: DesiredState::Launched,
-        restart: 0,
-        no_restart: false,
-        placement: 0,
-    };
-    w.registry
-        .apply_schedule(None, &[entry], &[])
-        .await
-        .unwrap();
     let _agent = w.start_agent();
     w.schedule("good.service", &file("/bin/good"), DesiredState::Launched)
         .await;
@@ -565,30 +548,28 @@ async fn states_that_could_not_be_published_go_out_once_etcd_is_back() {
     );
 }
 
-/// The in-memory store, with reads of unit files taking `latency` each; it counts the most
-/// file reads ever in flight at once.
+/// Unit-file reads that take `latency` each, counting how many are in flight at once.
 #[derive(Debug, Clone)]
-struct SlowFilesKv {
-    inner: MemKv,
+struct SlowFiles {
     latency: Duration,
     in_flight: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
 }
 
-impl SlowFilesKv {
+type SlowFilesKv = Hooked<MemKv, SlowFiles>;
+
+impl SlowFiles {
     fn most_in_flight(&self) -> usize {
         self.in_flight.lock().unwrap().1
     }
 }
 
-impl Kv for SlowFilesKv {
-    async fn range(
-        &self,
-        key: &str,
-        prefix: bool,
-        revision: Option<Revision>,
-    ) -> Result<RangeResult, KvError> {
+impl Hook for SlowFiles {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        let Request::Range { key, .. } = request else {
+            return Ok(());
+        };
         if !key.starts_with("/t/file/") {
-            return self.inner.range(key, prefix, revision).await;
+            return Ok(());
         }
         {
             let mut n = self.in_flight.lock().unwrap();
@@ -597,32 +578,7 @@ impl Kv for SlowFilesKv {
         }
         tokio::time::sleep(self.latency).await;
         self.in_flight.lock().unwrap().0 -= 1;
-        self.inner.range(key, prefix, revision).await
-    }
-
-    async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
-        self.inner.txn(txn).await
-    }
-
-    async fn grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
-        self.inner.grant(ttl).await
-    }
-
-    async fn keep_alive(&self, lease: LeaseId) -> Result<(), KvError> {
-        self.inner.keep_alive(lease).await
-    }
-
-    async fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {
-        self.inner.revoke(lease).await
-    }
-
-    async fn watch(
-        &self,
-        key: &str,
-        prefix: bool,
-        from_revision: Revision,
-    ) -> Result<Watch, KvError> {
-        self.inner.watch(key, prefix, from_revision).await
+        Ok(())
     }
 }
 
@@ -636,8 +592,10 @@ async fn reads_the_files_of_many_new_units_a_bounded_number_at_a_time() {
     }
     let kv = SlowFilesKv {
         inner: w.kv.clone(),
-        latency: Duration::from_millis(50),
-        in_flight: Default::default(),
+        hook: SlowFiles {
+            latency: Duration::from_millis(50),
+            in_flight: Default::default(),
+        },
     };
     let started = tokio::time::Instant::now();
     let _agent = w.start_agent_on(
@@ -648,7 +606,7 @@ async fn reads_the_files_of_many_new_units_a_bounded_number_at_a_time() {
         (0..100).all(|i| w.fake.state(&name(&format!("u{i}.service"))).active == "active")
     })
     .await;
-    assert_eq!(kv.most_in_flight(), 32);
+    assert_eq!(kv.hook.most_in_flight(), 32);
     // 100 sequential reads would take 5 s; 4 rounds of at most 32 take 200 ms.
     assert!(
         started.elapsed() < Duration::from_secs(1),

@@ -3,7 +3,7 @@
 
 use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
 use fleet_engine::EngineConfig;
-use fleet_registry::kv::{Compare, Kv, LeaseId, MemKv, Txn, TxnOp};
+use fleet_registry::kv::{Compare, Hook, Hooked, Kv, KvError, LeaseId, MemKv, Request, Txn, TxnOp};
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{Presence, Registry, UnitStateRecord};
 use std::collections::BTreeMap;
@@ -414,9 +414,8 @@ on_both!(
 /// Counts the listings (reads of a whole prefix: what grows with the cluster) and the
 /// writes that reach the store; single-key reads (the leader key, checked with each lease
 /// renewal) and lease calls are not counted.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Counting {
-    kv: MemKv,
     reads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     writes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -428,42 +427,15 @@ impl Counting {
     }
 }
 
-impl Kv for Counting {
-    async fn range(
-        &self,
-        key: &str,
-        prefix: bool,
-        revision: Option<fleet_registry::kv::Revision>,
-    ) -> Result<fleet_registry::kv::RangeResult, fleet_registry::kv::KvError> {
-        if prefix {
-            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-        self.kv.range(key, prefix, revision).await
-    }
-    async fn txn(
-        &self,
-        txn: Txn,
-    ) -> Result<fleet_registry::kv::TxnResult, fleet_registry::kv::KvError> {
-        self.writes
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.kv.txn(txn).await
-    }
-    async fn grant(&self, ttl: Duration) -> Result<LeaseId, fleet_registry::kv::KvError> {
-        self.kv.grant(ttl).await
-    }
-    async fn keep_alive(&self, lease: LeaseId) -> Result<(), fleet_registry::kv::KvError> {
-        self.kv.keep_alive(lease).await
-    }
-    async fn revoke(&self, lease: LeaseId) -> Result<(), fleet_registry::kv::KvError> {
-        self.kv.revoke(lease).await
-    }
-    async fn watch(
-        &self,
-        key: &str,
-        prefix: bool,
-        from_revision: fleet_registry::kv::Revision,
-    ) -> Result<fleet_registry::kv::Watch, fleet_registry::kv::KvError> {
-        self.kv.watch(key, prefix, from_revision).await
+impl Hook for Counting {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        match request {
+            Request::Range { prefix: true, .. } => self.reads.fetch_add(1, SeqCst),
+            Request::Txn(_) => self.writes.fetch_add(1, SeqCst),
+            _ => 0,
+        };
+        Ok(())
     }
 }
 
@@ -472,10 +444,9 @@ impl Kv for Counting {
 /// converged, ten idle minutes cost it no listing and no write at all.
 #[tokio::test(start_paused = true)]
 async fn an_idle_leader_reads_and_writes_nothing() {
-    let kv = Counting {
-        kv: MemKv::new(),
-        reads: Default::default(),
-        writes: Default::default(),
+    let kv = Hooked {
+        inner: MemKv::new(),
+        hook: Counting::default(),
     };
     let reg = Registry::new(kv.clone(), PREFIX);
     join(&reg, "m1").await;
@@ -489,9 +460,13 @@ async fn an_idle_leader_reads_and_writes_nothing() {
     })
     .await;
     sleep(Duration::from_secs(1)).await;
-    let before = kv.counts();
+    let before = kv.hook.counts();
     sleep(Duration::from_secs(600)).await;
-    assert_eq!(kv.counts(), before, "(listings, writes) of an idle leader");
+    assert_eq!(
+        kv.hook.counts(),
+        before,
+        "(listings, writes) of an idle leader"
+    );
     // And it still follows changes at once.
     submit(&reg, "late.service").await;
     eventually(MEM.prompt, "late scheduled", || async {

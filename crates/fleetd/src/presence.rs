@@ -140,7 +140,7 @@ impl<K: Kv> PresenceKeeper<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fleet_registry::kv::{MemKv, RangeResult, Revision, Txn, TxnResult, Watch};
+    use fleet_registry::kv::{Hook, Hooked, MemKv, Request};
     use std::sync::{Arc, Mutex};
 
     const TTL: Duration = Duration::from_secs(3);
@@ -149,59 +149,32 @@ mod tests {
     /// `start`), each taking `latency` first, as a renewal etcd holds until its client's
     /// deadline. It records when every keep-alive was sent.
     #[derive(Debug, Clone)]
-    struct FlakyKv {
-        inner: MemKv,
+    struct Flaky {
         start: Instant,
         failing: std::ops::Range<Duration>,
         latency: Duration,
         sent: Arc<Mutex<Vec<Duration>>>,
     }
 
-    impl FlakyKv {
+    type FlakyKv = Hooked<MemKv, Flaky>;
+
+    impl Flaky {
         fn sent(&self) -> Vec<Duration> {
             self.sent.lock().unwrap().clone()
         }
     }
 
-    impl Kv for FlakyKv {
-        async fn range(
-            &self,
-            key: &str,
-            prefix: bool,
-            revision: Option<Revision>,
-        ) -> Result<RangeResult, KvError> {
-            self.inner.range(key, prefix, revision).await
-        }
-
-        async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
-            self.inner.txn(txn).await
-        }
-
-        async fn grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
-            self.inner.grant(ttl).await
-        }
-
-        async fn keep_alive(&self, lease: LeaseId) -> Result<(), KvError> {
-            let at = self.start.elapsed();
-            self.sent.lock().unwrap().push(at);
-            if self.failing.contains(&at) {
-                tokio::time::sleep(self.latency).await;
-                return Err(KvError::Timeout(self.latency, "memory".to_owned()));
+    impl Hook for Flaky {
+        async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+            if let Request::KeepAlive(_) = request {
+                let at = self.start.elapsed();
+                self.sent.lock().unwrap().push(at);
+                if self.failing.contains(&at) {
+                    tokio::time::sleep(self.latency).await;
+                    return Err(KvError::Timeout(self.latency, "memory".to_owned()));
+                }
             }
-            self.inner.keep_alive(lease).await
-        }
-
-        async fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {
-            self.inner.revoke(lease).await
-        }
-
-        async fn watch(
-            &self,
-            key: &str,
-            prefix: bool,
-            from_revision: Revision,
-        ) -> Result<Watch, KvError> {
-            self.inner.watch(key, prefix, from_revision).await
+            Ok(())
         }
     }
 
@@ -228,10 +201,12 @@ mod tests {
     async fn keep_with(failing: std::ops::Range<Duration>, latency: Duration) -> World {
         let kv = FlakyKv {
             inner: MemKv::new(),
-            start: Instant::now(),
-            failing,
-            latency,
-            sent: Arc::default(),
+            hook: Flaky {
+                start: Instant::now(),
+                failing,
+                latency,
+                sent: Arc::default(),
+            },
         };
         let registry = Registry::new(kv.clone(), "/t/");
         let lease_file = std::env::temp_dir().join(format!(
@@ -291,7 +266,7 @@ mod tests {
         let w = keep_with(ms(500)..ms(1500), ms(1000)).await;
         tokio::time::sleep(ms(3500)).await;
 
-        assert_eq!(w.kv.sent(), [ms(1000), ms(2250), ms(3250)]);
+        assert_eq!(w.kv.hook.sent(), [ms(1000), ms(2250), ms(3250)]);
         assert_eq!(w.machine_lease().await, Some(w.first.lease.0));
         assert_eq!(*w.presence.borrow(), Some(w.first));
     }
@@ -303,7 +278,7 @@ mod tests {
         let w = keep_with(ms(500)..ms(2500), ms(100)).await;
         tokio::time::sleep(ms(6000)).await;
 
-        let sent = w.kv.sent();
+        let sent = w.kv.hook.sent();
         assert_eq!(
             sent[..7],
             [1000, 1350, 1700, 2050, 2400, 2750, 3750].map(ms)
@@ -321,7 +296,7 @@ mod tests {
         // at 0 s), the regular pace after that; at 5.3 s etcd answers again, the lease is
         // gone, and registering tries the saved lease once more before granting a new one.
         assert_eq!(
-            w.kv.sent(),
+            w.kv.hook.sent(),
             [
                 1000, 1350, 1700, 2050, 2400, 2750, 3100, 4200, 5300, 5300, 6300, 7300
             ]

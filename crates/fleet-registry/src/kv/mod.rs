@@ -8,9 +8,11 @@ use std::future::Future;
 use std::time::Duration;
 
 mod etcd;
+mod hooked;
 mod mem;
 
 pub use etcd::{EtcdConfig, EtcdKv, TlsFiles};
+pub use hooked::{Hook, Hooked, Request};
 pub use mem::MemKv;
 
 /// An etcd revision (cluster-wide, monotonically increasing).
