@@ -15,12 +15,16 @@ use anyhow::{Context, Result, bail, ensure};
 use fleet_core::{DesiredState, MachineId, UnitHash};
 use fleet_functional_tests::{
     Cluster, ClusterSpec, FleetdSpec, Machine, OutputExt, Signal, TestRegistry, cleanup_stale,
-    leftovers, wait_for, wait_for_value,
+    wait_for, wait_for_value,
 };
 use fleet_registry::UnitStateRecord;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+mod support;
+use support::{
+    file_exists, finish, fleetd_log, journal_after, journal_barrier, journal_cursor, logged,
+    sleeper, strip_ansi,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(50);
@@ -37,10 +41,6 @@ const JOB_MESSAGES: &[&str] = &[
     "Reloaded ",
     "Deactivated ",
 ];
-
-fn sleeper(seconds: u32) -> String {
-    format!("[Service]\nExecStart=/bin/sleep {seconds}\n")
-}
 
 fn unit_path(unit: &str) -> String {
     format!("{UNITS_DIR}/{unit}")
@@ -60,81 +60,6 @@ fn start(machines: usize) -> Result<(Cluster, TestRegistry)> {
     })
     .context("fleetd did not register every machine")?;
     Ok((cluster, registry))
-}
-
-/// Tears the cluster down and checks that nothing of it is left.
-fn finish(cluster: Cluster) -> Result<()> {
-    let state = cluster.state().clone();
-    cluster.shutdown()?;
-    let left = leftovers(&state)?;
-    ensure!(left.is_empty(), "left behind: {left:?}");
-    Ok(())
-}
-
-/// Removes terminal colour codes (fleetd's log is coloured).
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' && chars.peek() == Some(&'[') {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// The machine journal's current end, to read only what comes after it.
-fn journal_cursor(machine: &Machine) -> Result<String> {
-    let out = machine.journal(&["-n", "0", "--show-cursor"])?;
-    out.lines()
-        .find_map(|l| l.strip_prefix("-- cursor: "))
-        .map(str::to_owned)
-        .with_context(|| format!("no cursor in {out:?}"))
-}
-
-/// What the journal says about `unit` after `cursor` (message text only).
-fn journal_after(machine: &Machine, unit: &str, cursor: &str) -> Result<String> {
-    let after = format!("--after-cursor={cursor}");
-    let text = machine.journal(&["-u", unit, "-o", "cat", &after])?;
-    Ok(strip_ansi(&text))
-}
-
-/// fleetd's log after `cursor`.
-fn fleetd_log(machine: &Machine, cursor: &str) -> Result<String> {
-    journal_after(machine, "fleetd.service", cursor)
-}
-
-/// Whether `log` has a line with `message` about `unit` (fleetd logs `unit=<name>`).
-fn logged(log: &str, message: &str, unit: &str) -> bool {
-    let field = format!("unit={unit}");
-    log.lines()
-        .any(|l| l.contains(message) && l.split_whitespace().any(|w| w == field))
-}
-
-/// Waits until everything systemd logged so far is in the journal: it logs about a transient
-/// unit started now, through the same socket, after everything it logged before.
-fn journal_barrier(machine: &Machine) -> Result<()> {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let unit = format!(
-        "journal-barrier-{}.service",
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    machine
-        .exec("systemd-run", ["--quiet", "--unit", &unit, "/bin/true"])?
-        .checked()
-        .context("systemd-run of a journal barrier")?;
-    wait_for(TIMEOUT, POLL, || {
-        machine
-            .journal(&["-u", &unit, "-o", "cat"])
-            .is_ok_and(|log| !log.trim().is_empty())
-    })
-    .with_context(|| format!("{unit} never showed in the journal"))
 }
 
 /// The systemd job messages about `unit` after `cursor`, once systemd's messages so far are
@@ -177,11 +102,6 @@ fn identity(machine: &Machine, unit: &str) -> Result<Identity> {
 fn is_active(machine: &Machine, unit: &str) -> Result<bool> {
     let out = machine.systemctl(["is-active", unit])?;
     Ok(out.stdout_text().trim() == "active")
-}
-
-fn file_exists(machine: &Machine, path: &str) -> Result<bool> {
-    Ok(machine.exec("test", ["-e", path])?.status.success()
-        || machine.exec("test", ["-L", path])?.status.success())
 }
 
 /// Waits until `machine` publishes a state of `unit` that satisfies `ok`.

@@ -18,8 +18,8 @@
 use anyhow::{Context, Result, bail, ensure};
 use fleet_core::{UnitFile, UnitHash};
 use fleet_functional_tests::{
-    Cluster, ClusterSpec, FleetdSpec, Machine, OutputExt, TestRegistry, cleanup_stale, leftovers,
-    wait_for, wait_for_value,
+    Cluster, ClusterSpec, FleetdSpec, Machine, OutputExt, TestRegistry, cleanup_stale, wait_for,
+    wait_for_value,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -29,6 +29,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+mod support;
+use support::{finish, strip_ansi};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(100);
@@ -74,15 +76,6 @@ fn wait_registered(cluster: &Cluster) -> Result<()> {
         want.is_subset(&listed)
     })
     .with_context(|| format!("not every machine registered; list-machines: {last:?}"))
-}
-
-/// Tears the cluster down and checks that nothing of it is left.
-fn finish(cluster: Cluster) -> Result<()> {
-    let state = cluster.state().clone();
-    cluster.shutdown()?;
-    let left = leftovers(&state)?;
-    ensure!(left.is_empty(), "left behind: {left:?}");
-    Ok(())
 }
 
 /// What a fleetctl run printed.
@@ -403,24 +396,6 @@ fn environ(machine: &Machine, pid: u32) -> Result<String> {
 fn wait_inactive(machine: &Machine, unit: &str) -> Result<()> {
     wait_for(TIMEOUT, POLL, || !is_active(machine, unit).unwrap_or(true))
         .with_context(|| format!("{unit} still runs on {}", machine.name()))
-}
-
-/// Removes terminal colour codes (fleetd's log is coloured).
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' && chars.peek() == Some(&'[') {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// Microseconds since the epoch on the host's clock (the machines share it).

@@ -11,12 +11,13 @@
 use anyhow::{Context, Result, ensure};
 use fleet_functional_tests::{
     Cluster, ClusterSpec, FleetdSpec, Machine, OutputExt, Signal, TestRegistry, cleanup_stale,
-    leftovers, wait_for, wait_for_value,
+    wait_for, wait_for_value,
 };
-use fleet_registry::kv::Kv;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
+mod support;
+use support::{Run, finish, fleetctl, leader};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(100);
@@ -76,33 +77,6 @@ fn wait_registered(cluster: &Cluster) -> Result<()> {
         want.is_subset(&listed)
     })
     .with_context(|| format!("not every machine registered; list-machines: {last:?}"))
-}
-
-/// Tears the cluster down and checks that nothing of it is left.
-fn finish(cluster: Cluster) -> Result<()> {
-    let state = cluster.state().clone();
-    cluster.shutdown()?;
-    let left = leftovers(&state)?;
-    ensure!(left.is_empty(), "left behind: {left:?}");
-    Ok(())
-}
-
-/// What a fleetctl run printed.
-#[derive(Debug)]
-struct Run {
-    success: bool,
-    stdout: String,
-    stderr: String,
-}
-
-fn fleetctl<S: AsRef<str>>(cluster: &Cluster, args: &[S]) -> Result<Run> {
-    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
-    let out = cluster.fleetctl(&args)?;
-    Ok(Run {
-        success: out.status.success(),
-        stdout: out.stdout_text(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    })
 }
 
 /// Runs fleetctl and requires exit 0 and no `Error` on stderr (what fleet's tests check).
@@ -284,18 +258,6 @@ fn wait_unscheduled_reason(registry: &TestRegistry, unit: &str) -> Result<String
         snap.unscheduled.get(&name).cloned()
     })
     .with_context(|| format!("the engine published no reason for not scheduling {unit}"))
-}
-
-/// The machine ID in the engine's leader key, if any.
-fn leader(registry: &TestRegistry) -> Result<Option<String>> {
-    let key = registry.registry().keys().leader();
-    let res = registry
-        .block_on(registry.registry().kv().range(&key, false, None))
-        .context("reading the leader key")?;
-    Ok(res
-        .kvs
-        .first()
-        .map(|kv| String::from_utf8_lossy(&kv.value).trim().to_owned()))
 }
 
 #[test]
