@@ -71,6 +71,15 @@ init() {
         exit 2
     fi
 
+    # The harness's files (this machine's stage directory, the bin dir) may live anywhere, also
+    # below /tmp, /var/tmp or /run, which get fresh mounts next. Open them first: a directory
+    # reached through /proc/self/fd stays the host's, whatever is mounted over its path later.
+    exec 3<"$FT_STAGE"
+    local stage=/proc/self/fd/3
+    if [[ -n ${FT_BIN_DIR:-} ]]; then
+        exec 4<"$FT_BIN_DIR"
+    fi
+
     # Host mounts below the directories the machine gets fresh must go first, in this private
     # mount namespace only: /run/netns holds every machine's network namespace, and a copy of
     # those mounts here (merely hidden under the new /run) would keep the other machines'
@@ -98,24 +107,25 @@ init() {
     fi
 
     # Identity. Read-only binds: the machine cannot rewrite the harness's files.
-    mount --bind "$FT_STAGE/machine-id" /etc/machine-id
+    mount --no-canonicalize --bind "$stage/machine-id" /etc/machine-id
     mount -o remount,bind,ro /etc/machine-id
-    mount --bind "$FT_STAGE/hostname" /etc/hostname
+    mount --no-canonicalize --bind "$stage/hostname" /etc/hostname
     mount -o remount,bind,ro /etc/hostname
-    hostname "$(cat "$FT_STAGE/hostname")"
+    hostname "$(cat "$stage/hostname")"
 
     if [[ -n ${FT_BIN_DIR:-} ]]; then
         # /opt gets a tmpfs so the mount point can exist without touching the host's /opt.
         mount -t tmpfs -o mode=0755 tmpfs-opt /opt
         mkdir -p /opt/fleet/bin
-        mount --bind "$FT_BIN_DIR" /opt/fleet/bin
+        mount --no-canonicalize --bind /proc/self/fd/4 /opt/fleet/bin
         mount -o remount,bind,ro /opt/fleet/bin
     fi
 
     mkdir -p /run/systemd/system /run/systemd/system.control /run/systemd/journald.conf.d /run/fleet
     mask_os_units
-    cp -r "$FT_STAGE/system/." /run/systemd/system/
-    cp -r "$FT_STAGE/fleet/." /run/fleet/
+    cp -r "$stage/system/." /run/systemd/system/
+    cp -r "$stage/fleet/." /run/fleet/
+    exec 3<&- 4<&-
     # No persistent journal: the machine's log lives and dies with it. No kernel messages
     # either: /dev/kmsg is the host's, and every machine would copy the host's dmesg.
     printf '[Journal]\nStorage=volatile\nReadKMsg=no\n' >/run/systemd/journald.conf.d/fleet-test.conf

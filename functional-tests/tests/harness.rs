@@ -372,3 +372,57 @@ fn fleetd_runs_as_a_service_with_the_cluster_environment() -> Result<()> {
     std::fs::remove_dir_all(bin_dir)?;
     Ok(())
 }
+
+/// Removes a directory the test made outside the run directories, also when it fails.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A checkout may be anywhere: below /var/tmp or /tmp, which every machine gets a fresh tmpfs
+/// on, or below a path with a space. The run directory (identity files, units) and the bin dir
+/// are both there, and the machine must still boot and run fleetd from them.
+#[test]
+fn machines_boot_from_a_checkout_below_var_tmp_or_tmp() -> Result<()> {
+    for parent in ["/var/tmp", "/tmp"] {
+        let scratch = Scratch(PathBuf::from(format!(
+            "{parent}/fleet functional {}",
+            std::process::id()
+        )));
+        let bin_dir = scratch.0.join("bin");
+        std::fs::create_dir_all(&bin_dir)?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let fleetd = bin_dir.join("fleetd");
+            std::fs::write(
+                &fleetd,
+                "#!/bin/sh\necho fleetd-from-scratch\nexec sleep infinity\n",
+            )?;
+            std::fs::set_permissions(&fleetd, std::fs::Permissions::from_mode(0o755))?;
+        }
+        let spec = ClusterSpec {
+            dir: Some(scratch.0.join("run")),
+            ..ClusterSpec::with_fleetd(
+                1,
+                FleetdSpec {
+                    bin_dir: bin_dir.clone(),
+                    ..FleetdSpec::default()
+                },
+            )
+        };
+        let cluster = start(spec).with_context(|| format!("a cluster below {parent}"))?;
+        let m1 = &cluster.machines()[0];
+        let hostname = m1.sh("cat /etc/hostname")?;
+        assert_eq!(hostname.trim(), "m1", "below {parent}");
+        wait_for(TIMEOUT, POLL, || {
+            m1.journal(&["-u", "fleetd.service", "-o", "cat"])
+                .is_ok_and(|log| log.contains("fleetd-from-scratch"))
+        })
+        .with_context(|| format!("fleetd from a bin dir below {parent}"))?;
+        drop(cluster);
+    }
+    Ok(())
+}
