@@ -3,8 +3,9 @@
 //! `cleanup_stale` after a crash) knows every name and every process the harness started, and
 //! nothing else.
 //!
-//! Also where things live: run directories under `<workspace>/target/functional/`, never /tmp
-//! (a machine that boots without a private /tmp empties it).
+//! Also where things live: run directories under `<target>/functional/`, never /tmp (a machine
+//! that boots without a private /tmp empties it). `<target>` is cargo's target directory, wherever
+//! `CARGO_TARGET_DIR` or a cargo config put it.
 
 use crate::fleetd::FleetdSpec;
 use crate::proc::ProcId;
@@ -29,9 +30,31 @@ pub fn workspace_dir() -> PathBuf {
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
-/// `<workspace>/target/functional`: every run's directory is in here.
+/// Cargo's target directory: the one the running executable was built into. A test binary
+/// is `<target>/<profile>/deps/<name>-<hash>`, a binary `<target>/<profile>/<name>`; cargo puts
+/// both wherever `CARGO_TARGET_DIR` (or `build.target-dir`) says, so the executable's own path
+/// is the only answer that is always right. Falls back to `<workspace>/target`.
+pub fn target_dir() -> PathBuf {
+    profile_dir()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| workspace_dir().join("target"))
+}
+
+/// `<target>/<profile>` of the running executable (`debug` for tests, `release` for the bench).
+fn profile_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let dir = if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent()?
+    } else {
+        dir
+    };
+    Some(dir.to_path_buf())
+}
+
+/// `<target>/functional`: every run's directory is in here.
 pub fn functional_dir() -> PathBuf {
-    workspace_dir().join("target").join("functional")
+    target_dir().join("functional")
 }
 
 /// The machine boot script (see its header).
@@ -41,11 +64,12 @@ pub fn machine_script() -> PathBuf {
         .join("machine.sh")
 }
 
-/// Where fleetd and fleetctl are: `$FLEET_BIN_DIR`, else `<workspace>/target/debug`.
+/// Where fleetd and fleetctl are: `$FLEET_BIN_DIR`, else `<target>/debug` of cargo's target
+/// directory (the workspace's debug build, also for a release-built caller).
 pub fn default_bin_dir() -> PathBuf {
     std::env::var_os("FLEET_BIN_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_dir().join("target").join("debug"))
+        .unwrap_or_else(|| target_dir().join("debug"))
 }
 
 /// A short random id naming one cluster's resources: 6 lowercase hex digits, so that

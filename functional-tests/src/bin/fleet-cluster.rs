@@ -33,7 +33,7 @@ enum Command {
         /// Boot bare machines (systemd, journald, dbus), without fleetd.
         #[arg(long)]
         no_fleetd: bool,
-        /// Where fleetd and fleetctl are (default: $FLEET_BIN_DIR or <workspace>/target/debug).
+        /// Where fleetd and fleetctl are (default: $FLEET_BIN_DIR or <cargo target dir>/debug).
         #[arg(long)]
         bin_dir: Option<PathBuf>,
         /// fleetd's agent TTL.
@@ -57,7 +57,7 @@ enum Command {
     Cleanup,
 }
 
-/// `<workspace>/target/demo`, where `make demo` keeps its cluster.
+/// `<cargo target dir>/demo`, where `make demo` keeps its cluster.
 fn default_dir() -> PathBuf {
     fleet_functional_tests::functional_dir()
         .parent()
@@ -120,17 +120,28 @@ fn up(spec: ClusterSpec) -> Result<()> {
     Ok(())
 }
 
+/// `word` as one shell word: paths may hold spaces, and the printed lines are meant to be pasted.
+fn quoted(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
 fn print_usage(cluster: &Cluster) {
-    let dir = cluster.dir().display();
+    let dir = quoted(&cluster.dir().display().to_string());
     println!(
-        "cluster {} is up; state in {dir}/cluster.json",
-        cluster.run_id()
+        "cluster {} is up; state in {}",
+        cluster.run_id(),
+        cluster.dir().join("cluster.json").display()
     );
     println!();
     println!("etcd:      {}", cluster.etcd_endpoint());
     println!(
         "fleetctl:  {} --endpoint {} list-machines",
-        cluster.fleetctl_path().display(),
+        quoted(&cluster.fleetctl_path().display().to_string()),
         cluster.etcd_endpoint()
     );
     println!();
@@ -145,7 +156,8 @@ fn print_usage(cluster: &Cluster) {
         );
     }
     println!();
-    println!("logs:      {dir}/etcd.log, {dir}/machines/<name>/console.log,");
+    let raw = cluster.dir().display();
+    println!("logs:      {raw}/etcd.log, {raw}/machines/<name>/console.log,");
     println!("           and inside a machine: journalctl -u fleetd");
     println!("status:    fleet-cluster status --dir {dir}");
     println!("down:      fleet-cluster down --dir {dir}");
