@@ -3,14 +3,19 @@
 #   make test   every test: unit, contract (real etcd), fleetctl end to end, functional
 SHELL := /bin/bash
 CARGO ?= cargo
-DEMO_DIR ?= $(CURDIR)/target/demo
-APT_PACKAGES := etcd-server etcd-client protobuf-compiler iproute2 dbus systemd util-linux openssl
+# Cargo's target directory (CARGO_TARGET_DIR or a cargo config may move it), asked lazily.
+TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),$(CURDIR)/target)
+DEMO_DIR ?= $(TARGET_DIR)/demo
+APT_PACKAGES := gcc libc6-dev protobuf-compiler libprotobuf-dev etcd-server etcd-client systemd dbus dbus-daemon dbus-system-bus-common util-linux iproute2 openssl git
 
 .PHONY: all deps build test test-unit lint demo demo-down bench soak soak-only clean
 
 all: build
 
-# Installs what the build and the tests need, once (skipped when everything is there).
+# Installs what the build and the tests need, once (skipped when everything is there), then
+# checks that every file they use is really there (scripts/deps.tsv lists each file with its
+# package; functional-tests/tests/packages.rs keeps that list and APT_PACKAGES true). Every
+# package is named directly: apt-get runs with --no-install-recommends, as on a bare machine.
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
@@ -19,7 +24,7 @@ deps:
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
-	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup, 1.85 or newer) first"; exit 1; }
+	@bash scripts/check-deps.sh
 
 build: deps
 	$(CARGO) build --workspace --bins
@@ -47,10 +52,10 @@ lint:
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
 demo: build
-	@bash scripts/demo.sh "$(DEMO_DIR)"
+	@FLEET_BIN_DIR="$(TARGET_DIR)/debug" bash scripts/demo.sh "$(DEMO_DIR)"
 
 demo-down:
-	@if [ -f "$(DEMO_DIR)/cluster.json" ]; then ./target/debug/fleet-cluster down --dir "$(DEMO_DIR)"; else echo "no demo cluster at $(DEMO_DIR)"; fi
+	@if [ -f "$(DEMO_DIR)/cluster.json" ]; then "$(TARGET_DIR)/debug/fleet-cluster" down --dir "$(DEMO_DIR)"; else echo "no demo cluster at $(DEMO_DIR)"; fi
 
 # Every benchmark of issue 6 (not part of `make test`), each scenario writing its section of
 # docs/benchmarks.md: release build, then e2e, one-agent, scale, plot. Needs root; ~7 min
@@ -58,11 +63,11 @@ demo-down:
 bench: deps
 	@start=$$(date +%s); \
 	$(CARGO) build --release -p fleetd -p fleetctl -p fleet-bench && \
-	./target/release/fleet-bench e2e && \
-	./target/release/fleet-bench one-agent && \
-	./target/release/fleet-bench scale && \
-	./target/release/fleet-bench plot && \
-	./target/release/fleet-bench total --secs $$(( $$(date +%s) - start ))
+	"$(TARGET_DIR)/release/fleet-bench" e2e && \
+	"$(TARGET_DIR)/release/fleet-bench" one-agent && \
+	"$(TARGET_DIR)/release/fleet-bench" scale && \
+	"$(TARGET_DIR)/release/fleet-bench" plot && \
+	"$(TARGET_DIR)/release/fleet-bench" total --secs $$(( $$(date +%s) - start ))
 
 clean: demo-down
 	$(CARGO) clean
