@@ -70,10 +70,12 @@ The cluster is up and stays up. Use it:
   fleetctl stop hello.service; fleetctl start hello.service
   fleetctl destroy web@3.service
 
-Enter a machine (its own systemd, journal and network):
+Enter a machine (its own systemd, journal and network; no sshd, so the status of a unit is
+\`systemctl status hello.service\` in there):
 $(grep -E '^ +m[0-9]+ ' "$dir.up.log" | sed 's/^ */  /')
 
 Tear it down:
 
-  make -C $(q "$root") demo-down        # or: $(q "$bin/fleet-cluster") down --dir $(q "$dir")
+  make -C $(q "$root") DEMO_DIR=$(q "$dir") demo-down
+  # or: $(q "$bin/fleet-cluster") down --dir $(q "$dir")
 EOF

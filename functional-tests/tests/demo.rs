@@ -1,0 +1,120 @@
+//! `make demo`'s promise: every command it prints works inside the demo. Runs
+//! `scripts/demo.sh` into a run directory of its own, then each printed command as a user
+//! would paste it (the "Use it" lines in one shell, each machine's nsenter line, the
+//! teardown line). Needs root.
+
+use anyhow::{Context, Result, bail};
+use fleet_functional_tests::{cleanup_stale, default_bin_dir, functional_dir};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the crate is inside the workspace")
+        .to_path_buf()
+}
+
+/// Tears the demo cluster down if the test did not get to its own teardown line.
+struct Demo(PathBuf);
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        if self.0.join("cluster.json").exists() {
+            let _ = Command::new(default_bin_dir().join("fleet-cluster"))
+                .arg("down")
+                .arg("--dir")
+                .arg(&self.0)
+                .status();
+        }
+    }
+}
+
+fn bash(script: &str, stdin: Option<&str>) -> Result<Output> {
+    use std::io::Write;
+    let mut child = Command::new("bash")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut input = child.stdin.take().context("no stdin")?;
+    input.write_all(stdin.unwrap_or("").as_bytes())?;
+    drop(input);
+    Ok(child.wait_with_output()?)
+}
+
+fn ok(what: &str, out: Output) -> Result<String> {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "{what}: {}\nstdout:\n{stdout}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(stdout)
+}
+
+/// The indented lines that follow the line ending in `heading`, up to the next blank line.
+fn block<'a>(text: &'a str, heading: &str) -> Vec<&'a str> {
+    text.lines()
+        .skip_while(|l| !l.trim_end().ends_with(heading))
+        .skip(1)
+        .skip_while(|l| l.trim().is_empty() || !l.starts_with("  "))
+        .take_while(|l| l.starts_with("  "))
+        .map(str::trim)
+        .collect()
+}
+
+#[test]
+fn every_command_the_demo_prints_works_in_the_demo() -> Result<()> {
+    cleanup_stale()?;
+    let dir = functional_dir().join(format!("demo-{}", std::process::id()));
+    let _demo = Demo(dir.clone());
+    let script = workspace().join("scripts/demo.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(&dir)
+        .env("FLEET_BIN_DIR", default_bin_dir())
+        .output()?;
+    let printed = ok("scripts/demo.sh", out)?;
+    assert!(printed.contains("hello.service"), "{printed}");
+
+    // The "Use it" lines, pasted into one shell in order, as a user would.
+    let usage = block(&printed, "Use it:");
+    assert!(
+        usage.iter().any(|l| l.starts_with("fleetctl list-units")),
+        "{printed}"
+    );
+    let session = format!("set -e\nshopt -s expand_aliases\n{}\n", usage.join("\n"));
+    let file = dir.join("usage.sh");
+    std::fs::write(&file, &session)?;
+    let listed = ok(
+        &format!("the demo's commands:\n{session}"),
+        Command::new("bash").arg(&file).output()?,
+    )?;
+    assert!(listed.contains("Description=Hello World"), "{listed}");
+
+    // Each machine's nsenter line, with a command typed into the shell it opens.
+    let machines: Vec<&str> = printed
+        .lines()
+        .filter_map(|l| l.find("nsenter ").map(|at| &l[at..]))
+        .collect();
+    assert_eq!(machines.len(), 3, "{printed}");
+    for enter in machines {
+        let state = ok(enter, bash(enter, Some("systemctl is-system-running\n"))?)?;
+        assert_eq!(state.trim(), "running", "{enter}");
+    }
+
+    // The teardown line (the first one of its block).
+    let teardown = block(&printed, "Tear it down:");
+    let down = teardown.first().context("no teardown line")?;
+    ok(down, bash(down, None)?)?;
+    assert!(
+        !dir.join("cluster.json").exists(),
+        "{down} left the cluster up"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}
