@@ -111,8 +111,9 @@ pub(crate) fn spawn(cluster: &ClusterState, machine: &MachineState) -> Result<(C
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    if let Some(spec) = &cluster.fleetd {
-        command.env("FT_BIN_DIR", &spec.bin_dir);
+    // Bare machines see it too: tests run programs of their own build inside.
+    if cluster.bin_dir.is_dir() {
+        command.env("FT_BIN_DIR", &cluster.bin_dir);
     }
     let child = command.spawn().context("cannot start scripts/machine.sh")?;
     let process = ProcId::of(child.id())?;

@@ -398,6 +398,13 @@ impl UnitManager for FakeManager {
                 record.set("inactive", "dead");
             }
             state.files.remove(name.as_str());
+            // systemd garbage-collects a unit once it is inactive; with its file gone, the next
+            // query finds nothing (`not-found`), as the contract test shows on a real systemd.
+            if state.records.get(name).is_some_and(|r| {
+                r.active == "inactive" && r.definition != Some(Definition::Foreign)
+            }) {
+                state.records.remove(name);
+            }
         }
         self.changes.unit(name);
         Ok(())
