@@ -4,7 +4,7 @@
 //! - [`mod@plan`]: the pure planner, `plan(&desired, &current, &backoff) -> Vec<Task>`.
 //! - [`manager`]: the [`UnitManager`] trait the executor drives, with its contract.
 //! - [`systemd`]: the real [`UnitManager`] over D-Bus (the only module that names zbus).
-//! - [`fake`]: an in-memory [`UnitManager`] for the loop's tests.
+//! - `fake` (feature `fake`): an in-memory [`UnitManager`] for tests and the bench.
 //! - [`units_dir`]: the units directory (`/run/fleet/units`) on disk.
 //! - [`agent`]: the loop: boot (preload, adopt or remove), reconcile, publish states.
 //! - [`executor`]: runs a plan's tasks in order on a [`UnitManager`].
@@ -12,6 +12,7 @@
 pub mod agent;
 mod current;
 pub mod executor;
+#[cfg(any(test, feature = "fake"))]
 pub mod fake;
 mod ledger;
 pub mod manager;
@@ -20,6 +21,7 @@ pub mod systemd;
 pub mod units_dir;
 
 pub use agent::{Agent, AgentConfig};
+#[cfg(any(test, feature = "fake"))]
 pub use fake::FakeManager;
 pub use manager::{
     BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome,

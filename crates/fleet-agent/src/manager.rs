@@ -1,6 +1,6 @@
 //! What the agent needs from systemd and from its units directory, as one small trait with a
 //! real adapter ([`crate::systemd::SystemdManager`]) and an in-memory one
-//! ([`crate::fake::FakeManager`]).
+//! (`fake::FakeManager`, behind the `fake` feature).
 //!
 //! This module owns the contract and its types. It must not name zbus (only `systemd.rs` does)
 //! and must not decide anything: deciding is [`mod@crate::plan`]'s job, executing the tasks in
