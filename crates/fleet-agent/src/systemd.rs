@@ -1,7 +1,8 @@
 //! [`SystemdManager`]: the real [`UnitManager`], over the system bus with zbus and
 //! zbus_systemd. The only module of the project that names zbus.
 //!
-//! Follows what was measured against systemd 252 (docs in `/work/shared/FACTS.md`):
+//! Follows what was measured against systemd 252 (the contract tests in
+//! `functional-tests/tests/manager_contract.rs` run the fake's bodies on a real one):
 //! `Subscribe` once, with the `JobRemoved` stream open before any job is queued; unit states
 //! through `ListUnitsByNames` in batches rather than per-unit `GetUnit`; `ResetFailedUnit` of
 //! a unit systemd no longer has loaded is success; unit proxies never cache properties; at most
