@@ -1,8 +1,9 @@
 //! Faults injected by the tests themselves on real clusters (etcd + systemd machines running
 //! fleetd with its engine), and the promises of `docs/guarantees.md` they check: kill -9 of
 //! fleetd during a churn of starts and stops, an etcd outage longer than the agent TTL, a
-//! machine cut off the network, the engine leader killed while scheduling, and two fleetctl
-//! processes racing on the same units. Needs root.
+//! machine cut off the network, the engine leader cut off the network, the engine leader
+//! killed while scheduling, and two fleetctl processes racing on the same units. Needs root.
+//! (The chaos soak that mixes these faults is `chaos.rs`.)
 //!
 //! Fault moments are random, from a seed printed at the start of each test
 //! (`FLEET_FAULT_SEED=<n>` replays one). Nothing waits for a fixed time except where time is
