@@ -16,20 +16,20 @@
 
 #[path = "chaos/check.rs"]
 mod check;
+#[path = "chaos/record.rs"]
+mod record;
 mod support;
 
 use anyhow::{Context, Result, bail, ensure};
-use check::{Change, Record, RunRecord, Window};
+use check::{Record, Window};
 use fleet_core::DesiredState;
-use fleet_functional_tests::{
-    Cluster, FleetdSpec, Machine, OutputExt, Signal, TestRegistry, wait_for_value,
-};
-use fleet_registry::kv::{EventKind, Kv, WatchMessage};
-use std::collections::{BTreeMap, BTreeSet};
+use fleet_functional_tests::{Cluster, FleetdSpec, Machine, Signal, TestRegistry, wait_for_value};
+use record::Seen;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use support::{PREFIX, Rng, Want, fleetctl, replay, revision, units_on, wait_converged};
+use support::{PREFIX, Rng, Want, fleetctl, replay, revision, wait_converged};
 
 /// Machines at the start; one of them loses power during the soak.
 const MACHINES: usize = 4;
@@ -101,144 +101,6 @@ fn write_versions(dir: &std::path::Path) -> Result<BTreeMap<(usize, u32), String
         }
     }
     Ok(paths)
-}
-
-// --- recorders -----------------------------------------------------------------------------
-
-/// What the recorders share with the soak.
-#[derive(Debug, Default)]
-struct Seen {
-    /// Open runs by (machine, unit, invocation).
-    open: BTreeMap<(String, String, String), RunRecord>,
-    closed: Vec<RunRecord>,
-    changes: Vec<Change>,
-    polls: usize,
-    events: usize,
-}
-
-/// Polls systemd on every running machine until `stop`: opens a run when a unit is first
-/// seen active with an invocation, closes it at the first poll of that machine without it.
-fn poll_systemd(cluster: &Cluster, seen: &Mutex<Seen>, stop: &AtomicBool) {
-    let names: Vec<String> = (0..UNITS).map(unit_name).collect();
-    while !stop.load(Ordering::SeqCst) {
-        for m in cluster.machines().iter().filter(|m| m.is_up()) {
-            let Ok(views) = units_on(m, &names) else {
-                continue;
-            };
-            let now = Instant::now();
-            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-            seen.polls += 1;
-            let active: BTreeSet<(String, String, String)> = views
-                .iter()
-                .filter(|(_, v)| v.is_active() && !v.invocation.is_empty())
-                .map(|(u, v)| (m.name().to_owned(), u.clone(), v.invocation.clone()))
-                .collect();
-            let gone: Vec<_> = seen
-                .open
-                .keys()
-                .filter(|k| k.0 == m.name() && !active.contains(*k))
-                .cloned()
-                .collect();
-            for key in gone {
-                if let Some(mut run) = seen.open.remove(&key) {
-                    run.ended = Some(now);
-                    seen.closed.push(run);
-                }
-            }
-            for key in active {
-                let run = seen.open.entry(key.clone()).or_insert_with(|| RunRecord {
-                    machine: key.0.clone(),
-                    unit: key.1.clone(),
-                    invocation: key.2.clone(),
-                    first: now,
-                    last_seen: now,
-                    ended: None,
-                });
-                run.last_seen = now;
-            }
-        }
-        std::thread::sleep(POLL_EVERY);
-    }
-}
-
-/// Records every change of a schedule entry after revision `from` until `stop`, with the
-/// moment it arrived; a watch broken by a fault is resumed where it stopped.
-fn watch_schedules(
-    cluster: &Cluster,
-    registry: &TestRegistry,
-    from: i64,
-    seen: &Mutex<Seen>,
-    stop: &AtomicBool,
-) -> Result<()> {
-    let prefix = format!("{PREFIX}schedule/");
-    let machine_of = |id: &str| {
-        cluster
-            .machine_by_id(id)
-            .map_or_else(|_| id.to_owned(), |m| m.name().to_owned())
-    };
-    let kv = registry.registry().kv();
-    // The entries as of `from`: a put that rewrites an entry with the same value (a new
-    // leader's first pass may) changes nothing and is no reason.
-    let mut entries: BTreeMap<String, Vec<u8>> = registry
-        .block_on(kv.range(&prefix, true, Some(from)))
-        .context("reading the schedules")?
-        .kvs
-        .into_iter()
-        .map(|kv| (kv.key, kv.value))
-        .collect();
-    let mut last = from;
-    while !stop.load(Ordering::SeqCst) {
-        let Ok(mut watch) = registry.block_on(kv.watch(&prefix, true, last + 1)) else {
-            std::thread::sleep(Duration::from_millis(200));
-            continue;
-        };
-        while !stop.load(Ordering::SeqCst) {
-            let message = registry.block_on(async {
-                tokio::time::timeout(Duration::from_millis(300), watch.rx.recv()).await
-            });
-            let events = match message {
-                Err(_) => continue,
-                Ok(Some(WatchMessage::Events { events, .. })) => events,
-                Ok(Some(WatchMessage::Compacted { compact_revision })) => {
-                    bail!("history compacted at {compact_revision}")
-                }
-                Ok(Some(WatchMessage::Broken) | None) => break,
-            };
-            let now = Instant::now();
-            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-            for event in events {
-                last = last.max(event.kv.mod_revision);
-                seen.events += 1;
-                let Some((machine, unit)) = event
-                    .kv
-                    .key
-                    .strip_prefix(&prefix)
-                    .and_then(|rest| rest.split_once('/'))
-                else {
-                    continue;
-                };
-                let before = match event.kind {
-                    EventKind::Put => entries.insert(event.kv.key.clone(), event.kv.value.clone()),
-                    EventKind::Delete => entries.remove(&event.kv.key),
-                };
-                // A put that creates the entry starts a run; it is no reason to stop one.
-                let changed = match (event.kind, before) {
-                    (EventKind::Put, Some(old)) => old != event.kv.value,
-                    (EventKind::Put, None) => false,
-                    (EventKind::Delete, _) => true,
-                };
-                if !changed {
-                    continue;
-                }
-                seen.changes.push(Change {
-                    at: now,
-                    machine: machine_of(machine),
-                    unit: unit.to_owned(),
-                });
-            }
-        }
-    }
-    Ok(())
 }
 
 // --- faults --------------------------------------------------------------------------------
@@ -391,61 +253,182 @@ fn wanted_when_ready(registry: &TestRegistry) -> Result<BTreeMap<String, Want>> 
     .context("etcd did not answer after the fault")
 }
 
-// --- the checker's control ----------------------------------------------------------------
+// --- the soak ------------------------------------------------------------------------------
 
-/// Proves the checker is not blind: a second copy of a running unit is started on another
-/// machine behind fleet's back (a transient unit of the same name, which fleetd leaves
-/// alone), seen by the poller, then stopped behind fleet's back too. The checker must report
-/// both: two copies at once, and a stop without a registry reason. Returns the unit and the
-/// machine of that copy.
-fn control(cluster: &Cluster, seen: &Mutex<Seen>) -> Result<(String, String)> {
-    let lock = || seen.lock().unwrap_or_else(|e| e.into_inner());
-    let (unit, running_on) = {
-        let seen = lock();
-        let run = seen
-            .open
-            .values()
-            .find(|r| cluster.machine(&r.machine).is_ok_and(Machine::is_up))
-            .context("no unit running for the control")?;
-        (run.unit.clone(), run.machine.clone())
-    };
-    let other = up(cluster)
-        .into_iter()
-        .find(|m| m.name() != running_on)
-        .context("no second machine for the control")?;
-    let name = other.name().to_owned();
-    other
-        .exec(
-            "systemd-run",
-            ["--quiet", "--unit", &unit, "/bin/sleep", "1000"],
-        )?
-        .checked()
-        .context("starting the control copy")?;
-    let invocation = units_on(other, std::slice::from_ref(&unit))?
-        .remove(&unit)
-        .map(|v| v.invocation)
-        .filter(|i| !i.is_empty())
-        .context("the control copy has no invocation")?;
-    let key = (name.clone(), unit.clone(), invocation);
-    let has = |open: bool| {
-        let seen = lock();
-        if open {
-            seen.open.contains_key(&key)
-        } else {
-            seen.closed
-                .iter()
-                .any(|r| (&r.machine, &r.unit, &r.invocation) == (&key.0, &key.1, &key.2))
-        }
-    };
-    fleet_functional_tests::wait_for(CONVERGE, POLL_EVERY, || has(true))
-        .context("the poller never saw the control copy")?;
-    other.systemctl_ok(&["stop", &unit])?;
-    fleet_functional_tests::wait_for(CONVERGE, POLL_EVERY, || has(false))
-        .context("the poller never saw the control copy stop")?;
-    Ok((unit, name))
+/// One soak's state, beside the cluster and the recorders (which borrow the cluster too).
+struct Soak<'a> {
+    cluster: &'a Cluster,
+    registry: &'a TestRegistry,
+    rng: Rng,
+    paths: BTreeMap<(usize, u32), String>,
+    /// The version each unit's next start or replace uses.
+    versions: Vec<u32>,
+    record: Record,
+    injected: Vec<Injected>,
+    /// `(operation, succeeded)` of every fleetctl operation of the churn.
+    ops: Vec<(String, bool)>,
+    start: Instant,
 }
 
-// --- the soak ------------------------------------------------------------------------------
+impl Soak<'_> {
+    /// One round: `fault` under churn, then convergence within [`CONVERGE`].
+    fn round(&mut self, round: usize, fault: Fault) -> Result<()> {
+        let (cluster, registry) = (self.cluster, self.registry);
+        let mut churn_rng = Rng::from_seed(self.rng.next());
+        let spacing = Duration::from_millis(200 + self.rng.below(800));
+        let at = Instant::now();
+        let (rng, versions, paths, record) = (
+            &mut self.rng,
+            &mut self.versions,
+            &self.paths,
+            &mut self.record,
+        );
+        let (hit, done) = std::thread::scope(|s| -> Result<_> {
+            let client = s.spawn(|| churn(cluster, &mut churn_rng, versions, paths, spacing));
+            let hit = inject(cluster, rng, fault, record);
+            let done = client.join().expect("the client loop does not panic");
+            Ok((hit?, done?))
+        })?;
+        let lasted = at.elapsed();
+        let want = wanted_when_ready(registry)?;
+        support::wait_registered(cluster, registry)?;
+        wait_converged(cluster, registry, &want, CONVERGE).with_context(|| {
+            format!("round {round}: no convergence within {CONVERGE:?} after {fault:?}")
+        })?;
+        let converged_in = at.elapsed() - lasted;
+        eprintln!(
+            "round {round} at {:.1} s: {fault:?} on {hit:?} for {lasted:.1?}, converged \
+             {converged_in:.1?} later; {} operations",
+            at.duration_since(self.start).as_secs_f64(),
+            done.len()
+        );
+        self.ops.extend(done);
+        self.injected.push(Injected {
+            fault,
+            machine: hit,
+            at,
+            lasted,
+            converged_in,
+        });
+        Ok(())
+    }
+
+    /// Every round until the budget is spent (and every fault of `plan` ran), then the
+    /// control, once every documented window is over (or it would be excused).
+    fn run(
+        &mut self,
+        plan: &[Fault],
+        budget: Duration,
+        seen: &Mutex<Seen>,
+    ) -> Result<(String, String)> {
+        for round in 0..MAX_ROUNDS {
+            if round >= plan.len() && self.start.elapsed() > budget {
+                break;
+            }
+            let fault = pick(&mut self.rng, round, plan, self.cluster);
+            self.round(round, fault)?;
+        }
+        if let Some(end) = self.record.windows.iter().map(|w| w.to).max() {
+            std::thread::sleep(end.saturating_duration_since(Instant::now()));
+        }
+        record::control(self.cluster, seen)
+    }
+
+    /// Prints the faults, the operations and what the recorders saw.
+    fn report(&self, seen: &Seen) {
+        eprintln!("chaos: faults injected ({}):", self.injected.len());
+        for f in &self.injected {
+            eprintln!(
+                "  {:>6.1} s  {:?} on {} for {:.1?}, converged {:.1?} later",
+                f.at.duration_since(self.start).as_secs_f64(),
+                f.fault,
+                f.machine.as_deref().unwrap_or("the cluster"),
+                f.lasted,
+                f.converged_in
+            );
+        }
+        let mut by_verb: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+        for (op, ok) in &self.ops {
+            let counts = by_verb
+                .entry(op.split(' ').next().unwrap_or(""))
+                .or_default();
+            counts.0 += 1;
+            counts.1 += usize::from(!ok);
+        }
+        eprintln!(
+            "chaos: {} fleetctl operations, (run, refused cleanly) by verb: {by_verb:?}",
+            self.ops.len()
+        );
+        eprintln!(
+            "chaos: {} runs of units seen in {} polls, {} schedule changes of {} events",
+            self.record.runs.len(),
+            seen.polls,
+            self.record.changes.len(),
+            seen.events
+        );
+    }
+}
+
+/// Replays etcd's history from `from`: at no revision is a unit scheduled on two machines.
+fn never_scheduled_twice(registry: &TestRegistry, from: i64) -> Result<usize> {
+    let base = format!("{PREFIX}schedule/");
+    replay(registry, from, |rev, state| {
+        let mut on: BTreeMap<&str, &str> = BTreeMap::new();
+        for key in state.keys() {
+            let Some((machine, unit)) = key.strip_prefix(&base).and_then(|r| r.split_once('/'))
+            else {
+                continue;
+            };
+            if let Some(other) = on.insert(unit, machine) {
+                bail!("revision {rev}: {unit} scheduled on {other} and {machine}");
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Splits the checker's findings into those about the control copy, which must be there
+/// (two copies at once, and one stop without a reason), and the rest, returned.
+fn without_control(
+    record: &Record,
+    start: Instant,
+    (unit, machine): &(String, String),
+) -> Result<Vec<String>> {
+    let (control, rest): (Vec<String>, Vec<String>) = check::violations(record, start)
+        .into_iter()
+        .partition(|v| v.starts_with(&format!("{unit} ")) && v.contains(machine.as_str()));
+    eprintln!("chaos: the control copy of {unit} on {machine}: {control:?}");
+    let stops = control
+        .iter()
+        .filter(|v| v.contains("without a registry reason"))
+        .count();
+    ensure!(
+        control.iter().any(|v| v.contains("at once")) && stops == 1,
+        "the checker missed the control copy of {unit} on {machine}: {control:?}; its runs: \
+         {:#?}; windows: {:#?}",
+        record
+            .runs
+            .iter()
+            .filter(|r| &r.unit == unit)
+            .collect::<Vec<_>>(),
+        record.windows
+    );
+    Ok(rest)
+}
+
+/// The first rounds' faults: each once, in a random order.
+fn first_faults(rng: &mut Rng) -> Vec<Fault> {
+    let mut plan = vec![
+        Fault::FleetdKill,
+        Fault::EtcdFreeze,
+        Fault::NetworkCut,
+        Fault::PowerLoss,
+    ];
+    for i in (1..plan.len()).rev() {
+        plan.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    plan
+}
 
 #[test]
 #[ignore = "soak: run last by make test, alone by make soak"]
@@ -462,163 +445,48 @@ fn soak_chaos_of_faults_under_fleetctl_churn_breaks_no_invariant() -> Result<()>
     let (cluster, registry) = support::start(MACHINES, spec)?;
     let watcher = TestRegistry::of(&cluster)?;
     let paths = write_versions(&cluster.dir().join("chaos-units"))?;
-    let mut versions = vec![0u32; UNITS];
-    let all: Vec<String> = (0..UNITS).map(|i| paths[&(i, 0)].clone()).collect();
     let mut line = vec!["start".to_owned(), "--no-block".to_owned()];
-    line.extend(all);
+    line.extend((0..UNITS).map(|i| paths[&(i, 0)].clone()));
     support::fleetctl_ok(&cluster, &line)?;
     wait_converged(&cluster, &registry, &wanted(&registry)?, CONVERGE)?;
 
-    let mut plan = vec![
-        Fault::FleetdKill,
-        Fault::EtcdFreeze,
-        Fault::NetworkCut,
-        Fault::PowerLoss,
-    ];
-    for i in (1..plan.len()).rev() {
-        plan.swap(i, rng.below(i as u64 + 1) as usize);
-    }
+    let plan = first_faults(&mut rng);
     let from = revision(&registry)?;
-    let start = Instant::now();
+    let mut soak = Soak {
+        cluster: &cluster,
+        registry: &registry,
+        rng,
+        paths,
+        versions: vec![0; UNITS],
+        record: Record::default(),
+        injected: Vec::new(),
+        ops: Vec::new(),
+        start: Instant::now(),
+    };
     let seen = Mutex::new(Seen::default());
     let stop = AtomicBool::new(false);
-    let mut record = Record::default();
-    let mut injected = Vec::new();
-    let mut ops = Vec::new();
-
-    let outcome = std::thread::scope(|s| -> Result<(String, String)> {
-        let poller = s.spawn(|| poll_systemd(&cluster, &seen, &stop));
-        let history = s.spawn(|| watch_schedules(&cluster, &watcher, from, &seen, &stop));
-        let rounds = (|| -> Result<()> {
-            for round in 0..MAX_ROUNDS {
-                if round >= plan.len() && start.elapsed() > budget {
-                    break;
-                }
-                let fault = pick(&mut rng, round, &plan, &cluster);
-                let mut churn_rng = Rng::from_seed(rng.next());
-                let spacing = Duration::from_millis(200 + rng.below(800));
-                let at = Instant::now();
-                let (hit, done) = std::thread::scope(|s| -> Result<_> {
-                    let client =
-                        s.spawn(|| churn(&cluster, &mut churn_rng, &mut versions, &paths, spacing));
-                    let hit = inject(&cluster, &mut rng, fault, &mut record);
-                    let done = client.join().expect("the client loop does not panic");
-                    Ok((hit?, done?))
-                })?;
-                let lasted = at.elapsed();
-                let want = wanted_when_ready(&registry)?;
-                support::wait_registered(&cluster, &registry)?;
-                wait_converged(&cluster, &registry, &want, CONVERGE).with_context(|| {
-                    format!("round {round}: no convergence within {CONVERGE:?} after {fault:?}")
-                })?;
-                let converged_in = at.elapsed() - lasted;
-                eprintln!(
-                    "round {round} at {:.1} s: {fault:?} on {hit:?} for {lasted:.1?}, \
-                     converged {converged_in:.1?} later; {} operations",
-                    at.duration_since(start).as_secs_f64(),
-                    done.len()
-                );
-                ops.extend(done);
-                injected.push(Injected {
-                    fault,
-                    machine: hit,
-                    at,
-                    lasted,
-                    converged_in,
-                });
-            }
-            Ok(())
-        })();
-        // The control must fall outside every documented window, or it would be excused.
-        let windows_end = record.windows.iter().map(|w| w.to).max();
-        let control = rounds.and_then(|()| {
-            if let Some(end) = windows_end {
-                std::thread::sleep(end.saturating_duration_since(Instant::now()));
-            }
-            control(&cluster, &seen)
-        });
+    let control = std::thread::scope(|s| -> Result<(String, String)> {
+        let poller = s.spawn(|| record::poll_systemd(&cluster, &seen, &stop));
+        let history = s.spawn(|| record::watch_schedules(&cluster, &watcher, from, &seen, &stop));
+        let control = soak.run(&plan, budget, &seen);
         stop.store(true, Ordering::SeqCst);
         poller.join().expect("the systemd poller does not panic");
         history
             .join()
             .expect("the history recorder does not panic")?;
         control
-    });
-    let (control_unit, control_machine) = outcome?;
+    })?;
 
     let seen = seen.into_inner().unwrap_or_else(|e| e.into_inner());
-    record.runs = seen.closed;
-    record.runs.extend(seen.open.into_values());
-    record.changes = seen.changes;
-    let (control, mut violations): (Vec<String>, Vec<String>) = check::violations(&record, start)
-        .into_iter()
-        .partition(|v| v.starts_with(&format!("{control_unit} ")) && v.contains(&control_machine));
-    eprintln!("chaos: the control copy of {control_unit} on {control_machine}: {control:?}");
-    ensure!(
-        control.iter().any(|v| v.contains("at once"))
-            && control
-                .iter()
-                .filter(|v| v.contains("without a registry reason"))
-                .count()
-                == 1,
-        "the checker missed the control copy of {control_unit} on {control_machine}: {control:?}; \
-         its runs: {:#?}; windows: {:#?}",
-        record
-            .runs
-            .iter()
-            .filter(|r| r.unit == control_unit)
-            .collect::<Vec<_>>(),
-        record.windows
-    );
-    let checked = replay(&registry, from, |rev, state| {
-        let base = format!("{PREFIX}schedule/");
-        let mut on: BTreeMap<&str, &str> = BTreeMap::new();
-        for key in state.keys() {
-            let Some((machine, unit)) = key.strip_prefix(&base).and_then(|r| r.split_once('/'))
-            else {
-                continue;
-            };
-            if let Some(other) = on.insert(unit, machine) {
-                bail!("revision {rev}: {unit} scheduled on {other} and {machine}");
-            }
-        }
-        Ok(())
-    });
-    match checked {
+    soak.record.runs = seen.closed.clone();
+    soak.record.runs.extend(seen.open.values().cloned());
+    soak.record.changes = seen.changes.clone();
+    let mut violations = without_control(&soak.record, soak.start, &control)?;
+    match never_scheduled_twice(&registry, from) {
         Ok(n) => eprintln!("chaos: {n} revisions of etcd's history replayed"),
         Err(e) => violations.push(format!("{e:#}")),
     }
-
-    eprintln!("chaos: faults injected ({}):", injected.len());
-    for f in &injected {
-        eprintln!(
-            "  {:>6.1} s  {:?} on {} for {:.1?}, converged {:.1?} later",
-            f.at.duration_since(start).as_secs_f64(),
-            f.fault,
-            f.machine.as_deref().unwrap_or("the cluster"),
-            f.lasted,
-            f.converged_in
-        );
-    }
-    let mut by_verb: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    for (op, ok) in &ops {
-        let counts = by_verb
-            .entry(op.split(' ').next().unwrap_or(""))
-            .or_default();
-        counts.0 += 1;
-        counts.1 += usize::from(!ok);
-    }
-    eprintln!(
-        "chaos: {} fleetctl operations, (run, refused cleanly) by verb: {by_verb:?}",
-        ops.len()
-    );
-    eprintln!(
-        "chaos: {} runs of units seen in {} polls, {} schedule changes of {} events",
-        record.runs.len(),
-        seen.polls,
-        record.changes.len(),
-        seen.events
-    );
+    soak.report(&seen);
     eprintln!("chaos: violations: {}", violations.len());
     for v in &violations {
         eprintln!("  {v}");
