@@ -30,19 +30,19 @@ build: deps
 	$(CARGO) build --workspace --bins
 
 # Every test. Functional tests boot systemd machines in namespaces: they need root. The
-# long fault-injection variants (`make soak`, ~1 min) run last: ignored by `cargo test` so
+# long fault-injection variants (`make soak`, ~5 min) run last: ignored by `cargo test` so
 # that a plain `cargo test` stays quick, but part of every `make test` and so of CI.
 test: build
 	$(CARGO) test --workspace --all-features -- --test-threads=4
 	$(MAKE) --no-print-directory soak-only
 
 # The long fault-injection variants alone (50 units with 20 kills of fleetd, 100 rounds of
-# racing clients).
+# racing clients, and the ~5 min chaos soak of functional-tests/tests/chaos.rs).
 soak: build
 	$(MAKE) --no-print-directory soak-only
 
 soak-only:
-	$(CARGO) test -p fleet-functional-tests --test faults -- --ignored --test-threads=4
+	$(CARGO) test -p fleet-functional-tests --test faults --test chaos -- --ignored --test-threads=4
 
 test-unit:
 	$(CARGO) test --workspace --lib

@@ -1,8 +1,9 @@
 //! Faults injected by the tests themselves on real clusters (etcd + systemd machines running
 //! fleetd with its engine), and the promises of `docs/guarantees.md` they check: kill -9 of
 //! fleetd during a churn of starts and stops, an etcd outage longer than the agent TTL, a
-//! machine cut off the network, the engine leader killed while scheduling, and two fleetctl
-//! processes racing on the same units. Needs root.
+//! machine cut off the network, the engine leader cut off the network, the engine leader
+//! killed while scheduling, and two fleetctl processes racing on the same units. Needs root.
+//! (The chaos soak that mixes these faults is `chaos.rs`.)
 //!
 //! Fault moments are random, from a seed printed at the start of each test
 //! (`FLEET_FAULT_SEED=<n>` replays one). Nothing waits for a fixed time except where time is
@@ -13,8 +14,11 @@
 mod support;
 
 use anyhow::{Context, Result, bail, ensure};
-use fleet_functional_tests::{Cluster, FleetdSpec, Machine, Signal, wait_for, wait_for_value};
+use fleet_functional_tests::{
+    Cluster, FleetdSpec, Machine, Signal, TestRegistry, wait_for, wait_for_value,
+};
 use fleet_registry::UnitRecord;
+use fleet_registry::kv::{CmpOp, CmpTarget, Compare, Kv, Txn, TxnOp};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use support::{
@@ -27,6 +31,8 @@ use support::{
 const RECONCILE: &str = "0.5";
 /// How long the partition test keeps a machine cut off.
 const PARTITION: Duration = Duration::from_secs(15);
+/// The engine leader's lease: 5 x the reconcile interval, rounded up by etcd.
+const ENGINE_LEASE: Duration = Duration::from_secs(3);
 /// How long a cluster may take to settle after a fault.
 const SETTLE: Duration = Duration::from_secs(45);
 
@@ -430,6 +436,206 @@ fn a_machine_cut_off_has_its_units_moved_and_stops_its_stale_copies_once_healed(
             ensure!(p == &before[unit], "{unit} moved or restarted: {p:?}");
         }
     }
+    support::finish(cluster)
+}
+
+/// The leader key as etcd holds it: the leader's machine ID and its lease.
+fn leader_key(registry: &TestRegistry) -> Result<Option<(String, i64)>> {
+    let key = registry.registry().keys().leader();
+    let res = registry
+        .block_on(registry.registry().kv().range(&key, false, None))
+        .context("reading the leader key")?;
+    Ok(res.kvs.first().map(|kv| {
+        (
+            String::from_utf8_lossy(&kv.value).trim().to_owned(),
+            kv.lease,
+        )
+    }))
+}
+
+/// Writes what a deposed leader would: `value` at `key`, fenced as every engine write is (the
+/// leader key holds `id` on `lease`, `crates/fleet-registry/src/leader.rs`). Whether etcd
+/// applied it.
+fn fenced_put(
+    registry: &TestRegistry,
+    (id, lease): &(String, i64),
+    key: &str,
+    value: Vec<u8>,
+) -> Result<bool> {
+    let leader = registry.registry().keys().leader();
+    let txn = Txn {
+        compares: vec![
+            Compare::value(&leader, id.as_bytes().to_vec()),
+            Compare {
+                key: leader.clone(),
+                prefix: false,
+                op: CmpOp::Equal,
+                target: CmpTarget::Lease(*lease),
+            },
+        ],
+        success: vec![TxnOp::Put {
+            key: key.to_owned(),
+            value,
+            lease: None,
+        }],
+        failure: vec![],
+    };
+    let res = registry
+        .block_on(registry.registry().kv().txn(txn))
+        .context("a fenced write")?;
+    Ok(res.succeeded)
+}
+
+/// A live engine leader cut off the network (fleet's engine has no fence; a deposed leader
+/// could schedule), with units started right after the cut for whichever engine leads to
+/// place. Another machine's engine takes over within the leader lease's TTL; a
+/// write carrying the old leader's fence is refused; the old leader notices on its own that
+/// its lease lapsed; no unit is ever scheduled on two machines; its units run elsewhere after
+/// the agent TTL (the documented partition window); and on heal it follows the new leader
+/// instead of taking leadership back, and stops its stale copies.
+#[test]
+fn a_leader_cut_off_is_replaced_within_the_ttl_its_fence_refuses_it_and_it_steps_down_on_heal()
+-> Result<()> {
+    let (cluster, registry) = start(3, engine_spec())?;
+    let texts: BTreeMap<String, String> = (0..9)
+        .map(|i| (format!("lead-{i}.service"), sleeper(600_000 + i)))
+        .collect();
+    let paths = write_units(&cluster.dir().join("units"), &texts)?;
+    // Six run before the cut; three are started while the leader is cut off, for whichever
+    // engine leads to place.
+    let (first, late): (Vec<String>, Vec<String>) = texts
+        .keys()
+        .cloned()
+        .partition(|u| u.as_str() < "lead-6.service");
+    let mut want: BTreeMap<String, Want> =
+        first.iter().map(|u| (u.clone(), Want::Launched)).collect();
+    let paths_of = |units: &[String]| units.iter().map(|u| paths[u].clone()).collect::<Vec<_>>();
+    no_block(&cluster, "start", &paths_of(&first))?;
+    let before = wait_converged(&cluster, &registry, &want, SETTLE)?;
+    let old = leader_key(&registry)?.context("no engine leader")?;
+    let deposed = cluster.machine_by_id(&old.0)?;
+    let moved: Vec<String> = before
+        .iter()
+        .filter(|(_, p)| p.machine == deposed.name())
+        .map(|(u, _)| u.clone())
+        .collect();
+    let cursor = journal_cursor(deposed)?;
+    let from = revision(&registry)?;
+
+    deposed.cut_network()?;
+    let cut = Instant::now();
+    no_block(&cluster, "start", &paths_of(&late))?;
+    want.extend(late.iter().map(|u| (u.clone(), Want::Launched)));
+    let new = wait_for_value(TIMEOUT, Duration::from_millis(20), || {
+        leader_key(&registry)
+            .ok()
+            .flatten()
+            .filter(|(id, _)| *id != old.0)
+    })
+    .context("no engine took over from the cut-off leader")?;
+    let took_over = cut.elapsed();
+    // The lease was renewed at most a third of its TTL (2.5 s, 3 s in etcd) before the cut.
+    ensure!(
+        took_over < ENGINE_LEASE + Duration::from_secs(2),
+        "a new leader only after {took_over:?}"
+    );
+
+    // What the old leader could still send (a request in flight when the link went down):
+    // a second copy of a unit, on its own machine. The fence refuses it.
+    let (_, schedules) = support::dump(&registry, &format!("{}schedule/", support::PREFIX))?;
+    let (key, value) = schedules
+        .iter()
+        .find(|(k, _)| !k.contains(deposed.id().as_str()))
+        .context("nothing scheduled off the cut-off leader")?;
+    let unit = key.rsplit('/').next().context("schedule key")?;
+    let copy = format!("{}schedule/{}/{unit}", support::PREFIX, deposed.id());
+    ensure!(
+        !fenced_put(&registry, &old, &copy, value.clone())?,
+        "a write fenced by the deposed leader's key and lease was applied"
+    );
+
+    // Cut off, it steps down by itself: its lease could not be renewed for a whole TTL.
+    wait_for(TIMEOUT, Duration::from_millis(250), || {
+        support::fleetd_log(deposed, &cursor).is_ok_and(|log| {
+            log.contains("engine leadership lapsed") || log.contains("engine leadership lost")
+        })
+    })
+    .context("the cut-off leader never noticed it lost leadership")?;
+    // Its units run elsewhere once its presence expired; it keeps its own copies (promise 1).
+    let mut last = String::new();
+    wait_for(SETTLE, POLL, || {
+        let mut placed = BTreeSet::new();
+        for m in cluster.machines().iter().filter(|m| m.id() != deposed.id()) {
+            if let Ok(views) = units_on(m, &moved) {
+                placed.extend(
+                    views
+                        .into_iter()
+                        .filter(|(_, v)| v.is_active())
+                        .map(|(u, _)| u),
+                );
+            }
+        }
+        last = format!("{placed:?}");
+        placed.len() == moved.len()
+    })
+    .with_context(|| format!("{moved:?} not rescheduled off {}: {last}", deposed.name()))?;
+    let rescheduled_after = cut.elapsed();
+    wait_for(TIMEOUT, Duration::from_millis(250), || {
+        cut.elapsed() >= PARTITION
+    })?;
+    deposed.heal_network()?;
+    let healed = Instant::now();
+
+    support::wait_registered(&cluster, &registry)?;
+    let after = wait_converged(&cluster, &registry, &want, SETTLE).context("after the heal")?;
+    let stale_gone = healed.elapsed();
+    let now = leader_key(&registry)?.context("no leader after the heal")?;
+    ensure!(
+        now == new,
+        "leadership changed after the heal: {new:?} -> {now:?} (old {old:?})"
+    );
+    let log = support::fleetd_log(deposed, &cursor)?;
+    ensure!(
+        !log.contains("engine leadership acquired"),
+        "the old leader took leadership back:\n{log}"
+    );
+    for (unit, p) in &after {
+        if let Some(was) = before.get(unit)
+            && !moved.contains(unit)
+        {
+            ensure!(p == was, "{unit} moved or restarted: {p:?}");
+        }
+    }
+    // At every revision from before the cut to now: one leader key holder at a time, never
+    // the old one again, and no unit scheduled on two machines.
+    let leader_path = registry.registry().keys().leader();
+    let mut deposed_at = None;
+    let checked = replay(&registry, from, |rev, state| {
+        let holder = state
+            .get(&leader_path)
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        match (&holder, deposed_at) {
+            (Some(h), Some(at)) if h.trim() == old.0 => {
+                bail!("revision {rev}: the old leader holds the key again (deposed at {at})")
+            }
+            (Some(h), None) if h.trim() != old.0 => deposed_at = Some(rev),
+            _ => {}
+        }
+        let mut seen: BTreeMap<String, String> = BTreeMap::new();
+        for (unit, machine) in schedule_entries(state) {
+            if let Some(other) = seen.insert(unit.clone(), machine.clone()) {
+                bail!("revision {rev}: {unit} scheduled on {other} and {machine}");
+            }
+        }
+        Ok(())
+    })?;
+    eprintln!(
+        "leader {} cut off: new leader after {took_over:?}, its units running elsewhere after \
+         {rescheduled_after:?}; healed after {:?}, converged {stale_gone:?} later; \
+         {checked} revisions checked",
+        deposed.name(),
+        healed.duration_since(cut)
+    );
     support::finish(cluster)
 }
 

@@ -1561,6 +1561,77 @@ fn replacing_a_template_leaves_its_running_instances_alone_until_each_is_replace
     finish(cluster)
 }
 
+/// fleet#1691: the template is in the registry and was edited locally; `start --replace` of a
+/// running instance must run the local template's new content (fleet said "Found same Unit",
+/// exited 0 and kept the old one). Without `--replace`, a new instance takes the registry's
+/// template and fleetctl warns that the local one differs.
+#[test]
+fn start_replace_of_an_instance_runs_the_edited_local_template() -> Result<()> {
+    let cluster = start(2)?;
+    let t1 = fixture_text("v1/tpl@.service")?;
+    let t2 = fixture_text("v2/tpl@.service")?;
+    let (h1, h2) = (hash_of(&t1)?, hash_of(&t2)?);
+    let dir = workdir(&cluster, "tpl-local")?;
+    let template = write_unit(&dir, "tpl@.service", &t1)?;
+    fleetctl_ok(&cluster, &["submit", &template])?;
+    command(
+        &cluster,
+        &["start", "--block-attempts", BLOCK_ATTEMPTS],
+        &instances(&dir, "tpl", [2]),
+    )?;
+    let rows = wait_units(&cluster, "tpl@2 active on version 1", |rows| {
+        row_of(rows, "tpl@2.service").is_some_and(|r| r.active == "active" && r.hash == h1)
+    })?;
+    let before = pids(&cluster, &rows)?;
+
+    write_unit(&dir, "tpl@.service", &t2)?;
+    let out = command(
+        &cluster,
+        &["start", "--block-attempts", BLOCK_ATTEMPTS],
+        &instances(&dir, "tpl", [3]),
+    )?;
+    assert!(
+        out.stderr.contains(
+            "WARNING: Unit tpl@.service in registry differs from local template unit file"
+        ),
+        "{out:?}"
+    );
+
+    let out = command(
+        &cluster,
+        &["start", "--replace", "--block-attempts", BLOCK_ATTEMPTS],
+        &instances(&dir, "tpl", [2]),
+    )?;
+    assert!(
+        out.stdout
+            .contains("Unit tpl@2.service replaced in place on"),
+        "{out:?}"
+    );
+    let rows = wait_units(&cluster, "tpl@2 on version 2, tpl@3 on 1", |rows| {
+        row_of(rows, "tpl@2.service").is_some_and(|r| r.active == "active" && r.hash == h2)
+            && row_of(rows, "tpl@3.service").is_some_and(|r| r.active == "active" && r.hash == h1)
+    })?;
+    let row = row_of(&rows, "tpl@2.service").context("tpl@2 row")?;
+    let m = cluster.machine(&row.machine)?;
+    let now = pid(m, "tpl@2.service")?;
+    assert_ne!(
+        before.get(&("tpl@2.service".to_owned(), row.machine.clone())),
+        Some(&now),
+        "tpl@2 was not restarted"
+    );
+    assert!(
+        environ(m, now)?.lines().any(|l| l == "TPL_VERSION=2"),
+        "the running tpl@2 is not the local template's version 2"
+    );
+    assert_eq!(cat(&cluster, "tpl@2.service")?, canonical(&t2)?);
+    assert_eq!(
+        file_row(&list_unit_files(&cluster)?, "tpl@.service")?.hash,
+        h1,
+        "the registry's template is left as it was"
+    );
+    finish(cluster)
+}
+
 // --- concurrent replaces -------------------------------------------------------------------
 
 /// `O_NONBLOCK` (Linux): opening a FIFO for writing fails with `ENXIO` until a reader has it

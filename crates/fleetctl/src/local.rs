@@ -1,6 +1,7 @@
-//! Finding the content of a unit named on the command line, in fleet's order: the unit's own
-//! local file, then (for an instance) its template in the registry, then the template file
-//! next to the argument. Files are read with a size cap and parsed before anything is written.
+//! Reading the local files a unit named on the command line may take its content from: the
+//! unit's own file, and (for an instance) the template file next to the argument. In which
+//! order they and the registry's template are tried is `commands::submit`'s decision. Files
+//! are read with a size cap and parsed before anything is written.
 
 use anyhow::{Context, Result, anyhow, bail};
 use fleet_core::unit_file::MAX_UNIT_FILE_BYTES;

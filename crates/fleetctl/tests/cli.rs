@@ -184,6 +184,79 @@ async fn instances_take_their_content_from_the_template() {
 }
 
 #[tokio::test]
+async fn replace_of_an_instance_takes_the_edited_local_template_over_the_registry_one() {
+    let env = Env::new("template-replace").await;
+    let v1 = "[Service]\nExecStart=/bin/sleep 1%i\n";
+    let v2 = "[Service]\nExecStart=/bin/sleep 2%i\n";
+    env.write("hello@.service", v1);
+    ok(&env.fleetctl(&["submit", "hello@.service", "hello@2.service"]));
+    env.write("hello@.service", v2);
+
+    // fleet#1691: the registry's template used to win, so this said "nothing to do".
+    let o = env.fleetctl(&["submit", "--replace", "./hello@2.service"]);
+    ok(&o);
+    assert_eq!(stdout(&o), "Unit hello@2.service inactive\n");
+    assert_eq!(stdout(&env.fleetctl(&["cat", "hello@2"])), v2);
+    assert_eq!(
+        stdout(&env.fleetctl(&["cat", "hello@.service"])),
+        v1,
+        "the registry's template is left as it was"
+    );
+    let o = env.fleetctl(&["submit", "--replace", "./hello@2.service"]);
+    assert_eq!(
+        stdout(&o),
+        "Found same Unit(hello@2.service) in Registry, nothing to do\n"
+    );
+
+    // Without a local template, the registry's is the one left to take.
+    std::fs::remove_file(env.dir.join("hello@.service")).unwrap();
+    let o = env.fleetctl(&["submit", "--replace", "./hello@2.service"]);
+    ok(&o);
+    assert_eq!(stdout(&env.fleetctl(&["cat", "hello@2"])), v1);
+
+    // A new instance with --replace takes the local template too.
+    env.write("hello@.service", v2);
+    ok(&env.fleetctl(&["submit", "--replace", "./hello@3.service"]));
+    assert_eq!(stdout(&env.fleetctl(&["cat", "hello@3"])), v2);
+}
+
+#[tokio::test]
+async fn a_local_template_differing_from_the_registry_one_is_warned_about() {
+    let env = Env::new("template-warn").await;
+    let v1 = "[Service]\nExecStart=/bin/sleep 1%i\n";
+    let v2 = "[Service]\nExecStart=/bin/sleep 2%i\n";
+    env.write("hello@.service", v1);
+    ok(&env.fleetctl(&["submit", "hello@.service", "hello@1.service"]));
+    env.write("hello@.service", v2);
+
+    // fleet#1560: a new instance still takes the registry's template, but says so.
+    let o = env.fleetctl(&["submit", "./hello@2.service"]);
+    ok(&o);
+    assert_eq!(stdout(&o), "Unit hello@2.service inactive\n");
+    assert_eq!(
+        stderr(&o),
+        "WARNING: Unit hello@.service in registry differs from local template unit file ./hello@.service. Add --replace to override.\n"
+    );
+    assert_eq!(stdout(&env.fleetctl(&["cat", "hello@2"])), v1);
+
+    // An instance already registered: fleet's own warning, nothing written.
+    let before = env.dump().await;
+    let o = env.fleetctl(&["submit", "./hello@1.service"]);
+    ok(&o);
+    assert_eq!(
+        stderr(&o),
+        "WARNING: Unit hello@1.service in registry differs from local template unit file ./hello@1.service. Add --replace to override.\n"
+    );
+    assert_eq!(env.dump().await, before);
+
+    // The same template locally: no warning.
+    env.write("hello@.service", v1);
+    let o = env.fleetctl(&["submit", "./hello@3.service"]);
+    ok(&o);
+    assert_eq!(stderr(&o), "");
+}
+
+#[tokio::test]
 async fn many_arguments_resolve_as_they_did_one_at_a_time() {
     let env = Env::new("many").await;
     env.write("a.service", HELLO);

@@ -145,9 +145,12 @@ async fn prepare_one(
 ) -> Result<Action> {
     let existing = registry.unit(name).await?;
     let Some(existing) = existing else {
-        let file = find_new_content(registry, arg, name)
-            .await?
-            .ok_or_else(|| not_found(name))?;
+        let file = if replace {
+            find_replacement(registry, arg, name).await?
+        } else {
+            find_new_content(ctx, registry, arg, name).await?
+        };
+        let file = file.ok_or_else(|| not_found(name))?;
         check_requirements(ctx, name, &file)?;
         return Ok(Action::Create(file));
     };
@@ -205,8 +208,11 @@ fn read_local(arg: &str, name: &UnitName) -> Result<Option<(UnitFile, bool)>> {
     Ok(None)
 }
 
-/// Content for a unit not yet registered: local file, registry template, local template.
+/// Content for a unit not yet registered, in fleet's order: local file, registry template,
+/// local template. A local template that differs from the registry's is not used, but said
+/// (fleet#1560): `--replace` is how to take it.
 async fn find_new_content(
+    ctx: &mut Ctx,
     registry: &mut Registered,
     arg: &str,
     name: &UnitName,
@@ -214,36 +220,50 @@ async fn find_new_content(
     if let Some(f) = read_unit_file(&local_path(arg))? {
         return Ok(Some(f));
     }
-    from_template(registry, arg, name).await
+    let Some(template) = name.template() else {
+        return Ok(None);
+    };
+    let local = read_unit_file(&local_template_path(arg, &template))?;
+    let Some(registered) = registry.unit(&template).await? else {
+        return local.map(Some).ok_or_else(|| no_template(name, &template));
+    };
+    let file = registry.file(&registered).await?;
+    if let Some(local) = local
+        && local.hash() != file.hash()
+    {
+        ctx.warn(format!(
+            "WARNING: Unit {template} in registry differs from local template unit file {}. Add --replace to override.",
+            local_template_path(arg, &template).display()
+        ));
+    }
+    Ok(Some(file))
 }
 
-/// Content replacing a registered unit: local file, then the registry template, then the local
-/// template (the registry template wins over the local one, as in fleet after #1691).
+/// Content for `--replace`: the local file decides (fleet#1691). The instance's own file,
+/// then the template next to the argument, and the registry's template only when there is no
+/// local one; fleet's order let a stale registry template win, so an edited local template
+/// was "the same" and nothing happened.
 async fn find_replacement(
     registry: &mut Registered,
     arg: &str,
     name: &UnitName,
 ) -> Result<Option<UnitFile>> {
-    find_new_content(registry, arg, name).await
-}
-
-async fn from_template(
-    registry: &mut Registered,
-    arg: &str,
-    name: &UnitName,
-) -> Result<Option<UnitFile>> {
+    if let Some((file, _)) = read_local(arg, name)? {
+        return Ok(Some(file));
+    }
     let Some(template) = name.template() else {
         return Ok(None);
     };
-    if let Some(unit) = registry.unit(&template).await? {
-        return Ok(Some(registry.file(&unit).await?));
+    match registry.unit(&template).await? {
+        Some(unit) => Ok(Some(registry.file(&unit).await?)),
+        None => Err(no_template(name, &template)),
     }
-    match read_unit_file(&local_template_path(arg, &template))? {
-        Some(f) => Ok(Some(f)),
-        None => bail!(
-            "failed getting Unit({name}) from template: unable to find template Unit({template}) in Registry or on filesystem"
-        ),
-    }
+}
+
+fn no_template(name: &UnitName, template: &UnitName) -> anyhow::Error {
+    anyhow!(
+        "failed getting Unit({name}) from template: unable to find template Unit({template}) in Registry or on filesystem"
+    )
 }
 
 fn not_found(name: &UnitName) -> anyhow::Error {

@@ -1,0 +1,235 @@
+//! The chaos soak's invariant checker: pure, on what the recorders saw (runs of units in
+//! every machine's systemd, changes of schedule entries in etcd's history, the faults'
+//! windows). No I/O, so its rules are tested on their own below.
+//!
+//! A *run* is one InvocationID of a unit on a machine, from the first poll that saw it active
+//! to the last; it *ended* at the first later poll of that machine that did not. The rules:
+//! - a non-global unit has at most one run at a time; two runs overlap only while one of
+//!   their machines is inside a documented window (cut off the network, or fleetd down, plus
+//!   the time it takes to hear about its schedule afterwards), docs/guarantees.md promise 2;
+//! - a run ends only for a registry reason: a change or deletion of its schedule entry on
+//!   that machine (desired state, replace, destroy, reschedule decision), each change used
+//!   for one run at most, or because its machine lost power.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+/// How far apart a recorder's clock reading and the event it records may be: a poll round
+/// of every machine, or a watch event delivered late.
+pub const SLACK: Duration = Duration::from_secs(3);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRecord {
+    pub machine: String,
+    pub unit: String,
+    pub invocation: String,
+    pub first: Instant,
+    pub last_seen: Instant,
+    /// The first poll of its machine that no longer saw it active.
+    pub ended: Option<Instant>,
+}
+
+/// A schedule entry of `unit` on `machine` changed (or was deleted) at `at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub at: Instant,
+    pub machine: String,
+    pub unit: String,
+}
+
+/// A machine inside a documented window (partition or fleetd down) from `from` to `to`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    pub machine: String,
+    pub from: Instant,
+    pub to: Instant,
+}
+
+#[derive(Debug, Default)]
+pub struct Record {
+    pub runs: Vec<RunRecord>,
+    pub changes: Vec<Change>,
+    pub windows: Vec<Window>,
+    /// Machines that lost power, and when.
+    pub power_lost: BTreeMap<String, Instant>,
+}
+
+/// Every broken rule, described for the soak's output; empty when all hold.
+pub fn violations(record: &Record, start: Instant) -> Vec<String> {
+    let mut out = double_runs(record, start);
+    out.extend(unjustified_stops(record, start));
+    out
+}
+
+fn secs(at: Instant, start: Instant) -> f64 {
+    at.saturating_duration_since(start).as_secs_f64()
+}
+
+fn inside_window(record: &Record, machine: &str, from: Instant, to: Instant) -> bool {
+    record
+        .windows
+        .iter()
+        .any(|w| w.machine == machine && w.from <= from && to <= w.to)
+}
+
+fn double_runs(record: &Record, start: Instant) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut by_unit: BTreeMap<&str, Vec<&RunRecord>> = BTreeMap::new();
+    for run in &record.runs {
+        by_unit.entry(&run.unit).or_default().push(run);
+    }
+    for (unit, runs) in by_unit {
+        for (i, a) in runs.iter().enumerate() {
+            for b in &runs[i + 1..] {
+                if a.machine == b.machine {
+                    continue;
+                }
+                let (from, to) = (a.first.max(b.first), a.last_seen.min(b.last_seen));
+                if from > to {
+                    continue;
+                }
+                if inside_window(record, &a.machine, from, to)
+                    || inside_window(record, &b.machine, from, to)
+                {
+                    continue;
+                }
+                out.push(format!(
+                    "{unit} ran on {} and {} at once from {:.1} s to {:.1} s, outside any \
+                     documented window",
+                    a.machine,
+                    b.machine,
+                    secs(from, start),
+                    secs(to, start)
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn unjustified_stops(record: &Record, start: Instant) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut ended: Vec<(&RunRecord, Instant)> = record
+        .runs
+        .iter()
+        .filter_map(|r| r.ended.map(|e| (r, e)))
+        .collect();
+    ended.sort_by_key(|(_, e)| *e);
+    let mut used: BTreeSet<usize> = BTreeSet::new();
+    for (run, end) in ended {
+        if record
+            .power_lost
+            .get(&run.machine)
+            .is_some_and(|at| *at <= end)
+        {
+            continue;
+        }
+        let reason = record.changes.iter().enumerate().find(|(i, c)| {
+            !used.contains(i)
+                && c.machine == run.machine
+                && c.unit == run.unit
+                && c.at + SLACK >= run.first
+                && c.at <= end + SLACK
+        });
+        match reason {
+            Some((i, _)) => {
+                used.insert(i);
+            }
+            None => out.push(format!(
+                "{} on {} (invocation {}) stopped at {:.1} s without a registry reason",
+                run.unit,
+                run.machine,
+                run.invocation,
+                secs(end, start)
+            )),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(start: Instant, s: u64) -> Instant {
+        start + Duration::from_secs(s)
+    }
+
+    fn run(start: Instant, m: &str, from: u64, to: u64, ended: bool) -> RunRecord {
+        RunRecord {
+            machine: m.to_owned(),
+            unit: "u.service".to_owned(),
+            invocation: format!("{m}-{from}"),
+            first: at(start, from),
+            last_seen: at(start, to),
+            ended: ended.then(|| at(start, to + 1)),
+        }
+    }
+
+    fn change(start: Instant, m: &str, s: u64) -> Change {
+        Change {
+            at: at(start, s),
+            machine: m.to_owned(),
+            unit: "u.service".to_owned(),
+        }
+    }
+
+    #[test]
+    fn two_overlapping_runs_are_a_violation_unless_inside_a_window() {
+        let start = Instant::now();
+        let mut record = Record {
+            runs: vec![
+                run(start, "m1", 0, 100, false),
+                run(start, "m2", 50, 60, false),
+            ],
+            ..Record::default()
+        };
+        assert_eq!(violations(&record, start).len(), 1);
+        record.windows.push(Window {
+            machine: "m1".to_owned(),
+            from: at(start, 40),
+            to: at(start, 70),
+        });
+        assert!(violations(&record, start).is_empty());
+    }
+
+    #[test]
+    fn a_stop_needs_a_schedule_change_and_each_change_justifies_one_stop() {
+        let start = Instant::now();
+        let mut record = Record {
+            runs: vec![
+                run(start, "m1", 0, 10, true),
+                run(start, "m1", 20, 30, true),
+            ],
+            changes: vec![change(start, "m1", 10)],
+            ..Record::default()
+        };
+        let v = violations(&record, start);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].contains("invocation m1-20"), "{v:?}");
+        record.changes.push(change(start, "m1", 30));
+        assert!(violations(&record, start).is_empty());
+    }
+
+    #[test]
+    fn a_change_on_another_machine_or_long_before_the_run_justifies_nothing() {
+        let start = Instant::now();
+        let record = Record {
+            runs: vec![run(start, "m1", 100, 110, true)],
+            changes: vec![change(start, "m2", 110), change(start, "m1", 10)],
+            ..Record::default()
+        };
+        assert_eq!(violations(&record, start).len(), 1);
+    }
+
+    #[test]
+    fn runs_ended_by_a_power_loss_need_no_reason() {
+        let start = Instant::now();
+        let mut record = Record {
+            runs: vec![run(start, "m1", 0, 10, true)],
+            ..Record::default()
+        };
+        record.power_lost.insert("m1".to_owned(), at(start, 10));
+        assert!(violations(&record, start).is_empty());
+    }
+}
