@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
 use tracing::debug;
 
-use super::{Kv, KvError, LeaseId, RangeResult, Revision, Txn, TxnResult, Watch};
+use super::{Kv, KvError, LeaseId, RANGE_PAGE, RangeResult, Revision, Txn, TxnResult, Watch};
 use convert::Failure;
 
 /// TLS client files.
@@ -123,7 +123,7 @@ impl EtcdKv {
     /// watched. For tests of the compaction paths; a real cluster compacts itself.
     #[cfg(feature = "test-etcd")]
     pub(crate) async fn compact(&self, revision: Revision) -> Result<(), KvError> {
-        let mut kv = self.client.kv_client();
+        let mut kv = self.kv_client();
         let res = self.call(kv.compact(revision, None)).await;
         res.map(drop).map_err(|f| self.error(f, None))
     }
@@ -182,31 +182,40 @@ impl Kv for EtcdKv {
         prefix: bool,
         revision: Option<Revision>,
     ) -> Result<RangeResult, KvError> {
-        let mut options = GetOptions::new().with_revision(revision.unwrap_or(0));
-        if prefix {
-            options = options.with_prefix();
-        }
-        let deadline = Instant::now() + self.request_timeout;
-        let mut kv = self.client.kv_client();
-        match self.call_until(deadline, kv.get(key, Some(options))).await {
-            Ok(resp) => Ok(convert::range_result(resp)),
-            Err(Failure::Compacted(_)) => {
-                let requested = revision.unwrap_or(0);
-                // etcd does not say where it compacted to; a watch from revision 1 does. If
-                // that fails, requested + 1 is still true as a lower bound.
-                let compacted = watch::compact_revision(self, key, deadline).await;
-                Err(KvError::Compacted {
-                    requested,
-                    compacted: compacted.unwrap_or(requested + 1),
-                })
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let failure = match self.read_pages(key, prefix, revision).await {
+                Ok(result) => return Ok(result),
+                Err(failure) => failure,
+            };
+            match failure {
+                // History was compacted under a read this call pinned itself (no revision
+                // was asked for): the caller wanted the present, so read it again.
+                Paged::Later(Failure::Compacted(_))
+                    if revision.is_none() && attempt < PINNED_READ_ATTEMPTS =>
+                {
+                    debug!(key, attempt, "range pages compacted away, reading again");
+                }
+                Paged::First(Failure::Compacted(_)) | Paged::Later(Failure::Compacted(_)) => {
+                    let requested = revision.unwrap_or(0);
+                    // etcd does not say where it compacted to; a watch from revision 1
+                    // does. If that fails, requested + 1 is still true as a lower bound.
+                    let deadline = Instant::now() + self.request_timeout;
+                    let compacted = watch::compact_revision(self, key, deadline).await;
+                    return Err(KvError::Compacted {
+                        requested,
+                        compacted: compacted.unwrap_or(requested + 1),
+                    });
+                }
+                Paged::First(f) | Paged::Later(f) => return Err(self.error(f, None)),
             }
-            Err(f) => Err(self.error(f, None)),
         }
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
         let lease = convert::first_lease(&txn);
-        let mut kv = self.client.kv_client();
+        let mut kv = self.kv_client();
         match self.call(kv.txn(convert::txn(txn))).await {
             Ok(resp) => Ok(convert::txn_result(&resp)),
             Err(f) => Err(self.error(f, lease)),
@@ -248,6 +257,112 @@ impl Kv for EtcdKv {
     ) -> Result<Watch, KvError> {
         watch::start(self, key, prefix, from_revision).await
     }
+}
+
+/// Keys per page of a prefix read. etcd 3.4 cannot limit a page by bytes, so big values make
+/// big pages; [`MAX_RESPONSE_BYTES`] lets those through.
+const RANGE_PAGE_KEYS: i64 = RANGE_PAGE as i64;
+
+/// The largest response decoded: what etcd itself may send (its gRPC send limit is
+/// `i32::MAX`). etcd-client's default, 4 MiB, failed a listing once the registry held more
+/// than 4 MiB of unit files, and a watch message for a revision that deletes many keys.
+const MAX_RESPONSE_BYTES: usize = i32::MAX as usize;
+
+/// How often a read of the present starts again after history was compacted between its
+/// pages.
+const PINNED_READ_ATTEMPTS: u32 = 3;
+
+/// A failed paged read: on its first page (nothing pinned yet, or the caller's revision), or
+/// on a later one, pinned at the first page's revision.
+enum Paged {
+    First(Failure),
+    Later(Failure),
+}
+
+impl EtcdKv {
+    /// A KV client that decodes responses of any size etcd sends.
+    fn kv_client(&self) -> etcd_client::KvClient {
+        self.client
+            .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
+    }
+
+    /// A watch client that decodes responses of any size etcd sends: etcd 3.4 sends one
+    /// revision in one message unless the watch asks for fragments, which etcd-client does not
+    /// let us tell apart.
+    pub(super) fn watch_client(&self) -> etcd_client::WatchClient {
+        self.client
+            .watch_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
+    }
+
+    /// Reads `key` (one key, or the keys under it) at `revision`, a prefix in pages of
+    /// [`RANGE_PAGE_KEYS`]: every page after the first is read at the first one's revision,
+    /// so the result is the registry at one revision, as a single read would be. Each page
+    /// gets the request deadline of its own.
+    async fn read_pages(
+        &self,
+        key: &str,
+        prefix: bool,
+        revision: Option<Revision>,
+    ) -> Result<RangeResult, Paged> {
+        let mut kv = self.kv_client();
+        let end = prefix.then(|| prefix_end(key.as_bytes()));
+        let mut start = key.as_bytes().to_vec();
+        let mut pinned = revision.unwrap_or(0);
+        let mut result: Option<RangeResult> = None;
+        loop {
+            let mut options = GetOptions::new().with_revision(pinned);
+            if let Some(end) = &end {
+                options = options.with_range(end.clone()).with_limit(RANGE_PAGE_KEYS);
+            }
+            let page = self.call(kv.get(start, Some(options))).await;
+            let resp = match (page, &result) {
+                (Ok(resp), _) => resp,
+                (Err(f), None) => return Err(Paged::First(f)),
+                (Err(f), Some(_)) => return Err(Paged::Later(f)),
+            };
+            let next = (end.is_some() && resp.more())
+                .then(|| resp.kvs().last().map(|kv| after(kv.key())))
+                .flatten();
+            let page = convert::range_result(resp);
+            match &mut result {
+                None => {
+                    // etcd's header carries the current revision: for a read of the present,
+                    // the revision every later page must be read at.
+                    if pinned == 0 {
+                        pinned = page.revision;
+                    }
+                    result = Some(page);
+                }
+                Some(result) => result.kvs.extend(page.kvs),
+            }
+            match next {
+                Some(next) => start = next,
+                None => return Ok(result.expect("the first page was read")),
+            }
+        }
+    }
+}
+
+/// The end of the range of keys starting with `prefix` (etcd-client's `with_prefix`).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    match prefix.iter().rposition(|b| *b < 0xff) {
+        Some(i) => {
+            let mut end = prefix[..=i].to_vec();
+            end[i] += 1;
+            end
+        }
+        // Every key from `prefix` on: etcd reads "\0" as "no end".
+        None => vec![0],
+    }
+}
+
+/// The first key after `key`.
+fn after(key: &[u8]) -> Vec<u8> {
+    let mut next = key.to_vec();
+    next.push(0);
+    next
 }
 
 /// Whether a transport failure is the server ending the connection (rather than refusing it,
@@ -357,6 +472,14 @@ mod tests {
             request_timeout: Duration::from_secs(1),
             tls,
         }
+    }
+
+    #[test]
+    fn ends_a_prefix_range_after_every_key_with_that_prefix() {
+        assert_eq!(prefix_end(b"/p/unit/"), b"/p/unit0");
+        assert_eq!(prefix_end(b"a\xff\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), b"\0");
+        assert_eq!(after(b"/p/unit/a"), b"/p/unit/a\0");
     }
 
     #[test]
