@@ -143,6 +143,7 @@ impl World {
             .unit_states()
             .await
             .unwrap()
+            .items
             .into_iter()
             .find(|s| s.name.as_str() == unit)
     }
