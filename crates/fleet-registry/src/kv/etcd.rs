@@ -259,9 +259,15 @@ impl Kv for EtcdKv {
     }
 }
 
-/// Keys per page of a prefix read. etcd 3.4 cannot limit a page by bytes, so big values make
-/// big pages; [`MAX_RESPONSE_BYTES`] lets those through.
-const RANGE_PAGE_KEYS: i64 = RANGE_PAGE as i64;
+/// What a page of a prefix read aims at after the first ([`RANGE_PAGE`] keys): etcd 3.4
+/// cannot limit a page by bytes, so the next page asks for as many keys as make this many
+/// bytes at the sizes seen so far. Small pages cost: etcd 3.4 walks its index over the rest
+/// of the range for every page, so 100,000 keys of 150 bytes read 500 at a time took 1.2 s,
+/// against 0.35 s in one read and 0.4-0.55 s in these pages (release build, 2 busy cores).
+const PAGE_BYTES: usize = 4 << 20;
+
+/// At most this many keys per page, however small.
+const MAX_PAGE_KEYS: usize = 10_000;
 
 /// The largest response decoded: what etcd itself may send (its gRPC send limit is
 /// `i32::MAX`). etcd-client's default, 4 MiB, failed a listing once the registry held more
@@ -297,7 +303,7 @@ impl EtcdKv {
     }
 
     /// Reads `key` (one key, or the keys under it) at `revision`, a prefix in pages of
-    /// [`RANGE_PAGE_KEYS`]: every page after the first is read at the first one's revision,
+    /// about [`PAGE_BYTES`]: every page after the first is read at the first one's revision,
     /// so the result is the registry at one revision, as a single read would be. Each page
     /// gets the request deadline of its own.
     async fn read_pages(
@@ -311,10 +317,13 @@ impl EtcdKv {
         let mut start = key.as_bytes().to_vec();
         let mut pinned = revision.unwrap_or(0);
         let mut result: Option<RangeResult> = None;
+        let mut limit = RANGE_PAGE;
         loop {
             let mut options = GetOptions::new().with_revision(pinned);
             if let Some(end) = &end {
-                options = options.with_range(end.clone()).with_limit(RANGE_PAGE_KEYS);
+                options = options
+                    .with_range(end.clone())
+                    .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
             }
             let page = self.call(kv.get(start, Some(options))).await;
             let resp = match (page, &result) {
@@ -326,6 +335,7 @@ impl EtcdKv {
                 .then(|| resp.kvs().last().map(|kv| after(kv.key())))
                 .flatten();
             let page = convert::range_result(resp);
+            limit = next_page_keys(&page.kvs);
             match &mut result {
                 None => {
                     // etcd's header carries the current revision: for a read of the present,
@@ -343,6 +353,13 @@ impl EtcdKv {
             }
         }
     }
+}
+
+/// How many keys the page after `page` asks for: about [`PAGE_BYTES`] of keys like these.
+fn next_page_keys(page: &[super::KeyValue]) -> usize {
+    let bytes: usize = page.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
+    let per_key = (bytes / page.len().max(1)).max(1);
+    (PAGE_BYTES / per_key).clamp(1, MAX_PAGE_KEYS)
 }
 
 /// The end of the range of keys starting with `prefix` (etcd-client's `with_prefix`).
@@ -480,6 +497,21 @@ mod tests {
         assert_eq!(prefix_end(b"a\xff\xff"), b"b");
         assert_eq!(prefix_end(b"\xff"), b"\0");
         assert_eq!(after(b"/p/unit/a"), b"/p/unit/a\0");
+    }
+
+    #[test]
+    fn sizes_the_next_page_by_the_bytes_of_the_last() {
+        let kv = |value_len: usize| super::super::KeyValue {
+            key: "/_coreos.com/fleet/file/x".to_owned(),
+            value: vec![b'x'; value_len],
+            create_revision: 1,
+            mod_revision: 1,
+            version: 1,
+            lease: 0,
+        };
+        assert_eq!(next_page_keys(&vec![kv(100); 500]), MAX_PAGE_KEYS);
+        assert_eq!(next_page_keys(&vec![kv(1 << 20); 3]), 3);
+        assert_eq!(next_page_keys(&[kv(8 << 20)]), 1);
     }
 
     #[test]
