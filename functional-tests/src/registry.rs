@@ -113,12 +113,12 @@ impl TestRegistry {
     /// The IDs of every machine with a live presence.
     pub fn machine_ids(&self) -> Result<Vec<MachineId>> {
         let machines = self.block_on(self.registry.machines())?;
-        Ok(machines.into_iter().map(|m| m.id).collect())
+        Ok(machines.items.into_iter().map(|m| m.id).collect())
     }
 
     /// Every published unit state.
     pub fn unit_states(&self) -> Result<Vec<UnitStateRecord>> {
-        Ok(self.block_on(self.registry.unit_states())?)
+        Ok(self.block_on(self.registry.unit_states())?.items)
     }
 
     /// The state `machine` publishes for `name`, if any.

@@ -494,9 +494,9 @@ fn fleetd_never_touches_unit_files_outside_its_units_directory_nor_units_it_did_
 }
 
 /// A schedule entry written behind fleet's back whose unit name is a path
-/// (`../../../etc/systemd/system/evil.service`): the agent cannot read its schedule as a
-/// whole, keeps everything as it is, writes no file anywhere, and converges once the entry is
-/// gone.
+/// (`../../../etc/systemd/system/evil.service`): the agent skips it with a warning naming its
+/// key, keeps everything else as it is, writes no file anywhere, and converges once the entry
+/// is gone.
 #[test]
 fn a_schedule_entry_with_a_path_for_a_name_writes_nothing_anywhere() -> Result<()> {
     let (cluster, registry) = start(1, agent_only())?;
@@ -525,11 +525,17 @@ fn a_schedule_entry_with_a_path_for_a_name_writes_nothing_anywhere() -> Result<(
         keys.push(key);
     }
     wait_for(TIMEOUT, POLL, || {
-        fleetd_log(m1, &cursor).is_ok_and(|l| l.contains("reading schedule failed"))
+        fleetd_log(m1, &cursor).is_ok_and(|l| {
+            keys.iter().all(|k| {
+                l.lines().any(|line| {
+                    line.contains("skipping unreadable schedule entry") && line.contains(k.as_str())
+                })
+            })
+        })
     })
     .with_context(|| {
         format!(
-            "fleetd did not report the unreadable schedule; its log:\n{}",
+            "fleetd did not report every unreadable schedule entry; its log:\n{}",
             fleetd_log(m1, &cursor).unwrap_or_default()
         )
     })?;
@@ -543,7 +549,7 @@ fn a_schedule_entry_with_a_path_for_a_name_writes_nothing_anywhere() -> Result<(
     );
     ensure!(
         identities(m1, &[keep])?[keep].identity() == before[keep].identity(),
-        "{keep} was touched while the schedule was unreadable"
+        "{keep} was touched beside unreadable schedule entries"
     );
     for key in &keys {
         registry.delete_raw(key)?;
@@ -635,5 +641,179 @@ fn one_unit_whose_stored_file_cannot_be_read_back_wedges_nothing_else() -> Resul
     })?;
     let listing = fleetctl(&cluster, &["list-unit-files"])?;
     ensure!(listing.success, "list-unit-files failed: {listing:?}");
+    support::finish(cluster)
+}
+
+/// A valid unit file of just under 1 MiB (the largest fleetctl accepts): long lines, so its
+/// canonical text is its text.
+fn near_limit_unit(tag: usize) -> String {
+    let max = fleet_core::unit_file::MAX_UNIT_FILE_BYTES;
+    let mut text = format!("[Unit]\nDescription=big {tag}\n[Service]\nExecStart=/bin/true\n");
+    let line = format!("Environment=X={}\n", "x".repeat(1000));
+    while text.len() + line.len() < max - 64 {
+        text.push_str(&line);
+    }
+    text
+}
+
+/// Every key and value under the units and files prefixes.
+fn units_and_files(registry: &TestRegistry) -> Result<Vec<BTreeMap<String, Vec<u8>>>> {
+    Ok(vec![
+        dump(registry, &format!("{PREFIX}unit/"))?.1,
+        dump(registry, &format!("{PREFIX}file/"))?.1,
+        dump(registry, &format!("{PREFIX}file-ref/"))?.1,
+    ])
+}
+
+/// Issue 13: more than 4 MiB of unit files (five of ~1 MiB, each accepted) made every listing
+/// fail with "decoded message length too large", and the engine's view with it. Listings,
+/// scheduling and a blocking start must all still work, and listings change nothing.
+#[test]
+fn more_than_4_mib_of_unit_files_break_no_listing_scheduling_or_blocking_start() -> Result<()> {
+    let (cluster, registry) = start(2, FleetdSpec::default())?;
+    let mut texts: BTreeMap<String, String> = (0..5)
+        .map(|i| (format!("big{i}.service"), near_limit_unit(i)))
+        .collect();
+    texts.insert("small.service".to_owned(), sleeper(900_002));
+    let paths = write_units(&cluster.dir().join("units"), &texts)?;
+    for i in 0..5 {
+        let run = fleetctl(
+            &cluster,
+            &["submit", paths[&format!("big{i}.service")].as_str()],
+        )?;
+        ensure!(run.success, "submitting big{i}.service failed: {run:?}");
+    }
+    let files: usize = dump(&registry, &format!("{PREFIX}file/"))?
+        .1
+        .values()
+        .map(Vec::len)
+        .sum();
+    ensure!(files > 4 << 20, "only {files} bytes of unit files in etcd");
+
+    // A blocking start: the engine places the unit (its view holds every file), fleetctl
+    // waits until it runs.
+    let started = fleetctl(&cluster, &["start", paths["small.service"].as_str()])?;
+    ensure!(started.success, "a blocking start failed: {started:?}");
+    let mut want: BTreeMap<String, Want> = (0..5)
+        .map(|i| (format!("big{i}.service"), Want::Inactive))
+        .collect();
+    want.insert("small.service".to_owned(), Want::Launched);
+    wait_converged(&cluster, &registry, &want, Duration::from_secs(30))?;
+
+    let before = units_and_files(&registry)?;
+    let listing = fleetctl(
+        &cluster,
+        &["list-unit-files", "--no-legend", "--fields=unit"],
+    )?;
+    ensure!(listing.success, "list-unit-files failed: {listing:?}");
+    let listed: Vec<&str> = listing.stdout.lines().collect();
+    ensure!(
+        listed
+            == [
+                "big0.service",
+                "big1.service",
+                "big2.service",
+                "big3.service",
+                "big4.service",
+                "small.service"
+            ],
+        "list-unit-files listed {listed:?}"
+    );
+    let units = fleetctl(
+        &cluster,
+        &["list-units", "--no-legend", "--fields=unit,active"],
+    )?;
+    ensure!(units.success, "list-units failed: {units:?}");
+    ensure!(
+        units
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("small.service") && l.contains("active")),
+        "list-units listed {:?}",
+        units.stdout
+    );
+    ensure!(
+        units_and_files(&registry)? == before,
+        "a listing changed the registry"
+    );
+    support::finish(cluster)
+}
+
+/// Issue 13: one corrupt value made every listing fail for everyone, and destroy could not
+/// remove it. With a corrupt unit record, a corrupt file, a corrupt schedule entry and a
+/// corrupt state in etcd: listings warn about each on stderr and print the rest (exit 0); a
+/// blocking start of another unit works; the engine schedules nothing for the corrupt unit;
+/// `destroy` removes the corrupt record and nothing else.
+#[test]
+fn a_corrupt_registry_value_is_skipped_with_a_warning_and_destroy_removes_it() -> Result<()> {
+    let (cluster, registry) = start(2, FleetdSpec::default())?;
+    let m1 = &cluster.machines()[0];
+    let texts: BTreeMap<String, String> = [
+        ("good.service".to_owned(), sleeper(900_003)),
+        ("badfile.service".to_owned(), sleeper(900_004)),
+    ]
+    .into();
+    let paths = write_units(&cluster.dir().join("units"), &texts)?;
+    let submitted = fleetctl(&cluster, &["submit", paths["badfile.service"].as_str()])?;
+    ensure!(submitted.success, "submit failed: {submitted:?}");
+    let (_, files) = dump(&registry, &format!("{PREFIX}file/"))?;
+    let file_key = files.keys().next().context("no file stored")?.clone();
+    let keys = registry.registry().keys();
+    let evil_unit = format!("{PREFIX}unit/evil1.service");
+    let evil_schedule = keys.schedule(m1.id(), &"evil3.service".parse()?);
+    let evil_state = keys.state(&"evil4.service".parse()?, m1.id());
+    for key in [&evil_unit, &file_key, &evil_schedule, &evil_state] {
+        registry.put_raw(key, b"{not json")?;
+    }
+
+    let started = fleetctl(&cluster, &["start", paths["good.service"].as_str()])?;
+    ensure!(
+        started.success,
+        "a blocking start beside corrupt values failed: {started:?}"
+    );
+    let want: BTreeMap<String, Want> = [("good.service".to_owned(), Want::Launched)].into();
+    wait_converged(&cluster, &registry, &want, Duration::from_secs(30))?;
+
+    let before = units_and_files(&registry)?;
+    for (args, key) in [
+        (["list-unit-files", "--no-legend"], &evil_unit),
+        (["list-unit-files", "--no-legend"], &file_key),
+        (["list-units", "--no-legend"], &evil_state),
+    ] {
+        let run = fleetctl(&cluster, &args)?;
+        ensure!(run.success, "{args:?} failed: {run:?}");
+        ensure!(
+            run.stderr.contains("WARNING") && run.stderr.contains(key.as_str()),
+            "{args:?} did not warn about {key}: {run:?}"
+        );
+        ensure!(
+            run.stdout.contains("good.service"),
+            "{args:?} printed {run:?}"
+        );
+        ensure!(!run.stdout.contains("evil"), "{args:?} printed {run:?}");
+    }
+    ensure!(
+        units_and_files(&registry)? == before,
+        "a listing changed the registry"
+    );
+    let (_, schedule) = dump(&registry, &format!("{PREFIX}schedule/"))?;
+    ensure!(
+        !schedule.keys().any(|k| k.ends_with("/evil1.service")),
+        "the engine scheduled the corrupt unit: {:?}",
+        schedule.keys()
+    );
+
+    let destroyed = fleetctl(&cluster, &["destroy", "evil1.service"])?;
+    ensure!(destroyed.success, "destroy failed: {destroyed:?}");
+    ensure!(
+        destroyed.stdout.trim() == "Destroyed evil1.service",
+        "destroy said {destroyed:?}"
+    );
+    let mut want_after = before;
+    want_after[0].remove(&evil_unit);
+    ensure!(
+        units_and_files(&registry)? == want_after,
+        "destroy removed more (or less) than the corrupt record"
+    );
     support::finish(cluster)
 }

@@ -909,7 +909,7 @@ fn racing_clients(rounds: usize) -> Result<()> {
     eprintln!("{checked} revisions checked; {orphans_seen} with a file awaiting collection");
 
     // The machines follow the registry.
-    let (_, units) = registry.block_on(registry.registry().units())?;
+    let units = registry.block_on(registry.registry().units())?.items;
     let mut want: BTreeMap<String, Want> = names.iter().map(|n| (n.clone(), Want::Gone)).collect();
     for u in &units {
         let w = match u.desired() {

@@ -111,7 +111,7 @@ fn fleetd_and_fleetctl_work_over_tls_with_client_certificates_and_refuse_a_wrong
     wait_for(TIMEOUT, POLL, || {
         runtime
             .block_on(registry.machines())
-            .is_ok_and(|ms| ms.iter().any(|m| &m.id == good.id()))
+            .is_ok_and(|ms| ms.items.iter().any(|m| &m.id == good.id()))
     })
     .context("fleetd did not register over TLS")?;
     let refusal = wait_for_value(TIMEOUT, POLL, || {
@@ -129,7 +129,7 @@ fn fleetd_and_fleetctl_work_over_tls_with_client_certificates_and_refuse_a_wrong
     ensure!(refusal.contains(&endpoint), "{refusal}");
     let machines = runtime.block_on(registry.machines())?;
     ensure!(
-        machines.iter().all(|m| &m.id != bad.id()),
+        machines.items.iter().all(|m| &m.id != bad.id()),
         "a fleetd trusting the wrong CA registered: {machines:?}"
     );
 
@@ -222,7 +222,7 @@ fn fleetd_and_fleetctl_work_over_tls_with_client_certificates_and_refuse_a_wrong
     wait_for(TIMEOUT, POLL, || {
         runtime
             .block_on(registry.machines())
-            .is_ok_and(|ms| ms.iter().any(|m| &m.id == bad.id()))
+            .is_ok_and(|ms| ms.items.iter().any(|m| &m.id == bad.id()))
     })
     .context("fleetd did not register once given the right CA")?;
 

@@ -9,7 +9,7 @@
 use fleet_core::{MachineId, UnitFile, UnitHash, UnitName, glob_match};
 use fleet_registry::kv::{Kv, LeaseId, Revision};
 use fleet_registry::{
-    Presence, Registry, RegistryError, ScheduleEntry, UnitStateRecord, WatchHints,
+    Presence, Registry, RegistryError, ScheduleEntry, Skipped, UnitStateRecord, WatchHints,
 };
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -80,6 +80,9 @@ pub struct Agent<K, M> {
     published_lease: Option<LeaseId>,
     backoff: BTreeMap<UnitName, Backoff>,
     denied: BTreeSet<UnitName>,
+    /// Unreadable schedule entries by key, with the revision each was written at: each is
+    /// warned about once, not on every read of the schedule.
+    skipped: BTreeMap<String, Revision>,
     ledger: Ledger,
     /// Whether the last publish got every state out.
     publish_complete: bool,
@@ -105,6 +108,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             published_lease: None,
             backoff: BTreeMap::new(),
             denied: BTreeSet::new(),
+            skipped: BTreeMap::new(),
             ledger: Ledger::load(cfg_restarts_dir),
             publish_complete: true,
         }
@@ -234,6 +238,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         match self.registry.unit_states().await {
             Ok(states) => {
                 self.published = states
+                    .items
                     .into_iter()
                     .filter(|s| s.machine == self.cfg.machine)
                     .map(|s| (s.name.clone(), s))
@@ -271,9 +276,11 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
 
     /// Reads this machine's schedule and the files it needs.
     async fn read_schedule(&mut self) -> Result<Revision, RegistryError> {
-        let (revision, entries) = self.registry.machine_schedule(&self.cfg.machine).await?;
+        let listing = self.registry.machine_schedule(&self.cfg.machine).await?;
+        self.note_skipped(&listing.skipped);
+        let revision = listing.revision;
         let mut desired = BTreeMap::new();
-        for e in entries {
+        for e in listing.items {
             if self.is_denied(&e.name) {
                 if self.denied.insert(e.name.clone()) {
                     warn!(unit = %e.name, "refusing to manage unit: it matches deny_units");
@@ -316,6 +323,21 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         }
         self.desired = Some(desired);
         Ok(revision)
+    }
+
+    /// Warns once about each unreadable schedule entry (a unit this machine then does not
+    /// run: the engine sees no entry either and places the unit as if it had none).
+    fn note_skipped(&mut self, skipped: &[Skipped]) {
+        let now: BTreeMap<String, Revision> = skipped
+            .iter()
+            .map(|s| (s.key.clone(), s.mod_revision))
+            .collect();
+        for s in skipped {
+            if self.skipped.get(&s.key) != Some(&s.mod_revision) {
+                warn!(key = %s.key, error = %s.detail, "skipping unreadable schedule entry");
+            }
+        }
+        self.skipped = now;
     }
 
     fn is_denied(&self, name: &UnitName) -> bool {

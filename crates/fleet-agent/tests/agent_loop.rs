@@ -143,6 +143,7 @@ impl World {
             .unit_states()
             .await
             .unwrap()
+            .items
             .into_iter()
             .find(|s| s.name.as_str() == unit)
     }
@@ -330,6 +331,42 @@ async fn an_unreadable_unit_file_holds_back_only_its_own_unit() {
             .iter()
             .any(|c| matches!(c, Call::Install(n, _) if n.as_str() == "bad.service")),
         "the unit without a readable file is not installed"
+    );
+}
+
+/// Issue 13: a schedule entry that does not decode used to fail the whole schedule read, so
+/// the agent carried out nothing at all. It is skipped: every other entry is carried out.
+#[tokio::test(start_paused = true)]
+async fn a_corrupt_schedule_entry_holds_back_no_other_unit() {
+    let w = World::new().await;
+    let machine = w.machine.clone();
+    let key = w
+        .registry
+        .keys()
+        .schedule(&machine, &name("corrupt.service"));
+    let txn = Txn {
+        compares: vec![],
+        success: vec![fleet_registry::kv::TxnOp::Put {
+            key,
+            value: b"{not json".to_vec(),
+            lease: None,
+        }],
+        failure: vec![],
+    };
+    w.kv.txn(txn).await.unwrap();
+    let _agent = w.start_agent();
+    w.schedule("good.service", &file("/bin/good"), DesiredState::Launched)
+        .await;
+    w.until_published("good.service", "active").await;
+    w.schedule("other.service", &file("/bin/other"), DesiredState::Launched)
+        .await;
+    w.until_published("other.service", "active").await;
+    assert!(
+        !w.fake
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::Install(n, _) if n.as_str() == "corrupt.service")),
+        "nothing is installed for the corrupt entry"
     );
 }
 

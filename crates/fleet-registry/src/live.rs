@@ -10,9 +10,11 @@
 //! Files are kept as the registry keeps them (written with their first unit, deleted with
 //! their last), so a unit's file arrives in the same message as its record. A file that does
 //! not parse is left out with a warning: its units then have no file, and the engine leaves
-//! them alone, as it does when a file is missing.
+//! them alone, as it does when a file is missing. Any other value that does not parse is
+//! left out as a snapshot leaves it out (listed in [`Snapshot::skipped`], what its key named
+//! removed), with one warning when the view is read and one for each change that writes it.
 
-use fleet_core::{MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
+use fleet_core::{MachineId, UnitFile, UnitHash, UnitName};
 use std::collections::BTreeMap;
 use tracing::{debug, warn};
 
@@ -20,8 +22,8 @@ use crate::error::{RegistryError, Result};
 use crate::kv::{Event, EventKind, KeyValue, Kv, Revision, Watch, WatchMessage};
 use crate::leader::EngineWrite;
 use crate::per_machine::PerMachine;
-use crate::records::{ScheduleEntry, UnitStateRecord};
-use crate::registry::{Registry, decode, decode_unit};
+use crate::read::{self, Skipped};
+use crate::registry::Registry;
 use crate::snapshot::Snapshot;
 
 /// Which parts of the view a batch of changes touched.
@@ -84,16 +86,18 @@ impl<K: Kv> LiveView<K> {
 
     async fn read(registry: Registry<K>, with_files: bool) -> Result<LiveView<K>> {
         let snapshot = registry.snapshot().await?;
+        for s in snapshot.skipped.values() {
+            warn_skipped(s);
+        }
         let mut files = BTreeMap::new();
         if with_files {
-            let base = registry.keys().files();
             let listed = registry
                 .kv()
-                .range(&base, true, Some(snapshot.revision))
+                .range(&registry.keys().files(), true, Some(snapshot.revision))
                 .await
                 .map_err(RegistryError::kv("reading unit files"))?;
             for kv in &listed.kvs {
-                if let Some((hash, file)) = parse_file(&kv.key[base.len()..], kv) {
+                if let Some((hash, file)) = parse_file(registry.keys(), kv) {
                     files.insert(hash, file);
                 }
             }
@@ -136,8 +140,8 @@ impl<K: Kv> LiveView<K> {
 
     /// Waits for the next change and applies it, with every change that has already arrived
     /// after it (a burst becomes one batch). An error means the view cannot follow any more
-    /// (the watch ended or fell behind a compaction, or a record is corrupt): drop it and
-    /// start a new one.
+    /// (the watch ended or fell behind a compaction): drop it and start a new one. A value
+    /// that cannot be read is skipped, never an error.
     pub async fn changed(&mut self) -> Result<Touched> {
         let first = self.watch.rx.recv().await;
         let mut touched = self.apply_message(first)?;
@@ -180,7 +184,7 @@ impl<K: Kv> LiveView<K> {
             Some(WatchMessage::Events { revision, events }) => {
                 let mut touched = Touched::default();
                 for event in &events {
-                    touched.merge(self.apply(event)?);
+                    touched.merge(self.apply(event));
                 }
                 self.snapshot.revision = self.snapshot.revision.max(revision);
                 Ok(touched)
@@ -195,112 +199,106 @@ impl<K: Kv> LiveView<K> {
 
     /// Applies one change; keys the view does not keep (file references, the leader key)
     /// touch nothing.
-    fn apply(&mut self, event: &Event) -> Result<Touched> {
+    fn apply(&mut self, event: &Event) -> Touched {
         let kv = &event.kv;
-        let put = event.kind == EventKind::Put;
-        let Some(rest) = kv.key.strip_prefix(self.registry.keys().prefix()) else {
-            return Ok(Touched::default());
+        let keys = self.registry.keys();
+        let Some(rest) = kv.key.strip_prefix(keys.prefix()) else {
+            return Touched::default();
         };
-        let Some((kind, rest)) = rest.split_once('/') else {
-            return Ok(Touched::default());
+        let Some((kind, _)) = rest.split_once('/') else {
+            return Touched::default();
         };
-        let snap = &mut self.snapshot;
         let mut touched = Touched::default();
         match kind {
-            "unit" => {
-                if put {
-                    let unit = decode_unit(kv)?;
-                    snap.units.insert(unit.name().clone(), unit);
-                } else {
-                    snap.units.remove(&parse_key::<UnitName>(kv, rest)?);
-                }
-                touched.units = true;
-            }
             "file" if !self.with_files => {}
             "file" => {
-                if put {
-                    if let Some((hash, file)) = parse_file(rest, kv) {
+                if event.kind == EventKind::Put {
+                    if let Some((hash, file)) = parse_file(keys, kv) {
                         self.files.insert(hash, file);
                     }
-                } else if let Ok(hash) = rest.parse::<UnitHash>() {
+                } else if let Ok(hash) = read::key_part::<UnitHash>(kv, &keys.files()) {
                     self.files.remove(&hash);
                 }
                 touched.files = true;
             }
+            "unit" => {
+                self.apply_record(event);
+                touched.units = true;
+            }
             "machine" => {
-                if put {
-                    let m: MachineInfo = decode(kv)?;
-                    snap.machines.insert(m.id.clone(), m);
-                } else {
-                    snap.machines.remove(&parse_key::<MachineId>(kv, rest)?);
-                }
+                self.apply_record(event);
                 touched.machines = true;
             }
             "schedule" => {
-                if put {
-                    let e: ScheduleEntry = decode(kv)?;
-                    snap.schedule
-                        .entry(e.name.clone())
-                        .or_default()
-                        .insert(e.machine.clone(), e);
-                } else {
-                    let (machine, unit) = split_key(kv, rest)?;
-                    remove_inner(&mut snap.schedule, &unit, &machine);
-                }
+                self.apply_record(event);
                 touched.schedules = true;
             }
             "state" => {
-                if put {
-                    let s: UnitStateRecord = decode(kv)?;
-                    snap.states
-                        .entry(s.name.clone())
-                        .or_default()
-                        .insert(s.machine.clone(), s);
-                } else {
-                    let (unit, machine) = split_key(kv, rest)?;
-                    remove_inner(&mut snap.states, &unit, &machine);
-                }
+                self.apply_record(event);
                 touched.states = true;
             }
             "unscheduled" => {
-                let unit = parse_key::<UnitName>(kv, rest)?;
-                if put {
-                    let reason = String::from_utf8_lossy(&kv.value).into_owned();
-                    snap.unscheduled.insert(unit, reason);
-                } else {
-                    snap.unscheduled.remove(&unit);
-                }
+                self.apply_record(event);
                 touched.unscheduled = true;
             }
             _ => {}
         }
-        Ok(touched)
+        touched
+    }
+
+    /// Applies a put or delete of a snapshot record: first what was at the key goes (the
+    /// key names it), then a readable new value goes in, an unreadable one into `skipped`.
+    fn apply_record(&mut self, event: &Event) {
+        let kv = &event.kv;
+        let keys = self.registry.keys();
+        let snap = &mut self.snapshot;
+        snap.skipped.remove(&kv.key);
+        remove_at(snap, keys, kv);
+        if event.kind == EventKind::Delete {
+            return;
+        }
+        let inserted = match &kv.key {
+            k if k.starts_with(&keys.units()) => read::unit(keys, kv).map(|unit| {
+                snap.units.insert(unit.name().clone(), unit);
+            }),
+            k if k.starts_with(&keys.machines()) => read::machine(keys, kv).map(|m| {
+                snap.machines.insert(m.id.clone(), m);
+            }),
+            k if k.starts_with(&keys.schedules()) => {
+                read::schedule_entry(keys, kv).map(|e| snap.insert_schedule(e))
+            }
+            k if k.starts_with(&keys.states()) => {
+                read::state(keys, kv).map(|s| snap.insert_state(s))
+            }
+            _ => read::unscheduled(keys, kv).map(|(unit, reason)| {
+                snap.unscheduled.insert(unit, reason);
+            }),
+        };
+        if let Err(s) = inserted {
+            warn_skipped(&s);
+            snap.skip(s);
+        }
     }
 }
 
-fn parse_key<T: std::str::FromStr>(kv: &KeyValue, part: &str) -> Result<T>
-where
-    T::Err: std::fmt::Display,
-{
-    part.parse().map_err(|e: T::Err| RegistryError::Corrupt {
-        key: kv.key.clone(),
-        detail: e.to_string(),
-    })
+/// Removes what the key of `kv` names from the snapshot. A key that names nothing readable
+/// (not a unit name, not two parts) can hold nothing the snapshot kept.
+fn remove_at(snap: &mut Snapshot, keys: &crate::Keys, kv: &KeyValue) {
+    if let Ok(unit) = read::key_part::<UnitName>(kv, &keys.units()) {
+        snap.units.remove(&unit);
+    } else if let Ok(machine) = read::key_part::<MachineId>(kv, &keys.machines()) {
+        snap.machines.remove(&machine);
+    } else if let Some((machine, unit)) = read::key_pair(kv, &keys.schedules()) {
+        remove_inner(&mut snap.schedule, &unit, &machine);
+    } else if let Some((unit, machine)) = read::key_pair(kv, &keys.states()) {
+        remove_inner(&mut snap.states, &unit, &machine);
+    } else if let Ok(unit) = read::key_part::<UnitName>(kv, &keys.unscheduled_all()) {
+        snap.unscheduled.remove(&unit);
+    }
 }
 
-/// `<a>/<b>` of a two-level key (`schedule/<machine>/<unit>`, `state/<unit>/<machine>`).
-fn split_key<A, B>(kv: &KeyValue, rest: &str) -> Result<(A, B)>
-where
-    A: std::str::FromStr,
-    B: std::str::FromStr,
-    A::Err: std::fmt::Display,
-    B::Err: std::fmt::Display,
-{
-    let (a, b) = rest.split_once('/').ok_or_else(|| RegistryError::Corrupt {
-        key: kv.key.clone(),
-        detail: "expected two parts".to_owned(),
-    })?;
-    Ok((parse_key(kv, a)?, parse_key(kv, b)?))
+fn warn_skipped(s: &Skipped) {
+    warn!(key = %s.key, error = %s.detail, "skipping unreadable registry value");
 }
 
 fn remove_inner<V>(
@@ -317,19 +315,11 @@ fn remove_inner<V>(
 }
 
 /// A stored file, or `None` (with a warning) when its key or text does not parse.
-fn parse_file(hash: &str, kv: &KeyValue) -> Option<(UnitHash, UnitFile)> {
-    let parsed = hash
-        .parse::<UnitHash>()
-        .map_err(|e| e.to_string())
-        .and_then(|hash| {
-            UnitFile::parse(&kv.value)
-                .map(|file| (hash, file))
-                .map_err(|e| e.to_string())
-        });
-    match parsed {
+fn parse_file(keys: &crate::Keys, kv: &KeyValue) -> Option<(UnitHash, UnitFile)> {
+    match read::file(keys, kv) {
         Ok(pair) => Some(pair),
-        Err(detail) => {
-            warn!(key = %kv.key, error = %detail, "unit file unreadable; its units are left alone");
+        Err(s) => {
+            warn!(key = %s.key, error = %s.detail, "unit file unreadable; its units are left alone");
             None
         }
     }

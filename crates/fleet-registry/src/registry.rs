@@ -8,7 +8,6 @@
 
 use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tracing::debug;
@@ -19,6 +18,7 @@ use crate::kv::{
     CmpOp, CmpTarget, Compare, KeyValue, Kv, LeaseId, Revision, Txn, TxnOp, TxnOpResponse,
 };
 use crate::leader::MAX_TXN_OPS;
+use crate::read::{self, Listing};
 use crate::records::{ReplaceState, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 
 /// The registry: one etcd (or fake) and one key prefix.
@@ -51,22 +51,13 @@ pub struct Presence {
     pub resumed: bool,
 }
 
-pub(crate) fn decode<T: DeserializeOwned>(kv: &KeyValue) -> Result<T> {
-    serde_json::from_slice(&kv.value).map_err(|e| RegistryError::Corrupt {
-        key: kv.key.clone(),
-        detail: e.to_string(),
-    })
-}
-
 pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("registry records always serialize")
 }
 
-pub(crate) fn decode_unit(kv: &KeyValue) -> Result<Unit> {
-    Ok(Unit {
-        record: decode(kv)?,
-        mod_revision: kv.mod_revision,
-    })
+/// A unit record read by name: unreadable, it fails the read.
+fn decode_unit(keys: &Keys, kv: &KeyValue) -> Result<Unit> {
+    Ok(read::unit(keys, kv)?)
 }
 
 /// The files a unit record keeps referenced: its own, and a rolling replace's previous one.
@@ -125,7 +116,8 @@ impl<K: Kv> Registry<K> {
             .range(&self.keys.unit(name), false, None)
             .await
             .map_err(RegistryError::kv("reading unit"))?;
-        res.kvs.first().map(decode_unit).transpose()
+        let keys = &self.keys;
+        res.kvs.first().map(|kv| decode_unit(keys, kv)).transpose()
     }
 
     /// The units of `names` that exist: one transaction of `Get`s per [`MAX_TXN_OPS`] names
@@ -160,22 +152,27 @@ impl<K: Kv> Registry<K> {
                 if let TxnOpResponse::Get(kvs) = response
                     && let Some(kv) = kvs.first()
                 {
-                    units.insert((*name).clone(), decode_unit(kv)?);
+                    units.insert((*name).clone(), decode_unit(&self.keys, kv)?);
                 }
             }
         }
         Ok(units)
     }
 
-    /// Every unit, sorted by name, at one revision.
-    pub async fn units(&self) -> Result<(Revision, Vec<Unit>)> {
+    /// Every readable unit, sorted by name, at one revision.
+    pub async fn units(&self) -> Result<Listing<Vec<Unit>>> {
         let res = self
             .kv
             .range(&self.keys.units(), true, None)
             .await
             .map_err(RegistryError::kv("listing units"))?;
-        let units = res.kvs.iter().map(decode_unit).collect::<Result<_>>()?;
-        Ok((res.revision, units))
+        let mut skipped = Vec::new();
+        let items = read::all(&res.kvs, |kv| read::unit(&self.keys, kv), &mut skipped);
+        Ok(Listing {
+            revision: res.revision,
+            items,
+            skipped,
+        })
     }
 
     /// The unit file stored under `hash`.
@@ -197,30 +194,23 @@ impl<K: Kv> Registry<K> {
             })
     }
 
-    /// Every stored unit file by hash, read at `revision` (or the latest).
+    /// Every readable unit file by hash, read at `revision` (or the latest).
     pub async fn files(
         &self,
         revision: Option<Revision>,
-    ) -> Result<std::collections::BTreeMap<UnitHash, UnitFile>> {
-        let base = self.keys.files();
+    ) -> Result<Listing<BTreeMap<UnitHash, UnitFile>>> {
         let res = self
             .kv
-            .range(&base, true, revision)
+            .range(&self.keys.files(), true, revision)
             .await
             .map_err(RegistryError::kv("listing unit files"))?;
-        let mut files = std::collections::BTreeMap::new();
-        for kv in &res.kvs {
-            let corrupt = |detail: String| RegistryError::Corrupt {
-                key: kv.key.clone(),
-                detail,
-            };
-            let hash: UnitHash = kv.key[base.len()..]
-                .parse()
-                .map_err(|e: fleet_core::HashError| corrupt(e.to_string()))?;
-            let file = UnitFile::parse(&kv.value).map_err(|e| corrupt(e.to_string()))?;
-            files.insert(hash, file);
-        }
-        Ok(files)
+        let mut skipped = Vec::new();
+        let files = read::all(&res.kvs, |kv| read::file(&self.keys, kv), &mut skipped);
+        Ok(Listing {
+            revision: res.revision,
+            items: files.into_iter().collect(),
+            skipped,
+        })
     }
 
     /// The file of `unit`, which must exist (the registry writes both in one transaction).
@@ -270,7 +260,7 @@ impl<K: Kv> Registry<K> {
         }
         match res.responses.first() {
             Some(TxnOpResponse::Get(kvs)) if !kvs.is_empty() => {
-                Ok(CreateOutcome::Exists(decode_unit(&kvs[0])?))
+                Ok(CreateOutcome::Exists(decode_unit(&self.keys, &kvs[0])?))
             }
             // Deleted between the compare and the read of the failure branch cannot happen
             // (one revision), so an empty answer means a store bug; report it as a conflict.
@@ -431,6 +421,55 @@ impl<K: Kv> Registry<K> {
         Ok(())
     }
 
+    /// Deletes the record at `name` that cannot be read ([`RegistryError::Corrupt`] from
+    /// [`Registry::unit`]), if it is still the value read, with every file reference under
+    /// that name, and collects those files. Returns false when no record is there; a record
+    /// that reads fine now (rewritten meanwhile) is a `Conflict`, to be re-read and destroyed
+    /// the usual way.
+    pub async fn destroy_unreadable_unit(&self, name: &UnitName) -> Result<bool> {
+        let key = self.keys.unit(name);
+        let op = "destroying unit";
+        let res = self.kv.range(&key, false, None).await;
+        let Some(record) = res.map_err(RegistryError::kv(op))?.kvs.pop() else {
+            return Ok(false);
+        };
+        if read::unit(&self.keys, &record).is_ok() {
+            return Err(RegistryError::Conflict(name.clone()));
+        }
+        // The record cannot say which files it used: its references, `file-ref/<hash>/<name>`,
+        // can. A writer of the same name would have to replace the record first, which the
+        // compare below catches.
+        let base = self.keys.all_file_refs();
+        let refs = self.kv.range(&base, true, None).await;
+        let suffix = format!("/{name}");
+        let hashes: Vec<UnitHash> = refs
+            .map_err(RegistryError::kv(op))?
+            .kvs
+            .iter()
+            .filter(|kv| kv.key.ends_with(&suffix))
+            .filter_map(|kv| kv.key[base.len()..kv.key.len() - suffix.len()].parse().ok())
+            .take(MAX_TXN_OPS - 1)
+            .collect();
+        let txn = Txn {
+            compares: vec![Compare::mod_revision(&key, record.mod_revision)],
+            success: hashes
+                .iter()
+                .map(|h| delete(self.keys.file_ref(h, name)))
+                .chain([delete(key)])
+                .collect(),
+            failure: vec![],
+        };
+        let res = self.kv.txn(txn).await.map_err(RegistryError::kv(op))?;
+        if !res.succeeded {
+            return Err(RegistryError::Conflict(name.clone()));
+        }
+        debug!(unit = %name, files = hashes.len(), "destroyed unreadable unit record");
+        for hash in &hashes {
+            self.collect_file(hash).await?;
+        }
+        Ok(true)
+    }
+
     /// The ops that write a unit record with its file and reference. The file is always
     /// (re)written: a concurrent collection of the same hash may have just deleted it.
     fn unit_write_ops(&self, record: &UnitRecord, file: &UnitFile) -> Vec<TxnOp> {
@@ -463,18 +502,24 @@ impl<K: Kv> Registry<K> {
 
     // ---- schedule ---------------------------------------------------------------------
 
-    /// Every schedule entry of `machine`, and the revision they were read at.
+    /// Every readable schedule entry of `machine`, at one revision.
     pub async fn machine_schedule(
         &self,
         machine: &MachineId,
-    ) -> Result<(Revision, Vec<ScheduleEntry>)> {
+    ) -> Result<Listing<Vec<ScheduleEntry>>> {
         let res = self
             .kv
             .range(&self.keys.machine_schedule(machine), true, None)
             .await
             .map_err(RegistryError::kv("reading machine schedule"))?;
-        let entries = res.kvs.iter().map(decode).collect::<Result<_>>()?;
-        Ok((res.revision, entries))
+        let mut skipped = Vec::new();
+        let read = |kv: &KeyValue| read::schedule_entry(&self.keys, kv);
+        let items = read::all(&res.kvs, read, &mut skipped);
+        Ok(Listing {
+            revision: res.revision,
+            items,
+            skipped,
+        })
     }
 
     /// Writes and deletes schedule entries in one transaction, fenced by leadership if given.
@@ -608,14 +653,20 @@ impl<K: Kv> Registry<K> {
             .map_err(RegistryError::kv("revoking machine lease"))
     }
 
-    /// Every live machine, sorted by ID.
-    pub async fn machines(&self) -> Result<Vec<MachineInfo>> {
+    /// Every live machine with a readable record, sorted by ID.
+    pub async fn machines(&self) -> Result<Listing<Vec<MachineInfo>>> {
         let res = self
             .kv
             .range(&self.keys.machines(), true, None)
             .await
             .map_err(RegistryError::kv("listing machines"))?;
-        res.kvs.iter().map(decode).collect()
+        let mut skipped = Vec::new();
+        let items = read::all(&res.kvs, |kv| read::machine(&self.keys, kv), &mut skipped);
+        Ok(Listing {
+            revision: res.revision,
+            items,
+            skipped,
+        })
     }
 
     // ---- unit states ----------------------------------------------------------------------
@@ -652,13 +703,19 @@ impl<K: Kv> Registry<K> {
         Ok(())
     }
 
-    /// Every published unit state, sorted by unit then machine.
-    pub async fn unit_states(&self) -> Result<Vec<UnitStateRecord>> {
+    /// Every readable published unit state, sorted by unit then machine.
+    pub async fn unit_states(&self) -> Result<Listing<Vec<UnitStateRecord>>> {
         let res = self
             .kv
             .range(&self.keys.states(), true, None)
             .await
             .map_err(RegistryError::kv("listing unit states"))?;
-        res.kvs.iter().map(decode).collect()
+        let mut skipped = Vec::new();
+        let items = read::all(&res.kvs, |kv| read::state(&self.keys, kv), &mut skipped);
+        Ok(Listing {
+            revision: res.revision,
+            items,
+            skipped,
+        })
     }
 }

@@ -4,10 +4,11 @@ use fleet_core::{MachineId, MachineInfo, UnitName};
 use std::collections::BTreeMap;
 
 use crate::error::{RegistryError, Result};
-use crate::kv::{Kv, Revision};
+use crate::kv::{KeyValue, Kv, Revision};
 use crate::per_machine::PerMachine;
+use crate::read::{self, Skipped};
 use crate::records::{ScheduleEntry, Unit, UnitStateRecord};
-use crate::registry::{Registry, decode, decode_unit};
+use crate::registry::Registry;
 
 /// Units, schedule, machines and published states, all read at `revision`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,10 +22,34 @@ pub struct Snapshot {
     pub states: BTreeMap<UnitName, PerMachine<UnitStateRecord>>,
     /// unit -> why the engine could not place it.
     pub unscheduled: BTreeMap<UnitName, String>,
+    /// Values that could not be read, by key: left out of every map above, so a corrupt unit
+    /// record reads as no unit, a corrupt schedule entry as no entry.
+    pub skipped: BTreeMap<String, Skipped>,
+}
+
+impl Snapshot {
+    pub(crate) fn skip(&mut self, s: Skipped) {
+        self.skipped.insert(s.key.clone(), s);
+    }
+
+    pub(crate) fn insert_schedule(&mut self, e: ScheduleEntry) {
+        self.schedule
+            .entry(e.name.clone())
+            .or_default()
+            .insert(e.machine.clone(), e);
+    }
+
+    pub(crate) fn insert_state(&mut self, s: UnitStateRecord) {
+        self.states
+            .entry(s.name.clone())
+            .or_default()
+            .insert(s.machine.clone(), s);
+    }
 }
 
 impl<K: Kv> Registry<K> {
-    /// Reads everything at one revision: the first read fixes it, the rest read at it.
+    /// Reads everything at one revision: the first read fixes it, the rest read at it. A
+    /// value that cannot be read is left out and listed in [`Snapshot::skipped`].
     pub async fn snapshot(&self) -> Result<Snapshot> {
         let keys = self.keys();
         let first = self
@@ -38,43 +63,45 @@ impl<K: Kv> Registry<K> {
             ..Snapshot::default()
         };
         for kv in &first.kvs {
-            let unit = decode_unit(kv)?;
-            snap.units.insert(unit.name().clone(), unit);
+            match read::unit(keys, kv) {
+                Ok(unit) => {
+                    snap.units.insert(unit.name().clone(), unit);
+                }
+                Err(s) => snap.skip(s),
+            }
         }
         for kv in self.range_at(&keys.machines(), revision).await? {
-            let m: MachineInfo = decode(&kv)?;
-            snap.machines.insert(m.id.clone(), m);
+            match read::machine(keys, &kv) {
+                Ok(m) => {
+                    snap.machines.insert(m.id.clone(), m);
+                }
+                Err(s) => snap.skip(s),
+            }
         }
         for kv in self.range_at(&keys.schedules(), revision).await? {
-            let e: ScheduleEntry = decode(&kv)?;
-            snap.schedule
-                .entry(e.name.clone())
-                .or_default()
-                .insert(e.machine.clone(), e);
+            match read::schedule_entry(keys, &kv) {
+                Ok(e) => snap.insert_schedule(e),
+                Err(s) => snap.skip(s),
+            }
         }
         for kv in self.range_at(&keys.states(), revision).await? {
-            let s: UnitStateRecord = decode(&kv)?;
-            snap.states
-                .entry(s.name.clone())
-                .or_default()
-                .insert(s.machine.clone(), s);
+            match read::state(keys, &kv) {
+                Ok(s) => snap.insert_state(s),
+                Err(s) => snap.skip(s),
+            }
         }
-        let base = keys.unscheduled_all();
-        for kv in self.range_at(&base, revision).await? {
-            let name =
-                kv.key[base.len()..]
-                    .parse::<UnitName>()
-                    .map_err(|e| RegistryError::Corrupt {
-                        key: kv.key.clone(),
-                        detail: e.to_string(),
-                    })?;
-            snap.unscheduled
-                .insert(name, String::from_utf8_lossy(&kv.value).into_owned());
+        for kv in self.range_at(&keys.unscheduled_all(), revision).await? {
+            match read::unscheduled(keys, &kv) {
+                Ok((name, reason)) => {
+                    snap.unscheduled.insert(name, reason);
+                }
+                Err(s) => snap.skip(s),
+            }
         }
         Ok(snap)
     }
 
-    async fn range_at(&self, prefix: &str, revision: Revision) -> Result<Vec<crate::kv::KeyValue>> {
+    async fn range_at(&self, prefix: &str, revision: Revision) -> Result<Vec<KeyValue>> {
         Ok(self
             .kv()
             .range(prefix, true, Some(revision))

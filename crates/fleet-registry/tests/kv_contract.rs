@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use fleet_registry::kv::{
     CmpOp, CmpTarget, Compare, EtcdKv, Event, EventKind, KeyValue, Kv, KvError, LeaseId, MemKv,
-    Revision, Txn, TxnOp, TxnOpResponse, TxnResult, Watch, WatchMessage,
+    RANGE_PAGE, Revision, Txn, TxnOp, TxnOpResponse, TxnResult, Watch, WatchMessage,
 };
 use fleet_registry::testing::TestEtcd;
 use tokio::time::{Instant, sleep, timeout};
@@ -112,6 +112,9 @@ contract_tests!(
     watch_of_one_key_ignores_its_siblings,
     watch_from_a_compacted_revision_reports_compacted,
     dropping_a_watch_stops_it,
+    reads_more_than_a_page_at_one_revision,
+    reads_more_than_4_mib_of_values,
+    watches_a_revision_of_more_than_4_mib,
 );
 
 // ---- helpers ----
@@ -745,6 +748,104 @@ async fn dropping_a_watch_stops_it(h: &impl Harness, p: &str) {
     .await;
     // The store goes on as before.
     put(&kv, &format!("{p}a"), "2").await;
+}
+
+/// Writes `count` keys `<p><i:05>` with value `v<i>`, as many per transaction as etcd takes.
+async fn put_many(kv: &impl Kv, p: &str, count: usize) -> Revision {
+    let mut revision = 0;
+    let keys: Vec<usize> = (0..count).collect();
+    for chunk in keys.chunks(100) {
+        let ops = chunk
+            .iter()
+            .map(|i| put_op(&format!("{p}{i:05}"), &format!("v{i}"), None))
+            .collect();
+        revision = kv.txn(writes(ops)).await.expect("put many").revision;
+    }
+    revision
+}
+
+/// Just under 1 MiB (fleet's largest unit file), with `tag` in it so values differ.
+fn big_value(tag: usize) -> String {
+    let mut value = format!("{tag:08}");
+    value.push_str(&"x".repeat((1 << 20) - 64));
+    value
+}
+
+async fn reads_more_than_a_page_at_one_revision(h: &impl Harness, p: &str) {
+    let kv = h.kv();
+    let count = 2 * RANGE_PAGE + 7;
+    let written = put_many(&kv, p, count).await;
+    // Changed after the read's revision: invisible to a read at `written`.
+    let later = put(&kv, &format!("{p}00000"), "changed").await;
+    put(&kv, &format!("{p}99999"), "added").await;
+
+    let old = kv.range(p, true, Some(written)).await.unwrap();
+    assert_eq!(old.kvs.len(), count);
+    let expected: Vec<String> = (0..count).map(|i| format!("{p}{i:05}")).collect();
+    assert_eq!(keys(&old.kvs), expected);
+    assert_eq!(old.kvs[0].value, b"v0");
+    assert!(old.kvs.iter().all(|kv| kv.mod_revision <= written));
+
+    let now = kv.range(p, true, None).await.unwrap();
+    assert_eq!(now.kvs.len(), count + 1);
+    assert_eq!(now.revision, later + 1);
+    assert_eq!(now.kvs[0].value, b"changed");
+    assert_eq!(now.kvs[count].key, format!("{p}99999"));
+    // A neighbouring prefix is not read into this one.
+    put(&kv, &format!("{}0", &p[..p.len() - 1]), "outside").await;
+    assert_eq!(kv.range(p, true, None).await.unwrap().kvs.len(), count + 1);
+}
+
+async fn reads_more_than_4_mib_of_values(h: &impl Harness, p: &str) {
+    let kv = h.kv();
+    // One put per transaction: etcd takes at most 1.5 MiB per request.
+    for i in 0..5 {
+        put(&kv, &format!("{p}big{i}"), &big_value(i)).await;
+    }
+    let all = kv.range(p, true, None).await.unwrap();
+    assert_eq!(all.kvs.len(), 5);
+    for (i, kv) in all.kvs.iter().enumerate() {
+        assert_eq!(kv.value, big_value(i).as_bytes());
+    }
+    // The same values through a transaction's reads.
+    let gets = (0..5)
+        .map(|i| TxnOp::Get {
+            key: format!("{p}big{i}"),
+            prefix: false,
+        })
+        .collect();
+    let res = kv.txn(writes(gets)).await.unwrap();
+    assert_eq!(res.responses.len(), 5);
+    for (i, response) in res.responses.iter().enumerate() {
+        let TxnOpResponse::Get(kvs) = response else {
+            panic!("expected a read, got {response:?}");
+        };
+        assert_eq!(kvs[0].value, big_value(i).as_bytes());
+    }
+}
+
+async fn watches_a_revision_of_more_than_4_mib(h: &impl Harness, p: &str) {
+    let kv = h.kv();
+    let lease = kv.grant(Duration::from_secs(60)).await.unwrap();
+    // Long keys: a revoke deletes every key in one revision, and a delete event carries its key.
+    let names: Vec<String> = (0..4)
+        .map(|i| format!("{p}{i}{}", "k".repeat((1 << 20) + (1 << 19) - 1024)))
+        .collect();
+    for name in &names {
+        let put = kv.txn(writes(vec![put_op(name, "", Some(lease))])).await;
+        put.expect("put a long key");
+    }
+    let from = current_revision(&kv).await + 1;
+    let mut watch = kv.watch(p, true, from).await.unwrap();
+    kv.revoke(lease).await.unwrap();
+    let events = next_events(&mut watch, names.len()).await;
+    assert!(events.iter().all(|e| e.kind == EventKind::Delete));
+    assert!(events.iter().all(|e| e.kv.mod_revision == from));
+    let deleted: Vec<&str> = events.iter().map(|e| e.kv.key.as_str()).collect();
+    assert_eq!(
+        deleted,
+        names.iter().map(String::as_str).collect::<Vec<_>>()
+    );
 }
 
 // ---- real etcd only ----

@@ -2,7 +2,7 @@
 //! against a real etcd started by the test, so the fake cannot drift from etcd.
 
 use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
-use fleet_registry::kv::{Kv, MemKv};
+use fleet_registry::kv::{Kv, MemKv, RANGE_PAGE, Txn, TxnOp};
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{
     CreateOutcome, EngineWrite, Fence, LiveView, Registry, RegistryError, ScheduleEntry,
@@ -317,10 +317,10 @@ async fn states_vanish_with_the_machine_lease<K: Kv>(reg: Registry<K>) {
         restart_pending: false,
     };
     reg.publish_state(&presence, &state).await.unwrap();
-    assert_eq!(reg.unit_states().await.unwrap().len(), 1);
+    assert_eq!(reg.unit_states().await.unwrap().items.len(), 1);
     reg.unregister(&presence).await.unwrap();
-    assert!(reg.unit_states().await.unwrap().is_empty());
-    assert!(reg.machines().await.unwrap().is_empty());
+    assert!(reg.unit_states().await.unwrap().items.is_empty());
+    assert!(reg.machines().await.unwrap().items.is_empty());
 }
 
 async fn fenced_schedule_write_fails_without_leadership<K: Kv>(reg: Registry<K>) {
@@ -343,13 +343,13 @@ async fn fenced_schedule_write_fails_without_leadership<K: Kv>(reg: Registry<K>)
         .unwrap_err();
     assert!(matches!(err, RegistryError::LostLeadership), "{err:?}");
     assert!(keys(&reg).await.is_empty());
-    let (_, entries) = reg.machine_schedule(&machine("m1")).await.unwrap();
+    let entries = reg.machine_schedule(&machine("m1")).await.unwrap().items;
     assert!(entries.is_empty());
 }
 
 async fn watch_hints_wake_on_changes_under_the_prefix<K: Kv>(reg: Registry<K>) {
     let m = machine("m1");
-    let (rev, _) = reg.machine_schedule(&m).await.unwrap();
+    let rev = reg.machine_schedule(&m).await.unwrap().revision;
     let mut hints = WatchHints::start(reg.kv().clone(), reg.keys().machine_schedule(&m), rev + 1);
     let entry = ScheduleEntry {
         name: name("a.service"),
@@ -374,7 +374,7 @@ async fn watch_hints_wake_on_changes_under_the_prefix<K: Kv>(reg: Registry<K>) {
 /// Follows `view` until it equals a fresh snapshot and file listing (5 s at most).
 async fn converges<K: Kv>(view: &mut LiveView<K>, reg: &Registry<K>) {
     let want = reg.snapshot().await.unwrap();
-    let want_files = reg.files(None).await.unwrap();
+    let want_files = reg.files(None).await.unwrap().items;
     let caught_up = tokio::time::timeout(Duration::from_secs(5), async {
         while *view.snapshot() != want || *view.files() != want_files {
             view.changed().await.unwrap();
@@ -503,6 +503,216 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
     assert!(bare.files().is_empty());
 }
 
+/// Writes `value` at `key` as it is, as a hand-written or buggy client could.
+async fn put_raw<K: Kv>(reg: &Registry<K>, key: &str, value: &str) {
+    let put = TxnOp::Put {
+        key: key.to_owned(),
+        value: value.as_bytes().to_vec(),
+        lease: None,
+    };
+    let txn = Txn {
+        success: vec![put],
+        ..Txn::default()
+    };
+    reg.kv().txn(txn).await.unwrap();
+}
+
+/// A valid unit file of just under `size` bytes, `tag` making it unique.
+fn big_file(tag: usize, size: usize) -> UnitFile {
+    let head = format!("[Unit]\nDescription=big {tag}\n[Service]\nExecStart=/bin/true\n");
+    let line = format!("Environment=X={}\n", "x".repeat(1000));
+    let lines = (size - head.len() - 64) / line.len();
+    UnitFile::parse(format!("{head}{}", line.repeat(lines)).as_bytes()).unwrap()
+}
+
+async fn lists_more_than_a_page_and_4_mib_of_unit_files<K: Kv>(reg: Registry<K>) {
+    // Five files of almost 1 MiB (the largest fleetctl accepts) and more than a page of units.
+    for i in 0..5 {
+        let f = big_file(i, fleet_core::unit_file::MAX_UNIT_FILE_BYTES);
+        let n = name(&format!("big{i}.service"));
+        reg.create_unit(&n, &f, DesiredState::Launched)
+            .await
+            .unwrap();
+    }
+    let small = RANGE_PAGE + 10;
+    for i in 0..small {
+        let n = name(&format!("small{i:04}.service"));
+        reg.create_unit(&n, &file(&format!("/bin/{i}")), DesiredState::Loaded)
+            .await
+            .unwrap();
+    }
+    let snap = reg.snapshot().await.unwrap();
+    assert_eq!(snap.units.len(), small + 5);
+    assert!(snap.skipped.is_empty());
+    let files = reg.files(Some(snap.revision)).await.unwrap();
+    assert_eq!(files.items.len(), small + 5);
+    let bytes: usize = files.items.values().map(|f| f.canonical().len()).sum();
+    assert!(bytes > 4 << 20, "only {bytes} bytes of files");
+    assert_eq!(reg.units().await.unwrap().items.len(), small + 5);
+    let view = LiveView::start(reg.clone()).await.unwrap();
+    assert_eq!(view.snapshot(), &snap);
+    assert_eq!(view.files(), &files.items);
+}
+
+/// The unreadable values of the corrupt-value tests: a non-JSON unit record, a good record
+/// under another unit's key, a non-JSON schedule entry, state and machine, a file that does
+/// not parse, an unscheduled reason under a key that is no unit name.
+fn corrupt_keys(p: &str) -> Vec<(String, &'static str)> {
+    vec![
+        (format!("{p}unit/evil1.service"), "not json"),
+        (
+            format!("{p}unit/evil2.service"),
+            r#"{"name":"a.service","hash":"0000000000000000000000000000000000000000","desired":"launched"}"#,
+        ),
+        (format!("{p}schedule/m1/evil3.service"), "{"),
+        (format!("{p}state/evil4.service/m1"), "[]"),
+        (format!("{p}machine/m9"), "\u{1}"),
+        (
+            format!("{p}file/1111111111111111111111111111111111111111"),
+            "[Service]\nExecStart=/bin/true\\",
+        ),
+        (format!("{p}unscheduled/bad name"), "why"),
+    ]
+}
+
+async fn listings_skip_unreadable_values_and_name_their_keys<K: Kv>(reg: Registry<K>) {
+    let a = name("a.service");
+    reg.create_unit(&a, &file("/bin/a"), DesiredState::Launched)
+        .await
+        .unwrap();
+    let presence = reg
+        .register_machine(&info("m1"), Duration::from_secs(10), None)
+        .await
+        .unwrap();
+    let good = reg.snapshot().await.unwrap();
+    let corrupt = corrupt_keys(PREFIX);
+    for (key, value) in &corrupt {
+        put_raw(&reg, key, value).await;
+    }
+    let snap = reg.snapshot().await.unwrap();
+    assert_eq!(snap.units, good.units);
+    assert_eq!(snap.machines, good.machines);
+    assert!(snap.schedule.is_empty() && snap.states.is_empty() && snap.unscheduled.is_empty());
+    let skipped: Vec<&str> = snap.skipped.keys().map(String::as_str).collect();
+    let mut want: Vec<&str> = corrupt.iter().map(|(k, _)| k.as_str()).collect();
+    want.retain(|k| !k.contains("/file/"));
+    want.sort_unstable();
+    assert_eq!(skipped, want);
+    let evil2 = &snap.skipped[&format!("{PREFIX}unit/evil2.service")];
+    assert!(evil2.detail.contains("unit/a.service"), "{}", evil2.detail);
+    assert!(evil2.to_string().contains("unit/evil2.service"), "{evil2}");
+
+    let files = reg.files(None).await.unwrap();
+    assert_eq!(files.items.len(), 1);
+    assert_eq!(files.skipped.len(), 1);
+    assert!(
+        files.skipped[0]
+            .key
+            .ends_with("/file/1111111111111111111111111111111111111111")
+    );
+    let units = reg.units().await.unwrap();
+    assert_eq!(units.items.len(), 1);
+    assert_eq!(units.skipped.len(), 2);
+    let schedule = reg.machine_schedule(&machine("m1")).await.unwrap();
+    assert!(schedule.items.is_empty());
+    assert_eq!(schedule.skipped.len(), 1);
+    assert_eq!(reg.unit_states().await.unwrap().skipped.len(), 1);
+    let machines = reg.machines().await.unwrap();
+    assert_eq!(machines.items.len(), 1);
+    assert_eq!(machines.skipped[0].key, format!("{PREFIX}machine/m9"));
+    // Asked for by name, an unreadable record is an error naming its key.
+    let err = reg.unit(&name("evil1.service")).await.unwrap_err();
+    assert!(
+        matches!(&err, RegistryError::Corrupt { key, .. } if key.ends_with("unit/evil1.service")),
+        "{err:?}"
+    );
+    assert!(reg.unit(&name("evil2.service")).await.is_err());
+    reg.unregister(&presence).await.unwrap();
+}
+
+async fn destroys_an_unreadable_unit_record_with_its_references<K: Kv>(reg: Registry<K>) {
+    let (a, evil) = (name("a.service"), name("evil1.service"));
+    reg.create_unit(&a, &file("/bin/a"), DesiredState::Launched)
+        .await
+        .unwrap();
+    let before = keys(&reg).await;
+    let f = file("/bin/evil");
+    reg.create_unit(&evil, &f, DesiredState::Launched)
+        .await
+        .unwrap();
+    put_raw(&reg, &reg.keys().unit(&evil), "not json").await;
+    // Its file is shared with no one: it goes with its reference.
+    assert!(reg.destroy_unreadable_unit(&evil).await.unwrap());
+    assert_eq!(keys(&reg).await, before);
+    assert!(!reg.destroy_unreadable_unit(&evil).await.unwrap());
+    // A readable record is not destroyed this way.
+    let err = reg.destroy_unreadable_unit(&a).await.unwrap_err();
+    assert!(matches!(err, RegistryError::Conflict(_)), "{err:?}");
+    assert_eq!(keys(&reg).await, before);
+
+    // A file another unit still uses stays.
+    reg.create_unit(&evil, &file("/bin/a"), DesiredState::Launched)
+        .await
+        .unwrap();
+    put_raw(&reg, &reg.keys().unit(&evil), "{}").await;
+    assert!(reg.destroy_unreadable_unit(&evil).await.unwrap());
+    assert_eq!(keys(&reg).await, before);
+}
+
+async fn live_view_skips_unreadable_values_until_they_are_repaired<K: Kv>(reg: Registry<K>) {
+    let a = name("a.service");
+    let CreateOutcome::Created(unit_a) = reg
+        .create_unit(&a, &file("/bin/a"), DesiredState::Launched)
+        .await
+        .unwrap()
+    else {
+        panic!("a exists");
+    };
+    put_raw(&reg, &format!("{PREFIX}unit/evil1.service"), "not json").await;
+    let mut view = LiveView::start(reg.clone()).await.unwrap();
+    assert_eq!(view.snapshot(), &reg.snapshot().await.unwrap());
+    assert_eq!(view.snapshot().skipped.len(), 1);
+
+    // Every kind of unreadable value, then a readable unit over a corrupt one.
+    for (key, value) in corrupt_keys(PREFIX) {
+        put_raw(&reg, &key, value).await;
+    }
+    converges(&mut view, &reg).await;
+    let key_a = reg.keys().unit(&a);
+    put_raw(&reg, &key_a, "garbage over a good record").await;
+    converges(&mut view, &reg).await;
+    assert!(!view.snapshot().units.contains_key(&a));
+    put_raw(
+        &reg,
+        &key_a,
+        &String::from_utf8(record_json(&unit_a)).unwrap(),
+    )
+    .await;
+    converges(&mut view, &reg).await;
+    assert!(view.snapshot().units.contains_key(&a));
+    // Deleting them empties the skip list.
+    let delete = TxnOp::Delete {
+        key: format!("{PREFIX}unit/evil"),
+        prefix: true,
+    };
+    let txn = Txn {
+        success: vec![delete],
+        ..Txn::default()
+    };
+    reg.kv().txn(txn).await.unwrap();
+    converges(&mut view, &reg).await;
+    assert!(
+        view.snapshot()
+            .skipped
+            .keys()
+            .all(|k| !k.contains("unit/evil"))
+    );
+}
+
+fn record_json(unit: &fleet_registry::Unit) -> Vec<u8> {
+    serde_json::to_vec(&unit.record).unwrap()
+}
+
 /// Only the fake can cut the stream on demand: an outage ends every watch, and the view
 /// says it lost track instead of waiting forever (the engine then reads everything again).
 #[tokio::test]
@@ -554,4 +764,8 @@ contract!(
     fenced_schedule_write_fails_without_leadership,
     watch_hints_wake_on_changes_under_the_prefix,
     live_view_follows_every_change,
+    lists_more_than_a_page_and_4_mib_of_unit_files,
+    listings_skip_unreadable_values_and_name_their_keys,
+    destroys_an_unreadable_unit_record_with_its_references,
+    live_view_skips_unreadable_values_until_they_are_repaired,
 );

@@ -597,3 +597,96 @@ async fn tls_flags_that_cannot_work_are_refused_before_anything_is_sent() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), HELLO);
 }
+
+/// A valid unit file of just under 1 MiB (the largest fleetctl accepts), `tag` making it
+/// unique.
+fn near_limit_file(tag: usize) -> String {
+    let max = fleet_core::unit_file::MAX_UNIT_FILE_BYTES;
+    let mut text = format!("[Unit]\nDescription=big {tag}\n[Service]\nExecStart=/bin/true\n");
+    let line = format!("Environment=X={}\n", "x".repeat(1000));
+    while text.len() + line.len() < max - 64 {
+        text.push_str(&line);
+    }
+    text
+}
+
+/// Issue 13: five accepted units of ~1 MiB each made every listing fail with tonic's 4 MiB
+/// "decoded message length too large".
+#[tokio::test]
+async fn more_than_4_mib_of_unit_files_still_list() {
+    let env = Env::new("big-registry").await;
+    for i in 0..5 {
+        let path = env.write(&format!("big{i}.service"), near_limit_file(i));
+        let o = env.fleetctl(&["submit", &path]);
+        assert!(o.status.success(), "submit {i}: {}", stderr(&o));
+    }
+    let before = env.dump().await;
+    let files: usize = before.1.iter().map(|(_, v, _)| v.len()).sum();
+    assert!(files > 4 << 20, "only {files} bytes in etcd");
+    let o = env.fleetctl(&["list-unit-files", "--no-legend", "--fields=unit,dstate"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let listed: Vec<String> = stdout(&o).lines().map(str::to_owned).collect();
+    assert_eq!(listed.len(), 6, "{listed:?}");
+    assert!(
+        listed.iter().any(|l| l.starts_with("big4.service")),
+        "{listed:?}"
+    );
+    let o = env.fleetctl(&["list-units"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(env.dump().await, before, "a listing changed etcd");
+}
+
+/// Issue 13: one non-JSON value made every listing fail for everyone, and destroy too.
+/// Listings skip it with a warning naming the key (exit 0, the table still prints); destroy
+/// removes it, and nothing else.
+#[tokio::test]
+async fn a_corrupt_registry_value_is_skipped_with_a_warning_and_destroy_removes_it() {
+    let env = Env::new("corrupt-value").await;
+    let clean = env.dump().await;
+    let kv: EtcdKv = env.etcd.kv().await;
+    let prefix = fleet_registry::DEFAULT_PREFIX;
+    let evil = format!("{prefix}unit/evil1.service");
+    let state = format!("{prefix}state/evil2.service/m1");
+    for key in [&evil, &state] {
+        let put = fleet_registry::kv::TxnOp::Put {
+            key: key.clone(),
+            value: b"not json".to_vec(),
+            lease: None,
+        };
+        let txn = fleet_registry::kv::Txn {
+            success: vec![put],
+            ..Default::default()
+        };
+        kv.txn(txn).await.unwrap();
+    }
+    let corrupt = env.dump().await;
+    for (args, key) in [
+        (vec!["list-unit-files", "--no-legend"], &evil),
+        (vec!["list-units"], &state),
+    ] {
+        let o = env.fleetctl(&args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("WARNING") && err.contains(key.as_str()),
+            "{args:?}: {err}"
+        );
+        assert!(!stdout(&o).contains("evil"), "{args:?}: {}", stdout(&o));
+        assert_eq!(env.dump().await, corrupt, "{args:?} changed etcd");
+    }
+    let o = env.fleetctl(&["list-unit-files", "--no-legend", "--fields=unit"]);
+    assert_eq!(stdout(&o), "seeded.service\n");
+
+    let o = env.fleetctl(&["destroy", "evil1.service"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "Destroyed evil1.service\n");
+    assert!(stderr(&o).contains(&evil), "{}", stderr(&o));
+    let (_, after) = env.dump().await;
+    let (_, mut want) = corrupt;
+    want.retain(|(k, _, _)| *k != evil);
+    assert!(want.len() > clean.1.len());
+    assert_eq!(
+        after, want,
+        "destroy removed more (or less) than the record"
+    );
+}

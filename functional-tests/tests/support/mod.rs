@@ -476,10 +476,11 @@ pub fn converged(
         );
     }
     let states = registry.unit_states().map_err(|e| format!("{e:#}"))?;
-    let (_, units) = registry
+    let units = registry
         .block_on(registry.registry().units())
         .map_err(|e| format!("{e:#}"))?;
     let hashes: BTreeMap<String, _> = units
+        .items
         .iter()
         .map(|u| (u.name().to_string(), u.hash()))
         .collect();

@@ -15,6 +15,11 @@ pub use etcd::{EtcdConfig, EtcdKv, TlsFiles};
 pub use hooked::{Hook, Hooked, Request};
 pub use mem::MemKv;
 
+/// Keys in the first page of a prefix read on etcd; later pages aim at a few MiB each. Big
+/// reads come in pages so no response is unbounded; the result is still one revision (see
+/// [`Kv::range`]). Public so the contract tests can read more than one page.
+pub const RANGE_PAGE: usize = 500;
+
 /// An etcd revision (cluster-wide, monotonically increasing).
 pub type Revision = i64;
 
@@ -214,9 +219,14 @@ impl KvError {
     }
 }
 
-/// The store. Every method is one etcd round trip.
+/// The store. Every method is one etcd round trip, except a prefix read of more than
+/// [`RANGE_PAGE`] keys.
 pub trait Kv: Clone + Send + Sync + 'static {
-    /// Reads `key` (or every key under it with `prefix`), at `revision` or the latest.
+    /// Reads `key` (or every key under it with `prefix`), at `revision` or the latest. Every
+    /// key comes from one revision however many there are and however big their values: etcd
+    /// serves a prefix in pages (the first of [`RANGE_PAGE`] keys), each page after the first
+    /// read at the first one's revision (a read of the present that loses that revision to a
+    /// compaction starts again).
     fn range(
         &self,
         key: &str,

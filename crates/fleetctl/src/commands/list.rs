@@ -1,9 +1,10 @@
 //! `list-unit-files`, `list-units` and `list-machines`: one consistent snapshot each, rendered
-//! as fleet's tables.
+//! as fleet's tables. A value the registry cannot read is left out with a warning on stderr
+//! that names its key; the table of everything else still prints.
 
 use anyhow::{Context, Result};
 use fleet_core::{DesiredState, MachineId, Requirements, UnitHash};
-use fleet_registry::Snapshot;
+use fleet_registry::{Skipped, Snapshot};
 use std::collections::BTreeMap;
 use std::io::Write;
 
@@ -18,6 +19,13 @@ fn print(ctx: &mut Ctx, listing: &Listing, fields: &[&str], rows: Vec<Vec<String
     }
     all.extend(rows);
     let _ = ctx.out.write_all(table::render(&all).as_bytes());
+}
+
+/// Warns about each value left out of a listing.
+fn warn_skipped<'a>(ctx: &mut Ctx, skipped: impl IntoIterator<Item = &'a Skipped>) {
+    for s in skipped {
+        ctx.warn(format!("WARNING: {s}"));
+    }
 }
 
 fn hash_cell(hash: Option<&UnitHash>, full: bool) -> String {
@@ -72,6 +80,8 @@ pub async fn list_unit_files(ctx: &mut Ctx, args: &ListUnitFiles) -> Result<()> 
         .files(Some(snap.revision))
         .await
         .context("Error retrieving list of units from repository")?;
+    warn_skipped(ctx, snap.skipped.values().chain(&files.skipped));
+    let files = files.items;
     let full = args.listing.full;
     let mut rows = Vec::new();
     for (name, unit) in &snap.units {
@@ -125,6 +135,7 @@ pub async fn list_units(ctx: &mut Ctx, args: &ListUnits) -> Result<()> {
         .snapshot()
         .await
         .context("Error retrieving list of units from repository")?;
+    warn_skipped(ctx, snap.skipped.values());
     let full = args.listing.full;
     let mut rows = Vec::new();
     for (name, per_machine) in &snap.states {
@@ -155,8 +166,10 @@ pub async fn list_machines(ctx: &mut Ctx, args: &ListMachines) -> Result<()> {
     let machines = ctx.registry.machines().await.context(
         "Error retrieving list of active machines (etcd unhealthy, lost quorum, or unreachable)",
     )?;
+    warn_skipped(ctx, &machines.skipped);
     let by_id: BTreeMap<MachineId, _> = BTreeMap::new();
     let rows = machines
+        .items
         .iter()
         .map(|m| {
             fields

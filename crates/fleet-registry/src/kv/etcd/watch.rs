@@ -29,7 +29,7 @@ pub(super) async fn start(
     if prefix {
         options = options.with_prefix();
     }
-    let mut client = kv.client.watch_client();
+    let mut client = kv.watch_client();
     let setup = async {
         let mut stream = client.watch(key, Some(options)).await?;
         let first = stream.message().await?;
@@ -141,7 +141,7 @@ pub(super) async fn compact_revision(
     key: &str,
     deadline: Instant,
 ) -> Option<Revision> {
-    let mut client = kv.client.watch_client();
+    let mut client = kv.watch_client();
     let probe = async {
         let options = WatchOptions::new().with_start_revision(1);
         let mut stream = client.watch(key, Some(options)).await?;

@@ -1,0 +1,156 @@
+//! Reading stored values back: each record is decoded and checked against the key it was
+//! found under, and a listing leaves out what fails, naming its key, instead of failing.
+//!
+//! One bad value (written by hand, by a buggy client, by a newer version) must not make the
+//! whole cluster unlistable or stop the engine: listings and snapshots return it as
+//! [`Skipped`] and go on. Reading one record by name still fails with
+//! [`RegistryError::Corrupt`], since the caller asked for that record. Nothing here logs: the
+//! caller that decides what a skip means (fleetctl prints it, the engine and agents log it
+//! once per change) reports it.
+
+use fleet_core::{MachineInfo, UnitFile, UnitHash, UnitName};
+use serde::de::DeserializeOwned;
+use std::fmt;
+
+use crate::error::RegistryError;
+use crate::keys::Keys;
+use crate::kv::{KeyValue, Revision};
+use crate::records::{ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
+
+/// A stored value a listing left out: it does not parse, or it names another key than the
+/// one it is stored under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub key: String,
+    /// The revision the value was written at (a new value at the key is a new skip).
+    pub mod_revision: Revision,
+    pub detail: String,
+}
+
+impl fmt::Display for Skipped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "skipped corrupt registry value at {}: {}",
+            self.key, self.detail
+        )
+    }
+}
+
+impl From<Skipped> for RegistryError {
+    fn from(s: Skipped) -> RegistryError {
+        RegistryError::Corrupt {
+            key: s.key,
+            detail: s.detail,
+        }
+    }
+}
+
+/// What a listing read at one revision: the values that parse, and those it skipped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing<T> {
+    pub revision: Revision,
+    pub items: T,
+    pub skipped: Vec<Skipped>,
+}
+
+pub(crate) fn skipped(kv: &KeyValue, detail: impl fmt::Display) -> Skipped {
+    Skipped {
+        key: kv.key.clone(),
+        mod_revision: kv.mod_revision,
+        detail: detail.to_string(),
+    }
+}
+
+fn json<T: DeserializeOwned>(kv: &KeyValue) -> Result<T, Skipped> {
+    serde_json::from_slice(&kv.value).map_err(|e| skipped(kv, e))
+}
+
+/// A record must be stored under the key its own fields make: a record read at another key
+/// would make a destroy or a schedule act on the wrong unit.
+fn at_own_key<T>(kv: &KeyValue, record: T, own: String) -> Result<T, Skipped> {
+    if kv.key == own {
+        Ok(record)
+    } else {
+        Err(skipped(kv, format!("the record belongs at {own}")))
+    }
+}
+
+pub(crate) fn unit(keys: &Keys, kv: &KeyValue) -> Result<Unit, Skipped> {
+    let record: UnitRecord = json(kv)?;
+    let own = keys.unit(&record.name);
+    let record = at_own_key(kv, record, own)?;
+    Ok(Unit {
+        record,
+        mod_revision: kv.mod_revision,
+    })
+}
+
+pub(crate) fn schedule_entry(keys: &Keys, kv: &KeyValue) -> Result<ScheduleEntry, Skipped> {
+    let e: ScheduleEntry = json(kv)?;
+    let own = keys.schedule(&e.machine, &e.name);
+    at_own_key(kv, e, own)
+}
+
+pub(crate) fn state(keys: &Keys, kv: &KeyValue) -> Result<UnitStateRecord, Skipped> {
+    let s: UnitStateRecord = json(kv)?;
+    let own = keys.state(&s.name, &s.machine);
+    at_own_key(kv, s, own)
+}
+
+pub(crate) fn machine(keys: &Keys, kv: &KeyValue) -> Result<MachineInfo, Skipped> {
+    let m: MachineInfo = json(kv)?;
+    let own = keys.machine(&m.id);
+    at_own_key(kv, m, own)
+}
+
+/// A unit file stored under `file/<hash>`.
+pub(crate) fn file(keys: &Keys, kv: &KeyValue) -> Result<(UnitHash, UnitFile), Skipped> {
+    let hash: UnitHash = key_part(kv, &keys.files())?;
+    let file = UnitFile::parse(&kv.value).map_err(|e| skipped(kv, e))?;
+    Ok((hash, file))
+}
+
+/// An `unscheduled/<name>` reason.
+pub(crate) fn unscheduled(keys: &Keys, kv: &KeyValue) -> Result<(UnitName, String), Skipped> {
+    let name: UnitName = key_part(kv, &keys.unscheduled_all())?;
+    Ok((name, String::from_utf8_lossy(&kv.value).into_owned()))
+}
+
+/// The part of the key after `base`, parsed.
+pub(crate) fn key_part<T>(kv: &KeyValue, base: &str) -> Result<T, Skipped>
+where
+    T: std::str::FromStr,
+    T::Err: fmt::Display,
+{
+    let Some(part) = kv.key.strip_prefix(base) else {
+        return Err(skipped(kv, format!("the key is not under {base}")));
+    };
+    part.parse().map_err(|e: T::Err| skipped(kv, e))
+}
+
+/// What a key under `base` names, when its value cannot say: `<a>/<b>` of a two-level key.
+pub(crate) fn key_pair<A, B>(kv: &KeyValue, base: &str) -> Option<(A, B)>
+where
+    A: std::str::FromStr,
+    B: std::str::FromStr,
+{
+    let (a, b) = kv.key.strip_prefix(base)?.split_once('/')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// Decodes every value with `read`, keeping what parses and skipping the rest.
+pub(crate) fn all<T>(
+    kvs: &[KeyValue],
+    mut read: impl FnMut(&KeyValue) -> Result<T, Skipped>,
+    skipped: &mut Vec<Skipped>,
+) -> Vec<T> {
+    let mut items = Vec::with_capacity(kvs.len());
+    for kv in kvs {
+        match read(kv) {
+            Ok(item) => items.push(item),
+            Err(s) => skipped.push(s),
+        }
+    }
+    items
+}
