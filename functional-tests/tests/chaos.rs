@@ -231,7 +231,7 @@ fn churn(
 
 /// What the machines must run: the registry's desired states.
 fn wanted(registry: &TestRegistry) -> Result<BTreeMap<String, Want>> {
-    let (_, units) = registry.block_on(registry.registry().units())?;
+    let units = registry.block_on(registry.registry().units())?.items;
     let mut want: BTreeMap<String, Want> = (0..UNITS).map(|i| (unit_name(i), Want::Gone)).collect();
     for u in &units {
         let w = match u.desired() {
