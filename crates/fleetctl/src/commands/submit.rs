@@ -253,6 +253,7 @@ fn not_found(name: &UnitName) -> anyhow::Error {
 fn check_requirements(ctx: &mut Ctx, name: &UnitName, file: &UnitFile) -> Result<()> {
     let req = Requirements::from_unit(name, file);
     req.validate().map_err(|e| anyhow!("{name}: {e}"))?;
+    fleet_core::xfleet::check_values(name, file).map_err(|e| anyhow!("{name}: {e}"))?;
     for key in &req.unknown {
         ctx.warn(format!(
             "WARNING: Unit {name}: unrecognized requirement in [X-Fleet] section: {key:?}"
