@@ -312,7 +312,7 @@ fn is_truthy(value: &str) -> bool {
 }
 
 mod check;
-pub use check::check_values;
+pub use check::{check_glob, check_values};
 
 #[cfg(test)]
 mod tests;

@@ -63,7 +63,9 @@ pub fn check_values(name: &UnitName, file: &UnitFile) -> Result<(), RequirementE
     Ok(())
 }
 
-fn check_glob(key: &'static str, glob: &str) -> Result<(), RequirementError> {
+/// Checks a glob of unit names (`Conflicts=`, `Replaces=`, fleetd's `deny_units`): well
+/// formed, and made only of characters a unit name or Go's glob syntax can hold.
+pub fn check_glob(key: &'static str, glob: &str) -> Result<(), RequirementError> {
     if !crate::glob::glob_is_valid(glob) {
         return Err(RequirementError::BadGlob {
             key,
