@@ -43,7 +43,7 @@ pub fn check_endpoints(endpoints: &[String], tls: &TlsFiles) -> Result<(), KvErr
     }
     for endpoint in endpoints {
         check_url(endpoint).map_err(|why| {
-            KvError::Config(format!("etcd endpoint {}: {why}", shorten(endpoint)))
+            KvError::Config(format!("etcd endpoint {:?}: {why}", shorten(endpoint)))
         })?;
     }
     let https = endpoints
