@@ -184,7 +184,7 @@ pub fn build(raw: &BTreeMap<String, Raw>, warnings: &mut Vec<String>) -> Result<
                 r.source
             ));
         } else if !KEYS.contains(&k.as_str()) {
-            bail!("unknown config key {k:?} ({})", r.source);
+            bail!("unknown config key {:?} ({})", shorten(k), r.source);
         }
     }
     let get = |k: &str| raw.get(k);
