@@ -114,8 +114,10 @@ async fn run(cli: Cli) -> Result<()> {
         }
     };
     if let Command::Version = command {
-        println!("fleetctl version {VERSION}");
-        return Ok(());
+        use std::io::Write;
+        let mut out = std::io::stdout();
+        let res = writeln!(out, "fleetctl version {VERSION}").and_then(|()| out.flush());
+        return written(res);
     }
     let global = cli.global.clone();
     let mut ctx = Ctx {
@@ -125,12 +127,17 @@ async fn run(cli: Cli) -> Result<()> {
         write_failed: None,
     };
     let outcome = execute(&mut ctx, &global, command).await;
-    let written = ctx.finish();
-    match (outcome, written) {
-        (Err(e), _) => Err(e),
-        (Ok(()), Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(BrokenPipe.into()),
-        (Ok(()), Err(e)) => Err(anyhow::Error::new(e).context("writing to standard output")),
-        (Ok(()), Ok(())) => Ok(()),
+    let output = ctx.finish();
+    outcome.and_then(|()| written(output))
+}
+
+/// The command's result once its output was written: a closed pipe is [`BrokenPipe`], any
+/// other failed write an error.
+fn written(output: std::io::Result<()>) -> Result<()> {
+    match output {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(BrokenPipe.into()),
+        Err(e) => Err(anyhow::Error::new(e).context("writing to standard output")),
     }
 }
 

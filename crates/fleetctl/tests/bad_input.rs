@@ -914,6 +914,7 @@ async fn a_failed_write_to_stdout_is_an_error_and_a_closed_pipe_is_quiet() {
     let before = env.dump().await;
     for args in [
         &["cat", "seeded.service"][..],
+        &["version"][..],
         &["list-unit-files"][..],
         &["list-units"][..],
         &["list-machines"][..],
