@@ -44,7 +44,12 @@ pub fn check_values(name: &UnitName, file: &UnitFile) -> Result<(), RequirementE
     for glob in values.all(&["Replaces"]) {
         check_glob("Replaces", &glob)?;
     }
-    for pair in values.all(&METADATA_KEYS) {
+    // An empty `MachineMetadata=` or `Global=` says nothing, and fleet read it as nothing.
+    for pair in values
+        .all(&METADATA_KEYS)
+        .into_iter()
+        .filter(|v| !v.is_empty())
+    {
         let mut parts = pair.split('=');
         let well_formed = matches!(
             (parts.next(), parts.next(), parts.next()),
@@ -54,7 +59,11 @@ pub fn check_values(name: &UnitName, file: &UnitFile) -> Result<(), RequirementE
             return Err(RequirementError::BadMetadata(pair));
         }
     }
-    for value in values.all(&["Global"]) {
+    for value in values
+        .all(&["Global"])
+        .into_iter()
+        .filter(|v| !v.is_empty())
+    {
         let known = super::is_truthy(&value) || FALSY.iter().any(|f| value.eq_ignore_ascii_case(f));
         if !known {
             return Err(RequirementError::NotABoolean(value));

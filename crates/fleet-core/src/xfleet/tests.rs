@@ -498,6 +498,8 @@ fn values_that_mean_what_they_say_pass_the_door() {
         "Global=true",
         "Global=FALSE",
         "Global=off",
+        "Global=",
+        "MachineMetadata=",
         "SomethingElse=whatever",
     ] {
         assert_eq!(check("web@1.service", lines), Ok(()), "{lines}");
