@@ -139,6 +139,55 @@ fn a_bad_fleetd_configuration_stops_it_at_once_with_a_clear_message_and_writes_n
             format!("etcd_servers={https},{endpoint}\nunits_directory=/run/fleet-bad/units\n"),
             "etcd endpoints mix https and http".into(),
         ),
+        // Issue 13: values that panicked or were taken as they came.
+        (
+            "huge-ttl",
+            format!("{base}agent_ttl=99999999999999999999s\n"),
+            "invalid agent_ttl \"99999999999999999999s\"".into(),
+        ),
+        (
+            "huge-timeout",
+            format!("{base}etcd_request_timeout=1e19\n"),
+            "must be at most 86400s (a day)".into(),
+        ),
+        (
+            "not-an-ip",
+            format!("{base}public_ip=not.an.ip\n"),
+            "invalid public_ip \"not.an.ip\"".into(),
+        ),
+        (
+            "empty-prefix",
+            format!("{base}etcd_key_prefix=\n"),
+            "invalid etcd_key_prefix \"\"".into(),
+        ),
+        (
+            "bad-deny-glob",
+            format!("{base}deny_units=[\n"),
+            "deny_units \"[\" is not a valid glob".into(),
+        ),
+        (
+            "duplicate-metadata",
+            format!("{base}metadata=a=b,a=c\n"),
+            "key \"a\" is given twice".into(),
+        ),
+        (
+            "bad-port",
+            "etcd_servers=http://127.0.0.1:99999\nunits_directory=/run/fleet-bad/units\n".into(),
+            "port \"99999\" is not a port".into(),
+        ),
+        (
+            "tls-for-http",
+            format!("{base}etcd_cafile=/etc/hostname\n"),
+            "given, but the etcd endpoints are http://".into(),
+        ),
+        (
+            "ca-device",
+            format!(
+                "etcd_servers={https}\netcd_cafile=/dev/zero\n\
+                 units_directory=/run/fleet-bad/units\n"
+            ),
+            "cannot read /dev/zero: not a regular file".into(),
+        ),
     ];
     let (rev0, before) = dump(&registry, "/")?;
     let mut failures = Vec::new();
@@ -185,6 +234,11 @@ fn a_bad_fleetd_configuration_stops_it_at_once_with_a_clear_message_and_writes_n
             &[],
         )?,
         "invalid agent_ttl \"soon\" (environment FLEET_AGENT_TTL)",
+    );
+    check(
+        "config-device",
+        run_fleetd(m1, &[], &["--config", "/dev/zero"])?,
+        "reading config file /dev/zero: not a regular file",
     );
     check(
         "unknown-set-key",
@@ -815,5 +869,100 @@ fn a_corrupt_registry_value_is_skipped_with_a_warning_and_destroy_removes_it() -
         units_and_files(&registry)? == want_after,
         "destroy removed more (or less) than the corrupt record"
     );
+/// Issue 13 item 2: the agent removes files it did not schedule from its units directory, so
+/// a units directory that is not fleetd's own (the root, systemd's directories, a parent of
+/// one, a relative or empty path) is refused at startup, before anything is created or
+/// written, and the host's unit files stay where they are.
+#[test]
+fn a_units_directory_that_is_not_fleetds_own_is_refused_and_host_units_stay() -> Result<()> {
+    let (cluster, registry) = start(1, agent_only())?;
+    let m1 = &cluster.machines()[0];
+    let endpoint = cluster.etcd_endpoint();
+    // A host unit where systemd loads units, which a fleetd owning that directory would remove.
+    let host_unit = "/run/systemd/system/host-owned.service";
+    m1.write_file(host_unit, "[Service]\nExecStart=/bin/sleep 1000\n")?;
+    let cases: &[(&str, &str)] = &[
+        ("/", "is the root directory"),
+        ("/run/systemd/system", "is one of systemd's directories"),
+        ("/etc/systemd/system", "is one of systemd's directories"),
+        ("/usr/lib/systemd/system", "is one of systemd's directories"),
+        ("/etc/systemd/user", "is one of systemd's directories"),
+        ("/run", "holds systemd's /run/systemd"),
+        ("/etc", "holds systemd's /etc/systemd"),
+        ("units", "must be an absolute path"),
+        ("", "must not be empty"),
+    ];
+    let (rev0, before) = dump(&registry, "/")?;
+    let mut failures = Vec::new();
+    for (dir, expected) in cases {
+        let conf = format!("etcd_servers={endpoint}\nunits_directory={dir}\n");
+        m1.write_file("/run/fleet-dirs.conf", conf)?;
+        let exit = run_fleetd(m1, &[], &["--config", "/run/fleet-dirs.conf"])?;
+        let last = exit.stderr.trim().lines().last().unwrap_or_default();
+        let want = format!("invalid units_directory {dir:?}");
+        let ok = matches!(exit.code, Some(c) if c != 0 && c != 124)
+            && last.contains(&want)
+            && last.contains(expected);
+        if !ok {
+            failures.push(format!(
+                "{dir:?}: exit {:?}, expected {want:?} and {expected:?} in {:?}",
+                exit.code, exit.stderr
+            ));
+        }
+    }
+    let (rev1, after) = dump(&registry, "/")?;
+    ensure!(
+        failures.is_empty(),
+        "unclear refusals:\n{}",
+        failures.join("\n")
+    );
+    ensure!(
+        rev1 == rev0 && after == before,
+        "etcd changed (revision {rev0} -> {rev1})"
+    );
+    ensure!(file_exists(m1, host_unit)?, "the host's unit file is gone");
+    support::finish(cluster)
+}
+
+/// An error is printed with each of its causes once (it read "connecting to systemd:
+/// connecting to systemd: … (os error 2): … (os error 2)").
+#[test]
+fn a_fleetd_error_names_each_cause_once() -> Result<()> {
+    let (cluster, registry) = start(1, agent_only())?;
+    let m1 = &cluster.machines()[0];
+    let endpoint = cluster.etcd_endpoint();
+    let (rev0, _) = dump(&registry, "/")?;
+    let exit = run_fleetd(
+        m1,
+        &["DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus"],
+        &[
+            "--etcd-servers",
+            &endpoint,
+            "--units-directory",
+            "/run/fleet-nobus/units",
+        ],
+    )?;
+    let last = exit
+        .stderr
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned();
+    ensure!(
+        matches!(exit.code, Some(c) if c != 0 && c != 124),
+        "exit {:?}: {}",
+        exit.code,
+        exit.stderr
+    );
+    ensure!(last.contains("connecting to systemd"), "{last}");
+    for part in ["connecting to systemd", "(os error 2)"] {
+        ensure!(
+            last.matches(part).count() == 1,
+            "{part:?} repeated in {last:?}"
+        );
+    }
+    let (rev1, _) = dump(&registry, "/")?;
+    ensure!(rev1 == rev0, "etcd changed (revision {rev0} -> {rev1})");
     support::finish(cluster)
 }

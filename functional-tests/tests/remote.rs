@@ -31,19 +31,20 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// A stand-in for ssh: `ssh [opts] user@ip -- cmd...` runs `cmd` inside the machine with `ip`.
+/// A stand-in for ssh: `ssh [opts] -l user -- ip cmd...` runs `cmd` inside the machine with
+/// `ip`.
 fn fake_ssh(cluster: &Cluster) -> Result<PathBuf> {
     let mut cases = String::new();
     for m in cluster.machines() {
         cases.push_str(&format!(
-            "  *@{}) exec {} sh -c \"$*\" ;;\n",
+            "  {}) exec {} sh -c \"$*\" ;;\n",
             m.ip(),
             m.nsenter_prefix().join(" ")
         ));
     }
     let script = format!(
         "#!/bin/bash\n# fleetctl's ssh, for tests: enter the machine instead.\n\
-         while [ $# -gt 0 ] && [ \"$1\" != -- ]; do dest=$1; shift; done\nshift\n\
+         while [ $# -gt 0 ] && [ \"$1\" != -- ]; do shift; done\nshift\ndest=$1\nshift\n\
          case \"$dest\" in\n{cases}  *) echo \"fake ssh: unknown destination $dest\" >&2; exit 255 ;;\nesac\n"
     );
     let path = cluster.dir().join("fake-ssh");

@@ -15,6 +15,19 @@ pub fn glob_match(pattern: &str, name: &str) -> bool {
     matches(pattern, name).unwrap_or(false)
 }
 
+/// Whether `pattern` is well formed, so that Go's `path.Match` would not fail with
+/// `ErrBadPattern` (`[` unclosed, an empty class, a range without an end, `\` at the end).
+pub fn glob_is_valid(mut pattern: &str) -> bool {
+    while !pattern.is_empty() {
+        let (_, chunk, rest) = scan_chunk(pattern);
+        if match_chunk(chunk, "").is_err() {
+            return false;
+        }
+        pattern = rest;
+    }
+    true
+}
+
 fn matches(mut pattern: &str, mut name: &str) -> Result<bool, BadPattern> {
     'pattern: while !pattern.is_empty() {
         let (star, chunk, rest) = scan_chunk(pattern);

@@ -150,8 +150,18 @@ impl UnitName {
     /// fleetctl's argument mangling: take the last path component (Go's `path.Base`) and
     /// append `.service` unless it ends in a type fleetctl recognizes (`foo` is `foo.service`,
     /// `dir/foo.target` is `foo.target.service`).
+    ///
+    /// An empty argument, `.` or `..` names no unit: Go's `path.Base` makes `""` into `.`, and
+    /// appending `.service` would turn it into the real name `..service`.
     pub fn from_arg(arg: &str) -> Result<UnitName, NameError> {
-        Self::with_default_type(base_name(arg)).parse()
+        if arg.is_empty() {
+            return Err(NameError::Empty);
+        }
+        let base = base_name(arg);
+        if base == "." || base == ".." {
+            return Err(NameError::Reserved(base.to_owned()));
+        }
+        Self::with_default_type(base).parse()
     }
 
     /// `arg` with `.service` appended unless it already ends in a known unit type; used both
@@ -231,7 +241,8 @@ fn base_name(arg: &str) -> &str {
     }
 }
 
-fn is_valid_char(c: char) -> bool {
+/// Whether `c` may appear in a unit name before its type suffix.
+pub(crate) fn is_valid_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || VALID_PUNCTUATION.contains(c)
 }
 

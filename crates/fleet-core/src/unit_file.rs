@@ -64,19 +64,31 @@ pub enum ParseError {
     DanglingBackslash { line: usize },
     #[error("line {line}: empty option name")]
     EmptyName { line: usize },
+    #[error("line {line}: NUL byte in unit file")]
+    Nul { line: usize },
     #[error("unit file has no options")]
     Empty,
 }
+
+/// The UTF-8 byte order mark, which systemd skips at the start of a unit file.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 impl UnitFile {
     /// Parses a unit file as go-systemd does: sections, `Name=Value`, `#`/`;` comments, blank
     /// lines, backslash continuations (kept in the value as `\` + newline), repeated keys in
     /// order, repeated `[Section]` headers merged. Unlike go-systemd it refuses text before the
-    /// first section, non-UTF-8 bytes and empty files, and it honours continuations in CRLF
-    /// files.
+    /// first section, non-UTF-8 bytes, NUL bytes (systemd would end the line there) and empty
+    /// files, and it honours continuations in CRLF files. A leading UTF-8 byte order mark is
+    /// skipped, as systemd does; it is not part of the canonical text, so the hash is the
+    /// one of the same file without it.
     pub fn parse(bytes: &[u8]) -> Result<UnitFile, ParseError> {
         if bytes.len() > MAX_UNIT_FILE_BYTES {
             return Err(ParseError::TooLarge { size: bytes.len() });
+        }
+        let bytes = bytes.strip_prefix(BOM).unwrap_or(bytes);
+        if let Some(at) = bytes.iter().position(|b| *b == 0) {
+            let line = 1 + bytes[..at].iter().filter(|b| **b == b'\n').count();
+            return Err(ParseError::Nul { line });
         }
         let text = std::str::from_utf8(bytes).map_err(|e| ParseError::NotUtf8 {
             line: 1 + bytes[..e.valid_up_to()]
@@ -270,9 +282,13 @@ fn skip_comment<'a>(mut line: &'a str, lines: &mut Lines<'a>) -> Result<(), Pars
 /// `\` continues onto the next, joined with a newline; a blank continuation line ends the value
 /// and, as in go-systemd, leaves that newline at its end. The value is then trimmed.
 ///
-/// go-systemd accepts a value that still ends in `\` (`A=x\ ` with a trailing space, or a
-/// backslash on the last line), but its canonical text reads back as a continuation and
-/// systemd joins it with the next line: such a value is refused.
+/// The end of the file ends a continuation as a blank line does, so `A=x\` as the last line
+/// reads the same with or without a final newline (the value is `x\` + newline; that form
+/// was the one accepted first, and its hash must not change).
+///
+/// go-systemd accepts a value that still ends in `\` (`A=x\ ` with a trailing space), but its
+/// canonical text reads back as a continuation and systemd joins it with the next line: such
+/// a value is refused.
 fn read_value<'a>(
     first: &'a str,
     line_no: usize,
@@ -283,6 +299,7 @@ fn read_value<'a>(
     let mut ends_in_newline = false;
     while last.ends_with('\\') {
         let Some((next_no, next)) = lines.next_line()? else {
+            ends_in_newline = true;
             break;
         };
         value.push('\n');

@@ -85,28 +85,42 @@ pub enum RequirementError {
         quote(replace)
     )]
     PeerMatchesReplace { peer: String, replace: String },
+    /// The checks of [`check_values`], which fleet did not make.
+    #[error("MachineID {} is not a machine ID: {reason}", quote(value))]
+    NotAMachineId {
+        value: String,
+        reason: crate::machine::MachineIdError,
+    },
+    #[error("MachineOf {} is not a unit name: {reason}", quote(value))]
+    PeerNotAUnit {
+        value: String,
+        reason: crate::name::NameError,
+    },
+    #[error("MachineOf cannot name the unit itself")]
+    PeerIsItself,
+    #[error("{key} {} is not a valid glob", quote(value))]
+    BadGlob { key: &'static str, value: String },
+    #[error("{key} {} can never match a unit name", quote(value))]
+    GlobMatchesNoName { key: &'static str, value: String },
+    #[error("MachineMetadata {} is not key=value", quote(.0))]
+    BadMetadata(String),
+    #[error("Global {} is not true or false", quote(.0))]
+    NotABoolean(String),
 }
 
 impl Requirements {
     /// Reads the `[X-Fleet]` section of `file`, substituting specifiers from `name`.
     pub fn from_unit(name: &UnitName, file: &UnitFile) -> Requirements {
-        let mut values: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         let mut unknown: Vec<String> = Vec::new();
         for option in file.options().iter().filter(|o| o.section == SECTION) {
             let key = option.name.as_str();
             if !KNOWN_KEYS.contains(&key) && !unknown.iter().any(|k| k == key) {
                 unknown.push(key.to_owned());
             }
-            let parsed = split_multivalue(&option.value)
-                .into_iter()
-                .map(|v| substitute_specifiers(&v, name));
-            values.entry(key).or_default().extend(parsed);
         }
-        let all = |keys: &[&str]| -> Vec<String> {
-            keys.iter()
-                .flat_map(|k| values.get(k).into_iter().flatten().cloned())
-                .collect()
-        };
+        let values = Values::of(name, file);
+        let all = |keys: &[&str]| values.all(keys);
+        let values = &values.0;
         Requirements {
             machine_id: MACHINE_ID_KEYS
                 .iter()
@@ -214,6 +228,33 @@ pub fn units_replace(a: (&UnitName, &Requirements), b: (&UnitName, &Requirements
     a.0 != b.0 && (a.1.replaces_name(b.0) != b.1.replaces_name(a.0))
 }
 
+/// The `[X-Fleet]` values of a unit by key, split and with specifiers substituted, in file
+/// order.
+struct Values<'f>(BTreeMap<&'f str, Vec<String>>);
+
+impl<'f> Values<'f> {
+    fn of(name: &UnitName, file: &'f UnitFile) -> Values<'f> {
+        let mut values: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for option in file.options().iter().filter(|o| o.section == SECTION) {
+            let parsed = split_multivalue(&option.value)
+                .into_iter()
+                .map(|v| substitute_specifiers(&v, name));
+            values
+                .entry(option.name.as_str())
+                .or_default()
+                .extend(parsed);
+        }
+        Values(values)
+    }
+
+    /// Every value of `keys`, key by key.
+    fn all(&self, keys: &[&str]) -> Vec<String> {
+        keys.iter()
+            .flat_map(|k| self.0.get(k).into_iter().flatten().cloned())
+            .collect()
+    }
+}
+
 /// fleet's `parseMultivalueLine`: a value that starts and ends with `"` is split on spaces
 /// outside quotes, the quotes dropped (empty pieces kept); any other value is one value.
 fn split_multivalue(value: &str) -> Vec<String> {
@@ -269,6 +310,9 @@ fn is_truthy(value: &str) -> bool {
         .iter()
         .any(|t| value.eq_ignore_ascii_case(t))
 }
+
+mod check;
+pub use check::{check_glob, check_values};
 
 #[cfg(test)]
 mod tests;

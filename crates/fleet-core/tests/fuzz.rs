@@ -305,10 +305,12 @@ fn path_tricks_in_fleetctl_arguments_keep_only_the_last_component() {
         ("../x.service", Some("x.service")),
         ("../../etc/systemd/system/x.service", Some("x.service")),
         ("/etc/passwd", Some("passwd.service")),
-        // `...service` and `..service` are odd but plain file names.
-        ("x/..", Some("...service")),
-        ("../", Some("...service")),
-        ("", Some("..service")),
+        // `.` and `..` name no unit (fleet made them `..service` and `...service`).
+        ("x/..", None),
+        ("../", None),
+        ("", None),
+        (".", None),
+        ("...service", Some("...service")),
         ("/", None),
         ("x/\u{7}/", None),
     ] {

@@ -5,6 +5,7 @@
 //! half-written; reads used for decisions come from one revision ([`Snapshot`]).
 
 mod error;
+pub mod input;
 pub mod keys;
 pub mod kv;
 mod leader;

@@ -62,14 +62,15 @@ pub struct Global {
     #[arg(long, global = true, env = "FLEETCTL_DRIVER", default_value = "etcd", value_parser = ["etcd"])]
     pub driver: String,
     /// SSH bastion `host[:port]` used to reach machines for status and journal.
-    #[arg(long, global = true, env = "FLEETCTL_TUNNEL", default_value = "")]
+    #[arg(long, global = true, env = "FLEETCTL_TUNNEL", default_value = "", value_parser = parse_tunnel)]
     pub tunnel: String,
     /// SSH user for status and journal on remote machines.
     #[arg(
         long,
         global = true,
         env = "FLEETCTL_SSH_USERNAME",
-        default_value = "core"
+        default_value = "core",
+        value_parser = parse_ssh_username
     )]
     pub ssh_username: String,
     /// Seconds to wait for an SSH connection.
@@ -94,15 +95,66 @@ pub struct Global {
     pub version: bool,
 }
 
+/// The longest timeout fleetctl takes: a day. Longer values are typos, and ones past
+/// `u64::MAX` seconds are no `Duration` at all (`--request-timeout 1e19` panicked).
+pub const MAX_SECONDS: f64 = 86_400.0;
+
+/// The shortest: a millisecond (a shorter one rounds down to no time at all).
+pub const MIN_SECONDS: f64 = 0.001;
+
+/// The one parser of durations in seconds (`--request-timeout`, `--ssh-timeout`).
 fn parse_seconds(s: &str) -> Result<f64, String> {
+    let shown = fleet_registry::input::shorten(s);
     let v: f64 = s
         .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    if v.is_finite() && v > 0.0 {
-        Ok(v)
-    } else {
-        Err(format!("{s:?} must be a positive number of seconds"))
+        .map_err(|_| format!("{shown:?} is not a number of seconds"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("{shown:?} must be a positive number of seconds"));
     }
+    if !(MIN_SECONDS..=MAX_SECONDS).contains(&v) {
+        return Err(format!(
+            "{shown:?} is out of range: from {MIN_SECONDS} to {MAX_SECONDS} seconds"
+        ));
+    }
+    Ok(v)
+}
+
+/// An SSH user name: never an option (`-oProxyCommand=...` would run a local command), no
+/// `@`, space or control character.
+fn parse_ssh_username(s: &str) -> Result<String, String> {
+    let shown = fleet_registry::input::shorten(s);
+    if s.is_empty() {
+        return Err("the SSH user name cannot be empty".into());
+    }
+    if s.starts_with('-') {
+        return Err(format!(
+            "{shown:?} starts with \"-\"; an SSH user name cannot be an option"
+        ));
+    }
+    if s.chars()
+        .any(|c| c == '@' || c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "{shown:?} is not an SSH user name (no \"@\", space or control character)"
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+/// An SSH bastion `host[:port]`, or empty for none; never an option.
+fn parse_tunnel(s: &str) -> Result<String, String> {
+    let shown = fleet_registry::input::shorten(s);
+    if s.starts_with('-') {
+        return Err(format!(
+            "{shown:?} starts with \"-\"; a tunnel host cannot be an option"
+        ));
+    }
+    if s.chars()
+        .any(|c| c == '@' || c.is_whitespace() || c.is_control())
+    {
+        return Err(format!("{shown:?} is not a host[:port]"));
+    }
+    Ok(s.to_owned())
 }
 
 #[derive(Debug, Subcommand)]
@@ -165,7 +217,7 @@ pub struct Activate {
     pub replace: bool,
     /// With --replace: put the new file in place and reload systemd, but leave running units
     /// running; the new version takes effect at their next restart.
-    #[arg(long, requires = "replace")]
+    #[arg(long, requires = "replace", conflicts_with = "reschedule")]
     pub no_restart: bool,
     /// With --replace: place the unit afresh (preferably on another machine) instead of
     /// keeping it where it runs.
@@ -179,9 +231,10 @@ pub struct Activate {
         value_name = "N",
         num_args = 0..=1,
         require_equals = true,
-        default_missing_value = "1"
+        default_missing_value = "1",
+        value_parser = clap::value_parser!(u32).range(1..)
     )]
-    pub rolling: Option<usize>,
+    pub rolling: Option<u32>,
     #[command(flatten)]
     pub block: BlockFlags,
     pub units: Vec<String>,

@@ -39,12 +39,27 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`fleetctl list-units | head`): stop quietly with the status
+        // a shell gives a command killed by SIGPIPE, as `cat` and `ls` end.
+        Err(e) if e.downcast_ref::<BrokenPipe>().is_some() => ExitCode::from(141),
         Err(e) => {
             eprintln!("{e:#}");
             ExitCode::FAILURE
         }
     }
 }
+
+/// Standard output was a pipe whose reader has gone.
+#[derive(Debug)]
+struct BrokenPipe;
+
+impl std::fmt::Display for BrokenPipe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("standard output was closed")
+    }
+}
+
+impl std::error::Error for BrokenPipe {}
 
 async fn connect(global: &cli::Global) -> Result<Registry<EtcdKv>> {
     let config = EtcdConfig {
@@ -54,6 +69,7 @@ async fn connect(global: &cli::Global) -> Result<Registry<EtcdKv>> {
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
             .collect(),
+        // In range: `cli::parse_seconds` took at most a day.
         request_timeout: Duration::from_secs_f64(global.request_timeout),
         tls: TlsFiles {
             ca_file: global.ca_file.clone(),
@@ -61,6 +77,9 @@ async fn connect(global: &cli::Global) -> Result<Registry<EtcdKv>> {
             key_file: global.key_file.clone(),
         },
     };
+    fleet_registry::input::check_endpoints(&config.endpoints, &config.tls)
+        .and_then(|()| fleet_registry::input::check_prefix(&global.etcd_key_prefix))
+        .map_err(|e| anyhow::anyhow!("Unable to initialize client: {e}"))?;
     let kv = EtcdKv::connect(&config)
         .await
         .map_err(|e| anyhow::anyhow!("Unable to initialize client: {e}"))?;
@@ -76,7 +95,10 @@ async fn activate(ctx: &mut Ctx, a: cli::Activate, verb: Verb) -> Result<()> {
         placed: Default::default(),
     };
     match a.rolling {
-        Some(step) => commands::rolling::run(ctx, &a.units, verb, block, how, step).await,
+        Some(step) => {
+            let step = usize::try_from(step).unwrap_or(usize::MAX);
+            commands::rolling::run(ctx, &a.units, verb, block, how, step).await
+        }
         None => lifecycle::load_or_start(ctx, &a.units, a.replace, verb, block, how).await,
     }
 }
@@ -92,34 +114,51 @@ async fn run(cli: Cli) -> Result<()> {
         }
     };
     if let Command::Version = command {
-        println!("fleetctl version {VERSION}");
-        return Ok(());
+        use std::io::Write;
+        let mut out = std::io::stdout();
+        let res = writeln!(out, "fleetctl version {VERSION}").and_then(|()| out.flush());
+        return written(res);
     }
     let global = cli.global.clone();
     let mut ctx = Ctx {
         registry: connect(&cli.global).await?,
         out: Box::new(std::io::stdout()),
         err: Box::new(std::io::stderr()),
+        write_failed: None,
     };
+    let outcome = execute(&mut ctx, &global, command).await;
+    let output = ctx.finish();
+    outcome.and_then(|()| written(output))
+}
+
+/// The command's result once its output was written: a closed pipe is [`BrokenPipe`], any
+/// other failed write an error.
+fn written(output: std::io::Result<()>) -> Result<()> {
+    match output {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(BrokenPipe.into()),
+        Err(e) => Err(anyhow::Error::new(e).context("writing to standard output")),
+    }
+}
+
+async fn execute(ctx: &mut Ctx, global: &cli::Global, command: Command) -> Result<()> {
     match command {
-        Command::Submit(a) => commands::submit::run(&mut ctx, &a.units, a.replace).await,
-        Command::Load(a) => activate(&mut ctx, a, Verb::Load).await,
-        Command::Start(a) => activate(&mut ctx, a, Verb::Start).await,
+        Command::Submit(a) => commands::submit::run(ctx, &a.units, a.replace).await,
+        Command::Load(a) => activate(ctx, a, Verb::Load).await,
+        Command::Start(a) => activate(ctx, a, Verb::Start).await,
         Command::Stop(a) => {
             let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
-            lifecycle::stop(&mut ctx, &a.units, block).await
+            lifecycle::stop(ctx, &a.units, block).await
         }
         Command::Unload(a) => {
             let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
-            lifecycle::unload(&mut ctx, &a.units, block).await
+            lifecycle::unload(ctx, &a.units, block).await
         }
         Command::Restart(a) => {
             let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
-            lifecycle::restart(&mut ctx, &a.units, block).await
+            lifecycle::restart(ctx, &a.units, block).await
         }
-        Command::Status(a) => {
-            commands::remote::status(&mut ctx, &global, a.ssh_port, &a.units).await
-        }
+        Command::Status(a) => commands::remote::status(ctx, global, a.ssh_port, &a.units).await,
         Command::Journal(a) => {
             let opts = commands::remote::JournalOptions {
                 lines: a.lines,
@@ -128,13 +167,13 @@ async fn run(cli: Cli) -> Result<()> {
                 sudo: a.sudo,
                 port: a.ssh_port,
             };
-            commands::remote::journal(&mut ctx, &global, &opts, &a.units).await
+            commands::remote::journal(ctx, global, &opts, &a.units).await
         }
-        Command::Cat(a) => commands::cat::run(&mut ctx, &a.units).await,
-        Command::ListUnitFiles(a) => commands::list::list_unit_files(&mut ctx, &a).await,
-        Command::ListUnits(a) => commands::list::list_units(&mut ctx, &a).await,
-        Command::ListMachines(a) => commands::list::list_machines(&mut ctx, &a).await,
-        Command::Destroy(a) => commands::destroy::run(&mut ctx, &a.units).await,
+        Command::Cat(a) => commands::cat::run(ctx, &a.units).await,
+        Command::ListUnitFiles(a) => commands::list::list_unit_files(ctx, &a).await,
+        Command::ListUnits(a) => commands::list::list_units(ctx, &a).await,
+        Command::ListMachines(a) => commands::list::list_machines(ctx, &a).await,
+        Command::Destroy(a) => commands::destroy::run(ctx, &a.units).await,
         Command::Version => unreachable!("handled above"),
     }
 }

@@ -287,7 +287,7 @@ async fn malformed_and_oversized_unit_files_are_refused() {
         ),
         (
             "dangling.service",
-            b"[Service]\nExecStart=/bin/true \\".to_vec(),
+            b"[Service]\nExecStart=/bin/true \\ \n".to_vec(),
             "line 2: value ends in a backslash that continues nothing",
         ),
         (
@@ -689,4 +689,354 @@ async fn a_corrupt_registry_value_is_skipped_with_a_warning_and_destroy_removes_
         after, want,
         "destroy removed more (or less) than the record"
     );
+}
+/// Issue 13's findings against fleetctl: each refused with its reason, nothing written.
+#[tokio::test]
+async fn issue_13_bad_inputs_are_refused_with_a_reason_and_write_nothing() {
+    let env = Env::new("issue-13").await;
+    let unit = |name: &str, text: &str| env.write(name, text);
+    std::fs::create_dir_all(env.dir.join("d1")).unwrap();
+    std::fs::create_dir_all(env.dir.join("d2")).unwrap();
+    let d1 = unit("d1/col.service", "[Service]\nExecStart=/bin/sleep 1\n");
+    let d2 = unit("d2/col.service", "[Service]\nExecStart=/bin/sleep 2\n");
+    let nul = unit("nul0.service", "[Service]\nExecStart=/bin/true\0x\n");
+    let xfleet = |name: &str, line: &str| {
+        unit(
+            name,
+            &format!("[Service]\nExecStart=/bin/true\n\n[X-Fleet]\n{line}\n"),
+        )
+    };
+    let x = [
+        (
+            xfleet("self.service", "MachineOf=self.service"),
+            "MachineOf cannot name the unit itself",
+        ),
+        (
+            xfleet("mid.service", "MachineID=../../etc"),
+            "MachineID \"../../etc\" is not a machine ID",
+        ),
+        (
+            xfleet("peer.service", "MachineOf=bad name.service"),
+            "MachineOf \"bad name.service\" is not a unit name",
+        ),
+        (
+            xfleet("conf.service", "Conflicts=["),
+            "Conflicts \"[\" is not a valid glob",
+        ),
+        (
+            xfleet("meta1.service", "MachineMetadata=noequals"),
+            "MachineMetadata \"noequals\" is not key=value",
+        ),
+        (
+            xfleet("meta2.service", "MachineMetadata==x"),
+            "MachineMetadata \"=x\" is not key=value",
+        ),
+        (
+            xfleet("repl.service", "Replaces=bad name"),
+            "Replaces \"bad name\" can never match a unit name",
+        ),
+        (
+            xfleet("glob.service", "Global=yesplease"),
+            "Global \"yesplease\" is not true or false",
+        ),
+    ];
+    let mut cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["destroy", ""], "unit name cannot be empty"),
+        (vec!["destroy", "."], "unit name cannot be \".\""),
+        (vec!["cat", ""], "unit name cannot be empty"),
+        (
+            vec!["start", "--no-block", "dir/.."],
+            "unit name cannot be \"..\"",
+        ),
+        (vec!["submit", &nul], "line 2: NUL byte in unit file"),
+        (
+            vec!["submit", &d1, &d2],
+            "col.service is given twice with different content",
+        ),
+        (
+            vec!["start", "--no-block", &d1, &d2],
+            "given twice with different content",
+        ),
+        (
+            vec!["start", "--replace", "--rolling=0", "seeded.service"],
+            "0 is not in 1..",
+        ),
+        (
+            vec![
+                "start",
+                "--replace",
+                "--no-restart",
+                "--reschedule",
+                "seeded.service",
+            ],
+            "cannot be used with",
+        ),
+        (
+            vec!["--etcd-key-prefix", "", "list-units"],
+            "key prefix \"\" must start with \"/\"",
+        ),
+        (
+            vec!["--etcd-key-prefix", "/", "list-units"],
+            "is etcd's root",
+        ),
+        (
+            vec!["--etcd-key-prefix", "/a\nb", "destroy", "seeded.service"],
+            "control character",
+        ),
+        (
+            vec!["--ssh-timeout", "1e20", "status", "seeded.service"],
+            "is out of range",
+        ),
+        (
+            vec![
+                "--ssh-username=-oProxyCommand=touch /tmp/pwned",
+                "status",
+                "seeded.service",
+            ],
+            "an SSH user name cannot be an option",
+        ),
+        (
+            vec!["--tunnel=-oProxyCommand=x", "journal", "seeded.service"],
+            "cannot be an option",
+        ),
+        (
+            vec!["list-unit-files", "--fields", "unit,reasons"],
+            "Invalid key in output format: \"reasons\"",
+        ),
+    ];
+    for (path, message) in &x {
+        cases.push((vec!["submit", path.as_str()], message));
+    }
+    env.refuses_all(&cases).await;
+    assert!(
+        !Path::new("/tmp/pwned").exists(),
+        "ssh ran the user name as an option"
+    );
+}
+
+/// Flags, environment variables, and the message of their refusal.
+type ConnectCase<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+
+/// Flags read before any connection: timeouts, endpoints, TLS files; flags and environment.
+#[tokio::test]
+async fn issue_13_bad_connection_settings_are_refused_before_anything_is_sent() {
+    let env = Env::new("issue-13-connect").await;
+    let endpoint = env.etcd.endpoint();
+    let hostname = "/etc/hostname".to_owned();
+    let cases: Vec<ConnectCase> = vec![
+        (
+            vec!["--request-timeout", "1e19"],
+            vec![],
+            "is out of range: from 0.001 to 86400 seconds",
+        ),
+        (vec!["--request-timeout", "1e-9"], vec![], "is out of range"),
+        (
+            vec![],
+            vec![("FLEETCTL_REQUEST_TIMEOUT", "1e19")],
+            "is out of range",
+        ),
+        (
+            vec!["--endpoint", "ftp://127.0.0.1:2379"],
+            vec![],
+            "scheme \"ftp\" is not supported",
+        ),
+        (
+            vec!["--endpoint", "unix:///run/etcd.sock"],
+            vec![],
+            "unix sockets are not supported yet",
+        ),
+        (
+            vec!["--endpoint", "notaurl"],
+            vec![],
+            "\"notaurl\": is not a URL",
+        ),
+        (
+            vec!["--endpoint", "http://127.0.0.1:99999"],
+            vec![],
+            "port \"99999\" is not a port (1-65535)",
+        ),
+        (
+            vec!["--endpoint", &endpoint, "--ca-file", &hostname],
+            vec![],
+            "TLS file /etc/hostname given, but the etcd endpoints are http://",
+        ),
+        (
+            vec!["--endpoint", &endpoint, "--cert-file", "/nonexistent/c.pem"],
+            vec![],
+            "TLS file /nonexistent/c.pem given",
+        ),
+        (
+            vec![
+                "--endpoint",
+                "https://127.0.0.1:1",
+                "--ca-file",
+                "/dev/zero",
+            ],
+            vec![],
+            "cannot read /dev/zero: not a regular file",
+        ),
+        (
+            vec![
+                "--endpoint",
+                "https://127.0.0.1:1",
+                "--ca-file",
+                "/nonexistent/ca.pem",
+            ],
+            vec![],
+            "cannot read /nonexistent/ca.pem",
+        ),
+    ];
+    let before = env.dump().await;
+    let mut failures = Vec::new();
+    for (flags, vars, message) in &cases {
+        for args in [&["list-unit-files"][..], &["destroy", "seeded.service"][..]] {
+            let mut all: Vec<&str> = Vec::new();
+            if !flags.contains(&"--endpoint") {
+                all.extend(["--endpoint", endpoint.as_str()]);
+            }
+            all.extend(flags);
+            all.extend(args);
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetctl"));
+            cmd.args(&all)
+                .current_dir(&env.dir)
+                .env_remove("FLEETCTL_ENDPOINT");
+            for (k, v) in vars {
+                cmd.env(k, v);
+            }
+            let o = cmd.output().unwrap();
+            if let Err(why) = refused(&o, message) {
+                failures.push(format!("{flags:?} {vars:?} {args:?}: {why}"));
+            }
+        }
+    }
+    assert_eq!(env.dump().await, before, "a refused command changed etcd");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[tokio::test]
+async fn a_unit_named_twice_is_acted_on_once() {
+    let env = Env::new("twice").await;
+    let tw = env.write("tw.service", HELLO);
+    let o = env.fleetctl(&["submit", &tw, "tw", "tw.service"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "Unit tw.service inactive\n");
+    // The same content under two paths is one unit too.
+    std::fs::create_dir_all(env.dir.join("d1")).unwrap();
+    std::fs::create_dir_all(env.dir.join("d2")).unwrap();
+    let d1 = env.write("d1/same.service", HELLO);
+    let d2 = env.write("d2/same.service", HELLO);
+    let o = env.fleetctl(&["submit", &d1, &d2]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "Unit same.service inactive\n");
+    env.write("t@.service", HELLO);
+    let o = env.fleetctl(&["load", "--no-block", "t@1", "t@1.service"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "Triggered unit t@1.service load\n");
+    let o = env.fleetctl(&["destroy", "tw", "tw", "tw.service"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "Destroyed tw.service\n");
+    // Several failures are counted without the doubled "failed".
+    let o = env.fleetctl(&["stop", "--no-block", "nope1", "nope2"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o)
+            .trim_end()
+            .ends_with("Error changing state of 2 units"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[tokio::test]
+async fn content_systemd_reads_the_same_is_stored_the_same() {
+    let env = Env::new("same-content").await;
+    let plain = "[Service]\nExecStart=/bin/true \\\n";
+    let a = env.write("eof1.service", plain);
+    let b = env.write("eof2.service", plain.trim_end_matches('\n'));
+    let mut bom = b"\xEF\xBB\xBF".to_vec();
+    bom.extend_from_slice(plain.as_bytes());
+    let c = env.write("bom.service", bom);
+    let o = env.fleetctl(&["submit", &a, &b, &c]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = env.fleetctl(&[
+        "list-unit-files",
+        "--no-legend",
+        "--full",
+        "--fields",
+        "unit,hash",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let hashes: std::collections::BTreeMap<String, String> = stdout(&o)
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(u, h)| (u.trim().to_owned(), h.trim().to_owned()))
+        .collect();
+    assert_eq!(hashes["eof1.service"], hashes["eof2.service"], "{hashes:?}");
+    assert_eq!(hashes["eof1.service"], hashes["bom.service"], "{hashes:?}");
+}
+
+#[tokio::test]
+async fn list_unit_files_shows_the_reason_field_it_lists_in_help() {
+    let env = Env::new("reason").await;
+    let o = env.fleetctl(&["list-unit-files", "--fields", "unit,reason"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "UNIT\t\tREASON\nseeded.service\t-\n");
+}
+
+#[tokio::test]
+async fn long_names_are_echoed_cut_short() {
+    let env = Env::new("long-echo").await;
+    let name = "n".repeat(10_000);
+    let o = env.fleetctl(&["destroy", &name]);
+    refused(&o, "unit name exceeds maximum length (256)").unwrap();
+    assert!(
+        stderr(&o).len() < 600,
+        "{} bytes: {}",
+        stderr(&o).len(),
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains('…'));
+}
+
+/// A failed write to standard output is an error; a reader that went away (`| head`) ends
+/// fleetctl quietly with 141, as SIGPIPE ends `cat`.
+#[tokio::test]
+async fn a_failed_write_to_stdout_is_an_error_and_a_closed_pipe_is_quiet() {
+    let env = Env::new("stdout").await;
+    let before = env.dump().await;
+    for args in [
+        &["cat", "seeded.service"][..],
+        &["version"][..],
+        &["list-unit-files"][..],
+        &["list-units"][..],
+        &["list-machines"][..],
+    ] {
+        let mut all = vec!["--endpoint".to_owned(), env.etcd.endpoint()];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
+            .args(&all)
+            .stdout(full)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("writing to standard output: No space left on device"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let o = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
+            .args(&all)
+            .stdout(writer)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(141), "{args:?}: {}", stderr(&o));
+        assert_eq!(stderr(&o), "", "{args:?}");
+    }
+    assert_eq!(env.dump().await, before);
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::config::{KEYS, Raw};
+use fleet_registry::input::shorten;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -74,10 +75,10 @@ impl Cli {
         }
         for kv in &self.set {
             let Some((k, v)) = kv.split_once('=') else {
-                anyhow::bail!("--set expects key=value, got {kv:?}");
+                anyhow::bail!("--set expects key=value, got {:?}", shorten(kv));
             };
             if !KEYS.contains(&k) {
-                anyhow::bail!("unknown config key {k:?} (flag --set)");
+                anyhow::bail!("unknown config key {:?} (flag --set)", shorten(k));
             }
             out.insert(
                 k.to_owned(),

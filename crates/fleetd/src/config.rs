@@ -3,13 +3,28 @@
 //! then command-line flags, each overriding the one before. A bad value is a startup error
 //! naming the key and where it came from.
 
+mod units_dir;
+
 use anyhow::{Context, Result, anyhow, bail};
 use fleet_registry::DEFAULT_PREFIX;
+use fleet_registry::input::shorten;
+use fleet_registry::kv::TlsFiles;
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const DEFAULT_CONFIG_FILE: &str = "/etc/fleet/fleet.conf";
+
+/// The largest config file read: `--config /dev/zero` must not exhaust memory.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// The longest duration any key takes: a day. Longer values are typos (and ones over
+/// `u64::MAX` seconds would not even be a `Duration`).
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// The shortest timeout or interval: below it a timer fires continuously (and zero panics).
+pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
 
 /// Every key fleetd understands. Keys fleet had but ignored are accepted with a warning.
 pub const KEYS: &[&str] = &[
@@ -80,9 +95,10 @@ pub fn parse_file(path: &Path, text: &str) -> Result<BTreeMap<String, Raw>> {
         }
         let Some((k, v)) = line.split_once('=') else {
             bail!(
-                "{}:{}: expected key=value, found {line:?}",
+                "{}:{}: expected key=value, found {:?}",
                 path.display(),
-                i + 1
+                i + 1,
+                shorten(line)
             );
         };
         let v = v.trim();
@@ -107,11 +123,34 @@ pub fn load_file(explicit: Option<&Path>) -> Result<BTreeMap<String, Raw>> {
         Some(p) => (p.to_path_buf(), true),
         None => (PathBuf::from(DEFAULT_CONFIG_FILE), false),
     };
-    match std::fs::read_to_string(&path) {
+    match read_capped(&path) {
         Ok(text) => parse_file(&path, &text),
         Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
         Err(e) => Err(e).with_context(|| format!("reading config file {}", path.display())),
     }
+}
+
+/// Reads a config file of at most [`MAX_CONFIG_BYTES`]; a device or socket is refused before
+/// it is opened (a terminal would block, `/dev/zero` never ends). A FIFO is read as `cat`
+/// reads it, waiting for its writer.
+fn read_capped(path: &Path) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind};
+    use std::os::unix::fs::FileTypeExt;
+    let kind = std::fs::metadata(path)?.file_type();
+    if kind.is_dir() || kind.is_block_device() || kind.is_char_device() || kind.is_socket() {
+        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("larger than {MAX_CONFIG_BYTES} bytes"),
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| Error::new(ErrorKind::InvalidData, "not valid UTF-8"))
 }
 
 /// The environment layer: `FLEET_<KEY>` for every known key (empty values ignored).
@@ -145,36 +184,27 @@ pub fn build(raw: &BTreeMap<String, Raw>, warnings: &mut Vec<String>) -> Result<
                 r.source
             ));
         } else if !KEYS.contains(&k.as_str()) {
-            bail!("unknown config key {k:?} ({})", r.source);
+            bail!("unknown config key {:?} ({})", shorten(k), r.source);
         }
     }
     let get = |k: &str| raw.get(k);
-    let err =
-        |k: &str, r: &Raw, why: String| anyhow!("invalid {k} {:?} ({}): {why}", r.value, r.source);
+    let err = |k: &str, r: &Raw, why: String| {
+        anyhow!("invalid {k} {:?} ({}): {why}", shorten(&r.value), r.source)
+    };
     let string_or = |k: &str, default: &str| get(k).map_or(default.to_owned(), |r| r.value.clone());
     let path = |k: &str| {
         get(k)
             .filter(|r| !r.value.is_empty())
             .map(|r| PathBuf::from(&r.value))
     };
-    let duration = |k: &str, default: Duration| -> Result<Duration> {
-        match get(k) {
-            None => Ok(default),
-            Some(r) => parse_duration(&r.value).map_err(|why| err(k, r, why)),
-        }
-    };
-    let seconds = |k: &str, default: f64| -> Result<Duration> {
-        match get(k) {
-            None => Ok(Duration::from_secs_f64(default)),
-            Some(r) => r
-                .value
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite() && *v > 0.0)
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| err(k, r, "expected a positive number of seconds".into())),
-        }
-    };
+    // Every duration key goes through `duration_in`: one range check, one message.
+    let duration =
+        |k: &str, syntax: Syntax, default: Duration, min: Duration| -> Result<Duration> {
+            match get(k) {
+                None => Ok(default),
+                Some(r) => duration_in(&r.value, syntax, min).map_err(|why| err(k, r, why)),
+            }
+        };
     let boolean = |k: &str| -> Result<bool> {
         match get(k) {
             None => Ok(false),
@@ -188,15 +218,50 @@ pub fn build(raw: &BTreeMap<String, Raw>, warnings: &mut Vec<String>) -> Result<
         Some(r) => parse_list(&r.value).map_err(|why| err("etcd_servers", r, why))?,
     };
     for s in &etcd_servers {
-        if !(s.starts_with("http://") || s.starts_with("https://")) {
+        if !s.contains("://") {
             let r = &raw["etcd_servers"];
             return Err(err(
                 "etcd_servers",
                 r,
-                format!("{s:?} is not an http:// or https:// URL"),
+                format!("{:?} is not an http:// or https:// URL", shorten(s)),
             ));
         }
     }
+    let tls = TlsFiles {
+        ca_file: path("etcd_cafile"),
+        cert_file: path("etcd_certfile"),
+        key_file: path("etcd_keyfile"),
+    };
+    if let Err(e) = fleet_registry::input::check_endpoints(&etcd_servers, &tls) {
+        return Err(match get("etcd_servers") {
+            Some(r) => err("etcd_servers", r, e.to_string()),
+            None => anyhow!(e),
+        });
+    }
+    let etcd_key_prefix = string_or("etcd_key_prefix", DEFAULT_PREFIX);
+    if let (Some(r), Err(e)) = (
+        get("etcd_key_prefix"),
+        fleet_registry::input::check_prefix(&etcd_key_prefix),
+    ) {
+        return Err(err("etcd_key_prefix", r, e.to_string()));
+    }
+    let public_ip = match get("public_ip").filter(|r| !r.value.is_empty()) {
+        None => None,
+        Some(r) => match r.value.parse::<std::net::IpAddr>() {
+            Ok(ip) => Some(ip.to_string()),
+            Err(_) => {
+                return Err(err(
+                    "public_ip",
+                    r,
+                    "expected an IPv4 or IPv6 address".into(),
+                ));
+            }
+        },
+    };
+    let units_directory = match get("units_directory") {
+        None => PathBuf::from("/run/fleet/units"),
+        Some(r) => units_dir::check(&r.value).map_err(|why| err("units_directory", r, why))?,
+    };
     let metadata = match get("metadata") {
         None => BTreeMap::new(),
         Some(r) => parse_metadata(&r.value).map_err(|why| err("metadata", r, why))?,
@@ -208,37 +273,97 @@ pub fn build(raw: &BTreeMap<String, Raw>, warnings: &mut Vec<String>) -> Result<
             .parse()
             .map_err(|_| err("verbosity", r, "expected a small whole number".into()))?,
     };
-    let agent_ttl = duration("agent_ttl", Duration::from_secs(30))?;
-    if agent_ttl < Duration::from_secs(1) {
-        let r = &raw["agent_ttl"];
-        return Err(err("agent_ttl", r, "must be at least 1s".into()));
-    }
-    let deny = string_or("deny_units", DEFAULT_DENY_UNITS);
+    let second = Duration::from_secs(1);
+    let agent_ttl = duration("agent_ttl", Syntax::Go, 30 * second, second)?;
+    let deny_units = match get("deny_units") {
+        None => split_globs(DEFAULT_DENY_UNITS),
+        Some(r) => {
+            let globs = split_globs(&r.value);
+            for glob in &globs {
+                fleet_core::xfleet::check_glob("deny_units", glob)
+                    .map_err(|e| err("deny_units", r, e.to_string()))?;
+            }
+            globs
+        }
+    };
     Ok(Config {
         etcd_servers,
-        etcd_key_prefix: string_or("etcd_key_prefix", DEFAULT_PREFIX),
-        etcd_cafile: path("etcd_cafile"),
-        etcd_certfile: path("etcd_certfile"),
-        etcd_keyfile: path("etcd_keyfile"),
-        etcd_request_timeout: seconds("etcd_request_timeout", 1.0)?,
-        public_ip: get("public_ip")
-            .filter(|r| !r.value.is_empty())
-            .map(|r| r.value.clone()),
+        etcd_key_prefix,
+        etcd_cafile: tls.ca_file,
+        etcd_certfile: tls.cert_file,
+        etcd_keyfile: tls.key_file,
+        etcd_request_timeout: duration(
+            "etcd_request_timeout",
+            Syntax::Seconds,
+            second,
+            MIN_INTERVAL,
+        )?,
+        public_ip,
         metadata,
         agent_ttl,
-        units_directory: path("units_directory")
-            .unwrap_or_else(|| PathBuf::from("/run/fleet/units")),
-        engine_reconcile_interval: seconds("engine_reconcile_interval", 2.0)?,
+        units_directory,
+        engine_reconcile_interval: duration(
+            "engine_reconcile_interval",
+            Syntax::Seconds,
+            2 * second,
+            MIN_INTERVAL,
+        )?,
         disable_engine: boolean("disable_engine")?,
         disable_watches: boolean("disable_watches")?,
         verbosity,
-        deny_units: deny
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect(),
+        deny_units,
     })
+}
+
+fn split_globs(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// How a duration key is spelled: fleet's `agent_ttl` is a Go duration (`30s`), its
+/// timeouts and intervals are seconds (`1.5`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Syntax {
+    Go,
+    Seconds,
+}
+
+/// The one duration parser: `s` in `syntax`, within `min..=MAX_DURATION`.
+pub fn duration_in(s: &str, syntax: Syntax, min: Duration) -> Result<Duration, String> {
+    let seconds = match syntax {
+        Syntax::Go => go_seconds(s)?,
+        Syntax::Seconds => s
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| format!("{:?} is not a number of seconds", shorten(s)))?,
+    };
+    let max = MAX_DURATION.as_secs_f64();
+    if seconds > max {
+        return Err(format!(
+            "must be at most {}s (a day)",
+            MAX_DURATION.as_secs()
+        ));
+    }
+    let min_text = match syntax {
+        Syntax::Go => format!("{min:?}"),
+        Syntax::Seconds => format!("{}", min.as_secs_f64()),
+    };
+    if seconds <= 0.0 && syntax == Syntax::Seconds {
+        return Err(format!(
+            "expected a positive number of seconds (at least {min_text})"
+        ));
+    }
+    // Checked against the range first: `from_secs_f64` panics on what no Duration holds.
+    let d = Duration::from_secs_f64(seconds.max(0.0));
+    if d < min {
+        return Err(format!("must be at least {min_text}"));
+    }
+    Ok(d)
 }
 
 fn parse_bool(s: &str) -> Option<bool> {
@@ -282,19 +407,27 @@ pub fn parse_metadata(s: &str) -> Result<BTreeMap<String, String>, String> {
                 "{k:?} is not a valid metadata key ([A-Za-z0-9_.-]+)"
             ));
         }
-        out.insert(k.to_owned(), v.to_owned());
+        if out.insert(k.to_owned(), v.to_owned()).is_some() {
+            return Err(format!("key {k:?} is given twice"));
+        }
     }
     Ok(out)
 }
 
-/// Go's duration syntax, as fleet's `agent_ttl`: `30s`, `1m30s`, `500ms`, `2h`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("{s:?} is not a duration such as 30s, 1m30s or 500ms");
+/// Go's duration syntax (`30s`, `1m30s`, `500ms`, `2h`) as seconds, unbounded, so a huge
+/// value is a range error of [`duration_in`], not a panic.
+fn go_seconds(s: &str) -> Result<f64, String> {
+    let bad = || {
+        format!(
+            "{:?} is not a duration such as 30s, 1m30s or 500ms",
+            shorten(s)
+        )
+    };
     let mut rest = s.trim();
     if rest.is_empty() {
         return Err(bad());
     }
-    let mut total = Duration::ZERO;
+    let mut total = 0.0;
     while !rest.is_empty() {
         let num_end = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -313,7 +446,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "h" => 3600.0,
             _ => return Err(bad()),
         };
-        total += Duration::from_secs_f64(value * scale);
+        total += value * scale;
         rest = &rest[unit_end..];
     }
     Ok(total)
@@ -347,6 +480,10 @@ mod tests {
         assert_eq!(c.units_directory, PathBuf::from("/run/fleet/units"));
         assert_eq!(c.engine_reconcile_interval, Duration::from_secs(2));
         assert!(!c.disable_engine);
+    }
+
+    fn parse_duration(s: &str) -> Result<Duration, String> {
+        duration_in(s, Syntax::Go, Duration::ZERO)
     }
 
     #[test]
@@ -429,5 +566,172 @@ mod tests {
         );
         assert_eq!(m.len(), 1);
         assert_eq!(m["agent_ttl"].value, "5s");
+    }
+
+    fn refusal(pairs: &[(&str, &str)]) -> String {
+        match build(&raw(pairs), &mut vec![]) {
+            Ok(c) => panic!("{pairs:?} was accepted: {c:?}"),
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    #[test]
+    fn refuses_out_of_range_durations_instead_of_panicking() {
+        let table: &[(&str, &str, &str)] = &[
+            (
+                "agent_ttl",
+                "99999999999999999999s",
+                "must be at most 86400s (a day)",
+            ),
+            ("agent_ttl", "25h", "must be at most 86400s"),
+            ("agent_ttl", "500ms", "must be at least 1s"),
+            ("agent_ttl", "0s", "must be at least 1s"),
+            ("etcd_request_timeout", "1e19", "must be at most 86400s"),
+            (
+                "etcd_request_timeout",
+                "99999999999999999999",
+                "must be at most",
+            ),
+            (
+                "etcd_request_timeout",
+                "0",
+                "expected a positive number of seconds",
+            ),
+            (
+                "etcd_request_timeout",
+                "-1",
+                "expected a positive number of seconds",
+            ),
+            ("etcd_request_timeout", "1e-12", "must be at least 0.001"),
+            ("etcd_request_timeout", "inf", "is not a number of seconds"),
+            ("etcd_request_timeout", "NaN", "is not a number of seconds"),
+            (
+                "engine_reconcile_interval",
+                "1e-300",
+                "must be at least 0.001",
+            ),
+            ("engine_reconcile_interval", "1e300", "must be at most"),
+        ];
+        for (k, v, want) in table {
+            let e = refusal(&[(k, v)]);
+            assert!(
+                e.contains(&format!("invalid {k}")) && e.contains(want),
+                "{k}={v}: {e}"
+            );
+        }
+        let c = build(
+            &raw(&[("agent_ttl", "24h"), ("etcd_request_timeout", "0.5")]),
+            &mut vec![],
+        )
+        .unwrap();
+        assert_eq!(c.agent_ttl, Duration::from_secs(86400));
+        assert_eq!(c.etcd_request_timeout, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn refuses_loose_values_fleet_accepted() {
+        let table: &[(&[(&str, &str)], &str)] = &[
+            (
+                &[("public_ip", "not.an.ip")],
+                "invalid public_ip \"not.an.ip\"",
+            ),
+            (
+                &[("public_ip", "10.0.0.300")],
+                "expected an IPv4 or IPv6 address",
+            ),
+            (&[("etcd_key_prefix", "")], "invalid etcd_key_prefix \"\""),
+            (&[("etcd_key_prefix", "/")], "is etcd's root"),
+            (&[("etcd_key_prefix", "/a\nb")], "control character"),
+            (
+                &[("deny_units", "[")],
+                "deny_units \"[\" is not a valid glob",
+            ),
+            (
+                &[("deny_units", "a.service,b c.service")],
+                "can never match a unit name",
+            ),
+            (&[("metadata", "a=b,a=c")], "key \"a\" is given twice"),
+            (&[("units_directory", "")], "invalid units_directory \"\""),
+            (&[("units_directory", "/")], "is the root directory"),
+            (
+                &[("units_directory", "/etc/systemd/system")],
+                "one of systemd's directories",
+            ),
+            (
+                &[("etcd_servers", "ftp://h:1")],
+                "scheme \"ftp\" is not supported",
+            ),
+            (
+                &[("etcd_servers", "notaurl")],
+                "not an http:// or https:// URL",
+            ),
+            (
+                &[("etcd_servers", "http://h:99999")],
+                "port \"99999\" is not a port",
+            ),
+            (
+                &[("etcd_servers", "unix:///run/etcd.sock")],
+                "unix sockets are not supported yet",
+            ),
+            (
+                &[
+                    ("etcd_servers", "http://h:1"),
+                    ("etcd_cafile", "/etc/hostname"),
+                ],
+                "the etcd endpoints are http://",
+            ),
+            (
+                &[
+                    ("etcd_servers", "https://h:1"),
+                    ("etcd_cafile", "/dev/zero"),
+                ],
+                "cannot read /dev/zero: not a regular file",
+            ),
+            (
+                &[
+                    ("etcd_servers", "https://h:1"),
+                    ("etcd_cafile", "/nonexistent/ca.pem"),
+                ],
+                "cannot read /nonexistent/ca.pem",
+            ),
+        ];
+        for (pairs, want) in table {
+            let e = refusal(pairs);
+            assert!(e.contains(want), "{pairs:?}: {e}");
+        }
+        let c = build(
+            &raw(&[("public_ip", "fe80::1"), ("metadata", "a=b,c=d")]),
+            &mut vec![],
+        )
+        .unwrap();
+        assert_eq!(c.public_ip.as_deref(), Some("fe80::1"));
+    }
+
+    #[test]
+    fn echoes_at_most_200_characters_of_a_value_or_line() {
+        let long = "x".repeat(50_000);
+        let e = refusal(&[("public_ip", &long)]);
+        assert!(e.len() < 400, "{} bytes", e.len());
+        let e = parse_file(Path::new("f.conf"), &long)
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 400 && e.contains('…'), "{} bytes", e.len());
+    }
+
+    #[test]
+    fn reads_at_most_a_mebibyte_of_config_and_no_device() {
+        let e = load_file(Some(Path::new("/dev/zero"))).unwrap_err();
+        assert!(format!("{e:#}").contains("not a regular file"), "{e:#}");
+        let dir = std::env::temp_dir().join(format!("fleetd-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big.conf");
+        let line = format!("# {}\n", "x".repeat(1000));
+        std::fs::write(&big, line.repeat(1100)).unwrap();
+        let e = load_file(Some(&big)).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            format!("{e:#}").contains("larger than 1048576 bytes"),
+            "{e:#}"
+        );
     }
 }

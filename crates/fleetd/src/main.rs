@@ -7,6 +7,7 @@ mod cli;
 mod config;
 mod engine;
 mod presence;
+mod report;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -39,7 +40,7 @@ fn main() -> ExitCode {
     let config = match load_config(&cli, &mut warnings) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("fleetd: bad configuration: {e:#}");
+            eprintln!("fleetd: bad configuration: {}", report::chain(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -73,8 +74,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error!(error = format!("{e:#}"), "fleetd failed");
-            eprintln!("fleetd: {e:#}");
+            let e = report::chain(&e);
+            error!(error = %e, "fleetd failed");
+            eprintln!("fleetd: {e}");
             ExitCode::FAILURE
         }
     }
@@ -174,8 +176,7 @@ async fn run(config: Config) -> Result<()> {
         units_dir: config.units_directory.clone(),
         ..SystemdConfig::default()
     })
-    .await
-    .context("connecting to systemd")?;
+    .await?;
     let keeper = PresenceKeeper {
         registry: registry.clone(),
         info,

@@ -76,8 +76,11 @@ fn treats_continuations_like_go_systemd_at_the_edges() {
         // A blank continuation line ends the value and leaves its newline.
         ("[S]\nA=x\\\n\nB=y\n", "x\\\n"),
         ("[S]\nA=x\\\n   \nB=y\n", "x\\\n"),
-        // So does the end of the file after the backslash line's newline.
+        // So does the end of the file, with or without the backslash line's newline.
         ("[S]\nA=x\\\n", "x\\\n"),
+        ("[S]\nA=x\\", "x\\\n"),
+        ("[S]\nA=x\\\ny\\", "x\\\ny\\\n"),
+        ("[S]\r\nA=x\\\r\n", "x\\\n"),
         // A continued line is taken as it is, comment marks and brackets included.
         ("[S]\nA=x\\\n# y\nB=y\n", "x\\\n# y"),
         ("[S]\nA=x\\\n[T]\n", "x\\\n[T]"),
@@ -227,14 +230,9 @@ fn refuses_bad_files_naming_the_line() {
             "line 2: value ends in a backslash that continues nothing",
         ),
         (
-            b"[S]\nA=x\\\ny\\",
-            ParseError::DanglingBackslash { line: 3 },
-            "line 3: value ends in a backslash that continues nothing",
-        ),
-        (
-            b"[S]\nA=x\\",
-            ParseError::DanglingBackslash { line: 2 },
-            "line 2: value ends in a backslash that continues nothing",
+            b"[S]\nA=x\n\0B=y\n",
+            ParseError::Nul { line: 3 },
+            "line 3: NUL byte in unit file",
         ),
         (
             b"[S\nA=b\n",
@@ -351,4 +349,21 @@ proptest! {
     fn parsing_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
         let _ = UnitFile::parse(&bytes);
     }
+}
+
+#[test]
+fn a_final_continuation_hashes_the_same_with_or_without_the_final_newline() {
+    let with = parse("[Service]\nExecStart=/bin/true \\\n");
+    let without = parse("[Service]\nExecStart=/bin/true \\");
+    assert_eq!(with.hash(), without.hash());
+    assert_eq!(parse(&with.canonical()).hash(), with.hash());
+}
+
+#[test]
+fn skips_a_byte_order_mark_without_changing_the_hash() {
+    let plain = parse("[Service]\nExecStart=/bin/true\n");
+    let marked = UnitFile::parse(b"\xEF\xBB\xBF[Service]\nExecStart=/bin/true\n").unwrap();
+    assert_eq!(marked.canonical(), plain.canonical());
+    assert_eq!(marked.hash(), plain.hash());
+    assert!(UnitFile::parse(b"\xEF\xBB\xBF\xEF\xBB\xBF[S]\nA=b\n").is_err());
 }

@@ -419,3 +419,109 @@ proptest! {
         }
     }
 }
+
+fn check(unit: &str, lines: &str) -> Result<(), String> {
+    let text = format!("[Service]\nExecStart=/bin/true\n[X-Fleet]\n{lines}\n");
+    check_values(&name(unit), &UnitFile::parse(text.as_bytes()).unwrap()).map_err(|e| e.to_string())
+}
+
+#[test]
+fn values_fleet_took_silently_are_refused_at_the_door() {
+    let table: &[(&str, &str)] = &[
+        (
+            "MachineID=../../etc",
+            r#"MachineID "../../etc" is not a machine ID: invalid character '.' in machine ID"#,
+        ),
+        (
+            "MachineID=",
+            r#"MachineID "" is not a machine ID: machine ID cannot be empty"#,
+        ),
+        ("MachineOf=%n", "MachineOf cannot name the unit itself"),
+        (
+            "MachineOf=web@1.service",
+            "MachineOf cannot name the unit itself",
+        ),
+        (
+            "MachineOf=bad name.service",
+            r#"MachineOf "bad name.service" is not a unit name: invalid character ' ' in unit name"#,
+        ),
+        ("Conflicts=[", r#"Conflicts "[" is not a valid glob"#),
+        (
+            "X-Conflicts=a.service [",
+            r#"Conflicts "[" is not a valid glob"#,
+        ),
+        (
+            "Replaces=bad name",
+            r#"Replaces "bad name" can never match a unit name"#,
+        ),
+        (
+            "Conflicts=etc/*.service",
+            r#"Conflicts "etc/*.service" can never match a unit name"#,
+        ),
+        (
+            "MachineMetadata=noequals",
+            r#"MachineMetadata "noequals" is not key=value"#,
+        ),
+        (
+            "MachineMetadata==x",
+            r#"MachineMetadata "=x" is not key=value"#,
+        ),
+        (
+            "MachineMetadata=a=b=c",
+            r#"MachineMetadata "a=b=c" is not key=value"#,
+        ),
+        (
+            "Global=yesplease",
+            r#"Global "yesplease" is not true or false"#,
+        ),
+    ];
+    for (lines, want) in table {
+        assert_eq!(
+            check("web@1.service", lines),
+            Err((*want).to_owned()),
+            "{lines}"
+        );
+    }
+}
+
+#[test]
+fn values_that_mean_what_they_say_pass_the_door() {
+    for lines in [
+        "MachineID=0123456789abcdef0123456789abcdef",
+        "MachineID=01234567",
+        "MachineOf=db.service",
+        "MachineOf=db@%i.service",
+        "Conflicts=web@*.service db?.service",
+        "Replaces=old-[a-c].service",
+        "MachineMetadata=region=us-west",
+        "MachineMetadata=\"region=a\" \"az=b\"",
+        "Global=true",
+        "Global=FALSE",
+        "Global=off",
+        "Global=",
+        "MachineMetadata=",
+        "SomethingElse=whatever",
+    ] {
+        assert_eq!(check("web@1.service", lines), Ok(()), "{lines}");
+    }
+}
+
+#[test]
+fn a_template_is_checked_once_instantiated() {
+    // `%i` is empty in the template itself.
+    assert_eq!(check("pin@.service", "MachineID=%i"), Ok(()));
+    assert_eq!(
+        check("meta@.service", "MachineMetadata=hostname=%i"),
+        Ok(())
+    );
+    assert!(check("pin@x.y.service", "MachineID=%i").is_err());
+}
+
+#[test]
+fn the_engine_keeps_fleets_reading_of_values_the_door_refuses() {
+    // A unit stored before the door checked them stays schedulable as fleet read it.
+    let r = reqs("MachineMetadata=noequals\nGlobal=yesplease\nConflicts=[");
+    assert_eq!(r.validate(), Ok(()));
+    assert!(!r.global);
+    assert!(r.metadata.is_empty());
+}

@@ -1,8 +1,6 @@
 //! `fleetctl cat UNIT`: the unit's canonical text, as stored.
 
 use anyhow::{Result, bail};
-use fleet_core::UnitName;
-use std::io::Write;
 
 use super::Ctx;
 
@@ -10,11 +8,11 @@ pub async fn run(ctx: &mut Ctx, args: &[String]) -> Result<()> {
     let [arg] = args else {
         bail!("One unit file must be provided");
     };
-    let name = UnitName::from_arg(arg)?;
+    let name = super::parse_arg(arg)?;
     let Some(unit) = ctx.registry.unit(&name).await? else {
         bail!("Unit {name} not found");
     };
     let file = ctx.registry.unit_file(&unit).await?;
-    let _ = ctx.out.write_all(file.canonical().as_bytes());
+    ctx.print(&file.canonical());
     Ok(())
 }

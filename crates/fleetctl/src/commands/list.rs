@@ -6,7 +6,6 @@ use anyhow::{Context, Result};
 use fleet_core::{DesiredState, MachineId, Requirements, UnitHash};
 use fleet_registry::{Skipped, Snapshot};
 use std::collections::BTreeMap;
-use std::io::Write;
 
 use super::{Ctx, machine_legend, parse_fields};
 use crate::cli::{ListMachines, ListUnitFiles, ListUnits, Listing};
@@ -18,7 +17,7 @@ fn print(ctx: &mut Ctx, listing: &Listing, fields: &[&str], rows: Vec<Vec<String
         all.push(fields.iter().map(|f| f.to_uppercase()).collect());
     }
     all.extend(rows);
-    let _ = ctx.out.write_all(table::render(&all).as_bytes());
+    ctx.print(&table::render(&all));
 }
 
 /// Warns about each value left out of a listing.
@@ -67,7 +66,7 @@ pub async fn list_unit_files(ctx: &mut Ctx, args: &ListUnitFiles) -> Result<()> 
     let fields = parse_fields(
         &fields_arg,
         &[
-            "desc", "dstate", "global", "hash", "state", "target", "unit",
+            "desc", "dstate", "global", "hash", "reason", "state", "target", "unit",
         ],
     )?;
     let snap = ctx

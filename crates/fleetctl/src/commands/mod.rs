@@ -13,6 +13,7 @@ pub mod wait;
 use anyhow::{Result, bail};
 use fleet_core::{MachineId, MachineInfo, UnitName};
 use fleet_registry::Registry;
+use fleet_registry::input::shorten;
 use fleet_registry::kv::EtcdKv;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -22,6 +23,9 @@ pub struct Ctx {
     pub registry: Registry<EtcdKv>,
     pub out: Box<dyn Write>,
     pub err: Box<dyn Write>,
+    /// The first failed write to `out`: the command goes on (its writes to etcd are done or
+    /// not as decided), and the failure decides the exit code.
+    pub write_failed: Option<std::io::Error>,
 }
 
 impl std::fmt::Debug for Ctx {
@@ -32,7 +36,30 @@ impl std::fmt::Debug for Ctx {
 
 impl Ctx {
     pub fn say(&mut self, line: impl AsRef<str>) {
-        let _ = writeln!(self.out, "{}", line.as_ref());
+        let res = writeln!(self.out, "{}", line.as_ref());
+        self.note(res);
+    }
+
+    /// Prints `text` as it is (a table, a unit file).
+    pub fn print(&mut self, text: &str) {
+        let res = self.out.write_all(text.as_bytes());
+        self.note(res);
+    }
+
+    fn note(&mut self, res: std::io::Result<()>) {
+        if let Err(e) = res {
+            self.write_failed.get_or_insert(e);
+        }
+    }
+
+    /// Flushes standard output; the first write that failed, if one did.
+    pub fn finish(&mut self) -> std::io::Result<()> {
+        let res = self.out.flush();
+        self.note(res);
+        match self.write_failed.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     pub fn warn(&mut self, line: impl AsRef<str>) {
@@ -41,13 +68,25 @@ impl Ctx {
 }
 
 /// Parses every argument as a unit name (fleet's mangling), failing on the first bad one.
+/// A unit named twice (`tw tw`, `t@1 t@1.service`) is acted on once, where it first appears.
 pub fn unit_names(args: &[String]) -> Result<Vec<UnitName>> {
     if args.is_empty() {
         bail!("No units given");
     }
-    args.iter()
-        .map(|a| UnitName::from_arg(a).map_err(|e| anyhow::anyhow!("{e} ({a:?})")))
-        .collect()
+    let mut seen = std::collections::BTreeSet::new();
+    let mut names = Vec::with_capacity(args.len());
+    for a in args {
+        let name = parse_arg(a)?;
+        if seen.insert(name.clone()) {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+/// One argument as a unit name; the error quotes at most 200 characters of it.
+pub fn parse_arg(arg: &str) -> Result<UnitName> {
+    UnitName::from_arg(arg).map_err(|e| anyhow::anyhow!("{e} ({:?})", shorten(arg)))
 }
 
 /// fleet's machine legend: `69aee328...` (or the full ID), then `/IP` when known.
@@ -101,7 +140,7 @@ pub fn fail_if_any(
             for (name, e) in &failures {
                 ctx.warn(format!("{what} {name}: {e:#}"));
             }
-            bail!("{what} {n} units failed")
+            bail!("{what} {n} units")
         }
     }
 }

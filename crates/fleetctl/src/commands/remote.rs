@@ -76,8 +76,13 @@ pub fn command_line(
                 argv.push("-J".into());
                 argv.push(format!("{}@{tunnel}", global.ssh_username));
             }
-            argv.push(format!("{}@{ip}", global.ssh_username));
+            // The user goes with `-l` and the host after `--`: neither can be read as an
+            // option, whatever they hold (`cli::parse_ssh_username` refuses a leading `-`
+            // too). ssh reads no options after the host once `--` ended them.
+            argv.push("-l".into());
+            argv.push(global.ssh_username.clone());
             argv.push("--".into());
+            argv.push(ip.clone());
             // The remote shell joins its arguments: quote each one.
             argv.extend(command.iter().map(|a| shell_quote(a)));
             argv
@@ -266,7 +271,29 @@ mod tests {
         assert!(argv.contains(&"StrictHostKeyChecking=no".to_string()));
         assert!(argv.contains(&"UserKnownHostsFile=/k".to_string()));
         assert!(argv.contains(&"admin@bastion:22".to_string()));
-        assert!(argv.contains(&"admin@10.0.0.2".to_string()));
+        let host = argv.iter().position(|a| a == "10.0.0.2").unwrap();
+        assert_eq!(
+            argv[host - 3..host],
+            ["-l", "admin", "--"].map(String::from)
+        );
         assert_eq!(argv.last().unwrap(), "'a b.service'");
+    }
+
+    #[test]
+    fn refuses_ssh_user_names_and_tunnels_that_would_be_options() {
+        for args in [
+            &["--ssh-username=-oProxyCommand=touch /tmp/x"][..],
+            &["--ssh-username", "a@b"],
+            &["--ssh-username", ""],
+            &["--tunnel=-oProxyCommand=x"],
+            &["--ssh-timeout", "1e20"],
+            &["--ssh-timeout", "0.0000001"],
+            &["--request-timeout", "1e19"],
+        ] {
+            let mut argv = vec!["fleetctl"];
+            argv.extend_from_slice(args);
+            argv.push("version");
+            assert!(crate::cli::Cli::try_parse_from(argv).is_err(), "{args:?}");
+        }
     }
 }

@@ -5,6 +5,7 @@
 use anyhow::{Context, Result, anyhow, bail};
 use fleet_core::MachineId;
 use fleet_core::{DesiredState, Requirements, UnitFile, UnitHash, UnitName};
+use fleet_registry::input::shorten;
 use fleet_registry::kv::EtcdKv;
 use fleet_registry::{CreateOutcome, Registry, RegistryError, ReplaceState, Rollout, Unit};
 use futures::StreamExt;
@@ -120,8 +121,15 @@ pub async fn prepare(
     }
     let mut registered = Registered::new(ctx.registry.clone(), args);
     let mut prepared = Vec::with_capacity(args.len());
+    // The first argument naming each unit: a later one is the same unit, acted on once.
+    let mut first: BTreeMap<UnitName, &str> = BTreeMap::new();
     for arg in args {
-        let name = UnitName::from_arg(arg).map_err(|e| anyhow!("{e} ({arg:?})"))?;
+        let name = super::parse_arg(arg)?;
+        if let Some(earlier) = first.get(&name) {
+            same_content_twice(&name, earlier, arg)?;
+            continue;
+        }
+        first.insert(name.clone(), arg);
         if verb != Verb::Submit && name.is_template() {
             bail!(
                 "cannot activate template {name}: load or start an instance such as {}@1.{}",
@@ -193,6 +201,20 @@ async fn prepare_one(
     }
     check_requirements(ctx, name, &file)?;
     Ok(Action::Replace { existing, file })
+}
+
+/// Two arguments name one unit (`d1/col.service d2/col.service`): fine if their local files
+/// say the same, refused before anything is written if they differ.
+fn same_content_twice(name: &UnitName, earlier: &str, arg: &str) -> Result<()> {
+    let read = |a: &str| read_local(a, name).map(|f| f.map(|(file, _)| file.hash()));
+    match (read(earlier)?, read(arg)?) {
+        (Some(a), Some(b)) if a != b => bail!(
+            "{name} is given twice with different content ({} and {}); nothing was written",
+            shorten(&local_path(earlier).to_string_lossy()),
+            shorten(&local_path(arg).to_string_lossy())
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// The local file to compare a registered unit with: its own, else its local template.
@@ -273,6 +295,7 @@ fn not_found(name: &UnitName) -> anyhow::Error {
 fn check_requirements(ctx: &mut Ctx, name: &UnitName, file: &UnitFile) -> Result<()> {
     let req = Requirements::from_unit(name, file);
     req.validate().map_err(|e| anyhow!("{name}: {e}"))?;
+    fleet_core::xfleet::check_values(name, file).map_err(|e| anyhow!("{name}: {e}"))?;
     for key in &req.unknown {
         ctx.warn(format!(
             "WARNING: Unit {name}: unrecognized requirement in [X-Fleet] section: {key:?}"
