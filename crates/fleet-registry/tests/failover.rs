@@ -124,3 +124,25 @@ async fn a_restarted_member_serves_again() {
     let read = only_one.range("/r", false, None).await.expect("a read");
     assert_eq!(read.kvs[0].value, b"1");
 }
+
+#[tokio::test]
+async fn a_fresh_client_gets_past_a_frozen_first_member_within_its_timeout() {
+    let cluster = TestEtcdCluster::start(3).await;
+    cluster.freeze(0);
+    let mut config = cluster.config_for(cluster.endpoints());
+    config.request_timeout = Duration::from_secs(2);
+    let kv = EtcdKv::connect(&config).await.expect("valid config");
+
+    let began = Instant::now();
+    kv.range("/f", false, None).await.expect("a read");
+    kv.txn(put("/f", "1")).await.expect("a write");
+    let read = kv.range("/f", false, None).await.expect("a second read");
+    assert_eq!(read.kvs[0].value, b"1");
+    assert!(
+        began.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_ne!(kv.current_endpoint(), cluster.endpoint(0));
+    cluster.thaw(0);
+}

@@ -92,6 +92,30 @@ impl TestEtcdCluster {
         }
     }
 
+    /// Freezes member `index` (SIGSTOP): its connections stay open and nothing answers, as
+    /// with a hung process or a frozen VM. [`thaw`](Self::thaw) resumes it.
+    pub fn freeze(&self, index: usize) {
+        self.signal(index, "STOP");
+    }
+
+    /// Resumes a member frozen by [`freeze`](Self::freeze) (SIGCONT).
+    pub fn thaw(&self, index: usize) {
+        self.signal(index, "CONT");
+    }
+
+    fn signal(&self, index: usize, signal: &str) {
+        let child = self.members[index].child.as_ref();
+        let pid = child
+            .unwrap_or_else(|| panic!("etcd member {index} is not running"))
+            .id();
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .unwrap_or_else(|e| panic!("running kill: {e}"));
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
     /// Starts member `index` again on its ports and data, and waits until it answers.
     pub async fn restart(&mut self, index: usize) {
         self.kill(index);
@@ -218,6 +242,7 @@ impl TestEtcdCluster {
 impl Drop for TestEtcdCluster {
     fn drop(&mut self) {
         for index in 0..self.members.len() {
+            // A frozen member dies of SIGKILL all the same.
             self.kill(index);
         }
         let _ = fs::remove_dir_all(&self.dir);

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
@@ -74,6 +76,16 @@ pub(super) fn round_pause(round: u32) -> Duration {
 
 const ROUND_PAUSE_FIRST: Duration = Duration::from_millis(25);
 const ROUND_PAUSE_MAX: Duration = Duration::from_millis(200);
+
+/// How long a member that has not answered yet gets before a repeatable call is also sent to
+/// the next one: a quarter of the call's time, at least 100 ms. Members that answered before
+/// get the whole time (a large read may take long; repeating it everywhere would double the
+/// load for nothing).
+pub(super) fn hedge_delay(budget: Duration) -> Duration {
+    (budget / 4).max(HEDGE_MIN)
+}
+
+const HEDGE_MIN: Duration = Duration::from_millis(100);
 
 /// Whether a call that every member failed (each with [`Verdict::TryNext`]) gets another
 /// round: yes while some member is up but unavailable (an election, a leader change), which
@@ -161,11 +173,10 @@ impl Members {
             .compare_exchange(failed, next, Ordering::Relaxed, Ordering::Relaxed);
     }
 
-    /// Runs `call` under `deadline`: on the current member, then on the next ones while
-    /// [`verdict`] allows, each at most once per round; rounds repeat while [`another_round`]
-    /// says and the deadline allows. A write goes to a member only after it has answered
-    /// through its leader (else [`probe`] first). The error of a call that failed everywhere
-    /// names every member's failure of the last round.
+    /// Runs `call` under `deadline` by the rules of its kind: see [`repeatable`] and
+    /// [`write`](Self::write).
+    ///
+    /// [`repeatable`]: Self::repeatable
     pub(super) async fn call<T, F, Fut>(
         &self,
         kind: Call,
@@ -176,47 +187,86 @@ impl Members {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        match kind {
+            Call::Read | Call::Watch => self.repeatable(kind, deadline, call).await,
+            Call::Write => self.write(deadline, call).await,
+        }
+    }
+
+    /// A repeatable call: on the current member, then on the next ones while [`verdict`]
+    /// allows, each at most once per round; rounds repeat while [`another_round`] says and the
+    /// deadline allows. A member that has not answered yet gets [`hedge_delay`]; past it the
+    /// call is also sent to the next member, and the first answer wins (a hung member costs
+    /// a fresh client that much, not its whole deadline). The error of a call that failed
+    /// everywhere names every member's failure of the last round.
+    async fn repeatable<T, F, Fut>(
+        &self,
+        kind: Call,
+        deadline: Instant,
+        call: F,
+    ) -> Result<T, Failure>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
         let count = self.len();
+        let hedge = hedge_delay(deadline.saturating_duration_since(Instant::now()));
+        let attempt = |index: usize| {
+            let client = self.get(index).client.clone();
+            let answer = tokio::time::timeout_at(deadline, call(client));
+            async move {
+                let result = match answer.await {
+                    Ok(Ok(value)) => Ok(value),
+                    Ok(Err(e)) => Err(Failure::classify(&e)),
+                    Err(_) => Err(Failure::Timeout),
+                };
+                (index, result)
+            }
+        };
         let mut round = 0;
         loop {
             let start = self.current();
             let mut failed: Vec<(usize, Failure)> = Vec::with_capacity(count);
-            for step in 0..count {
-                let index = (start + step) % count;
-                let member = self.get(index);
-                let attempt = async {
-                    if kind == Call::Write && !self.answered(index) {
-                        let probe = probe(member.client.clone()).await;
-                        probe.map_err(|e| (Call::Read, Failure::classify(&e)))?;
+            let mut running = FuturesUnordered::new();
+            let mut started = 0;
+            loop {
+                if running.is_empty() {
+                    if started == count {
+                        break;
                     }
-                    let answer = call(member.client.clone()).await;
-                    answer.map_err(|e| (kind, Failure::classify(&e)))
+                    running.push(attempt((start + started) % count));
+                    started += 1;
+                }
+                let newest = (start + started - 1) % count;
+                let hedging = started < count && !self.answered(newest);
+                let outcome = tokio::select! {
+                    Some(outcome) = running.next() => outcome,
+                    () = tokio::time::sleep(hedge), if hedging => {
+                        debug!(endpoint = %self.get(newest).endpoint, "etcd member slow to answer; asking the next one too");
+                        running.push(attempt((start + started) % count));
+                        started += 1;
+                        continue;
+                    }
                 };
-                let (failed_call, failure) = match tokio::time::timeout_at(deadline, attempt).await
-                {
-                    Ok(Ok(value)) => {
+                let (index, failure) = match outcome {
+                    (index, Ok(value)) => {
                         self.settle(index, kind);
                         return Ok(value);
                     }
-                    Ok(Err(failed)) => failed,
-                    Err(_) => (kind, Failure::Timeout),
+                    (index, Err(failure)) => (index, failure),
                 };
-                let verdict = verdict(failed_call, &failure);
+                let verdict = verdict(kind, &failure);
                 if verdict == Verdict::Stay {
                     return Err(failure);
                 }
-                self.move_past(index);
-                if count > 1 && round == 0 {
-                    // Once per member and call: an outage is the caller's to log.
-                    info!(
-                        endpoint = %member.endpoint,
-                        failure = ?failure,
-                        "etcd member failed; moving to the next one"
-                    );
-                }
+                self.failed(index, &failure, round);
                 failed.push((index, failure));
-                if verdict == Verdict::MoveOn {
+                if verdict == Verdict::MoveOn && running.is_empty() {
                     return Err(self.merged(failed));
+                }
+                if verdict == Verdict::TryNext && !running.is_empty() && started < count {
+                    running.push(attempt((start + started) % count));
+                    started += 1;
                 }
             }
             let pause = round_pause(round);
@@ -227,6 +277,60 @@ impl Members {
             debug!(round, pause = ?pause, "no etcd member available; trying every one again");
             tokio::time::sleep(pause).await;
             round += 1;
+        }
+    }
+
+    /// A write: only to a member that has answered through its leader (else [`probe`] first,
+    /// a repeatable read that settles on the member that answers), and to the next member
+    /// only when [`verdict`] says etcd never got it.
+    async fn write<T, F, Fut>(&self, deadline: Instant, call: F) -> Result<T, Failure>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut failed: Vec<(usize, Failure)> = Vec::new();
+        // Each member refusing it once, at most, per member that answered the probe.
+        for _ in 0..2 * self.len() {
+            if !self.answered(self.current()) {
+                let probed = self.repeatable(Call::Read, deadline, probe).await;
+                if let Err(failure) = probed {
+                    failed.push((self.current(), failure));
+                    return Err(self.merged(failed));
+                }
+            }
+            let index = self.current();
+            let client = self.get(index).client.clone();
+            let failure = match tokio::time::timeout_at(deadline, call(client)).await {
+                Ok(Ok(value)) => {
+                    self.settle(index, Call::Write);
+                    return Ok(value);
+                }
+                Ok(Err(e)) => Failure::classify(&e),
+                Err(_) => Failure::Timeout,
+            };
+            let verdict = verdict(Call::Write, &failure);
+            if verdict == Verdict::Stay {
+                return Err(failure);
+            }
+            self.failed(index, &failure, 0);
+            failed.push((index, failure));
+            if verdict == Verdict::MoveOn {
+                return Err(self.merged(failed));
+            }
+        }
+        Err(self.merged(failed))
+    }
+
+    /// Moves past a member that failed, and says so once per call.
+    fn failed(&self, index: usize, failure: &Failure, round: u32) {
+        self.move_past(index);
+        if self.len() > 1 && round == 0 {
+            // An outage is the caller's to log.
+            info!(
+                endpoint = %self.get(index).endpoint,
+                failure = ?failure,
+                "etcd member failed; moving to the next one"
+            );
         }
     }
 
@@ -307,6 +411,19 @@ mod tests {
             refused,
             Failure::Unreachable("leader changed".into())
         ]));
+    }
+
+    #[test]
+    fn a_member_not_heard_from_gets_a_quarter_of_the_time_before_the_next_is_asked() {
+        assert_eq!(
+            hedge_delay(Duration::from_secs(3)),
+            Duration::from_millis(750)
+        );
+        assert_eq!(
+            hedge_delay(Duration::from_secs(1)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(hedge_delay(Duration::from_millis(200)), HEDGE_MIN);
     }
 
     #[test]
