@@ -88,19 +88,21 @@ pub fn teardown(state: &ClusterState) -> Result<()> {
     for machine in &state.machines {
         problems.check(kill_machine(machine).with_context(|| format!("machine {}", machine.name)));
     }
-    if let Some(etcd) = state.etcd.process {
+    for etcd in state.etcd.processes() {
         problems.check(etcd.kill_and_wait(KILL_TIMEOUT).context("etcd"));
     }
     for machine in &state.machines {
         problems.check(remove_machine(machine));
     }
     problems.check(net::delete_link(&state.bridge));
-    let data = crate::etcd::data_dir(state);
-    if data.exists() {
-        problems.check(
-            std::fs::remove_dir_all(&data)
-                .with_context(|| format!("cannot delete {}", data.display())),
-        );
+    for index in 0..state.etcd.member_count() {
+        let data = crate::etcd::member_data_dir(state, index);
+        if data.exists() {
+            problems.check(
+                std::fs::remove_dir_all(&data)
+                    .with_context(|| format!("cannot delete {}", data.display())),
+            );
+        }
     }
     problems.into_result(&format!("tearing down cluster {}", state.run_id))
 }
@@ -281,8 +283,8 @@ fn remove_orphan(rid: &RunId) -> Result<()> {
     problems.into_result(&format!("orphaned resources of run {rid}"))
 }
 
-/// etcd servers of run `rid`: `/usr/bin/etcd` with `--name flt<rid>`, a name only the harness
-/// gives (see `etcd::start`).
+/// etcd servers of run `rid`: `/usr/bin/etcd` with `--name flt<rid>` or `flt<rid>e<i>`, names
+/// only the harness gives (see `etcd::member_name`).
 fn etcd_processes(rid: &RunId) -> Vec<ProcId> {
     let name = rid.bridge();
     std::fs::read_dir("/proc")
@@ -296,10 +298,21 @@ fn etcd_processes(rid: &RunId) -> Vec<ProcId> {
             args.first() == Some(&&b"/usr/bin/etcd"[..])
                 && args
                     .windows(2)
-                    .any(|w| w[0] == b"--name" && w[1] == name.as_bytes())
+                    .any(|w| w[0] == b"--name" && is_member_name(w[1], &name))
         })
         .filter_map(|pid| ProcId::of(pid).ok())
         .collect()
+}
+
+/// `flt<rid>` or `flt<rid>e<digits>`.
+fn is_member_name(arg: &[u8], bridge: &str) -> bool {
+    let Some(rest) = arg.strip_prefix(bridge.as_bytes()) else {
+        return false;
+    };
+    rest.is_empty()
+        || rest
+            .strip_prefix(b"e")
+            .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
 }
 
 /// Deletes finished run directories beyond the newest [`KEEP_RUNS`], if older than an hour.
@@ -331,7 +344,13 @@ pub fn leftovers(state: &ClusterState) -> Result<Vec<String>> {
         .flat_map(|m| {
             [("unshare", m.unshare), ("pid 1", m.pid1)].map(|(what, p)| (&m.name, what, p))
         })
-        .chain([(&state.bridge, "etcd", state.etcd.process)]);
+        .chain(
+            state
+                .etcd
+                .processes()
+                .into_iter()
+                .map(|p| (&state.bridge, "etcd", Some(p))),
+        );
     for (owner, what, process) in processes {
         if let Some(process) = process.filter(|p| p.is_alive()) {
             found.push(format!("{owner} {what}: {process}"));
@@ -354,4 +373,26 @@ pub fn leftovers(state: &ClusterState) -> Result<Vec<String>> {
         found.push(format!("cgroup {}", dir.display()));
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_member_names_of_a_run_are_recognised_and_others_are_not() {
+        let bridge = "flt0a1b2c";
+        for ours in ["flt0a1b2c", "flt0a1b2ce1", "flt0a1b2ce12"] {
+            assert!(is_member_name(ours.as_bytes(), bridge), "{ours}");
+        }
+        for other in [
+            "flt0a1b2",
+            "flt0a1b2cx",
+            "flt0a1b2ce",
+            "flt0a1b2ce1x",
+            "test",
+        ] {
+            assert!(!is_member_name(other.as_bytes(), bridge), "{other}");
+        }
+    }
 }

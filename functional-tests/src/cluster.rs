@@ -28,6 +28,9 @@ pub struct ClusterSpec {
     /// The run directory (state, logs, etcd data); default
     /// `<workspace>/target/functional/<run id>`.
     pub dir: Option<PathBuf>,
+    /// etcd members (0 means 1). fleetd and fleetctl get every member's endpoint, member 0
+    /// first.
+    pub etcd_members: usize,
 }
 
 impl ClusterSpec {
@@ -47,14 +50,22 @@ impl ClusterSpec {
             ..ClusterSpec::default()
         }
     }
+
+    /// The same with `members` etcd members.
+    pub fn with_etcd_members(self, members: usize) -> ClusterSpec {
+        ClusterSpec {
+            etcd_members: members,
+            ..self
+        }
+    }
 }
 
 #[derive(Debug)]
 pub struct Cluster {
     state: ClusterState,
     machines: Vec<Machine>,
-    /// etcd, when this process started it (to reap it).
-    etcd: Option<Child>,
+    /// Each etcd member this process started (to reap it), by member index.
+    etcd: Vec<Option<Child>>,
     /// Whether dropping this value tears the cluster down.
     owned: bool,
 }
@@ -106,6 +117,9 @@ impl Cluster {
                 client_port: etcd::free_port()?,
                 peer_port: etcd::free_port()?,
                 process: None,
+                peers: (1..spec.etcd_members.max(1))
+                    .map(|_| new_member())
+                    .collect::<Result<_>>()?,
             },
             machines: Vec::new(),
         };
@@ -114,7 +128,7 @@ impl Cluster {
         let mut cluster = Cluster {
             state,
             machines: Vec::new(),
-            etcd: None,
+            etcd: Vec::new(),
             owned: true,
         };
         cluster.create_network()?;
@@ -128,6 +142,9 @@ impl Cluster {
             }
             cluster.state.etcd.client_port = etcd::free_port()?;
             cluster.state.etcd.peer_port = etcd::free_port()?;
+            for peer in &mut cluster.state.etcd.peers {
+                *peer = new_member()?;
+            }
             cluster.state.save()?;
         }
         cluster.boot_machines(spec.machines)?;
@@ -208,7 +225,7 @@ impl Cluster {
         Ok(Cluster {
             state,
             machines,
-            etcd: None,
+            etcd: Vec::new(),
             owned: false,
         })
     }
@@ -281,17 +298,27 @@ impl Cluster {
     }
 
     /// etcd's client URL on the bridge, e.g. `http://10.251.7.1:40123`: the same from the host
-    /// and from inside every machine.
+    /// and from inside every machine. With several members, every member's, comma-separated,
+    /// member 0 first.
     pub fn etcd_endpoint(&self) -> String {
         self.state.etcd_endpoint().unwrap_or_default()
     }
 
-    /// Whether etcd answers its health check right now.
+    /// Every etcd member's client URL, member 0 first.
+    pub fn etcd_endpoints(&self) -> Vec<String> {
+        self.state.etcd_endpoints()
+    }
+
+    /// Whether every running etcd member answers its health check right now.
     pub fn etcd_healthy(&self) -> bool {
-        self.state.subnet.is_some_and(|subnet| {
-            let addr = (crate::state::bridge_ip(subnet), self.state.etcd.client_port);
-            etcd::is_healthy(addr.into())
-        })
+        let members: Vec<_> = (0..self.state.etcd.member_count())
+            .filter_map(|i| self.state.etcd.member(i))
+            .collect();
+        members.iter().any(|m| m.process.is_some())
+            && members
+                .iter()
+                .filter(|m| m.process.is_some())
+                .all(|m| etcd::member_addr(&self.state, m).is_some_and(etcd::is_healthy))
     }
 
     /// The fleetctl binary on the host.
@@ -314,15 +341,29 @@ impl Cluster {
             .with_context(|| format!("cannot run {}", self.fleetctl_path().display()))
     }
 
-    /// Stops etcd (SIGTERM, then SIGKILL after 10 s). Its data stays for [`Cluster::start_etcd`].
+    /// Stops every etcd member (SIGTERM, then SIGKILL after 10 s). Their data stays for
+    /// [`Cluster::start_etcd`].
     pub fn stop_etcd(&mut self) -> Result<()> {
         self.stop_etcd_process()?;
         self.state.save()
     }
 
     fn stop_etcd_process(&mut self) -> Result<()> {
-        if let Some(process) = self.state.etcd.process {
-            process.signal(crate::Signal::Term)?;
+        for index in 0..self.state.etcd.member_count() {
+            self.stop_member(index, crate::Signal::Term)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `signal` to member `index` (SIGKILL after 10 s if it was SIGTERM), reaps it.
+    fn stop_member(&mut self, index: usize, signal: crate::Signal) -> Result<()> {
+        let member = self
+            .state
+            .etcd
+            .member(index)
+            .with_context(|| format!("no etcd member {index}"))?;
+        if let Some(process) = member.process {
+            process.signal(signal)?;
             let stopped =
                 crate::wait_for(Duration::from_secs(10), Duration::from_millis(10), || {
                     !process.is_alive()
@@ -331,23 +372,140 @@ impl Cluster {
                 process.kill_and_wait(Duration::from_secs(10))?;
             }
         }
-        if let Some(mut child) = self.etcd.take() {
+        if let Some(mut child) = self.etcd.get_mut(index).and_then(Option::take) {
             child.wait().context("cannot reap etcd")?;
         }
-        self.state.etcd.process = None;
+        self.state.etcd.set_process(index, None);
         Ok(())
     }
 
-    /// Starts etcd (again) on the same ports with the same data, and waits until it is healthy.
+    /// Starts every etcd member (again) on the same ports with the same data, and waits until
+    /// each is healthy.
     pub fn start_etcd(&mut self) -> Result<()> {
-        if self.state.etcd.process.is_some_and(|p| p.is_alive()) {
+        let count = self.state.etcd.member_count();
+        if self.state.etcd.processes().iter().any(ProcId::is_alive) {
             bail!("etcd is already running");
         }
-        let (child, process) = etcd::start(&self.state)?;
-        self.etcd = Some(child);
-        self.state.etcd.process = Some(process);
+        // Every member first: a member of several is healthy only once they elect a leader.
+        let started = (0..count)
+            .try_for_each(|index| self.spawn_member(index))
+            .and_then(|()| (0..count).try_for_each(|index| self.wait_member(index)));
+        if started.is_err() {
+            // All or none: a retry on new ports starts every member afresh.
+            self.stop_etcd_process()?;
+            self.state.save()?;
+        }
+        started
+    }
+
+    fn spawn_member(&mut self, index: usize) -> Result<()> {
+        let (child, process) = etcd::spawn(&self.state, index)?;
+        if self.etcd.len() <= index {
+            self.etcd.resize_with(index + 1, || None);
+        }
+        self.etcd[index] = Some(child);
+        self.state.etcd.set_process(index, Some(process));
         self.state.save()
     }
+
+    fn wait_member(&mut self, index: usize) -> Result<()> {
+        let Some(child) = self.etcd.get_mut(index).and_then(Option::as_mut) else {
+            bail!("etcd member {index} was not started here");
+        };
+        let healthy = etcd::wait_healthy(&self.state, index, child);
+        if healthy.is_err() {
+            // wait_healthy killed it.
+            self.etcd[index] = None;
+            self.state.etcd.set_process(index, None);
+            self.state.save()?;
+        }
+        healthy
+    }
+
+    /// How many etcd members the cluster has.
+    pub fn etcd_members(&self) -> usize {
+        self.state.etcd.member_count()
+    }
+
+    /// SIGKILLs etcd member `index` (its data stays).
+    pub fn kill_etcd_member(&mut self, index: usize) -> Result<()> {
+        self.stop_member(index, crate::Signal::Kill)?;
+        self.state.save()
+    }
+
+    /// Starts etcd member `index` again and waits until it is healthy (the others must be up:
+    /// a member alone has no leader).
+    pub fn start_etcd_member(&mut self, index: usize) -> Result<()> {
+        let member = self
+            .state
+            .etcd
+            .member(index)
+            .with_context(|| format!("no etcd member {index}"))?;
+        if member.process.is_some_and(|p| p.is_alive()) {
+            bail!("etcd member {index} is already running");
+        }
+        self.spawn_member(index)?;
+        self.wait_member(index)
+    }
+
+    /// The raft leader's member index, waiting (up to 15 s) while an election is under way.
+    pub fn etcd_leader(&self) -> Result<usize> {
+        crate::wait_for_value(Duration::from_secs(15), Duration::from_millis(20), || {
+            self.find_etcd_leader()
+        })
+        .context("no etcd leader")
+    }
+
+    fn find_etcd_leader(&self) -> Option<usize> {
+        let statuses = self.member_statuses();
+        statuses.iter().find_map(|(index, status)| {
+            (status.leader != 0 && status.leader == status.id).then_some(*index)
+        })
+    }
+
+    /// The status of every running member that answers.
+    fn member_statuses(&self) -> Vec<(usize, etcd::MemberStatus)> {
+        (0..self.state.etcd.member_count())
+            .filter_map(|i| {
+                let member = self.state.etcd.member(i)?;
+                member.process?;
+                let status = etcd::status(etcd::member_addr(&self.state, &member)?).ok()?;
+                Some((i, status))
+            })
+            .collect()
+    }
+
+    /// Makes member `index` the raft leader (`etcdctl move-leader`) and waits until every
+    /// running member agrees.
+    pub fn make_etcd_leader(&self, index: usize) -> Result<()> {
+        let leader = self.etcd_leader()?;
+        let statuses = self.member_statuses();
+        let target = statuses
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, s)| s.id)
+            .with_context(|| format!("etcd member {index} does not answer"))?;
+        if leader != index {
+            let member = self.state.etcd.member(leader).context("no leader member")?;
+            let addr = etcd::member_addr(&self.state, &member).context("no subnet")?;
+            etcd::transfer_leadership(addr, target)?;
+        }
+        crate::wait_for(Duration::from_secs(15), Duration::from_millis(20), || {
+            let statuses = self.member_statuses();
+            statuses.len() == self.state.etcd.processes().len()
+                && statuses.iter().all(|(_, s)| s.leader == target)
+        })
+        .with_context(|| format!("etcd member {index} did not become the leader"))
+    }
+}
+
+/// Ports for one more etcd member.
+fn new_member() -> Result<crate::state::EtcdMember> {
+    Ok(crate::state::EtcdMember {
+        client_port: etcd::free_port()?,
+        peer_port: etcd::free_port()?,
+        process: None,
+    })
 }
 
 impl Drop for Cluster {

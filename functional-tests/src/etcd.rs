@@ -1,9 +1,13 @@
-//! The cluster's etcd: one real `/usr/bin/etcd` member on the host, listening on 127.0.0.1 and
-//! on the bridge address, so the host (fleetctl, tests) and every machine (fleetd) reach it.
-//! Its data survives `stop`/`start`, which tests use to simulate an etcd outage.
+//! The cluster's etcd: one or more real `/usr/bin/etcd` members on the host, each listening on
+//! 127.0.0.1 and on the bridge address with its own client port, so the host (fleetctl, tests)
+//! and every machine (fleetd) reach it. Members talk to each other on 127.0.0.1.
+//!
+//! Member 0 is named `flt<run id>` (what a single-member cluster always was), member `i > 0`
+//! `flt<run id>e<i>`; the cleanup of an orphaned run finds them by those names. Their data
+//! survives `stop`/`start`, which tests use to simulate an outage of one member or of all.
 
 use crate::proc::ProcId;
-use crate::state::{ClusterState, bridge_ip};
+use crate::state::{ClusterState, EtcdMember, bridge_ip};
 use anyhow::{Context, Result, bail};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -14,12 +18,28 @@ use std::time::Duration;
 /// How long a fresh or restarted etcd may take to answer `/health`.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(15);
 
-pub fn data_dir(state: &ClusterState) -> PathBuf {
-    state.dir.join("etcd")
+/// Member `index`'s data directory: `etcd/`, `etcd-e<i>/`.
+pub fn member_data_dir(state: &ClusterState, index: usize) -> PathBuf {
+    match index {
+        0 => state.dir.join("etcd"),
+        i => state.dir.join(format!("etcd-e{i}")),
+    }
 }
 
-pub fn log_file(state: &ClusterState) -> PathBuf {
-    state.dir.join("etcd.log")
+/// Member `index`'s log: `etcd.log`, `etcd-e<i>.log`.
+pub fn member_log_file(state: &ClusterState, index: usize) -> PathBuf {
+    match index {
+        0 => state.dir.join("etcd.log"),
+        i => state.dir.join(format!("etcd-e{i}.log")),
+    }
+}
+
+/// Member `index`'s etcd name.
+pub fn member_name(state: &ClusterState, index: usize) -> String {
+    match index {
+        0 => state.bridge.clone(),
+        i => format!("{}e{i}", state.bridge),
+    }
 }
 
 /// A TCP port nobody listens on right now (on any address).
@@ -28,23 +48,35 @@ pub fn free_port() -> Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// Starts etcd as recorded in `state` (ports, subnet) and waits until it is healthy.
+/// Starts member `index` as recorded in `state` (ports, subnet), without waiting.
 /// `setsid`: it must outlive a detached `fleet-cluster up` and not get the terminal's signals.
-pub fn start(state: &ClusterState) -> Result<(Child, ProcId)> {
+pub fn spawn(state: &ClusterState, index: usize) -> Result<(Child, ProcId)> {
     let subnet = state.subnet.context("etcd needs the cluster's subnet")?;
-    let name = state.bridge.as_str();
-    let client = |host: String| format!("http://{host}:{}", state.etcd.client_port);
-    let peer = format!("http://127.0.0.1:{}", state.etcd.peer_port);
+    let member = state.etcd.member(index).context("no such etcd member")?;
+    let name = member_name(state, index);
+    let client = |host: String| format!("http://{host}:{}", member.client_port);
+    let peer = format!("http://127.0.0.1:{}", member.peer_port);
+    let initial_cluster = (0..state.etcd.member_count())
+        .filter_map(|i| {
+            let m = state.etcd.member(i)?;
+            Some(format!(
+                "{}=http://127.0.0.1:{}",
+                member_name(state, i),
+                m.peer_port
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join(",");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(log_file(state))
+        .open(member_log_file(state, index))
         .context("cannot open etcd's log")?;
-    let mut child = Command::new("setsid")
+    let child = Command::new("setsid")
         .arg("/usr/bin/etcd")
-        .args(["--name", name])
+        .args(["--name", &name])
         .arg("--data-dir")
-        .arg(data_dir(state))
+        .arg(member_data_dir(state, index))
         .args([
             "--listen-client-urls",
             &format!(
@@ -59,9 +91,12 @@ pub fn start(state: &ClusterState) -> Result<(Child, ProcId)> {
             "--initial-advertise-peer-urls",
             &peer,
             "--initial-cluster",
-            &format!("{name}={peer}"),
+            &initial_cluster,
+            "--initial-cluster-token",
+            &state.bridge,
             "--logger=zap",
-            // Fast elections: a single member is leader ~0.1 s after start (1.2 s by default).
+            // Fast elections: a leader ~0.1 s after start or after the leader died (1.2 s by
+            // default).
             "--heartbeat-interval=10",
             "--election-timeout=100",
         ])
@@ -72,39 +107,95 @@ pub fn start(state: &ClusterState) -> Result<(Child, ProcId)> {
         .spawn()
         .context("cannot start /usr/bin/etcd")?;
     let process = ProcId::of(child.id())?;
-    let addr = SocketAddr::from((bridge_ip(subnet), state.etcd.client_port));
+    Ok((child, process))
+}
+
+/// Waits until member `index` (spawned as `child`) is healthy; kills it if it does not get
+/// there. A member of several is healthy once the cluster has a leader, so start every
+/// member before waiting for any.
+pub fn wait_healthy(state: &ClusterState, index: usize, child: &mut Child) -> Result<()> {
+    let subnet = state.subnet.context("etcd needs the cluster's subnet")?;
+    let member = state.etcd.member(index).context("no such etcd member")?;
+    let process = ProcId::of(child.id())?;
+    let addr = SocketAddr::from((bridge_ip(subnet), member.client_port));
     let healthy = crate::wait_for(HEALTH_TIMEOUT, Duration::from_millis(20), || {
         is_healthy(addr) || matches!(child.try_wait(), Ok(Some(_)))
     });
+    let log = member_log_file(state, index);
     if let Ok(Some(status)) = child.try_wait() {
-        bail!(
-            "etcd exited with {status} at start; see {}",
-            log_file(state).display()
-        );
+        bail!("etcd exited with {status} at start; see {}", log.display());
     }
     if let Err(e) = healthy {
         let _ = process.kill_and_wait(Duration::from_secs(5));
         let _ = child.wait();
-        return Err(e).context(format!(
-            "etcd not healthy; see {}",
-            log_file(state).display()
-        ));
+        return Err(e).context(format!("etcd not healthy; see {}", log.display()));
     }
-    Ok((child, process))
+    Ok(())
 }
 
 /// `GET /health` answers `{"health":"true"}`. Plain HTTP/1.0 over a socket: no client library
 /// needed for one request.
 pub fn is_healthy(addr: SocketAddr) -> bool {
-    let probe = || -> std::io::Result<String> {
-        let timeout = Duration::from_millis(500);
-        let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
-        stream.write_all(b"GET /health HTTP/1.0\r\n\r\n")?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        Ok(response)
-    };
-    probe().is_ok_and(|r| r.contains("\"health\":\"true\""))
+    http(addr, "GET /health HTTP/1.0\r\n\r\n").is_ok_and(|r| r.contains("\"health\":\"true\""))
+}
+
+/// What a member says about itself: its ID and the leader it knows (0: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberStatus {
+    pub id: u64,
+    pub leader: u64,
+}
+
+/// `POST /v3/maintenance/status` on the member's JSON gateway (uint64s come as strings).
+pub fn status(addr: SocketAddr) -> Result<MemberStatus> {
+    let body = post(addr, "/v3/maintenance/status", "{}")?;
+    let json: serde_json::Value =
+        serde_json::from_str(&body).with_context(|| format!("etcd status is not JSON: {body}"))?;
+    let id = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse::<u64>().ok());
+    Ok(MemberStatus {
+        id: id(&json["header"]["member_id"])
+            .with_context(|| format!("etcd status without a member ID: {body}"))?,
+        leader: id(&json["leader"]).unwrap_or(0),
+    })
+}
+
+/// Asks the leader at `leader` to hand leadership to the member whose ID is `target`
+/// (`etcdctl move-leader`).
+pub fn transfer_leadership(leader: SocketAddr, target: u64) -> Result<()> {
+    let body = format!("{{\"targetID\":\"{target}\"}}");
+    let answer = post(leader, "/v3/maintenance/transfer-leadership", &body)?;
+    if answer.contains("\"error\"") || answer.contains("\"code\"") {
+        bail!("etcd refused to move the leader: {answer}");
+    }
+    Ok(())
+}
+
+fn post(addr: SocketAddr, path: &str, body: &str) -> Result<String> {
+    let request = format!(
+        "POST {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let response = http(addr, &request).with_context(|| format!("POST {path} to etcd {addr}"))?;
+    Ok(response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_owned()))
+}
+
+fn http(addr: SocketAddr, request: &str) -> std::io::Result<String> {
+    let timeout = Duration::from_millis(500);
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(request.as_bytes())?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
+}
+
+/// The client address of member `member` on the bridge.
+pub fn member_addr(state: &ClusterState, member: &EtcdMember) -> Option<SocketAddr> {
+    Some(SocketAddr::from((
+        bridge_ip(state.subnet?),
+        member.client_port,
+    )))
 }

@@ -39,5 +39,7 @@ pub use fleetd::{ENV_FILE as FLEETD_ENV_FILE, FleetdSpec, MACHINE_BIN_DIR, UNIT 
 pub use machine::Machine;
 pub use proc::ProcId;
 pub use registry::TestRegistry;
-pub use state::{ClusterState, MachineState, RunId, default_bin_dir, functional_dir};
+pub use state::{
+    ClusterState, EtcdMember, EtcdState, MachineState, RunId, default_bin_dir, functional_dir,
+};
 pub use wait::{wait_for, wait_for_value};

@@ -26,6 +26,7 @@ impl TestRegistry {
         TestRegistry::connect(&cluster.etcd_endpoint(), DEFAULT_PREFIX)
     }
 
+    /// A client of `endpoint` (one URL, or several comma-separated).
     pub fn connect(endpoint: &str, prefix: &str) -> Result<TestRegistry> {
         // One worker thread: etcd-client's connection tasks keep running between calls.
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -35,7 +36,7 @@ impl TestRegistry {
             .context("cannot start a tokio runtime")?;
         let kv = runtime
             .block_on(EtcdKv::connect(&EtcdConfig {
-                endpoints: vec![endpoint.to_owned()],
+                endpoints: endpoint.split(',').map(str::to_owned).collect(),
                 request_timeout: Duration::from_secs(2),
                 tls: Default::default(),
             }))

@@ -152,12 +152,63 @@ pub struct ClusterState {
     pub machines: Vec<MachineState>,
 }
 
+/// The cluster's etcd: member 0 in the first fields (all a single-member cluster has), the
+/// other members in `peers`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EtcdState {
     pub client_port: u16,
     pub peer_port: u16,
     /// The running server, if any.
     pub process: Option<ProcId>,
+    /// Members 1, 2, ... of a multi-member etcd.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<EtcdMember>,
+}
+
+/// One member of a multi-member etcd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EtcdMember {
+    pub client_port: u16,
+    pub peer_port: u16,
+    /// The running server, if any.
+    pub process: Option<ProcId>,
+}
+
+impl EtcdState {
+    pub fn member_count(&self) -> usize {
+        1 + self.peers.len()
+    }
+
+    /// Member `index` (0 is the first fields).
+    pub fn member(&self, index: usize) -> Option<EtcdMember> {
+        match index {
+            0 => Some(EtcdMember {
+                client_port: self.client_port,
+                peer_port: self.peer_port,
+                process: self.process,
+            }),
+            i => self.peers.get(i - 1).copied(),
+        }
+    }
+
+    /// Records member `index`'s running process.
+    pub fn set_process(&mut self, index: usize, process: Option<ProcId>) {
+        match index {
+            0 => self.process = process,
+            i => {
+                if let Some(peer) = self.peers.get_mut(i - 1) {
+                    peer.process = process;
+                }
+            }
+        }
+    }
+
+    /// Every member's running process.
+    pub fn processes(&self) -> Vec<ProcId> {
+        (0..self.member_count())
+            .filter_map(|i| self.member(i)?.process)
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -209,13 +260,22 @@ impl ClusterState {
     }
 
     /// `http://10.251.<subnet>.1:<port>`: reachable from the host and from every machine.
+    /// With several etcd members, every member's, comma-separated, member 0 first (what
+    /// fleetd and fleetctl are given).
     pub fn etcd_endpoint(&self) -> Option<String> {
-        let subnet = self.subnet?;
-        Some(format!(
-            "http://{}:{}",
-            bridge_ip(subnet),
-            self.etcd.client_port
-        ))
+        let endpoints = self.etcd_endpoints();
+        (!endpoints.is_empty()).then(|| endpoints.join(","))
+    }
+
+    /// Every etcd member's client URL on the bridge, member 0 first.
+    pub fn etcd_endpoints(&self) -> Vec<String> {
+        let Some(subnet) = self.subnet else {
+            return Vec::new();
+        };
+        (0..self.etcd.member_count())
+            .filter_map(|i| self.etcd.member(i))
+            .map(|m| format!("http://{}:{}", bridge_ip(subnet), m.client_port))
+            .collect()
     }
 }
 

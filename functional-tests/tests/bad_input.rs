@@ -869,6 +869,9 @@ fn a_corrupt_registry_value_is_skipped_with_a_warning_and_destroy_removes_it() -
         units_and_files(&registry)? == want_after,
         "destroy removed more (or less) than the corrupt record"
     );
+    support::finish(cluster)
+}
+
 /// Issue 13 item 2: the agent removes files it did not schedule from its units directory, so
 /// a units directory that is not fleetd's own (the root, systemd's directories, a parent of
 /// one, a relative or empty path) is refused at startup, before anything is created or

@@ -204,6 +204,38 @@ fn etcd_keeps_its_data_across_a_restart() -> Result<()> {
 }
 
 #[test]
+fn a_three_member_etcd_replicates_survives_a_member_kill_and_is_cleaned_up_by_names() -> Result<()>
+{
+    let mut cluster = start(ClusterSpec::bare(1).with_etcd_members(3))?;
+    let endpoints = cluster.etcd_endpoints();
+    assert_eq!(endpoints.len(), 3);
+    assert_eq!(cluster.etcd_endpoint(), endpoints.join(","));
+    let m1 = &cluster.machines()[0];
+    etcdctl(m1, &endpoints[0], &["put", "/harness/replicated", "yes"])?;
+    let read = |cluster: &Cluster, endpoint: &str| -> Result<String> {
+        let m1 = &cluster.machines()[0];
+        let args = ["get", "--print-value-only", "/harness/replicated"];
+        Ok(etcdctl(m1, endpoint, &args)?.trim().to_owned())
+    };
+    assert_eq!(read(&cluster, &endpoints[2])?, "yes");
+
+    cluster.make_etcd_leader(0)?;
+    cluster.kill_etcd_member(0)?;
+    assert_ne!(cluster.etcd_leader()?, 0);
+    assert_eq!(read(&cluster, &endpoints[1])?, "yes");
+    cluster.start_etcd_member(0)?;
+    assert!(cluster.etcd_healthy());
+    assert_eq!(read(&cluster, &endpoints[0])?, "yes");
+
+    let state = cluster.state().clone();
+    assert_eq!(state.etcd.processes().len(), 3);
+    cluster.detach()?;
+    // Only the names are left to find the members by (`flt<id>`, `flt<id>e1`, `flt<id>e2`).
+    std::fs::remove_dir_all(&state.dir)?;
+    cleaned_up(&state)
+}
+
+#[test]
 fn a_powered_off_machine_is_gone_and_a_new_one_can_join() -> Result<()> {
     let mut cluster = start(ClusterSpec::bare(2))?;
     let m1 = &cluster.machines()[0];

@@ -9,6 +9,8 @@
 //! certificate authority, server and client certificates made by [`TestCerts::generate`]
 //! (the `openssl` command line tool, on `PATH`).
 //!
+//! [`TestEtcdCluster`] runs several members, for tests of a member failing under a client.
+//!
 //! Environment: `$FLEET_TEST_DIR` is where data directories go (default
 //! `<workspace>/target/test-etcd`), `$FLEET_TEST_ETCD` the etcd binary (default `etcd` on
 //! `PATH`).
@@ -26,6 +28,9 @@ use tokio::time::{Instant, sleep};
 use tracing::debug;
 
 use crate::kv::{EtcdConfig, EtcdKv, Kv, Revision, TlsFiles};
+
+mod cluster;
+pub use cluster::TestEtcdCluster;
 
 /// The etcd binary; `$FLEET_TEST_ETCD` overrides it.
 const DEFAULT_ETCD: &str = "etcd";
@@ -552,10 +557,7 @@ mod tests {
         let kv = EtcdKv::connect(&cfg).await.unwrap();
         let err = kv.range("k", false, None).await.unwrap_err();
         let text = err.to_string();
-        assert!(
-            text.contains("certificate not valid for name"),
-            "{text}"
-        );
+        assert!(text.contains("certificate not valid for name"), "{text}");
     }
 
     #[tokio::test]

@@ -690,6 +690,7 @@ async fn a_corrupt_registry_value_is_skipped_with_a_warning_and_destroy_removes_
         "destroy removed more (or less) than the record"
     );
 }
+
 /// Issue 13's findings against fleetctl: each refused with its reason, nothing written.
 #[tokio::test]
 async fn issue_13_bad_inputs_are_refused_with_a_reason_and_write_nothing() {

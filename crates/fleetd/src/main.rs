@@ -7,6 +7,7 @@ mod cli;
 mod config;
 mod engine;
 mod presence;
+mod public_ip;
 mod report;
 
 use anyhow::{Context, Result, bail};
@@ -97,25 +98,6 @@ fn machine_id() -> Result<MachineId> {
         .with_context(|| format!("invalid machine ID in {MACHINE_ID_FILE}"))
 }
 
-/// The address other machines reach us at: the local address of a route to etcd (a UDP
-/// "connect" sends nothing). Loopback means "unknown".
-fn auto_public_ip(endpoints: &[String]) -> String {
-    let host = endpoints.first().and_then(|e| {
-        let rest = e.split("://").nth(1)?;
-        Some(rest.split('/').next()?.to_owned())
-    });
-    let Some(host) = host else {
-        return String::new();
-    };
-    let sock = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| s.connect(&host).map(|()| s));
-    match sock.and_then(|s| s.local_addr()) {
-        Ok(addr) if !addr.ip().is_loopback() && !addr.ip().is_unspecified() => {
-            addr.ip().to_string()
-        }
-        _ => String::new(),
-    }
-}
-
 /// One fleetd per runtime directory: a second one would manage the same units directory and
 /// take over the first one's lease. The lock is released when the process exits, however.
 fn lock_runtime_dir(dir: &std::path::Path) -> Result<std::fs::File> {
@@ -158,7 +140,7 @@ async fn run(config: Config) -> Result<()> {
     let public_ip = config
         .public_ip
         .clone()
-        .unwrap_or_else(|| auto_public_ip(&config.etcd_servers));
+        .unwrap_or_else(|| public_ip::auto(&config.etcd_servers));
     let info = MachineInfo {
         id: machine.clone(),
         public_ip,

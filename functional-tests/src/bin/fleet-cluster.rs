@@ -42,6 +42,9 @@ enum Command {
         /// More environment for fleetd, KEY=VALUE (repeatable).
         #[arg(long = "env", value_parser = parse_env)]
         env: Vec<(String, String)>,
+        /// etcd members; fleetd and fleetctl get every member's endpoint.
+        #[arg(long, default_value_t = 1)]
+        etcd_members: usize,
     },
     /// Show the cluster's machines and etcd.
     Status {
@@ -80,6 +83,7 @@ fn main() -> Result<()> {
             bin_dir,
             agent_ttl,
             env,
+            etcd_members,
         } => {
             let bin_dir = bin_dir.unwrap_or_else(default_bin_dir);
             let fleetd = (!no_fleetd).then(|| FleetdSpec {
@@ -93,6 +97,7 @@ fn main() -> Result<()> {
                 fleetd,
                 bin_dir: Some(bin_dir),
                 dir: Some(dir),
+                etcd_members,
             })
         }
         Command::Status { dir } => status(&dir),

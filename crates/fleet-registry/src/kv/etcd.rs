@@ -1,11 +1,14 @@
 //! [`Kv`] on a real etcd through etcd-client.
 //!
-//! Owns the connection, the per-call deadline and the translation of etcd-client's errors into
-//! [`KvError`]. It makes no decisions: no retries, no logging of errors it returns (the loop
-//! that retries is the one that logs). etcd-client's types stay inside this module and its
-//! children ([`convert`] and [`watch`]).
+//! Owns the connections (one per endpoint, see [`failover`]), the per-call deadline and the
+//! translation of etcd-client's errors into [`KvError`]. Its only retry is failover: a call
+//! that failed on one member is tried on the next when that is safe, within the same
+//! deadline. It does not log errors it returns (the loop that retries is the one that logs).
+//! etcd-client's types stay inside this module and its children ([`convert`], [`failover`]
+//! and [`watch`]).
 
 mod convert;
+mod failover;
 mod watch;
 
 use std::fmt;
@@ -21,6 +24,7 @@ use tracing::debug;
 
 use super::{Kv, KvError, LeaseId, RANGE_PAGE, RangeResult, Revision, Txn, TxnResult, Watch};
 use convert::Failure;
+use failover::{Call, Member, Members};
 
 /// TLS client files.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -43,10 +47,11 @@ pub struct EtcdConfig {
 /// often than every 5 s, and pings on idle connections altogether.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// The store on a real etcd cluster. Cheap to clone: clones share one connection pool.
+/// The store on a real etcd cluster. Cheap to clone: clones share the connections and the
+/// choice of the current member.
 #[derive(Clone)]
 pub struct EtcdKv {
-    client: Client,
+    members: Arc<Members>,
     /// The configured endpoints as one comma-separated string, for error messages.
     endpoints: Arc<str>,
     request_timeout: Duration,
@@ -87,27 +92,38 @@ impl EtcdKv {
             .with_connect_timeout(cfg.request_timeout)
             .with_timeout(cfg.request_timeout)
             .with_keep_alive(KEEPALIVE_INTERVAL, cfg.request_timeout)
-            .with_keep_alive_while_idle(false);
+            .with_keep_alive_while_idle(false)
+            // A member cut off from the others then refuses every request at once ("no
+            // leader", before handling it: safe to repeat elsewhere) and ends its watches,
+            // instead of stalling them until the deadline.
+            .with_require_leader(true);
         if let Some(tls) = tls_options(&cfg.endpoints, &cfg.tls)? {
             options = options.with_tls(tls);
         }
-        let connect = Client::connect(&cfg.endpoints, Some(options));
-        let client = match tokio::time::timeout(cfg.request_timeout, connect).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => {
-                return Err(KvError::Config(format!(
-                    "cannot use etcd endpoints {endpoints}: {}",
-                    connect_error(&e, &cfg.tls)
-                )));
-            }
-            Err(_) => {
-                return Err(KvError::Timeout(cfg.request_timeout, endpoints.to_string()));
-            }
-        };
+        let mut members = Vec::with_capacity(cfg.endpoints.len());
+        for endpoint in &cfg.endpoints {
+            let connect = Client::connect([endpoint], Some(options.clone()));
+            let client = match tokio::time::timeout(cfg.request_timeout, connect).await {
+                Ok(Ok(client)) => client,
+                Ok(Err(e)) => {
+                    return Err(KvError::Config(format!(
+                        "cannot use etcd endpoint {endpoint}: {}",
+                        connect_error(&e, &cfg.tls)
+                    )));
+                }
+                Err(_) => {
+                    return Err(KvError::Timeout(cfg.request_timeout, endpoints.to_string()));
+                }
+            };
+            members.push(Member {
+                endpoint: endpoint.clone(),
+                client,
+            });
+        }
         debug!(endpoints = %endpoints, timeout = ?cfg.request_timeout, "etcd client ready");
         let https = cfg.endpoints.iter().all(|e| e.starts_with("https://"));
         Ok(EtcdKv {
-            client,
+            members: Arc::new(Members::new(members)),
             endpoints,
             request_timeout: cfg.request_timeout,
             closed_hint: (https && cfg.tls.cert_file.is_none()).then_some(NO_CLIENT_CERT_HINT),
@@ -119,35 +135,62 @@ impl EtcdKv {
         &self.endpoints
     }
 
+    /// The endpoint calls go to now: the first configured one until a call fails over.
+    pub fn current_endpoint(&self) -> &str {
+        &self.members.get(self.members.current()).endpoint
+    }
+
     /// Compacts etcd's history up to `revision`: older revisions can no longer be read or
     /// watched. For tests of the compaction paths; a real cluster compacts itself.
     #[cfg(feature = "test-etcd")]
     pub(crate) async fn compact(&self, revision: Revision) -> Result<(), KvError> {
-        let mut kv = self.kv_client();
-        let res = self.call(kv.compact(revision, None)).await;
+        let res = self
+            .read(|c| async move { kv_client(&c).compact(revision, None).await })
+            .await;
         res.map(drop).map_err(|f| self.error(f, None))
     }
 
-    /// Runs one etcd-client call under the request deadline.
-    async fn call<T>(
-        &self,
-        fut: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, Failure> {
-        self.call_until(Instant::now() + self.request_timeout, fut)
-            .await
+    /// Runs a call that may be repeated on another member, under the request deadline.
+    async fn read<T, F, Fut>(&self, call: F) -> Result<T, Failure>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.request_timeout;
+        self.with_failover(Call::Read, deadline, call).await
     }
 
-    /// Runs one etcd-client call under a deadline shared with other calls of one operation.
-    async fn call_until<T>(
+    /// Creates a watch on whichever member answers, under the request deadline.
+    async fn watch_on_any<T, F, Fut>(&self, call: F) -> Result<T, Failure>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.request_timeout;
+        self.with_failover(Call::Watch, deadline, call).await
+    }
+
+    /// Runs a write, repeated on another member only if etcd never got it.
+    async fn write<T, F, Fut>(&self, call: F) -> Result<T, Failure>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.request_timeout;
+        self.with_failover(Call::Write, deadline, call).await
+    }
+
+    async fn with_failover<T, F, Fut>(
         &self,
+        kind: Call,
         deadline: Instant,
-        fut: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, Failure> {
-        match tokio::time::timeout_at(deadline, fut).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(Failure::classify(&e)),
-            Err(_) => Err(Failure::Timeout),
-        }
+        call: F,
+    ) -> Result<T, Failure>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.members.call(kind, deadline, call).await
     }
 
     /// The error callers see; `lease` is the one a "lease not found" refers to, if any.
@@ -155,15 +198,17 @@ impl EtcdKv {
     /// it is a refusal.
     fn error(&self, failure: Failure, lease: Option<LeaseId>) -> KvError {
         match failure {
-            Failure::Unreachable(detail) => KvError::Unavailable {
-                endpoints: self.endpoints.to_string(),
-                detail: match self.closed_hint {
-                    Some(hint) if ended_by_server(&detail) => {
-                        format!("{detail}; {hint}")
-                    }
-                    _ => detail,
-                },
-            },
+            Failure::NotSent(detail) | Failure::NoLeader(detail) | Failure::Unreachable(detail) => {
+                KvError::Unavailable {
+                    endpoints: self.endpoints.to_string(),
+                    detail: match self.closed_hint {
+                        Some(hint) if ended_by_server(&detail) => {
+                            format!("{detail}; {hint}")
+                        }
+                        _ => detail,
+                    },
+                }
+            }
             Failure::Timeout => KvError::Timeout(self.request_timeout, self.endpoints.to_string()),
             Failure::Compacted(msg) => KvError::Refused(msg),
             Failure::LeaseNotFound(msg) => match lease {
@@ -215,35 +260,41 @@ impl Kv for EtcdKv {
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
         let lease = convert::first_lease(&txn);
-        let mut kv = self.kv_client();
-        match self.call(kv.txn(convert::txn(txn))).await {
+        let put = |c: Client| {
+            let txn = convert::txn(txn.clone());
+            async move { kv_client(&c).txn(txn).await }
+        };
+        match self.write(put).await {
             Ok(resp) => Ok(convert::txn_result(&resp)),
             Err(f) => Err(self.error(f, lease)),
         }
     }
 
     async fn grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
-        let mut lease = self.client.lease_client();
-        match self.call(lease.grant(whole_seconds(ttl), None)).await {
+        let ttl = whole_seconds(ttl);
+        match self
+            .read(|c| async move { c.lease_client().grant(ttl, None).await })
+            .await
+        {
             Ok(resp) => Ok(LeaseId(resp.id())),
             Err(f) => Err(self.error(f, None)),
         }
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<(), KvError> {
-        let mut client = self.client.lease_client();
         // etcd-client sends the first ping and reads its answer before returning the keeper;
         // a TTL of 0 in that answer (expired or unknown lease) comes back as an error. Dropping
         // the keeper and its stream then closes the keep-alive stream.
-        match self.call(client.keep_alive(lease.0)).await {
+        let ping = |c: Client| async move { c.lease_client().keep_alive(lease.0).await };
+        match self.read(ping).await {
             Ok(_) => Ok(()),
             Err(f) => Err(self.error(f, Some(lease))),
         }
     }
 
     async fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {
-        let mut client = self.client.lease_client();
-        match self.call(client.revoke(lease.0)).await {
+        let revoke = |c: Client| async move { c.lease_client().revoke(lease.0).await };
+        match self.read(revoke).await {
             Ok(_) | Err(Failure::LeaseNotFound(_)) => Ok(()),
             Err(f) => Err(self.error(f, None)),
         }
@@ -285,23 +336,23 @@ enum Paged {
     Later(Failure),
 }
 
+/// A KV client that decodes responses of any size etcd sends.
+fn kv_client(client: &Client) -> etcd_client::KvClient {
+    client
+        .kv_client()
+        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+}
+
+/// A watch client that decodes responses of any size etcd sends: etcd 3.4 sends one revision
+/// in one message unless the watch asks for fragments, which etcd-client does not let us tell
+/// apart.
+pub(super) fn watch_client(client: &Client) -> etcd_client::WatchClient {
+    client
+        .watch_client()
+        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+}
+
 impl EtcdKv {
-    /// A KV client that decodes responses of any size etcd sends.
-    fn kv_client(&self) -> etcd_client::KvClient {
-        self.client
-            .kv_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
-    }
-
-    /// A watch client that decodes responses of any size etcd sends: etcd 3.4 sends one
-    /// revision in one message unless the watch asks for fragments, which etcd-client does not
-    /// let us tell apart.
-    pub(super) fn watch_client(&self) -> etcd_client::WatchClient {
-        self.client
-            .watch_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
-    }
-
     /// Reads `key` (one key, or the keys under it) at `revision`, a prefix in pages of
     /// about [`PAGE_BYTES`]: every page after the first is read at the first one's revision,
     /// so the result is the registry at one revision, as a single read would be. Each page
@@ -312,7 +363,6 @@ impl EtcdKv {
         prefix: bool,
         revision: Option<Revision>,
     ) -> Result<RangeResult, Paged> {
-        let mut kv = self.kv_client();
         let end = prefix.then(|| prefix_end(key.as_bytes()));
         let mut start = key.as_bytes().to_vec();
         let mut pinned = revision.unwrap_or(0);
@@ -325,7 +375,13 @@ impl EtcdKv {
                     .with_range(end.clone())
                     .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
             }
-            let page = self.call(kv.get(start, Some(options))).await;
+            // Each page on whichever member answers (at the pinned revision, every member
+            // serves the same keys), under a request deadline of its own.
+            let get = |c: Client| {
+                let (start, options) = (start.clone(), options.clone());
+                async move { kv_client(&c).get(start, Some(options)).await }
+            };
+            let page = self.read(get).await;
             let resp = match (page, &result) {
                 (Ok(resp), _) => resp,
                 (Err(f), None) => return Err(Paged::First(f)),
@@ -596,6 +652,28 @@ mod tests {
             matches!(&err, KvError::Config(m) if m.contains("http://[::1")),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_call_to_dead_endpoints_fails_at_once_naming_each_one() {
+        let mut config = cfg(
+            &["http://127.0.0.1:9", "http://127.0.0.1:7"],
+            TlsFiles::default(),
+        );
+        config.request_timeout = Duration::from_secs(5);
+        let kv = EtcdKv::connect(&config).await.unwrap();
+        let began = Instant::now();
+        let err = kv.range("k", false, None).await.unwrap_err();
+        assert!(began.elapsed() < Duration::from_secs(2), "{err}");
+        let KvError::Unavailable { detail, .. } = &err else {
+            panic!("{err}");
+        };
+        assert!(
+            detail.contains("127.0.0.1:9: ") && detail.contains("127.0.0.1:7: "),
+            "{err}"
+        );
+        let err = kv.txn(Txn::default()).await.unwrap_err();
+        assert!(matches!(err, KvError::Unavailable { .. }), "{err}");
     }
 
     #[tokio::test]

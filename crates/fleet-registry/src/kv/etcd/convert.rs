@@ -29,7 +29,13 @@ mod code {
 /// lease) to make a [`KvError`](crate::kv::KvError).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Failure {
-    /// No answer from the cluster: connection refused or lost, no leader.
+    /// The request never left: no connection could be made to the member.
+    NotSent(String),
+    /// The member is up but has no leader (an election, or it is cut off from the others). It
+    /// says so before handling the request, so the request was not applied.
+    NoLeader(String),
+    /// No answer from the member, or it is unavailable, after the request may have reached it:
+    /// connection lost, leader changed, request timed out in raft.
     Unreachable(String),
     /// etcd-client's own deadline fired before ours.
     Timeout,
@@ -49,6 +55,10 @@ impl Failure {
                 // Not `chain(status)`: a status's `Display` dumps its source in debug form.
                 let detail = || chain_from(message.to_owned(), status.source());
                 match i32::from(status.code()) {
+                    code::UNAVAILABLE if message == NO_LEADER => Failure::NoLeader(detail()),
+                    code::UNAVAILABLE if never_connected(status.source()) => {
+                        Failure::NotSent(detail())
+                    }
                     code::UNAVAILABLE => Failure::Unreachable(detail()),
                     code::DEADLINE_EXCEEDED => Failure::Timeout,
                     code::CANCELLED if message.contains("Timeout expired") => Failure::Timeout,
@@ -78,6 +88,35 @@ impl Failure {
             other => Failure::Refused(other.to_string()),
         }
     }
+}
+
+/// What a member without a leader answers a request that requires one (every request of
+/// this client: `with_require_leader`), before handling it.
+const NO_LEADER: &str = "etcdserver: no leader";
+
+/// Whether a status was made on this side because no connection could be established (a
+/// refused or unreachable address, a failed name lookup): the request was never written.
+fn never_connected(mut source: Option<&(dyn std::error::Error + 'static)>) -> bool {
+    while let Some(s) = source {
+        let refused = s.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+                    | std::io::ErrorKind::AddrNotAvailable
+            )
+        });
+        if refused {
+            return true;
+        }
+        let text = s.to_string();
+        if text.contains("tcp connect error") || text.contains("dns error") {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// An error and its sources on one line, skipping sources that repeat what is already said.

@@ -5,12 +5,12 @@
 //! gone, and resuming here would hide the gap from the caller, who relists instead. The task
 //! also ends, cancelling the etcd watch, when the [`Watch`] is dropped.
 
-use etcd_client::{WatchOptions, WatchResponse, WatchStream};
+use etcd_client::{Client, WatchOptions, WatchResponse, WatchStream};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::{EtcdKv, convert};
+use super::{Call, EtcdKv, convert};
 use crate::kv::{KvError, Revision, Watch, WatchMessage};
 
 /// Messages buffered between the stream and a slow consumer; beyond that the task waits, and
@@ -29,13 +29,22 @@ pub(super) async fn start(
     if prefix {
         options = options.with_prefix();
     }
-    let mut client = kv.watch_client();
-    let setup = async {
-        let mut stream = client.watch(key, Some(options)).await?;
-        let first = stream.message().await?;
-        Ok((stream, first))
+    // On whichever member answers: a broken watch is re-created by the caller, through here,
+    // so it moves to the next member with the calls.
+    let setup = |client: Client| {
+        let options = options.clone();
+        async move {
+            let mut stream = super::watch_client(&client)
+                .watch(key, Some(options))
+                .await?;
+            let first = stream.message().await?;
+            Ok((stream, first))
+        }
     };
-    let (stream, first) = kv.call(setup).await.map_err(|f| kv.error(f, None))?;
+    let (stream, first) = kv
+        .watch_on_any(setup)
+        .await
+        .map_err(|f| kv.error(f, None))?;
     let Some(first) = first else {
         return Err(KvError::Unavailable {
             endpoints: kv.endpoints.to_string(),
@@ -141,10 +150,11 @@ pub(super) async fn compact_revision(
     key: &str,
     deadline: Instant,
 ) -> Option<Revision> {
-    let mut client = kv.watch_client();
-    let probe = async {
+    let probe = |client: Client| async move {
         let options = WatchOptions::new().with_start_revision(1);
-        let mut stream = client.watch(key, Some(options)).await?;
+        let mut stream = super::watch_client(&client)
+            .watch(key, Some(options))
+            .await?;
         while let Some(resp) = stream.message().await? {
             if resp.compact_revision() > 0 {
                 return Ok(Some(resp.compact_revision()));
@@ -155,5 +165,8 @@ pub(super) async fn compact_revision(
         }
         Ok(None)
     };
-    kv.call_until(deadline, probe).await.ok().flatten()
+    kv.with_failover(Call::Watch, deadline, probe)
+        .await
+        .ok()
+        .flatten()
 }

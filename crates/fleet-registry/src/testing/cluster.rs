@@ -1,0 +1,290 @@
+//! [`TestEtcdCluster`]: a real etcd cluster of several members on loopback, each with its own
+//! ports, data directory and log, for tests of what a client does when one member fails.
+//! Members can be killed (SIGKILL) and restarted on the same ports and data; the raft leader
+//! is found through etcd's maintenance status (its JSON gateway, plain HTTP).
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep};
+
+use super::{DEFAULT_ETCD, READY_WITHIN, REQUEST_TIMEOUT, unique_dir};
+use crate::kv::{EtcdConfig, EtcdKv, Kv, TlsFiles};
+
+/// A running multi-member etcd. Dropping it kills every member and deletes the data.
+#[derive(Debug)]
+pub struct TestEtcdCluster {
+    dir: PathBuf,
+    members: Vec<TestMember>,
+}
+
+#[derive(Debug)]
+struct TestMember {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+impl TestEtcdCluster {
+    /// Starts `size` members together and waits until each answers a read (so the cluster has
+    /// a leader). Panics if it cannot.
+    pub async fn start(size: usize) -> TestEtcdCluster {
+        assert!(size > 0, "an etcd cluster needs a member");
+        let ports = free_ports(2 * size);
+        let members = (0..size)
+            .map(|i| TestMember {
+                name: format!("m{i}"),
+                client_port: ports[2 * i],
+                peer_port: ports[2 * i + 1],
+                child: None,
+            })
+            .collect();
+        let mut cluster = TestEtcdCluster {
+            dir: unique_dir("etcd-cluster"),
+            members,
+        };
+        for i in 0..size {
+            cluster.spawn(i);
+        }
+        for i in 0..size {
+            cluster.wait_ready(i).await;
+        }
+        cluster
+    }
+
+    /// Every member's client URL, in member order.
+    pub fn endpoints(&self) -> Vec<String> {
+        (0..self.members.len()).map(|i| self.endpoint(i)).collect()
+    }
+
+    /// Member `index`'s client URL.
+    pub fn endpoint(&self, index: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[index].client_port)
+    }
+
+    /// A client configuration listing `endpoints` (URLs of [`endpoints`](Self::endpoints), in
+    /// the order the test wants them tried).
+    pub fn config_for(&self, endpoints: Vec<String>) -> EtcdConfig {
+        EtcdConfig {
+            endpoints,
+            request_timeout: REQUEST_TIMEOUT,
+            tls: TlsFiles::default(),
+        }
+    }
+
+    /// A client of every member, in member order.
+    pub async fn kv(&self) -> EtcdKv {
+        EtcdKv::connect(&self.config_for(self.endpoints()))
+            .await
+            .expect("a loopback etcd config is valid")
+    }
+
+    /// Kills member `index` (SIGKILL), keeping its data for [`restart`](Self::restart).
+    pub fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.members[index].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Freezes member `index` (SIGSTOP): its connections stay open and nothing answers, as
+    /// with a hung process or a frozen VM. [`thaw`](Self::thaw) resumes it.
+    pub fn freeze(&self, index: usize) {
+        self.signal(index, "STOP");
+    }
+
+    /// Resumes a member frozen by [`freeze`](Self::freeze) (SIGCONT).
+    pub fn thaw(&self, index: usize) {
+        self.signal(index, "CONT");
+    }
+
+    fn signal(&self, index: usize, signal: &str) {
+        let child = self.members[index].child.as_ref();
+        let pid = child
+            .unwrap_or_else(|| panic!("etcd member {index} is not running"))
+            .id();
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .unwrap_or_else(|e| panic!("running kill: {e}"));
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
+    /// Starts member `index` again on its ports and data, and waits until it answers.
+    pub async fn restart(&mut self, index: usize) {
+        self.kill(index);
+        self.spawn(index);
+        self.wait_ready(index).await;
+    }
+
+    /// The index of the raft leader, as the live members report it; waits (up to the ready
+    /// timeout) while an election is under way. Panics if no leader shows up.
+    pub async fn leader(&self) -> usize {
+        let deadline = Instant::now() + READY_WITHIN;
+        while Instant::now() < deadline {
+            if let Some(leader) = self.find_leader().await {
+                return leader;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+        panic!("no etcd leader within {READY_WITHIN:?}");
+    }
+
+    async fn find_leader(&self) -> Option<usize> {
+        let ports: Vec<(usize, u16)> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.child.is_some())
+            .map(|(i, m)| (i, m.client_port))
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            ports.into_iter().find_map(|(index, port)| {
+                let status = member_status(port).ok()?;
+                (status.leader != 0 && status.leader == status.member).then_some(index)
+            })
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    fn member_dir(&self, index: usize) -> PathBuf {
+        self.dir.join(&self.members[index].name)
+    }
+
+    fn log_path(&self, index: usize) -> PathBuf {
+        self.member_dir(index).join("etcd.log")
+    }
+
+    fn spawn(&mut self, index: usize) {
+        let dir = self.member_dir(index);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        let initial_cluster = self
+            .members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = dir
+            .parent()
+            .and_then(Path::file_name)
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_path(index))
+            .unwrap_or_else(|e| panic!("creating {}: {e}", self.log_path(index).display()));
+        let member = &self.members[index];
+        let client = format!("http://127.0.0.1:{}", member.client_port);
+        let peer = format!("http://127.0.0.1:{}", member.peer_port);
+        let etcd = std::env::var("FLEET_TEST_ETCD").unwrap_or_else(|_| DEFAULT_ETCD.to_owned());
+        let mut command = Command::new(&etcd);
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("ETCD_") {
+                command.env_remove(name);
+            }
+        }
+        let child = command
+            .arg(format!("--name={}", member.name))
+            .arg(format!("--data-dir={}", dir.join("data").display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster={initial_cluster}"))
+            .arg(format!("--initial-cluster-token={token}"))
+            .arg("--initial-cluster-state=new")
+            .args(["--logger=zap", "--log-outputs=stderr"])
+            // Fast elections (the harness's timings), at most one TTL's worth of leaderless time.
+            .args(["--heartbeat-interval=10", "--election-timeout=100"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {etcd}: {e}"));
+        self.members[index].child = Some(child);
+    }
+
+    /// Polls member `index` alone with a real read until it answers.
+    async fn wait_ready(&mut self, index: usize) {
+        let deadline = Instant::now() + READY_WITHIN;
+        let cfg = EtcdConfig {
+            request_timeout: Duration::from_millis(500),
+            ..self.config_for(vec![self.endpoint(index)])
+        };
+        let kv = EtcdKv::connect(&cfg).await.expect("valid config");
+        while Instant::now() < deadline {
+            let exited = self.members[index]
+                .child
+                .as_mut()
+                .is_none_or(|c| !matches!(c.try_wait(), Ok(None)));
+            if exited {
+                break;
+            }
+            if kv.range("health", false, None).await.is_ok() {
+                return;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+        let log = fs::read_to_string(self.log_path(index)).unwrap_or_default();
+        panic!("test etcd member {index} did not get ready; log:\n{log}");
+    }
+}
+
+impl Drop for TestEtcdCluster {
+    fn drop(&mut self) {
+        for index in 0..self.members.len() {
+            // A frozen member dies of SIGKILL all the same.
+            self.kill(index);
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `count` distinct free loopback ports (all held until every one is picked).
+fn free_ports(count: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("binding a loopback port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("bound socket has an address").port())
+        .collect()
+}
+
+/// A member's ID and the leader it knows (0: none).
+struct MemberStatus {
+    member: u64,
+    leader: u64,
+}
+
+/// `POST /v3/maintenance/status` on etcd's JSON gateway. IDs are uint64s, which the gateway
+/// writes as JSON strings.
+fn member_status(port: u16) -> std::io::Result<MemberStatus> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+    write!(
+        stream,
+        "POST /v3/maintenance/status HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\
+         Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let json: serde_json::Value = serde_json::from_str(body).map_err(std::io::Error::other)?;
+    let id = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse::<u64>().ok());
+    let member = id(&json["header"]["member_id"]);
+    let leader = id(&json["leader"]).unwrap_or(0);
+    match member {
+        Some(member) => Ok(MemberStatus { member, leader }),
+        None => Err(std::io::Error::other(format!("unexpected status: {body}"))),
+    }
+}
