@@ -785,6 +785,37 @@ fn a_replaced_unit_with_nowhere_else_to_go_is_unschedulable() {
     );
 }
 
+/// The case `healthy_units_stay_when_a_unit_without_replaces_arrives` found: the settled
+/// world is settled (re-planning yields nothing), but `new` is held only because the
+/// least-loaded machine is not the one its copy runs on. A unit without `Replaces=` that
+/// evens the load makes that machine the least-loaded one, so the hold ends there and `new`
+/// displaces the unit it replaces, as `Replaces=` says.
+#[test]
+fn a_new_unit_that_evens_the_load_lets_a_held_unit_land_where_its_copy_runs() {
+    let mut w = two_machines()
+        .unit("new.service", Loaded, "Replaces=old.service")
+        .unit("old.service", Loaded, "")
+        .entry("old.service", "m1")
+        .state("new.service", "m1", "active");
+    assert_eq!(
+        w.settle(),
+        ["unschedulable new.service: waiting for the previous copy on m1 to stop"]
+    );
+    assert!(w.plan().is_empty());
+    assert_eq!(w.waiting(), ["new.service"]);
+    let w = w.unit("x.service", Loaded, "");
+    assert_eq!(
+        lines(&w.plan()),
+        [
+            "unschedule old.service from m1: replaced by unit new.service on machine m1",
+            "schedule new.service on m1 (loaded): target state loaded and unit not scheduled",
+            "schedule old.service on m2 (loaded): replaced by unit new.service on machine m1",
+            "schedule x.service on m2 (loaded): target state loaded and unit not scheduled",
+            "clear new.service: unit is scheduled now",
+        ]
+    );
+}
+
 #[test]
 fn ignores_units_that_replace_each_other() {
     let w = World::new()

@@ -431,6 +431,13 @@ fn unschedules(w: &World) -> Vec<String> {
     lines(&out)
 }
 
+/// Whether `w`'s plan places one of the units in `held` (held back for a running copy).
+fn releases(w: &World, held: &[String]) -> bool {
+    w.plan().iter().any(|d| {
+        matches!(&d.kind, DecisionKind::Schedule { unit, .. } if held.contains(&unit.to_string()))
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -458,9 +465,17 @@ proptest! {
     fn healthy_units_stay_when_a_unit_without_replaces_arrives(g in gen_world(), new in gen_unit()) {
         let mut w = build(&g);
         w.settle();
+        let held = w.waiting();
         let new = GenUnit { replaces: None, ..new };
         let w = w.unit("u9.service", new.desired, &new.xfleet(9));
-        prop_assert_eq!(unschedules(&w), Vec::<String>::new());
+        // A held unit is a placement still to come, on the least-loaded machine: the new
+        // unit's load (or its conflicts) can make that the machine the held unit's copy runs
+        // on, which ends the hold, and the held unit (or a dependent following it) then
+        // displaces what it replaces, as any arriving unit with `Replaces=` would. See
+        // `a_new_unit_that_evens_the_load_lets_a_held_unit_land_where_its_copy_runs`.
+        if !releases(&w, &held) {
+            prop_assert_eq!(unschedules(&w), Vec::<String>::new());
+        }
     }
 
     #[test]
