@@ -26,8 +26,10 @@ struct Outcome {
     steps: Vec<u64>,
     /// The same for the agents alone.
     agent_steps: Vec<u64>,
-    /// Until every agent had sent a watch request after etcd answered.
-    all_watching: Option<Duration>,
+    /// How many agents had sent a watch request after etcd answered, by the end of the
+    /// window, and when the last of them first did.
+    watching: usize,
+    last_watching: Duration,
 }
 
 pub async fn run(machines: usize, outage: Duration, window: Duration) -> Result<String> {
@@ -62,7 +64,7 @@ async fn measure(sim: &Sim, window: Duration) -> Outcome {
         .collect();
     let mut last = base;
     let (mut steps, mut agent_steps) = (Vec::new(), Vec::new());
-    let mut all_watching = None;
+    let (mut watching, mut last_watching) = (0, Duration::ZERO);
     let mut tick = tokio::time::interval_at(back + STEP, STEP);
     while back.elapsed() < window {
         tick.tick().await;
@@ -71,21 +73,21 @@ async fn measure(sim: &Sim, window: Duration) -> Outcome {
         steps.push(d.client.total() + d.engines.total() + d.agents.total() + d.presence.total());
         agent_steps.push(d.agents.total());
         last = now;
-        if all_watching.is_none() {
-            let every = sim
-                .machines
-                .iter()
-                .zip(&watches)
-                .all(|(m, before)| m.counters.tally().method(Method::Watch) > *before);
-            if every {
-                all_watching = Some(back.elapsed());
-            }
+        let now_watching = sim
+            .machines
+            .iter()
+            .zip(&watches)
+            .filter(|(m, before)| m.counters.tally().method(Method::Watch) > **before)
+            .count();
+        if now_watching > watching {
+            (watching, last_watching) = (now_watching, back.elapsed());
         }
     }
     Outcome {
         steps,
         agent_steps,
-        all_watching,
+        watching,
+        last_watching,
     }
 }
 
@@ -141,30 +143,32 @@ fn render(
             agents.to_string(),
         ]);
     }
-    let total: u64 = o.steps.iter().sum();
-    let steps: Vec<String> = o.steps.iter().map(u64::to_string).collect();
+    let total: u64 = o.agent_steps.iter().sum();
+    let steps: Vec<String> = o.agent_steps.iter().map(u64::to_string).collect();
     format!(
         "{}\n{machines} simulated machines (real agents, fake systemd, 3 engine candidates) on one \
          etcd, no units; etcd SIGKILLed, restarted after {}, then the requests of every role \
-         counted for {} once it answers.\n\n{}\n\
-         | figure | measured |\n|---|---|\n\
+         counted for {} once it answers. The figures are the agents' (the simulation keeps every \
+         lease alive from one task, 64 at a time every 10 s, unlike fleetd: those requests are \
+         in the first table only).\n\n{}\n\
+         | figure (agents) | measured |\n|---|---|\n\
          | requests in the {} after etcd is back | {total} ({:.0}/s) |\n\
          | busiest 100 ms | {} requests ({} /s) |\n\
          | share of them in the busiest 3 of {} steps of 100 ms | {:.0} % |\n\
-         | every agent re-created its schedule watch after | {} |\n\n\
-         Requests per 100 ms: {}\n",
+         | agents that re-created their schedule watch in the window | {} of {machines}, the last after {} |\n\n\
+         Agents' requests per 100 ms: {}\n",
         report::provenance(started, took),
         secs(outage),
         secs(window),
         table.render(),
         secs(window),
         total as f64 / window.as_secs_f64(),
-        peak(&o.steps),
-        peak(&o.steps) * (Duration::from_secs(1).as_millis() / STEP.as_millis()) as u64,
-        o.steps.len(),
-        busiest(&o.steps),
-        o.all_watching
-            .map_or_else(|| format!("not within {}", secs(window)), secs),
+        peak(&o.agent_steps),
+        peak(&o.agent_steps) * (Duration::from_secs(1).as_millis() / STEP.as_millis()) as u64,
+        o.agent_steps.len(),
+        busiest(&o.agent_steps),
+        o.watching,
+        secs(o.last_watching),
         steps.join(" "),
     )
 }
