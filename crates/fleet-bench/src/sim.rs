@@ -225,6 +225,11 @@ impl Sim {
         self.etcd.restart().await;
     }
 
+    /// How many watchers etcd holds (its own gauge).
+    pub async fn etcd_watchers(&self) -> u64 {
+        self.etcd.watcher_count().await
+    }
+
     /// The client URL of the simulation's etcd.
     pub fn etcd_endpoint(&self) -> String {
         self.etcd.endpoint()
