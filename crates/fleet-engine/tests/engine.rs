@@ -100,9 +100,13 @@ struct Engine {
 }
 
 fn start<K: Kv>(reg: &Registry<K>, id: &str, t: Timing) -> Engine {
+    start_with(reg, id, t, DisruptionConfig::for_ttl(t.agent_ttl))
+}
+
+fn start_with<K: Kv>(reg: &Registry<K>, id: &str, t: Timing, d: DisruptionConfig) -> Engine {
     let mut cfg = EngineConfig::new(machine(id), t.interval);
     cfg.lease_ttl = t.lease_ttl;
-    cfg.disruption = DisruptionConfig::for_ttl(t.agent_ttl);
+    cfg.disruption = d;
     let (stop, shutdown) = watch::channel(false);
     let task = tokio::spawn(fleet_engine::run(reg.clone(), cfg, shutdown));
     Engine { task, stop }
@@ -464,6 +468,47 @@ async fn moves_a_replaced_unit_only_once_its_previous_copy_has_stopped<K: Kv>(
     })
     .await;
     a.shutdown().await;
+}
+
+/// On paused time only: the pace of moves is the point, and real etcd adds its own.
+#[tokio::test(start_paused = true)]
+async fn moves_a_lost_machines_units_no_faster_than_the_move_rate() {
+    let reg = Registry::new(MemKv::new(), PREFIX);
+    let t = MEM;
+    let m1 = join(&reg, "m1").await;
+    join(&reg, "m2").await;
+    join(&reg, "m3").await;
+    for i in 0..9 {
+        submit(&reg, &format!("u{i}.service")).await;
+    }
+    let d = DisruptionConfig {
+        move_rate: 1,
+        ..DisruptionConfig::for_ttl(t.agent_ttl)
+    };
+    let e = start_with(&reg, "a", t, d);
+    eventually(t.prompt, "all scheduled", || async {
+        schedule(&reg).await.len() == 9
+    })
+    .await;
+    let on_m1 = || async {
+        let s = schedule(&reg).await;
+        s.values()
+            .filter(|ms| ms.contains(&"m1".to_owned()))
+            .count()
+    };
+    assert_eq!(on_m1().await, 3);
+    reg.unregister(&m1).await.unwrap();
+    // After the settle one moves (a bucket of one second's worth), then one a second.
+    sleep(d.settle - t.prompt).await;
+    assert_eq!(on_m1().await, 3, "moved before the settle");
+    sleep(t.prompt * 2).await;
+    assert_eq!(on_m1().await, 2);
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(on_m1().await, 1);
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(on_m1().await, 0);
+    assert_eq!(schedule(&reg).await.len(), 9, "every unit placed");
+    e.shutdown().await;
 }
 
 macro_rules! on_both {
