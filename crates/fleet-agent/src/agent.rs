@@ -6,7 +6,7 @@
 //! removed. While etcd is unreachable it keeps acting on the last schedule it read, so running
 //! units stay as they are. It never touches a unit outside its units directory.
 
-use fleet_core::{MachineId, UnitFile, UnitHash, UnitName, glob_match};
+use fleet_core::{Backoff, MachineId, UnitFile, UnitHash, UnitName, glob_match};
 use fleet_registry::kv::{Kv, LeaseId, Revision};
 use fleet_registry::{
     Presence, Registry, RegistryError, ScheduleEntry, Skipped, UnitStateRecord, WatchHints,
@@ -27,6 +27,10 @@ use crate::plan::{self, DesiredUnit, Target, TaskKind, UnitFileState};
 /// Unit files read from etcd at once. One request per file, sequential, made an agent given
 /// 1,000 units wait for 1,000 round trips before it could plan (docs/benchmarks.md, item 3).
 const FILE_FETCHES: usize = 32;
+
+/// The longest pause between two attempts to reach etcd or systemd in the boot and publish
+/// loops: once etcd is back, an agent should notice within seconds, not a minute.
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
 /// How the agent behaves.
 #[derive(Debug, Clone)]
@@ -59,10 +63,11 @@ impl AgentConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Backoff {
+/// A failed unit's next chance, and the backoff that spaces its chances.
+#[derive(Debug, Clone)]
+struct Retry {
     until: Instant,
-    delay: Duration,
+    backoff: Backoff,
 }
 
 /// The agent of one machine.
@@ -78,7 +83,7 @@ pub struct Agent<K, M> {
     current: Current,
     published: BTreeMap<UnitName, UnitStateRecord>,
     published_lease: Option<LeaseId>,
-    backoff: BTreeMap<UnitName, Backoff>,
+    backoff: BTreeMap<UnitName, Retry>,
     denied: BTreeSet<UnitName>,
     /// Unreadable schedule entries by key, with the revision each was written at: each is
     /// warned about once, not on every read of the schedule.
@@ -130,7 +135,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         resync.reset();
         let mut presence = self.presence.clone();
         let mut pass = 0u64;
-        let mut publish_delay = self.cfg.backoff_min;
+        let mut publish_backoff = self.reconnect_backoff();
         loop {
             pass += 1;
             self.reconcile()
@@ -148,12 +153,10 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             // States that could not be published (etcd away) are retried on their own: no
             // watch event or systemd signal may come to wake us once etcd is back.
             let publish_retry = if self.publish_complete {
-                publish_delay = self.cfg.backoff_min;
+                publish_backoff.reset();
                 None
             } else {
-                let at = Instant::now() + publish_delay;
-                publish_delay = (publish_delay * 2).min(Duration::from_secs(5));
-                Some(at)
+                Some(Instant::now() + publish_backoff.next_delay())
             };
             let retry_at = self
                 .backoff
@@ -194,7 +197,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     /// Builds the current state from systemd and reads the schedule (retrying until it can),
     /// logging what will be kept, replaced or removed. `None` on shutdown.
     async fn boot(&mut self, shutdown: &mut watch::Receiver<bool>) -> Option<Revision> {
-        let mut delay = self.cfg.backoff_min;
+        let mut backoff = self.reconnect_backoff();
         loop {
             match Current::read(&self.manager, &BTreeSet::new(), &BTreeMap::new()).await {
                 Ok(mut current) => {
@@ -205,7 +208,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 }
                 Err(e) => warn!(error = %e, "reading systemd state at boot failed; retrying"),
             }
-            if wait_or_shutdown(shutdown, &mut delay, self.cfg.backoff_max).await {
+            if wait_or_shutdown(shutdown, &mut backoff).await {
                 return None;
             }
         }
@@ -213,14 +216,14 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             units = self.current.hashes.len(),
             "preloaded units directory"
         );
-        let mut delay = self.cfg.backoff_min;
+        let mut backoff = self.reconnect_backoff();
         let revision = loop {
             match self.read_schedule().await {
                 Ok(rev) => break rev,
                 // Fail closed: nothing is removed until we know what should run here.
                 Err(e) => warn!(error = %e, "reading schedule at boot failed; touching nothing"),
             }
-            if wait_or_shutdown(shutdown, &mut delay, self.cfg.backoff_max).await {
+            if wait_or_shutdown(shutdown, &mut backoff).await {
                 return None;
             }
         };
@@ -588,18 +591,28 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     }
 
     fn fail(&mut self, unit: UnitName, now: Instant) {
-        let delay = match self.backoff.get(&unit) {
-            Some(b) => (b.delay * 2).min(self.cfg.backoff_max),
-            None => self.cfg.backoff_min,
-        };
+        let fresh = self.retry_backoff();
+        let retry = self.backoff.entry(unit.clone()).or_insert(Retry {
+            until: now,
+            backoff: fresh,
+        });
+        let delay = retry.backoff.next_delay();
+        retry.until = now + delay;
         info!(unit = %unit, retry_in = ?delay, "unit failed; retrying later");
-        self.backoff.insert(
-            unit,
-            Backoff {
-                until: now + delay,
-                delay,
-            },
-        );
+    }
+
+    /// The backoff of a failing unit: `backoff_min` to `backoff_max`, jittered.
+    fn retry_backoff(&self) -> Backoff {
+        Backoff::new(self.cfg.backoff_min, self.cfg.backoff_max)
+    }
+
+    /// The backoff of a loop that waits for etcd or systemd to answer: `backoff_min` to
+    /// [`RECONNECT_MAX`], jittered so that agents do not come back in lockstep.
+    fn reconnect_backoff(&self) -> Backoff {
+        Backoff::new(
+            self.cfg.backoff_min,
+            RECONNECT_MAX.max(self.cfg.backoff_min),
+        )
     }
 
     /// Publishes the states that changed since last time (all of them under a new lease) and
@@ -669,14 +682,9 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Sleeps `delay` (doubling it up to `max`) unless shutdown comes first; true on shutdown.
-async fn wait_or_shutdown(
-    shutdown: &mut watch::Receiver<bool>,
-    delay: &mut Duration,
-    max: Duration,
-) -> bool {
-    let d = *delay;
-    *delay = (*delay * 2).min(max);
+/// Sleeps the next delay of `backoff` unless shutdown comes first; true on shutdown.
+async fn wait_or_shutdown(shutdown: &mut watch::Receiver<bool>, backoff: &mut Backoff) -> bool {
+    let d = backoff.next_delay();
     tokio::select! {
         _ = shutdown.changed() => true,
         _ = tokio::time::sleep(d) => *shutdown.borrow(),

@@ -651,3 +651,50 @@ async fn reads_the_files_of_many_new_units_a_bounded_number_at_a_time() {
         started.elapsed()
     );
 }
+
+/// What the agent does when etcd stalled past the TTL: its lease and states are gone, fleetd
+/// registers again on a new lease, and the schedule (which the engine held) is unchanged.
+/// It republishes under the new lease and touches no unit (issue 12: units were restarted in
+/// place with new MainPIDs at such a thaw, by the engine's unschedule and reschedule).
+#[tokio::test(start_paused = true)]
+async fn a_new_lease_after_the_old_one_expired_republishes_states_and_restarts_nothing() {
+    let w = World::new().await;
+    let (tx, rx) = watch::channel(Some(w.presence));
+    let agent = Agent::new(
+        w.registry.clone(),
+        w.fake.clone(),
+        AgentConfig::new(w.machine.clone()),
+        rx,
+    );
+    let _task = tokio::spawn(agent.run(w.shutdown.subscribe()));
+    let f = file("/bin/sleep 1000");
+    w.schedule("web.service", &f, DesiredState::Launched).await;
+    w.until_published("web.service", "active").await;
+    let before = mutating(&w.fake.calls());
+
+    w.registry.unregister(&w.presence).await.unwrap();
+    assert!(
+        w.published("web.service").await.is_none(),
+        "gone with the lease"
+    );
+    let info = MachineInfo {
+        id: w.machine.clone(),
+        public_ip: String::new(),
+        metadata: Default::default(),
+        version: "test".into(),
+        disable_engine: true,
+    };
+    let again = w.registry.register_machine(&info, TTL, None).await.unwrap();
+    assert_ne!(again.lease, w.presence.lease);
+    tx.send(Some(again)).unwrap();
+
+    w.until_published("web.service", "active").await;
+    let key = w.registry.keys().state(&name("web.service"), &w.machine);
+    let state = w.kv.range(&key, false, None).await.unwrap();
+    assert_eq!(
+        state.kvs[0].lease, again.lease.0,
+        "published under the new lease"
+    );
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(mutating(&w.fake.calls()), before, "no job for the unit");
+}

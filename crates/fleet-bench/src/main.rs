@@ -5,6 +5,8 @@
 //! - `one-agent`: 1,000 units on one real machine, its idle D-Bus traffic and pass time;
 //! - `scale`: 1,000 simulated machines (real agents and engines, fake systemd), 10,000 units;
 //! - `plot`: convergence time over a grid of units and machines, drawn as an SVG;
+//! - `reconnect`: 1,000 simulated machines, etcd killed and restarted: the requests per
+//!   100 ms once it is back (whether agents reconnect in lockstep);
 //! - `agent-probe` (internal): run by `one-agent` inside a machine.
 //!
 //! It measures; it never asserts the targets (they are reported as met or missed).
@@ -18,6 +20,7 @@ mod one_agent;
 mod plot;
 mod probe;
 mod real;
+mod reconnect;
 mod report;
 mod scale;
 mod sim;
@@ -96,6 +99,18 @@ enum Scenario {
         #[arg(long, value_delimiter = ',', default_value = "1000,3000,10000")]
         units: Vec<usize>,
     },
+    /// Simulated machines reconnecting after an etcd outage: requests per 100 ms once etcd
+    /// is back.
+    Reconnect {
+        #[arg(long, default_value_t = 1000)]
+        machines: usize,
+        /// How long etcd stays down (long enough for every retry to reach its longest pause).
+        #[arg(long, default_value_t = 20)]
+        outage_secs: u64,
+        /// How long to count once etcd answers again.
+        #[arg(long, default_value_t = 5)]
+        window_secs: u64,
+    },
     /// Records how long the whole `make bench` took (its last step).
     #[command(hide = true)]
     Total {
@@ -151,6 +166,20 @@ fn main() -> Result<()> {
         }
         Scenario::Plot { machines, units } => {
             ("plot", runtime()?.block_on(plot::run(&machines, &units))?)
+        }
+        Scenario::Reconnect {
+            machines,
+            outage_secs,
+            window_secs,
+        } => {
+            let (outage, window) = (
+                Duration::from_secs(outage_secs),
+                Duration::from_secs(window_secs),
+            );
+            (
+                "reconnect",
+                runtime()?.block_on(reconnect::run(machines, outage, window))?,
+            )
         }
         Scenario::Total { secs } => ("total", report::total(Duration::from_secs(secs))),
         Scenario::AgentProbe(args) => return runtime()?.block_on(probe::run(args)),

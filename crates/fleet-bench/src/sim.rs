@@ -214,6 +214,22 @@ impl Sim {
         Ok(sim)
     }
 
+    /// Kills etcd (SIGKILL), keeping its data: every request and watch fails until
+    /// [`Sim::restart_etcd`].
+    pub fn stop_etcd(&mut self) {
+        self.etcd.stop();
+    }
+
+    /// Starts etcd again on the same ports and data; returns once it answers.
+    pub async fn restart_etcd(&mut self) {
+        self.etcd.restart().await;
+    }
+
+    /// How many watchers etcd holds (its own gauge).
+    pub async fn etcd_watchers(&self) -> u64 {
+        self.etcd.watcher_count().await
+    }
+
     /// The client URL of the simulation's etcd.
     pub fn etcd_endpoint(&self) -> String {
         self.etcd.endpoint()

@@ -4,6 +4,7 @@
 //! This crate does no I/O: no tokio, no etcd, no D-Bus. Everything here is parsed once at the
 //! edge (`FromStr`, `UnitFile::parse`) so the rest of the code cannot hold an invalid value.
 
+pub mod backoff;
 mod glob;
 pub mod machine;
 pub mod name;
@@ -12,6 +13,7 @@ pub mod state;
 pub mod unit_file;
 pub mod xfleet;
 
+pub use backoff::Backoff;
 pub use machine::{MachineId, MachineIdError, MachineInfo};
 pub use name::{NameError, UnitName, UnitType};
 pub use state::{DesiredState, StateError, SystemdState};

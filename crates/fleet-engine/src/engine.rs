@@ -7,6 +7,7 @@
 
 mod leading;
 
+use crate::disruption::DisruptionConfig;
 use fleet_core::MachineId;
 use fleet_registry::kv::Kv;
 use fleet_registry::{Leadership, Registry};
@@ -15,7 +16,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 /// How an engine behaves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
     /// This machine: the value of the leader key while we lead.
     pub machine: MachineId,
@@ -26,18 +27,25 @@ pub struct EngineConfig {
     /// The leadership lease; renewed every third of it. A crashed leader is replaced after
     /// at most this long.
     pub lease_ttl: Duration,
+    /// When the units of vanished machines may move (see [`crate::disruption`]).
+    pub disruption: DisruptionConfig,
 }
 
 impl EngineConfig {
     /// fleet's `engine_reconcile_interval` default.
     pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(2);
 
-    /// A configuration with fleet's lease of five reconcile intervals.
+    /// fleet's `agent_ttl` default, which sizes the disruption rule unless told otherwise.
+    pub const DEFAULT_AGENT_TTL: Duration = Duration::from_secs(30);
+
+    /// A configuration with fleet's lease of five reconcile intervals and the disruption rule
+    /// for the default agent TTL.
     pub fn new(machine: MachineId, reconcile_interval: Duration) -> EngineConfig {
         EngineConfig {
             machine,
             reconcile_interval,
             lease_ttl: reconcile_interval * 5,
+            disruption: DisruptionConfig::for_ttl(Self::DEFAULT_AGENT_TTL),
         }
     }
 }

@@ -4,9 +4,11 @@
 //! [`scheduler`] decides (pure); [`run`] holds leadership and executes. Nothing here talks to
 //! etcd except through `fleet_registry`, and nothing here depends on the agent.
 
+mod disruption;
 mod engine;
 pub mod scheduler;
 
+pub use disruption::{Assessment, Disruption, DisruptionConfig, Hold};
 pub use engine::{EngineConfig, run};
 
-pub use scheduler::{Decision, DecisionKind, Plan, Reason, Violation, plan};
+pub use scheduler::{Decision, DecisionKind, Plan, Reason, Violation, plan, plan_holding};

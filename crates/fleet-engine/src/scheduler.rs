@@ -58,7 +58,19 @@ pub struct Plan {
 /// Decides what to change so that the schedule obeys every unit's rules. Units whose file is
 /// missing from `files` are left where they are. Decisions come in [`DecisionKind`] order.
 pub fn plan(snapshot: &Snapshot, files: &BTreeMap<UnitHash, UnitFile>) -> Plan {
-    let mut cluster = Cluster::new(snapshot, files);
+    plan_holding(snapshot, files, &BTreeSet::new())
+}
+
+/// [`plan`], leaving the `held` units exactly where they are, entries on machines that are
+/// gone included: the engine holds them while their machine may come back (see
+/// [`crate::disruption`]). A held unit gets no decision except the removal of an entry the
+/// registry itself rules out (unit destroyed or inactive).
+pub fn plan_holding(
+    snapshot: &Snapshot,
+    files: &BTreeMap<UnitHash, UnitFile>,
+    held: &BTreeSet<UnitName>,
+) -> Plan {
+    let mut cluster = Cluster::new(snapshot, files, held);
     for _ in 0..MAX_ROUNDS {
         settle(&mut cluster);
         if !place_unplaced(&mut cluster) {

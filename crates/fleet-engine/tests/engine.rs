@@ -2,7 +2,7 @@
 //! time, so lease expiry and resyncs cost nothing) and on a real etcd started by the test.
 
 use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
-use fleet_engine::EngineConfig;
+use fleet_engine::{DisruptionConfig, EngineConfig};
 use fleet_registry::kv::{Compare, Hook, Hooked, Kv, KvError, LeaseId, MemKv, Request, Txn, TxnOp};
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{Presence, Registry, UnitStateRecord};
@@ -23,6 +23,8 @@ struct Timing {
     interval: Duration,
     lease_ttl: Duration,
     prompt: Duration,
+    /// The agent TTL the disruption rule is sized for (settle TTL/3, grace 2 × TTL).
+    agent_ttl: Duration,
 }
 
 /// On paused time a change must show long before the first resync would.
@@ -30,11 +32,13 @@ const MEM: Timing = Timing {
     interval: Duration::from_secs(2),
     lease_ttl: Duration::from_secs(10),
     prompt: Duration::from_millis(100),
+    agent_ttl: Duration::from_secs(3),
 };
 const ETCD: Timing = Timing {
     interval: Duration::from_millis(200),
     lease_ttl: Duration::from_secs(2),
     prompt: Duration::from_secs(2),
+    agent_ttl: Duration::from_millis(1500),
 };
 
 fn machine(s: &str) -> MachineId {
@@ -96,8 +100,13 @@ struct Engine {
 }
 
 fn start<K: Kv>(reg: &Registry<K>, id: &str, t: Timing) -> Engine {
+    start_with(reg, id, t, DisruptionConfig::for_ttl(t.agent_ttl))
+}
+
+fn start_with<K: Kv>(reg: &Registry<K>, id: &str, t: Timing, d: DisruptionConfig) -> Engine {
     let mut cfg = EngineConfig::new(machine(id), t.interval);
     cfg.lease_ttl = t.lease_ttl;
+    cfg.disruption = d;
     let (stop, shutdown) = watch::channel(false);
     let task = tokio::spawn(fleet_engine::run(reg.clone(), cfg, shutdown));
     Engine { task, stop }
@@ -250,12 +259,100 @@ async fn reschedules_the_units_of_a_machine_whose_record_vanishes<K: Kv>(
     .await;
     assert_eq!(schedule(&reg).await["a.service"], ["m1"]);
     reg.unregister(&m1).await.unwrap();
-    eventually(t.prompt, "a moved to m2", || async {
+    // One machine of two is no disruption: its units move once the settle is over.
+    let settle = DisruptionConfig::for_ttl(t.agent_ttl).settle;
+    eventually(settle + t.prompt, "a moved to m2", || async {
         schedule(&reg).await.get("a.service") == Some(&vec!["m2".to_owned()])
     })
     .await;
     assert_eq!(schedule(&reg).await["b.service"], ["m2"], "b did not move");
+    assert_eq!(reg.disruption().await.unwrap(), None);
     a.shutdown().await;
+}
+
+/// Three machines, one unit each (`u1` on m1, ...), and a leader.
+async fn three_machines_one_unit_each<K: Kv>(
+    reg: &Registry<K>,
+    t: Timing,
+) -> (Vec<Presence>, Engine) {
+    let mut presences = Vec::new();
+    for i in 1..=3 {
+        presences.push(join(reg, &format!("m{i}")).await);
+    }
+    for i in 1..=3 {
+        submit(reg, &format!("u{i}.service")).await;
+    }
+    let e = start(reg, "a", t);
+    eventually(t.prompt, "all scheduled", || async {
+        schedule(reg).await.len() == 3
+    })
+    .await;
+    (presences, e)
+}
+
+fn one_each() -> BTreeMap<String, Vec<String>> {
+    (1..=3)
+        .map(|i| (format!("u{i}.service"), vec![format!("m{i}")]))
+        .collect()
+}
+
+async fn holds_rescheduling_while_most_machines_vanished_and_they_return<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    let (presences, e) = three_machines_one_unit_each(&reg, t).await;
+    let placed = schedule(&reg).await;
+    for p in &presences[..2] {
+        reg.unregister(p).await.unwrap();
+    }
+    eventually(t.prompt, "hold published", || async {
+        reg.disruption().await.unwrap().is_some()
+    })
+    .await;
+    let notice = reg.disruption().await.unwrap().unwrap();
+    assert!(
+        notice.starts_with("rescheduling held: 2 of 3 machines vanished"),
+        "{notice}"
+    );
+    // Well past the settle, the units of the vanished machines stay.
+    let settle = DisruptionConfig::for_ttl(t.agent_ttl).settle;
+    sleep(settle + t.prompt).await;
+    assert_eq!(schedule(&reg).await, placed);
+    // They register again on new leases and keep their units; the notice goes.
+    join(&reg, "m1").await;
+    join(&reg, "m2").await;
+    eventually(t.prompt, "hold withdrawn", || async {
+        reg.disruption().await.unwrap().is_none()
+    })
+    .await;
+    assert_eq!(schedule(&reg).await, placed);
+    assert_eq!(placed, one_each());
+    e.shutdown().await;
+}
+
+async fn moves_the_units_of_machines_still_gone_after_the_grace<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    let (presences, e) = three_machines_one_unit_each(&reg, t).await;
+    for p in &presences[..2] {
+        reg.unregister(p).await.unwrap();
+    }
+    let grace = DisruptionConfig::for_ttl(t.agent_ttl).grace;
+    sleep(grace - t.prompt.min(grace / 4)).await;
+    assert_eq!(schedule(&reg).await, one_each(), "moved before the grace");
+    eventually(grace + t.prompt, "moved to m3 after the grace", || async {
+        schedule(&reg)
+            .await
+            .values()
+            .all(|ms| ms == &vec!["m3".to_owned()])
+    })
+    .await;
+    eventually(t.prompt, "hold withdrawn", || async {
+        reg.disruption().await.unwrap().is_none()
+    })
+    .await;
+    e.shutdown().await;
 }
 
 async fn publishes_and_clears_why_a_unit_cannot_be_placed<K: Kv>(reg: Registry<K>, t: Timing) {
@@ -373,6 +470,47 @@ async fn moves_a_replaced_unit_only_once_its_previous_copy_has_stopped<K: Kv>(
     a.shutdown().await;
 }
 
+/// On paused time only: the pace of moves is the point, and real etcd adds its own.
+#[tokio::test(start_paused = true)]
+async fn moves_a_lost_machines_units_no_faster_than_the_move_rate() {
+    let reg = Registry::new(MemKv::new(), PREFIX);
+    let t = MEM;
+    let m1 = join(&reg, "m1").await;
+    join(&reg, "m2").await;
+    join(&reg, "m3").await;
+    for i in 0..9 {
+        submit(&reg, &format!("u{i}.service")).await;
+    }
+    let d = DisruptionConfig {
+        move_rate: 1,
+        ..DisruptionConfig::for_ttl(t.agent_ttl)
+    };
+    let e = start_with(&reg, "a", t, d);
+    eventually(t.prompt, "all scheduled", || async {
+        schedule(&reg).await.len() == 9
+    })
+    .await;
+    let on_m1 = || async {
+        let s = schedule(&reg).await;
+        s.values()
+            .filter(|ms| ms.contains(&"m1".to_owned()))
+            .count()
+    };
+    assert_eq!(on_m1().await, 3);
+    reg.unregister(&m1).await.unwrap();
+    // After the settle one moves (a bucket of one second's worth), then one a second.
+    sleep(d.settle - t.prompt).await;
+    assert_eq!(on_m1().await, 3, "moved before the settle");
+    sleep(t.prompt * 2).await;
+    assert_eq!(on_m1().await, 2);
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(on_m1().await, 1);
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(on_m1().await, 0);
+    assert_eq!(schedule(&reg).await.len(), 9, "every unit placed");
+    e.shutdown().await;
+}
+
 macro_rules! on_both {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -404,6 +542,8 @@ on_both!(
     another_engine_takes_over_when_the_leaders_lease_expires,
     a_deposed_leader_stops_writing_until_it_leads_again,
     reschedules_the_units_of_a_machine_whose_record_vanishes,
+    holds_rescheduling_while_most_machines_vanished_and_they_return,
+    moves_the_units_of_machines_still_gone_after_the_grace,
     publishes_and_clears_why_a_unit_cannot_be_placed,
     schedules_more_units_than_one_transaction_holds,
     moves_a_replaced_unit_only_once_its_previous_copy_has_stopped,

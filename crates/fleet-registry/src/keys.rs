@@ -12,6 +12,7 @@
 //! | `P/machine/<machine>`             | `MachineInfo` JSON            | machine's  |
 //! | `P/state/<name>/<machine>`        | [`UnitStateRecord`] JSON      | machine's  |
 //! | `P/engine/leader`                 | leader's machine ID           | leader's   |
+//! | `P/engine/disruption`             | why rescheduling is held      | none       |
 //! | `P/unscheduled/<name>`            | why the engine cannot place it| none       |
 //!
 //! [`UnitRecord`]: crate::UnitRecord
@@ -105,6 +106,12 @@ impl Keys {
 
     pub fn leader(&self) -> String {
         format!("{}engine/leader", self.prefix)
+    }
+
+    /// Present while the engine holds rescheduling (more machines vanished at once than it
+    /// believes): the reason, for `fleetctl list-machines`.
+    pub fn disruption(&self) -> String {
+        format!("{}engine/disruption", self.prefix)
     }
 
     pub fn unscheduled_all(&self) -> String {

@@ -39,6 +39,8 @@ pub enum EngineWrite {
     Unschedulable { unit: UnitName, reason: String },
     /// Withdraw that reason.
     ClearUnschedulable { unit: UnitName },
+    /// Publish why rescheduling is held (`Some`) at `P/engine/disruption`, or withdraw it.
+    Disruption { notice: Option<String> },
 }
 
 impl<K: Kv> Registry<K> {
@@ -132,6 +134,19 @@ impl<K: Kv> Registry<K> {
         let (leader, revision) = self.read_leader().await?;
         let hints = WatchHints::start(self.kv().clone(), self.keys().leader(), revision + 1);
         Ok((leader, hints))
+    }
+
+    /// Why the engine holds rescheduling, if it does (see [`EngineWrite::Disruption`]).
+    pub async fn disruption(&self) -> Result<Option<String>> {
+        let res = self
+            .kv()
+            .range(&self.keys().disruption(), false, None)
+            .await
+            .map_err(RegistryError::kv("reading engine disruption notice"))?;
+        Ok(res
+            .kvs
+            .first()
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned()))
     }
 
     async fn read_leader(&self) -> Result<(Option<MachineId>, Revision)> {
@@ -256,6 +271,17 @@ impl<K: Kv> Leadership<K> {
             },
             EngineWrite::ClearUnschedulable { unit } => TxnOp::Delete {
                 key: keys.unscheduled(unit),
+                prefix: false,
+            },
+            EngineWrite::Disruption {
+                notice: Some(notice),
+            } => TxnOp::Put {
+                key: keys.disruption(),
+                value: notice.as_bytes().to_vec(),
+                lease: None,
+            },
+            EngineWrite::Disruption { notice: None } => TxnOp::Delete {
+                key: keys.disruption(),
                 prefix: false,
             },
         }
@@ -433,6 +459,32 @@ mod tests {
         assert!(snap.unscheduled.is_empty());
         assert_eq!(schedule_keys(&reg).await.len(), 299);
         assert_eq!(a.write(&[]).await.unwrap(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn publishes_and_withdraws_the_disruption_notice_fenced() {
+        let reg = registry();
+        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        assert_eq!(reg.disruption().await.unwrap(), None);
+        let notice = "rescheduling held: 2 of 3 machines vanished".to_owned();
+        a.write(&[EngineWrite::Disruption {
+            notice: Some(notice.clone()),
+        }])
+        .await
+        .unwrap();
+        assert_eq!(reg.disruption().await.unwrap(), Some(notice));
+        a.write(&[EngineWrite::Disruption { notice: None }])
+            .await
+            .unwrap();
+        assert_eq!(reg.disruption().await.unwrap(), None);
+        a.clone().resign().await.unwrap();
+        let refused = a
+            .write(&[EngineWrite::Disruption {
+                notice: Some("x".into()),
+            }])
+            .await;
+        assert!(matches!(refused, Err(RegistryError::LostLeadership)));
+        assert_eq!(reg.disruption().await.unwrap(), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -174,6 +174,8 @@ impl<K: Kv> LiveView<K> {
                 EngineWrite::ClearUnschedulable { unit } => {
                     snap.unscheduled.remove(unit);
                 }
+                // Not part of the view: only fleetctl reads it.
+                EngineWrite::Disruption { .. } => {}
             }
         }
     }

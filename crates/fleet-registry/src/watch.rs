@@ -2,6 +2,7 @@
 //! consistent view. Broken streams resume from the last seen revision + 1; a compacted start
 //! revision wakes the caller too (it relists anyway) and re-watches from the present.
 
+use fleet_core::Backoff;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -44,21 +45,22 @@ const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
 async fn run<K: Kv>(kv: K, prefix: String, mut from: Revision, tx: watch::Sender<Revision>) {
-    let mut backoff = RETRY_MIN;
+    // Jittered: every agent's watch breaks at the same moment when etcd goes away, and must
+    // not come back at the same moment.
+    let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
     loop {
         let mut w = match kv.watch(&prefix, true, from).await {
             Ok(w) => w,
             Err(err) => {
                 debug!(prefix = %prefix, error = %err, "watch could not start; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(RETRY_MAX);
+                tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
         };
         while let Some(msg) = w.rx.recv().await {
             match msg {
                 WatchMessage::Events { revision, .. } => {
-                    backoff = RETRY_MIN;
+                    backoff.reset();
                     from = revision + 1;
                     if tx.send(revision).is_err() {
                         return;
@@ -86,7 +88,6 @@ async fn run<K: Kv>(kv: K, prefix: String, mut from: Revision, tx: watch::Sender
         if tx.is_closed() {
             return;
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(RETRY_MAX);
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }

@@ -453,3 +453,29 @@ async fn version_and_env_endpoint_work() {
     ok(&o);
     assert_eq!(stdout(&o), "MACHINE\tIP\tMETADATA\n");
 }
+
+#[tokio::test]
+async fn list_machines_tells_on_stderr_when_the_engine_holds_rescheduling() {
+    let env = Env::new("held").await;
+    let o = env.fleetctl(&["list-machines"]);
+    ok(&o);
+    assert_eq!(stderr(&o), "");
+    let notice = "rescheduling held: 2 of 3 machines vanished within 3s";
+    let kv = env.etcd.kv().await;
+    let put = fleet_registry::kv::TxnOp::Put {
+        key: "/_coreos.com/fleet/engine/disruption".into(),
+        value: notice.as_bytes().to_vec(),
+        lease: None,
+    };
+    let txn = fleet_registry::kv::Txn {
+        compares: vec![],
+        success: vec![put],
+        failure: vec![],
+    };
+    assert!(kv.txn(txn).await.unwrap().succeeded);
+    let o = env.fleetctl(&["list-machines"]);
+    ok(&o);
+    // The table stays fleet's byte for byte; the notice goes to stderr.
+    assert_eq!(stdout(&o), "MACHINE\tIP\tMETADATA\n");
+    assert_eq!(stderr(&o), format!("Warning: {notice}\n"));
+}

@@ -39,6 +39,9 @@ pub const KEYS: &[&str] = &[
     "agent_ttl",
     "units_directory",
     "engine_reconcile_interval",
+    "engine_disruption_threshold",
+    "engine_disruption_grace",
+    "engine_move_rate",
     "disable_engine",
     "disable_watches",
     "verbosity",
@@ -68,6 +71,13 @@ pub struct Config {
     pub agent_ttl: Duration,
     pub units_directory: PathBuf,
     pub engine_reconcile_interval: Duration,
+    /// Rescheduling holds while more than this share of the machines vanished within one
+    /// `agent_ttl` (docs/engine.md, *Vanished machines*).
+    pub engine_disruption_threshold: f64,
+    /// How long the units of machines that vanished in such a disruption stay for them.
+    pub engine_disruption_grace: Duration,
+    /// Units of lost machines moved per second at most (0: no limit).
+    pub engine_move_rate: u32,
     pub disable_engine: bool,
     pub disable_watches: bool,
     pub verbosity: u8,
@@ -286,6 +296,25 @@ pub fn build(raw: &BTreeMap<String, Raw>, warnings: &mut Vec<String>) -> Result<
             globs
         }
     };
+    let engine_disruption_threshold = match get("engine_disruption_threshold") {
+        None => 0.5,
+        Some(r) => r
+            .value
+            .parse::<f64>()
+            .ok()
+            .filter(|v| (0.0..=1.0).contains(v))
+            .ok_or_else(|| {
+                let why = "expected a share between 0 and 1 (1: never hold)".into();
+                err("engine_disruption_threshold", r, why)
+            })?,
+    };
+    let engine_move_rate = match get("engine_move_rate") {
+        None => 1000,
+        Some(r) => r.value.parse::<u32>().map_err(|_| {
+            let why = "expected a whole number of units per second (0: no limit)".into();
+            err("engine_move_rate", r, why)
+        })?,
+    };
     Ok(Config {
         etcd_servers,
         etcd_key_prefix,
@@ -308,6 +337,14 @@ pub fn build(raw: &BTreeMap<String, Raw>, warnings: &mut Vec<String>) -> Result<
             2 * second,
             MIN_INTERVAL,
         )?,
+        engine_disruption_threshold,
+        engine_disruption_grace: duration(
+            "engine_disruption_grace",
+            Syntax::Go,
+            agent_ttl * 2,
+            MIN_INTERVAL,
+        )?,
+        engine_move_rate,
         disable_engine: boolean("disable_engine")?,
         disable_watches: boolean("disable_watches")?,
         verbosity,
@@ -469,6 +506,30 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn disruption_settings_default_to_half_two_ttls_and_a_thousand_moves_a_second() {
+        let c = build(&raw(&[("agent_ttl", "3s")]), &mut vec![]).unwrap();
+        assert_eq!(c.engine_disruption_threshold, 0.5);
+        assert_eq!(c.engine_disruption_grace, Duration::from_secs(6));
+        assert_eq!(c.engine_move_rate, 1000);
+        let c = build(
+            &raw(&[
+                ("engine_disruption_threshold", "0.34"),
+                ("engine_disruption_grace", "1m"),
+                ("engine_move_rate", "0"),
+            ]),
+            &mut vec![],
+        )
+        .unwrap();
+        assert_eq!(c.engine_disruption_threshold, 0.34);
+        assert_eq!(c.engine_disruption_grace, Duration::from_secs(60));
+        assert_eq!(c.engine_move_rate, 0);
+        let e = build(&raw(&[("engine_disruption_threshold", "2")]), &mut vec![]).unwrap_err();
+        assert!(e.to_string().contains("between 0 and 1"), "{e}");
+        let e = build(&raw(&[("engine_move_rate", "-1")]), &mut vec![]).unwrap_err();
+        assert!(e.to_string().contains("units per second"), "{e}");
     }
 
     #[test]

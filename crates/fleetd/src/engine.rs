@@ -1,7 +1,7 @@
 //! Starting the engine candidate next to the agent (unless `disable_engine`).
 
 use fleet_core::MachineId;
-use fleet_engine::EngineConfig;
+use fleet_engine::{DisruptionConfig, EngineConfig};
 use fleet_registry::Registry;
 use fleet_registry::kv::EtcdKv;
 use tokio::sync::watch;
@@ -16,7 +16,13 @@ pub fn spawn(
     config: &Config,
     shutdown: watch::Receiver<bool>,
 ) {
-    let cfg = EngineConfig::new(machine.clone(), config.engine_reconcile_interval);
+    let mut cfg = EngineConfig::new(machine.clone(), config.engine_reconcile_interval);
+    cfg.disruption = DisruptionConfig {
+        threshold: config.engine_disruption_threshold,
+        grace: config.engine_disruption_grace,
+        move_rate: config.engine_move_rate,
+        ..DisruptionConfig::for_ttl(config.agent_ttl)
+    };
     tasks.spawn(async move {
         fleet_engine::run(registry, cfg, shutdown).await;
         Ok(())

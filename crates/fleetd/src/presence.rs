@@ -9,7 +9,7 @@
 //! refused.
 
 use anyhow::{Context, Result};
-use fleet_core::MachineInfo;
+use fleet_core::{Backoff, MachineInfo};
 use fleet_registry::kv::{Kv, KvError, LeaseId};
 use fleet_registry::{Presence, Registry, RegistryError};
 use std::path::PathBuf;
@@ -63,7 +63,9 @@ impl<K: Kv> PresenceKeeper<K> {
 
     /// Registers, retrying while etcd is unreachable. A duplicate machine ID is fatal.
     pub async fn register(&self) -> Result<Presence> {
-        let mut delay = Duration::from_millis(200);
+        // Jittered: after an outage that cost every machine its lease, they must not all
+        // register again at the same instants.
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         loop {
             match self
                 .registry
@@ -79,9 +81,9 @@ impl<K: Kv> PresenceKeeper<K> {
                     return Err(e).context("registering this machine");
                 }
                 Err(e) => {
+                    let delay = backoff.next_delay();
                     warn!(error = %e, retry_in = ?delay, "registering machine failed; retrying");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
         }

@@ -6,6 +6,10 @@
 //! The view is read once when leadership starts and then follows one watch, so an idle
 //! leader reads and decodes nothing: before, every pass re-read the whole registry, and a
 //! pass ran every `engine_reconcile_interval` (see docs/benchmarks.md).
+//!
+//! Before each plan, [`Disruption`] says which units of vanished machines must stay (a
+//! settle, a mass vanishing, the move rate); the leader publishes why rescheduling is held
+//! at `P/engine/disruption`, in the same fenced writes, and passes again when a hold ends.
 
 use fleet_registry::kv::Kv;
 use fleet_registry::{
@@ -18,7 +22,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, debug_span, info, warn};
 
 use super::{EngineConfig, Flow, stop_requested};
-use crate::scheduler::{Decision, DecisionKind, plan};
+use crate::disruption::{Assessment, Disruption, Hold};
+use crate::scheduler::{Decision, DecisionKind, plan_holding};
 
 /// The shortest re-check period honoured (a zero interval would spin).
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
@@ -40,6 +45,15 @@ pub(super) struct Leading<K> {
     /// then can a change of unit states change the plan, so only then do state changes
     /// (which every agent writes on every unit's state change) start a pass.
     waiting: bool,
+    /// The presence history of this leadership: which vanished machines' units stay.
+    disruption: Disruption,
+    /// When the last assessment changes by itself: a pass is due then.
+    recheck: Option<Instant>,
+    /// The disruption notice the registry holds, as far as we know (`None`: unknown, e.g.
+    /// at the start of leadership, so the first pass writes it either way).
+    notice: Option<Option<String>>,
+    /// The hold last logged, to log a change once.
+    logged_hold: Option<Hold>,
 }
 
 /// Aborts the lease keeper when leading ends, however it ends.
@@ -60,6 +74,10 @@ impl<K: Kv> Leading<K> {
             lease_ttl: cfg.lease_ttl.max(MIN_INTERVAL * 3),
             view: None,
             waiting: false,
+            disruption: Disruption::new(cfg.disruption, Instant::now()),
+            recheck: None,
+            notice: None,
+            logged_hold: None,
         }
     }
 
@@ -115,6 +133,7 @@ impl<K: Kv> Leading<K> {
                     }
                 },
                 _ = safety_net.tick() => due = true,
+                () = sleep_until(self.recheck) => due = true,
             }
         }
     }
@@ -133,14 +152,24 @@ impl<K: Kv> Leading<K> {
             self.view = Some(LiveView::start(self.registry.clone()).await?);
         }
         let view = self.view.as_mut().expect("just read");
-        let plan = plan(view.snapshot(), view.files());
-        let writes: Vec<EngineWrite> = plan.decisions.iter().map(write_of).collect();
+        let assessment = self.disruption.assess(Instant::now(), view.snapshot());
+        let plan = plan_holding(view.snapshot(), view.files(), &assessment.held);
+        let mut writes: Vec<EngineWrite> = plan.decisions.iter().map(write_of).collect();
+        let notice = assessment.hold.as_ref().map(ToString::to_string);
+        if self.notice.as_ref() != Some(&notice) {
+            writes.push(EngineWrite::Disruption {
+                notice: notice.clone(),
+            });
+        }
         if let Err(err) = self.leadership.write(&writes).await {
             // Some of the writes may have landed: only a fresh read knows.
             self.view = None;
+            self.notice = None;
             return Err(err);
         }
         view.record_writes(&writes);
+        self.notice = Some(notice);
+        self.recheck = assessment.recheck;
         self.waiting = !plan.waiting.is_empty();
         debug!(
             revision = view.revision(),
@@ -148,8 +177,46 @@ impl<K: Kv> Leading<K> {
             waiting = plan.waiting.len(),
             "engine pass done"
         );
+        self.log_assessment(&assessment);
         plan.decisions.iter().for_each(log_decision);
         Ok(())
+    }
+}
+
+impl<K> Leading<K> {
+    /// Logs a hold when it starts or changes and when it ends, and moves the rate defers.
+    fn log_assessment(&mut self, a: &Assessment) {
+        if a.hold != self.logged_hold {
+            match &a.hold {
+                Some(hold) => {
+                    let held: Vec<&str> = hold.held.iter().map(|m| m.as_str()).collect();
+                    warn!(
+                        vanished = hold.vanished,
+                        machines = hold.machines,
+                        held = %held.join(","),
+                        reason = %hold,
+                        "rescheduling held"
+                    );
+                }
+                None => info!("rescheduling hold ended"),
+            }
+            self.logged_hold = a.hold.clone();
+        }
+        if a.rate_limited > 0 {
+            info!(
+                moving = a.moving,
+                deferred = a.rate_limited,
+                "moves of lost machines' units rate-limited"
+            );
+        }
+    }
+}
+
+/// Resolves at `at`; never without one.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -42,8 +42,12 @@ pub(super) struct Cluster<'s> {
     states: &'s BTreeMap<UnitName, PerMachine<UnitStateRecord>>,
     /// Units the plan places: wanted, with a known file.
     pub specs: BTreeMap<UnitName, Spec>,
-    /// Wanted units whose file is unknown: left exactly as they are.
+    /// Wanted units whose file is unknown, or that the engine holds: left exactly as they
+    /// are.
     pub frozen: BTreeSet<UnitName>,
+    /// Units the engine holds (their machine vanished in a disruption, is settling, or their
+    /// move waits for the rate limit): their entries stay even on a machine that is gone.
+    held: &'s BTreeSet<UnitName>,
     /// Wanted units whose `[X-Fleet]` options fleet refuses: never placed.
     pub invalid: BTreeMap<UnitName, RequirementError>,
     on: BTreeMap<MachineId, BTreeSet<UnitName>>,
@@ -64,13 +68,19 @@ impl<'s> Cluster<'s> {
     /// and so are the entries of units whose options fleet's validation refuses (they can
     /// only come from a client that skipped it; placing them could loop forever, e.g. a peer
     /// that is also replaced). Units whose file is missing from `files` (replaced since the
-    /// snapshot was read) are left exactly where they are.
-    pub fn new(snapshot: &'s Snapshot, files: &BTreeMap<UnitHash, UnitFile>) -> Cluster<'s> {
+    /// snapshot was read) are left exactly where they are, and so are `held` units, on a
+    /// machine that is gone too.
+    pub fn new(
+        snapshot: &'s Snapshot,
+        files: &BTreeMap<UnitHash, UnitFile>,
+        held: &'s BTreeSet<UnitName>,
+    ) -> Cluster<'s> {
         let mut cluster = Cluster {
             machines: &snapshot.machines,
             states: &snapshot.states,
             specs: BTreeMap::new(),
             frozen: BTreeSet::new(),
+            held,
             invalid: BTreeMap::new(),
             on: snapshot
                 .machines
@@ -88,6 +98,10 @@ impl<'s> Cluster<'s> {
             .iter()
             .filter(|(_, u)| u.desired() != DesiredState::Inactive);
         for (name, unit) in wanted {
+            if held.contains(name) {
+                cluster.frozen.insert(name.clone());
+                continue;
+            }
             let Some(file) = files.get(&unit.hash()) else {
                 cluster.frozen.insert(name.clone());
                 continue;
@@ -145,7 +159,7 @@ impl<'s> Cluster<'s> {
                 error: error.clone(),
             });
         }
-        if !self.machines.contains_key(machine) {
+        if !self.machines.contains_key(machine) && !self.held.contains(name) {
             return Some(Reason::MachineGone {
                 machine: machine.clone(),
             });

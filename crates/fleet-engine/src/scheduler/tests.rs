@@ -396,6 +396,64 @@ fn reschedules_the_units_of_a_machine_that_went_away() {
 }
 
 #[test]
+fn leaves_a_held_unit_on_a_machine_that_went_away() {
+    let w = two_machines()
+        .unit("a.service", Launched, "")
+        .unit("b.service", Launched, "")
+        .entry("a.service", "m1")
+        .entry("b.service", "m1")
+        .without_machine("m1");
+    let held = [name("a.service")].into();
+    let plan = plan_holding(&w.snap, &w.files, &held);
+    assert_eq!(
+        lines(&plan.decisions),
+        [
+            "unschedule b.service from m1: target machine m1 went away",
+            "schedule b.service on m2 (launched): target machine m1 went away",
+        ]
+    );
+}
+
+#[test]
+fn unschedules_a_held_unit_once_it_is_destroyed() {
+    let mut w = two_machines()
+        .unit("a.service", Launched, "")
+        .entry("a.service", "m1")
+        .without_machine("m1");
+    w.snap.units.clear();
+    let held = [name("a.service")].into();
+    let plan = plan_holding(&w.snap, &w.files, &held);
+    assert_eq!(
+        lines(&plan.decisions),
+        ["unschedule a.service from m1: unit destroyed"]
+    );
+}
+
+#[test]
+fn a_held_unit_still_counts_against_conflicts_on_a_live_machine() {
+    let w = two_machines()
+        .unit("a.service", Launched, "")
+        .unit("b.service", Launched, "Conflicts=a.service")
+        .unit("c.service", Launched, "")
+        .unit("d.service", Launched, "")
+        .entry("a.service", "m2")
+        .entry("c.service", "m1")
+        .entry("d.service", "m1")
+        .machine("m3", &[])
+        .entry("b.service", "m3")
+        .without_machine("m3");
+    let held = [name("a.service")].into();
+    let plan = plan_holding(&w.snap, &w.files, &held);
+    assert_eq!(
+        lines(&plan.decisions),
+        [
+            "unschedule b.service from m3: target machine m3 went away",
+            "schedule b.service on m1 (launched): target machine m3 went away",
+        ]
+    );
+}
+
+#[test]
 fn updates_the_entry_in_place_when_the_unit_file_changes() {
     let old = unit_file("", 0).hash();
     let w = two_machines().unit_version("a.service", Launched, "", 1);

@@ -190,5 +190,12 @@ pub async fn list_machines(ctx: &mut Ctx, args: &ListMachines) -> Result<()> {
         })
         .collect();
     print(ctx, &args.listing, &fields, rows);
+    // On stderr, so that the table stays fleet's byte for byte.
+    let held = ctx.registry.disruption().await.context(
+        "Error retrieving the engine's disruption notice (etcd unhealthy, lost quorum, or unreachable)",
+    )?;
+    if let Some(notice) = held {
+        ctx.warn(format!("Warning: {notice}"));
+    }
     Ok(())
 }
