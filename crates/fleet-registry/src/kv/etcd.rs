@@ -205,6 +205,7 @@ impl EtcdKv {
                         Some(hint) if ended_by_server(&detail) => {
                             format!("{detail}; {hint}")
                         }
+                        _ if not_grpc(&detail) => format!("{detail}; {NOT_GRPC_HINT}"),
                         _ => detail,
                     },
                 }
@@ -436,6 +437,16 @@ fn after(key: &[u8]) -> Vec<u8> {
     let mut next = key.to_vec();
     next.push(0);
     next
+}
+
+/// Said when the server answered, but not in HTTP/2: an HTTP/1 server (a web server, a
+/// proxy, an etcd v2 API behind one) rather than etcd's gRPC port.
+const NOT_GRPC_HINT: &str = "the endpoint answered, but not as etcd's gRPC API (is it an HTTP server, or etcd's peer port?)";
+
+/// Whether a transport failure is an HTTP/2 protocol error: what hyper says when the other
+/// end speaks something else.
+fn not_grpc(detail: &str) -> bool {
+    detail.contains("h2 protocol error") || detail.contains("frame with invalid size")
 }
 
 /// Whether a transport failure is the server ending the connection (rather than refusing it,
@@ -674,6 +685,29 @@ mod tests {
         );
         let err = kv.txn(Txn::default()).await.unwrap_err();
         assert!(matches!(err, KvError::Unavailable { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_http_server_at_the_endpoint_is_named_as_not_etcd() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().take(8) {
+                let Ok(mut stream) = stream else { return };
+                // As a web server does: answer, and keep the connection for the next request.
+                let mut buf = [0u8; 512];
+                let _ = stream.read(&mut buf);
+                let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+                while stream.read(&mut buf).is_ok_and(|n| n > 0) {}
+            }
+        });
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let kv = EtcdKv::connect(&cfg(&[&endpoint], TlsFiles::default()))
+            .await
+            .unwrap();
+        let err = kv.range("k", false, None).await.unwrap_err().to_string();
+        assert!(err.contains(NOT_GRPC_HINT), "{err}");
     }
 
     #[tokio::test]
