@@ -108,8 +108,11 @@ impl TestEtcdCluster {
         let pid = child
             .unwrap_or_else(|| panic!("etcd member {index} is not running"))
             .id();
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
+        // bash's builtin kill, as the functional harness does: /bin/kill is procps's, which a
+        // minimal Debian lacks (functional-tests/tests/packages.rs).
+        let status = Command::new("bash")
+            .args(["-c", "kill -s \"$1\" -- \"$2\"", "kill"])
+            .arg(signal.to_string())
             .arg(pid.to_string())
             .status()
             .unwrap_or_else(|e| panic!("running kill: {e}"));
