@@ -367,3 +367,9 @@ fn skips_a_byte_order_mark_without_changing_the_hash() {
     assert_eq!(marked.hash(), plain.hash());
     assert!(UnitFile::parse(b"\xEF\xBB\xBF\xEF\xBB\xBF[S]\nA=b\n").is_err());
 }
+
+#[test]
+fn refuses_a_nul_byte_anywhere_in_a_line() {
+    let err = UnitFile::parse(b"[Service]\nExecStart=/bin/true\0\n").unwrap_err();
+    assert_eq!(err, ParseError::Nul { line: 2 });
+}
