@@ -202,25 +202,34 @@ async fn another_engine_takes_over_when_the_leaders_lease_expires<K: Kv>(
 }
 
 /// Puts `holder` on the leader key on a lease of its own (an engine that is not running),
-/// revoking the current holder's lease first.
+/// then revokes the deposed holder's lease. One compare-and-swap on the key's revision: a
+/// revoke first would let the running engine campaign again and take the key back before the
+/// put (a flake under load).
 async fn usurp<K: Kv>(reg: &Registry<K>, holder: &str) -> LeaseId {
     let key = reg.keys().leader();
-    let current = reg.kv().range(&key, false, None).await.unwrap();
-    if let Some(kv) = current.kvs.first() {
-        reg.kv().revoke(LeaseId(kv.lease)).await.unwrap();
-    }
     let lease = reg.kv().grant(PRESENCE_TTL).await.unwrap();
-    let put = Txn {
-        compares: vec![Compare::absent(&key)],
-        success: vec![TxnOp::Put {
-            key,
-            value: holder.as_bytes().to_vec(),
-            lease: Some(lease),
-        }],
-        failure: vec![],
-    };
-    assert!(reg.kv().txn(put).await.unwrap().succeeded);
-    lease
+    loop {
+        let current = reg.kv().range(&key, false, None).await.unwrap();
+        let (guard, deposed) = match current.kvs.first() {
+            Some(kv) => (Compare::mod_revision(&key, kv.mod_revision), Some(kv.lease)),
+            None => (Compare::absent(&key), None),
+        };
+        let put = Txn {
+            compares: vec![guard],
+            success: vec![TxnOp::Put {
+                key: key.clone(),
+                value: holder.as_bytes().to_vec(),
+                lease: Some(lease),
+            }],
+            failure: vec![],
+        };
+        if reg.kv().txn(put).await.unwrap().succeeded {
+            if let Some(old) = deposed.filter(|l| *l != 0) {
+                reg.kv().revoke(LeaseId(old)).await.unwrap();
+            }
+            return lease;
+        }
+    }
 }
 
 async fn a_deposed_leader_stops_writing_until_it_leads_again<K: Kv>(reg: Registry<K>, t: Timing) {
