@@ -24,6 +24,7 @@ use anyhow::{Context, Result, bail, ensure};
 use check::{Record, Window};
 use fleet_core::DesiredState;
 use fleet_functional_tests::{Cluster, FleetdSpec, Machine, Signal, TestRegistry, wait_for_value};
+use fleet_registry::kv::Kv;
 use record::Seen;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -37,11 +38,13 @@ const UNITS: usize = 12;
 /// The agent TTL: long enough that a fleetd killed and restarted by systemd (1 s later)
 /// resumes its lease, short enough that a lost machine's units move quickly.
 const AGENT_TTL: &str = "6s";
-/// How long etcd stays frozen. Shorter than the agent TTL by a renewal period, so no
-/// machine's presence runs out: until the engine holds rescheduling when most machines
-/// vanish at once (issue 12 item 2), a freeze longer than the TTL moves units, and the
-/// checker would rightly report their stops. Raise it to 3 x TTL + 5 s once that hold is in.
-const FREEZE: Duration = Duration::from_secs(3);
+/// How long etcd stays frozen: a third of the agent TTL, one renewal period. A lease is
+/// renewed every TTL/3, so at the freeze it has at least 4 s left (less a late renewal on a
+/// loaded machine), and 2 s or more at the thaw. Until the engine holds rescheduling when most
+/// machines vanish at once (issue 12 item 2), a freeze that cost a lease would move units;
+/// the round checks that none did ("the freeze cost a lease"). Raise it to 3 x TTL + 5 s once
+/// that hold is in.
+const FREEZE: Duration = Duration::from_secs(2);
 /// How long a machine stays cut off: longer than the agent TTL, so its units move.
 const PARTITION: Duration = Duration::from_secs(10);
 /// After a machine is back (healed, fleetd restarted) it may take this long to read its
@@ -244,6 +247,15 @@ fn wanted(registry: &TestRegistry) -> Result<BTreeMap<String, Want>> {
     Ok(want)
 }
 
+/// Every machine's presence key and the lease it hangs on.
+fn presence_leases(registry: &TestRegistry) -> Result<BTreeMap<String, i64>> {
+    let prefix = registry.registry().keys().machines();
+    let res = registry
+        .block_on(registry.registry().kv().range(&prefix, true, None))
+        .context("reading the machines' presence")?;
+    Ok(res.kvs.into_iter().map(|kv| (kv.key, kv.lease)).collect())
+}
+
 /// Waits for etcd to answer again after a fault (a thawed etcd answers at once; this only
 /// guards the read of the desired states).
 fn wanted_when_ready(registry: &TestRegistry) -> Result<BTreeMap<String, Want>> {
@@ -276,6 +288,12 @@ impl Soak<'_> {
         let (cluster, registry) = (self.cluster, self.registry);
         let mut churn_rng = Rng::from_seed(self.rng.next());
         let spacing = Duration::from_millis(200 + self.rng.below(800));
+        let leases_before = match fault {
+            Fault::EtcdFreeze => Some(presence_leases(registry)?),
+            Fault::FleetdKill | Fault::PowerLoss | Fault::NetworkCut | Fault::EtcdMemberKill => {
+                None
+            }
+        };
         let at = Instant::now();
         let (rng, versions, paths, record) = (
             &mut self.rng,
@@ -295,6 +313,15 @@ impl Soak<'_> {
         wait_converged(cluster, registry, &want, CONVERGE).with_context(|| {
             format!("round {round}: no convergence within {CONVERGE:?} after {fault:?}")
         })?;
+        if let Some(before) = leases_before {
+            // Every machine registered again by now: a lease that lapsed was replaced.
+            let after = presence_leases(registry)?;
+            ensure!(
+                after == before,
+                "round {round}: the freeze cost a lease (a machine's presence ran out, so its \
+                 units may move): before {before:?}, after {after:?}"
+            );
+        }
         let converged_in = at.elapsed() - lasted;
         eprintln!(
             "round {round} at {:.1} s: {fault:?} on {hit:?} for {lasted:.1?}, converged \
