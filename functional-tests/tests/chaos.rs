@@ -25,7 +25,7 @@ use check::{Record, Window};
 use fleet_core::DesiredState;
 use fleet_functional_tests::{Cluster, FleetdSpec, Machine, Signal, TestRegistry, wait_for_value};
 use fleet_registry::kv::Kv;
-use record::Seen;
+use record::{Control, Seen};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -342,12 +342,7 @@ impl Soak<'_> {
 
     /// Every round until the budget is spent (and every fault of `plan` ran), then the
     /// control, once every documented window is over (or it would be excused).
-    fn run(
-        &mut self,
-        plan: &[Fault],
-        budget: Duration,
-        seen: &Mutex<Seen>,
-    ) -> Result<(String, String)> {
+    fn run(&mut self, plan: &[Fault], budget: Duration, seen: &Mutex<Seen>) -> Result<Control> {
         for round in 0..MAX_ROUNDS {
             if round >= plan.len() && self.start.elapsed() > budget {
                 break;
@@ -415,23 +410,24 @@ fn never_scheduled_twice(registry: &TestRegistry, from: i64) -> Result<usize> {
 }
 
 /// Splits the checker's findings into those about the control copy, which must be there
-/// (two copies at once, and one stop without a reason), and the rest, returned.
-fn without_control(
-    record: &Record,
-    start: Instant,
-    (unit, machine): &(String, String),
-) -> Result<Vec<String>> {
-    let (control, rest): (Vec<String>, Vec<String>) = check::violations(record, start)
+/// (two copies at once, and one stop without a reason), and the rest, returned. A finding is
+/// the control's when it names the control's invocation: any other run of the same unit,
+/// on any machine, stays a finding of its own.
+fn without_control(record: &Record, start: Instant, control: &Control) -> Result<Vec<String>> {
+    let mark = format!("(invocation {})", control.invocation);
+    let (mine, rest): (Vec<String>, Vec<String>) = check::violations(record, start)
         .into_iter()
-        .partition(|v| v.starts_with(&format!("{unit} ")) && v.contains(machine.as_str()));
-    eprintln!("chaos: the control copy of {unit} on {machine}: {control:?}");
-    let stops = control
+        .partition(|v| v.contains(&mark));
+    let Control { unit, machine, .. } = control;
+    eprintln!("chaos: the control copy of {unit} on {machine}: {mine:?}");
+    let stops = mine
         .iter()
         .filter(|v| v.contains("without a registry reason"))
         .count();
+    let doubles = mine.iter().filter(|v| v.contains("at once")).count();
     ensure!(
-        control.iter().any(|v| v.contains("at once")) && stops == 1,
-        "the checker missed the control copy of {unit} on {machine}: {control:?}; its runs: \
+        doubles >= 1 && stops == 1,
+        "the checker missed the control copy of {unit} on {machine}: {mine:?}; its runs: \
          {:#?}; windows: {:#?}",
         record
             .runs
@@ -492,7 +488,7 @@ fn soak_chaos_of_faults_under_fleetctl_churn_breaks_no_invariant() -> Result<()>
     };
     let seen = Mutex::new(Seen::default());
     let stop = AtomicBool::new(false);
-    let control = std::thread::scope(|s| -> Result<(String, String)> {
+    let control = std::thread::scope(|s| -> Result<Control> {
         let poller = s.spawn(|| record::poll_systemd(&cluster, &seen, &stop));
         let history = s.spawn(|| record::watch_schedules(&cluster, &watcher, from, &seen, &stop));
         let control = soak.run(&plan, budget, &seen);

@@ -94,10 +94,12 @@ fn double_runs(record: &Record, start: Instant) -> Vec<String> {
                     continue;
                 }
                 out.push(format!(
-                    "{unit} ran on {} and {} at once from {:.1} s to {:.1} s, outside any \
-                     documented window",
+                    "{unit} ran on {} (invocation {}) and {} (invocation {}) at once from \
+                     {:.1} s to {:.1} s, outside any documented window",
                     a.machine,
+                    a.invocation,
                     b.machine,
+                    b.invocation,
                     secs(from, start),
                     secs(to, start)
                 ));
@@ -184,7 +186,12 @@ mod tests {
             ],
             ..Record::default()
         };
-        assert_eq!(violations(&record, start).len(), 1);
+        let v = violations(&record, start);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("(invocation m1-0)") && v[0].contains("(invocation m2-50)"),
+            "both runs are named by their invocation: {v:?}"
+        );
         record.windows.push(Window {
             machine: "m1".to_owned(),
             from: at(start, 40),
