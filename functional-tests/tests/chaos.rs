@@ -2,8 +2,9 @@
 //! cluster, with an invariant checker over etcd's history and every machine's systemd.
 //!
 //! Faults, one per round, in a random order: kill -9 of a fleetd, an etcd freeze
-//! (SIGSTOP/SIGCONT), a machine's power loss (once), a machine cut off the network, and a kill
-//! of one etcd member when the cluster's etcd has more than one. Meanwhile a client loop
+//! (SIGSTOP/SIGCONT of every member), a machine's power loss (once), a machine cut off the
+//! network, and a kill -9 of one member of the cluster's 3-member etcd (the raft leader half
+//! the time), started again 5 s later. Meanwhile a client loop
 //! starts, stops, destroys and replaces units with fleetctl. Two recorders run all along: one
 //! polls systemd on every machine (ActiveState and InvocationID of every unit), one records
 //! every change of a schedule entry from etcd's watch. After each fault the cluster must
@@ -23,7 +24,9 @@ mod support;
 use anyhow::{Context, Result, bail, ensure};
 use check::{Record, Window};
 use fleet_core::DesiredState;
-use fleet_functional_tests::{Cluster, FleetdSpec, Machine, Signal, TestRegistry, wait_for_value};
+use fleet_functional_tests::{
+    Cluster, ClusterSpec, FleetdSpec, Machine, Signal, TestRegistry, cleanup_stale, wait_for_value,
+};
 use fleet_registry::kv::Kv;
 use record::{Control, Seen};
 use std::collections::BTreeMap;
@@ -45,6 +48,10 @@ const AGENT_TTL: &str = "6s";
 /// the round checks that none did ("the freeze cost a lease"). Raise it to 3 x TTL + 5 s once
 /// that hold is in.
 const FREEZE: Duration = Duration::from_secs(2);
+/// How long a killed etcd member stays down before it is started again.
+const MEMBER_DOWN: Duration = Duration::from_secs(5);
+/// The soak's etcd: three members, every endpoint given to fleetd and fleetctl.
+const ETCD_MEMBERS: usize = 3;
 /// How long a machine stays cut off: longer than the agent TTL, so its units move.
 const PARTITION: Duration = Duration::from_secs(10);
 /// After a machine is back (healed, fleetd restarted) it may take this long to read its
@@ -108,10 +115,18 @@ fn write_versions(dir: &std::path::Path) -> Result<BTreeMap<(usize, u32), String
 
 // --- faults --------------------------------------------------------------------------------
 
-/// The members of the cluster's etcd. The harness runs one today; the member kill joins the
-/// faults as soon as it runs more.
-fn etcd_members(cluster: &Cluster) -> usize {
-    cluster.state().etcd.process.map_or(0, |_| 1)
+/// The members of the cluster's etcd that run now, by index.
+fn running_members(cluster: &Cluster) -> Vec<usize> {
+    (0..cluster.etcd_members())
+        .filter(|i| {
+            cluster
+                .state()
+                .etcd
+                .member(*i)
+                .and_then(|m| m.process)
+                .is_some_and(|p| p.is_alive())
+        })
+        .collect()
 }
 
 fn up(cluster: &Cluster) -> Vec<&Machine> {
@@ -125,22 +140,25 @@ fn pick(rng: &mut Rng, round: usize, plan: &[Fault], cluster: &Cluster) -> Fault
         return *f;
     }
     let mut menu = vec![Fault::FleetdKill, Fault::EtcdFreeze, Fault::NetworkCut];
-    if etcd_members(cluster) > 1 {
+    if cluster.etcd_members() > 1 {
         menu.push(Fault::EtcdMemberKill);
     }
     menu[rng.below(menu.len() as u64) as usize]
 }
 
 /// Injects `fault` and returns once it is over (fleetd restarted, etcd thawed, network
-/// healed), with the machine it hit and its documented window, if any.
+/// healed, etcd member back), with the machine it hit and its documented window, if any.
 fn inject(
-    cluster: &Cluster,
+    cluster: &mut Cluster,
     rng: &mut Rng,
     fault: Fault,
     record: &mut Record,
 ) -> Result<Option<String>> {
     let machines = up(cluster);
-    let victim = machines[rng.below(machines.len() as u64) as usize];
+    let victim = machines[rng.below(machines.len() as u64) as usize]
+        .name()
+        .to_owned();
+    let victim = cluster.machine(&victim)?;
     let start = Instant::now();
     match fault {
         Fault::FleetdKill => {
@@ -157,11 +175,17 @@ fn inject(
             Ok(Some(victim.name().to_owned()))
         }
         Fault::EtcdFreeze => {
-            let etcd = cluster.state().etcd.process.context("etcd not running")?;
-            etcd.signal(Signal::Stop)?;
+            // Every member at once: the whole etcd stalls, as a frozen VM or fsync would.
+            let members = cluster.state().etcd.processes();
+            ensure!(!members.is_empty(), "etcd not running");
+            for etcd in &members {
+                etcd.signal(Signal::Stop)?;
+            }
             // The freeze's length is the fault itself.
             std::thread::sleep(FREEZE);
-            etcd.signal(Signal::Cont)?;
+            for etcd in &members {
+                etcd.signal(Signal::Cont)?;
+            }
             Ok(None)
         }
         Fault::PowerLoss => {
@@ -183,7 +207,21 @@ fn inject(
             });
             Ok(Some(victim.name().to_owned()))
         }
-        Fault::EtcdMemberKill => bail!("the harness runs a single etcd member"),
+        Fault::EtcdMemberKill => {
+            // Half the time the raft leader, the harder case (an election).
+            let running = running_members(cluster);
+            ensure!(running.len() > 1, "no etcd member to spare: {running:?}");
+            let member = if rng.below(2) == 0 {
+                cluster.etcd_leader()?
+            } else {
+                running[rng.below(running.len() as u64) as usize]
+            };
+            cluster.kill_etcd_member(member)?;
+            // How long it stays down is the fault itself; nothing may move meanwhile.
+            std::thread::sleep(MEMBER_DOWN);
+            cluster.start_etcd_member(member)?;
+            Ok(Some(format!("etcd member {member}")))
+        }
     }
 }
 
@@ -267,9 +305,12 @@ fn wanted_when_ready(registry: &TestRegistry) -> Result<BTreeMap<String, Want>> 
 
 // --- the soak ------------------------------------------------------------------------------
 
-/// One soak's state, beside the cluster and the recorders (which borrow the cluster too).
+/// One soak's state, beside the recorders (which have views of the cluster of their own).
 struct Soak<'a> {
-    cluster: &'a Cluster,
+    /// The cluster the faults are injected into (a member kill changes its etcd state).
+    cluster: &'a mut Cluster,
+    /// A view of the same cluster for the client loop, which runs while a fault is injected.
+    view: Cluster,
     registry: &'a TestRegistry,
     rng: Rng,
     paths: BTreeMap<(usize, u32), String>,
@@ -285,7 +326,7 @@ struct Soak<'a> {
 impl Soak<'_> {
     /// One round: `fault` under churn, then convergence within [`CONVERGE`].
     fn round(&mut self, round: usize, fault: Fault) -> Result<()> {
-        let (cluster, registry) = (self.cluster, self.registry);
+        let registry = self.registry;
         let mut churn_rng = Rng::from_seed(self.rng.next());
         let spacing = Duration::from_millis(200 + self.rng.below(800));
         let leases_before = match fault {
@@ -295,19 +336,22 @@ impl Soak<'_> {
             }
         };
         let at = Instant::now();
-        let (rng, versions, paths, record) = (
+        let (rng, versions, paths, record, view) = (
             &mut self.rng,
             &mut self.versions,
             &self.paths,
             &mut self.record,
+            &self.view,
         );
+        let cluster = &mut *self.cluster;
         let (hit, done) = std::thread::scope(|s| -> Result<_> {
-            let client = s.spawn(|| churn(cluster, &mut churn_rng, versions, paths, spacing));
+            let client = s.spawn(|| churn(view, &mut churn_rng, versions, paths, spacing));
             let hit = inject(cluster, rng, fault, record);
             let done = client.join().expect("the client loop does not panic");
             Ok((hit?, done?))
         })?;
         let lasted = at.elapsed();
+        let cluster = &*self.cluster;
         let want = wanted_when_ready(registry)?;
         support::wait_registered(cluster, registry)?;
         wait_converged(cluster, registry, &want, CONVERGE).with_context(|| {
@@ -440,13 +484,16 @@ fn without_control(record: &Record, start: Instant, control: &Control) -> Result
 }
 
 /// The first rounds' faults: each once, in a random order.
-fn first_faults(rng: &mut Rng) -> Vec<Fault> {
+fn first_faults(rng: &mut Rng, cluster: &Cluster) -> Vec<Fault> {
     let mut plan = vec![
         Fault::FleetdKill,
         Fault::EtcdFreeze,
         Fault::NetworkCut,
         Fault::PowerLoss,
     ];
+    if cluster.etcd_members() > 1 {
+        plan.push(Fault::EtcdMemberKill);
+    }
     for i in (1..plan.len()).rev() {
         plan.swap(i, rng.below(i as u64 + 1) as usize);
     }
@@ -465,18 +512,30 @@ fn soak_chaos_of_faults_under_fleetctl_churn_breaks_no_invariant() -> Result<()>
         agent_ttl: AGENT_TTL.to_owned(),
         ..FleetdSpec::default().with_env("FLEET_ENGINE_RECONCILE_INTERVAL", "0.5")
     };
-    let (cluster, registry) = support::start(MACHINES, spec)?;
+    cleanup_stale()?;
+    let mut cluster =
+        Cluster::start(ClusterSpec::with_fleetd(MACHINES, spec).with_etcd_members(ETCD_MEMBERS))?;
+    ensure!(cluster.etcd_members() == ETCD_MEMBERS);
+    let registry = TestRegistry::of(&cluster)?;
+    support::wait_registered(&cluster, &registry)?;
     let watcher = TestRegistry::of(&cluster)?;
+    // The recorders' own views of the cluster: the soak needs it mutably for member kills.
+    let (polled, watched) = (
+        Cluster::attach(cluster.dir())?,
+        Cluster::attach(cluster.dir())?,
+    );
     let paths = write_versions(&cluster.dir().join("chaos-units"))?;
     let mut line = vec!["start".to_owned(), "--no-block".to_owned()];
     line.extend((0..UNITS).map(|i| paths[&(i, 0)].clone()));
     support::fleetctl_ok(&cluster, &line)?;
     wait_converged(&cluster, &registry, &wanted(&registry)?, CONVERGE)?;
 
-    let plan = first_faults(&mut rng);
+    let plan = first_faults(&mut rng, &cluster);
     let from = revision(&registry)?;
+    let view = Cluster::attach(cluster.dir())?;
     let mut soak = Soak {
-        cluster: &cluster,
+        cluster: &mut cluster,
+        view,
         registry: &registry,
         rng,
         paths,
@@ -489,8 +548,8 @@ fn soak_chaos_of_faults_under_fleetctl_churn_breaks_no_invariant() -> Result<()>
     let seen = Mutex::new(Seen::default());
     let stop = AtomicBool::new(false);
     let control = std::thread::scope(|s| -> Result<Control> {
-        let poller = s.spawn(|| record::poll_systemd(&cluster, &seen, &stop));
-        let history = s.spawn(|| record::watch_schedules(&cluster, &watcher, from, &seen, &stop));
+        let poller = s.spawn(|| record::poll_systemd(&polled, &seen, &stop));
+        let history = s.spawn(|| record::watch_schedules(&watched, &watcher, from, &seen, &stop));
         let control = soak.run(&plan, budget, &seen);
         stop.store(true, Ordering::SeqCst);
         poller.join().expect("the systemd poller does not panic");
