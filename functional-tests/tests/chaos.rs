@@ -4,15 +4,18 @@
 //! Faults, one per round, in a random order: kill -9 of a fleetd, an etcd freeze
 //! (SIGSTOP/SIGCONT of every member), a machine's power loss (once), a machine cut off the
 //! network, and a kill -9 of one member of the cluster's 3-member etcd (the raft leader half
-//! the time), started again 5 s later. Meanwhile a client loop
-//! starts, stops, destroys and replaces units with fleetctl. Two recorders run all along: one
-//! polls systemd on every machine (ActiveState and InvocationID of every unit), one records
-//! every change of a schedule entry from etcd's watch. After each fault the cluster must
-//! converge on what the registry says within [`CONVERGE`]; at the end the checker
-//! (`chaos/check.rs`) proves that no unit ran twice at once outside a documented window and
-//! that no unit stopped without a registry reason, and every revision of etcd's history is
-//! replayed to prove no unit was ever scheduled on two machines. It prints the seed, the
-//! faults, the operations and the violations (0). `FLEET_FAULT_SEED=<n>` replays a run.
+//! the time), started again 5 s later. Meanwhile a client loop starts, stops, destroys and
+//! replaces units with fleetctl, recording each operation with its time. Two recorders run
+//! all along: one polls systemd on every machine (ActiveState and InvocationID of every
+//! unit), one records every change of a schedule entry from etcd's watch. After each fault
+//! the cluster must converge on what the registry says within [`CONVERGE`], and an etcd
+//! freeze must leave every unit the churn did not touch with its machine, MainPID and
+//! InvocationID. At the end the checker (`chaos/check.rs`) proves that no unit ran twice at
+//! once outside a documented window and that no unit stopped without a reason (a user's
+//! operation on it, or a move off a machine in a documented window), and every revision of
+//! etcd's history is replayed to prove no unit was ever scheduled on two machines. It prints
+//! the seed, the faults, the operations and the violations (0). `FLEET_FAULT_SEED=<n>`
+//! replays a run.
 //! Needs root; `make soak`.
 
 #[path = "chaos/check.rs"]
@@ -22,18 +25,18 @@ mod record;
 mod support;
 
 use anyhow::{Context, Result, bail, ensure};
-use check::{Record, Window};
+use check::{Op, Record, Verb, Window};
 use fleet_core::DesiredState;
 use fleet_functional_tests::{
     Cluster, ClusterSpec, FleetdSpec, Machine, Signal, TestRegistry, cleanup_stale, wait_for_value,
 };
 use fleet_registry::kv::Kv;
 use record::{Control, Seen};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use support::{PREFIX, Rng, Want, fleetctl, replay, revision, wait_converged};
+use support::{PREFIX, Placed, Rng, Want, fleetctl, replay, revision, wait_converged};
 
 /// Machines at the start; one of them loses power during the soak.
 const MACHINES: usize = 4;
@@ -228,32 +231,35 @@ fn inject(
 // --- churn ---------------------------------------------------------------------------------
 
 /// The client side: `OPS_PER_ROUND` random fleetctl operations, one every `spacing`. Returns
-/// `(operation, succeeded)` for each; a failure must be one clean message.
+/// each with the moment it was issued (the checker's reasons to stop a unit); a failure must
+/// be one clean message.
 fn churn(
     cluster: &Cluster,
     rng: &mut Rng,
     versions: &mut [u32],
     paths: &BTreeMap<(usize, u32), String>,
     spacing: Duration,
-) -> Result<Vec<(String, bool)>> {
+) -> Result<Vec<Op>> {
     let mut done = Vec::new();
     for _ in 0..OPS_PER_ROUND {
         let i = rng.below(UNITS as u64) as usize;
-        let (verb, args): (&str, Vec<String>) = match rng.below(10) {
-            0..=3 => ("start", vec![paths[&(i, versions[i])].clone()]),
-            4..=5 => ("stop", vec![unit_name(i)]),
-            6 => ("destroy", vec![unit_name(i)]),
+        let (verb, arg) = match rng.below(10) {
+            0..=3 => (Verb::Start, paths[&(i, versions[i])].clone()),
+            4..=5 => (Verb::Stop, unit_name(i)),
+            6 => (Verb::Destroy, unit_name(i)),
             _ => {
                 versions[i] = (versions[i] + 1) % 3;
-                ("replace", vec![paths[&(i, versions[i])].clone()])
+                (Verb::Replace, paths[&(i, versions[i])].clone())
             }
         };
         let mut line: Vec<String> = match verb {
-            "replace" => vec!["start".into(), "--no-block".into(), "--replace".into()],
-            "destroy" => vec!["destroy".into()],
-            other => vec![other.into(), "--no-block".into()],
+            Verb::Replace => vec!["start".into(), "--no-block".into(), "--replace".into()],
+            Verb::Destroy => vec!["destroy".into()],
+            Verb::Start => vec!["start".into(), "--no-block".into()],
+            Verb::Stop => vec!["stop".into(), "--no-block".into()],
         };
-        line.extend(args);
+        line.push(arg);
+        let at = Instant::now();
         let run = fleetctl(cluster, &line)?;
         ensure!(
             run.success
@@ -263,7 +269,12 @@ fn churn(
             "fleetctl {} failed unclearly: {run:?}",
             line.join(" ")
         );
-        done.push((format!("{verb} {}", unit_name(i)), run.success));
+        done.push(Op {
+            at,
+            unit: unit_name(i),
+            verb,
+            succeeded: run.success,
+        });
         // The spacing spreads the operations over the fault: it is the load, not a wait.
         std::thread::sleep(spacing);
     }
@@ -283,6 +294,24 @@ fn wanted(registry: &TestRegistry) -> Result<BTreeMap<String, Want>> {
         want.insert(u.name().to_string(), w);
     }
     Ok(want)
+}
+
+/// Where each unit runs now: its machine, MainPID and InvocationID.
+fn running(cluster: &Cluster) -> Result<BTreeMap<String, Placed>> {
+    let names: Vec<String> = (0..UNITS).map(unit_name).collect();
+    let mut out = BTreeMap::new();
+    for m in up(cluster) {
+        for (unit, view) in support::units_on(m, &names)? {
+            if view.is_active() {
+                let placed = Placed {
+                    machine: m.name().to_owned(),
+                    identity: view.identity(),
+                };
+                out.insert(unit, placed);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Every machine's presence key and the lease it hangs on.
@@ -318,8 +347,6 @@ struct Soak<'a> {
     versions: Vec<u32>,
     record: Record,
     injected: Vec<Injected>,
-    /// `(operation, succeeded)` of every fleetctl operation of the churn.
-    ops: Vec<(String, bool)>,
     start: Instant,
 }
 
@@ -329,8 +356,8 @@ impl Soak<'_> {
         let registry = self.registry;
         let mut churn_rng = Rng::from_seed(self.rng.next());
         let spacing = Duration::from_millis(200 + self.rng.below(800));
-        let leases_before = match fault {
-            Fault::EtcdFreeze => Some(presence_leases(registry)?),
+        let before_freeze = match fault {
+            Fault::EtcdFreeze => Some((presence_leases(registry)?, running(self.cluster)?)),
             Fault::FleetdKill | Fault::PowerLoss | Fault::NetworkCut | Fault::EtcdMemberKill => {
                 None
             }
@@ -357,13 +384,27 @@ impl Soak<'_> {
         wait_converged(cluster, registry, &want, CONVERGE).with_context(|| {
             format!("round {round}: no convergence within {CONVERGE:?} after {fault:?}")
         })?;
-        if let Some(before) = leases_before {
+        if let Some((leases, runs)) = before_freeze {
             // Every machine registered again by now: a lease that lapsed was replaced.
             let after = presence_leases(registry)?;
             ensure!(
-                after == before,
+                after == leases,
                 "round {round}: the freeze cost a lease (a machine's presence ran out, so its \
-                 units may move): before {before:?}, after {after:?}"
+                 units may move): before {leases:?}, after {after:?}"
+            );
+            // A stalled etcd is no reason to stop, move or restart anything (issue 12 item 2).
+            let touched: BTreeSet<&str> = done.iter().map(|op| op.unit.as_str()).collect();
+            let now = running(cluster)?;
+            let changed: Vec<String> = runs
+                .iter()
+                .filter(|(unit, _)| !touched.contains(unit.as_str()))
+                .filter(|(unit, was)| now.get(*unit) != Some(*was))
+                .map(|(unit, was)| format!("{unit}: {was:?} -> {:?}", now.get(unit)))
+                .collect();
+            ensure!(
+                changed.is_empty(),
+                "round {round}: units the churn did not touch changed machine, MainPID or \
+                 InvocationID across the etcd freeze: {changed:?}"
             );
         }
         let converged_in = at.elapsed() - lasted;
@@ -373,7 +414,7 @@ impl Soak<'_> {
             at.duration_since(self.start).as_secs_f64(),
             done.len()
         );
-        self.ops.extend(done);
+        self.record.ops.extend(done);
         self.injected.push(Injected {
             fault,
             machine: hit,
@@ -413,17 +454,15 @@ impl Soak<'_> {
                 f.converged_in
             );
         }
-        let mut by_verb: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-        for (op, ok) in &self.ops {
-            let counts = by_verb
-                .entry(op.split(' ').next().unwrap_or(""))
-                .or_default();
+        let mut by_verb: BTreeMap<Verb, (usize, usize)> = BTreeMap::new();
+        for op in &self.record.ops {
+            let counts = by_verb.entry(op.verb).or_default();
             counts.0 += 1;
-            counts.1 += usize::from(!ok);
+            counts.1 += usize::from(!op.succeeded);
         }
         eprintln!(
             "chaos: {} fleetctl operations, (run, refused cleanly) by verb: {by_verb:?}",
-            self.ops.len()
+            self.record.ops.len()
         );
         eprintln!(
             "chaos: {} runs of units seen in {} polls, {} schedule changes of {} events",
@@ -466,7 +505,7 @@ fn without_control(record: &Record, start: Instant, control: &Control) -> Result
     eprintln!("chaos: the control copy of {unit} on {machine}: {mine:?}");
     let stops = mine
         .iter()
-        .filter(|v| v.contains("without a registry reason"))
+        .filter(|v| v.contains("without a user operation"))
         .count();
     let doubles = mine.iter().filter(|v| v.contains("at once")).count();
     ensure!(
@@ -542,7 +581,6 @@ fn soak_chaos_of_faults_under_fleetctl_churn_breaks_no_invariant() -> Result<()>
         versions: vec![0; UNITS],
         record: Record::default(),
         injected: Vec::new(),
-        ops: Vec::new(),
         start: Instant::now(),
     };
     let seen = Mutex::new(Seen::default());

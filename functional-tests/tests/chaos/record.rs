@@ -152,7 +152,7 @@ pub fn watch_schedules(
 /// Proves the checker is not blind: a second copy of a running unit is started on another
 /// machine behind fleet's back (a transient unit of the same name, which fleetd leaves
 /// alone), seen by the poller, then stopped behind fleet's back too. The checker must report
-/// both: two copies at once, and a stop without a registry reason. Returns that copy.
+/// both: two copies at once, and a stop without a reason. Returns that copy.
 pub fn control(cluster: &Cluster, seen: &Mutex<Seen>) -> Result<Control> {
     let lock = || seen.lock().unwrap_or_else(|e| e.into_inner());
     let (unit, running_on) = {
