@@ -112,6 +112,13 @@ impl<K: Kv> Registry<K> {
         Ok(res.succeeded)
     }
 
+    /// The leadership `me` holds (or held) on `lease`, without campaigning: a test writes
+    /// through it exactly what that engine would, fence included, e.g. after it was deposed.
+    #[cfg(feature = "test-etcd")]
+    pub fn leadership_of(&self, me: &MachineId, lease: LeaseId) -> Leadership<K> {
+        self.leadership(me, lease)
+    }
+
     fn leadership(&self, me: &MachineId, lease: LeaseId) -> Leadership<K> {
         Leadership {
             registry: self.clone(),

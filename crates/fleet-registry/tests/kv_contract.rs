@@ -851,6 +851,8 @@ async fn watches_a_revision_of_more_than_4_mib(h: &impl Harness, p: &str) {
 // ---- real etcd only ----
 
 mod etcd_only {
+    use std::cell::{Cell, RefCell};
+    use std::collections::BTreeMap;
     use std::net::TcpListener;
 
     use fleet_registry::kv::{EtcdConfig, TlsFiles};
@@ -956,5 +958,159 @@ mod etcd_only {
         // Watches are not resumed by etcd-client, but new ones work.
         let mut watch = kv.watch("r/", true, written).await.unwrap();
         assert_eq!(next_events(&mut watch, 1).await[0].kv, kv_a);
+    }
+
+    /// Keys a multi-page read holds in these tests: a first page of [`RANGE_PAGE`] and, at
+    /// 16 KiB a value, later pages of 256 keys, so a read takes several pages.
+    const PAGED_KEYS: usize = RANGE_PAGE + 300;
+    const PAGED_VALUE: usize = 16 << 10;
+    /// Reads made while the writer writes.
+    const PAGED_READS: usize = 20;
+
+    fn paged_value(tag: &str) -> String {
+        format!("{tag}:{}", "x".repeat(PAGED_VALUE))
+    }
+
+    /// What a concurrent writer did, in order: `(revision, key, value)`.
+    type Log = RefCell<Vec<(Revision, String, String)>>;
+
+    /// The keys under the prefix at `revision`: the initial ones, then the log up to it.
+    fn state_at(
+        initial: &BTreeMap<String, String>,
+        log: &[(Revision, String, String)],
+        revision: Revision,
+    ) -> BTreeMap<String, String> {
+        let mut state = initial.clone();
+        for (_, key, value) in log.iter().filter(|(r, _, _)| *r <= revision) {
+            state.insert(key.clone(), value.clone());
+        }
+        state
+    }
+
+    /// One write at a time until `done`: rewrites keys spread over every page and adds keys
+    /// between them. With `compact`, each `compaction` request is served by one write and a
+    /// compaction of history up to it, landing under the read in flight.
+    async fn write_under_reads(
+        h: &EtcdHarness,
+        p: &str,
+        done: &Cell<bool>,
+        compaction: &Cell<bool>,
+        log: &Log,
+    ) {
+        let kv = h.kv();
+        let mut n = 0usize;
+        while !done.get() {
+            n += 1;
+            let i = (n * 389) % PAGED_KEYS;
+            let key = if n.is_multiple_of(2) {
+                format!("{p}{i:05}")
+            } else {
+                format!("{p}{i:05}+{n}")
+            };
+            let value = paged_value(&format!("w{n}"));
+            let revision = put(&kv, &key, &value).await;
+            log.borrow_mut().push((revision, key, value));
+            if compaction.replace(false) {
+                h.compact(revision).await;
+            }
+            // Let the reader's pages interleave with the writes.
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Reads the prefix [`PAGED_READS`] times while `write_under_reads` writes, and checks
+    /// each result is exactly the prefix at its revision. Returns how many reads saw writes
+    /// land while they were in flight.
+    async fn read_under_writes(
+        kv: &EtcdKv,
+        p: &str,
+        initial: &BTreeMap<String, String>,
+        done: &Cell<bool>,
+        compaction: Option<&Cell<bool>>,
+        log: &Log,
+    ) -> usize {
+        let mut overlapped = 0;
+        for _ in 0..PAGED_READS {
+            let before = log.borrow().len();
+            if let Some(c) = compaction {
+                c.set(true);
+            }
+            let res = kv
+                .range(p, true, None)
+                .await
+                .expect("a read of the present succeeds, compacted under it or not");
+            let log = log.borrow();
+            assert!(
+                res.kvs.iter().all(|kv| kv.mod_revision <= res.revision),
+                "a key newer than the read's revision {}",
+                res.revision
+            );
+            let got: BTreeMap<String, String> = res
+                .kvs
+                .iter()
+                .map(|kv| {
+                    (
+                        kv.key.clone(),
+                        String::from_utf8_lossy(&kv.value).into_owned(),
+                    )
+                })
+                .collect();
+            let want = state_at(initial, &log, res.revision);
+            assert!(
+                got == want,
+                "the read at {} is not the prefix at that revision ({} keys, want {})",
+                res.revision,
+                got.len(),
+                want.len()
+            );
+            overlapped += usize::from(log[before..].iter().any(|(r, _, _)| *r > res.revision));
+        }
+        done.set(true);
+        overlapped
+    }
+
+    async fn paged_keys(h: &EtcdHarness, p: &str) -> BTreeMap<String, String> {
+        let kv = h.kv();
+        let initial: BTreeMap<String, String> = (0..PAGED_KEYS)
+            .map(|i| (format!("{p}{i:05}"), paged_value(&format!("v{i}"))))
+            .collect();
+        let all: Vec<(&String, &String)> = initial.iter().collect();
+        // etcd takes at most 1.5 MiB a request.
+        for chunk in all.chunks(64) {
+            let ops = chunk.iter().map(|(k, v)| put_op(k, v, None)).collect();
+            kv.txn(writes(ops)).await.expect("put many");
+        }
+        initial
+    }
+
+    #[tokio::test]
+    async fn a_multi_page_read_is_one_revision_while_a_writer_rewrites_and_adds_keys() {
+        let h = EtcdHarness::start().await;
+        let p = "paged-writer/";
+        let initial = paged_keys(&h, p).await;
+        let (done, never, log) = (Cell::new(false), Cell::new(false), Log::default());
+        let kv = h.kv();
+        let ((), overlapped) = tokio::join!(
+            write_under_reads(&h, p, &done, &never, &log),
+            read_under_writes(&kv, p, &initial, &done, None, &log)
+        );
+        assert!(overlapped > 0, "no write landed while a read was in flight");
+    }
+
+    #[tokio::test]
+    async fn a_read_of_the_present_starts_again_when_history_is_compacted_between_pages() {
+        let h = EtcdHarness::start().await;
+        let p = "paged-compacted/";
+        let initial = paged_keys(&h, p).await;
+        let (done, compaction, log) = (Cell::new(false), Cell::new(false), Log::default());
+        let kv = h.kv();
+        let ((), overlapped) = tokio::join!(
+            write_under_reads(&h, p, &done, &compaction, &log),
+            read_under_writes(&kv, p, &initial, &done, Some(&compaction), &log)
+        );
+        assert!(
+            overlapped > 0,
+            "no compaction landed while a read was in flight"
+        );
     }
 }

@@ -58,6 +58,18 @@ pub fn read_unit_file(path: &Path) -> Result<Option<UnitFile>> {
         .map_err(|e| anyhow!("{}: {e}", path.display()))
 }
 
+/// A local file read only to compare it with what the registry holds: `None` unless it is a
+/// regular file that reads and parses. Such a read must never fail or block a command that
+/// will not use the file, so a FIFO (which would wait for its writer), a directory, a device
+/// or a file that does not parse is passed over.
+pub fn peek_unit_file(path: &Path) -> Option<UnitFile> {
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    read_unit_file(path).ok().flatten()
+}
+
 fn check_regular(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
     use std::os::unix::fs::FileTypeExt;
     let kind = meta.file_type();

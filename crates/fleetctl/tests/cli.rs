@@ -256,6 +256,81 @@ async fn a_local_template_differing_from_the_registry_one_is_warned_about() {
     assert_eq!(stderr(&o), "");
 }
 
+/// fleetctl, killed if it has not finished within `limit` (a read that blocks would hang it).
+fn fleetctl_within(env: &Env, args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
+        .arg("--endpoint")
+        .arg(env.etcd.endpoint())
+        .args(args)
+        .current_dir(&env.dir)
+        .env_remove("FLEETCTL_ENDPOINT")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("fleetctl {args:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[tokio::test]
+async fn a_local_template_that_cannot_be_read_leaves_the_registry_template_in_use() {
+    let env = Env::new("template-unreadable").await;
+    let v1 = "[Service]\nExecStart=/bin/sleep 1%i\n";
+    env.write("hello@.service", v1);
+    ok(&env.fleetctl(&["submit", "hello@.service", "hello@1.service"]));
+    let max = fleet_core::unit_file::MAX_UNIT_FILE_BYTES;
+    let template = env.dir.join("hello@.service");
+
+    // Each kind of local template that `submit hello@.service` would refuse. The registry's
+    // template is what an instance takes, so none of them may fail (or block) the command.
+    let kinds: [(&str, &dyn Fn()); 4] = [
+        ("unparsable", &|| {
+            std::fs::write(&template, "[Service\n").unwrap()
+        }),
+        ("too large", &|| {
+            std::fs::write(&template, format!("[Service]\n#{}\n", "x".repeat(max))).unwrap()
+        }),
+        ("a directory", &|| std::fs::create_dir(&template).unwrap()),
+        ("a fifo", &|| {
+            let made = Command::new("mkfifo").arg(&template).status().unwrap();
+            assert!(made.success());
+        }),
+    ];
+    for (n, (kind, make)) in kinds.iter().enumerate() {
+        let _ = std::fs::remove_file(&template);
+        let _ = std::fs::remove_dir(&template);
+        make();
+        let instance = format!("./hello@{}.service", n + 2);
+        let o = fleetctl_within(&env, &["submit", &instance], Duration::from_secs(30));
+        assert!(o.status.success(), "{kind}: {}", stderr(&o));
+        assert_eq!(
+            stderr(&o),
+            "",
+            "{kind}: nothing to compare, nothing to warn"
+        );
+        let name = format!("hello@{}", n + 2);
+        assert_eq!(stdout(&env.fleetctl(&["cat", &name])), v1, "{kind}");
+
+        // An instance already registered is kept as it is, without a word.
+        let before = env.dump().await;
+        let o = fleetctl_within(
+            &env,
+            &["submit", "./hello@1.service"],
+            Duration::from_secs(30),
+        );
+        assert!(o.status.success(), "{kind}: {}", stderr(&o));
+        assert_eq!(stderr(&o), "", "{kind}");
+        assert_eq!(env.dump().await, before, "{kind}");
+    }
+}
+
 #[tokio::test]
 async fn many_arguments_resolve_as_they_did_one_at_a_time() {
     let env = Env::new("many").await;

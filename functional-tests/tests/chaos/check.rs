@@ -7,9 +7,13 @@
 //! - a non-global unit has at most one run at a time; two runs overlap only while one of
 //!   their machines is inside a documented window (cut off the network, or fleetd down, plus
 //!   the time it takes to hear about its schedule afterwards), docs/guarantees.md promise 2;
-//! - a run ends only for a registry reason: a change or deletion of its schedule entry on
-//!   that machine (desired state, replace, destroy, reschedule decision), each change used
-//!   for one run at most, or because its machine lost power.
+//! - a run ends only for a reason: a user's operation on that unit (`stop`, `destroy`,
+//!   `start --replace`) issued while it ran, each used for one run at most; or a move off a
+//!   machine inside a documented window (a change or deletion of its schedule entry on that
+//!   machine while the machine was cut off, or its fleetd down), each change used for one run
+//!   at most; or its machine lost power. Any other stop is a violation, the engine's own
+//!   moves and restarts in place included: a schedule change alone justifies nothing, since
+//!   the engine writes those too (after a mass lease expiry, say).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -37,6 +41,36 @@ pub struct Change {
     pub unit: String,
 }
 
+/// What the client loop asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verb {
+    Start,
+    Stop,
+    Destroy,
+    Replace,
+}
+
+impl Verb {
+    /// Whether the operation may stop a running copy of its unit. A plain `start` never does
+    /// (a unit already in the registry keeps its content).
+    fn may_stop(self) -> bool {
+        match self {
+            Verb::Start => false,
+            Verb::Stop | Verb::Destroy | Verb::Replace => true,
+        }
+    }
+}
+
+/// One fleetctl operation of the client loop on `unit`, started at `at`. A failed one counts
+/// too: a request that timed out may have been applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Op {
+    pub at: Instant,
+    pub unit: String,
+    pub verb: Verb,
+    pub succeeded: bool,
+}
+
 /// A machine inside a documented window (partition or fleetd down) from `from` to `to`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Window {
@@ -49,6 +83,7 @@ pub struct Window {
 pub struct Record {
     pub runs: Vec<RunRecord>,
     pub changes: Vec<Change>,
+    pub ops: Vec<Op>,
     pub windows: Vec<Window>,
     /// Machines that lost power, and when.
     pub power_lost: BTreeMap<String, Instant>,
@@ -94,10 +129,12 @@ fn double_runs(record: &Record, start: Instant) -> Vec<String> {
                     continue;
                 }
                 out.push(format!(
-                    "{unit} ran on {} and {} at once from {:.1} s to {:.1} s, outside any \
-                     documented window",
+                    "{unit} ran on {} (invocation {}) and {} (invocation {}) at once from \
+                     {:.1} s to {:.1} s, outside any documented window",
                     a.machine,
+                    a.invocation,
                     b.machine,
+                    b.invocation,
                     secs(from, start),
                     secs(to, start)
                 ));
@@ -115,7 +152,8 @@ fn unjustified_stops(record: &Record, start: Instant) -> Vec<String> {
         .filter_map(|r| r.ended.map(|e| (r, e)))
         .collect();
     ended.sort_by_key(|(_, e)| *e);
-    let mut used: BTreeSet<usize> = BTreeSet::new();
+    let mut used_changes: BTreeSet<usize> = BTreeSet::new();
+    let mut used_ops: BTreeSet<usize> = BTreeSet::new();
     for (run, end) in ended {
         if record
             .power_lost
@@ -124,19 +162,41 @@ fn unjustified_stops(record: &Record, start: Instant) -> Vec<String> {
         {
             continue;
         }
-        let reason = record.changes.iter().enumerate().find(|(i, c)| {
-            !used.contains(i)
-                && c.machine == run.machine
-                && c.unit == run.unit
-                && c.at + SLACK >= run.first
-                && c.at <= end + SLACK
+        // A move off a machine inside a window first: its stale copy's stop must not use up
+        // an operation that a later stop of the live copy needs.
+        let in_window = record
+            .windows
+            .iter()
+            .any(|w| w.machine == run.machine && w.from <= end && end <= w.to);
+        let moved = in_window
+            .then(|| {
+                record.changes.iter().enumerate().find(|(i, c)| {
+                    !used_changes.contains(i)
+                        && c.machine == run.machine
+                        && c.unit == run.unit
+                        && c.at + SLACK >= run.first
+                        && c.at <= end + SLACK
+                })
+            })
+            .flatten();
+        if let Some((i, _)) = moved {
+            used_changes.insert(i);
+            continue;
+        }
+        let asked = record.ops.iter().enumerate().find(|(i, op)| {
+            !used_ops.contains(i)
+                && op.verb.may_stop()
+                && op.unit == run.unit
+                && op.at + SLACK >= run.first
+                && op.at <= end + SLACK
         });
-        match reason {
+        match asked {
             Some((i, _)) => {
-                used.insert(i);
+                used_ops.insert(i);
             }
             None => out.push(format!(
-                "{} on {} (invocation {}) stopped at {:.1} s without a registry reason",
+                "{} on {} (invocation {}) stopped at {:.1} s without a user operation or a \
+                 move off a machine in a documented window",
                 run.unit,
                 run.machine,
                 run.invocation,
@@ -184,7 +244,12 @@ mod tests {
             ],
             ..Record::default()
         };
-        assert_eq!(violations(&record, start).len(), 1);
+        let v = violations(&record, start);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("(invocation m1-0)") && v[0].contains("(invocation m2-50)"),
+            "both runs are named by their invocation: {v:?}"
+        );
         record.windows.push(Window {
             machine: "m1".to_owned(),
             from: at(start, 40),
@@ -193,22 +258,93 @@ mod tests {
         assert!(violations(&record, start).is_empty());
     }
 
+    fn op(start: Instant, verb: Verb, s: u64) -> Op {
+        Op {
+            at: at(start, s),
+            unit: "u.service".to_owned(),
+            verb,
+            succeeded: true,
+        }
+    }
+
     #[test]
-    fn a_stop_needs_a_schedule_change_and_each_change_justifies_one_stop() {
+    fn a_stop_needs_a_user_operation_and_each_operation_justifies_one_stop() {
         let start = Instant::now();
         let mut record = Record {
             runs: vec![
                 run(start, "m1", 0, 10, true),
                 run(start, "m1", 20, 30, true),
             ],
-            changes: vec![change(start, "m1", 10)],
+            ops: vec![op(start, Verb::Stop, 10)],
             ..Record::default()
         };
         let v = violations(&record, start);
         assert_eq!(v.len(), 1, "{v:?}");
         assert!(v[0].contains("invocation m1-20"), "{v:?}");
-        record.changes.push(change(start, "m1", 30));
+        record.ops.push(op(start, Verb::Replace, 30));
         assert!(violations(&record, start).is_empty());
+    }
+
+    #[test]
+    fn a_plain_start_stops_nothing() {
+        let start = Instant::now();
+        let record = Record {
+            runs: vec![run(start, "m1", 0, 10, true)],
+            ops: vec![op(start, Verb::Start, 10)],
+            ..Record::default()
+        };
+        assert_eq!(violations(&record, start).len(), 1);
+    }
+
+    #[test]
+    fn an_engine_move_off_a_healthy_machine_is_a_violation_even_with_its_schedule_change() {
+        // What a mass lease expiry after an etcd freeze did (issue 12 item 2): the engine
+        // deleted the entry and the unit stopped, on a machine no fault touched.
+        let start = Instant::now();
+        let mut record = Record {
+            runs: vec![run(start, "m1", 0, 10, true)],
+            changes: vec![change(start, "m1", 10)],
+            ..Record::default()
+        };
+        assert_eq!(violations(&record, start).len(), 1);
+        // The same move off a machine cut off the network is the documented window.
+        record.windows.push(Window {
+            machine: "m1".to_owned(),
+            from: at(start, 5),
+            to: at(start, 20),
+        });
+        assert!(violations(&record, start).is_empty());
+    }
+
+    #[test]
+    fn a_stale_copy_stopped_in_its_window_leaves_the_operation_for_the_live_copy() {
+        let start = Instant::now();
+        let record = Record {
+            runs: vec![run(start, "m1", 0, 10, true), run(start, "m2", 5, 12, true)],
+            changes: vec![change(start, "m1", 6)],
+            ops: vec![op(start, Verb::Destroy, 9)],
+            windows: vec![Window {
+                machine: "m1".to_owned(),
+                from: at(start, 0),
+                to: at(start, 20),
+            }],
+            ..Record::default()
+        };
+        let v = violations(&record, start);
+        assert!(v.is_empty(), "{v:?}");
+    }
+
+    #[test]
+    fn an_operation_on_another_unit_or_long_before_the_run_justifies_nothing() {
+        let start = Instant::now();
+        let mut other = op(start, Verb::Stop, 105);
+        other.unit = "v.service".to_owned();
+        let record = Record {
+            runs: vec![run(start, "m1", 100, 110, true)],
+            ops: vec![op(start, Verb::Stop, 10), other],
+            ..Record::default()
+        };
+        assert_eq!(violations(&record, start).len(), 1);
     }
 
     #[test]
@@ -217,6 +353,11 @@ mod tests {
         let record = Record {
             runs: vec![run(start, "m1", 100, 110, true)],
             changes: vec![change(start, "m2", 110), change(start, "m1", 10)],
+            windows: vec![Window {
+                machine: "m1".to_owned(),
+                from: at(start, 0),
+                to: at(start, 200),
+            }],
             ..Record::default()
         };
         assert_eq!(violations(&record, start).len(), 1);

@@ -152,9 +152,8 @@ pub fn watch_schedules(
 /// Proves the checker is not blind: a second copy of a running unit is started on another
 /// machine behind fleet's back (a transient unit of the same name, which fleetd leaves
 /// alone), seen by the poller, then stopped behind fleet's back too. The checker must report
-/// both: two copies at once, and a stop without a registry reason. Returns the unit and the
-/// machine of that copy.
-pub fn control(cluster: &Cluster, seen: &Mutex<Seen>) -> Result<(String, String)> {
+/// both: two copies at once, and a stop without a reason. Returns that copy.
+pub fn control(cluster: &Cluster, seen: &Mutex<Seen>) -> Result<Control> {
     let lock = || seen.lock().unwrap_or_else(|e| e.into_inner());
     let (unit, running_on) = {
         let seen = lock();
@@ -182,7 +181,7 @@ pub fn control(cluster: &Cluster, seen: &Mutex<Seen>) -> Result<(String, String)
         .map(|v| v.invocation)
         .filter(|i| !i.is_empty())
         .context("the control copy has no invocation")?;
-    let key = (name.clone(), unit.clone(), invocation);
+    let key = (name.clone(), unit.clone(), invocation.clone());
     let has = |open: bool| {
         let seen = lock();
         if open {
@@ -198,5 +197,18 @@ pub fn control(cluster: &Cluster, seen: &Mutex<Seen>) -> Result<(String, String)
     other.systemctl_ok(&["stop", &unit])?;
     fleet_functional_tests::wait_for(CONVERGE, POLL_EVERY, || has(false))
         .context("the poller never saw the control copy stop")?;
-    Ok((unit, name))
+    Ok(Control {
+        unit,
+        machine: name,
+        invocation,
+    })
+}
+
+/// The control copy: the checker's findings about it are told apart by its invocation, so a
+/// real double run of the same unit is still reported.
+#[derive(Debug, Clone)]
+pub struct Control {
+    pub unit: String,
+    pub machine: String,
+    pub invocation: String,
 }

@@ -15,8 +15,11 @@ pub use etcd::{EtcdConfig, EtcdKv, TlsFiles};
 pub use hooked::{Hook, Hooked, Request};
 pub use mem::MemKv;
 
-/// Keys in the first page of a prefix read on etcd; later pages aim at a few MiB each. Big
-/// reads come in pages so no response is unbounded; the result is still one revision (see
+/// Keys in the first page of a prefix read on etcd; later pages ask for as many keys as make
+/// about 4 MiB at the sizes seen so far. Big reads come in pages so that no response holds a
+/// whole large prefix, but a page is bounded in keys, not bytes (etcd 3.4 cannot limit by
+/// bytes): the first is up to 500 values of up to etcd's request limit (1.5 MiB) each, and a
+/// later one may overshoot 4 MiB when values grow. The result is still one revision (see
 /// [`Kv::range`]). Public so the contract tests can read more than one page.
 pub const RANGE_PAGE: usize = 500;
 

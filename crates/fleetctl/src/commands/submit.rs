@@ -12,7 +12,7 @@ use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Ctx;
-use crate::local::{local_path, local_template_path, read_unit_file};
+use crate::local::{local_path, local_template_path, peek_unit_file, read_unit_file};
 
 /// Which command is creating units: it decides in which desired states `--replace` may act.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,21 +162,8 @@ async fn prepare_one(
         check_requirements(ctx, name, &file)?;
         return Ok(Action::Create(file));
     };
-    let local = read_local(arg, name)?;
     if !replace {
-        if let Some((file, is_template)) = &local
-            && file.hash() != existing.hash()
-        {
-            let kind = if *is_template {
-                "local template unit file"
-            } else {
-                "local unit file"
-            };
-            ctx.warn(format!(
-                    "WARNING: Unit {name} in registry differs from {kind} {}. Add --replace to override.",
-                    UnitName::with_default_type(arg)
-                ));
-        }
+        warn_if_local_differs(ctx, arg, name, &existing);
         return Ok(Action::Keep(existing));
     }
     let file = find_replacement(registry, arg, name)
@@ -217,6 +204,47 @@ fn same_content_twice(name: &UnitName, earlier: &str, arg: &str) -> Result<()> {
     }
 }
 
+/// Without `--replace` a registered unit is kept; a local file that says otherwise is only
+/// reported, as fleet does. The local files are read for that comparison alone
+/// (`peek_unit_file`), so one that cannot be read or parsed is passed over rather than
+/// failing a command that would not have used it.
+fn warn_if_local_differs(ctx: &mut Ctx, arg: &str, name: &UnitName, existing: &Unit) {
+    let own = local_path(arg);
+    let local = if own.exists() {
+        // The unit's own file decides what is compared, even when it is unreadable.
+        peek_unit_file(&own).map(|f| (f, LocalKind::File))
+    } else {
+        name.template()
+            .and_then(|t| peek_unit_file(&local_template_path(arg, &t)))
+            .map(|f| (f, LocalKind::Template))
+    };
+    if let Some((file, kind)) = local
+        && file.hash() != existing.hash()
+    {
+        // fleet names the argument here, even when the template is what differs.
+        let shown = UnitName::with_default_type(arg);
+        ctx.warn(differs_warning(name, kind, &shown));
+    }
+}
+
+/// Which local file a registry unit was compared with, as the warning names it.
+#[derive(Debug, Clone, Copy)]
+enum LocalKind {
+    File,
+    Template,
+}
+
+/// fleet's warning for a registry unit that differs from a local file it will not take.
+fn differs_warning(unit: &UnitName, kind: LocalKind, path: &str) -> String {
+    let kind = match kind {
+        LocalKind::File => "local unit file",
+        LocalKind::Template => "local template unit file",
+    };
+    format!(
+        "WARNING: Unit {unit} in registry differs from {kind} {path}. Add --replace to override."
+    )
+}
+
 /// The local file to compare a registered unit with: its own, else its local template.
 fn read_local(arg: &str, name: &UnitName) -> Result<Option<(UnitFile, bool)>> {
     if let Some(f) = read_unit_file(&local_path(arg))? {
@@ -245,18 +273,21 @@ async fn find_new_content(
     let Some(template) = name.template() else {
         return Ok(None);
     };
-    let local = read_unit_file(&local_template_path(arg, &template))?;
+    let local_template = local_template_path(arg, &template);
     let Some(registered) = registry.unit(&template).await? else {
-        return local.map(Some).ok_or_else(|| no_template(name, &template));
+        // No registry template: the local one is the content, so it must be valid.
+        return read_unit_file(&local_template)?
+            .map(Some)
+            .ok_or_else(|| no_template(name, &template));
     };
     let file = registry.file(&registered).await?;
-    if let Some(local) = local
+    // The registry's template is what gets used; the local one is read only to compare, so a
+    // local template that cannot be read or parsed, or is a FIFO, is passed over, never fatal.
+    if let Some(local) = peek_unit_file(&local_template)
         && local.hash() != file.hash()
     {
-        ctx.warn(format!(
-            "WARNING: Unit {template} in registry differs from local template unit file {}. Add --replace to override.",
-            local_template_path(arg, &template).display()
-        ));
+        let shown = local_template.display().to_string();
+        ctx.warn(differs_warning(&template, LocalKind::Template, &shown));
     }
     Ok(Some(file))
 }
