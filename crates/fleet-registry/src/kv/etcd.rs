@@ -693,19 +693,26 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         std::thread::spawn(move || {
-            for stream in listener.incoming().take(8) {
-                let Ok(mut stream) = stream else { return };
-                // As a web server does: answer, and keep the connection for the next request.
-                let mut buf = [0u8; 512];
-                let _ = stream.read(&mut buf);
-                let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
-                while stream.read(&mut buf).is_ok_and(|n| n > 0) {}
+            for stream in listener.incoming().take(32).flatten() {
+                // As a web server does: answer, and keep the connection for the next request;
+                // one thread each, so a client that reconnects is answered too.
+                std::thread::spawn(move || {
+                    let mut stream = stream;
+                    let mut buf = [0u8; 512];
+                    let _ = stream.read(&mut buf);
+                    let _ =
+                        stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+                    while stream.read(&mut buf).is_ok_and(|n| n > 0) {}
+                });
             }
         });
         let endpoint = format!("http://127.0.0.1:{port}");
-        let kv = EtcdKv::connect(&cfg(&[&endpoint], TlsFiles::default()))
-            .await
-            .unwrap();
+        // A generous deadline: under a loaded make test, 1 s can end the call first.
+        let config = EtcdConfig {
+            request_timeout: Duration::from_secs(10),
+            ..cfg(&[&endpoint], TlsFiles::default())
+        };
+        let kv = EtcdKv::connect(&config).await.unwrap();
         let err = kv.range("k", false, None).await.unwrap_err().to_string();
         assert!(err.contains(NOT_GRPC_HINT), "{err}");
     }

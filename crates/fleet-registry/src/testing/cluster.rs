@@ -112,7 +112,7 @@ impl TestEtcdCluster {
         // minimal Debian lacks (functional-tests/tests/packages.rs).
         let status = Command::new("bash")
             .args(["-c", "kill -s \"$1\" -- \"$2\"", "kill"])
-            .arg(signal.to_string())
+            .arg(signal)
             .arg(pid.to_string())
             .status()
             .unwrap_or_else(|e| panic!("running kill: {e}"));
