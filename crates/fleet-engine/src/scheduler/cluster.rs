@@ -74,7 +74,8 @@ impl<'s> Cluster<'s> {
     /// only come from a client that skipped it; placing them could loop forever, e.g. a peer
     /// that is also replaced). Units whose file is missing from `files` (replaced since the
     /// snapshot was read) are left exactly where they are, and so are `held` units, on a
-    /// machine that is gone too.
+    /// machine that is gone too, units whose record cannot be read, and units on a machine
+    /// whose record cannot be read (see [`crate::unreadable`]).
     pub fn new(
         snapshot: &'s Snapshot,
         files: &BTreeMap<UnitHash, UnitFile>,
