@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use support::{
     POLL, PREFIX, RUNTIME_UNIT_DIR, TIMEOUT, UNITS_DIR, UnitView, Want, dump, file_exists,
-    fleetctl, fleetd_log, jobs_after, journal_cursor, logged, sleeper, start, units_on,
-    wait_converged, write_units,
+    fleetctl, fleetctl_ok, fleetd_log, jobs_after, journal_cursor, logged, sleeper, start,
+    units_on, wait_converged, write_units,
 };
 
 fn agent_only() -> FleetdSpec {
@@ -797,7 +797,8 @@ fn more_than_4_mib_of_unit_files_break_no_listing_scheduling_or_blocking_start()
 /// remove it. With a corrupt unit record, a corrupt file, a corrupt schedule entry and a
 /// corrupt state in etcd: listings warn about each on stderr and print the rest (exit 0); a
 /// blocking start of another unit works; the engine schedules nothing for the corrupt unit;
-/// `destroy` removes the corrupt record and nothing else.
+/// `destroy` removes the corrupt record and nothing else; the engine deletes the corrupt
+/// schedule entry; a running unit whose record is then corrupted keeps its machine and process.
 #[test]
 fn a_corrupt_registry_value_is_skipped_with_a_warning_and_destroy_removes_it() -> Result<()> {
     let (cluster, registry) = start(2, FleetdSpec::default())?;
@@ -868,6 +869,114 @@ fn a_corrupt_registry_value_is_skipped_with_a_warning_and_destroy_removes_it() -
     ensure!(
         units_and_files(&registry)? == want_after,
         "destroy removed more (or less) than the corrupt record"
+    );
+
+    // The engine owns schedule/: it deletes the entry it cannot read (no unit wants it).
+    wait_for(TIMEOUT, POLL, || {
+        dump(&registry, &format!("{PREFIX}schedule/"))
+            .is_ok_and(|(_, s)| !s.contains_key(&evil_schedule))
+    })
+    .context("the engine never deleted the unreadable schedule entry")?;
+
+    // A running unit whose record gets corrupted keeps its machine and its process: an
+    // unreadable record is no destroy (promise 1).
+    let (_, schedule) = dump(&registry, &format!("{PREFIX}schedule/"))?;
+    let good_key = schedule
+        .keys()
+        .find(|k| k.ends_with("/good.service"))
+        .context("good.service is not scheduled")?
+        .clone();
+    let runs = cluster
+        .machines()
+        .iter()
+        .find(|m| good_key == keys.schedule(m.id(), &"good.service".parse().unwrap()))
+        .context("good.service is scheduled on no machine of the cluster")?;
+    let before_corrupt = identities(runs, &["good.service"])?;
+    ensure!(
+        before_corrupt["good.service"].is_active(),
+        "good.service is not running: {before_corrupt:?}"
+    );
+    registry.put_raw(&keys.unit(&"good.service".parse()?), b"{not json")?;
+    // A later change the engine must handle after the corruption (it plans in revision
+    // order): once it is carried out, the corrupt record has been seen.
+    let after = write_units(
+        &cluster.dir().join("units2"),
+        &[("after.service".to_owned(), sleeper(900_005))].into(),
+    )?;
+    let started = fleetctl(&cluster, &["start", after["after.service"].as_str()])?;
+    ensure!(
+        started.success,
+        "start after the corruption failed: {started:?}"
+    );
+    let (_, schedule) = dump(&registry, &format!("{PREFIX}schedule/"))?;
+    ensure!(
+        schedule
+            .keys()
+            .filter(|k| k.ends_with("/good.service"))
+            .eq([&good_key]),
+        "the engine moved or unscheduled good.service over its unreadable record: {:?}",
+        schedule.keys()
+    );
+    let after_corrupt = identities(runs, &["good.service"])?;
+    ensure!(
+        after_corrupt["good.service"].is_active()
+            && after_corrupt["good.service"].identity()
+                == before_corrupt["good.service"].identity(),
+        "good.service was touched: {before_corrupt:?} then {after_corrupt:?}"
+    );
+    support::finish(cluster)
+}
+
+/// Review finding 1: a machine record that cannot be read read as a machine that vanished, so
+/// the engine moved every unit of a live, healthy machine. Now that machine's units stay where
+/// they are, with their process, and a unit started afterwards goes to a readable machine.
+#[test]
+fn units_on_a_machine_whose_record_is_corrupted_keep_running_there() -> Result<()> {
+    let (cluster, registry) = start(2, FleetdSpec::default())?;
+    let texts: BTreeMap<String, String> = [
+        ("stay.service".to_owned(), sleeper(900_006)),
+        ("later.service".to_owned(), sleeper(900_007)),
+    ]
+    .into();
+    let paths = write_units(&cluster.dir().join("units"), &texts)?;
+    fleetctl_ok(&cluster, &["start", paths["stay.service"].as_str()])?;
+    let keys = registry.registry().keys();
+    let stay_on = |m: &Machine| keys.schedule(m.id(), &"stay.service".parse().unwrap());
+    let (_, schedule) = dump(&registry, &format!("{PREFIX}schedule/"))?;
+    let (m1, m2) = match cluster.machines() {
+        [a, b] if schedule.contains_key(&stay_on(a)) => (a, b),
+        [a, b] => (b, a),
+        _ => unreachable!("two machines"),
+    };
+    wait_running(&registry, m1, "stay.service")?;
+    let before = identities(m1, &["stay.service"])?;
+
+    registry.put_raw(&keys.machine(m1.id()), b"{not json")?;
+    let corrupted = std::time::Instant::now();
+    // A change the engine plans after the corruption: once it is carried out, the corrupt
+    // machine record has been seen; the new unit goes to the machine that can be read.
+    fleetctl_ok(&cluster, &["start", paths["later.service"].as_str()])?;
+    wait_running(&registry, m2, "later.service")?;
+    // A vanished machine's units move after the settle (a third of the 3 s agent TTL): well
+    // past it, the unit is still where it was.
+    while corrupted.elapsed() < Duration::from_secs(4) {
+        let (_, schedule) = dump(&registry, &format!("{PREFIX}schedule/"))?;
+        let stay: Vec<&String> = schedule
+            .keys()
+            .filter(|k| k.ends_with("/stay.service"))
+            .collect();
+        ensure!(
+            stay == [&stay_on(m1)],
+            "the engine moved the unit of the machine with a corrupt record: {:?}",
+            schedule.keys()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let after = identities(m1, &["stay.service"])?;
+    ensure!(
+        after["stay.service"].is_active()
+            && after["stay.service"].identity() == before["stay.service"].identity(),
+        "stay.service was touched: {before:?} then {after:?}"
     );
     support::finish(cluster)
 }

@@ -183,7 +183,8 @@ impl Disruption {
         snap: &Snapshot,
         on: &BTreeMap<&MachineId, Vec<&UnitName>>,
     ) {
-        let present: BTreeSet<MachineId> = snap.machines.keys().cloned().collect();
+        // A machine whose record cannot be read has not vanished: its key is there.
+        let present = crate::unreadable::present_machines(snap);
         let newly_gone = self.present.difference(&present).cloned();
         let unseen = on
             .keys()

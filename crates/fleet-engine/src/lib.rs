@@ -7,6 +7,7 @@
 mod disruption;
 mod engine;
 pub mod scheduler;
+mod unreadable;
 
 pub use disruption::{Assessment, Disruption, DisruptionConfig, Hold};
 pub use engine::{EngineConfig, run};

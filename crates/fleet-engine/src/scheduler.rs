@@ -22,6 +22,9 @@
 //!   globals the first in name order wins.
 //! - A unit that cannot be placed gets a reason; it is cleared once the unit is placed.
 //!   Units whose options fleet's validation refuses are never placed (their reason says so).
+//! - A value the registry cannot read is never taken for a unit or machine that is gone (see
+//!   [`crate::unreadable`]): the units it concerns stay where they are, and an unreadable
+//!   schedule entry is deleted.
 //!
 //! Every change is applied to a working copy at once, so later decisions see earlier ones,
 //! and the plan is repeated until nothing changes: applying a plan and planning again yields
@@ -77,7 +80,8 @@ pub fn plan_holding(
             break;
         }
     }
-    let (decisions, waiting) = decisions(snapshot, &cluster);
+    let (mut decisions, waiting) = decisions(snapshot, &cluster);
+    cluster.unreadable().delete_entries(&mut decisions);
     Plan { decisions, waiting }
 }
 

@@ -21,6 +21,17 @@
 
 use fleet_core::{MachineId, UnitHash, UnitName};
 
+/// What a key of the schema names, read from the key alone (its value may not parse).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Named {
+    Unit(UnitName),
+    File(UnitHash),
+    Schedule { machine: MachineId, unit: UnitName },
+    Machine(MachineId),
+    State { unit: UnitName, machine: MachineId },
+    Unscheduled(UnitName),
+}
+
 /// The default key prefix, fleet's.
 pub const DEFAULT_PREFIX: &str = "/_coreos.com/fleet/";
 
@@ -122,6 +133,33 @@ impl Keys {
         format!("{}unscheduled/{name}", self.prefix)
     }
 
+    /// What `key` names, if it is a record key of the schema whose parts parse.
+    pub fn named(&self, key: &str) -> Option<Named> {
+        let (kind, rest) = key.strip_prefix(&self.prefix)?.split_once('/')?;
+        let pair = || rest.split_once('/');
+        Some(match kind {
+            "unit" => Named::Unit(rest.parse().ok()?),
+            "file" => Named::File(rest.parse().ok()?),
+            "machine" => Named::Machine(rest.parse().ok()?),
+            "unscheduled" => Named::Unscheduled(rest.parse().ok()?),
+            "schedule" => {
+                let (machine, unit) = pair()?;
+                Named::Schedule {
+                    machine: machine.parse().ok()?,
+                    unit: unit.parse().ok()?,
+                }
+            }
+            "state" => {
+                let (unit, machine) = pair()?;
+                Named::State {
+                    unit: unit.parse().ok()?,
+                    machine: machine.parse().ok()?,
+                }
+            }
+            _ => return None,
+        })
+    }
+
     /// The part of `key` after `base`, if `key` is under it.
     pub fn rest<'a>(key: &'a str, base: &str) -> Option<&'a str> {
         key.strip_prefix(base)
@@ -131,5 +169,53 @@ impl Keys {
 impl Default for Keys {
     fn default() -> Self {
         Keys::new(DEFAULT_PREFIX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> Keys {
+        Keys::new("/p")
+    }
+
+    #[test]
+    fn a_record_key_names_what_its_parts_say() {
+        let k = keys();
+        let (m, u): (MachineId, UnitName) = ("m1".parse().unwrap(), "a.service".parse().unwrap());
+        assert_eq!(k.named(&k.unit(&u)), Some(Named::Unit(u.clone())));
+        assert_eq!(k.named(&k.machine(&m)), Some(Named::Machine(m.clone())));
+        assert_eq!(
+            k.named(&k.schedule(&m, &u)),
+            Some(Named::Schedule {
+                machine: m.clone(),
+                unit: u.clone()
+            })
+        );
+        assert_eq!(
+            k.named(&k.state(&u, &m)),
+            Some(Named::State {
+                unit: u.clone(),
+                machine: m
+            })
+        );
+        assert_eq!(k.named(&k.unscheduled(&u)), Some(Named::Unscheduled(u)));
+    }
+
+    #[test]
+    fn a_key_whose_parts_do_not_parse_names_nothing() {
+        let k = keys();
+        for key in [
+            "/p/unit/bad name",
+            "/p/unit/",
+            "/p/machine/a/b",
+            "/p/schedule/m1",
+            "/p/schedule/m1/not a unit",
+            "/p/engine/leader",
+            "/q/unit/a.service",
+        ] {
+            assert_eq!(k.named(key), None, "{key}");
+        }
     }
 }

@@ -20,7 +20,7 @@ pub mod testing;
 mod watch;
 
 pub use error::{RegistryError, Result};
-pub use keys::{DEFAULT_PREFIX, Keys};
+pub use keys::{DEFAULT_PREFIX, Keys, Named};
 pub use leader::{EngineWrite, Leadership, MAX_TXN_OPS};
 pub use live::{LiveView, Touched};
 pub use per_machine::PerMachine;

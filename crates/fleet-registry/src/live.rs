@@ -156,16 +156,21 @@ impl<K: Kv> LiveView<K> {
     /// would look unplaced and could be placed a second time elsewhere. The events re-apply
     /// the same values when they come; only the engine writes these keys.
     pub fn record_writes(&mut self, writes: &[EngineWrite]) {
+        let keys = self.registry.keys();
         let snap = &mut self.snapshot;
         for write in writes {
             match write {
                 EngineWrite::Schedule(entry) => {
+                    // A put or delete of a schedule key replaces an unreadable value there.
+                    snap.skipped
+                        .remove(&keys.schedule(&entry.machine, &entry.name));
                     snap.schedule
                         .entry(entry.name.clone())
                         .or_default()
                         .insert(entry.machine.clone(), entry.clone());
                 }
                 EngineWrite::Unschedule { machine, unit } => {
+                    snap.skipped.remove(&keys.schedule(machine, unit));
                     remove_inner(&mut snap.schedule, unit, machine);
                 }
                 EngineWrite::Unschedulable { unit, reason } => {
@@ -218,7 +223,7 @@ impl<K: Kv> LiveView<K> {
                     if let Some((hash, file)) = parse_file(keys, kv) {
                         self.files.insert(hash, file);
                     }
-                } else if let Ok(hash) = read::key_part::<UnitHash>(kv, &keys.files()) {
+                } else if let Ok(hash) = read::key_part::<UnitHash>(keys, kv, &keys.files()) {
                     self.files.remove(&hash);
                 }
                 touched.files = true;
@@ -286,15 +291,15 @@ impl<K: Kv> LiveView<K> {
 /// Removes what the key of `kv` names from the snapshot. A key that names nothing readable
 /// (not a unit name, not two parts) can hold nothing the snapshot kept.
 fn remove_at(snap: &mut Snapshot, keys: &crate::Keys, kv: &KeyValue) {
-    if let Ok(unit) = read::key_part::<UnitName>(kv, &keys.units()) {
+    if let Ok(unit) = read::key_part::<UnitName>(keys, kv, &keys.units()) {
         snap.units.remove(&unit);
-    } else if let Ok(machine) = read::key_part::<MachineId>(kv, &keys.machines()) {
+    } else if let Ok(machine) = read::key_part::<MachineId>(keys, kv, &keys.machines()) {
         snap.machines.remove(&machine);
     } else if let Some((machine, unit)) = read::key_pair(kv, &keys.schedules()) {
         remove_inner(&mut snap.schedule, &unit, &machine);
     } else if let Some((unit, machine)) = read::key_pair(kv, &keys.states()) {
         remove_inner(&mut snap.states, &unit, &machine);
-    } else if let Ok(unit) = read::key_part::<UnitName>(kv, &keys.unscheduled_all()) {
+    } else if let Ok(unit) = read::key_part::<UnitName>(keys, kv, &keys.unscheduled_all()) {
         snap.unscheduled.remove(&unit);
     }
 }

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use std::fmt;
 
 use crate::error::RegistryError;
-use crate::keys::Keys;
+use crate::keys::{Keys, Named};
 use crate::kv::{KeyValue, Revision};
 use crate::records::{ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 
@@ -25,6 +25,10 @@ pub struct Skipped {
     /// The revision the value was written at (a new value at the key is a new skip).
     pub mod_revision: Revision,
     pub detail: String,
+    /// What the key names, when the key itself parses: the engine keeps a unit whose record
+    /// cannot be read where it is, and a machine whose record cannot be read counts as there.
+    /// Boxed: every read returns a `Result` with this as its error.
+    pub named: Option<Box<Named>>,
 }
 
 impl fmt::Display for Skipped {
@@ -54,32 +58,33 @@ pub struct Listing<T> {
     pub skipped: Vec<Skipped>,
 }
 
-pub(crate) fn skipped(kv: &KeyValue, detail: impl fmt::Display) -> Skipped {
+pub(crate) fn skipped(keys: &Keys, kv: &KeyValue, detail: impl fmt::Display) -> Skipped {
     Skipped {
         key: kv.key.clone(),
         mod_revision: kv.mod_revision,
         detail: detail.to_string(),
+        named: keys.named(&kv.key).map(Box::new),
     }
 }
 
-fn json<T: DeserializeOwned>(kv: &KeyValue) -> Result<T, Skipped> {
-    serde_json::from_slice(&kv.value).map_err(|e| skipped(kv, e))
+fn json<T: DeserializeOwned>(keys: &Keys, kv: &KeyValue) -> Result<T, Skipped> {
+    serde_json::from_slice(&kv.value).map_err(|e| skipped(keys, kv, e))
 }
 
 /// A record must be stored under the key its own fields make: a record read at another key
 /// would make a destroy or a schedule act on the wrong unit.
-fn at_own_key<T>(kv: &KeyValue, record: T, own: String) -> Result<T, Skipped> {
+fn at_own_key<T>(keys: &Keys, kv: &KeyValue, record: T, own: String) -> Result<T, Skipped> {
     if kv.key == own {
         Ok(record)
     } else {
-        Err(skipped(kv, format!("the record belongs at {own}")))
+        Err(skipped(keys, kv, format!("the record belongs at {own}")))
     }
 }
 
 pub(crate) fn unit(keys: &Keys, kv: &KeyValue) -> Result<Unit, Skipped> {
-    let record: UnitRecord = json(kv)?;
+    let record: UnitRecord = json(keys, kv)?;
     let own = keys.unit(&record.name);
-    let record = at_own_key(kv, record, own)?;
+    let record = at_own_key(keys, kv, record, own)?;
     Ok(Unit {
         record,
         mod_revision: kv.mod_revision,
@@ -87,46 +92,46 @@ pub(crate) fn unit(keys: &Keys, kv: &KeyValue) -> Result<Unit, Skipped> {
 }
 
 pub(crate) fn schedule_entry(keys: &Keys, kv: &KeyValue) -> Result<ScheduleEntry, Skipped> {
-    let e: ScheduleEntry = json(kv)?;
+    let e: ScheduleEntry = json(keys, kv)?;
     let own = keys.schedule(&e.machine, &e.name);
-    at_own_key(kv, e, own)
+    at_own_key(keys, kv, e, own)
 }
 
 pub(crate) fn state(keys: &Keys, kv: &KeyValue) -> Result<UnitStateRecord, Skipped> {
-    let s: UnitStateRecord = json(kv)?;
+    let s: UnitStateRecord = json(keys, kv)?;
     let own = keys.state(&s.name, &s.machine);
-    at_own_key(kv, s, own)
+    at_own_key(keys, kv, s, own)
 }
 
 pub(crate) fn machine(keys: &Keys, kv: &KeyValue) -> Result<MachineInfo, Skipped> {
-    let m: MachineInfo = json(kv)?;
+    let m: MachineInfo = json(keys, kv)?;
     let own = keys.machine(&m.id);
-    at_own_key(kv, m, own)
+    at_own_key(keys, kv, m, own)
 }
 
 /// A unit file stored under `file/<hash>`.
 pub(crate) fn file(keys: &Keys, kv: &KeyValue) -> Result<(UnitHash, UnitFile), Skipped> {
-    let hash: UnitHash = key_part(kv, &keys.files())?;
-    let file = UnitFile::parse(&kv.value).map_err(|e| skipped(kv, e))?;
+    let hash: UnitHash = key_part(keys, kv, &keys.files())?;
+    let file = UnitFile::parse(&kv.value).map_err(|e| skipped(keys, kv, e))?;
     Ok((hash, file))
 }
 
 /// An `unscheduled/<name>` reason.
 pub(crate) fn unscheduled(keys: &Keys, kv: &KeyValue) -> Result<(UnitName, String), Skipped> {
-    let name: UnitName = key_part(kv, &keys.unscheduled_all())?;
+    let name: UnitName = key_part(keys, kv, &keys.unscheduled_all())?;
     Ok((name, String::from_utf8_lossy(&kv.value).into_owned()))
 }
 
 /// The part of the key after `base`, parsed.
-pub(crate) fn key_part<T>(kv: &KeyValue, base: &str) -> Result<T, Skipped>
+pub(crate) fn key_part<T>(keys: &Keys, kv: &KeyValue, base: &str) -> Result<T, Skipped>
 where
     T: std::str::FromStr,
     T::Err: fmt::Display,
 {
     let Some(part) = kv.key.strip_prefix(base) else {
-        return Err(skipped(kv, format!("the key is not under {base}")));
+        return Err(skipped(keys, kv, format!("the key is not under {base}")));
     };
-    part.parse().map_err(|e: T::Err| skipped(kv, e))
+    part.parse().map_err(|e: T::Err| skipped(keys, kv, e))
 }
 
 /// What a key under `base` names, when its value cannot say: `<a>/<b>` of a two-level key.

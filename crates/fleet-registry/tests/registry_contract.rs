@@ -5,7 +5,7 @@ use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, U
 use fleet_registry::kv::{Kv, MemKv, RANGE_PAGE, Txn, TxnOp};
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{
-    CreateOutcome, EngineWrite, Fence, LiveView, Registry, RegistryError, ScheduleEntry,
+    CreateOutcome, EngineWrite, Fence, LiveView, Named, Registry, RegistryError, ScheduleEntry,
     UnitStateRecord, WatchHints,
 };
 use std::time::Duration;
@@ -601,6 +601,26 @@ async fn listings_skip_unreadable_values_and_name_their_keys<K: Kv>(reg: Registr
     let evil2 = &snap.skipped[&format!("{PREFIX}unit/evil2.service")];
     assert!(evil2.detail.contains("unit/a.service"), "{}", evil2.detail);
     assert!(evil2.to_string().contains("unit/evil2.service"), "{evil2}");
+    // What each key names, for the engine: the key's own name, not the record's.
+    assert_eq!(
+        evil2.named.as_deref(),
+        Some(&Named::Unit(name("evil2.service")))
+    );
+    let named = |key: &str| {
+        snap.skipped[&format!("{PREFIX}{key}")]
+            .named
+            .as_deref()
+            .cloned()
+    };
+    assert_eq!(named("machine/m9"), Some(Named::Machine(machine("m9"))));
+    assert_eq!(
+        named("schedule/m1/evil3.service"),
+        Some(Named::Schedule {
+            machine: machine("m1"),
+            unit: name("evil3.service")
+        })
+    );
+    assert_eq!(named("unscheduled/bad name"), None);
 
     let files = reg.files(None).await.unwrap();
     assert_eq!(files.items.len(), 1, "{:?}", files.items);
@@ -707,6 +727,15 @@ async fn live_view_skips_unreadable_values_until_they_are_repaired<K: Kv>(reg: R
             .keys()
             .all(|k| !k.contains("unit/evil"))
     );
+    // The engine's delete of an unreadable schedule entry counts before its event arrives,
+    // so the next plan does not delete it again.
+    let evil3 = format!("{PREFIX}schedule/m1/evil3.service");
+    assert!(view.snapshot().skipped.contains_key(&evil3));
+    view.record_writes(&[EngineWrite::Unschedule {
+        machine: machine("m1"),
+        unit: name("evil3.service"),
+    }]);
+    assert!(!view.snapshot().skipped.contains_key(&evil3));
 }
 
 fn record_json(unit: &fleet_registry::Unit) -> Vec<u8> {

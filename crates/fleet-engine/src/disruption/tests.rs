@@ -295,3 +295,21 @@ proptest! {
         prop_assert_eq!(a.moving, gone.len());
     }
 }
+
+#[test]
+fn a_machine_whose_record_becomes_unreadable_has_not_vanished() {
+    let mut c = Cluster::new(2, 1, cfg());
+    c.vanish("m0").vanish("m1");
+    for m in ["m0", "m1"] {
+        let key = fleet_registry::Keys::default().machine(&mid(m));
+        let skipped = fleet_registry::Skipped {
+            key: key.clone(),
+            mod_revision: 7,
+            detail: "not json".to_owned(),
+            named: Some(Box::new(fleet_registry::Named::Machine(mid(m)))),
+        };
+        c.snap.skipped.insert(key, skipped);
+    }
+    let a = c.at(10.0);
+    assert_eq!(a, Assessment::default());
+}

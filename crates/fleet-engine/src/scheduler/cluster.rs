@@ -9,10 +9,12 @@ use fleet_core::{
     UnitName, units_conflict,
 };
 use fleet_registry::{PerMachine, Snapshot, UnitStateRecord};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::decision::{Reason, Violation};
 use super::spec::Spec;
+use crate::unreadable::Unreadable;
 
 /// Whether a published ActiveState may mean processes of the unit are alive: anything but
 /// `inactive` and `failed` (`active`, `activating`, `deactivating`, `reloading`, and states
@@ -42,12 +44,15 @@ pub(super) struct Cluster<'s> {
     states: &'s BTreeMap<UnitName, PerMachine<UnitStateRecord>>,
     /// Units the plan places: wanted, with a known file.
     pub specs: BTreeMap<UnitName, Spec>,
-    /// Wanted units whose file is unknown, or that the engine holds: left exactly as they
-    /// are.
+    /// Wanted units whose file is unknown, or that the engine holds, and units whose record
+    /// cannot be read: left exactly as they are.
     pub frozen: BTreeSet<UnitName>,
     /// Units the engine holds (their machine vanished in a disruption, is settling, or their
-    /// move waits for the rate limit): their entries stay even on a machine that is gone.
-    held: &'s BTreeSet<UnitName>,
+    /// move waits for the rate limit; or their machine's record cannot be read): their
+    /// entries stay even on a machine that is gone.
+    held: Cow<'s, BTreeSet<UnitName>>,
+    /// What the snapshot could not read (see [`crate::unreadable`]).
+    unreadable: Unreadable,
     /// Wanted units whose `[X-Fleet]` options fleet refuses: never placed.
     pub invalid: BTreeMap<UnitName, RequirementError>,
     on: BTreeMap<MachineId, BTreeSet<UnitName>>,
@@ -69,18 +74,22 @@ impl<'s> Cluster<'s> {
     /// only come from a client that skipped it; placing them could loop forever, e.g. a peer
     /// that is also replaced). Units whose file is missing from `files` (replaced since the
     /// snapshot was read) are left exactly where they are, and so are `held` units, on a
-    /// machine that is gone too.
+    /// machine that is gone too, units whose record cannot be read, and units on a machine
+    /// whose record cannot be read (see [`crate::unreadable`]).
     pub fn new(
         snapshot: &'s Snapshot,
         files: &BTreeMap<UnitHash, UnitFile>,
         held: &'s BTreeSet<UnitName>,
     ) -> Cluster<'s> {
+        let unreadable = Unreadable::of(snapshot);
+        let held = unreadable.held(snapshot, held);
         let mut cluster = Cluster {
             machines: &snapshot.machines,
             states: &snapshot.states,
             specs: BTreeMap::new(),
-            frozen: BTreeSet::new(),
+            frozen: unreadable.units.clone(),
             held,
+            unreadable,
             invalid: BTreeMap::new(),
             on: snapshot
                 .machines
@@ -98,7 +107,7 @@ impl<'s> Cluster<'s> {
             .iter()
             .filter(|(_, u)| u.desired() != DesiredState::Inactive);
         for (name, unit) in wanted {
-            if held.contains(name) {
+            if cluster.held.contains(name) {
                 cluster.frozen.insert(name.clone());
                 continue;
             }
@@ -149,7 +158,8 @@ impl<'s> Cluster<'s> {
         placement: u64,
     ) -> Option<Reason> {
         let Some(unit) = snap.units.get(name) else {
-            return Some(Reason::UnitDestroyed);
+            // A record that cannot be read is no sign that the unit is gone.
+            return (!self.unreadable.units.contains(name)).then_some(Reason::UnitDestroyed);
         };
         if unit.desired() == DesiredState::Inactive {
             return Some(Reason::TargetInactive);
@@ -177,6 +187,10 @@ impl<'s> Cluster<'s> {
         }
     }
 
+    pub fn unreadable(&self) -> &Unreadable {
+        &self.unreadable
+    }
+
     pub fn reqs(&self, unit: &UnitName) -> &Requirements {
         self.specs.get(unit).map_or(&NO_REQUIREMENTS, |s| &s.reqs)
     }
@@ -195,7 +209,7 @@ impl<'s> Cluster<'s> {
             .iter()
             .find(|(m, state)| {
                 *m != machine
-                    && self.machines.contains_key(*m)
+                    && (self.machines.contains_key(*m) || self.unreadable.machines.contains(*m))
                     && may_be_running(&state.systemd.active)
             })
             .map(|(m, _)| m)

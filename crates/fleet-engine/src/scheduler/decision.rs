@@ -163,6 +163,9 @@ pub enum Reason {
     NowPlaced,
     /// A unit that could not be placed is now inactive or destroyed.
     NoLongerWanted,
+    /// The schedule entry at `key` cannot be read: its agent runs nothing for it, and the
+    /// unit is placed as if it had none.
+    Unreadable { key: String },
 }
 
 /// How many machines a [`Reason::NoMachineAble`] names before summarising the rest.
@@ -217,6 +220,7 @@ impl fmt::Display for Reason {
             Self::NoMachineAble { rejections } => write_rejections(f, rejections),
             Self::NowPlaced => f.write_str("unit is scheduled now"),
             Self::NoLongerWanted => f.write_str("unit is inactive or destroyed"),
+            Self::Unreadable { key } => write!(f, "registry value at {key} cannot be read"),
         }
     }
 }

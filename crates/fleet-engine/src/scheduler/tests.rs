@@ -7,6 +7,7 @@ use fleet_registry::{ReplaceState, ScheduleEntry, Unit, UnitRecord, UnitStateRec
 
 mod props;
 mod replace;
+mod unreadable;
 
 use DesiredState::{Inactive, Launched, Loaded};
 

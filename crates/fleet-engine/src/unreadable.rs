@@ -1,0 +1,105 @@
+//! What the engine makes of registry values it cannot read ([`Snapshot::skipped`]). A value
+//! that does not decode says nothing about the unit or machine its key names, so it is never
+//! taken for one that is gone: a running unit is not stopped or moved because its record, or
+//! its machine's, became unreadable (docs/guarantees.md, promise 1).
+//!
+//! - A unit whose record cannot be read keeps its entries exactly where they are (and its
+//!   unschedulable reason); nothing is placed for it until the record reads again or is
+//!   destroyed.
+//! - A machine whose record cannot be read is there (its key is, held by its lease): the
+//!   units on it stay exactly where they are, and it gets no new unit (its metadata is
+//!   unknown).
+//! - A schedule entry that cannot be read runs nowhere (its agent skips it), so its unit is
+//!   placed as if it had no entry; the engine, which owns `schedule/`, deletes the entry
+//!   unless the same plan writes that very key.
+//!
+//! Keys whose parts do not parse name nothing and are left as they are (and warned about).
+
+use fleet_core::{MachineId, UnitName};
+use fleet_registry::{Named, Snapshot};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::scheduler::{Decision, DecisionKind, Reason};
+
+/// The unreadable values of one snapshot, by what their keys name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Unreadable {
+    /// Units whose record cannot be read.
+    pub units: BTreeSet<UnitName>,
+    /// Machines whose record cannot be read.
+    pub machines: BTreeSet<MachineId>,
+    /// Schedule entries that cannot be read: key -> (machine, unit).
+    pub schedule: BTreeMap<String, (MachineId, UnitName)>,
+}
+
+impl Unreadable {
+    pub fn of(snap: &Snapshot) -> Unreadable {
+        let mut out = Unreadable::default();
+        for (key, skipped) in &snap.skipped {
+            match skipped.named.as_deref() {
+                Some(Named::Unit(unit)) => {
+                    out.units.insert(unit.clone());
+                }
+                Some(Named::Machine(machine)) => {
+                    out.machines.insert(machine.clone());
+                }
+                Some(Named::Schedule { machine, unit }) => {
+                    let slot = (machine.clone(), unit.clone());
+                    out.schedule.insert(key.clone(), slot);
+                }
+                Some(Named::File(_) | Named::State { .. } | Named::Unscheduled(_)) | None => {}
+            }
+        }
+        out
+    }
+
+    /// `held` and every unit with an entry on a machine whose record cannot be read.
+    pub fn held<'a>(
+        &self,
+        snap: &Snapshot,
+        held: &'a BTreeSet<UnitName>,
+    ) -> Cow<'a, BTreeSet<UnitName>> {
+        let on_unreadable: Vec<&UnitName> = snap
+            .schedule
+            .iter()
+            .filter(|(u, ms)| !held.contains(*u) && ms.keys().any(|m| self.machines.contains(m)))
+            .map(|(u, _)| u)
+            .collect();
+        if on_unreadable.is_empty() {
+            return Cow::Borrowed(held);
+        }
+        let mut all = held.clone();
+        all.extend(on_unreadable.into_iter().cloned());
+        Cow::Owned(all)
+    }
+
+    /// Puts first in `decisions` the deletion of every unreadable schedule entry whose key
+    /// the plan does not write anyway (a put over it replaces it; two writes of one key
+    /// cannot share a transaction).
+    pub fn delete_entries(&self, decisions: &mut Vec<Decision>) {
+        let written: BTreeSet<(&MachineId, &UnitName)> = decisions
+            .iter()
+            .filter_map(|d| d.kind.machine().map(|m| (m, d.kind.unit())))
+            .collect();
+        let deletes: Vec<Decision> = self
+            .schedule
+            .iter()
+            .filter(|(_, (m, u))| !written.contains(&(m, u)))
+            .map(|(key, (machine, unit))| Decision {
+                kind: DecisionKind::Unschedule {
+                    unit: unit.clone(),
+                    machine: machine.clone(),
+                },
+                reason: Reason::Unreadable { key: key.clone() },
+            })
+            .collect();
+        decisions.splice(0..0, deletes);
+    }
+}
+
+/// Every machine that is there, readable or not.
+pub(crate) fn present_machines(snap: &Snapshot) -> BTreeSet<MachineId> {
+    let unreadable = Unreadable::of(snap).machines;
+    snap.machines.keys().cloned().chain(unreadable).collect()
+}
