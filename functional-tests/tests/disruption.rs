@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use support::{
     POLL, Placed, TIMEOUT, Want, fleetctl, fleetctl_ok, jobs_after, journal_cursor, leader,
-    sleeper, start, units_on, wait_converged, wait_registered, write_units,
+    sleeper, start, unchanged, units_on, wait_converged, wait_registered, write_units,
 };
 
 /// The harness's `agent_ttl`.
@@ -70,24 +70,6 @@ fn jobs_since(
         }
     }
     Ok(all)
-}
-
-/// Every running unit of `placed` is still active with the same MainPID and InvocationID
-/// on the same machine.
-fn unchanged(cluster: &Cluster, placed: &BTreeMap<String, Placed>) -> Result<()> {
-    let names: Vec<String> = placed.keys().cloned().collect();
-    for m in cluster.machines() {
-        let views = units_on(m, &names)?;
-        for (unit, was) in placed.iter().filter(|(_, p)| p.machine == m.name()) {
-            let now = &views[unit];
-            ensure!(
-                now.is_active() && now.identity() == was.identity,
-                "{unit} on {} changed: {was:?} -> {now:?}",
-                m.name()
-            );
-        }
-    }
-    Ok(())
 }
 
 /// Unit -> the machine names it is scheduled on, read from etcd.

@@ -289,17 +289,7 @@ fn an_etcd_outage_longer_than_the_agent_ttl_stops_nothing_and_the_cluster_conver
         down.elapsed() > 2 * ttl && noticed.len() == cluster.machines().len() && slow_up
     })
     .with_context(|| format!("not every fleetd noticed the outage: {noticed:?}"))?;
-    for m in cluster.machines() {
-        let views = units_on(m, &first)?;
-        for (unit, was) in before.iter().filter(|(_, p)| p.machine == m.name()) {
-            let now = &views[unit];
-            ensure!(
-                now.is_active() && now.identity() == was.identity,
-                "{unit} on {} changed during the etcd outage: {was:?} -> {now:?}",
-                m.name()
-            );
-        }
-    }
+    support::unchanged(&cluster, &before).context("during the etcd outage")?;
     let outage = down.elapsed();
     cluster.start_etcd()?;
 

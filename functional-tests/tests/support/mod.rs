@@ -454,6 +454,24 @@ pub struct Placed {
     pub identity: (String, String),
 }
 
+/// Every running unit of `placed` is still active with the same MainPID and InvocationID
+/// on the same machine.
+pub fn unchanged(cluster: &Cluster, placed: &BTreeMap<String, Placed>) -> Result<()> {
+    let names: Vec<String> = placed.keys().cloned().collect();
+    for m in cluster.machines() {
+        let views = units_on(m, &names)?;
+        for (unit, was) in placed.iter().filter(|(_, p)| p.machine == m.name()) {
+            let now = &views[unit];
+            ensure!(
+                now.is_active() && now.identity() == was.identity,
+                "{unit} on {} changed: {was:?} -> {now:?}",
+                m.name()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Checks that the cluster is exactly as `want` says, on the machines (systemd, units
 /// directories) and in what agents publish; returns where each loaded or launched unit is.
 /// `Err` says what is not there yet.
