@@ -11,14 +11,12 @@ use tracing::debug;
 
 use crate::error::{RegistryError, Result};
 use crate::kv::{
-    CmpOp, CmpTarget, Compare, Kv, KvError, LeaseId, Revision, Txn, TxnOp, TxnOpResponse,
+    CmpOp, CmpTarget, Compare, Kv, KvError, LeaseId, MAX_TXN_OPS, Revision, Txn, TxnOp,
+    TxnOpResponse,
 };
 use crate::records::ScheduleEntry;
 use crate::registry::{Fence, Registry, encode};
 use crate::watch::WatchHints;
-
-/// etcd's default `--max-txn-ops`: a transaction may hold at most this many operations.
-pub const MAX_TXN_OPS: usize = 128;
 
 /// Proof of leadership. Writes made through it are fenced by the leader key and its lease.
 #[derive(Debug, Clone)]

@@ -20,8 +20,9 @@ pub mod testing;
 mod watch;
 
 pub use error::{RegistryError, Result};
-pub use keys::{DEFAULT_PREFIX, Keys, Named};
-pub use leader::{EngineWrite, Leadership, MAX_TXN_OPS};
+pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind};
+pub use kv::MAX_TXN_OPS;
+pub use leader::{EngineWrite, Leadership};
 pub use live::{LiveView, Touched};
 pub use per_machine::PerMachine;
 pub use read::{Listing, Skipped};

@@ -13,11 +13,11 @@ use std::time::Duration;
 use tracing::debug;
 
 use crate::error::{RegistryError, Result};
-use crate::keys::Keys;
+use crate::keys::{Key, Keys};
 use crate::kv::{
-    CmpOp, CmpTarget, Compare, KeyValue, Kv, LeaseId, Revision, Txn, TxnOp, TxnOpResponse,
+    CmpOp, CmpTarget, Compare, KeyValue, Kv, LeaseId, MAX_TXN_OPS, Revision, Txn, TxnOp,
+    TxnOpResponse,
 };
-use crate::leader::MAX_TXN_OPS;
 use crate::read::{self, Listing};
 use crate::records::{ReplaceState, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 
@@ -439,15 +439,15 @@ impl<K: Kv> Registry<K> {
         // The record cannot say which files it used: its references, `file-ref/<hash>/<name>`,
         // can. A writer of the same name would have to replace the record first, which the
         // compare below catches.
-        let base = self.keys.all_file_refs();
-        let refs = self.kv.range(&base, true, None).await;
-        let suffix = format!("/{name}");
+        let refs = self.kv.range(&self.keys.all_file_refs(), true, None).await;
         let hashes: Vec<UnitHash> = refs
             .map_err(RegistryError::kv(op))?
             .kvs
             .iter()
-            .filter(|kv| kv.key.ends_with(&suffix))
-            .filter_map(|kv| kv.key[base.len()..kv.key.len() - suffix.len()].parse().ok())
+            .filter_map(|kv| match Key::parse(&self.keys, &kv.key) {
+                Some(Key::FileRef { hash, unit }) if unit == *name => Some(hash),
+                _ => None,
+            })
             .take(MAX_TXN_OPS - 1)
             .collect();
         let txn = Txn {

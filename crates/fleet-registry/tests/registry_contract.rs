@@ -5,7 +5,7 @@ use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, U
 use fleet_registry::kv::{Kv, MemKv, RANGE_PAGE, Txn, TxnOp};
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{
-    CreateOutcome, EngineWrite, Fence, LiveView, Named, Registry, RegistryError, ScheduleEntry,
+    CreateOutcome, EngineWrite, Fence, Key, LiveView, Registry, RegistryError, ScheduleEntry,
     UnitStateRecord, WatchHints,
 };
 use std::time::Duration;
@@ -604,7 +604,7 @@ async fn listings_skip_unreadable_values_and_name_their_keys<K: Kv>(reg: Registr
     // What each key names, for the engine: the key's own name, not the record's.
     assert_eq!(
         evil2.named.as_deref(),
-        Some(&Named::Unit(name("evil2.service")))
+        Some(&Key::Unit(name("evil2.service")))
     );
     let named = |key: &str| {
         snap.skipped[&format!("{PREFIX}{key}")]
@@ -612,10 +612,10 @@ async fn listings_skip_unreadable_values_and_name_their_keys<K: Kv>(reg: Registr
             .as_deref()
             .cloned()
     };
-    assert_eq!(named("machine/m9"), Some(Named::Machine(machine("m9"))));
+    assert_eq!(named("machine/m9"), Some(Key::Machine(machine("m9"))));
     assert_eq!(
         named("schedule/m1/evil3.service"),
-        Some(Named::Schedule {
+        Some(Key::Schedule {
             machine: machine("m1"),
             unit: name("evil3.service")
         })
