@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use fleet_agent::{Agent, AgentConfig, SystemdConfig, SystemdManager};
 use fleet_core::{MachineId, MachineInfo};
 use fleet_registry::kv::{EtcdConfig, EtcdKv, LeaseId, TlsFiles};
-use fleet_registry::{DEFAULT_PREFIX, Registry};
+use fleet_registry::{DEFAULT_PREFIX, MachineRole, Registry};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -124,7 +124,7 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
         CountingKv::new(kv.clone(), DEFAULT_PREFIX, vec![counters]),
         DEFAULT_PREFIX,
     );
-    let presence_registry = Registry::new(kv, DEFAULT_PREFIX);
+    let presence_registry = MachineRole::new(Registry::new(kv, DEFAULT_PREFIX), machine.clone());
     let previous = std::fs::read_to_string(&args.lease_file)
         .ok()
         .and_then(|t| t.trim().parse().ok())
@@ -137,7 +137,7 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
         disable_engine: true,
     };
     let presence = presence_registry
-        .register_machine(&info, parse_secs(&args.agent_ttl)?, previous)
+        .register(&info, parse_secs(&args.agent_ttl)?, previous)
         .await?;
     let keeper = tokio::spawn(async move {
         loop {
@@ -152,12 +152,13 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
     })
     .await?;
     let manager = MeteredManager::new(systemd, calls.clone());
-    let mut cfg = AgentConfig::new(machine);
+    let mut cfg = AgentConfig::new(machine.clone());
     cfg.resync_interval = Duration::from_secs(args.resync_secs);
     let (_presence_tx, presence_rx) = watch::channel(Some(presence));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let started = Instant::now();
-    let agent = tokio::spawn(Agent::new(registry, manager, cfg, presence_rx).run(shutdown_rx));
+    let role = MachineRole::new(registry, machine.clone());
+    let agent = tokio::spawn(Agent::new(role, manager, cfg, presence_rx).run(shutdown_rx));
     wait_passes(&passes, 1, Duration::from_secs(120)).await?;
     let boot_ms = passes
         .closed

@@ -13,7 +13,7 @@ use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
 use fleet_engine::EngineConfig;
 use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
 use fleet_registry::testing::TestEtcd;
-use fleet_registry::{DEFAULT_PREFIX, Presence, Registry};
+use fleet_registry::{DEFAULT_PREFIX, MachineRole, Presence, Registry, UnitsRole};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -273,7 +273,8 @@ impl Sim {
         let names: std::collections::BTreeSet<UnitName> =
             units.iter().map(|(name, _)| name.clone()).collect();
         self.client.units_named(&names).await?;
-        let client = &self.client;
+        let client = UnitsRole::new(self.client.clone());
+        let client = &client;
         let results: Vec<_> = futures::stream::iter(units)
             .map(|(name, file)| client.create_unit(name, file, DesiredState::Launched))
             .buffered(32)
@@ -307,7 +308,10 @@ impl Sim {
             DEFAULT_PREFIX,
         );
         for &i in indexes {
-            registry.unregister(&self.machines[i].presence).await?;
+            let machine = &self.machines[i];
+            MachineRole::new(registry.clone(), machine.id.clone())
+                .unregister(&machine.presence)
+                .await?;
         }
         Ok(())
     }
@@ -346,7 +350,12 @@ fn spawn_agent(
     cfg.resync_interval = spec.resync;
     let (presence_tx, presence_rx) = watch::channel(Some(presence));
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let agent = Agent::new(registry, manager, cfg, presence_rx);
+    let agent = Agent::new(
+        MachineRole::new(registry, id.clone()),
+        manager,
+        cfg,
+        presence_rx,
+    );
     let task = tokio::spawn(async move {
         // The sender lives as long as the agent, as fleetd's presence keeper does.
         let _keep = presence_tx;
@@ -371,7 +380,7 @@ async fn register(
     let ttl = spec.agent_ttl;
     let results: Vec<_> = futures::stream::iter(ids.iter().enumerate())
         .map(|(i, id)| {
-            let registry = registry_for(i);
+            let role = MachineRole::new(registry_for(i), id.clone());
             let info = MachineInfo {
                 id: id.clone(),
                 public_ip: format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
@@ -379,7 +388,7 @@ async fn register(
                 version: env!("CARGO_PKG_VERSION").to_owned(),
                 disable_engine: false,
             };
-            async move { registry.register_machine(&info, ttl, None).await }
+            async move { role.register(&info, ttl, None).await }
         })
         .buffered(64)
         .collect()
@@ -394,17 +403,17 @@ async fn register(
 async fn keep_alive(registry: Registry<CountingKv<EtcdKv>>, leases: Leases, period: Duration) {
     loop {
         tokio::time::sleep(period).await;
-        let live: Vec<Presence> = leases
+        let live: Vec<(MachineId, Presence)> = leases
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .copied()
+            .iter()
+            .map(|(id, p)| (id.clone(), *p))
             .collect();
         futures::stream::iter(live)
-            .for_each_concurrent(64, |p| {
-                let registry = &registry;
+            .for_each_concurrent(64, |(id, p)| {
+                let role = MachineRole::new(registry.clone(), id);
                 async move {
-                    let _ = registry.keep_alive(&p).await;
+                    let _ = role.keep_alive(&p).await;
                 }
             })
             .await;

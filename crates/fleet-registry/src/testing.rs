@@ -27,7 +27,12 @@ use rand::Rng;
 use tokio::time::{Instant, sleep};
 use tracing::debug;
 
-use crate::kv::{EtcdConfig, EtcdKv, Kv, Revision, TlsFiles};
+use fleet_core::{MachineId, UnitName};
+
+use crate::error::RegistryError;
+use crate::kv::{EtcdConfig, EtcdKv, Kv, Revision, TlsFiles, Txn, TxnOp};
+use crate::records::ScheduleEntry;
+use crate::registry::{Registry, delete, encode, put};
 
 mod cluster;
 pub use cluster::TestEtcdCluster;
@@ -250,6 +255,45 @@ impl TestEtcd {
             sleep(Duration::from_millis(20)).await;
         }
         false
+    }
+}
+
+/// Raw access for tests, which set up what no role may write (a schedule without an
+/// engine, a corrupt value) and look at what was written. Production code goes through roles.
+impl<K: Kv> Registry<K> {
+    /// The store under the registry.
+    pub fn raw_kv(&self) -> &K {
+        self.kv()
+    }
+
+    /// Puts and deletes schedule entries in one transaction, without a leadership's fence:
+    /// what an engine would write, for tests of the agent and of the readers.
+    pub async fn write_schedule(
+        &self,
+        put_entries: &[ScheduleEntry],
+        delete_entries: &[(MachineId, UnitName)],
+    ) -> crate::Result<Revision> {
+        let keys = self.keys();
+        let mut ops: Vec<TxnOp> = put_entries
+            .iter()
+            .map(|e| put(keys.schedule(&e.machine, &e.name), encode(e)))
+            .collect();
+        ops.extend(
+            delete_entries
+                .iter()
+                .map(|(m, n)| delete(keys.schedule(m, n))),
+        );
+        let txn = Txn {
+            compares: vec![],
+            success: ops,
+            failure: vec![],
+        };
+        let res = self
+            .kv()
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("writing schedule"))?;
+        Ok(res.revision)
     }
 }
 

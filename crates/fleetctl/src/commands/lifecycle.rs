@@ -7,7 +7,7 @@
 use anyhow::{Result, bail};
 use fleet_core::{DesiredState, Requirements, UnitName};
 use fleet_registry::kv::EtcdKv;
-use fleet_registry::{Registry, RegistryError, Unit};
+use fleet_registry::{Registry, RegistryError, Unit, UnitsRole};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 
@@ -31,7 +31,10 @@ async fn set_desired(
         let Some(desired) = decide(&unit)? else {
             return Ok(None);
         };
-        match registry.set_desired(&unit, desired).await {
+        match UnitsRole::new(registry.clone())
+            .set_desired(&unit, desired)
+            .await
+        {
             Ok(u) => return Ok(Some(u)),
             Err(RegistryError::Conflict(_)) => continue,
             Err(e) => return Err(e.into()),
@@ -270,17 +273,18 @@ pub async fn restart(ctx: &mut Ctx, args: &[String], block: Block) -> Result<()>
 }
 
 async fn restart_one(registry: &Registry<EtcdKv>, name: &UnitName) -> Result<Option<Goal>> {
+    let units = UnitsRole::new(registry.clone());
     for _ in 0..ATTEMPTS {
         let Some(unit) = registry.unit(name).await? else {
             bail!("Unit {name} does not exist");
         };
         let res = match unit.desired() {
             DesiredState::Inactive => bail!("Unable to restart unit {name} in state inactive"),
-            DesiredState::Loaded => registry
+            DesiredState::Loaded => units
                 .set_desired(&unit, DesiredState::Launched)
                 .await
                 .map(|_| Goal::Launched),
-            DesiredState::Launched => registry
+            DesiredState::Launched => units
                 .request_restart(&unit)
                 .await
                 .map(|u| Goal::Restarted(u.record.restart)),
