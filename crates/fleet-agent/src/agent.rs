@@ -6,7 +6,7 @@
 //! removed. While etcd is unreachable it keeps acting on the last schedule it read, so running
 //! units stay as they are. It never touches a unit outside its units directory.
 
-use fleet_core::{Backoff, MachineId, UnitFile, UnitHash, UnitName, glob_match};
+use fleet_core::{ActiveState, Backoff, MachineId, UnitFile, UnitHash, UnitName, glob_match};
 use fleet_registry::kv::{Kv, LeaseId, Revision};
 use fleet_registry::{
     Presence, Registry, RegistryError, ScheduleEntry, Skipped, UnitStateRecord, WatchHints,
@@ -478,7 +478,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 .units
                 .get(&name)
                 .and_then(|u| u.systemd.as_ref())
-                .is_some_and(|s| s.active == "active");
+                .is_some_and(|s| s.active_state() == ActiveState::Active);
             let now = match self.manager.details(&name).await {
                 Ok(d) => d.invocation_id,
                 Err(_) => continue,

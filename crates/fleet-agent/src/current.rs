@@ -149,11 +149,7 @@ impl Current {
             .iter()
             .filter(|(_, u)| !matches!(u.file, UnitFileState::Absent))
             .map(|(name, u)| {
-                let systemd = u.systemd.clone().unwrap_or_else(|| SystemdState {
-                    load: "not-found".into(),
-                    active: "inactive".into(),
-                    sub: "dead".into(),
-                });
+                let systemd = u.systemd.clone().unwrap_or_else(SystemdState::not_found);
                 let record = UnitStateRecord {
                     name: name.clone(),
                     machine: machine.clone(),

@@ -7,7 +7,7 @@
 //! [`crate::manager::UnitManager`] ([`Desired::unowned`] says which to ask about, and
 //! [`Desired::hold`] takes the answer).
 
-use fleet_core::{UnitFile, UnitHash, UnitName};
+use fleet_core::{LoadState, UnitFile, UnitHash, UnitName};
 use fleet_registry::ScheduleEntry;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -58,7 +58,10 @@ impl Desired {
             .filter(|name| {
                 current.get(*name).is_some_and(|unit| {
                     matches!(unit.file, UnitFileState::Absent)
-                        && unit.systemd.as_ref().is_some_and(|s| s.load != "not-found")
+                        && unit
+                            .systemd
+                            .as_ref()
+                            .is_some_and(|s| s.load_state() != LoadState::NotFound)
                 })
             })
             .cloned()

@@ -13,7 +13,7 @@ use crate::manager::{
     UnitDetails, UnitFileError, UnitManager, UnitSource,
 };
 use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR};
-use fleet_core::{SystemdState, UnitFile, UnitHash, UnitName};
+use fleet_core::{ActiveState, SystemdState, UnitFile, UnitHash, UnitName};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
@@ -401,7 +401,7 @@ impl UnitManager for FakeManager {
             }
             state.linked.remove(name);
             if let Some(record) = state.records.get_mut(name)
-                && record.active == "failed"
+                && record.active_state() == ActiveState::Failed
             {
                 record.set("inactive", "dead");
             }
@@ -409,7 +409,8 @@ impl UnitManager for FakeManager {
             // systemd garbage-collects a unit once it is inactive; with its file gone, the next
             // query finds nothing (`not-found`), as the contract test shows on a real systemd.
             if state.records.get(name).is_some_and(|r| {
-                r.active == "inactive" && r.definition != Some(Definition::Foreign)
+                r.active_state() == ActiveState::Inactive
+                    && r.definition != Some(Definition::Foreign)
             }) {
                 state.records.remove(name);
             }

@@ -27,7 +27,7 @@ impl SystemdManager {
         let (asked, refused): (Vec<&UnitName>, Vec<&UnitName>) =
             names.iter().partition(|n| systemd_accepts(n));
         for name in refused {
-            out.insert(name.clone(), not_found());
+            out.insert(name.clone(), SystemdState::not_found());
         }
         if asked.is_empty() {
             return Ok(());
@@ -55,7 +55,8 @@ impl SystemdManager {
                 }
             }
             for name in asked {
-                out.entry(name.clone()).or_insert_with(not_found);
+                out.entry(name.clone())
+                    .or_insert_with(SystemdState::not_found);
             }
         }
         Ok(())
@@ -109,14 +110,6 @@ impl SystemdManager {
             main_pid,
             invocation_id: Some(hex(&invocation)).filter(|id| !id.is_empty()),
         })
-    }
-}
-
-fn not_found() -> SystemdState {
-    SystemdState {
-        load: "not-found".to_owned(),
-        active: "inactive".to_owned(),
-        sub: "dead".to_owned(),
     }
 }
 
