@@ -23,7 +23,7 @@ use tracing_subscriber::layer::{Context as LayerContext, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::counting::{Counters, CountingKv, Tally};
+use crate::counting::{Counters, Tally, counting};
 use crate::metered::{Call, CallCounts, MeteredManager};
 
 #[derive(Debug, clap::Args)]
@@ -121,7 +121,7 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
     })
     .await?;
     let registry = Registry::new(
-        CountingKv::new(kv.clone(), DEFAULT_PREFIX, vec![counters]),
+        counting(kv.clone(), DEFAULT_PREFIX, vec![counters]),
         DEFAULT_PREFIX,
     );
     let presence_registry = Registry::new(kv, DEFAULT_PREFIX);

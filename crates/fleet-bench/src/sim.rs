@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::counting::{Counters, CountingKv, Method};
+use crate::counting::{Counters, CountingKv, Method, counting};
 use crate::metered::{CallCounts, MeteredManager};
 use crate::monitor::Monitor;
 
@@ -162,7 +162,7 @@ impl Sim {
         let pool = kvs.clone();
         let counted = move |i: usize, sinks: Vec<Arc<Counters>>| {
             Registry::new(
-                CountingKv::new(pool[i % pool.len()].clone(), DEFAULT_PREFIX, sinks),
+                counting(pool[i % pool.len()].clone(), DEFAULT_PREFIX, sinks),
                 DEFAULT_PREFIX,
             )
         };
@@ -299,7 +299,7 @@ impl Sim {
                 .remove(&m.id);
         }
         let registry = Registry::new(
-            CountingKv::new(
+            counting(
                 self.kvs[0].clone(),
                 DEFAULT_PREFIX,
                 vec![self.roles.presence.clone()],
