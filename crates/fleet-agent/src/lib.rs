@@ -8,6 +8,7 @@
 //! - [`units_dir`]: the units directory (`/run/fleet/units`) on disk.
 //! - [`agent`]: the loop: boot (preload, adopt or remove), reconcile, publish states.
 //! - [`executor`]: runs a plan's tasks in order on a [`UnitManager`].
+//! - [`presence`]: the machine's registration on a lease, kept alive beside the agent.
 
 pub mod agent;
 mod current;
@@ -17,6 +18,7 @@ pub mod fake;
 mod ledger;
 pub mod manager;
 pub mod plan;
+pub mod presence;
 pub mod systemd;
 pub mod units_dir;
 
@@ -28,5 +30,6 @@ pub use manager::{
     ManagerError, UnitDetails, UnitFileError, UnitManager,
 };
 pub use plan::{CurrentUnit, DesiredUnit, Reason, Target, Task, TaskKind, UnitFileState, plan};
+pub use presence::PresenceKeeper;
 pub use systemd::{SystemdConfig, SystemdManager};
 pub use units_dir::UnitsDir;

@@ -6,13 +6,12 @@
 mod cli;
 mod config;
 mod engine;
-mod presence;
 mod public_ip;
 mod report;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use fleet_agent::{Agent, AgentConfig, SystemdConfig, SystemdManager};
+use fleet_agent::{Agent, AgentConfig, PresenceKeeper, SystemdConfig, SystemdManager};
 use fleet_core::{MachineId, MachineInfo};
 use fleet_registry::Registry;
 use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
@@ -22,7 +21,6 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use config::Config;
-use presence::PresenceKeeper;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const MACHINE_ID_FILE: &str = "/etc/machine-id";
@@ -165,7 +163,10 @@ async fn run(config: Config) -> Result<()> {
         ttl: config.agent_ttl,
         lease_file: runtime_dir.join("fleetd.lease"),
     };
-    let presence = keeper.register().await?;
+    let presence = keeper
+        .register()
+        .await
+        .context("registering this machine")?;
     info!(machine = %machine, version = VERSION, "fleetd started");
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -176,7 +177,10 @@ async fn run(config: Config) -> Result<()> {
     agent_cfg.units_dir = Some(config.units_directory.clone());
     let agent = Agent::new(registry.clone(), manager, agent_cfg, presence_rx);
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(keeper.keep(presence, presence_tx, shutdown_rx.clone()));
+    {
+        let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
+        tasks.spawn(async move { keep.await.context("registering this machine again") });
+    }
     {
         let shutdown = shutdown_rx.clone();
         tasks.spawn(async move {
