@@ -14,6 +14,8 @@ use fleet_engine::EngineConfig;
 use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{DEFAULT_PREFIX, Presence, Registry};
+use fleetctl::commands::Ctx;
+use fleetctl::commands::submit::{self, ReplaceHow, Verb};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -96,25 +98,29 @@ struct Engine {
     task: JoinHandle<()>,
 }
 
-/// A directory for the simulated machines' saved lease IDs (fleetd's `fleetd.lease`), removed
-/// with the simulation.
+/// The simulation's files, removed with it: the machines' saved lease IDs (fleetd's
+/// `fleetd.lease`) and the unit files given to fleetctl's submit path.
 #[derive(Debug)]
-struct LeaseDir(PathBuf);
+struct Scratch(PathBuf);
 
-impl LeaseDir {
-    fn new() -> LeaseDir {
+impl Scratch {
+    fn new() -> Scratch {
         static SIMS: AtomicUsize = AtomicUsize::new(0);
         let n = SIMS.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("fleet-bench-{}-{n}", std::process::id()));
-        LeaseDir(dir)
+        Scratch(dir)
     }
 
-    fn file(&self, id: &MachineId) -> PathBuf {
-        self.0.join(format!("{id}.lease"))
+    fn lease_file(&self, id: &MachineId) -> PathBuf {
+        self.0.join("leases").join(format!("{id}.lease"))
+    }
+
+    fn units(&self) -> PathBuf {
+        self.0.join("units")
     }
 }
 
-impl Drop for LeaseDir {
+impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
@@ -134,8 +140,7 @@ pub struct Sim {
     pub agents_ready_in: Duration,
     kvs: Vec<EtcdKv>,
     engines: Vec<Engine>,
-    /// Kept for its `Drop`, which removes the saved lease IDs.
-    _leases: LeaseDir,
+    scratch: Scratch,
     etcd: TestEtcd,
 }
 
@@ -194,12 +199,12 @@ impl Sim {
         };
         let client = counted(0, vec![roles.client.clone()]);
         let started = Instant::now();
-        let leases = LeaseDir::new();
+        let scratch = Scratch::new();
         let keepers = (0..spec.machines).map(|i| PresenceKeeper {
             registry: counted(i, vec![roles.presence.clone()]),
             info: machine_info(i),
             ttl: spec.agent_ttl,
-            lease_file: leases.file(&machine_id(i)),
+            lease_file: scratch.lease_file(&machine_id(i)),
         });
         let registered = register(keepers).await?;
         let joined_in = started.elapsed();
@@ -221,7 +226,7 @@ impl Sim {
             agents_ready_in: Duration::ZERO,
             kvs,
             engines: Vec::new(),
-            _leases: leases,
+            scratch,
             etcd,
         };
         sim.wait_agents_watching(Duration::from_secs(120)).await?;
@@ -290,20 +295,37 @@ impl Sim {
         Ok(())
     }
 
-    /// What `fleetctl start --no-block` does for these units: read them all (in transactions
-    /// of 128 reads, as fleetctl resolves many arguments), then create them 32 at a time.
-    pub async fn submit(&self, units: &[(UnitName, UnitFile)]) -> Result<()> {
-        let names: std::collections::BTreeSet<UnitName> =
-            units.iter().map(|(name, _)| name.clone()).collect();
-        self.client.units_named(&names).await?;
-        let client = &self.client;
-        let results: Vec<_> = futures::stream::iter(units)
-            .map(|(name, file)| client.create_unit(name, file, DesiredState::Launched))
-            .buffered(32)
-            .collect()
-            .await;
-        for r in results {
-            r?;
+    /// Writes the units' files where a user keeps them before `fleetctl start`; returns
+    /// the arguments that name them.
+    pub fn write_units(&self, units: &[(UnitName, UnitFile)]) -> Result<Vec<String>> {
+        let dir = self.scratch.units();
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut args = Vec::with_capacity(units.len());
+        for (name, file) in units {
+            let path = dir.join(name.as_str());
+            std::fs::write(&path, file.canonical())
+                .with_context(|| format!("writing {}", path.display()))?;
+            args.push(path.to_string_lossy().into_owned());
+        }
+        Ok(args)
+    }
+
+    /// `fleetctl start --no-block ARGS` for units not yet registered, through fleetctl's own
+    /// submit path: read the local files, read the units in transactions of 128 reads, then
+    /// create them 32 at a time (new units get the desired state at once, so start has
+    /// nothing more to write).
+    pub async fn submit(&self, args: &[String]) -> Result<()> {
+        let mut ctx = Ctx {
+            registry: self.client.clone(),
+            out: Box::new(std::io::sink()),
+            err: Box::new(std::io::sink()),
+            write_failed: None,
+        };
+        let prepared = submit::prepare(&mut ctx, args, false, Verb::Start).await?;
+        let how = ReplaceHow::default();
+        let results = submit::apply(&self.client, prepared, DesiredState::Launched, &how).await;
+        for (name, res) in results {
+            res.with_context(|| format!("creating {name}"))?;
         }
         Ok(())
     }
