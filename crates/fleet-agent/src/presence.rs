@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{Instrument, Span, info, info_span, warn};
 
 /// The pause before retrying a failed keep-alive. Waiting the regular TTL/3 instead cost a
 /// machine its lease: with a 3 s TTL, one renewal that etcd 3.4 held for 1 s under a write
@@ -64,9 +64,19 @@ impl<K: Kv> PresenceKeeper<K> {
         }
     }
 
+    /// The span of everything the keeper does: its logs name the machine, however many
+    /// machines one process keeps (the bench).
+    fn span(&self) -> Span {
+        info_span!("presence", machine = %self.info.id)
+    }
+
     /// Registers, retrying while etcd is unreachable. A duplicate machine ID is fatal
     /// ([`RegistryError::DuplicateMachine`], the only error returned).
     pub async fn register(&self) -> Result<Presence, RegistryError> {
+        self.registering().instrument(self.span()).await
+    }
+
+    async fn registering(&self) -> Result<Presence, RegistryError> {
         // Jittered: after an outage that cost every machine its lease, they must not all
         // register again at the same instants.
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
@@ -95,6 +105,16 @@ impl<K: Kv> PresenceKeeper<K> {
     /// returns an error only when registering again finds the machine ID taken.
     pub async fn keep(
         self,
+        presence: Presence,
+        tx: watch::Sender<Option<Presence>>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<(), RegistryError> {
+        let span = self.span();
+        self.keeping(presence, tx, shutdown).instrument(span).await
+    }
+
+    async fn keeping(
+        self,
         mut presence: Presence,
         tx: watch::Sender<Option<Presence>>,
         mut shutdown: watch::Receiver<bool>,
@@ -122,7 +142,7 @@ impl<K: Kv> PresenceKeeper<K> {
                     ..
                 }) => {
                     warn!("machine lease expired; registering again");
-                    presence = self.register().await?;
+                    presence = self.registering().await?;
                     renewed = Instant::now();
                     failures = 0;
                     let _ = tx.send(Some(presence));

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::span::{Attributes, Id};
-use tracing::{Subscriber, level_filters::LevelFilter};
+use tracing::{Instrument, Subscriber, level_filters::LevelFilter};
 use tracing_subscriber::layer::{Context as LayerContext, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -149,9 +149,17 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
     cfg.resync_interval = Duration::from_secs(args.resync_secs);
     let (presence_tx, presence_rx) = watch::channel(Some(presence));
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let keeper = tokio::spawn(keeper.keep(presence, presence_tx, shutdown_rx.clone()));
+    let keeper = tokio::spawn(
+        keeper
+            .keep(presence, presence_tx, shutdown_rx.clone())
+            .in_current_span(),
+    );
     let started = Instant::now();
-    let agent = tokio::spawn(Agent::new(registry, manager, cfg, presence_rx).run(shutdown_rx));
+    let agent = tokio::spawn(
+        Agent::new(registry, manager, cfg, presence_rx)
+            .run(shutdown_rx)
+            .in_current_span(),
+    );
     wait_passes(&passes, 1, Duration::from_secs(120)).await?;
     let boot_ms = passes
         .closed

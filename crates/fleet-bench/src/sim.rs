@@ -25,6 +25,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::counting::{Counters, CountingKv, Method, counting};
 use crate::metered::{CallCounts, MeteredManager};
@@ -235,7 +236,7 @@ impl Sim {
             let registry = counted(i, vec![sim.roles.engines.clone()]);
             let cfg = EngineConfig::new(sim.machines[i].id.clone(), sim.spec.engine_interval);
             let (shutdown, rx) = watch::channel(false);
-            let task = tokio::spawn(fleet_engine::run(registry, cfg, rx));
+            let task = tokio::spawn(fleet_engine::run(registry, cfg, rx).in_current_span());
             sim.engines.push(Engine { shutdown, task });
         }
         sim.wait_leader(Duration::from_secs(30)).await?;
@@ -394,12 +395,15 @@ fn spawn_machine(
     let (presence_tx, presence_rx) = watch::channel(Some(presence));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
-    let keeper = tokio::spawn(async move {
-        // Only a machine ID registered twice ends it, and every simulated ID is distinct.
-        let _ = keep.await;
-    });
+    let keeper = tokio::spawn(
+        async move {
+            // Only a machine ID registered twice ends it, and every simulated ID is distinct.
+            let _ = keep.await;
+        }
+        .in_current_span(),
+    );
     let agent = Agent::new(registry, manager, cfg, presence_rx.clone());
-    let agent = tokio::spawn(agent.run(shutdown_rx));
+    let agent = tokio::spawn(agent.run(shutdown_rx).in_current_span());
     SimMachine {
         id,
         counters,

@@ -18,7 +18,7 @@ use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
 use config::Config;
 
@@ -179,14 +179,19 @@ async fn run(config: Config) -> Result<()> {
     let mut tasks = tokio::task::JoinSet::new();
     {
         let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
-        tasks.spawn(async move { keep.await.context("registering this machine again") });
+        tasks.spawn(
+            async move { keep.await.context("registering this machine again") }.in_current_span(),
+        );
     }
     {
         let shutdown = shutdown_rx.clone();
-        tasks.spawn(async move {
-            agent.run(shutdown).await;
-            Ok(())
-        });
+        tasks.spawn(
+            async move {
+                agent.run(shutdown).await;
+                Ok(())
+            }
+            .in_current_span(),
+        );
     }
     if !config.disable_engine {
         engine::spawn(
