@@ -6,23 +6,21 @@
 mod cli;
 mod config;
 mod engine;
-mod presence;
 mod public_ip;
 mod report;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use fleet_agent::{Agent, AgentConfig, SystemdConfig, SystemdManager};
+use fleet_agent::{Agent, AgentConfig, PresenceKeeper, SystemdConfig, SystemdManager};
 use fleet_core::{MachineId, MachineInfo};
 use fleet_registry::Registry;
 use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
 use config::Config;
-use presence::PresenceKeeper;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const MACHINE_ID_FILE: &str = "/etc/machine-id";
@@ -165,7 +163,10 @@ async fn run(config: Config) -> Result<()> {
         ttl: config.agent_ttl,
         lease_file: runtime_dir.join("fleetd.lease"),
     };
-    let presence = keeper.register().await?;
+    let presence = keeper
+        .register()
+        .await
+        .context("registering this machine")?;
     info!(machine = %machine, version = VERSION, "fleetd started");
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -175,13 +176,21 @@ async fn run(config: Config) -> Result<()> {
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
     let agent = Agent::new(registry.clone(), manager, agent_cfg, presence_rx);
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(keeper.keep(presence, presence_tx, shutdown_rx.clone()));
+    {
+        let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
+        tasks.spawn(
+            async move { keep.await.context("registering this machine again") }.in_current_span(),
+        );
+    }
     {
         let shutdown = shutdown_rx.clone();
-        tasks.spawn(async move {
-            agent.run(shutdown).await;
-            Ok(())
-        });
+        tasks.spawn(
+            async move {
+                agent.run(shutdown).await;
+                Ok(())
+            }
+            .in_current_span(),
+        );
     }
     if !config.disable_engine {
         engine::spawn(
