@@ -692,3 +692,59 @@ async fn a_scheduled_unit_shows_its_machine_and_current_state() {
     assert_eq!(unit["currentState"], "launched");
     assert_eq!(unit["desiredState"], "launched");
 }
+
+#[tokio::test]
+async fn serves_http_on_tcp_and_unix_listeners_until_shutdown() {
+    use hyper_util::rt::TokioIo;
+    let (f, _) = fixture(100);
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let dir = std::env::temp_dir().join(format!("fleet-api-serve-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("api.sock");
+    let unix = tokio::net::UnixListener::bind(&path).unwrap();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let tcp_task = tokio::spawn(crate::serve(
+        crate::Listener::Tcp(tcp),
+        f.router.clone(),
+        stopped.clone(),
+    ));
+    let unix_task = tokio::spawn(crate::serve(
+        crate::Listener::Unix(unix),
+        f.router.clone(),
+        stopped,
+    ));
+    async fn get<S>(stream: S, host: &str) -> (StatusCode, Option<String>)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = Request::get("/fleet/v1/units?alt=json")
+            .header(header::HOST, host)
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        let server = resp
+            .headers()
+            .get(header::SERVER)
+            .map(|v| v.to_str().unwrap().to_owned());
+        (resp.status(), server)
+    }
+    let over_tcp = get(tokio::net::TcpStream::connect(addr).await.unwrap(), "x").await;
+    let over_unix = get(
+        tokio::net::UnixStream::connect(&path).await.unwrap(),
+        "domain-sock",
+    )
+    .await;
+    for answer in [over_tcp, over_unix] {
+        assert_eq!(answer, (StatusCode::OK, Some("fleetd/9.9.9".to_owned())));
+    }
+    stop.send(true).unwrap();
+    tcp_task.await.unwrap();
+    unix_task.await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
