@@ -356,6 +356,71 @@ fn api_contract_over_http_against_a_running_fleetd() -> Result<()> {
     let (units, _) = all_pages(to, "/v1-alpha/units", "units")?;
     ensure!(units.len() == 150, "alias lists {}", units.len());
 
+    // Dynamic metadata, as fleet's machines_test sends it (no Content-Type, `Value`).
+    let (m0, m1) = (&cluster.machines()[0], &cluster.machines()[1]);
+    let patch = json!([
+        {"op": "add", "path": format!("/{}/metadata/foo", m0.id()), "Value": {"value": "bar"}},
+        {"op": "replace", "path": format!("/{}/metadata/ping", m1.id()), "Value": {"value": "splat"}},
+    ]);
+    let reply = call_as(
+        to,
+        "PATCH",
+        "/fleet/v1/machines",
+        None,
+        Some(patch.to_string()),
+    )?;
+    ensure!(reply.status == 204, "{reply:?}");
+    ensure!(
+        reply.content_type.as_deref() == Some("application/json"),
+        "{reply:?}"
+    );
+    let machines = call(to, "GET", "/fleet/v1/machines", None)?.body;
+    let metadata_of = |m: &Machine| {
+        machines["machines"]
+            .as_array()
+            .and_then(|all| all.iter().find(|e| e["id"] == m.id().as_str()))
+            .map(|e| e["metadata"].clone())
+    };
+    ensure!(
+        metadata_of(m0) == Some(json!({"foo": "bar", "hostname": m0.name()})),
+        "{machines}"
+    );
+    ensure!(
+        metadata_of(m1) == Some(json!({"ping": "splat", "hostname": m1.name()})),
+        "{machines}"
+    );
+    let bad = json!([{"op": "noop", "path": format!("/{}/metadata/foo", m0.id()), "value": {"value": "x"}}]);
+    check_error(
+        &call_as(
+            to,
+            "PATCH",
+            "/fleet/v1/machines",
+            None,
+            Some(bad.to_string()),
+        )?,
+        400,
+        "invalid op",
+    )?;
+    let remove = json!([
+        {"op": "remove", "path": format!("/{}/metadata/foo", m0.id())},
+        {"op": "remove", "path": format!("/{}/metadata/ping", m1.id())},
+    ]);
+    let reply = call_as(
+        to,
+        "PATCH",
+        "/fleet/v1/machines",
+        None,
+        Some(remove.to_string()),
+    )?;
+    ensure!(reply.status == 204, "{reply:?}");
+    let machines = call(to, "GET", "/fleet/v1/machines", None)?.body;
+    for entity in machines["machines"].as_array().into_iter().flatten() {
+        ensure!(
+            entity["metadata"].as_object().map(|m| m.len()) == Some(1),
+            "{entity}"
+        );
+    }
+
     // etcd away: 503 with fleet's message, and back once etcd is.
     cluster.stop_etcd()?;
     let reply = wait_for_value(TIMEOUT, POLL, || {

@@ -37,6 +37,16 @@ const METHODS: &[Method] = &[
         response: Some("MachinePage"),
     },
     Method {
+        resource: "Machines",
+        name: "Patch",
+        http: "PATCH",
+        path: "machines",
+        description: "Adds, replaces or removes dynamic metadata of machines (JSON Patch on /<machineID>/metadata/<key>), all or nothing.",
+        query: &[],
+        request: Some("MachineMetadataPatch"),
+        response: None,
+    },
+    Method {
         resource: "Units",
         name: "List",
         http: "GET",
@@ -114,6 +124,16 @@ fn schemas() -> Value {
         "MachinePage": object("MachinePage", json!({
             "machines": array_of("Machine"),
             "nextPageToken": string(),
+        })),
+        "MachineMetadataPatch": {
+            "id": "MachineMetadataPatch",
+            "type": "array",
+            "items": {"$ref": "MachineMetadataOp"},
+        },
+        "MachineMetadataOp": object("MachineMetadataOp", json!({
+            "op": {"type": "string", "enum": ["add", "remove", "replace"]},
+            "path": {"type": "string", "description": "/<machineID>/metadata/<key>"},
+            "value": object("MachineMetadataValue", json!({"value": string()})),
         })),
         "UnitOption": object("UnitOption", json!({
             "section": string(),
@@ -229,6 +249,7 @@ mod tests {
         let res = &doc["resources"];
         for (resource, method, http) in [
             ("Machines", "List", "GET"),
+            ("Machines", "Patch", "PATCH"),
             ("Units", "List", "GET"),
             ("Units", "Get", "GET"),
             ("Units", "Set", "PUT"),

@@ -95,6 +95,38 @@ pub struct MachinePage {
     pub next_page_token: String,
 }
 
+/// One operation of a `PATCH /machines` body (JSON Patch on `/<machineID>/metadata/<key>`).
+/// Field names match case-insensitively in fleet (Go's decoder): its own tests send `Value`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataOp {
+    #[serde(default, alias = "Op", alias = "OP")]
+    pub op: String,
+    #[serde(default, alias = "Path")]
+    pub path: String,
+    #[serde(default, alias = "Value", skip_serializing_if = "Option::is_none")]
+    pub value: Option<MetadataValue>,
+}
+
+/// The value of an `add` or `replace`: fleet's code and tests send `{"value": "…"}`; its
+/// document shows a plain string, which fleet refused and is taken here too.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MetadataValue {
+    Wrapped {
+        #[serde(default, alias = "Value")]
+        value: String,
+    },
+    Plain(String),
+}
+
+impl MetadataValue {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Wrapped { value } | Self::Plain(value) => value,
+        }
+    }
+}
+
 /// Every error body: `{"error":{"code":N,"message":"…"}}` (Google's error shape).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {

@@ -65,6 +65,14 @@ pub enum ApiError {
         existing: DesiredState,
         asked: DesiredState,
     },
+    #[error("invalid op: expect add, remove, or replace")]
+    PatchOp,
+    #[error("machine metadata path invalid")]
+    PatchPath,
+    #[error("invalid value: add and replace require a value")]
+    PatchNoValue,
+    #[error("invalid value: metadata values are one line of printable text")]
+    PatchBadValue,
     #[error(transparent)]
     Page(#[from] PageError),
     #[error(transparent)]
@@ -88,12 +96,17 @@ impl ApiError {
             | Self::OptionsChangeWhenWritten
             | Self::BadRequirements(_)
             | Self::ActivateTemplate(_)
+            | Self::PatchOp
+            | Self::PatchPath
+            | Self::PatchNoValue
+            | Self::PatchBadValue
             | Self::Page(_) => StatusCode::BAD_REQUEST,
             Self::NoOptions | Self::NoDesiredState | Self::ReplaceLowers { .. } => {
                 StatusCode::CONFLICT
             }
             Self::Registry(e) if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
             Self::Registry(RegistryError::Conflict(_)) => StatusCode::CONFLICT,
+            Self::Registry(RegistryError::TooManyChanges { .. }) => StatusCode::BAD_REQUEST,
             Self::Registry(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

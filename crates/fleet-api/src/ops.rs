@@ -7,7 +7,9 @@
 
 use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitName, UnitOption};
 use fleet_registry::kv::Kv;
-use fleet_registry::{CreateOutcome, Registry, RegistryError, Snapshot, Unit, UnitStateRecord};
+use fleet_registry::{
+    CreateOutcome, MetadataChange, Registry, RegistryError, Snapshot, Unit, UnitStateRecord,
+};
 use tracing::debug;
 
 use crate::entity;
@@ -137,6 +139,44 @@ pub fn decide_put(
     Ok(PutPlan::SetState { existing, desired })
 }
 
+/// The changes a `PATCH /machines` asks for, every operation checked before any is applied
+/// (fleet's order of checks and messages). Any machine ID is accepted, registered or not; a
+/// value must be one line of printable text (it ends up in `key=value` lists).
+pub fn metadata_changes(ops: &[entity::MetadataOp]) -> Result<Vec<MetadataChange>, ApiError> {
+    let mut changes = Vec::with_capacity(ops.len());
+    for op in ops {
+        let remove = match op.op.as_str() {
+            "add" | "replace" => false,
+            "remove" => true,
+            _ => return Err(ApiError::PatchOp),
+        };
+        let (machine, key) = op
+            .path
+            .strip_prefix('/')
+            .and_then(|p| p.split_once("/metadata/"))
+            .ok_or(ApiError::PatchPath)?;
+        let machine = machine.parse().map_err(|_| ApiError::PatchPath)?;
+        let key = key.parse().map_err(|_| ApiError::PatchPath)?;
+        if remove {
+            changes.push(MetadataChange::Remove { machine, key });
+            continue;
+        }
+        let value = op.value.as_ref().map(|v| v.as_str()).unwrap_or("");
+        if value.is_empty() {
+            return Err(ApiError::PatchNoValue);
+        }
+        if value.chars().any(char::is_control) {
+            return Err(ApiError::PatchBadValue);
+        }
+        changes.push(MetadataChange::Set {
+            machine,
+            key,
+            value: value.to_owned(),
+        });
+    }
+    Ok(changes)
+}
+
 /// The registry as the API uses it.
 #[derive(Debug, Clone)]
 pub struct Ops<K> {
@@ -256,18 +296,32 @@ impl<K: Kv> Ops<K> {
             .collect())
     }
 
-    /// Live machines, sorted by ID.
+    /// Live machines, sorted by ID, each with its configured metadata overridden by its
+    /// dynamic metadata.
     pub async fn machines(&self) -> Result<Vec<entity::Machine>, RegistryError> {
         let machines = self.registry.machines().await?;
+        let mut dynamic = self.registry.dynamic_metadata().await?.items;
         Ok(machines
             .items
             .into_iter()
-            .map(|m| entity::Machine {
-                id: m.id.to_string(),
-                primary_ip: m.public_ip,
-                metadata: m.metadata,
+            .map(|m| {
+                let mut metadata = m.metadata;
+                metadata.extend(dynamic.remove(&m.id).unwrap_or_default());
+                entity::Machine {
+                    id: m.id.to_string(),
+                    primary_ip: m.public_ip,
+                    metadata,
+                }
             })
             .collect())
+    }
+
+    /// Applies a patch's changes, all or nothing.
+    pub async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<(), RegistryError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        self.registry.change_metadata(changes).await
     }
 }
 

@@ -156,7 +156,11 @@ async fn wrong_methods_are_405_naming_the_methods_a_resource_takes() {
         (Method::POST, "/fleet/v1/units", only_get),
         (Method::DELETE, "/fleet/v1/state", only_get),
         (Method::PUT, "/fleet/v1/state/a.service", only_get),
-        (Method::POST, "/fleet/v1/machines", only_get),
+        (
+            Method::POST,
+            "/fleet/v1/machines",
+            "only GET and PATCH supported against this resource",
+        ),
         (
             Method::POST,
             "/fleet/v1/units/a.service",
@@ -747,4 +751,99 @@ async fn serves_http_on_tcp_and_unix_listeners_until_shutdown() {
     tcp_task.await.unwrap();
     unix_task.await.unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+impl Fixture {
+    /// A PATCH as fleet's functional tests send it: no Content-Type.
+    async fn patch(&self, body: Value) -> Answer {
+        let req = Request::builder()
+            .method(Method::PATCH)
+            .uri("/fleet/v1/machines")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        self.send(req).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_metadata_patch_is_204_and_wins_over_configured_values() {
+    let (f, _) = fixture(100);
+    cluster(&f).await;
+    // fleet's wire form (`Value` capitalised, nested), and its document's plain string.
+    let answer = f
+        .patch(json!([
+            {"op": "add", "path": "/m1/metadata/foo", "Value": {"value": "bar"}},
+            {"op": "replace", "path": "/m2/metadata/role", "value": "db"},
+            {"op": "add", "path": "/m9/metadata/early", "value": {"value": "bird"}},
+        ]))
+        .await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT, "{answer:?}");
+    assert_eq!(answer.content_type.as_deref(), Some("application/json"));
+    let machines = f.get("/fleet/v1/machines").await.body;
+    assert_eq!(
+        machines["machines"],
+        json!([
+            {"id": "m1", "primaryIP": "10.0.0.1", "metadata": {"foo": "bar", "role": "m1"}},
+            {"id": "m2", "primaryIP": "10.0.0.2", "metadata": {"role": "db"}},
+        ])
+    );
+    let answer = f
+        .patch(json!([{"op": "remove", "path": "/m2/metadata/role"}]))
+        .await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT);
+    let machines = f.get("/fleet/v1/machines").await.body;
+    assert_eq!(machines["machines"][1]["metadata"], json!({"role": "m2"}));
+    // A machine not registered yet keeps what was set for it.
+    let dynamic = f.registry.dynamic_metadata().await.unwrap().items;
+    assert_eq!(dynamic[&"m9".parse().unwrap()]["early"], "bird");
+}
+
+#[tokio::test]
+async fn a_bad_patch_operation_is_400_and_nothing_of_the_patch_is_applied() {
+    let (f, _) = fixture(100);
+    let good = json!({"op": "add", "path": "/m1/metadata/foo", "value": {"value": "bar"}});
+    let before = f.revision().await;
+    for (bad, message) in [
+        (
+            json!({"op": "noop", "path": "/m1/metadata/foo", "value": {"value": "x"}}),
+            "invalid op: expect add, remove, or replace",
+        ),
+        (
+            json!({"op": "add", "path": "/m1/foo", "value": {"value": "x"}}),
+            "machine metadata path invalid",
+        ),
+        (
+            json!({"op": "add", "path": "/m1/metadata/a=b", "value": {"value": "x"}}),
+            "machine metadata path invalid",
+        ),
+        (
+            json!({"op": "add", "path": "/m1/metadata/foo", "value": {"value": ""}}),
+            "invalid value: add and replace require a value",
+        ),
+        (
+            json!({"op": "replace", "path": "/m1/metadata/foo"}),
+            "invalid value: add and replace require a value",
+        ),
+        (
+            json!({"op": "add", "path": "/m1/metadata/foo", "value": "a\nb"}),
+            "invalid value: metadata values are one line of printable text",
+        ),
+    ] {
+        let answer = f.patch(json!([good.clone(), bad])).await;
+        assert_error(&answer, StatusCode::BAD_REQUEST, message);
+    }
+    let answer = f.patch(json!({"op": "add"})).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        f.revision().await,
+        before,
+        "a refused patch wrote something"
+    );
+    let req = Request::builder()
+        .method(Method::PATCH)
+        .uri("/fleet/v1/machines")
+        .header(header::CONTENT_TYPE, "text/plain")
+        .body(Body::from(json!([good]).to_string()))
+        .unwrap();
+    assert_eq!(f.send(req).await.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
 }
