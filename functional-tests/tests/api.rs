@@ -565,3 +565,36 @@ fn a_client_written_from_fleets_api_document_works() -> Result<()> {
     }
     finish(cluster)
 }
+
+/// `dist/fleet.socket`, with a TCP listener added by a drop-in, hands fleetd its sockets:
+/// fleetd serves them (no `api_listen` is configured, so the TCP port answers only through
+/// systemd) instead of opening its own.
+#[test]
+fn fleetd_serves_the_sockets_systemd_passes() -> Result<()> {
+    const ACTIVATED_PORT: u16 = 54729;
+    let (cluster, _registry) = start(1, FleetdSpec::default())?;
+    let machine = &cluster.machines()[0];
+    machine.stop_fleetd()?;
+    machine.write_file(
+        "/run/systemd/system/fleet.socket",
+        include_str!("../../dist/fleet.socket"),
+    )?;
+    machine.write_file(
+        "/run/systemd/system/fleet.socket.d/tcp.conf",
+        format!("[Socket]\nListenStream=0.0.0.0:{ACTIVATED_PORT}\n"),
+    )?;
+    machine.systemctl_ok(&["daemon-reload"])?;
+    machine.systemctl_ok(&["start", "fleet.socket"])?;
+    machine.start_fleetd()?;
+    let to = SocketAddr::from((machine.ip(), ACTIVATED_PORT));
+    let body = wait_body(to, "/fleet/v1/machines", |b| {
+        b["machines"][0]["id"] == machine.id().as_str()
+    })?;
+    ensure!(
+        body["machines"].as_array().map(Vec::len) == Some(1),
+        "{body}"
+    );
+    let socket = machine.sh("stat -c %F:%a /var/run/fleet.sock")?;
+    ensure!(socket.trim() == "socket:660", "fleet.sock is {socket:?}");
+    finish(cluster)
+}
