@@ -119,30 +119,10 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
             &discovery::document(req.headers().get(header::HOST)),
         )),
         (Route::Discovery, _) => Err(ApiError::DiscoveryNotGet),
-        (Route::Machines, Method::GET) => {
-            let token = page_token(api, &query)?;
-            let (machines, next) = token.slice(api.ops.machines().await?);
-            Ok(json_response(
-                StatusCode::OK,
-                &entity::MachinePage {
-                    machines,
-                    next_page_token: encode(next),
-                },
-            ))
-        }
+        (Route::Machines, Method::GET) => list_machines(api, &query).await,
         (Route::Machines, Method::PATCH) => patch_machines(api, req).await,
         (Route::Machines, _) => Err(ApiError::WrongMethod("GET and PATCH")),
-        (Route::Units, Method::GET) => {
-            let token = page_token(api, &query)?;
-            let (units, next) = token.slice(api.ops.units().await?);
-            Ok(json_response(
-                StatusCode::OK,
-                &entity::UnitPage {
-                    units,
-                    next_page_token: encode(next),
-                },
-            ))
-        }
+        (Route::Units, Method::GET) => list_units(api, &query).await,
         (Route::Units, _) => Err(ApiError::WrongMethod("GET")),
         (Route::Unit(name), Method::GET) => match api.ops.unit(name).await? {
             Some(unit) => Ok(json_response(StatusCode::OK, &unit)),
@@ -157,20 +137,7 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
             put_unit(api, &name, req).await
         }
         (Route::Unit(_), _) => Err(ApiError::WrongMethod("GET, PUT and DELETE")),
-        (Route::States, Method::GET) => {
-            let token = page_token(api, &query)?;
-            let machine = first(&query, "machineID");
-            let unit = first(&query, "unitName");
-            let states = api.ops.states(machine.as_deref(), unit.as_deref()).await?;
-            let (states, next) = token.slice(states);
-            Ok(json_response(
-                StatusCode::OK,
-                &entity::UnitStatePage {
-                    states,
-                    next_page_token: encode(next),
-                },
-            ))
-        }
+        (Route::States, Method::GET) => list_states(api, &query).await,
         (Route::State(name), Method::GET) => {
             let states = api.ops.states(None, Some(name)).await?;
             match states.into_iter().next() {
@@ -180,6 +147,40 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
         }
         (Route::States | Route::State(_), _) => Err(ApiError::WrongMethod("GET")),
     }
+}
+
+async fn list_machines<K: Kv>(api: &Api<K>, query: &str) -> Result<Response, ApiError> {
+    let token = page_token(api, query)?;
+    let (machines, next) = token.slice(api.ops.machines().await?);
+    let page = entity::MachinePage {
+        machines,
+        next_page_token: encode(next),
+    };
+    Ok(json_response(StatusCode::OK, &page))
+}
+
+async fn list_units<K: Kv>(api: &Api<K>, query: &str) -> Result<Response, ApiError> {
+    let token = page_token(api, query)?;
+    let (units, next) = token.slice(api.ops.units().await?);
+    let page = entity::UnitPage {
+        units,
+        next_page_token: encode(next),
+    };
+    Ok(json_response(StatusCode::OK, &page))
+}
+
+async fn list_states<K: Kv>(api: &Api<K>, query: &str) -> Result<Response, ApiError> {
+    // The token first: a bad one is a 400 without a registry read.
+    let token = page_token(api, query)?;
+    let machine = first(query, "machineID");
+    let unit = first(query, "unitName");
+    let states = api.ops.states(machine.as_deref(), unit.as_deref()).await?;
+    let (states, next) = token.slice(states);
+    let page = entity::UnitStatePage {
+        states,
+        next_page_token: encode(next),
+    };
+    Ok(json_response(StatusCode::OK, &page))
 }
 
 async fn put_unit<K: Kv>(api: &Api<K>, url_name: &str, req: Request) -> Result<Response, ApiError> {
