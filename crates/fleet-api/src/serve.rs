@@ -1,14 +1,18 @@
 //! Serving the router on listeners: HTTP/1.1 over TCP or unix stream sockets, one task per
 //! connection. Serving never touches the registry itself, so a slow client or a flood of
-//! requests costs only this task's time, never the agent's or the engine's.
+//! requests costs only this task's time, never the agent's or the engine's. A listener holds
+//! at most [`MAX_CONNECTIONS`] connections (more wait in the kernel's backlog), and a client
+//! gets [`HEADER_TIMEOUT`] to send a request's headers, so idle or slow clients cannot take
+//! every file descriptor fleetd has.
 
 use axum::Router;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
 
 /// A listening socket the API is served on.
@@ -38,6 +42,13 @@ impl Listener {
     }
 }
 
+/// Connections served at once per listener.
+pub const MAX_CONNECTIONS: usize = 512;
+
+/// How long a connection may take to send a request's headers (also the idle limit between
+/// requests on a kept-alive connection).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Pause after a failed `accept` (out of file descriptors): retrying at once would spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -45,16 +56,24 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 pub async fn serve(listener: Listener, router: Router, mut shutdown: watch::Receiver<bool>) {
     let name = listener.describe();
     info!(listener = %name, "serving fleet api");
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => break,
-            accepted = accept(&listener) => accepted,
+            accepted = async {
+                let slot = slots.clone().acquire_owned().await.expect("never closed");
+                (slot, accept(&listener).await)
+            } => accepted,
         };
         match accepted {
-            Ok(conn) => {
-                tokio::spawn(serve_connection(conn, router.clone()));
+            (slot, Ok(conn)) => {
+                let router = router.clone();
+                tokio::spawn(async move {
+                    serve_connection(conn, router).await;
+                    drop(slot);
+                });
             }
-            Err(e) => {
+            (_, Err(e)) => {
                 warn!(listener = %name, error = %e, "failed accepting api connection");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
             }
@@ -89,6 +108,8 @@ where
 {
     let service = TowerToHyperService::new(router);
     let res = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
         .serve_connection(TokioIo::new(stream), service)
         .await;
     if let Err(e) = res {

@@ -847,3 +847,23 @@ async fn a_bad_patch_operation_is_400_and_nothing_of_the_patch_is_applied() {
         .unwrap();
     assert_eq!(f.send(req).await.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_sends_no_request_is_disconnected() {
+    use tokio::io::AsyncReadExt;
+    let (f, _) = fixture(100);
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(crate::serve(
+        crate::Listener::Tcp(tcp),
+        f.router.clone(),
+        stopped,
+    ));
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let mut rest = Vec::new();
+    // Ends (EOF, perhaps after a 408) once the header timeout passes, not before.
+    let _ = idle.read_to_end(&mut rest).await;
+    assert!(started.elapsed() >= crate::serve::HEADER_TIMEOUT);
+}
