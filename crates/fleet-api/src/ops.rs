@@ -73,8 +73,9 @@ pub fn unit_file(name: &UnitName, options: &[entity::UnitOption]) -> Result<Unit
         )));
     }
     let reread = UnitFile::parse(file.canonical().as_bytes()).map_err(ApiError::BadOptions)?;
-    if reread.options() != file.options() {
-        // Whatever else the text does not keep (trailing blanks a parser trims).
+    // Equal as unit files (canonical text): sections may come interleaved, as in fleet.
+    if reread != file {
+        // Whatever else the text does not keep (trailing blanks a parser trims, a final `\`).
         return Err(ApiError::OptionsChangeWhenWritten);
     }
     Requirements::from_unit(name, &file).validate()?;

@@ -867,3 +867,32 @@ async fn a_client_that_sends_no_request_is_disconnected() {
     let _ = idle.read_to_end(&mut rest).await;
     assert!(started.elapsed() >= crate::serve::HEADER_TIMEOUT);
 }
+
+#[tokio::test]
+async fn options_of_interleaved_sections_are_one_unit_file_and_trailing_blanks_are_refused() {
+    let (f, _) = fixture(100);
+    let interleaved = json!([
+        {"section": "Unit", "name": "Description", "value": "test"},
+        {"section": "Service", "name": "ExecStart", "value": "/bin/true"},
+        {"section": "Unit", "name": "After", "value": "b.service"},
+    ]);
+    let answer = f
+        .put("/fleet/v1/units/a.service", json!({"options": interleaved}))
+        .await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+    // fleet's hash: options grouped by section, in order of first appearance.
+    let grouped = "[Unit]\nDescription=test\nAfter=b.service\n\n[Service]\nExecStart=/bin/true\n";
+    let grouped = UnitFile::parse(grouped.as_bytes()).unwrap();
+    assert_eq!(f.unit("a.service").await.unwrap().hash(), grouped.hash());
+    for value in ["/bin/true ", "/bin/true \\"] {
+        let options = json!([{"section": "Service", "name": "ExecStart", "value": value}]);
+        let answer = f
+            .put("/fleet/v1/units/b.service", json!({"options": options}))
+            .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{value:?}: {answer:?}"
+        );
+    }
+}
