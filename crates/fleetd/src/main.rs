@@ -134,7 +134,7 @@ fn lock_runtime_dir(dir: &std::path::Path) -> Result<std::fs::File> {
 
 async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let machine = machine_id()?;
-    let kv = EtcdKv::connect(&EtcdConfig {
+    let etcd = EtcdConfig {
         endpoints: config.etcd_servers.clone(),
         request_timeout: config.etcd_request_timeout,
         tls: TlsFiles {
@@ -142,9 +142,8 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
             cert_file: config.etcd_certfile.clone(),
             key_file: config.etcd_keyfile.clone(),
         },
-    })
-    .await
-    .context("connecting to etcd")?;
+    };
+    let kv = EtcdKv::connect(&etcd).await.context("connecting to etcd")?;
     let registry = Registry::new(kv, &config.etcd_key_prefix);
     let public_ip = config
         .public_ip
@@ -168,9 +167,14 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let listeners = api::listeners(&config.api, activated)?;
+    // Its own etcd connection: a client listing 10,000 units must not queue the agent's
+    // lease renewals or the engine's writes behind its responses.
+    let api_kv = EtcdKv::connect(&etcd)
+        .await
+        .context("connecting to etcd for the API")?;
     api::spawn(
         &mut tasks,
-        registry.clone(),
+        Registry::new(api_kv, &config.etcd_key_prefix),
         &config.api,
         listeners,
         VERSION,
