@@ -2,21 +2,26 @@
 //! the units scheduled to this machine loaded or launched as desired.
 //!
 //! - [`mod@plan`]: the pure planner, `plan(&desired, &current, &backoff) -> Vec<Task>`.
+//! - `desired`: the pure desired-state builder, schedule + unit files -> desired units.
 //! - [`manager`]: the [`UnitManager`] trait the executor drives, with its contract.
 //! - [`systemd`]: the real [`UnitManager`] over D-Bus (the only module that names zbus).
 //! - `fake` (feature `fake`): an in-memory [`UnitManager`] for tests and the bench.
 //! - [`units_dir`]: the units directory (`/run/fleet/units`) on disk.
 //! - [`agent`]: the loop: boot (preload, adopt or remove), reconcile, publish states.
+//! - `ledger`: restart generations and running versions systemd cannot tell, on disk.
 //! - [`executor`]: runs a plan's tasks in order on a [`UnitManager`].
+//! - [`presence`]: the machine's registration on a lease, kept alive beside the agent.
 
 pub mod agent;
 mod current;
+mod desired;
 pub mod executor;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 mod ledger;
 pub mod manager;
 pub mod plan;
+pub mod presence;
 pub mod systemd;
 pub mod units_dir;
 
@@ -25,8 +30,9 @@ pub use agent::{Agent, AgentConfig};
 pub use fake::FakeManager;
 pub use manager::{
     BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome,
-    ManagerError, UnitDetails, UnitFileError, UnitManager,
+    ManagerError, UnitDetails, UnitFileError, UnitManager, UnitSource,
 };
 pub use plan::{CurrentUnit, DesiredUnit, Reason, Target, Task, TaskKind, UnitFileState, plan};
+pub use presence::PresenceKeeper;
 pub use systemd::{SystemdConfig, SystemdManager};
 pub use units_dir::UnitsDir;

@@ -15,7 +15,7 @@ mod signals;
 
 use crate::manager::{
     BusError, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, ManagerError,
-    STATUS_BATCH, UnitDetails, UnitManager,
+    STATUS_BATCH, UnitDetails, UnitManager, UnitSource,
 };
 use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR, UnitsDir};
 use fleet_core::{SystemdState, UnitFile, UnitName};
@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::JoinHandle;
-use tracing::debug;
+use tracing::{Instrument, debug};
 use zbus::proxy::CacheProperties;
 use zbus_systemd::systemd1::ManagerProxy;
 
@@ -110,7 +110,8 @@ impl SystemdManager {
             .map_err(|e| ManagerError::Subscribe(bus_error(e)))?;
         let jobs = Arc::new(JobWaiters::default());
         let changes = ChangeSender::new();
-        let pump = tokio::spawn(signals::pump(signals, jobs.clone(), changes.clone()));
+        let pump =
+            tokio::spawn(signals::pump(signals, jobs.clone(), changes.clone()).in_current_span());
         let inner = Inner {
             conn,
             manager,
@@ -314,6 +315,18 @@ impl UnitManager for SystemdManager {
             })
     }
 
+    async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {
+        let fragment = self
+            .read_fragment(name)
+            .await
+            .map_err(|e| ManagerError::Source {
+                unit: name.clone(),
+                source: bus_error(e),
+            })?;
+        let (dir, name) = (self.inner.dir.clone(), name.clone());
+        blocking(move || Ok(dir.source(&name, fragment))).await
+    }
+
     fn changes(&self) -> ChangeReceiver {
         self.inner.changes.subscribe()
     }
@@ -323,7 +336,8 @@ impl UnitManager for SystemdManager {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ManagerError> + Send + 'static,
 ) -> Result<T, ManagerError> {
-    match tokio::task::spawn_blocking(f).await {
+    let span = tracing::Span::current();
+    match tokio::task::spawn_blocking(move || span.in_scope(f)).await {
         Ok(result) => result,
         Err(join) => std::panic::resume_unwind(join.into_panic()),
     }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// Which unit is scheduled where and where it is active.
 #[derive(Debug, Default)]
@@ -85,7 +86,7 @@ impl View {
             (Some("state"), Some(unit), Some(machine)) => {
                 let active = value
                     .and_then(|v| serde_json::from_slice::<UnitStateRecord>(v).ok())
-                    .is_some_and(|r| r.systemd.active == "active");
+                    .is_some_and(|r| r.systemd.active_state() == fleet_core::ActiveState::Active);
                 let (unit, machine) = (unit.to_owned(), machine.to_owned());
                 self.update(&unit.clone(), |v| {
                     let set = v.active.entry(unit).or_default();
@@ -125,7 +126,9 @@ impl Monitor {
                 .watch(&key, true, current.revision + 1)
                 .await
                 .context("monitor watch")?;
-            tasks.push(tokio::spawn(follow(watch, view.clone(), prefix.to_owned())));
+            tasks.push(tokio::spawn(
+                follow(watch, view.clone(), prefix.to_owned()).in_current_span(),
+            ));
         }
         Ok(Monitor { view, tasks })
     }

@@ -5,7 +5,7 @@ use clap::Parser;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::config::{KEYS, Raw};
+use crate::config::{API_KEYS, KEYS, Raw};
 use fleet_registry::input::shorten;
 
 #[derive(Debug, Parser)]
@@ -77,7 +77,7 @@ impl Cli {
             let Some((k, v)) = kv.split_once('=') else {
                 anyhow::bail!("--set expects key=value, got {:?}", shorten(kv));
             };
-            if !KEYS.contains(&k) {
+            if !KEYS.contains(&k) && !API_KEYS.contains(&k) {
                 anyhow::bail!("unknown config key {:?} (flag --set)", shorten(k));
             }
             out.insert(

@@ -3,7 +3,10 @@
 //! then command-line flags, each overriding the one before. A bad value is a startup error
 //! naming the key and where it came from.
 
+mod api;
 mod units_dir;
+
+pub use api::{ApiConfig, KEYS as API_KEYS, ListenAddr};
 
 use anyhow::{Context, Result, anyhow, bail};
 use fleet_registry::DEFAULT_PREFIX;
@@ -54,7 +57,6 @@ const IGNORED_KEYS: &[&str] = &[
     "etcd_username",
     "etcd_password",
     "systemd_user",
-    "token_limit",
     "enable_grpc",
 ];
 
@@ -83,6 +85,8 @@ pub struct Config {
     pub verbosity: u8,
     /// Unit name globs fleetd refuses to manage (it would take over the host).
     pub deny_units: Vec<String>,
+    /// The HTTP API's keys (`config/api.rs`).
+    pub api: ApiConfig,
 }
 
 /// Units no fleet user should be able to take over a host with.
@@ -171,7 +175,10 @@ pub fn from_env(vars: impl Iterator<Item = (String, String)>) -> BTreeMap<String
             continue;
         };
         let key = key.to_ascii_lowercase();
-        if v.is_empty() || !(KEYS.contains(&key.as_str()) || IGNORED_KEYS.contains(&key.as_str())) {
+        let known = [KEYS, api::KEYS, IGNORED_KEYS]
+            .iter()
+            .any(|l| l.contains(&key.as_str()));
+        if v.is_empty() || !known {
             continue;
         }
         out.insert(
@@ -193,7 +200,7 @@ pub fn build(raw: &BTreeMap<String, Raw>, warnings: &mut Vec<String>) -> Result<
                 "config key {k:?} ({}) is not supported and is ignored",
                 r.source
             ));
-        } else if !KEYS.contains(&k.as_str()) {
+        } else if !KEYS.contains(&k.as_str()) && !api::KEYS.contains(&k.as_str()) {
             bail!("unknown config key {:?} ({})", shorten(k), r.source);
         }
     }
@@ -349,6 +356,7 @@ pub fn build(raw: &BTreeMap<String, Raw>, warnings: &mut Vec<String>) -> Result<
         disable_watches: boolean("disable_watches")?,
         verbosity,
         deny_units,
+        api: api::build(raw)?,
     })
 }
 
