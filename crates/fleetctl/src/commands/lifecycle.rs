@@ -5,7 +5,7 @@
 //! desired state; `stop` is the command that stops.
 
 use anyhow::{Result, bail};
-use fleet_core::{DesiredState, Requirements, UnitName};
+use fleet_core::{DesiredState, Requirements, UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::EtcdKv;
 use fleet_registry::{Registry, RegistryError, Unit};
 use futures::StreamExt;
@@ -121,16 +121,37 @@ async fn read_view(registry: &Registry<EtcdKv>, needs: Needs) -> Result<View> {
         let snap = registry.snapshot().await?;
         view.placed = ops::placed(&snap.schedule, &needs.placements);
     }
-    let files: Vec<_> = futures::stream::iter(needs.files.into_values())
+    view.files = files_of(registry, needs.files.into_values()).await?;
+    Ok(view)
+}
+
+/// The files of `units`, each hash read once, the reads concurrent.
+async fn files_of(
+    registry: &Registry<EtcdKv>,
+    units: impl IntoIterator<Item = Unit>,
+) -> Result<BTreeMap<UnitHash, UnitFile>> {
+    let mut by_hash = BTreeMap::new();
+    for unit in units {
+        by_hash.entry(unit.hash()).or_insert(unit);
+    }
+    let files: Vec<_> = futures::stream::iter(by_hash.into_values())
         .map(|unit| async move { registry.unit_file(&unit).await })
         .buffered(32)
         .collect()
         .await;
+    let mut out = BTreeMap::new();
     for file in files {
         let file = file?;
-        view.files.insert(file.hash(), file);
+        out.insert(file.hash(), file);
     }
-    Ok(view)
+    Ok(out)
+}
+
+/// Whether `unit` is global, by its file among `files`.
+fn is_global(files: &BTreeMap<UnitHash, UnitFile>, unit: &Unit) -> bool {
+    files
+        .get(&unit.hash())
+        .is_some_and(|file| Requirements::from_unit(unit.name(), file).global)
 }
 
 /// Writes each step's action, then raises a unit still below `target` (a kept one, or one
@@ -220,11 +241,6 @@ async fn report_placement(
     Ok(())
 }
 
-async fn is_global(registry: &Registry<EtcdKv>, unit: &Unit) -> Result<bool> {
-    let file = registry.unit_file(unit).await?;
-    Ok(Requirements::from_unit(unit.name(), &file).global)
-}
-
 /// `stop`: launched units become loaded; stopping an inactive unit is an error.
 pub async fn stop(ctx: &mut Ctx, args: &[String], block: Block) -> Result<()> {
     change_state(ctx, args, block, DesiredState::Loaded, |u| {
@@ -265,11 +281,19 @@ async fn change_state(
         .buffered(32)
         .collect()
         .await;
+    // Global units are said at once, not waited for: their files are read once, up front.
+    let files = match block {
+        Block::No => BTreeMap::new(),
+        Block::Forever | Block::Attempts(_) => {
+            let changed = results.iter().filter_map(|(_, r)| r.as_ref().ok()?.clone());
+            files_of(&registry, changed).await?
+        }
+    };
     let mut goals = BTreeMap::new();
     let mut failures = Vec::new();
     for (name, res) in results {
         match res {
-            Ok(Some(unit)) if block == Block::No || is_global(&registry, &unit).await? => {
+            Ok(Some(unit)) if block == Block::No || is_global(&files, &unit) => {
                 ctx.say(format!("Unit {name} {target}"));
             }
             Ok(Some(_)) => {
