@@ -4,7 +4,8 @@
 //! before. A bad value is a startup error naming the key and where it came from.
 //!
 //! A key is declared once, as a row of [`KEYS`]: its name gives its flag, its variable and its
-//! file line, and its setter parses, checks and stores its value in [`Config`]. Keys fleet has
+//! file line; its default is the lowest layer (checked like any value, and shown by
+//! `--help`); its setter parses, checks and stores its value in [`Config`]. Keys fleet has
 //! that fleetd accepts but does not use are rows too ([`Kind::Ignored`]): each one given is
 //! returned by [`build`] so that fleetd warns about it, naming the key.
 
@@ -25,7 +26,9 @@ use std::time::Duration;
 use file::load_file;
 use values::{MIN_INTERVAL, SECOND, Syntax, duration_in, parse_bool, parse_list, split_globs};
 
-#[derive(Debug, Clone, PartialEq)]
+/// The configuration, typed. `Default` is only the blank its rows write into: fleet's
+/// defaults are the rows' own (`build` of no values).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Config {
     pub etcd_servers: Vec<String>,
     pub etcd_key_prefix: String,
@@ -53,32 +56,6 @@ pub struct Config {
 
 /// Units no fleet user should be able to take over a host with.
 pub const DEFAULT_DENY_UNITS: &str = "fleetd.service,fleet.service,dbus.service,dbus.socket,systemd-*,ssh.service,sshd.service,ssh.socket,etcd.service,etcd*.service";
-
-impl Default for Config {
-    /// fleet's defaults, with the keys fleetd adds.
-    fn default() -> Self {
-        Self {
-            etcd_servers: vec!["http://127.0.0.1:2379".to_owned()],
-            etcd_key_prefix: DEFAULT_PREFIX.to_owned(),
-            etcd_cafile: None,
-            etcd_certfile: None,
-            etcd_keyfile: None,
-            etcd_request_timeout: SECOND,
-            public_ip: None,
-            metadata: BTreeMap::new(),
-            agent_ttl: 30 * SECOND,
-            units_directory: PathBuf::from("/run/fleet/units"),
-            engine_reconcile_interval: 2 * SECOND,
-            engine_disruption_threshold: 0.5,
-            // Two `agent_ttl`s: [`build`] follows a configured `agent_ttl`.
-            engine_disruption_grace: 60 * SECOND,
-            engine_move_rate: 1000,
-            disable_engine: false,
-            verbosity: 0,
-            deny_units: split_globs(DEFAULT_DENY_UNITS),
-        }
-    }
-}
 
 impl Config {
     pub fn tls(&self) -> TlsFiles {
@@ -109,6 +86,8 @@ pub struct Ignored {
 #[derive(Debug)]
 pub struct Key {
     pub name: &'static str,
+    /// The value when no layer gives one, checked as if given (source "default").
+    default: Option<&'static str>,
     help: &'static str,
     kind: Kind,
 }
@@ -127,9 +106,15 @@ enum Kind {
 }
 
 impl Key {
-    const fn value(name: &'static str, help: &'static str, set: Setter) -> Self {
+    const fn value(
+        name: &'static str,
+        default: Option<&'static str>,
+        help: &'static str,
+        set: Setter,
+    ) -> Self {
         Self {
             name,
+            default,
             help,
             kind: Kind::Value(set),
         }
@@ -138,6 +123,7 @@ impl Key {
     const fn switch(name: &'static str, help: &'static str, set: Setter) -> Self {
         Self {
             name,
+            default: Some("false"),
             help,
             kind: Kind::Switch(set),
         }
@@ -146,6 +132,7 @@ impl Key {
     const fn ignored(name: &'static str) -> Self {
         Self {
             name,
+            default: None,
             help: "accepted as fleet does, and ignored",
             kind: Kind::Ignored,
         }
@@ -164,7 +151,10 @@ impl Key {
             .long(self.flag())
             .env(self.env())
             .value_name("VALUE")
-            .help(self.help);
+            .help(match self.default {
+                Some(d) => format!("{} [default: {d}]", self.help),
+                None => self.help.to_owned(),
+            });
         match self.kind {
             Kind::Value(_) => arg,
             Kind::Switch(_) => arg.num_args(0..=1).default_missing_value("true"),
@@ -177,7 +167,8 @@ impl Key {
 pub const KEYS: &[Key] = &[
     Key::value(
         "etcd_servers",
-        "etcd endpoints, `a,b` or `[\"a\",\"b\"]` [default: http://127.0.0.1:2379]",
+        Some("http://127.0.0.1:2379"),
+        "etcd endpoints, `a,b` or `[\"a\",\"b\"]`",
         |c, v| {
             c.etcd_servers = parse_list(v)?;
             match c.etcd_servers.iter().find(|s| !s.contains("://")) {
@@ -191,7 +182,8 @@ pub const KEYS: &[Key] = &[
     ),
     Key::value(
         "etcd_key_prefix",
-        "key prefix of the fleet registry in etcd [default: /_coreos.com/fleet/]",
+        Some(DEFAULT_PREFIX),
+        "key prefix of the fleet registry in etcd",
         |c, v| {
             fleet_registry::input::check_prefix(v).map_err(|e| e.to_string())?;
             c.etcd_key_prefix = v.to_owned();
@@ -200,6 +192,7 @@ pub const KEYS: &[Key] = &[
     ),
     Key::value(
         "etcd_cafile",
+        None,
         "CA file for etcd's TLS certificate",
         |c, v| {
             c.etcd_cafile = non_empty_path(v);
@@ -208,19 +201,21 @@ pub const KEYS: &[Key] = &[
     ),
     Key::value(
         "etcd_certfile",
+        None,
         "client certificate for etcd TLS",
         |c, v| {
             c.etcd_certfile = non_empty_path(v);
             Ok(())
         },
     ),
-    Key::value("etcd_keyfile", "client key for etcd TLS", |c, v| {
+    Key::value("etcd_keyfile", None, "client key for etcd TLS", |c, v| {
         c.etcd_keyfile = non_empty_path(v);
         Ok(())
     }),
     Key::value(
         "public_ip",
-        "the IP address published for this machine [default: the default route's]",
+        None,
+        "the IP address published for this machine (unset: the default route's)",
         |c, v| {
             c.public_ip = match v {
                 "" => None,
@@ -234,7 +229,8 @@ pub const KEYS: &[Key] = &[
     ),
     Key::value(
         "units_directory",
-        "where unit files are written, fleetd's own [default: /run/fleet/units]",
+        Some("/run/fleet/units"),
+        "where unit files are written, fleetd's own",
         |c, v| {
             c.units_directory = units_dir::check(v)?;
             Ok(())
@@ -242,13 +238,14 @@ pub const KEYS: &[Key] = &[
     ),
     Key::value(
         "metadata",
+        None,
         "this machine's metadata, `k=v,k2=v2`",
         |c, v| {
             c.metadata = values::parse_metadata(v)?;
             Ok(())
         },
     ),
-    Key::value("verbosity", "above 0: debug logs [default: 0]", |c, v| {
+    Key::value("verbosity", Some("0"), "above 0: debug logs", |c, v| {
         c.verbosity = v
             .parse()
             .map_err(|_| "expected a small whole number".to_owned())?;
@@ -256,7 +253,8 @@ pub const KEYS: &[Key] = &[
     }),
     Key::value(
         "agent_ttl",
-        "TTL of this machine's presence and states, a Go duration [default: 30s]",
+        Some("30s"),
+        "TTL of this machine's presence and states, a Go duration",
         |c, v| {
             c.agent_ttl = duration_in(v, Syntax::Go, SECOND)?;
             Ok(())
@@ -264,7 +262,8 @@ pub const KEYS: &[Key] = &[
     ),
     Key::value(
         "deny_units",
-        "unit name globs fleetd refuses to manage, `a,b*` [default: fleetd's, dbus, ssh, systemd-*, etcd]",
+        Some(DEFAULT_DENY_UNITS),
+        "unit name globs fleetd refuses to manage, `a,b*`",
         |c, v| {
             let globs = split_globs(v);
             for glob in &globs {
@@ -276,7 +275,8 @@ pub const KEYS: &[Key] = &[
     ),
     Key::value(
         "engine_disruption_threshold",
-        "rescheduling holds while more than this share of the machines vanished [default: 0.5]",
+        Some("0.5"),
+        "rescheduling holds while more than this share of the machines vanished",
         |c, v| {
             c.engine_disruption_threshold = v
                 .parse::<f64>()
@@ -288,7 +288,8 @@ pub const KEYS: &[Key] = &[
     ),
     Key::value(
         "engine_move_rate",
-        "units of lost machines moved per second at most, 0: no limit [default: 1000]",
+        Some("1000"),
+        "units of lost machines moved per second at most, 0: no limit",
         |c, v| {
             c.engine_move_rate = v
                 .parse::<u32>()
@@ -298,7 +299,8 @@ pub const KEYS: &[Key] = &[
     ),
     Key::value(
         "etcd_request_timeout",
-        "seconds to wait for each etcd request [default: 1]",
+        Some("1"),
+        "seconds to wait for each etcd request",
         |c, v| {
             c.etcd_request_timeout = duration_in(v, Syntax::Seconds, MIN_INTERVAL)?;
             Ok(())
@@ -306,7 +308,8 @@ pub const KEYS: &[Key] = &[
     ),
     Key::value(
         "engine_reconcile_interval",
-        "seconds between the engine's passes when nothing changes [default: 2]",
+        Some("2"),
+        "seconds between the engine's passes when nothing changes",
         |c, v| {
             c.engine_reconcile_interval = duration_in(v, Syntax::Seconds, MIN_INTERVAL)?;
             Ok(())
@@ -314,7 +317,8 @@ pub const KEYS: &[Key] = &[
     ),
     Key::value(
         "engine_disruption_grace",
-        "how long units of machines lost in a disruption wait for them [default: 2 agent_ttl]",
+        None,
+        "how long units of machines lost in a disruption wait for them [default: 2 x agent_ttl]",
         |c, v| {
             c.engine_disruption_grace = duration_in(v, Syntax::Go, MIN_INTERVAL)?;
             Ok(())
@@ -322,7 +326,7 @@ pub const KEYS: &[Key] = &[
     ),
     Key::switch(
         "disable_engine",
-        "never run the engine on this machine [default: false]",
+        "never run the engine on this machine",
         |c, v| {
             c.disable_engine = parse_bool(v).ok_or("expected true or false")?;
             Ok(())
@@ -427,8 +431,15 @@ pub fn build(raw: &BTreeMap<String, Raw>, ignored: &mut Vec<Ignored>) -> Result<
     }
     let mut config = Config::default();
     for key in KEYS {
-        let Some(r) = raw.get(key.name) else {
-            continue;
+        let default;
+        let r = match (raw.get(key.name), key.default) {
+            (Some(r), _) => r,
+            (None, Some(value)) => {
+                let (value, source) = (value.to_owned(), "default".to_owned());
+                default = Raw { value, source };
+                &default
+            }
+            (None, None) => continue,
         };
         match key.kind {
             Kind::Value(set) | Kind::Switch(set) => {
@@ -515,7 +526,11 @@ mod tests {
         assert_eq!(c.agent_ttl, Duration::from_secs(30));
         assert_eq!(c.units_directory, PathBuf::from("/run/fleet/units"));
         assert_eq!(c.engine_reconcile_interval, Duration::from_secs(2));
+        assert_eq!(c.etcd_request_timeout, Duration::from_secs(1));
         assert!(!c.disable_engine);
+        assert_eq!(c.verbosity, 0);
+        assert_eq!(c.deny_units, split_globs(DEFAULT_DENY_UNITS));
+        assert_eq!((c.public_ip, c.etcd_cafile), (None, None));
     }
 
     fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -608,6 +623,10 @@ mod tests {
             assert_eq!(arg.get_long(), Some(key.name.replace('_', "-").as_str()));
             let env = arg.get_env().unwrap().to_str().unwrap();
             assert_eq!(env, format!("FLEET_{}", key.name.to_uppercase()));
+            let help = arg.get_help().unwrap().to_string();
+            if let Some(default) = key.default {
+                assert!(help.ends_with(&format!("[default: {default}]")), "{help}");
+            }
         }
         let given = flags(&["--agent-ttl", "5s", "--disable-engine", "--verbosity=2"]);
         let pairs: Vec<_> = given
