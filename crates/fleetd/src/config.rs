@@ -451,6 +451,7 @@ pub fn build(raw: &BTreeMap<String, Raw>, ignored: &mut Vec<Ignored>) -> Result<
             }),
         }
     }
+    // The one default that follows another key: two TTLs (docs/engine.md, *Vanished machines*).
     if !raw.contains_key("engine_disruption_grace") {
         config.engine_disruption_grace = 2 * config.agent_ttl;
     }
