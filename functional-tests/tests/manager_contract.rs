@@ -13,7 +13,7 @@
 use fleet_agent::fake::FakeJob;
 use fleet_agent::{
     Change, FakeManager, JobKind, JobOutcome, ManagerError, SystemdConfig, SystemdManager,
-    UnitManager,
+    UnitManager, UnitSource,
 };
 use fleet_core::{UnitFile, UnitName};
 use std::future::Future;
@@ -28,6 +28,9 @@ trait Side: UnitManager {
     /// Makes the next start of `name` fail. The real side needs nothing: the bodies give such
     /// units a file whose start fails (`Type=oneshot`, `ExecStart=/bin/false`).
     fn will_fail_to_start(&self, name: &UnitName);
+    /// Gives systemd an operator's own (stopped) unit `name`, from a file outside the units
+    /// directory.
+    fn plant_operator_unit(&self, name: &UnitName, file: &UnitFile);
 }
 
 impl Side for FakeManager {
@@ -36,6 +39,9 @@ impl Side for FakeManager {
     }
     fn will_fail_to_start(&self, name: &UnitName) {
         self.set_job(JobKind::Start, name, FakeJob::Ends(JobOutcome::Failed));
+    }
+    fn plant_operator_unit(&self, name: &UnitName, _file: &UnitFile) {
+        self.put_foreign_unit(name, "inactive", "dead");
     }
 }
 
@@ -48,6 +54,13 @@ impl Side for SystemdManager {
         std::fs::write(dir.join(file_name), bytes).unwrap();
     }
     fn will_fail_to_start(&self, _name: &UnitName) {}
+    fn plant_operator_unit(&self, name: &UnitName, file: &UnitFile) {
+        // Written straight into systemd's runtime directory, as an operator would; a new unit
+        // loads on demand.
+        let path =
+            PathBuf::from(fleet_agent::units_dir::DEFAULT_RUNTIME_UNIT_DIR).join(name.as_str());
+        std::fs::write(path, file.canonical()).unwrap();
+    }
 }
 
 fn name(s: &str) -> UnitName {
@@ -185,6 +198,19 @@ async fn hints_a_unit_after_its_job_and_starts_with_a_resync<S: Side>(side: &S) 
     side.uninstall(&unit).await.unwrap();
 }
 
+async fn tells_fleets_units_from_an_operators_of_the_same_name<S: Side>(side: &S) {
+    let ours = name("contract-source-ours.service");
+    side.install(&ours, &sleeper()).await.unwrap();
+    assert_eq!(side.source(&ours).await.unwrap(), UnitSource::UnitsDir);
+    let unknown = name("contract-source-unknown.service");
+    assert_eq!(side.source(&unknown).await.unwrap(), UnitSource::NoFile);
+    let operator = name("contract-source-operator.service");
+    side.plant_operator_unit(&operator, &sleeper());
+    let source = side.source(&operator).await.unwrap();
+    assert!(matches!(source, UnitSource::Foreign { .. }), "{source:?}");
+    side.uninstall(&ours).await.unwrap();
+}
+
 // ---- the two sides -----------------------------------------------------------------------------
 
 /// Every body once, on the fake (`fake::<body>`) and inside a machine (`inside::<body>`).
@@ -223,6 +249,7 @@ contract!(
     a_failing_start_leaves_the_unit_failed_until_uninstalled,
     reports_unparseable_files_and_skips_names_that_are_not_units,
     hints_a_unit_after_its_job_and_starts_with_a_resync,
+    tells_fleets_units_from_an_operators_of_the_same_name,
 );
 
 /// Set in the environment of the copies of this binary that run inside a machine.

@@ -6,7 +6,7 @@
 //! removed. While etcd is unreachable it keeps acting on the last schedule it read, so running
 //! units stay as they are. It never touches a unit outside its units directory.
 
-use fleet_core::{Backoff, MachineId, UnitFile, UnitHash, UnitName, glob_match};
+use fleet_core::{ActiveState, Backoff, MachineId, UnitFile, UnitHash, UnitName, glob_match};
 use fleet_registry::kv::{Kv, LeaseId, Revision};
 use fleet_registry::{
     Presence, Registry, RegistryError, ScheduleEntry, Skipped, UnitStateRecord, WatchHints,
@@ -19,10 +19,11 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::current::Current;
+use crate::desired::Desired;
 use crate::executor::{self, Outcome};
 use crate::ledger::Ledger;
-use crate::manager::{Change, UnitManager};
-use crate::plan::{self, DesiredUnit, Target, TaskKind, UnitFileState};
+use crate::manager::{Change, UnitManager, UnitSource};
+use crate::plan::{self, TaskKind, UnitFileState};
 
 /// Unit files read from etcd at once. One request per file, sequential, made an agent given
 /// 1,000 units wait for 1,000 round trips before it could plan (docs/benchmarks.md, item 3).
@@ -44,9 +45,6 @@ pub struct AgentConfig {
     pub backoff_max: Duration,
     /// Where restart generations are recorded (`None`: in memory only, for tests).
     pub restarts_dir: Option<std::path::PathBuf>,
-    /// fleet's units directory, to tell our unit files from an operator's of the same name
-    /// (`None`: no such check, for tests).
-    pub units_dir: Option<std::path::PathBuf>,
 }
 
 impl AgentConfig {
@@ -58,7 +56,6 @@ impl AgentConfig {
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
             restarts_dir: None,
-            units_dir: None,
         }
     }
 }
@@ -219,7 +216,10 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         let mut backoff = self.reconnect_backoff();
         let revision = loop {
             match self.read_schedule().await {
-                Ok(rev) => break rev,
+                Ok(rev) => match self.read_unfiled().await {
+                    Ok(()) => break rev,
+                    Err(e) => warn!(error = %e, "reading systemd state at boot failed; retrying"),
+                },
                 // Fail closed: nothing is removed until we know what should run here.
                 Err(e) => warn!(error = %e, "reading schedule at boot failed; touching nothing"),
             }
@@ -230,6 +230,19 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         self.log_boot_decisions();
         self.adopt_published_states().await;
         Some(revision)
+    }
+
+    /// systemd's state of the scheduled units without a file here, which the preload could
+    /// not know to ask about.
+    async fn read_unfiled(&mut self) -> Result<(), crate::manager::ManagerError> {
+        let names: BTreeSet<UnitName> = self
+            .desired
+            .as_ref()
+            .map(|d| d.keys().cloned().collect())
+            .unwrap_or_default();
+        self.current.read_unfiled(&self.manager, &names).await?;
+        self.current.set_restarted(&self.ledger.restarts());
+        Ok(())
     }
 
     /// States a previous fleetd published under the lease we resumed are ours now: knowing
@@ -386,45 +399,23 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     }
 
     async fn plan_and_execute(&mut self) -> PassOutcome {
-        let Some(desired) = &self.desired else {
+        let Some(schedule) = &self.desired else {
             return PassOutcome::default();
         };
         let now = Instant::now();
-        let mut waiting: BTreeSet<UnitName> = self
-            .backoff
-            .iter()
-            .filter(|(_, b)| b.until > now)
-            .map(|(n, _)| n.clone())
-            .collect();
-        let mut want = BTreeMap::new();
-        let mut hashes = BTreeMap::new();
-        for (name, e) in desired {
-            let Some(target) = Target::from_desired(e.desired) else {
-                continue;
-            };
-            if !self.files.contains_key(&e.hash) {
-                // Without its file the unit cannot be (re)loaded; leave what runs alone
-                // rather than treating it as unscheduled.
-                waiting.insert(name.clone());
-                continue;
-            }
-            want.insert(
-                name.clone(),
-                DesiredUnit {
-                    hash: e.hash,
-                    target,
-                    restart: e.restart,
-                    no_restart: e.no_restart,
-                },
-            );
-            hashes.insert(name.clone(), e.hash);
+        let mut desired = Desired::build(schedule, &self.files);
+        for name in self.foreign(&desired).await {
+            desired.hold(name);
         }
-        for name in self.foreign(&want).await {
-            want.remove(&name);
-            waiting.insert(name);
-        }
-        let tasks = plan::plan(&want, &self.current.units, &waiting);
-        self.record_restarts(&want, &tasks, None);
+        let mut waiting = desired.held.clone();
+        waiting.extend(
+            self.backoff
+                .iter()
+                .filter(|(_, b)| b.until > now)
+                .map(|(n, _)| n.clone()),
+        );
+        let tasks = plan::plan(&desired.units, &self.current.units, &waiting);
+        self.ledger.track(&desired.units, &self.current.hashes);
         if tasks.is_empty() {
             return PassOutcome::default();
         }
@@ -433,8 +424,10 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         self.remember_running_versions(&tasks).await;
         let touched: BTreeSet<UnitName> = tasks.iter().map(|t| t.unit.clone()).collect();
         debug!(tasks = tasks.len(), "executing plan");
+        let hashes = desired.hashes();
         let outcome = executor::execute(&self.manager, tasks, &hashes, &self.files).await;
-        self.record_restarts(&want, &planned, Some(&outcome));
+        self.ledger
+            .record_started(&desired.units, &planned, &outcome);
         for unit in touched {
             match outcome.failed.get(&unit) {
                 Some(_) => self.fail(unit, now),
@@ -444,51 +437,6 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
         }
         PassOutcome { outcome, reloaded }
-    }
-
-    /// Keeps the ledger: a unit (re)started by a successful task has had the desired restart
-    /// generation and runs the desired file; a desired unit the ledger does not know yet starts
-    /// from the desired generation (it is never restarted on a guess); units gone from here are
-    /// forgotten.
-    fn record_restarts(
-        &mut self,
-        want: &BTreeMap<UnitName, DesiredUnit>,
-        tasks: &[plan::Task],
-        outcome: Option<&Outcome>,
-    ) {
-        match outcome {
-            None => {
-                for (name, d) in want {
-                    if self.ledger.get(name).is_none() {
-                        self.ledger.update(name, |e| e.restart = d.restart);
-                    }
-                }
-                let gone: Vec<UnitName> = self
-                    .ledger
-                    .units()
-                    .filter(|n| !want.contains_key(*n) && !self.current.hashes.contains_key(*n))
-                    .cloned()
-                    .collect();
-                for name in gone {
-                    self.ledger.remove(&name);
-                }
-            }
-            Some(outcome) => {
-                for t in tasks {
-                    let started = matches!(t.kind, TaskKind::Start | TaskKind::Restart);
-                    if started
-                        && !outcome.failed.contains_key(&t.unit)
-                        && let Some(d) = want.get(&t.unit)
-                    {
-                        self.ledger.update(&t.unit, |e| {
-                            e.restart = d.restart;
-                            e.started = None;
-                            e.invocation = None;
-                        });
-                    }
-                }
-            }
-        }
     }
 
     /// Before a file is swapped under a running unit (`--no-restart`), remembers which
@@ -506,49 +454,39 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     None
                 }
             };
-            let current = *current;
-            self.ledger.update(&t.unit, |e| {
-                // A process already behind its file stays attached to the older version.
-                if e.started.is_none() {
-                    e.started = Some(current);
-                    e.invocation = invocation;
-                }
-            });
+            self.ledger.record_swap(&t.unit, *current, invocation);
         }
     }
 
     /// Which running units run an older version than their file. A unit systemd restarted by
     /// itself (another InvocationID) runs the file it was restarted with: no longer pending.
     async fn refresh_pending(&mut self) {
-        let mut pending = BTreeMap::new();
-        let candidates: Vec<(UnitName, UnitHash, Option<String>)> = self
+        let mut pending = BTreeSet::new();
+        let candidates: Vec<(UnitName, Option<String>)> = self
             .current
             .hashes
             .iter()
             .filter_map(|(name, hash)| {
                 let e = self.ledger.get(name)?;
                 let started = e.started?;
-                (started != *hash).then(|| (name.clone(), *hash, e.invocation.clone()))
+                (started != *hash).then(|| (name.clone(), e.invocation.clone()))
             })
             .collect();
-        for (name, _hash, invocation) in candidates {
+        for (name, invocation) in candidates {
             let running = self
                 .current
                 .units
                 .get(&name)
                 .and_then(|u| u.systemd.as_ref())
-                .is_some_and(|s| s.active == "active");
+                .is_some_and(|s| s.active_state() == ActiveState::Active);
             let now = match self.manager.details(&name).await {
                 Ok(d) => d.invocation_id,
                 Err(_) => continue,
             };
             if running && invocation.is_some() && now == invocation {
-                pending.insert(name, true);
+                pending.insert(name);
             } else {
-                self.ledger.update(&name, |e| {
-                    e.started = None;
-                    e.invocation = None;
-                });
+                self.ledger.clear_swap(&name);
             }
         }
         self.current.restart_pending = pending;
@@ -556,36 +494,22 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
 
     /// Desired units that systemd has from a unit file outside our units directory (an
     /// operator's own unit of the same name): never stopped, replaced or relinked by fleet.
-    async fn foreign(&mut self, want: &BTreeMap<UnitName, DesiredUnit>) -> Vec<UnitName> {
-        let Some(units_dir) = self.cfg.units_dir.clone() else {
-            return Vec::new();
-        };
+    /// A unit whose source cannot be read is held too, this pass: fail closed.
+    async fn foreign(&mut self, desired: &Desired) -> Vec<UnitName> {
         let mut foreign = Vec::new();
-        for name in want.keys() {
-            let Some(unit) = self.current.units.get(name) else {
-                continue;
-            };
-            let loaded = unit.systemd.as_ref().is_some_and(|s| s.load != "not-found");
-            if !matches!(unit.file, UnitFileState::Absent) || !loaded {
-                continue;
+        for name in desired.unowned(&self.current.units) {
+            match self.manager.source(&name).await {
+                Ok(UnitSource::NoFile | UnitSource::UnitsDir) => continue,
+                Ok(UnitSource::Foreign { fragment }) => {
+                    if self.denied.insert(name.clone()) {
+                        warn!(unit = %name, fragment = %fragment.display(), "refusing to manage unit: a unit file of that name outside the units directory is not fleet's");
+                    }
+                }
+                Err(e) => {
+                    warn!(unit = %name, error = %e, "reading where systemd loaded the unit from failed; leaving it as it is");
+                }
             }
-            let Ok(details) = self.manager.details(name).await else {
-                continue;
-            };
-            let Some(fragment) = details.fragment_path else {
-                continue;
-            };
-            let ours = units_dir.join(name.as_str());
-            let is_ours = fragment.starts_with(&units_dir)
-                || std::fs::read_link(&fragment).is_ok_and(|target| target == ours);
-            // A definition whose file is gone protects nothing (e.g. ours, before a reload).
-            if is_ours || !fragment.exists() {
-                continue;
-            }
-            if self.denied.insert(name.clone()) {
-                warn!(unit = %name, fragment = %fragment.display(), "refusing to manage unit: a unit file of that name outside the units directory is not fleet's");
-            }
-            foreign.push(name.clone());
+            foreign.push(name);
         }
         foreign
     }

@@ -18,7 +18,7 @@ pub struct Current {
     /// Drop-ins systemd applies on top of our files, refreshed at boot and after reloads.
     pub drop_ins: BTreeMap<UnitName, Vec<String>>,
     /// Running units whose process started from an older file than the one in place.
-    pub restart_pending: BTreeMap<UnitName, bool>,
+    pub restart_pending: BTreeSet<UnitName>,
 }
 
 impl Current {
@@ -73,6 +73,39 @@ impl Current {
         Ok(current)
     }
 
+    /// Adds systemd's state of the units of `names` that have no file here (desired units
+    /// systemd may have from elsewhere), in one batched status call. Boot needs it: the units
+    /// directory is read before the schedule, and the first plan must see an operator's unit of
+    /// a scheduled name as systemd has it, not as unknown.
+    pub async fn read_unfiled<M: UnitManager>(
+        &mut self,
+        manager: &M,
+        names: &BTreeSet<UnitName>,
+    ) -> Result<(), ManagerError> {
+        let names: Vec<UnitName> = names
+            .iter()
+            .filter(|n| !self.units.contains_key(*n))
+            .cloned()
+            .collect();
+        if names.is_empty() {
+            return Ok(());
+        }
+        let status = manager.status(&names).await?;
+        for name in names {
+            let systemd = status.get(&name).cloned();
+            self.units.insert(
+                name,
+                CurrentUnit {
+                    file: UnitFileState::Absent,
+                    systemd,
+                    need_daemon_reload: false,
+                    restarted: None,
+                },
+            );
+        }
+        Ok(())
+    }
+
     /// Reads per-unit details (drop-ins, NeedDaemonReload) of every unit with a file: at boot,
     /// to adopt correctly, and after a daemon-reload, to report drop-ins.
     pub async fn read_details<M: UnitManager>(&mut self, manager: &M) {
@@ -116,11 +149,7 @@ impl Current {
             .iter()
             .filter(|(_, u)| !matches!(u.file, UnitFileState::Absent))
             .map(|(name, u)| {
-                let systemd = u.systemd.clone().unwrap_or_else(|| SystemdState {
-                    load: "not-found".into(),
-                    active: "inactive".into(),
-                    sub: "dead".into(),
-                });
+                let systemd = u.systemd.clone().unwrap_or_else(SystemdState::not_found);
                 let record = UnitStateRecord {
                     name: name.clone(),
                     machine: machine.clone(),
@@ -128,7 +157,7 @@ impl Current {
                     systemd,
                     drop_ins: self.drop_ins.get(name).cloned().unwrap_or_default(),
                     restart: u.restarted.unwrap_or(0),
-                    restart_pending: self.restart_pending.get(name).copied().unwrap_or(false),
+                    restart_pending: self.restart_pending.contains(name),
                 };
                 (name.clone(), record)
             })

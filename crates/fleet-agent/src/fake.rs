@@ -10,10 +10,10 @@
 
 use crate::manager::{
     BusError, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, ManagerError,
-    UnitDetails, UnitFileError, UnitManager,
+    UnitDetails, UnitFileError, UnitManager, UnitSource,
 };
 use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR};
-use fleet_core::{SystemdState, UnitFile, UnitHash, UnitName};
+use fleet_core::{ActiveState, SystemdState, UnitFile, UnitHash, UnitName};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
@@ -38,6 +38,7 @@ pub enum Op {
     Stop,
     Status,
     Details,
+    Source,
 }
 
 /// One logged call.
@@ -51,6 +52,7 @@ pub enum Call {
     Stop(UnitName),
     Status(Vec<UnitName>),
     Details(UnitName),
+    Source(UnitName),
 }
 
 impl Call {
@@ -61,7 +63,8 @@ impl Call {
             | Self::Uninstall(n)
             | Self::Start(n)
             | Self::Stop(n)
-            | Self::Details(n) => Some(n),
+            | Self::Details(n)
+            | Self::Source(n) => Some(n),
             Self::Installed | Self::Reload | Self::Status(_) => None,
         }
     }
@@ -330,6 +333,11 @@ impl FakeManager {
     }
 }
 
+/// Where the fake's foreign units come from: an operator's file in `/etc`.
+fn foreign_fragment(name: &UnitName) -> PathBuf {
+    PathBuf::from("/etc/systemd/system").join(name.as_str())
+}
+
 fn injected(op: Op) -> BusError {
     BusError::Method {
         name: INJECTED_ERROR.to_owned(),
@@ -393,7 +401,7 @@ impl UnitManager for FakeManager {
             }
             state.linked.remove(name);
             if let Some(record) = state.records.get_mut(name)
-                && record.active == "failed"
+                && record.active_state() == ActiveState::Failed
             {
                 record.set("inactive", "dead");
             }
@@ -401,7 +409,8 @@ impl UnitManager for FakeManager {
             // systemd garbage-collects a unit once it is inactive; with its file gone, the next
             // query finds nothing (`not-found`), as the contract test shows on a real systemd.
             if state.records.get(name).is_some_and(|r| {
-                r.active == "inactive" && r.definition != Some(Definition::Foreign)
+                r.active_state() == ActiveState::Inactive
+                    && r.definition != Some(Definition::Foreign)
             }) {
                 state.records.remove(name);
             }
@@ -465,9 +474,7 @@ impl UnitManager for FakeManager {
             Some(Definition::Ours(_)) => {
                 Some(PathBuf::from(DEFAULT_RUNTIME_UNIT_DIR).join(name.as_str()))
             }
-            Some(Definition::Foreign) => {
-                Some(PathBuf::from("/etc/systemd/system").join(name.as_str()))
-            }
+            Some(Definition::Foreign) => Some(foreign_fragment(name)),
             None => None,
         };
         Ok(UnitDetails {
@@ -478,6 +485,27 @@ impl UnitManager for FakeManager {
             main_pid: record.and_then(|r| r.main_pid),
             invocation_id: record.and_then(|r| r.invocation_id.clone()),
         })
+    }
+
+    async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {
+        let mut state = self.lock();
+        let call = Call::Source(name.clone());
+        if state.call(call, Op::Source, std::slice::from_ref(name)) {
+            return Err(ManagerError::Source {
+                unit: name.clone(),
+                source: injected(Op::Source),
+            });
+        }
+        state.load_on_demand(name);
+        Ok(
+            match state.records.get(name).and_then(|r| r.definition.as_ref()) {
+                Some(Definition::Ours(_)) => UnitSource::UnitsDir,
+                Some(Definition::Foreign) => UnitSource::Foreign {
+                    fragment: foreign_fragment(name),
+                },
+                None => UnitSource::NoFile,
+            },
+        )
     }
 
     fn changes(&self) -> ChangeReceiver {

@@ -11,6 +11,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use tracing::warn;
 
+use crate::executor::Outcome;
+use crate::plan::{DesiredUnit, Task, TaskKind};
+
 /// One unit's entry.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
@@ -93,11 +96,260 @@ impl Ledger {
         }
     }
 
+    /// Before a plan: a desired unit the ledger does not know yet starts from the desired
+    /// generation (it is never restarted on a guess); units neither desired nor in the units
+    /// directory (`present`) are forgotten.
+    pub fn track(
+        &mut self,
+        want: &BTreeMap<UnitName, DesiredUnit>,
+        present: &BTreeMap<UnitName, UnitHash>,
+    ) {
+        for (name, d) in want {
+            if self.get(name).is_none() {
+                self.update(name, |e| e.restart = d.restart);
+            }
+        }
+        let gone: Vec<UnitName> = self
+            .units()
+            .filter(|n| !want.contains_key(*n) && !present.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.remove(&name);
+        }
+    }
+
+    /// After a plan: a unit (re)started by a successful task has had the desired restart
+    /// generation and runs the desired file.
+    pub fn record_started(
+        &mut self,
+        want: &BTreeMap<UnitName, DesiredUnit>,
+        tasks: &[Task],
+        outcome: &Outcome,
+    ) {
+        for t in tasks {
+            let started = matches!(t.kind, TaskKind::Start | TaskKind::Restart);
+            if started
+                && !outcome.failed.contains_key(&t.unit)
+                && let Some(d) = want.get(&t.unit)
+            {
+                self.update(&t.unit, |e| {
+                    e.restart = d.restart;
+                    e.started = None;
+                    e.invocation = None;
+                });
+            }
+        }
+    }
+
+    /// Before a file is swapped under a running unit (`--no-restart`): the process keeps the
+    /// version `running` and its `invocation`, unless it was already behind an older one.
+    pub fn record_swap(&mut self, unit: &UnitName, running: UnitHash, invocation: Option<String>) {
+        self.update(unit, |e| {
+            if e.started.is_none() {
+                e.started = Some(running);
+                e.invocation = invocation;
+            }
+        });
+    }
+
+    /// The unit runs its file (systemd restarted it, or it stopped): nothing is pending.
+    pub fn clear_swap(&mut self, unit: &UnitName) {
+        self.update(unit, |e| {
+            e.started = None;
+            e.invocation = None;
+        });
+    }
+
     pub fn remove(&mut self, unit: &UnitName) {
         if self.entries.remove(unit).is_some()
             && let Some(dir) = &self.dir
         {
             let _ = std::fs::remove_file(dir.join(unit.as_str()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::TaskError;
+    use crate::plan::{Reason, Target};
+    use fleet_core::UnitFile;
+
+    fn name(s: &str) -> UnitName {
+        s.parse().unwrap()
+    }
+
+    fn hash(exec: &str) -> UnitHash {
+        UnitFile::parse(format!("[Service]\nExecStart={exec}\n").as_bytes())
+            .unwrap()
+            .hash()
+    }
+
+    fn desired(restart: u64) -> DesiredUnit {
+        DesiredUnit {
+            hash: hash("/bin/a"),
+            target: Target::Launched,
+            restart,
+            no_restart: false,
+        }
+    }
+
+    fn task(kind: TaskKind, unit: &str) -> Task {
+        Task {
+            kind,
+            unit: name(unit),
+            reason: Reason::RestartRequested { done: 0, wanted: 1 },
+        }
+    }
+
+    /// A directory of its own under the system temp dir, removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(test: &str) -> Scratch {
+            let path = std::env::temp_dir()
+                .join(format!("fleet-agent-ledger-{test}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&path);
+            Scratch(path)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_new_desired_unit_starts_from_the_desired_generation() {
+        let mut ledger = Ledger::default();
+        let want = BTreeMap::from([(name("a.service"), desired(4))]);
+        ledger.track(&want, &BTreeMap::new());
+        assert_eq!(ledger.restarts(), BTreeMap::from([(name("a.service"), 4)]));
+        // A known unit keeps the generation it carried out, so a due restart stays due.
+        let want = BTreeMap::from([(name("a.service"), desired(5))]);
+        ledger.track(&want, &BTreeMap::new());
+        assert_eq!(ledger.restarts()[&name("a.service")], 4);
+    }
+
+    #[test]
+    fn forgets_units_neither_desired_nor_in_the_units_directory() {
+        let mut ledger = Ledger::default();
+        let want = BTreeMap::from([
+            (name("a.service"), desired(1)),
+            (name("b.service"), desired(1)),
+        ]);
+        ledger.track(&want, &BTreeMap::new());
+        let present = BTreeMap::from([(name("b.service"), hash("/bin/a"))]);
+        ledger.track(&BTreeMap::new(), &present);
+        assert_eq!(
+            ledger.units().collect::<Vec<_>>(),
+            [&name("b.service")],
+            "a unit whose file is still here is not forgotten"
+        );
+    }
+
+    #[test]
+    fn a_successful_start_or_restart_records_the_desired_generation() {
+        let mut ledger = Ledger::default();
+        let a = name("a.service");
+        ledger.record_swap(&a, hash("/bin/old"), Some("1".into()));
+        let want = BTreeMap::from([(a.clone(), desired(2))]);
+        let tasks = [task(TaskKind::Restart, "a.service")];
+        ledger.record_started(&want, &tasks, &Outcome::default());
+        assert_eq!(
+            ledger.get(&a),
+            Some(&Entry {
+                restart: 2,
+                started: None,
+                invocation: None,
+            })
+        );
+    }
+
+    #[test]
+    fn a_failed_start_records_nothing() {
+        let mut ledger = Ledger::default();
+        let a = name("a.service");
+        let want = BTreeMap::from([(a.clone(), desired(2))]);
+        let mut outcome = Outcome::default();
+        let failed = TaskError::NoFile(hash("/bin/a"));
+        outcome.failed.insert(a.clone(), failed);
+        let tasks = [
+            task(TaskKind::Start, "a.service"),
+            task(TaskKind::Load, "b.service"),
+        ];
+        ledger.record_started(&want, &tasks, &outcome);
+        assert_eq!(ledger.get(&a), None);
+        assert_eq!(ledger.get(&name("b.service")), None);
+    }
+
+    #[test]
+    fn a_swap_keeps_the_oldest_running_version() {
+        let mut ledger = Ledger::default();
+        let a = name("a.service");
+        ledger.record_swap(&a, hash("/bin/v1"), Some("1".into()));
+        ledger.record_swap(&a, hash("/bin/v2"), Some("2".into()));
+        let entry = ledger.get(&a).unwrap();
+        assert_eq!(entry.started, Some(hash("/bin/v1")));
+        assert_eq!(entry.invocation.as_deref(), Some("1"));
+        ledger.clear_swap(&a);
+        assert_eq!(ledger.get(&a).unwrap().started, None);
+    }
+
+    #[test]
+    fn survives_a_restart_of_fleetd_through_its_directory() {
+        let scratch = Scratch::new("reload");
+        let a = name("a.service");
+        {
+            let mut ledger = Ledger::load(Some(scratch.0.clone()));
+            ledger.update(&a, |e| e.restart = 7);
+            ledger.record_swap(&a, hash("/bin/v1"), Some("ab".into()));
+        }
+        let ledger = Ledger::load(Some(scratch.0.clone()));
+        assert_eq!(
+            ledger.get(&a),
+            Some(&Entry {
+                restart: 7,
+                started: Some(hash("/bin/v1")),
+                invocation: Some("ab".into()),
+            })
+        );
+    }
+
+    #[test]
+    fn reads_the_older_plain_number_format_and_skips_what_it_cannot_read() {
+        let scratch = Scratch::new("formats");
+        std::fs::create_dir_all(&scratch.0).unwrap();
+        std::fs::write(scratch.0.join("a.service"), "3\n").unwrap();
+        std::fs::write(scratch.0.join("b.service"), "{not json").unwrap();
+        std::fs::write(scratch.0.join("README"), "1").unwrap();
+        let ledger = Ledger::load(Some(scratch.0.clone()));
+        assert_eq!(ledger.restarts(), BTreeMap::from([(name("a.service"), 3)]));
+    }
+
+    #[test]
+    fn removing_a_unit_removes_its_file() {
+        let scratch = Scratch::new("remove");
+        let a = name("a.service");
+        let mut ledger = Ledger::load(Some(scratch.0.clone()));
+        ledger.update(&a, |e| e.restart = 1);
+        assert!(scratch.0.join("a.service").exists());
+        ledger.remove(&a);
+        assert!(!scratch.0.join("a.service").exists());
+        assert_eq!(Ledger::load(Some(scratch.0.clone())).get(&a), None);
+    }
+
+    #[test]
+    fn an_unchanged_entry_is_not_rewritten() {
+        let scratch = Scratch::new("unchanged");
+        let a = name("a.service");
+        let mut ledger = Ledger::load(Some(scratch.0.clone()));
+        ledger.update(&a, |e| e.restart = 1);
+        std::fs::remove_file(scratch.0.join("a.service")).unwrap();
+        ledger.update(&a, |e| e.restart = 1);
+        assert!(!scratch.0.join("a.service").exists());
     }
 }

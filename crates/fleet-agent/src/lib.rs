@@ -2,15 +2,18 @@
 //! the units scheduled to this machine loaded or launched as desired.
 //!
 //! - [`mod@plan`]: the pure planner, `plan(&desired, &current, &backoff) -> Vec<Task>`.
+//! - `desired`: the pure desired-state builder, schedule + unit files -> desired units.
 //! - [`manager`]: the [`UnitManager`] trait the executor drives, with its contract.
 //! - [`systemd`]: the real [`UnitManager`] over D-Bus (the only module that names zbus).
 //! - `fake` (feature `fake`): an in-memory [`UnitManager`] for tests and the bench.
 //! - [`units_dir`]: the units directory (`/run/fleet/units`) on disk.
 //! - [`agent`]: the loop: boot (preload, adopt or remove), reconcile, publish states.
+//! - `ledger`: restart generations and running versions systemd cannot tell, on disk.
 //! - [`executor`]: runs a plan's tasks in order on a [`UnitManager`].
 
 pub mod agent;
 mod current;
+mod desired;
 pub mod executor;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
@@ -25,7 +28,7 @@ pub use agent::{Agent, AgentConfig};
 pub use fake::FakeManager;
 pub use manager::{
     BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome,
-    ManagerError, UnitDetails, UnitFileError, UnitManager,
+    ManagerError, UnitDetails, UnitFileError, UnitManager, UnitSource,
 };
 pub use plan::{CurrentUnit, DesiredUnit, Reason, Target, Task, TaskKind, UnitFileState, plan};
 pub use systemd::{SystemdConfig, SystemdManager};

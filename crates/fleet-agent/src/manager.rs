@@ -108,6 +108,15 @@ pub trait UnitManager: Send + Sync {
         name: &UnitName,
     ) -> impl Future<Output = Result<UnitDetails, ManagerError>> + Send;
 
+    /// Where systemd's definition of `name` comes from: fleet's units directory, an operator's
+    /// file of the same name elsewhere (which fleet must never stop, replace or relink), or no
+    /// file at all (unknown to systemd, or loaded from a file that is gone since). Reads one
+    /// property; the real adapter looks at the file off the async threads.
+    fn source(
+        &self,
+        name: &UnitName,
+    ) -> impl Future<Output = Result<UnitSource, ManagerError>> + Send;
+
     /// A new receiver of change hints. Its first hint is [`Change::Resync`]; after that, hints
     /// come from systemd's signals: a unit's ActiveState/SubState changed, a job ended, a
     /// daemon-reload finished. Hints are coalesced, never queued without bound, name any unit
@@ -269,6 +278,18 @@ pub struct UnitDetails {
     pub invocation_id: Option<String>,
 }
 
+/// Where systemd loaded a unit from, as [`UnitManager::source`] tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnitSource {
+    /// No file defines the unit: systemd does not know it, or the file it loaded is gone
+    /// (e.g. ours, removed before a reload). Nothing of an operator's to protect.
+    NoFile,
+    /// fleet's units directory, directly or through the runtime link to its file.
+    UnitsDir,
+    /// A file outside the units directory that still exists: an operator's own unit.
+    Foreign { fragment: PathBuf },
+}
+
 /// An error systemd or the bus gave. Adapter-neutral so the trait does not name zbus.
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -380,6 +401,12 @@ pub enum ManagerError {
     },
     #[error("reading the properties of {unit}")]
     Details {
+        unit: UnitName,
+        #[source]
+        source: BusError,
+    },
+    #[error("reading where systemd loaded {unit} from")]
+    Source {
         unit: UnitName,
         #[source]
         source: BusError,

@@ -8,7 +8,7 @@
 //! whose systemd state already matches gets no task at all, so an agent restart leaves running
 //! units untouched (fleet reloaded and "started" every unit after a restart, issue #720).
 
-use fleet_core::{DesiredState, SystemdState, UnitHash, UnitName};
+use fleet_core::{ActiveState, DesiredState, LoadState, SystemdState, UnitHash, UnitName};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -227,8 +227,8 @@ impl<'a> View<'a> {
     fn of(current: Option<&'a CurrentUnit>) -> View<'a> {
         let systemd = current.and_then(|c| c.systemd.as_ref());
         let active = systemd.map_or("inactive", |s| s.active.as_str());
-        let running = is_running(active);
-        let not_found = systemd.is_none_or(|s| s.load == "not-found");
+        let running = ActiveState::parse(active).is_running();
+        let not_found = systemd.is_none_or(|s| s.load_state() == LoadState::NotFound);
         View {
             file: current.map_or(UnitFileState::Absent, |c| c.file),
             active,
@@ -239,11 +239,6 @@ impl<'a> View<'a> {
             restarted: current.and_then(|c| c.restarted),
         }
     }
-}
-
-/// ActiveStates that count as launched. `deactivating` does not: the unit is on its way down.
-fn is_running(active: &str) -> bool {
-    matches!(active, "active" | "activating" | "reloading" | "refreshing")
 }
 
 #[derive(Default)]

@@ -15,7 +15,7 @@ mod signals;
 
 use crate::manager::{
     BusError, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, ManagerError,
-    STATUS_BATCH, UnitDetails, UnitManager,
+    STATUS_BATCH, UnitDetails, UnitManager, UnitSource,
 };
 use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR, UnitsDir};
 use fleet_core::{SystemdState, UnitFile, UnitName};
@@ -312,6 +312,18 @@ impl UnitManager for SystemdManager {
                 unit: name.clone(),
                 source: bus_error(e),
             })
+    }
+
+    async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {
+        let fragment = self
+            .read_fragment(name)
+            .await
+            .map_err(|e| ManagerError::Source {
+                unit: name.clone(),
+                source: bus_error(e),
+            })?;
+        let (dir, name) = (self.inner.dir.clone(), name.clone());
+        blocking(move || Ok(dir.source(&name, fragment))).await
     }
 
     fn changes(&self) -> ChangeReceiver {

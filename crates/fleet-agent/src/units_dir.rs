@@ -6,7 +6,7 @@
 //! a unit name: those are someone else's, so they are skipped with one warning each. Calls
 //! block; async callers go through `spawn_blocking`.
 
-use crate::manager::{InstalledUnit, ManagerError, UnitFileError};
+use crate::manager::{InstalledUnit, ManagerError, UnitFileError, UnitSource};
 use fleet_core::{UnitFile, UnitHash, UnitName};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -253,6 +253,25 @@ impl UnitsDir {
         fs::read_link(link).is_ok_and(|target| target == self.file_path(name))
     }
 
+    /// Where the definition systemd loaded for `name` from `fragment` (its `FragmentPath`)
+    /// comes from: this directory (directly, or through the runtime link to our file), an
+    /// operator's file elsewhere, or nothing that still exists.
+    pub fn source(&self, name: &UnitName, fragment: Option<PathBuf>) -> UnitSource {
+        let Some(fragment) = fragment else {
+            return UnitSource::NoFile;
+        };
+        let ours = fragment.starts_with(&self.path)
+            || fs::read_link(&fragment).is_ok_and(|target| target == self.file_path(name));
+        if ours {
+            UnitSource::UnitsDir
+        } else if fragment.exists() {
+            UnitSource::Foreign { fragment }
+        } else {
+            // A definition whose file is gone protects nothing (e.g. ours, before a reload).
+            UnitSource::NoFile
+        }
+    }
+
     fn unit_name(&self, file_name: &OsString) -> Option<UnitName> {
         let text = file_name.to_str();
         if text.is_some_and(|t| t.starts_with(TEMP_PREFIX)) {
@@ -474,6 +493,46 @@ mod tests {
         assert!(dir.is_linked(&a));
         assert!(!dir.is_linked(&name("b.service")));
         assert!(dir.list().unwrap()[0].linked);
+    }
+
+    #[test]
+    fn a_definition_from_the_units_directory_or_its_runtime_link_is_ours() {
+        let scratch = Scratch::new("source-ours");
+        let dir = scratch.open();
+        let a = name("a.service");
+        dir.write(&a, &unit("[Service]\nExecStart=/bin/true\n"))
+            .unwrap();
+        fs::create_dir_all(scratch.0.join("runtime")).unwrap();
+        let link = scratch.0.join("runtime/a.service");
+        symlink(dir.file_path(&a), &link).unwrap();
+        assert_eq!(dir.source(&a, Some(link)), UnitSource::UnitsDir);
+        assert_eq!(
+            dir.source(&a, Some(dir.file_path(&a))),
+            UnitSource::UnitsDir
+        );
+    }
+
+    #[test]
+    fn an_existing_file_elsewhere_is_an_operators() {
+        let scratch = Scratch::new("source-foreign");
+        let dir = scratch.open();
+        let a = name("a.service");
+        let operator = scratch.0.join("etc-a.service");
+        fs::write(&operator, "[Service]\nExecStart=/bin/true\n").unwrap();
+        assert_eq!(
+            dir.source(&a, Some(operator.clone())),
+            UnitSource::Foreign { fragment: operator }
+        );
+    }
+
+    #[test]
+    fn a_definition_whose_file_is_gone_or_absent_protects_nothing() {
+        let scratch = Scratch::new("source-none");
+        let dir = scratch.open();
+        let a = name("a.service");
+        assert_eq!(dir.source(&a, None), UnitSource::NoFile);
+        let gone = scratch.0.join("gone.service");
+        assert_eq!(dir.source(&a, Some(gone)), UnitSource::NoFile);
     }
 
     #[test]

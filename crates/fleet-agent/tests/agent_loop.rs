@@ -167,7 +167,12 @@ impl World {
 fn mutating(calls: &[Call]) -> Vec<Call> {
     calls
         .iter()
-        .filter(|c| !matches!(c, Call::Installed | Call::Status(_) | Call::Details(_)))
+        .filter(|c| {
+            !matches!(
+                c,
+                Call::Installed | Call::Status(_) | Call::Details(_) | Call::Source(_)
+            )
+        })
         .cloned()
         .collect()
 }
@@ -528,6 +533,52 @@ async fn a_scheduled_unit_whose_file_is_missing_is_left_alone() {
         vec![],
         "nothing stopped or removed"
     );
+    assert_eq!(w.fake.state(&n).active, "active");
+}
+
+/// Starts an agent with `web.service` scheduled here while systemd has it from an operator's
+/// file, plus `other.service`, whose start shows that passes ran; then gives it 30 s more.
+async fn run_with_an_operators_unit(w: &World, source_fails: bool) {
+    let n = name("web.service");
+    w.fake.put_foreign_unit(&n, "active", "running");
+    if source_fails {
+        w.fake.fail(Op::Source, Some(&n));
+    }
+    w.schedule("web.service", &file("/bin/ours"), DesiredState::Launched)
+        .await;
+    w.schedule("other.service", &file("/bin/other"), DesiredState::Launched)
+        .await;
+    let _agent = w.start_agent();
+    w.until_published("other.service", "active").await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn never_touches_an_operators_unit_of_the_same_name() {
+    let w = World::new().await;
+    let n = name("web.service");
+    run_with_an_operators_unit(&w, false).await;
+    let calls = w.fake.calls();
+    assert!(calls.contains(&Call::Source(n.clone())), "{calls:?}");
+    let touched: Vec<Call> = mutating(&calls)
+        .into_iter()
+        .filter(|c| c.unit() == Some(&n))
+        .collect();
+    assert_eq!(touched, vec![], "not stopped, loaded or started");
+    assert_eq!(w.fake.state(&n).active, "active");
+    assert_eq!(w.fake.file("web.service"), None, "no file of ours written");
+}
+
+#[tokio::test(start_paused = true)]
+async fn leaves_an_unowned_unit_alone_while_systemd_cannot_say_where_it_is_from() {
+    let w = World::new().await;
+    let n = name("web.service");
+    run_with_an_operators_unit(&w, true).await;
+    let touched: Vec<Call> = mutating(&w.fake.calls())
+        .into_iter()
+        .filter(|c| c.unit() == Some(&n))
+        .collect();
+    assert_eq!(touched, vec![], "fails closed");
     assert_eq!(w.fake.state(&n).active, "active");
 }
 

@@ -3,7 +3,7 @@
 //! count is the agent's passes; the log of call start times lets a probe cut time into passes.
 
 use fleet_agent::{
-    ChangeReceiver, InstalledUnit, JobOutcome, ManagerError, UnitDetails, UnitManager,
+    ChangeReceiver, InstalledUnit, JobOutcome, ManagerError, UnitDetails, UnitManager, UnitSource,
 };
 use fleet_core::{SystemdState, UnitFile, UnitName};
 use std::collections::BTreeMap;
@@ -22,9 +22,10 @@ pub enum Call {
     Stop,
     Status,
     Details,
+    Source,
 }
 
-const CALLS: usize = 8;
+const CALLS: usize = 9;
 
 /// One call: what, and when it started.
 #[derive(Debug, Clone, Copy)]
@@ -130,6 +131,10 @@ impl<M: UnitManager> UnitManager for MeteredManager<M> {
 
     async fn details(&self, name: &UnitName) -> Result<UnitDetails, ManagerError> {
         self.metered(Call::Details, self.inner.details(name)).await
+    }
+
+    async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {
+        self.metered(Call::Source, self.inner.source(name)).await
     }
 
     fn changes(&self) -> ChangeReceiver {

@@ -85,7 +85,7 @@ impl View {
             (Some("state"), Some(unit), Some(machine)) => {
                 let active = value
                     .and_then(|v| serde_json::from_slice::<UnitStateRecord>(v).ok())
-                    .is_some_and(|r| r.systemd.active == "active");
+                    .is_some_and(|r| r.systemd.active_state() == fleet_core::ActiveState::Active);
                 let (unit, machine) = (unit.to_owned(), machine.to_owned());
                 self.update(&unit.clone(), |v| {
                     let set = v.active.entry(unit).or_default();

@@ -16,6 +16,6 @@ pub mod xfleet;
 pub use backoff::Backoff;
 pub use machine::{MachineId, MachineIdError, MachineInfo};
 pub use name::{NameError, UnitName, UnitType};
-pub use state::{DesiredState, StateError, SystemdState};
+pub use state::{ActiveState, DesiredState, LoadState, StateError, SystemdState};
 pub use unit_file::{HashError, ParseError, UnitFile, UnitHash, UnitOption};
 pub use xfleet::{RequirementError, Requirements, glob_match, units_conflict, units_replace};

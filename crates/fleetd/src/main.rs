@@ -162,7 +162,6 @@ async fn run(config: Config) -> Result<()> {
     let mut agent_cfg = AgentConfig::new(machine.clone());
     agent_cfg.deny_units = config.deny_units.clone();
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
-    agent_cfg.units_dir = Some(config.units_directory.clone());
     let agent = Agent::new(registry.clone(), manager, agent_cfg, presence_rx);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(keeper.keep(presence, presence_tx, shutdown_rx.clone()));

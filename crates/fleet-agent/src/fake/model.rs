@@ -4,7 +4,7 @@
 
 use super::{Call, FakeJob, Op};
 use crate::manager::{JobKind, JobOutcome};
-use fleet_core::{SystemdState, UnitName};
+use fleet_core::{ActiveState, SystemdState, UnitName};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
@@ -31,10 +31,11 @@ pub(super) struct Record {
 
 impl Record {
     pub(super) fn running(&self) -> bool {
-        matches!(
-            self.active.as_str(),
-            "active" | "activating" | "reloading" | "refreshing"
-        )
+        self.active_state().is_running()
+    }
+
+    pub(super) fn active_state(&self) -> ActiveState {
+        ActiveState::parse(&self.active)
     }
 
     pub(super) fn set(&mut self, active: &str, sub: &str) {
@@ -114,11 +115,7 @@ impl State {
     pub(super) fn state(&self, name: &UnitName) -> SystemdState {
         match self.records.get(name) {
             Some(r) => r.state(),
-            None => SystemdState {
-                load: "not-found".to_owned(),
-                active: "inactive".to_owned(),
-                sub: "dead".to_owned(),
-            },
+            None => SystemdState::not_found(),
         }
     }
 
@@ -186,7 +183,7 @@ impl State {
         };
         match outcome {
             JobOutcome::Done => {
-                if record.running() || record.active == "deactivating" {
+                if record.running() || record.active_state() == ActiveState::Deactivating {
                     record.set("inactive", "dead");
                 }
                 record.main_pid = None;

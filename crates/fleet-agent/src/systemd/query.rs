@@ -8,6 +8,14 @@ use std::path::PathBuf;
 use zbus::proxy::CacheProperties;
 use zbus_systemd::systemd1::{ServiceProxy, UnitProxy};
 
+/// The object path of `name`'s unit; systemd loads the unit on demand when it is asked.
+fn unit_path(name: &UnitName) -> zbus::OwnedObjectPath {
+    zbus_systemd::bus_path_encode(
+        &zbus::ObjectPath::from_static_str_unchecked("/org/freedesktop/systemd1/unit"),
+        name.as_str(),
+    )
+}
+
 impl SystemdManager {
     pub(super) async fn status_batch(
         &self,
@@ -19,7 +27,7 @@ impl SystemdManager {
         let (asked, refused): (Vec<&UnitName>, Vec<&UnitName>) =
             names.iter().partition(|n| systemd_accepts(n));
         for name in refused {
-            out.insert(name.clone(), not_found());
+            out.insert(name.clone(), SystemdState::not_found());
         }
         if asked.is_empty() {
             return Ok(());
@@ -47,23 +55,33 @@ impl SystemdManager {
                 }
             }
             for name in asked {
-                out.entry(name.clone()).or_insert_with(not_found);
+                out.entry(name.clone())
+                    .or_insert_with(SystemdState::not_found);
             }
         }
         Ok(())
     }
 
-    pub(super) async fn read_details(&self, name: &UnitName) -> zbus::Result<UnitDetails> {
-        let path = zbus_systemd::bus_path_encode(
-            &zbus::ObjectPath::from_static_str_unchecked("/org/freedesktop/systemd1/unit"),
-            name.as_str(),
-        );
+    /// The file systemd loaded `name` from (`FragmentPath`); `None` when it found none.
+    pub(super) async fn read_fragment(&self, name: &UnitName) -> zbus::Result<Option<PathBuf>> {
         let _permit = self.permit().await;
-        let unit = UnitProxy::builder(&self.inner.conn)
-            .path(path.clone())
+        let unit = self.unit_proxy(name).await?;
+        let fragment = unit.fragment_path().await?;
+        Ok(Some(PathBuf::from(fragment)).filter(|p| !p.as_os_str().is_empty()))
+    }
+
+    async fn unit_proxy(&self, name: &UnitName) -> zbus::Result<UnitProxy<'static>> {
+        UnitProxy::builder(&self.inner.conn)
+            .path(unit_path(name))
             .cache_properties(CacheProperties::No)
             .build()
-            .await?;
+            .await
+    }
+
+    pub(super) async fn read_details(&self, name: &UnitName) -> zbus::Result<UnitDetails> {
+        let path = unit_path(name);
+        let _permit = self.permit().await;
+        let unit = self.unit_proxy(name).await?;
         let state = SystemdState {
             load: unit.load_state().await?,
             active: unit.active_state().await?,
@@ -92,14 +110,6 @@ impl SystemdManager {
             main_pid,
             invocation_id: Some(hex(&invocation)).filter(|id| !id.is_empty()),
         })
-    }
-}
-
-fn not_found() -> SystemdState {
-    SystemdState {
-        load: "not-found".to_owned(),
-        active: "inactive".to_owned(),
-        sub: "dead".to_owned(),
     }
 }
 

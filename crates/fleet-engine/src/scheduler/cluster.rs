@@ -16,13 +16,6 @@ use super::decision::{Reason, Violation};
 use super::spec::Spec;
 use crate::unreadable::Unreadable;
 
-/// Whether a published ActiveState may mean processes of the unit are alive: anything but
-/// `inactive` and `failed` (`active`, `activating`, `deactivating`, `reloading`, and states
-/// systemd may add later), so that an unknown state errs on the side of waiting.
-fn may_be_running(active: &str) -> bool {
-    !matches!(active, "inactive" | "failed")
-}
-
 /// The requirements of a unit whose file the engine does not have: it constrains nothing.
 static NO_REQUIREMENTS: Requirements = Requirements {
     machine_id: None,
@@ -210,7 +203,7 @@ impl<'s> Cluster<'s> {
             .find(|(m, state)| {
                 *m != machine
                     && (self.machines.contains_key(*m) || self.unreadable.machines.contains(*m))
-                    && may_be_running(&state.systemd.active)
+                    && state.systemd.active_state().may_be_running()
             })
             .map(|(m, _)| m)
     }

@@ -3,7 +3,7 @@
 //! that names its key; the table of everything else still prints.
 
 use anyhow::{Context, Result};
-use fleet_core::{DesiredState, MachineId, Requirements, UnitHash};
+use fleet_core::{ActiveState, DesiredState, MachineId, Requirements, UnitHash};
 use fleet_registry::{Skipped, Snapshot};
 use std::collections::BTreeMap;
 
@@ -47,7 +47,9 @@ fn current_state(snap: &Snapshot, unit: &fleet_core::UnitName) -> DesiredState {
         let Some(state) = states.and_then(|s| s.get(machine)) else {
             continue;
         };
-        let here = if entry.desired == DesiredState::Launched && state.systemd.active == "active" {
+        let here = if entry.desired == DesiredState::Launched
+            && state.systemd.active_state() == ActiveState::Active
+        {
             DesiredState::Launched
         } else {
             DesiredState::Loaded

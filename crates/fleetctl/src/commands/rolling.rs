@@ -4,7 +4,7 @@
 //! previous version and saying so (fleet #960).
 
 use anyhow::{Result, bail};
-use fleet_core::{MachineId, Requirements, UnitHash, UnitName};
+use fleet_core::{ActiveState, MachineId, Requirements, UnitHash, UnitName};
 use fleet_registry::kv::EtcdKv;
 use fleet_registry::{Registry, RegistryError, Unit, WatchHints};
 use std::collections::BTreeMap;
@@ -166,10 +166,14 @@ async fn wait_machines(
         for m in pending {
             let legend = machine_legend(&m, &snap.machines, false);
             match snap.states.get(name).and_then(|s| s.get(&m)) {
-                Some(s) if s.hash == Some(hash) && s.systemd.active == "active" => {
+                Some(s)
+                    if s.hash == Some(hash) && s.systemd.active_state() == ActiveState::Active =>
+                {
                     ctx.say(format!("Unit {name} replaced on {legend}"));
                 }
-                Some(s) if s.hash == Some(hash) && s.systemd.active == "failed" => {
+                Some(s)
+                    if s.hash == Some(hash) && s.systemd.active_state() == ActiveState::Failed =>
+                {
                     bail!(
                         "Unit {name} failed on {legend} with the new version: {}/{}/{}",
                         s.systemd.load,
