@@ -118,6 +118,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
 
     /// Runs until `shutdown` becomes true. Never stops or removes units because of shutdown:
     /// the units keep running and a restarted agent adopts them.
+    #[tracing::instrument(name = "agent", skip_all, fields(machine = %self.cfg.machine))]
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut changes = self.manager.changes();
         let Some(revision) = self.boot(&mut shutdown).await else {

@@ -10,6 +10,7 @@
 //! - [`agent`]: the loop: boot (preload, adopt or remove), reconcile, publish states.
 //! - `ledger`: restart generations and running versions systemd cannot tell, on disk.
 //! - [`executor`]: runs a plan's tasks in order on a [`UnitManager`].
+//! - [`presence`]: the machine's registration on a lease, kept alive beside the agent.
 
 pub mod agent;
 mod current;
@@ -20,6 +21,7 @@ pub mod fake;
 mod ledger;
 pub mod manager;
 pub mod plan;
+pub mod presence;
 pub mod systemd;
 pub mod units_dir;
 
@@ -31,5 +33,6 @@ pub use manager::{
     ManagerError, UnitDetails, UnitFileError, UnitManager, UnitSource,
 };
 pub use plan::{CurrentUnit, DesiredUnit, Reason, Target, Task, TaskKind, UnitFileState, plan};
+pub use presence::PresenceKeeper;
 pub use systemd::{SystemdConfig, SystemdManager};
 pub use units_dir::UnitsDir;

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::JoinHandle;
-use tracing::debug;
+use tracing::{Instrument, debug};
 use zbus::proxy::CacheProperties;
 use zbus_systemd::systemd1::ManagerProxy;
 
@@ -110,7 +110,8 @@ impl SystemdManager {
             .map_err(|e| ManagerError::Subscribe(bus_error(e)))?;
         let jobs = Arc::new(JobWaiters::default());
         let changes = ChangeSender::new();
-        let pump = tokio::spawn(signals::pump(signals, jobs.clone(), changes.clone()));
+        let pump =
+            tokio::spawn(signals::pump(signals, jobs.clone(), changes.clone()).in_current_span());
         let inner = Inner {
             conn,
             manager,
@@ -335,7 +336,8 @@ impl UnitManager for SystemdManager {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ManagerError> + Send + 'static,
 ) -> Result<T, ManagerError> {
-    match tokio::task::spawn_blocking(f).await {
+    let span = tracing::Span::current();
+    match tokio::task::spawn_blocking(move || span.in_scope(f)).await {
         Ok(result) => result,
         Err(join) => std::panic::resume_unwind(join.into_panic()),
     }

@@ -1,16 +1,18 @@
 //! [`CountingKv`]: a [`Kv`] that counts every etcd request it passes on, by method and by the
 //! part of the key schema it touches, plus the write operations inside transactions and the
-//! events its watches deliver. It changes nothing about the requests themselves.
+//! events its watches deliver. It changes nothing about the requests themselves: it is the
+//! registry's [`Hooked`] store, with a hook that counts.
 //!
 //! One request can be counted into several [`Counters`] (e.g. "this agent" and "all agents").
 
 use fleet_registry::kv::{
-    Kv, KvError, LeaseId, RangeResult, Revision, Txn, TxnOp, TxnResult, Watch, WatchMessage,
+    Hook, Hooked, Kv, KvError, Outcome, Request, Txn, TxnOp, Watch, WatchMessage,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 /// The etcd calls of the [`Kv`] trait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -159,47 +161,42 @@ impl Counters {
     }
 }
 
-/// A [`Kv`] that counts what passes through it into every one of its sinks.
+/// A [`Kv`] that counts what passes through it into every one of its sinks: the registry's
+/// [`Hooked`] store with a [`Counting`] hook.
+pub type CountingKv<K> = Hooked<K, Counting>;
+
+/// Counts `inner`'s requests; keys are classified relative to the registry `prefix`.
+pub fn counting<K: Kv>(inner: K, prefix: &str, sinks: Vec<Arc<Counters>>) -> CountingKv<K> {
+    Hooked {
+        inner,
+        hook: Counting {
+            prefix: prefix.into(),
+            sinks: sinks.into(),
+        },
+    }
+}
+
+/// The [`Hook`] of a [`CountingKv`]: it counts and passes everything on unchanged.
 #[derive(Debug, Clone)]
-pub struct CountingKv<K> {
-    inner: K,
+pub struct Counting {
     prefix: Arc<str>,
     sinks: Arc<[Arc<Counters>]>,
 }
 
-impl<K: Kv> CountingKv<K> {
-    /// Counts `inner`'s requests; keys are classified relative to the registry `prefix`.
-    pub fn new(inner: K, prefix: &str, sinks: Vec<Arc<Counters>>) -> CountingKv<K> {
-        CountingKv {
-            inner,
-            prefix: prefix.into(),
-            sinks: sinks.into(),
-        }
-    }
-
+impl Counting {
     fn each(&self, f: impl Fn(&Counters)) {
         self.sinks.iter().for_each(|c| f(c));
     }
 
-    fn request(&self, method: Method, class: Class) {
-        self.each(|c| add(&c.requests[method.index()][class.index()], 1));
-    }
-
-    fn outcome<T>(
-        &self,
-        method: Method,
-        started: Instant,
-        res: Result<T, KvError>,
-    ) -> Result<T, KvError> {
-        let us = started.elapsed().as_micros() as u64;
-        self.each(|c| {
-            add(&c.latency_sum_us[method.index()], us);
-            c.latency_max_us[method.index()].fetch_max(us, Ordering::Relaxed);
-            if res.is_err() {
-                add(&c.errors, 1);
-            }
-        });
-        res
+    fn classify(&self, request: Request<'_>) -> (Method, Class) {
+        match request {
+            Request::Range { key, .. } => (Method::Range, Class::of(key, &self.prefix)),
+            Request::Txn(txn) => (Method::Txn, self.txn_class(txn)),
+            Request::Grant => (Method::Grant, Class::Other),
+            Request::KeepAlive(_) => (Method::KeepAlive, Class::Other),
+            Request::Revoke(_) => (Method::Revoke, Class::Other),
+            Request::Watch { key, .. } => (Method::Watch, Class::of(key, &self.prefix)),
+        }
     }
 
     /// The first class (in [`Class::ALL`] order) a transaction's success branch touches.
@@ -233,80 +230,59 @@ fn op_key(op: &TxnOp) -> &str {
     }
 }
 
-impl<K: Kv> Kv for CountingKv<K> {
-    async fn range(
-        &self,
-        key: &str,
-        prefix: bool,
-        revision: Option<Revision>,
-    ) -> Result<RangeResult, KvError> {
-        self.request(Method::Range, Class::of(key, &self.prefix));
-        let t0 = Instant::now();
-        let res = self.outcome(
-            Method::Range,
-            t0,
-            self.inner.range(key, prefix, revision).await,
-        )?;
-        let bytes: usize = res.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
-        self.each(|c| add(&c.read_bytes, bytes as u64));
-        Ok(res)
+impl Hook for Counting {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        let (method, class) = self.classify(request);
+        self.each(|c| add(&c.requests[method.index()][class.index()], 1));
+        Ok(())
     }
 
-    async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
-        self.request(Method::Txn, self.txn_class(&txn));
-        let (success, failure) = (txn.success.clone(), txn.failure.clone());
-        let t0 = Instant::now();
-        let res = self.outcome(Method::Txn, t0, self.inner.txn(txn).await)?;
-        self.count_ops(if res.succeeded { &success } else { &failure });
-        Ok(res)
+    fn after(&self, request: Request<'_>, outcome: Outcome<'_>, took: Duration) {
+        let (method, _) = self.classify(request);
+        let us = took.as_micros() as u64;
+        self.each(|c| {
+            add(&c.latency_sum_us[method.index()], us);
+            c.latency_max_us[method.index()].fetch_max(us, Ordering::Relaxed);
+        });
+        match (request, outcome) {
+            (_, Outcome::Failed(_)) => self.each(|c| add(&c.errors, 1)),
+            (_, Outcome::Range(res)) => {
+                let bytes: usize = res.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
+                self.each(|c| add(&c.read_bytes, bytes as u64));
+            }
+            (Request::Txn(txn), Outcome::Txn(res)) => {
+                self.count_ops(if res.succeeded {
+                    &txn.success
+                } else {
+                    &txn.failure
+                });
+            }
+            (_, Outcome::Txn(_) | Outcome::Done) => {}
+        }
     }
 
-    async fn grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
-        self.request(Method::Grant, Class::Other);
-        let t0 = Instant::now();
-        self.outcome(Method::Grant, t0, self.inner.grant(ttl).await)
-    }
-
-    async fn keep_alive(&self, lease: LeaseId) -> Result<(), KvError> {
-        self.request(Method::KeepAlive, Class::Other);
-        let t0 = Instant::now();
-        self.outcome(Method::KeepAlive, t0, self.inner.keep_alive(lease).await)
-    }
-
-    async fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {
-        self.request(Method::Revoke, Class::Other);
-        let t0 = Instant::now();
-        self.outcome(Method::Revoke, t0, self.inner.revoke(lease).await)
-    }
-
-    async fn watch(
-        &self,
-        key: &str,
-        prefix: bool,
-        from_revision: Revision,
-    ) -> Result<Watch, KvError> {
-        self.request(Method::Watch, Class::of(key, &self.prefix));
-        let t0 = Instant::now();
-        let watch = self.inner.watch(key, prefix, from_revision).await;
-        let mut inner = self.outcome(Method::Watch, t0, watch)?;
+    fn watched(&self, mut inner: Watch) -> Watch {
         // Same capacity as the real adapter's channel, so back-pressure is unchanged.
         let (tx, rx) = mpsc::channel(64);
         let sinks = self.sinks.clone();
-        tokio::spawn(async move {
-            while let Some(message) = inner.rx.recv().await {
-                if let WatchMessage::Events { events, .. } = &message {
-                    let n = events.len() as u64;
-                    sinks.iter().for_each(|c| {
-                        add(&c.watch_messages, 1);
-                        add(&c.watch_events, n);
-                    });
-                }
-                if tx.send(message).await.is_err() {
-                    return;
+        tokio::spawn(
+            async move {
+                while let Some(message) = inner.rx.recv().await {
+                    if let WatchMessage::Events { events, .. } = &message {
+                        let n = events.len() as u64;
+                        sinks.iter().for_each(|c| {
+                            add(&c.watch_messages, 1);
+                            add(&c.watch_events, n);
+                        });
+                    }
+                    if tx.send(message).await.is_err() {
+                        return;
+                    }
                 }
             }
-        });
-        Ok(Watch { rx })
+            .in_current_span(),
+        );
+        Watch { rx }
     }
 }
 
@@ -328,7 +304,7 @@ mod tests {
     #[tokio::test]
     async fn counts_requests_by_method_and_class_and_writes_by_op() {
         let counters = Counters::new();
-        let kv = CountingKv::new(MemKv::new(), PREFIX, vec![counters.clone()]);
+        let kv = counting(MemKv::new(), PREFIX, vec![counters.clone()]);
         let txn = Txn {
             compares: vec![],
             success: vec![put("/p/file/abc"), put("/p/unit/a.service")],
@@ -348,7 +324,7 @@ mod tests {
     #[tokio::test]
     async fn counts_the_events_its_watches_deliver() {
         let counters = Counters::new();
-        let kv = CountingKv::new(MemKv::new(), PREFIX, vec![counters.clone()]);
+        let kv = counting(MemKv::new(), PREFIX, vec![counters.clone()]);
         let mut watch = kv.watch("/p/state/", true, 1).await.unwrap();
         let txn = Txn {
             compares: vec![],

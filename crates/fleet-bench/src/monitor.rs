@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// Which unit is scheduled where and where it is active.
 #[derive(Debug, Default)]
@@ -125,7 +126,9 @@ impl Monitor {
                 .watch(&key, true, current.revision + 1)
                 .await
                 .context("monitor watch")?;
-            tasks.push(tokio::spawn(follow(watch, view.clone(), prefix.to_owned())));
+            tasks.push(tokio::spawn(
+                follow(watch, view.clone(), prefix.to_owned()).in_current_span(),
+            ));
         }
         Ok(Monitor { view, tasks })
     }

@@ -8,9 +8,9 @@
 //! details). It prints its findings as JSON.
 
 use anyhow::{Context, Result};
-use fleet_agent::{Agent, AgentConfig, SystemdConfig, SystemdManager};
+use fleet_agent::{Agent, AgentConfig, PresenceKeeper, SystemdConfig, SystemdManager};
 use fleet_core::{MachineId, MachineInfo};
-use fleet_registry::kv::{EtcdConfig, EtcdKv, LeaseId, TlsFiles};
+use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
 use fleet_registry::{DEFAULT_PREFIX, Registry};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -18,12 +18,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::span::{Attributes, Id};
-use tracing::{Subscriber, level_filters::LevelFilter};
+use tracing::{Instrument, Subscriber, level_filters::LevelFilter};
 use tracing_subscriber::layer::{Context as LayerContext, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::counting::{Counters, CountingKv, Tally};
+use crate::counting::{Counters, Tally, counting};
 use crate::metered::{Call, CallCounts, MeteredManager};
 
 #[derive(Debug, clap::Args)]
@@ -121,30 +121,23 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
     })
     .await?;
     let registry = Registry::new(
-        CountingKv::new(kv.clone(), DEFAULT_PREFIX, vec![counters]),
+        counting(kv.clone(), DEFAULT_PREFIX, vec![counters]),
         DEFAULT_PREFIX,
     );
-    let presence_registry = Registry::new(kv, DEFAULT_PREFIX);
-    let previous = std::fs::read_to_string(&args.lease_file)
-        .ok()
-        .and_then(|t| t.trim().parse().ok())
-        .map(LeaseId);
-    let info = MachineInfo {
-        id: machine.clone(),
-        public_ip: String::new(),
-        metadata: Default::default(),
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-        disable_engine: true,
+    // fleetd's own keeper, on fleetd's lease file: it resumes the stopped fleetd's lease.
+    let keeper = PresenceKeeper {
+        registry: Registry::new(kv, DEFAULT_PREFIX),
+        info: MachineInfo {
+            id: machine.clone(),
+            public_ip: String::new(),
+            metadata: Default::default(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            disable_engine: true,
+        },
+        ttl: parse_secs(&args.agent_ttl)?,
+        lease_file: args.lease_file.clone(),
     };
-    let presence = presence_registry
-        .register_machine(&info, parse_secs(&args.agent_ttl)?, previous)
-        .await?;
-    let keeper = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let _ = presence_registry.keep_alive(&presence).await;
-        }
-    });
+    let presence = keeper.register().await?;
     let calls = CallCounts::timed();
     let systemd = SystemdManager::connect(SystemdConfig {
         units_dir: args.units_dir.clone(),
@@ -154,10 +147,19 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
     let manager = MeteredManager::new(systemd, calls.clone());
     let mut cfg = AgentConfig::new(machine);
     cfg.resync_interval = Duration::from_secs(args.resync_secs);
-    let (_presence_tx, presence_rx) = watch::channel(Some(presence));
+    let (presence_tx, presence_rx) = watch::channel(Some(presence));
     let (shutdown, shutdown_rx) = watch::channel(false);
+    let keeper = tokio::spawn(
+        keeper
+            .keep(presence, presence_tx, shutdown_rx.clone())
+            .in_current_span(),
+    );
     let started = Instant::now();
-    let agent = tokio::spawn(Agent::new(registry, manager, cfg, presence_rx).run(shutdown_rx));
+    let agent = tokio::spawn(
+        Agent::new(registry, manager, cfg, presence_rx)
+            .run(shutdown_rx)
+            .in_current_span(),
+    );
     wait_passes(&passes, 1, Duration::from_secs(120)).await?;
     let boot_ms = passes
         .closed
@@ -177,7 +179,7 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
     tokio::time::sleep(wait).await;
     let _ = shutdown.send(true);
     let _ = agent.await;
-    keeper.abort();
+    let _ = keeper.await;
     let closed = passes.closed.lock().map(|c| c.clone()).unwrap_or_default();
     let (light, full) = split_passes(&closed, &calls.take_log());
     let result = ProbeResult {

@@ -135,9 +135,9 @@ fn render(
     format!(
         "{}\n{machines} simulated machines (real agents, fake systemd, 3 engine candidates) on one \
          etcd, no units; etcd SIGKILLed, restarted after {}, then the requests of every role \
-         counted for {} once it answers. The figures are the agents' (the simulation keeps every \
-         lease alive from one task, 64 at a time every 10 s, unlike fleetd: those requests are \
-         in the first table only).\n\n{}\n\
+         counted for {} once it answers. The figures are the agents' (each machine's lease is kept \
+         by fleetd's own presence keeper, retrying every 250 ms while the lease may live: \
+         those requests are in the first table only).\n\n{}\n\
          | figure (agents) | measured |\n|---|---|\n\
          | requests in the {} after etcd is back | {total} ({:.0}/s) |\n\
          | busiest 100 ms | {} requests ({} /s) |\n\

@@ -89,11 +89,12 @@ pub struct Converged {
 /// Starts units 0..U and waits until every one is scheduled and reported launched.
 pub async fn converge(sim: &Sim, units: usize) -> Result<Converged> {
     let all: Vec<_> = (0..units).map(|i| bench_unit(i, 1)).collect();
+    let args = sim.write_units(&all)?;
     let before = Roles::now(sim);
     let metrics = Metrics::fetch(&sim.etcd_endpoint())?;
     let cpu = process_cpu();
     let t0 = Instant::now();
-    sim.submit(&all).await?;
+    sim.submit(&args).await?;
     let submitted_in = t0.elapsed();
     let scheduled_in = sim
         .monitor

@@ -4,25 +4,30 @@
 //! role's traffic can be read at any moment.
 //!
 //! What fleetd itself does around the agent (presence on a lease, kept alive at TTL/3) is
-//! done here by one keeper task for all machines; what `fleetctl start --no-block` does (read
-//! the units in batches, then create them 32 at a time) is done by [`Sim::submit`].
+//! done by fleetd's own [`PresenceKeeper`], one per machine; what `fleetctl start --no-block`
+//! does is done by fleetctl's own submit path, in [`Sim::submit`].
 
 use anyhow::{Context, Result, bail};
-use fleet_agent::{Agent, AgentConfig, FakeManager};
+use fleet_agent::{Agent, AgentConfig, FakeManager, PresenceKeeper};
 use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
 use fleet_engine::EngineConfig;
 use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{DEFAULT_PREFIX, Presence, Registry};
+use fleetctl::commands::Ctx;
+use fleetctl::commands::submit::{self, ReplaceHow, Verb};
 use futures::StreamExt;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tracing::Instrument;
 
-use crate::counting::{Counters, CountingKv, Method};
+use crate::counting::{Counters, CountingKv, Method, counting};
 use crate::metered::{CallCounts, MeteredManager};
 use crate::monitor::Monitor;
 
@@ -81,9 +86,11 @@ pub struct SimMachine {
     pub counters: Arc<Counters>,
     /// This machine's agent's calls to its (fake) systemd.
     pub calls: Arc<CallCounts>,
-    presence: Presence,
+    /// The machine's presence now, as its keeper publishes it to the agent.
+    presence: watch::Receiver<Option<Presence>>,
     shutdown: watch::Sender<bool>,
-    task: Option<JoinHandle<()>>,
+    /// The agent and the presence keeper.
+    tasks: Vec<JoinHandle<()>>,
 }
 
 #[derive(Debug)]
@@ -92,7 +99,33 @@ struct Engine {
     task: JoinHandle<()>,
 }
 
-type Leases = Arc<Mutex<BTreeMap<MachineId, Presence>>>;
+/// The simulation's files, removed with it: the machines' saved lease IDs (fleetd's
+/// `fleetd.lease`) and the unit files given to fleetctl's submit path.
+#[derive(Debug)]
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Scratch {
+        static SIMS: AtomicUsize = AtomicUsize::new(0);
+        let n = SIMS.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("fleet-bench-{}-{n}", std::process::id()));
+        Scratch(dir)
+    }
+
+    fn lease_file(&self, id: &MachineId) -> PathBuf {
+        self.0.join("leases").join(format!("{id}.lease"))
+    }
+
+    fn units(&self) -> PathBuf {
+        self.0.join("units")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 /// A running simulation. Dropping it stops etcd; call [`Sim::stop`] to end the loops first.
 #[derive(Debug)]
@@ -108,8 +141,7 @@ pub struct Sim {
     pub agents_ready_in: Duration,
     kvs: Vec<EtcdKv>,
     engines: Vec<Engine>,
-    leases: Leases,
-    keeper: JoinHandle<()>,
+    scratch: Scratch,
     etcd: TestEtcd,
 }
 
@@ -162,30 +194,28 @@ impl Sim {
         let pool = kvs.clone();
         let counted = move |i: usize, sinks: Vec<Arc<Counters>>| {
             Registry::new(
-                CountingKv::new(pool[i % pool.len()].clone(), DEFAULT_PREFIX, sinks),
+                counting(pool[i % pool.len()].clone(), DEFAULT_PREFIX, sinks),
                 DEFAULT_PREFIX,
             )
         };
         let client = counted(0, vec![roles.client.clone()]);
         let started = Instant::now();
-        let ids: Vec<MachineId> = (0..spec.machines).map(machine_id).collect();
-        let presences = register(&ids, &spec, |i| counted(i, vec![roles.presence.clone()])).await?;
+        let scratch = Scratch::new();
+        let keepers = (0..spec.machines).map(|i| PresenceKeeper {
+            registry: counted(i, vec![roles.presence.clone()]),
+            info: machine_info(i),
+            ttl: spec.agent_ttl,
+            lease_file: scratch.lease_file(&machine_id(i)),
+        });
+        let registered = register(keepers).await?;
         let joined_in = started.elapsed();
-        let leases: Leases = Arc::new(Mutex::new(
-            ids.iter().cloned().zip(presences.iter().copied()).collect(),
-        ));
-        let keeper = tokio::spawn(keep_alive(
-            counted(1, vec![roles.presence.clone()]),
-            leases.clone(),
-            spec.agent_ttl / 3,
-        ));
         let monitor = Monitor::start(kvs[0].clone(), DEFAULT_PREFIX).await?;
         let started = Instant::now();
-        let mut machines = Vec::with_capacity(ids.len());
-        for (i, (id, presence)) in ids.into_iter().zip(presences).enumerate() {
+        let mut machines = Vec::with_capacity(registered.len());
+        for (i, (keeper, presence)) in registered.into_iter().enumerate() {
             let counters = Counters::new();
             let registry = counted(i, vec![counters.clone(), roles.agents.clone()]);
-            machines.push(spawn_agent(id, presence, registry, counters, &spec));
+            machines.push(spawn_machine(keeper, presence, registry, counters, &spec));
         }
         let mut sim = Sim {
             spec,
@@ -197,8 +227,7 @@ impl Sim {
             agents_ready_in: Duration::ZERO,
             kvs,
             engines: Vec::new(),
-            leases,
-            keeper,
+            scratch,
             etcd,
         };
         sim.wait_agents_watching(Duration::from_secs(120)).await?;
@@ -207,7 +236,7 @@ impl Sim {
             let registry = counted(i, vec![sim.roles.engines.clone()]);
             let cfg = EngineConfig::new(sim.machines[i].id.clone(), sim.spec.engine_interval);
             let (shutdown, rx) = watch::channel(false);
-            let task = tokio::spawn(fleet_engine::run(registry, cfg, rx));
+            let task = tokio::spawn(fleet_engine::run(registry, cfg, rx).in_current_span());
             sim.engines.push(Engine { shutdown, task });
         }
         sim.wait_leader(Duration::from_secs(30)).await?;
@@ -267,39 +296,53 @@ impl Sim {
         Ok(())
     }
 
-    /// What `fleetctl start --no-block` does for these units: read them all (in transactions
-    /// of 128 reads, as fleetctl resolves many arguments), then create them 32 at a time.
-    pub async fn submit(&self, units: &[(UnitName, UnitFile)]) -> Result<()> {
-        let names: std::collections::BTreeSet<UnitName> =
-            units.iter().map(|(name, _)| name.clone()).collect();
-        self.client.units_named(&names).await?;
-        let client = &self.client;
-        let results: Vec<_> = futures::stream::iter(units)
-            .map(|(name, file)| client.create_unit(name, file, DesiredState::Launched))
-            .buffered(32)
-            .collect()
-            .await;
-        for r in results {
-            r?;
+    /// Writes the units' files where a user keeps them before `fleetctl start`; returns
+    /// the arguments that name them.
+    pub fn write_units(&self, units: &[(UnitName, UnitFile)]) -> Result<Vec<String>> {
+        let dir = self.scratch.units();
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut args = Vec::with_capacity(units.len());
+        for (name, file) in units {
+            let path = dir.join(name.as_str());
+            std::fs::write(&path, file.canonical())
+                .with_context(|| format!("writing {}", path.display()))?;
+            args.push(path.to_string_lossy().into_owned());
+        }
+        Ok(args)
+    }
+
+    /// `fleetctl start --no-block ARGS` for units not yet registered, through fleetctl's own
+    /// submit path: read the local files, read the units in transactions of 128 reads, then
+    /// create them 32 at a time (new units get the desired state at once, so start has
+    /// nothing more to write).
+    pub async fn submit(&self, args: &[String]) -> Result<()> {
+        let mut ctx = Ctx {
+            registry: self.client.clone(),
+            out: Box::new(std::io::sink()),
+            err: Box::new(std::io::sink()),
+            write_failed: None,
+        };
+        let prepared = submit::prepare(&mut ctx, args, false, Verb::Start).await?;
+        let how = ReplaceHow::default();
+        let results = submit::apply(&self.client, prepared, DesiredState::Launched, &how).await;
+        for (name, res) in results {
+            res.with_context(|| format!("creating {name}"))?;
         }
         Ok(())
     }
 
-    /// Stops the agents of `indexes` and revokes their leases: the machines are gone.
+    /// Stops the agents and presence keepers of `indexes` and revokes their leases: the
+    /// machines are gone.
     pub async fn kill(&mut self, indexes: &[usize]) -> Result<()> {
         for &i in indexes {
             let m = &mut self.machines[i];
             let _ = m.shutdown.send(true);
-            if let Some(task) = m.task.take() {
+            for task in m.tasks.drain(..) {
                 let _ = task.await;
             }
-            self.leases
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&m.id);
         }
         let registry = Registry::new(
-            CountingKv::new(
+            counting(
                 self.kvs[0].clone(),
                 DEFAULT_PREFIX,
                 vec![self.roles.presence.clone()],
@@ -307,7 +350,10 @@ impl Sim {
             DEFAULT_PREFIX,
         );
         for &i in indexes {
-            registry.unregister(&self.machines[i].presence).await?;
+            let presence = *self.machines[i].presence.borrow();
+            if let Some(presence) = presence {
+                registry.unregister(&presence).await?;
+            }
         }
         Ok(())
     }
@@ -324,62 +370,69 @@ impl Sim {
             let _ = m.shutdown.send(true);
         }
         for m in &mut self.machines {
-            if let Some(task) = m.task.take() {
+            for task in m.tasks.drain(..) {
                 let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
             }
         }
-        self.keeper.abort();
         self.monitor.stop();
     }
 }
 
-fn spawn_agent(
-    id: MachineId,
+/// Starts a registered machine as fleetd does: its presence keeper, and its agent, which
+/// gets every new presence from the keeper.
+fn spawn_machine(
+    keeper: PresenceKeeper<CountingKv<EtcdKv>>,
     presence: Presence,
     registry: Registry<CountingKv<EtcdKv>>,
     counters: Arc<Counters>,
     spec: &SimSpec,
 ) -> SimMachine {
+    let id = keeper.info.id.clone();
     let calls = CallCounts::new();
     let manager = MeteredManager::new(FakeManager::new(), calls.clone());
     let mut cfg = AgentConfig::new(id.clone());
     cfg.resync_interval = spec.resync;
     let (presence_tx, presence_rx) = watch::channel(Some(presence));
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let agent = Agent::new(registry, manager, cfg, presence_rx);
-    let task = tokio::spawn(async move {
-        // The sender lives as long as the agent, as fleetd's presence keeper does.
-        let _keep = presence_tx;
-        agent.run(shutdown_rx).await;
-    });
+    let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
+    let keeper = tokio::spawn(
+        async move {
+            // Only a machine ID registered twice ends it, and every simulated ID is distinct.
+            let _ = keep.await;
+        }
+        .in_current_span(),
+    );
+    let agent = Agent::new(registry, manager, cfg, presence_rx.clone());
+    let agent = tokio::spawn(agent.run(shutdown_rx).in_current_span());
     SimMachine {
         id,
         counters,
         calls,
-        presence,
+        presence: presence_rx,
         shutdown,
-        task: Some(task),
+        tasks: vec![agent, keeper],
     }
 }
 
-/// Registers every machine on its own lease, 64 at a time.
-async fn register(
-    ids: &[MachineId],
-    spec: &SimSpec,
-    registry_for: impl Fn(usize) -> Registry<CountingKv<EtcdKv>>,
-) -> Result<Vec<Presence>> {
-    let ttl = spec.agent_ttl;
-    let results: Vec<_> = futures::stream::iter(ids.iter().enumerate())
-        .map(|(i, id)| {
-            let registry = registry_for(i);
-            let info = MachineInfo {
-                id: id.clone(),
-                public_ip: format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
-                metadata: BTreeMap::from([("sim".to_owned(), "yes".to_owned())]),
-                version: env!("CARGO_PKG_VERSION").to_owned(),
-                disable_engine: false,
-            };
-            async move { registry.register_machine(&info, ttl, None).await }
+/// Simulated machine `i`'s record.
+fn machine_info(i: usize) -> MachineInfo {
+    MachineInfo {
+        id: machine_id(i),
+        public_ip: format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+        metadata: BTreeMap::from([("sim".to_owned(), "yes".to_owned())]),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        disable_engine: false,
+    }
+}
+
+/// Registers every machine with its keeper, 64 at a time.
+async fn register<K: fleet_registry::kv::Kv>(
+    keepers: impl Iterator<Item = PresenceKeeper<K>>,
+) -> Result<Vec<(PresenceKeeper<K>, Presence)>> {
+    let results: Vec<_> = futures::stream::iter(keepers)
+        .map(|keeper| async move {
+            let presence = keeper.register().await?;
+            Ok::<_, fleet_registry::RegistryError>((keeper, presence))
         })
         .buffered(64)
         .collect()
@@ -388,25 +441,4 @@ async fn register(
         .into_iter()
         .collect::<Result<Vec<_>, _>>()
         .context("registering simulated machines")
-}
-
-/// Refreshes every live lease each `period`, 64 at a time, as each fleetd does for its own.
-async fn keep_alive(registry: Registry<CountingKv<EtcdKv>>, leases: Leases, period: Duration) {
-    loop {
-        tokio::time::sleep(period).await;
-        let live: Vec<Presence> = leases
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .copied()
-            .collect();
-        futures::stream::iter(live)
-            .for_each_concurrent(64, |p| {
-                let registry = &registry;
-                async move {
-                    let _ = registry.keep_alive(&p).await;
-                }
-            })
-            .await;
-    }
 }

@@ -61,6 +61,7 @@ enum Flow {
 
 /// Runs an engine until `shutdown` turns true (or its sender is dropped). A leader resigns
 /// on the way out so that another engine takes over at once.
+#[tracing::instrument(name = "engine", skip_all, fields(machine = %cfg.machine))]
 pub async fn run<K: Kv>(
     registry: Registry<K>,
     cfg: EngineConfig,

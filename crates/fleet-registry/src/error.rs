@@ -29,6 +29,9 @@ pub enum RegistryError {
     /// A write fenced by leadership found that we are not the leader any more.
     #[error("not the engine leader any more")]
     LostLeadership,
+    /// One transaction cannot hold that many changes (etcd's `--max-txn-ops`).
+    #[error("{count} changes in one request, at most {max} are applied together")]
+    TooManyChanges { count: usize, max: usize },
     /// A [`LiveView`](crate::LiveView) cannot follow the registry any more (its watch ended
     /// or fell behind a compaction); a new view reads everything again.
     #[error("lost track of the registry: {0}")]
@@ -50,7 +53,8 @@ impl RegistryError {
             | Self::FileMissing { .. }
             | Self::Corrupt { .. }
             | Self::DuplicateMachine(_)
-            | Self::LostLeadership => false,
+            | Self::LostLeadership
+            | Self::TooManyChanges { .. } => false,
         }
     }
 }

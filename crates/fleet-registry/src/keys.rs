@@ -14,6 +14,7 @@
 //! | `P/engine/leader`                 | leader's machine ID           | leader's   |
 //! | `P/engine/disruption`             | why rescheduling is held      | none       |
 //! | `P/unscheduled/<name>`            | why the engine cannot place it| none       |
+//! | `P/metadata/<machine>/<key>`      | dynamic metadata value        | none       |
 //!
 //! [`UnitRecord`]: crate::UnitRecord
 //! [`ScheduleEntry`]: crate::ScheduleEntry
@@ -123,6 +124,15 @@ impl Keys {
     /// believes): the reason, for `fleetctl list-machines`.
     pub fn disruption(&self) -> String {
         format!("{}engine/disruption", self.prefix)
+    }
+
+    /// Dynamic machine metadata (the API's `PATCH /machines`), by machine then key.
+    pub fn metadata_all(&self) -> String {
+        format!("{}metadata/", self.prefix)
+    }
+
+    pub fn metadata(&self, machine: &MachineId, key: &str) -> String {
+        format!("{}metadata/{machine}/{key}", self.prefix)
     }
 
     pub fn unscheduled_all(&self) -> String {

@@ -6,7 +6,7 @@ use fleet_core::Backoff;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 use crate::kv::{Kv, Revision, WatchMessage};
 
@@ -23,7 +23,7 @@ impl WatchHints {
     /// just read at, + 1).
     pub fn start<K: Kv>(kv: K, prefix: String, from_revision: Revision) -> WatchHints {
         let (tx, rx) = watch::channel(from_revision - 1);
-        let task = tokio::spawn(run(kv, prefix, from_revision, tx));
+        let task = tokio::spawn(run(kv, prefix, from_revision, tx).in_current_span());
         WatchHints { rx, task }
     }
 

@@ -1,5 +1,10 @@
-//! fleetctl's library: what a fleet API could share with the command line. Today that is
-//! [`ops`], the pure decisions of the unit operations; the commands themselves (etcd, local
-//! files, printing) stay in the binary.
+//! fleetctl's commands as a library, for its binary (`main.rs`) and for the bench, which
+//! creates units through the same submit path ([`commands::submit`]) instead of its own copy.
+//! [`ops`] holds the pure decisions of the unit operations, which a fleet API can share
+//! with the command line.
 
+pub mod cli;
+pub mod commands;
+pub mod local;
 pub mod ops;
+mod table;

@@ -1,10 +1,5 @@
 //! fleetctl: drives a fleet cluster by talking to its etcd registry directly.
 
-mod cli;
-mod commands;
-mod local;
-mod table;
-
 use anyhow::Result;
 use clap::Parser;
 use fleet_registry::Registry;
@@ -12,10 +7,10 @@ use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cli::{Cli, Command};
 use commands::submit::Verb;
 use commands::wait::Block;
-use commands::{Ctx, lifecycle};
+use fleetctl::cli::{self, Cli, Command};
+use fleetctl::commands::{self, Ctx, lifecycle};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 

@@ -9,9 +9,12 @@
 //! that fleetd accepts but does not use are rows too ([`Kind::Ignored`]): each one given is
 //! returned by [`build`] so that fleetd warns about it, naming the key.
 
+mod api;
 mod file;
 mod units_dir;
 mod values;
+
+pub use api::{ApiConfig, ListenAddr};
 
 use anyhow::{Result, anyhow, bail};
 use clap::parser::ValueSource;
@@ -52,6 +55,8 @@ pub struct Config {
     pub verbosity: u8,
     /// Unit name globs fleetd refuses to manage (it would take over the host).
     pub deny_units: Vec<String>,
+    /// The HTTP API's keys (`config/api.rs`).
+    pub api: ApiConfig,
 }
 
 /// Units no fleet user should be able to take over a host with.
@@ -101,6 +106,9 @@ enum Kind {
     Value(Setter),
     /// A boolean whose flag alone means true: `--disable-engine`.
     Switch(Setter),
+    /// The API's: read together by `config/api.rs` (`api_listen` depends on
+    /// `api_allow_plain_tcp`).
+    Api,
     /// fleet has it; fleetd accepts it, does nothing with it and warns.
     Ignored,
 }
@@ -126,6 +134,15 @@ impl Key {
             default: Some("false"),
             help,
             kind: Kind::Switch(set),
+        }
+    }
+
+    const fn api(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            default: None,
+            help,
+            kind: Kind::Api,
         }
     }
 
@@ -156,7 +173,7 @@ impl Key {
                 None => self.help.to_owned(),
             });
         match self.kind {
-            Kind::Value(_) => arg,
+            Kind::Value(_) | Kind::Api => arg,
             Kind::Switch(_) => arg.num_args(0..=1).default_missing_value("true"),
             Kind::Ignored => arg.hide(true),
         }
@@ -332,6 +349,19 @@ pub const KEYS: &[Key] = &[
             Ok(())
         },
     ),
+    Key::api("token_limit", "entries per page of the API [default: 100]"),
+    Key::api(
+        "api_socket",
+        "the API's unix socket when systemd passes none, empty: none [default: /var/run/fleet.sock]",
+    ),
+    Key::api(
+        "api_listen",
+        "more API listeners, `unix:PATH` or `tcp:HOST:PORT`, comma-separated",
+    ),
+    Key::api(
+        "api_allow_plain_tcp",
+        "let api_listen take plain TCP on other than loopback addresses [default: false]",
+    ),
     // fleetd always watches; a periodic resync is there anyway (docs/agent.md).
     Key::ignored("disable_watches"),
     Key::ignored("verify_units"),
@@ -339,7 +369,6 @@ pub const KEYS: &[Key] = &[
     Key::ignored("etcd_username"),
     Key::ignored("etcd_password"),
     Key::ignored("systemd_user"),
-    Key::ignored("token_limit"),
     Key::ignored("enable_grpc"),
 ];
 
@@ -445,12 +474,14 @@ pub fn build(raw: &BTreeMap<String, Raw>, ignored: &mut Vec<Ignored>) -> Result<
             Kind::Value(set) | Kind::Switch(set) => {
                 set(&mut config, &r.value).map_err(|why| invalid(key.name, r, why))?;
             }
+            Kind::Api => {}
             Kind::Ignored => ignored.push(Ignored {
                 key: key.name,
                 source: r.source.clone(),
             }),
         }
     }
+    config.api = api::build(raw)?;
     // The one default that follows another key: two TTLs (docs/engine.md, *Vanished machines*).
     if !raw.contains_key("engine_disruption_grace") {
         config.engine_disruption_grace = 2 * config.agent_ttl;

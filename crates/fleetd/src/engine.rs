@@ -6,6 +6,7 @@ use fleet_registry::Registry;
 use fleet_registry::kv::EtcdKv;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use crate::config::Config;
 
@@ -23,8 +24,11 @@ pub fn spawn(
         move_rate: config.engine_move_rate,
         ..DisruptionConfig::for_ttl(config.agent_ttl)
     };
-    tasks.spawn(async move {
-        fleet_engine::run(registry, cfg, shutdown).await;
-        Ok(())
-    });
+    tasks.spawn(
+        async move {
+            fleet_engine::run(registry, cfg, shutdown).await;
+            Ok(())
+        }
+        .in_current_span(),
+    );
 }

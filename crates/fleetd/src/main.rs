@@ -3,26 +3,25 @@
 //! Stopping or restarting fleetd never stops the units it runs: on SIGTERM it stops its loops
 //! and exits, leaving its lease to the restarted fleetd (or to expire).
 
+mod api;
 mod cli;
 mod config;
 mod engine;
-mod presence;
 mod public_ip;
 mod report;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use fleet_agent::{Agent, AgentConfig, SystemdConfig, SystemdManager};
+use fleet_agent::{Agent, AgentConfig, PresenceKeeper, SystemdConfig, SystemdManager};
 use fleet_core::{MachineId, MachineInfo};
 use fleet_registry::Registry;
 use fleet_registry::kv::{EtcdConfig, EtcdKv};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
 use config::Config;
-use presence::PresenceKeeper;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const MACHINE_ID_FILE: &str = "/etc/machine-id";
@@ -37,6 +36,14 @@ fn main() -> ExitCode {
         eprintln!("fleetd takes no arguments. Did you mean to invoke fleetctl instead?");
         return ExitCode::FAILURE;
     }
+    // Before any thread exists: it clears LISTEN_PID/LISTEN_FDS.
+    let activated = match api::Activated::from_env() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("fleetd: {}", report::chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
     let mut ignored = Vec::new();
     let config = match config::load(cli.config.as_deref(), &cli.given, &cli.set, &mut ignored) {
         Ok(c) => c,
@@ -69,7 +76,7 @@ fn main() -> ExitCode {
         .enable_all()
         .build();
     let result = match runtime {
-        Ok(rt) => rt.block_on(run(config)),
+        Ok(rt) => rt.block_on(run(config, activated)),
         Err(e) => Err(e).context("starting the runtime"),
     };
     match result {
@@ -116,15 +123,14 @@ fn lock_runtime_dir(dir: &std::path::Path) -> Result<std::fs::File> {
     }
 }
 
-async fn run(config: Config) -> Result<()> {
+async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let machine = machine_id()?;
-    let kv = EtcdKv::connect(&EtcdConfig {
+    let etcd = EtcdConfig {
         endpoints: config.etcd_servers.clone(),
         request_timeout: config.etcd_request_timeout,
         tls: config.tls(),
-    })
-    .await
-    .context("connecting to etcd")?;
+    };
+    let kv = EtcdKv::connect(&etcd).await.context("connecting to etcd")?;
     let registry = Registry::new(kv, &config.etcd_key_prefix);
     let public_ip = config
         .public_ip
@@ -143,6 +149,24 @@ async fn run(config: Config) -> Result<()> {
         .map(|p| p.to_path_buf())
         .unwrap_or_else(|| "/run/fleet".into());
     let _lock = lock_runtime_dir(&runtime_dir)?;
+    // The API is up before this machine registers, so that it answers (503) while etcd is
+    // away; its listeners are opened only once the lock says no other fleetd runs here.
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    let listeners = api::listeners(&config.api, activated)?;
+    // Its own etcd connection: a client listing 10,000 units must not queue the agent's
+    // lease renewals or the engine's writes behind its responses.
+    let api_kv = EtcdKv::connect(&etcd)
+        .await
+        .context("connecting to etcd for the API")?;
+    api::spawn(
+        &mut tasks,
+        Registry::new(api_kv, &config.etcd_key_prefix),
+        &config.api,
+        listeners,
+        VERSION,
+        shutdown_rx.clone(),
+    );
     let manager = SystemdManager::connect(SystemdConfig {
         units_dir: config.units_directory.clone(),
         ..SystemdConfig::default()
@@ -154,23 +178,32 @@ async fn run(config: Config) -> Result<()> {
         ttl: config.agent_ttl,
         lease_file: runtime_dir.join("fleetd.lease"),
     };
-    let presence = keeper.register().await?;
+    let presence = keeper
+        .register()
+        .await
+        .context("registering this machine")?;
     info!(machine = %machine, version = VERSION, "fleetd started");
 
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (presence_tx, presence_rx) = watch::channel(Some(presence));
     let mut agent_cfg = AgentConfig::new(machine.clone());
     agent_cfg.deny_units = config.deny_units.clone();
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
     let agent = Agent::new(registry.clone(), manager, agent_cfg, presence_rx);
-    let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(keeper.keep(presence, presence_tx, shutdown_rx.clone()));
+    {
+        let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
+        tasks.spawn(
+            async move { keep.await.context("registering this machine again") }.in_current_span(),
+        );
+    }
     {
         let shutdown = shutdown_rx.clone();
-        tasks.spawn(async move {
-            agent.run(shutdown).await;
-            Ok(())
-        });
+        tasks.spawn(
+            async move {
+                agent.run(shutdown).await;
+                Ok(())
+            }
+            .in_current_span(),
+        );
     }
     if !config.disable_engine {
         engine::spawn(

@@ -84,11 +84,9 @@ impl<K: Kv> Leading<K> {
     /// Leads until leadership is lost ([`Flow::Campaign`]) or shutdown ([`Flow::Shutdown`]).
     pub async fn run(mut self, shutdown: &mut watch::Receiver<bool>) -> Flow {
         let (lost_tx, mut lost) = watch::channel(false);
-        let _keeper = Keeper(tokio::spawn(keep(
-            self.leadership.clone(),
-            self.lease_ttl,
-            lost_tx,
-        )));
+        let _keeper = Keeper(tokio::spawn(
+            keep(self.leadership.clone(), self.lease_ttl, lost_tx).in_current_span(),
+        ));
         let period = SAFETY_NET.max(self.retry);
         let mut safety_net = tokio::time::interval_at(Instant::now() + period, period);
         safety_net.set_missed_tick_behavior(MissedTickBehavior::Delay);

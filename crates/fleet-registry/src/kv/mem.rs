@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{Instrument, debug};
 
 use super::{
     Event, Kv, KvError, LeaseId, RangeResult, Revision, Txn, TxnResult, Watch, WatchMessage,
@@ -191,7 +191,7 @@ impl Kv for MemKv {
             state.check_available()?;
             state.store.grant(ttl, Instant::now())
         };
-        tokio::spawn(expire_lease(Arc::downgrade(&self.state), lease));
+        tokio::spawn(expire_lease(Arc::downgrade(&self.state), lease).in_current_span());
         Ok(lease)
     }
 
@@ -251,7 +251,7 @@ impl Kv for MemKv {
             }
         }
         let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
-        tokio::spawn(forward(queue_rx, tx));
+        tokio::spawn(forward(queue_rx, tx).in_current_span());
         Ok(Watch { rx })
     }
 }

@@ -12,7 +12,7 @@ mod hooked;
 mod mem;
 
 pub use etcd::{EtcdConfig, EtcdKv, TlsFiles};
-pub use hooked::{Hook, Hooked, Request};
+pub use hooked::{Hook, Hooked, Outcome, Request};
 pub use mem::MemKv;
 
 /// Keys in the first page of a prefix read on etcd; later pages ask for as many keys as make

@@ -11,7 +11,7 @@ use fleet_registry::{Registry, RegistryError, Unit};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 
-use fleetctl::ops::{self, Action, Needs, Placement, Prepared, Request, Step, Then, View};
+use crate::ops::{self, Action, Needs, Placement, Prepared, Request, Step, Then, View};
 
 use super::submit::{self, ReplaceHow, Verb};
 use super::wait::{Block, Goal, wait_for};

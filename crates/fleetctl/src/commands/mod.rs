@@ -18,9 +18,10 @@ use fleet_registry::kv::EtcdKv;
 use std::collections::BTreeMap;
 use std::io::Write;
 
-/// What every command gets: the registry and somewhere to print.
-pub struct Ctx {
-    pub registry: Registry<EtcdKv>,
+/// What every command gets: the registry and somewhere to print. The store is etcd but for
+/// the bench, which runs the submit path on a counting wrapper of it.
+pub struct Ctx<K = EtcdKv> {
+    pub registry: Registry<K>,
     pub out: Box<dyn Write>,
     pub err: Box<dyn Write>,
     /// The first failed write to `out`: the command goes on (its writes to etcd are done or
@@ -28,13 +29,13 @@ pub struct Ctx {
     pub write_failed: Option<std::io::Error>,
 }
 
-impl std::fmt::Debug for Ctx {
+impl<K> std::fmt::Debug for Ctx<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ctx").finish_non_exhaustive()
     }
 }
 
-impl Ctx {
+impl<K> Ctx<K> {
     pub fn say(&mut self, line: impl AsRef<str>) {
         let res = writeln!(self.out, "{}", line.as_ref());
         self.note(res);
@@ -125,8 +126,8 @@ pub fn parse_fields<'a>(fields: &'a str, valid: &[&str]) -> Result<Vec<&'a str>>
 
 /// Turns per-unit failures into the command's result: one failure is the error itself; with
 /// several, each is printed and the error counts them.
-pub fn fail_if_any(
-    ctx: &mut Ctx,
+pub fn fail_if_any<K>(
+    ctx: &mut Ctx<K>,
     what: &str,
     failures: Vec<(UnitName, anyhow::Error)>,
 ) -> Result<()> {

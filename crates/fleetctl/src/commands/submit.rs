@@ -6,12 +6,12 @@ use anyhow::{Context, Result, anyhow, bail};
 use fleet_core::MachineId;
 use fleet_core::{DesiredState, Requirements, UnitFile, UnitHash, UnitName};
 use fleet_registry::input::shorten;
-use fleet_registry::kv::EtcdKv;
+use fleet_registry::kv::Kv;
 use fleet_registry::{CreateOutcome, Registry, RegistryError, ReplaceState, Rollout, Unit};
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 
-pub use fleetctl::ops::{Action, Prepared};
+pub use crate::ops::{Action, Prepared};
 
 use super::Ctx;
 use crate::local::{local_path, local_template_path, peek_unit_file, read_unit_file};
@@ -40,16 +40,16 @@ impl Verb {
 /// names each instead of one request per argument, one after the other (fleetctl spent
 /// 6.7-7.1 s of 17 s writing 10,000 units, docs/benchmarks.md item 4). Template files are
 /// read once however many instances take them.
-struct Registered {
-    registry: Registry<EtcdKv>,
+struct Registered<K> {
+    registry: Registry<K>,
     /// The names read together; emptied to fall back to one read per name.
     names: BTreeSet<UnitName>,
     units: Option<BTreeMap<UnitName, Unit>>,
     files: BTreeMap<UnitHash, UnitFile>,
 }
 
-impl Registered {
-    fn new(registry: Registry<EtcdKv>, args: &[String]) -> Registered {
+impl<K: Kv> Registered<K> {
+    fn new(registry: Registry<K>, args: &[String]) -> Registered<K> {
         let mut names = BTreeSet::new();
         if args.len() > 1 {
             // Arguments that do not parse fail in `prepare`, in their turn.
@@ -94,8 +94,8 @@ impl Registered {
 
 /// Resolves every argument without writing anything. Warnings go to `ctx` as fleet prints
 /// them; the first invalid argument fails the whole command.
-pub async fn prepare(
-    ctx: &mut Ctx,
+pub async fn prepare<K: Kv>(
+    ctx: &mut Ctx<K>,
     args: &[String],
     replace: bool,
     verb: Verb,
@@ -127,9 +127,9 @@ pub async fn prepare(
     Ok(prepared)
 }
 
-async fn prepare_one(
-    ctx: &mut Ctx,
-    registry: &mut Registered,
+async fn prepare_one<K: Kv>(
+    ctx: &mut Ctx<K>,
+    registry: &mut Registered<K>,
     arg: &str,
     name: &UnitName,
     replace: bool,
@@ -192,7 +192,7 @@ fn same_content_twice(name: &UnitName, earlier: &str, arg: &str) -> Result<()> {
 /// reported, as fleet does. The local files are read for that comparison alone
 /// (`peek_unit_file`), so one that cannot be read or parsed is passed over rather than
 /// failing a command that would not have used it.
-fn warn_if_local_differs(ctx: &mut Ctx, arg: &str, name: &UnitName, existing: &Unit) {
+fn warn_if_local_differs<K>(ctx: &mut Ctx<K>, arg: &str, name: &UnitName, existing: &Unit) {
     let own = local_path(arg);
     let local = if own.exists() {
         // The unit's own file decides what is compared, even when it is unreadable.
@@ -245,9 +245,9 @@ fn read_local(arg: &str, name: &UnitName) -> Result<Option<(UnitFile, bool)>> {
 /// Content for a unit not yet registered, in fleet's order: local file, registry template,
 /// local template. A local template that differs from the registry's is not used, but said
 /// (fleet#1560): `--replace` is how to take it.
-async fn find_new_content(
-    ctx: &mut Ctx,
-    registry: &mut Registered,
+async fn find_new_content<K: Kv>(
+    ctx: &mut Ctx<K>,
+    registry: &mut Registered<K>,
     arg: &str,
     name: &UnitName,
 ) -> Result<Option<UnitFile>> {
@@ -280,8 +280,8 @@ async fn find_new_content(
 /// then the template next to the argument, and the registry's template only when there is no
 /// local one; fleet's order let a stale registry template win, so an edited local template
 /// was "the same" and nothing happened.
-async fn find_replacement(
-    registry: &mut Registered,
+async fn find_replacement<K: Kv>(
+    registry: &mut Registered<K>,
     arg: &str,
     name: &UnitName,
 ) -> Result<Option<UnitFile>> {
@@ -307,7 +307,7 @@ fn not_found(name: &UnitName) -> anyhow::Error {
     anyhow!("unable to find Unit({name}) in Registry or on filesystem")
 }
 
-fn check_requirements(ctx: &mut Ctx, name: &UnitName, file: &UnitFile) -> Result<()> {
+fn check_requirements<K>(ctx: &mut Ctx<K>, name: &UnitName, file: &UnitFile) -> Result<()> {
     let req = Requirements::from_unit(name, file);
     req.validate().map_err(|e| anyhow!("{name}: {e}"))?;
     fleet_core::xfleet::check_values(name, file).map_err(|e| anyhow!("{name}: {e}"))?;
@@ -351,8 +351,8 @@ impl ReplaceHow {
 
 /// Writes every prepared action, concurrently, and returns the resulting units in argument
 /// order. New units get `desired`; replaced ones keep `replace_desired(existing)`.
-pub async fn apply(
-    registry: &Registry<EtcdKv>,
+pub async fn apply<K: Kv>(
+    registry: &Registry<K>,
     prepared: Vec<Prepared>,
     desired: DesiredState,
     how: &ReplaceHow,
@@ -370,8 +370,8 @@ pub async fn apply(
         .await
 }
 
-async fn apply_one(
-    registry: &Registry<EtcdKv>,
+async fn apply_one<K: Kv>(
+    registry: &Registry<K>,
     name: &UnitName,
     action: Action,
     desired: DesiredState,

@@ -8,7 +8,7 @@
 use etcd_client::{Client, WatchOptions, WatchResponse, WatchStream};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{Instrument, debug};
 
 use super::{Call, EtcdKv, convert};
 use crate::kv::{KvError, Revision, Watch, WatchMessage};
@@ -59,7 +59,7 @@ pub(super) async fn start(
         watch_id = first.watch_id(),
         "etcd watch created"
     );
-    tokio::spawn(forward(stream, first, tx, key.to_owned()));
+    tokio::spawn(forward(stream, first, tx, key.to_owned()).in_current_span());
     Ok(Watch { rx })
 }
 

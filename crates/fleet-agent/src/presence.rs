@@ -7,8 +7,10 @@
 //! takes over its own live lease: the machine never disappears from the cluster and its units'
 //! states stay published. Another fleetd with the same machine ID has no such file and is
 //! refused.
+//!
+//! fleetd runs one keeper beside its agent, which gets every new presence from it; the bench
+//! runs one per simulated machine. It never touches units: losing the lease stops nothing.
 
-use anyhow::{Context, Result};
 use fleet_core::{Backoff, MachineInfo};
 use fleet_registry::kv::{Kv, KvError, LeaseId};
 use fleet_registry::{Presence, Registry, RegistryError};
@@ -16,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{Instrument, Span, info, info_span, warn};
 
 /// The pause before retrying a failed keep-alive. Waiting the regular TTL/3 instead cost a
 /// machine its lease: with a 3 s TTL, one renewal that etcd 3.4 held for 1 s under a write
@@ -38,6 +40,7 @@ fn next_keep_alive(ttl: Duration, last_failed: bool, since_renewal: Duration) ->
     }
 }
 
+/// Keeps one machine registered: `info` on a lease of `ttl`, whose ID is saved in `lease_file`.
 #[derive(Debug)]
 pub struct PresenceKeeper<K> {
     pub registry: Registry<K>,
@@ -61,8 +64,19 @@ impl<K: Kv> PresenceKeeper<K> {
         }
     }
 
-    /// Registers, retrying while etcd is unreachable. A duplicate machine ID is fatal.
-    pub async fn register(&self) -> Result<Presence> {
+    /// The span of everything the keeper does: its logs name the machine, however many
+    /// machines one process keeps (the bench).
+    fn span(&self) -> Span {
+        info_span!("presence", machine = %self.info.id)
+    }
+
+    /// Registers, retrying while etcd is unreachable. A duplicate machine ID is fatal
+    /// ([`RegistryError::DuplicateMachine`], the only error returned).
+    pub async fn register(&self) -> Result<Presence, RegistryError> {
+        self.registering().instrument(self.span()).await
+    }
+
+    async fn registering(&self) -> Result<Presence, RegistryError> {
         // Jittered: after an outage that cost every machine its lease, they must not all
         // register again at the same instants.
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
@@ -77,9 +91,7 @@ impl<K: Kv> PresenceKeeper<K> {
                     info!(machine = %self.info.id, lease = p.lease.0, resumed = p.resumed, "machine registered");
                     return Ok(p);
                 }
-                Err(e @ RegistryError::DuplicateMachine(_)) => {
-                    return Err(e).context("registering this machine");
-                }
+                Err(e @ RegistryError::DuplicateMachine(_)) => return Err(e),
                 Err(e) => {
                     let delay = backoff.next_delay();
                     warn!(error = %e, retry_in = ?delay, "registering machine failed; retrying");
@@ -89,13 +101,24 @@ impl<K: Kv> PresenceKeeper<K> {
         }
     }
 
-    /// Keeps `presence` alive until shutdown, publishing every new presence on `tx`.
+    /// Keeps `presence` alive until shutdown, publishing every new presence on `tx`. It
+    /// returns an error only when registering again finds the machine ID taken.
     pub async fn keep(
+        self,
+        presence: Presence,
+        tx: watch::Sender<Option<Presence>>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<(), RegistryError> {
+        let span = self.span();
+        self.keeping(presence, tx, shutdown).instrument(span).await
+    }
+
+    async fn keeping(
         self,
         mut presence: Presence,
         tx: watch::Sender<Option<Presence>>,
         mut shutdown: watch::Receiver<bool>,
-    ) -> Result<()> {
+    ) -> Result<(), RegistryError> {
         // The start of the last successful keep-alive: etcd renewed the lease no earlier.
         let mut renewed = Instant::now();
         let mut failures = 0u32;
@@ -119,7 +142,7 @@ impl<K: Kv> PresenceKeeper<K> {
                     ..
                 }) => {
                     warn!("machine lease expired; registering again");
-                    presence = self.register().await?;
+                    presence = self.registering().await?;
                     renewed = Instant::now();
                     failures = 0;
                     let _ = tx.send(Some(presence));
@@ -212,7 +235,7 @@ mod tests {
         };
         let registry = Registry::new(kv.clone(), "/t/");
         let lease_file = std::env::temp_dir().join(format!(
-            "fleetd-presence-test-{}-{:?}",
+            "fleet-agent-presence-test-{}-{:?}",
             std::process::id(),
             std::thread::current().id()
         ));

@@ -1,0 +1,145 @@
+//! Every way a request fails, each with its status code and fleet's message where fleet had
+//! one. The response is always fleet's error entity with a JSON content type.
+
+use axum::response::{IntoResponse, Response};
+use fleet_core::{DesiredState, NameError, ParseError, RequirementError, StateError, UnitName};
+use fleet_registry::RegistryError;
+use http::{HeaderValue, StatusCode, header};
+
+use crate::entity::{ErrorBody, ErrorEntity};
+use crate::page::PageError;
+
+/// fleet's message while etcd cannot be reached; fleetctl shows it to users.
+pub const ETCD_UNREACHABLE: &str = "fleet server unable to communicate with etcd";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("not found")]
+    NoSuchPath,
+    /// `/` and the API's root: there is nothing to do there.
+    #[error("method not allowed")]
+    NoMethodsHere,
+    /// A resource that takes other methods; the message lists them, as fleet's does.
+    #[error("only {0} supported against this resource")]
+    WrongMethod(&'static str),
+    /// fleet answers 400, not 405, to a wrong method on the discovery document.
+    #[error("only HTTP GET supported against this resource")]
+    DiscoveryNotGet,
+    #[error("unit does not exist")]
+    UnitNotFound,
+    #[error("unit state does not exist")]
+    StateNotFound,
+    #[error("expected 1 Content-Type, got {0}")]
+    ContentTypeCount(usize),
+    #[error("only acceptable Content-Type is application/json")]
+    NotJson,
+    #[error("unable to read body: {0}")]
+    ReadBody(#[source] axum::Error),
+    #[error("unable to decode body: {0}")]
+    DecodeBody(#[source] serde_json::Error),
+    #[error("name in URL {url:?} differs from unit name in request body {body:?}")]
+    NameMismatch { url: String, body: String },
+    #[error(transparent)]
+    BadName(#[from] NameError),
+    #[error(transparent)]
+    BadState(#[from] StateError),
+    #[error("invalid unit options: {0}")]
+    BadOptions(#[source] ParseError),
+    /// An option no unit file can hold as given (a newline in a value, an empty name...).
+    #[error("invalid unit options: option {0:?} cannot be written in a unit file")]
+    OptionNotRepresentable(String),
+    #[error("invalid unit options: they do not read back the same from a unit file")]
+    OptionsChangeWhenWritten,
+    #[error(transparent)]
+    BadRequirements(#[from] RequirementError),
+    #[error("cannot activate template {:?}", .0.as_str())]
+    ActivateTemplate(UnitName),
+    #[error("unit does not exist and options field empty")]
+    NoOptions,
+    #[error("must provide DesiredState to update existing unit")]
+    NoDesiredState,
+    /// `fleetctl`'s rule for `--replace`: a replace never lowers a unit's desired state.
+    #[error("can not replace Unit({name}) in state '{existing}' with desiredState '{asked}'")]
+    ReplaceLowers {
+        name: UnitName,
+        existing: DesiredState,
+        asked: DesiredState,
+    },
+    #[error("invalid op: expect add, remove, or replace")]
+    PatchOp,
+    #[error("machine metadata path invalid")]
+    PatchPath,
+    #[error("invalid value: add and replace require a value")]
+    PatchNoValue,
+    #[error("invalid value: metadata values are one line of printable text")]
+    PatchBadValue,
+    #[error(transparent)]
+    Page(#[from] PageError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::NoSuchPath | Self::UnitNotFound | Self::StateNotFound => StatusCode::NOT_FOUND,
+            Self::NoMethodsHere | Self::WrongMethod(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::ContentTypeCount(_) | Self::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::DiscoveryNotGet
+            | Self::ReadBody(_)
+            | Self::DecodeBody(_)
+            | Self::NameMismatch { .. }
+            | Self::BadName(_)
+            | Self::BadState(_)
+            | Self::BadOptions(_)
+            | Self::OptionNotRepresentable(_)
+            | Self::OptionsChangeWhenWritten
+            | Self::BadRequirements(_)
+            | Self::ActivateTemplate(_)
+            | Self::PatchOp
+            | Self::PatchPath
+            | Self::PatchNoValue
+            | Self::PatchBadValue
+            | Self::Page(_) => StatusCode::BAD_REQUEST,
+            Self::NoOptions | Self::NoDesiredState | Self::ReplaceLowers { .. } => {
+                StatusCode::CONFLICT
+            }
+            Self::Registry(e) if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Registry(RegistryError::Conflict(_)) => StatusCode::CONFLICT,
+            Self::Registry(RegistryError::TooManyChanges { .. }) => StatusCode::BAD_REQUEST,
+            Self::Registry(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            // fleet's wording, which fleetctl prints; the etcd error goes to the log.
+            Self::Registry(e) if e.is_transient() => ETCD_UNREACHABLE.to_owned(),
+            other => other.to_string(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = ErrorBody {
+            error: ErrorEntity {
+                code: status.as_u16(),
+                message: self.message(),
+            },
+        };
+        json_response(status, &body)
+    }
+}
+
+/// `value` as a JSON body with `status`.
+pub fn json_response<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
+    let body = serde_json::to_vec(value).expect("API entities always serialize");
+    let mut resp = (status, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}

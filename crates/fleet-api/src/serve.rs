@@ -1,0 +1,118 @@
+//! Serving the router on listeners: HTTP/1.1 over TCP or unix stream sockets, one task per
+//! connection. Serving never touches the registry itself, so a slow client or a flood of
+//! requests costs only this task's time, never the agent's or the engine's. A listener holds
+//! at most [`MAX_CONNECTIONS`] connections (more wait in the kernel's backlog), and a client
+//! gets [`HEADER_TIMEOUT`] to send a request's headers, so idle or slow clients cannot take
+//! every file descriptor fleetd has.
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{Semaphore, watch};
+use tracing::{debug, info, warn};
+
+/// A listening socket the API is served on.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    /// Where it listens, for logs.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Tcp(l) => match l.local_addr() {
+                Ok(a) => format!("tcp {a}"),
+                Err(_) => "tcp".into(),
+            },
+            Self::Unix(l) => match l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
+            {
+                Some(p) => format!("unix {p}"),
+                None => "unix".into(),
+            },
+        }
+    }
+}
+
+/// Connections served at once per listener.
+pub const MAX_CONNECTIONS: usize = 512;
+
+/// How long a connection may take to send a request's headers (also the idle limit between
+/// requests on a kept-alive connection).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Pause after a failed `accept` (out of file descriptors): retrying at once would spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Serves `router` on `listener` until `shutdown` turns true.
+pub async fn serve(listener: Listener, router: Router, mut shutdown: watch::Receiver<bool>) {
+    let name = listener.describe();
+    info!(listener = %name, "serving fleet api");
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => break,
+            accepted = async {
+                let slot = slots.clone().acquire_owned().await.expect("never closed");
+                (slot, accept(&listener).await)
+            } => accepted,
+        };
+        match accepted {
+            (slot, Ok(conn)) => {
+                let router = router.clone();
+                tokio::spawn(async move {
+                    serve_connection(conn, router).await;
+                    drop(slot);
+                });
+            }
+            (_, Err(e)) => {
+                warn!(listener = %name, error = %e, "failed accepting api connection");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+    }
+    debug!(listener = %name, "fleet api listener stopped");
+}
+
+/// An accepted connection of either kind.
+enum Conn {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<Conn> {
+    Ok(match listener {
+        Listener::Tcp(l) => Conn::Tcp(l.accept().await?.0),
+        Listener::Unix(l) => Conn::Unix(l.accept().await?.0),
+    })
+}
+
+async fn serve_connection(conn: Conn, router: Router) {
+    match conn {
+        Conn::Tcp(s) => serve_io(s, router).await,
+        Conn::Unix(s) => serve_io(s, router).await,
+    }
+}
+
+async fn serve_io<S>(stream: S, router: Router)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = TowerToHyperService::new(router);
+    let res = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+    if let Err(e) = res {
+        debug!(error = %e, "api connection ended with an error");
+    }
+}

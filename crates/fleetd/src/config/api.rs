@@ -1,0 +1,168 @@
+//! The API's keys (issue 15): page size, the default unix socket, extra listeners.
+//!
+//! - `token_limit`: entries per page (fleet's key, default 100).
+//! - `api_socket`: the unix socket served when systemd passes none (default
+//!   `/var/run/fleet.sock`, mode 0660; empty: none).
+//! - `api_listen`: more listeners, comma-separated, each `unix:PATH` or `tcp:HOST:PORT`
+//!   (a bare `HOST:PORT` is TCP).
+//! - `api_allow_plain_tcp`: plain TCP listeners serve anyone who can reach them, so only
+//!   loopback addresses are taken unless this is true. (TLS with client certificates,
+//!   fleet's `api_cafile`/`api_certfile`/`api_keyfile`, is not implemented yet.)
+
+use anyhow::{Result, anyhow};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use super::Raw;
+use fleet_registry::input::shorten;
+
+pub const DEFAULT_SOCKET: &str = "/var/run/fleet.sock";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApiConfig {
+    pub token_limit: u16,
+    /// None: no default socket.
+    pub socket: Option<PathBuf>,
+    pub listen: Vec<ListenAddr>,
+}
+
+/// A listener fleetd opens itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+pub fn build(raw: &BTreeMap<String, Raw>) -> Result<ApiConfig> {
+    let err = |k: &str, r: &Raw, why: &str| {
+        anyhow!("invalid {k} {:?} ({}): {why}", shorten(&r.value), r.source)
+    };
+    let token_limit = match raw.get("token_limit") {
+        None => fleet_api::DEFAULT_TOKEN_LIMIT,
+        Some(r) => r
+            .value
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| err("token_limit", r, "expected a whole number from 1 to 65535"))?,
+    };
+    let socket = match raw.get("api_socket") {
+        None => Some(PathBuf::from(DEFAULT_SOCKET)),
+        Some(r) if r.value.is_empty() => None,
+        Some(r) if !r.value.starts_with('/') => {
+            return Err(err("api_socket", r, "expected an absolute path"));
+        }
+        Some(r) => Some(PathBuf::from(&r.value)),
+    };
+    let allow_plain = match raw.get("api_allow_plain_tcp") {
+        None => false,
+        Some(r) => super::parse_bool(&r.value)
+            .ok_or_else(|| err("api_allow_plain_tcp", r, "expected true or false"))?,
+    };
+    let mut listen = Vec::new();
+    if let Some(r) = raw.get("api_listen") {
+        for item in r.value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let addr = parse_listen(item).map_err(|why| err("api_listen", r, &why))?;
+            if let ListenAddr::Tcp(a) = &addr
+                && !a.ip().is_loopback()
+                && !allow_plain
+            {
+                let why = format!(
+                    "{a} is not a loopback address: plain TCP would serve anyone who reaches it \
+                     (set api_allow_plain_tcp=true to allow it; TLS is not supported yet)"
+                );
+                return Err(err("api_listen", r, &why));
+            }
+            listen.push(addr);
+        }
+    }
+    Ok(ApiConfig {
+        token_limit,
+        socket,
+        listen,
+    })
+}
+
+fn parse_listen(item: &str) -> Result<ListenAddr, String> {
+    if let Some(path) = item.strip_prefix("unix:") {
+        if !path.starts_with('/') {
+            return Err(format!("unix socket {path:?} is not an absolute path"));
+        }
+        return Ok(ListenAddr::Unix(PathBuf::from(path)));
+    }
+    let addr = item.strip_prefix("tcp:").unwrap_or(item);
+    addr.parse::<SocketAddr>()
+        .map(ListenAddr::Tcp)
+        .map_err(|_| format!("{addr:?} is not unix:PATH or tcp:IP:PORT"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(pairs: &[(&str, &str)]) -> BTreeMap<String, Raw> {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                let raw = Raw {
+                    value: v.to_string(),
+                    source: "test".into(),
+                };
+                (k.to_string(), raw)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn defaults_to_fleets_socket_and_page_size() {
+        let c = build(&raw(&[])).unwrap();
+        assert_eq!(c.token_limit, 100);
+        assert_eq!(c.socket, Some(PathBuf::from("/var/run/fleet.sock")));
+        assert!(c.listen.is_empty());
+        assert_eq!(build(&raw(&[("api_socket", "")])).unwrap().socket, None);
+    }
+
+    #[test]
+    fn takes_unix_and_loopback_tcp_listeners() {
+        let c = build(&raw(&[(
+            "api_listen",
+            "unix:/tmp/a.sock, tcp:127.0.0.1:54728,[::1]:1",
+        )]))
+        .unwrap();
+        assert_eq!(
+            c.listen,
+            vec![
+                ListenAddr::Unix("/tmp/a.sock".into()),
+                ListenAddr::Tcp("127.0.0.1:54728".parse().unwrap()),
+                ListenAddr::Tcp("[::1]:1".parse().unwrap()),
+            ]
+        );
+    }
+
+    #[test]
+    fn refuses_plain_tcp_on_other_addresses_unless_allowed() {
+        let e = build(&raw(&[("api_listen", "10.1.2.3:54728")])).unwrap_err();
+        assert!(e.to_string().contains("not a loopback address"), "{e}");
+        let c = build(&raw(&[
+            ("api_listen", "10.1.2.3:54728"),
+            ("api_allow_plain_tcp", "true"),
+        ]))
+        .unwrap();
+        assert_eq!(c.listen.len(), 1);
+    }
+
+    #[test]
+    fn refuses_bad_limits_and_addresses() {
+        for pairs in [
+            [("token_limit", "0")],
+            [("token_limit", "70000")],
+            [("api_listen", "unix:relative.sock")],
+            [("api_listen", "localhost")],
+            [("api_socket", "fleet.sock")],
+        ] {
+            assert!(build(&raw(&pairs)).is_err(), "{pairs:?}");
+        }
+    }
+}

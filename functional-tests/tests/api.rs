@@ -1,0 +1,600 @@
+//! fleet's v1 HTTP API against a running fleetd (issue 15): every resource, status code and
+//! error entity, pagination over more than one page, 503 while etcd is away, and a client
+//! written only from fleet's `Documentation/api-v1.md` as plain HTTP/1.1 text. fleetd listens
+//! on plain TCP on its machine's address (explicitly allowed, as fleet's functional tests
+//! used `fleet-tcp.socket`); the test talks to it from the host.
+
+mod support;
+
+use anyhow::{Context, Result, bail, ensure};
+use fleet_functional_tests::{FleetdSpec, Machine, wait_for_value};
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use support::{POLL, TIMEOUT, finish, fleetctl_ok, start};
+
+const PORT: u16 = 54728;
+
+fn spec() -> FleetdSpec {
+    FleetdSpec::default()
+        .with_env("FLEET_API_LISTEN", format!("tcp:0.0.0.0:{PORT}"))
+        .with_env("FLEET_API_ALLOW_PLAIN_TCP", "true")
+}
+
+fn addr(machine: &Machine) -> SocketAddr {
+    SocketAddr::from((machine.ip(), PORT))
+}
+
+/// One HTTP answer.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    content_type: Option<String>,
+    server: Option<String>,
+    body: Value,
+}
+
+/// One request over a fresh connection with hyper's client.
+fn call(to: SocketAddr, method: &str, path: &str, body: Option<Value>) -> Result<Reply> {
+    let content_type = body.as_ref().map(|_| "application/json");
+    call_as(to, method, path, content_type, body.map(|b| b.to_string()))
+}
+
+fn call_as(
+    to: SocketAddr,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: Option<String>,
+) -> Result<Reply> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        use http_body_util::BodyExt;
+        let stream = tokio::time::timeout(TIMEOUT, tokio::net::TcpStream::connect(to))
+            .await
+            .context("connecting to fleetd's API timed out")??;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", to.to_string());
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        let req = req.body(http_body_util::Full::new(bytes::Bytes::from(
+            body.unwrap_or_default(),
+        )))?;
+        let resp = tokio::time::timeout(TIMEOUT, send.send_request(req))
+            .await
+            .context("fleetd's API did not answer in time")??;
+        let header = |h: &str| {
+            resp.headers()
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let (status, content_type, server) = (
+            resp.status().as_u16(),
+            header("content-type"),
+            header("server"),
+        );
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).with_context(|| format!("body {bytes:?}"))?
+        };
+        Ok(Reply {
+            status,
+            content_type,
+            server,
+            body,
+        })
+    })
+}
+
+/// `reply` is fleet's error entity for `status`, as JSON; its message contains `message`.
+fn check_error(reply: &Reply, status: u16, message: &str) -> Result<()> {
+    ensure!(reply.status == status, "expected {status}, got {reply:?}");
+    ensure!(
+        reply.content_type.as_deref() == Some("application/json"),
+        "error without JSON content type: {reply:?}"
+    );
+    ensure!(
+        reply.body["error"]["code"] == status,
+        "no error entity: {reply:?}"
+    );
+    let got = reply.body["error"]["message"].as_str().unwrap_or_default();
+    ensure!(got.contains(message), "message {got:?} lacks {message:?}");
+    Ok(())
+}
+
+fn sleeper_options(seconds: u32) -> Value {
+    json!([
+        {"section": "Unit", "name": "Description", "value": "api test"},
+        {"section": "Service", "name": "ExecStart", "value": format!("/bin/sleep {seconds}")},
+    ])
+}
+
+/// Waits until GET `path` answers 200 with a body `accept` takes.
+fn wait_body(to: SocketAddr, path: &str, accept: impl Fn(&Value) -> bool) -> Result<Value> {
+    wait_for_value(TIMEOUT, POLL, || {
+        call(to, "GET", path, None)
+            .ok()
+            .filter(|r| r.status == 200 && accept(&r.body))
+            .map(|r| r.body)
+    })
+    .with_context(|| format!("GET {path} never answered as expected"))
+}
+
+/// Every item of a paginated collection, following `nextPageToken`; the page sizes seen.
+fn all_pages(to: SocketAddr, path: &str, field: &str) -> Result<(Vec<Value>, Vec<usize>)> {
+    let mut items = Vec::new();
+    let mut sizes = Vec::new();
+    let mut url = path.to_owned();
+    loop {
+        let reply = call(to, "GET", &url, None)?;
+        ensure!(reply.status == 200, "GET {url}: {reply:?}");
+        let page = reply.body[field].as_array().cloned().unwrap_or_default();
+        sizes.push(page.len());
+        items.extend(page);
+        match reply.body["nextPageToken"].as_str() {
+            Some(token) => url = format!("{path}?nextPageToken={token}"),
+            None => return Ok((items, sizes)),
+        }
+        ensure!(sizes.len() < 100, "pagination never ends");
+    }
+}
+
+#[test]
+fn api_contract_over_http_against_a_running_fleetd() -> Result<()> {
+    let (mut cluster, _registry) = start(2, spec())?;
+    let to = addr(&cluster.machines()[0]);
+
+    // Machines: both, with their IP and metadata, on every prefix.
+    let body = wait_body(to, "/fleet/v1/machines", |b| {
+        b["machines"].as_array().is_some_and(|m| m.len() == 2)
+    })?;
+    for machine in cluster.machines() {
+        let entity = body["machines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["id"] == machine.id().as_str())
+            .with_context(|| format!("{} not listed: {body}", machine.name()))?;
+        ensure!(entity["primaryIP"] == machine.ip().to_string(), "{entity}");
+        ensure!(entity["metadata"]["hostname"] == machine.name(), "{entity}");
+    }
+    let reply = call(to, "GET", "/v1-alpha/machines?alt=json", None)?;
+    ensure!(reply.status == 200, "{reply:?}");
+    ensure!(
+        reply.content_type.as_deref() == Some("application/json"),
+        "{reply:?}"
+    );
+    ensure!(
+        reply.server.as_deref() == Some(concat!("fleetd/", env!("CARGO_PKG_VERSION"))),
+        "{reply:?}"
+    );
+    check_error(
+        &call(to, "GET", "/fleet/v1/machines?nextPageToken=EwBMLg==", None)?,
+        400,
+        "token limit must be 100",
+    )?;
+
+    // Paths and methods.
+    check_error(&call(to, "GET", "/", None)?, 405, "")?;
+    check_error(&call(to, "GET", "/fleet/v1", None)?, 405, "")?;
+    check_error(&call(to, "GET", "/fleet/v1/nothing", None)?, 404, "")?;
+    check_error(&call(to, "GET", "/fleet/v1/units/", None)?, 404, "")?;
+    check_error(
+        &call(to, "POST", "/fleet/v1/units", None)?,
+        405,
+        "only GET supported against this resource",
+    )?;
+    check_error(
+        &call(to, "PATCH", "/fleet/v1/units/a.service", None)?,
+        405,
+        "only GET, PUT and DELETE supported",
+    )?;
+    check_error(
+        &call(to, "POST", "/fleet/v1/discovery", None)?,
+        400,
+        "only HTTP GET",
+    )?;
+    let discovery = call(to, "GET", "/fleet/v1/discovery", None)?;
+    ensure!(
+        discovery.body["resources"]["Units"]["methods"]["Set"]["httpMethod"] == "PUT",
+        "{discovery:?}"
+    );
+
+    // A unit's life: created launched, scheduled and running, its state listed.
+    let unit = "/fleet/v1/units/api-hello.service";
+    let reply = call(
+        to,
+        "PUT",
+        unit,
+        Some(
+            json!({"name": "api-hello.service", "desiredState": "launched",
+                    "options": sleeper_options(1001)}),
+        ),
+    )?;
+    ensure!(reply.status == 201, "{reply:?}");
+    let body = wait_body(to, unit, |b| b["currentState"] == "launched")?;
+    let machine_id = body["machineID"].as_str().unwrap_or_default().to_owned();
+    ensure!(
+        cluster.machine_by_id(&machine_id).is_ok(),
+        "scheduled to no machine of the cluster: {body}"
+    );
+    ensure!(body["options"] == sleeper_options(1001), "{body}");
+    let states = wait_body(to, "/fleet/v1/state?unitName=api-hello.service", |b| {
+        b["states"][0]["systemdActiveState"] == "active"
+    })?;
+    ensure!(states["states"][0]["machineID"] == machine_id, "{states}");
+    let filtered = call(
+        to,
+        "GET",
+        &format!("/fleet/v1/state?machineID={machine_id}&unitName=api-hello.service"),
+        None,
+    )?;
+    ensure!(
+        filtered.body["states"].as_array().map(Vec::len) == Some(1),
+        "{filtered:?}"
+    );
+    // fleetctl sees what the API wrote: one registry.
+    let listed = fleetctl_ok(
+        &cluster,
+        &["list-unit-files", "--no-legend", "--fields", "unit,dstate"],
+    )?;
+    ensure!(
+        listed
+            .stdout
+            .lines()
+            .any(|l| l.split_whitespace().eq(["api-hello.service", "launched"])),
+        "{listed:?}"
+    );
+
+    // Refusals, each with its code and entity, writing nothing.
+    check_error(
+        &call(
+            to,
+            "PUT",
+            unit,
+            Some(json!({"options": sleeper_options(1001)})),
+        )?,
+        409,
+        "must provide DesiredState",
+    )?;
+    check_error(
+        &call(
+            to,
+            "PUT",
+            "/fleet/v1/units/api-new.service",
+            Some(json!({"desiredState": "launched"})),
+        )?,
+        409,
+        "options field empty",
+    )?;
+    check_error(
+        &call(to, "PUT", unit, Some(json!({"desiredState": "running"})))?,
+        400,
+        "invalid state",
+    )?;
+    check_error(
+        &call(
+            to,
+            "PUT",
+            "/fleet/v1/units/api-t@.service",
+            Some(json!({"desiredState": "launched", "options": sleeper_options(1)})),
+        )?,
+        400,
+        "cannot activate template",
+    )?;
+    check_error(
+        &call(
+            to,
+            "PUT",
+            unit,
+            Some(json!({"name": "other.service", "desiredState": "loaded"})),
+        )?,
+        400,
+        "differs from unit name",
+    )?;
+    check_error(
+        &call_as(to, "PUT", unit, Some("text/plain"), Some("{}".into()))?,
+        415,
+        "application/json",
+    )?;
+    check_error(
+        &call_as(to, "PUT", unit, Some("application/json"), Some("{".into()))?,
+        400,
+        "unable to decode body",
+    )?;
+    let gone = call(to, "GET", "/fleet/v1/units/api-new.service", None)?;
+    check_error(&gone, 404, "unit does not exist")?;
+
+    // New content replaces the old on its machine; a state change only changes the state.
+    let reply = call(
+        to,
+        "PUT",
+        unit,
+        Some(json!({"desiredState": "launched", "options": sleeper_options(1002)})),
+    )?;
+    ensure!(reply.status == 201, "{reply:?}");
+    wait_body(to, unit, |b| {
+        b["options"] == sleeper_options(1002) && b["currentState"] == "launched"
+    })?;
+    let reply = call(to, "PUT", unit, Some(json!({"desiredState": "inactive"})))?;
+    ensure!(reply.status == 204, "{reply:?}");
+    wait_body(to, unit, |b| b["currentState"] == "inactive")?;
+    let reply = call(to, "DELETE", unit, None)?;
+    ensure!(reply.status == 204, "{reply:?}");
+    check_error(&call(to, "GET", unit, None)?, 404, "unit does not exist")?;
+    check_error(&call(to, "DELETE", unit, None)?, 404, "unit does not exist")?;
+
+    // 150 units: two pages (100 and 50), sorted, the token round-tripping.
+    for i in 0..150 {
+        let name = format!("api-page-{i:03}.service");
+        let reply = call(
+            to,
+            "PUT",
+            &format!("/fleet/v1/units/{name}"),
+            Some(json!({"options": sleeper_options(2000 + i)})),
+        )?;
+        ensure!(reply.status == 201, "{name}: {reply:?}");
+    }
+    let (units, sizes) = all_pages(to, "/fleet/v1/units", "units")?;
+    ensure!(sizes == [100, 50], "page sizes {sizes:?}");
+    let names: Vec<&str> = units.iter().filter_map(|u| u["name"].as_str()).collect();
+    let want: Vec<String> = (0..150)
+        .map(|i| format!("api-page-{i:03}.service"))
+        .collect();
+    ensure!(names == want, "units out of order or missing: {names:?}");
+    let (units, _) = all_pages(to, "/v1-alpha/units", "units")?;
+    ensure!(units.len() == 150, "alias lists {}", units.len());
+
+    // Dynamic metadata, as fleet's machines_test sends it (no Content-Type, `Value`).
+    let (m0, m1) = (&cluster.machines()[0], &cluster.machines()[1]);
+    let patch = json!([
+        {"op": "add", "path": format!("/{}/metadata/foo", m0.id()), "Value": {"value": "bar"}},
+        {"op": "replace", "path": format!("/{}/metadata/ping", m1.id()), "Value": {"value": "splat"}},
+    ]);
+    let reply = call_as(
+        to,
+        "PATCH",
+        "/fleet/v1/machines",
+        None,
+        Some(patch.to_string()),
+    )?;
+    ensure!(reply.status == 204, "{reply:?}");
+    ensure!(
+        reply.content_type.as_deref() == Some("application/json"),
+        "{reply:?}"
+    );
+    let machines = call(to, "GET", "/fleet/v1/machines", None)?.body;
+    let metadata_of = |m: &Machine| {
+        machines["machines"]
+            .as_array()
+            .and_then(|all| all.iter().find(|e| e["id"] == m.id().as_str()))
+            .map(|e| e["metadata"].clone())
+    };
+    ensure!(
+        metadata_of(m0) == Some(json!({"foo": "bar", "hostname": m0.name()})),
+        "{machines}"
+    );
+    ensure!(
+        metadata_of(m1) == Some(json!({"ping": "splat", "hostname": m1.name()})),
+        "{machines}"
+    );
+    let bad = json!([{"op": "noop", "path": format!("/{}/metadata/foo", m0.id()), "value": {"value": "x"}}]);
+    check_error(
+        &call_as(
+            to,
+            "PATCH",
+            "/fleet/v1/machines",
+            None,
+            Some(bad.to_string()),
+        )?,
+        400,
+        "invalid op",
+    )?;
+    let remove = json!([
+        {"op": "remove", "path": format!("/{}/metadata/foo", m0.id())},
+        {"op": "remove", "path": format!("/{}/metadata/ping", m1.id())},
+    ]);
+    let reply = call_as(
+        to,
+        "PATCH",
+        "/fleet/v1/machines",
+        None,
+        Some(remove.to_string()),
+    )?;
+    ensure!(reply.status == 204, "{reply:?}");
+    let machines = call(to, "GET", "/fleet/v1/machines", None)?.body;
+    for entity in machines["machines"].as_array().into_iter().flatten() {
+        ensure!(
+            entity["metadata"].as_object().map(|m| m.len()) == Some(1),
+            "{entity}"
+        );
+    }
+
+    // etcd away: 503 with fleet's message, and back once etcd is.
+    cluster.stop_etcd()?;
+    let reply = wait_for_value(TIMEOUT, POLL, || {
+        call(to, "GET", "/fleet/v1/units", None)
+            .ok()
+            .filter(|r| r.status == 503)
+    })
+    .context("no 503 while etcd is down")?;
+    check_error(&reply, 503, "fleet server unable to communicate with etcd")?;
+    cluster.start_etcd()?;
+    wait_body(to, "/fleet/v1/units", |b| b["units"].is_array())?;
+    finish(cluster)
+}
+
+/// A client written from fleet's API document alone: plain HTTP/1.1 text over TCP, one
+/// request per connection (`Connection: close`), JSON bodies.
+struct DocClient {
+    to: SocketAddr,
+}
+
+impl DocClient {
+    fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+        let mut stream = TcpStream::connect_timeout(&self.to, TIMEOUT)?;
+        stream.set_read_timeout(Some(TIMEOUT))?;
+        let body = body.map(Value::to_string).unwrap_or_default();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
+            self.to
+        );
+        if !body.is_empty() {
+            head.push_str("Content-Type: application/json\r\n");
+        }
+        head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+        stream.write_all(head.as_bytes())?;
+        stream.write_all(body.as_bytes())?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw)?;
+        let text = String::from_utf8(raw)?;
+        let (head, rest) = text
+            .split_once("\r\n\r\n")
+            .with_context(|| format!("no header end in {text:?}"))?;
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .context("no status")?
+            .parse()?;
+        let chunked = head
+            .lines()
+            .any(|l| l.eq_ignore_ascii_case("transfer-encoding: chunked"));
+        let payload = if chunked {
+            dechunk(rest)?
+        } else {
+            rest.to_owned()
+        };
+        let value = if payload.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&payload).with_context(|| format!("body {payload:?}"))?
+        };
+        Ok((status, value))
+    }
+}
+
+fn dechunk(mut rest: &str) -> Result<String> {
+    let mut out = String::new();
+    loop {
+        let (size, tail) = rest.split_once("\r\n").context("bad chunk")?;
+        let size = usize::from_str_radix(size.trim(), 16)?;
+        if size == 0 {
+            return Ok(out);
+        }
+        out.push_str(tail.get(..size).context("short chunk")?);
+        rest = tail.get(size + 2..).context("short chunk end")?;
+    }
+}
+
+#[test]
+fn a_client_written_from_fleets_api_document_works() -> Result<()> {
+    let (cluster, _registry) = start(1, spec())?;
+    let client = DocClient {
+        to: addr(&cluster.machines()[0]),
+    };
+    let ready = wait_for_value(TIMEOUT, POLL, || {
+        client
+            .send("GET", "/fleet/v1/machines", None)
+            .ok()
+            .filter(|(status, body)| *status == 200 && body["machines"].is_array())
+    });
+    let (_, machines) = ready.context("the API never listed the machine")?;
+    ensure!(
+        machines["machines"][0]["id"] == cluster.machines()[0].id().as_str(),
+        "{machines}"
+    );
+    // "creating and launching a new unit foo.service could be done like so"
+    let create = json!({
+        "desiredState": "launched",
+        "options": [{"section": "Service", "name": "ExecStart", "value": "/usr/bin/sleep 3000"}]
+    });
+    let (status, _) = client.send("PUT", "/fleet/v1/units/foo.service", Some(&create))?;
+    ensure!(status == 201, "create answered {status}");
+    let (status, _) = client.send("PUT", "/fleet/v1/units/bar.service", Some(&json!({})))?;
+    ensure!(status == 409, "create without options answered {status}");
+    let unit = wait_for_value(TIMEOUT, POLL, || {
+        client
+            .send("GET", "/fleet/v1/units/foo.service", None)
+            .ok()
+            .filter(|(s, b)| *s == 200 && b["currentState"] == "launched")
+            .map(|(_, b)| b)
+    })
+    .context("foo.service never launched")?;
+    ensure!(unit["desiredState"] == "launched", "{unit}");
+    let (status, states) = client.send("GET", "/fleet/v1/state?unitName=foo.service", None)?;
+    ensure!(status == 200, "state answered {status}");
+    let state = &states["states"][0];
+    for field in [
+        "name",
+        "hash",
+        "machineID",
+        "systemdLoadState",
+        "systemdActiveState",
+        "systemdSubState",
+    ] {
+        ensure!(state[field].is_string(), "{field} missing in {state}");
+    }
+    let (status, units) = client.send("GET", "/fleet/v1/units", None)?;
+    ensure!(
+        status == 200 && units["units"][0]["name"] == "foo.service",
+        "{units}"
+    );
+    // "unloading an existing Unit ... could look like this"
+    let (status, _) = client.send(
+        "PUT",
+        "/fleet/v1/units/foo.service",
+        Some(&json!({"desiredState": "inactive"})),
+    )?;
+    ensure!(status == 204, "state change answered {status}");
+    let (status, _) = client.send("DELETE", "/fleet/v1/units/foo.service", None)?;
+    ensure!(status == 204, "destroy answered {status}");
+    let (status, body) = client.send("GET", "/fleet/v1/units/foo.service", None)?;
+    if status != 404 {
+        bail!("destroyed unit answered {status}: {body}");
+    }
+    finish(cluster)
+}
+
+/// `dist/fleet.socket`, with a TCP listener added by a drop-in, hands fleetd its sockets:
+/// fleetd serves them (no `api_listen` is configured, so the TCP port answers only through
+/// systemd) instead of opening its own.
+#[test]
+fn fleetd_serves_the_sockets_systemd_passes() -> Result<()> {
+    const ACTIVATED_PORT: u16 = 54729;
+    let (cluster, _registry) = start(1, FleetdSpec::default())?;
+    let machine = &cluster.machines()[0];
+    machine.stop_fleetd()?;
+    machine.write_file(
+        "/run/systemd/system/fleet.socket",
+        include_str!("../../dist/fleet.socket"),
+    )?;
+    machine.write_file(
+        "/run/systemd/system/fleet.socket.d/tcp.conf",
+        format!("[Socket]\nListenStream=0.0.0.0:{ACTIVATED_PORT}\n"),
+    )?;
+    machine.systemctl_ok(&["daemon-reload"])?;
+    machine.systemctl_ok(&["start", "fleet.socket"])?;
+    machine.start_fleetd()?;
+    let to = SocketAddr::from((machine.ip(), ACTIVATED_PORT));
+    let body = wait_body(to, "/fleet/v1/machines", |b| {
+        b["machines"][0]["id"] == machine.id().as_str()
+    })?;
+    ensure!(
+        body["machines"].as_array().map(Vec::len) == Some(1),
+        "{body}"
+    );
+    let socket = machine.sh("stat -c %F:%a /var/run/fleet.sock")?;
+    ensure!(socket.trim() == "socket:660", "fleet.sock is {socket:?}");
+    finish(cluster)
+}
