@@ -24,7 +24,7 @@ pub use error::{RegistryError, Result};
 pub use keys::{DEFAULT_PREFIX, Keys, Named};
 pub use leader::{EngineWrite, Leadership, MAX_TXN_OPS};
 pub use live::{LiveView, Touched};
-pub use metadata::{MetadataChange, MetadataKey, MetadataKeyError};
+pub use metadata::{DynamicMetadata, MetadataChange, MetadataKey, MetadataKeyError, apply_dynamic};
 pub use per_machine::PerMachine;
 pub use read::{Listing, Skipped};
 pub use records::{ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};

@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 use crate::error::{RegistryError, Result};
 use crate::kv::{Event, EventKind, KeyValue, Kv, Revision, Watch, WatchMessage};
 use crate::leader::EngineWrite;
+use crate::metadata;
 use crate::per_machine::PerMachine;
 use crate::read::{self, Skipped};
 use crate::registry::Registry;
@@ -61,8 +62,8 @@ impl Touched {
     }
 }
 
-/// The registry's units, machines, schedule, states, unschedulable reasons and unit files,
-/// followed by a watch.
+/// The registry's units, machines and their dynamic metadata, schedule, states,
+/// unschedulable reasons and unit files, followed by a watch.
 #[derive(Debug)]
 pub struct LiveView<K> {
     registry: Registry<K>,
@@ -236,6 +237,11 @@ impl<K: Kv> LiveView<K> {
                 self.apply_record(event);
                 touched.machines = true;
             }
+            // Dynamic metadata changes what a machine offers, as a new machine record does.
+            "metadata" => {
+                self.apply_metadata(event);
+                touched.machines = true;
+            }
             "schedule" => {
                 self.apply_record(event);
                 touched.schedules = true;
@@ -251,6 +257,36 @@ impl<K: Kv> LiveView<K> {
             _ => {}
         }
         touched
+    }
+
+    /// Applies a put or delete of a dynamic metadata value, as [`apply_record`] does a record.
+    ///
+    /// [`apply_record`]: Self::apply_record
+    fn apply_metadata(&mut self, event: &Event) {
+        let kv = &event.kv;
+        let keys = self.registry.keys();
+        let snap = &mut self.snapshot;
+        snap.skipped.remove(&kv.key);
+        if let Some((machine, key)) = metadata::named(keys, &kv.key)
+            && let Some(values) = snap.metadata.get_mut(&machine)
+        {
+            values.remove(key.as_str());
+            if values.is_empty() {
+                snap.metadata.remove(&machine);
+            }
+        }
+        if event.kind == EventKind::Delete {
+            return;
+        }
+        match metadata::read(keys, kv) {
+            Ok((machine, key, value)) => {
+                snap.metadata.entry(machine).or_default().insert(key, value);
+            }
+            Err(s) => {
+                warn_skipped(&s);
+                snap.skip(s);
+            }
+        }
     }
 
     /// Applies a put or delete of a snapshot record: first what was at the key goes (the

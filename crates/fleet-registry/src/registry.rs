@@ -18,6 +18,7 @@ use crate::kv::{
     CmpOp, CmpTarget, Compare, KeyValue, Kv, LeaseId, Revision, Txn, TxnOp, TxnOpResponse,
 };
 use crate::leader::MAX_TXN_OPS;
+use crate::metadata;
 use crate::read::{self, Listing};
 use crate::records::{ReplaceState, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 
@@ -653,15 +654,20 @@ impl<K: Kv> Registry<K> {
             .map_err(RegistryError::kv("revoking machine lease"))
     }
 
-    /// Every live machine with a readable record, sorted by ID.
+    /// Every live machine with a readable record, sorted by ID, with its dynamic metadata
+    /// over its configured metadata (read at the same revision).
     pub async fn machines(&self) -> Result<Listing<Vec<MachineInfo>>> {
         let res = self
             .kv
             .range(&self.keys.machines(), true, None)
             .await
             .map_err(RegistryError::kv("listing machines"))?;
-        let mut skipped = Vec::new();
-        let items = read::all(&res.kvs, |kv| read::machine(&self.keys, kv), &mut skipped);
+        let dynamic = self.dynamic_metadata_at(Some(res.revision)).await?;
+        let mut skipped = dynamic.skipped;
+        let mut items = read::all(&res.kvs, |kv| read::machine(&self.keys, kv), &mut skipped);
+        for machine in &mut items {
+            metadata::apply_dynamic(machine, &dynamic.items);
+        }
         Ok(Listing {
             revision: res.revision,
             items,

@@ -1,21 +1,28 @@
 //! A consistent view of the whole cluster at one etcd revision, for decisions and listings.
 
 use fleet_core::{MachineId, MachineInfo, UnitName};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::error::{RegistryError, Result};
 use crate::kv::{KeyValue, Kv, Revision};
+use crate::metadata::{self, DynamicMetadata};
 use crate::per_machine::PerMachine;
 use crate::read::{self, Skipped};
 use crate::records::{ScheduleEntry, Unit, UnitStateRecord};
 use crate::registry::Registry;
 
-/// Units, schedule, machines and published states, all read at `revision`.
+/// Units, schedule, machines, their dynamic metadata and published states, all read at
+/// `revision`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
     pub revision: Revision,
     pub units: BTreeMap<UnitName, Unit>,
+    /// Machines as they registered, with their configured metadata: what the scheduler
+    /// places on is [`machines_with_metadata`](Self::machines_with_metadata).
     pub machines: BTreeMap<MachineId, MachineInfo>,
+    /// Dynamic metadata (`PATCH /machines`), of registered machines and others.
+    pub metadata: DynamicMetadata,
     /// unit -> machine -> entry.
     pub schedule: BTreeMap<UnitName, PerMachine<ScheduleEntry>>,
     /// unit -> machine -> published state.
@@ -30,6 +37,19 @@ pub struct Snapshot {
 impl Snapshot {
     pub(crate) fn skip(&mut self, s: Skipped) {
         self.skipped.insert(s.key.clone(), s);
+    }
+
+    /// The machines with their dynamic metadata over their configured metadata; borrowed
+    /// when no registered machine has dynamic metadata.
+    pub fn machines_with_metadata(&self) -> Cow<'_, BTreeMap<MachineId, MachineInfo>> {
+        if !self.metadata.keys().any(|m| self.machines.contains_key(m)) {
+            return Cow::Borrowed(&self.machines);
+        }
+        let mut machines = self.machines.clone();
+        for machine in machines.values_mut() {
+            metadata::apply_dynamic(machine, &self.metadata);
+        }
+        Cow::Owned(machines)
     }
 
     pub(crate) fn insert_schedule(&mut self, e: ScheduleEntry) {
@@ -74,6 +94,14 @@ impl<K: Kv> Registry<K> {
             match read::machine(keys, &kv) {
                 Ok(m) => {
                     snap.machines.insert(m.id.clone(), m);
+                }
+                Err(s) => snap.skip(s),
+            }
+        }
+        for kv in self.range_at(&keys.metadata_all(), revision).await? {
+            match metadata::read(keys, &kv) {
+                Ok((machine, key, value)) => {
+                    snap.metadata.entry(machine).or_default().insert(key, value);
                 }
                 Err(s) => snap.skip(s),
             }
