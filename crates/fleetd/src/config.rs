@@ -1,66 +1,37 @@
-//! fleetd's configuration, with fleet's keys: from a config file (`--config` or
-//! `/etc/fleet/fleet.conf`, `key=value` lines), then `FLEET_<KEY>` environment variables,
-//! then command-line flags, each overriding the one before. A bad value is a startup error
-//! naming the key and where it came from.
+//! fleetd's configuration, with fleet's keys, in layers: the config file (`--config` or
+//! `/etc/fleet/fleet.conf`, `key=value` lines, [`file`]), then `FLEET_<KEY>` environment
+//! variables, then flags (`--agent-ttl 3s`), then `--set key=value`, each overriding the one
+//! before. A bad value is a startup error naming the key and where it came from.
+//!
+//! A key is declared once, as a row of [`KEYS`]: its name gives its flag, its variable and its
+//! file line; its default is the lowest layer (checked like any value, and shown by
+//! `--help`); its setter parses, checks and stores its value in [`Config`]. Keys fleet has
+//! that fleetd accepts but does not use are rows too ([`Kind::Ignored`]): each one given is
+//! returned by [`build`] so that fleetd warns about it, naming the key.
 
 mod api;
+mod file;
 mod units_dir;
+mod values;
 
-pub use api::{ApiConfig, KEYS as API_KEYS, ListenAddr};
+pub use api::{ApiConfig, ListenAddr};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
+use clap::parser::ValueSource;
+use clap::{Arg, ArgMatches, Command};
 use fleet_registry::DEFAULT_PREFIX;
 use fleet_registry::input::shorten;
 use fleet_registry::kv::TlsFiles;
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const DEFAULT_CONFIG_FILE: &str = "/etc/fleet/fleet.conf";
+use file::load_file;
+use values::{MIN_INTERVAL, SECOND, Syntax, duration_in, parse_bool, parse_list, split_globs};
 
-/// The largest config file read: `--config /dev/zero` must not exhaust memory.
-pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
-
-/// The longest duration any key takes: a day. Longer values are typos (and ones over
-/// `u64::MAX` seconds would not even be a `Duration`).
-pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
-
-/// The shortest timeout or interval: below it a timer fires continuously (and zero panics).
-pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
-
-/// Every key fleetd understands. Keys fleet had but ignored are accepted with a warning.
-pub const KEYS: &[&str] = &[
-    "etcd_servers",
-    "etcd_key_prefix",
-    "etcd_cafile",
-    "etcd_certfile",
-    "etcd_keyfile",
-    "etcd_request_timeout",
-    "public_ip",
-    "metadata",
-    "agent_ttl",
-    "units_directory",
-    "engine_reconcile_interval",
-    "engine_disruption_threshold",
-    "engine_disruption_grace",
-    "engine_move_rate",
-    "disable_engine",
-    "disable_watches",
-    "verbosity",
-    "deny_units",
-];
-
-const IGNORED_KEYS: &[&str] = &[
-    "verify_units",
-    "authorized_keys_file",
-    "etcd_username",
-    "etcd_password",
-    "systemd_user",
-    "enable_grpc",
-];
-
-#[derive(Debug, Clone, PartialEq)]
+/// The configuration, typed. `Default` is only the blank its rows write into: fleet's
+/// defaults are the rows' own (`build` of no values).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Config {
     pub etcd_servers: Vec<String>,
     pub etcd_key_prefix: String,
@@ -81,7 +52,6 @@ pub struct Config {
     /// Units of lost machines moved per second at most (0: no limit).
     pub engine_move_rate: u32,
     pub disable_engine: bool,
-    pub disable_watches: bool,
     pub verbosity: u8,
     /// Unit name globs fleetd refuses to manage (it would take over the host).
     pub deny_units: Vec<String>,
@@ -92,6 +62,16 @@ pub struct Config {
 /// Units no fleet user should be able to take over a host with.
 pub const DEFAULT_DENY_UNITS: &str = "fleetd.service,fleet.service,dbus.service,dbus.socket,systemd-*,ssh.service,sshd.service,ssh.socket,etcd.service,etcd*.service";
 
+impl Config {
+    pub fn tls(&self) -> TlsFiles {
+        TlsFiles {
+            ca_file: self.etcd_cafile.clone(),
+            cert_file: self.etcd_certfile.clone(),
+            key_file: self.etcd_keyfile.clone(),
+        }
+    }
+}
+
 /// A raw value and where it came from, for error messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Raw {
@@ -99,407 +79,437 @@ pub struct Raw {
     pub source: String,
 }
 
-/// Reads `key=value` lines (fleet's INI without sections; `#`/`;` comments).
-pub fn parse_file(path: &Path, text: &str) -> Result<BTreeMap<String, Raw>> {
-    let mut out = BTreeMap::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
-            continue;
+/// A key fleet has that was given, although fleetd does nothing with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ignored {
+    pub key: &'static str,
+    pub source: String,
+}
+
+/// One configuration key: `agent_ttl` is the flag `--agent-ttl`, the variable
+/// `FLEET_AGENT_TTL` and the file line `agent_ttl=...`.
+#[derive(Debug)]
+pub struct Key {
+    pub name: &'static str,
+    /// The value when no layer gives one, checked as if given (source "default").
+    default: Option<&'static str>,
+    help: &'static str,
+    kind: Kind,
+}
+
+/// Parses, checks and stores a key's value; the error says why it is refused.
+type Setter = fn(&mut Config, &str) -> Result<(), String>;
+
+#[derive(Debug)]
+enum Kind {
+    /// Takes a value: `--agent-ttl 3s`.
+    Value(Setter),
+    /// A boolean whose flag alone means true: `--disable-engine`.
+    Switch(Setter),
+    /// The API's: read together by `config/api.rs` (`api_listen` depends on
+    /// `api_allow_plain_tcp`).
+    Api,
+    /// fleet has it; fleetd accepts it, does nothing with it and warns.
+    Ignored,
+}
+
+impl Key {
+    const fn value(
+        name: &'static str,
+        default: Option<&'static str>,
+        help: &'static str,
+        set: Setter,
+    ) -> Self {
+        Self {
+            name,
+            default,
+            help,
+            kind: Kind::Value(set),
         }
-        let Some((k, v)) = line.split_once('=') else {
-            bail!(
-                "{}:{}: expected key=value, found {:?}",
-                path.display(),
-                i + 1,
-                shorten(line)
-            );
+    }
+
+    const fn switch(name: &'static str, help: &'static str, set: Setter) -> Self {
+        Self {
+            name,
+            default: Some("false"),
+            help,
+            kind: Kind::Switch(set),
+        }
+    }
+
+    const fn api(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            default: None,
+            help,
+            kind: Kind::Api,
+        }
+    }
+
+    const fn ignored(name: &'static str) -> Self {
+        Self {
+            name,
+            default: None,
+            help: "accepted as fleet does, and ignored",
+            kind: Kind::Ignored,
+        }
+    }
+
+    fn flag(&self) -> String {
+        self.name.replace('_', "-")
+    }
+
+    fn env(&self) -> String {
+        format!("FLEET_{}", self.name.to_ascii_uppercase())
+    }
+
+    fn arg(&self) -> Arg {
+        let arg = Arg::new(self.name)
+            .long(self.flag())
+            .env(self.env())
+            .value_name("VALUE")
+            .help(match self.default {
+                Some(d) => format!("{} [default: {d}]", self.help),
+                None => self.help.to_owned(),
+            });
+        match self.kind {
+            Kind::Value(_) | Kind::Api => arg,
+            Kind::Switch(_) => arg.num_args(0..=1).default_missing_value("true"),
+            Kind::Ignored => arg.hide(true),
+        }
+    }
+}
+
+/// Every key fleetd accepts, in the order their values are checked.
+pub const KEYS: &[Key] = &[
+    Key::value(
+        "etcd_servers",
+        Some("http://127.0.0.1:2379"),
+        "etcd endpoints, `a,b` or `[\"a\",\"b\"]`",
+        |c, v| {
+            c.etcd_servers = parse_list(v)?;
+            match c.etcd_servers.iter().find(|s| !s.contains("://")) {
+                Some(s) => Err(format!(
+                    "{:?} is not an http:// or https:// URL",
+                    shorten(s)
+                )),
+                None => Ok(()),
+            }
+        },
+    ),
+    Key::value(
+        "etcd_key_prefix",
+        Some(DEFAULT_PREFIX),
+        "key prefix of the fleet registry in etcd",
+        |c, v| {
+            fleet_registry::input::check_prefix(v).map_err(|e| e.to_string())?;
+            c.etcd_key_prefix = v.to_owned();
+            Ok(())
+        },
+    ),
+    Key::value(
+        "etcd_cafile",
+        None,
+        "CA file for etcd's TLS certificate",
+        |c, v| {
+            c.etcd_cafile = non_empty_path(v);
+            Ok(())
+        },
+    ),
+    Key::value(
+        "etcd_certfile",
+        None,
+        "client certificate for etcd TLS",
+        |c, v| {
+            c.etcd_certfile = non_empty_path(v);
+            Ok(())
+        },
+    ),
+    Key::value("etcd_keyfile", None, "client key for etcd TLS", |c, v| {
+        c.etcd_keyfile = non_empty_path(v);
+        Ok(())
+    }),
+    Key::value(
+        "public_ip",
+        None,
+        "the IP address published for this machine (unset: the default route's)",
+        |c, v| {
+            c.public_ip = match v {
+                "" => None,
+                v => match v.parse::<std::net::IpAddr>() {
+                    Ok(ip) => Some(ip.to_string()),
+                    Err(_) => return Err("expected an IPv4 or IPv6 address".into()),
+                },
+            };
+            Ok(())
+        },
+    ),
+    Key::value(
+        "units_directory",
+        Some("/run/fleet/units"),
+        "where unit files are written, fleetd's own",
+        |c, v| {
+            c.units_directory = units_dir::check(v)?;
+            Ok(())
+        },
+    ),
+    Key::value(
+        "metadata",
+        None,
+        "this machine's metadata, `k=v,k2=v2`",
+        |c, v| {
+            c.metadata = values::parse_metadata(v)?;
+            Ok(())
+        },
+    ),
+    Key::value("verbosity", Some("0"), "above 0: debug logs", |c, v| {
+        c.verbosity = v
+            .parse()
+            .map_err(|_| "expected a small whole number".to_owned())?;
+        Ok(())
+    }),
+    Key::value(
+        "agent_ttl",
+        Some("30s"),
+        "TTL of this machine's presence and states, a Go duration",
+        |c, v| {
+            c.agent_ttl = duration_in(v, Syntax::Go, SECOND)?;
+            Ok(())
+        },
+    ),
+    Key::value(
+        "deny_units",
+        Some(DEFAULT_DENY_UNITS),
+        "unit name globs fleetd refuses to manage, `a,b*`",
+        |c, v| {
+            let globs = split_globs(v);
+            for glob in &globs {
+                fleet_core::xfleet::check_glob("deny_units", glob).map_err(|e| e.to_string())?;
+            }
+            c.deny_units = globs;
+            Ok(())
+        },
+    ),
+    Key::value(
+        "engine_disruption_threshold",
+        Some("0.5"),
+        "rescheduling holds while more than this share of the machines vanished",
+        |c, v| {
+            c.engine_disruption_threshold = v
+                .parse::<f64>()
+                .ok()
+                .filter(|v| (0.0..=1.0).contains(v))
+                .ok_or("expected a share between 0 and 1 (1: never hold)")?;
+            Ok(())
+        },
+    ),
+    Key::value(
+        "engine_move_rate",
+        Some("1000"),
+        "units of lost machines moved per second at most, 0: no limit",
+        |c, v| {
+            c.engine_move_rate = v
+                .parse::<u32>()
+                .map_err(|_| "expected a whole number of units per second (0: no limit)")?;
+            Ok(())
+        },
+    ),
+    Key::value(
+        "etcd_request_timeout",
+        Some("1"),
+        "seconds to wait for each etcd request",
+        |c, v| {
+            c.etcd_request_timeout = duration_in(v, Syntax::Seconds, MIN_INTERVAL)?;
+            Ok(())
+        },
+    ),
+    Key::value(
+        "engine_reconcile_interval",
+        Some("2"),
+        "seconds between the engine's passes when nothing changes",
+        |c, v| {
+            c.engine_reconcile_interval = duration_in(v, Syntax::Seconds, MIN_INTERVAL)?;
+            Ok(())
+        },
+    ),
+    Key::value(
+        "engine_disruption_grace",
+        None,
+        "how long units of machines lost in a disruption wait for them [default: 2 x agent_ttl]",
+        |c, v| {
+            c.engine_disruption_grace = duration_in(v, Syntax::Go, MIN_INTERVAL)?;
+            Ok(())
+        },
+    ),
+    Key::switch(
+        "disable_engine",
+        "never run the engine on this machine",
+        |c, v| {
+            c.disable_engine = parse_bool(v).ok_or("expected true or false")?;
+            Ok(())
+        },
+    ),
+    Key::api("token_limit", "entries per page of the API [default: 100]"),
+    Key::api(
+        "api_socket",
+        "the API's unix socket when systemd passes none, empty: none [default: /var/run/fleet.sock]",
+    ),
+    Key::api(
+        "api_listen",
+        "more API listeners, `unix:PATH` or `tcp:HOST:PORT`, comma-separated",
+    ),
+    Key::api(
+        "api_allow_plain_tcp",
+        "let api_listen take plain TCP on other than loopback addresses [default: false]",
+    ),
+    // fleetd always watches; a periodic resync is there anyway (docs/agent.md).
+    Key::ignored("disable_watches"),
+    Key::ignored("verify_units"),
+    Key::ignored("authorized_keys_file"),
+    Key::ignored("etcd_username"),
+    Key::ignored("etcd_password"),
+    Key::ignored("systemd_user"),
+    Key::ignored("enable_grpc"),
+];
+
+fn non_empty_path(v: &str) -> Option<PathBuf> {
+    (!v.is_empty()).then(|| PathBuf::from(v))
+}
+
+fn key(name: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.name == name)
+}
+
+/// The flag and environment layers, read by clap (a flag wins over its `FLEET_<KEY>`; an
+/// empty variable counts as unset).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Given(pub BTreeMap<String, Raw>);
+
+impl clap::FromArgMatches for Given {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut out = BTreeMap::new();
+        for key in KEYS {
+            let Some(value) = matches.get_one::<String>(key.name) else {
+                continue;
+            };
+            let source = match matches.value_source(key.name) {
+                Some(ValueSource::EnvVariable) if value.is_empty() => continue,
+                Some(ValueSource::EnvVariable) => format!("environment {}", key.env()),
+                _ => format!("flag --{}", key.flag()),
+            };
+            let value = value.clone();
+            out.insert(key.name.to_owned(), Raw { value, source });
+        }
+        Ok(Self(out))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for Given {
+    fn augment_args(cmd: Command) -> Command {
+        cmd.args(KEYS.iter().map(Key::arg))
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
+}
+
+/// The `--set key=value` layer, over every other.
+pub fn from_set(pairs: &[String]) -> Result<BTreeMap<String, Raw>> {
+    let mut out = BTreeMap::new();
+    for pair in pairs {
+        let Some((k, v)) = pair.split_once('=') else {
+            bail!("--set expects key=value, got {:?}", shorten(pair));
         };
-        let v = v.trim();
-        let v = v
-            .strip_prefix('"')
-            .and_then(|v| v.strip_suffix('"'))
-            .unwrap_or(v);
+        let source = "flag --set".to_owned();
         out.insert(
-            k.trim().to_owned(),
+            k.to_owned(),
             Raw {
                 value: v.to_owned(),
-                source: format!("{}:{}", path.display(), i + 1),
+                source,
             },
         );
     }
     Ok(out)
 }
 
-/// Loads the file layer: `--config` must exist; the default file is optional.
-pub fn load_file(explicit: Option<&Path>) -> Result<BTreeMap<String, Raw>> {
-    let (path, required) = match explicit {
-        Some(p) => (p.to_path_buf(), true),
-        None => (PathBuf::from(DEFAULT_CONFIG_FILE), false),
-    };
-    match read_capped(&path) {
-        Ok(text) => parse_file(&path, &text),
-        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
-        Err(e) => Err(e).with_context(|| format!("reading config file {}", path.display())),
-    }
+/// Reads the layers, lowest first: the file (`--config`, else the default file if it exists),
+/// the environment and flags (`given`), `--set`; then builds the configuration.
+pub fn load(
+    file: Option<&Path>,
+    given: &Given,
+    set: &[String],
+    ignored: &mut Vec<Ignored>,
+) -> Result<Config> {
+    let mut raw = load_file(file)?;
+    raw.extend(given.0.clone());
+    raw.extend(from_set(set)?);
+    build(&raw, ignored)
 }
 
-/// Reads a config file of at most [`MAX_CONFIG_BYTES`]; a device or socket is refused before
-/// it is opened (a terminal would block, `/dev/zero` never ends). A FIFO is read as `cat`
-/// reads it, waiting for its writer.
-fn read_capped(path: &Path) -> std::io::Result<String> {
-    use std::io::{Error, ErrorKind};
-    use std::os::unix::fs::FileTypeExt;
-    let kind = std::fs::metadata(path)?.file_type();
-    if kind.is_dir() || kind.is_block_device() || kind.is_char_device() || kind.is_socket() {
-        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
+/// Builds the configuration from the layered raw values; `ignored` receives the keys given
+/// that fleetd does nothing with.
+pub fn build(raw: &BTreeMap<String, Raw>, ignored: &mut Vec<Ignored>) -> Result<Config> {
+    if let Some((k, r)) = raw.iter().find(|(k, _)| key(k).is_none()) {
+        bail!("unknown config key {:?} ({})", shorten(k), r.source);
     }
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(Error::new(
-            ErrorKind::InvalidData,
-            format!("larger than {MAX_CONFIG_BYTES} bytes"),
-        ));
-    }
-    String::from_utf8(bytes).map_err(|_| Error::new(ErrorKind::InvalidData, "not valid UTF-8"))
-}
-
-/// The environment layer: `FLEET_<KEY>` for every known key (empty values ignored).
-pub fn from_env(vars: impl Iterator<Item = (String, String)>) -> BTreeMap<String, Raw> {
-    let mut out = BTreeMap::new();
-    for (k, v) in vars {
-        let Some(key) = k.strip_prefix("FLEET_") else {
-            continue;
-        };
-        let key = key.to_ascii_lowercase();
-        let known = [KEYS, api::KEYS, IGNORED_KEYS]
-            .iter()
-            .any(|l| l.contains(&key.as_str()));
-        if v.is_empty() || !known {
-            continue;
-        }
-        out.insert(
-            key,
-            Raw {
-                value: v,
-                source: format!("environment FLEET_{}", k["FLEET_".len()..].to_owned()),
-            },
-        );
-    }
-    out
-}
-
-/// Builds the configuration from layered raw values; `warnings` receives ignored keys.
-pub fn build(raw: &BTreeMap<String, Raw>, warnings: &mut Vec<String>) -> Result<Config> {
-    for (k, r) in raw {
-        if IGNORED_KEYS.contains(&k.as_str()) {
-            warnings.push(format!(
-                "config key {k:?} ({}) is not supported and is ignored",
-                r.source
-            ));
-        } else if !KEYS.contains(&k.as_str()) && !api::KEYS.contains(&k.as_str()) {
-            bail!("unknown config key {:?} ({})", shorten(k), r.source);
-        }
-    }
-    let get = |k: &str| raw.get(k);
-    let err = |k: &str, r: &Raw, why: String| {
-        anyhow!("invalid {k} {:?} ({}): {why}", shorten(&r.value), r.source)
-    };
-    let string_or = |k: &str, default: &str| get(k).map_or(default.to_owned(), |r| r.value.clone());
-    let path = |k: &str| {
-        get(k)
-            .filter(|r| !r.value.is_empty())
-            .map(|r| PathBuf::from(&r.value))
-    };
-    // Every duration key goes through `duration_in`: one range check, one message.
-    let duration =
-        |k: &str, syntax: Syntax, default: Duration, min: Duration| -> Result<Duration> {
-            match get(k) {
-                None => Ok(default),
-                Some(r) => duration_in(&r.value, syntax, min).map_err(|why| err(k, r, why)),
+    let mut config = Config::default();
+    for key in KEYS {
+        let default;
+        let r = match (raw.get(key.name), key.default) {
+            (Some(r), _) => r,
+            (None, Some(value)) => {
+                let (value, source) = (value.to_owned(), "default".to_owned());
+                default = Raw { value, source };
+                &default
             }
+            (None, None) => continue,
         };
-    let boolean = |k: &str| -> Result<bool> {
-        match get(k) {
-            None => Ok(false),
-            Some(r) => {
-                parse_bool(&r.value).ok_or_else(|| err(k, r, "expected true or false".into()))
+        match key.kind {
+            Kind::Value(set) | Kind::Switch(set) => {
+                set(&mut config, &r.value).map_err(|why| invalid(key.name, r, why))?;
             }
-        }
-    };
-    let etcd_servers = match get("etcd_servers") {
-        None => vec!["http://127.0.0.1:2379".to_owned()],
-        Some(r) => parse_list(&r.value).map_err(|why| err("etcd_servers", r, why))?,
-    };
-    for s in &etcd_servers {
-        if !s.contains("://") {
-            let r = &raw["etcd_servers"];
-            return Err(err(
-                "etcd_servers",
-                r,
-                format!("{:?} is not an http:// or https:// URL", shorten(s)),
-            ));
+            Kind::Api => {}
+            Kind::Ignored => ignored.push(Ignored {
+                key: key.name,
+                source: r.source.clone(),
+            }),
         }
     }
-    let tls = TlsFiles {
-        ca_file: path("etcd_cafile"),
-        cert_file: path("etcd_certfile"),
-        key_file: path("etcd_keyfile"),
-    };
-    if let Err(e) = fleet_registry::input::check_endpoints(&etcd_servers, &tls) {
-        return Err(match get("etcd_servers") {
-            Some(r) => err("etcd_servers", r, e.to_string()),
+    config.api = api::build(raw)?;
+    // The one default that follows another key: two TTLs (docs/engine.md, *Vanished machines*).
+    if !raw.contains_key("engine_disruption_grace") {
+        config.engine_disruption_grace = 2 * config.agent_ttl;
+    }
+    // The endpoints and the TLS files make sense only together (https:// for the files).
+    if let Err(e) = fleet_registry::input::check_endpoints(&config.etcd_servers, &config.tls()) {
+        return Err(match raw.get("etcd_servers") {
+            Some(r) => invalid("etcd_servers", r, e.to_string()),
             None => anyhow!(e),
         });
     }
-    let etcd_key_prefix = string_or("etcd_key_prefix", DEFAULT_PREFIX);
-    if let (Some(r), Err(e)) = (
-        get("etcd_key_prefix"),
-        fleet_registry::input::check_prefix(&etcd_key_prefix),
-    ) {
-        return Err(err("etcd_key_prefix", r, e.to_string()));
-    }
-    let public_ip = match get("public_ip").filter(|r| !r.value.is_empty()) {
-        None => None,
-        Some(r) => match r.value.parse::<std::net::IpAddr>() {
-            Ok(ip) => Some(ip.to_string()),
-            Err(_) => {
-                return Err(err(
-                    "public_ip",
-                    r,
-                    "expected an IPv4 or IPv6 address".into(),
-                ));
-            }
-        },
-    };
-    let units_directory = match get("units_directory") {
-        None => PathBuf::from("/run/fleet/units"),
-        Some(r) => units_dir::check(&r.value).map_err(|why| err("units_directory", r, why))?,
-    };
-    let metadata = match get("metadata") {
-        None => BTreeMap::new(),
-        Some(r) => parse_metadata(&r.value).map_err(|why| err("metadata", r, why))?,
-    };
-    let verbosity = match get("verbosity") {
-        None => 0,
-        Some(r) => r
-            .value
-            .parse()
-            .map_err(|_| err("verbosity", r, "expected a small whole number".into()))?,
-    };
-    let second = Duration::from_secs(1);
-    let agent_ttl = duration("agent_ttl", Syntax::Go, 30 * second, second)?;
-    let deny_units = match get("deny_units") {
-        None => split_globs(DEFAULT_DENY_UNITS),
-        Some(r) => {
-            let globs = split_globs(&r.value);
-            for glob in &globs {
-                fleet_core::xfleet::check_glob("deny_units", glob)
-                    .map_err(|e| err("deny_units", r, e.to_string()))?;
-            }
-            globs
-        }
-    };
-    let engine_disruption_threshold = match get("engine_disruption_threshold") {
-        None => 0.5,
-        Some(r) => r
-            .value
-            .parse::<f64>()
-            .ok()
-            .filter(|v| (0.0..=1.0).contains(v))
-            .ok_or_else(|| {
-                let why = "expected a share between 0 and 1 (1: never hold)".into();
-                err("engine_disruption_threshold", r, why)
-            })?,
-    };
-    let engine_move_rate = match get("engine_move_rate") {
-        None => 1000,
-        Some(r) => r.value.parse::<u32>().map_err(|_| {
-            let why = "expected a whole number of units per second (0: no limit)".into();
-            err("engine_move_rate", r, why)
-        })?,
-    };
-    Ok(Config {
-        etcd_servers,
-        etcd_key_prefix,
-        etcd_cafile: tls.ca_file,
-        etcd_certfile: tls.cert_file,
-        etcd_keyfile: tls.key_file,
-        etcd_request_timeout: duration(
-            "etcd_request_timeout",
-            Syntax::Seconds,
-            second,
-            MIN_INTERVAL,
-        )?,
-        public_ip,
-        metadata,
-        agent_ttl,
-        units_directory,
-        engine_reconcile_interval: duration(
-            "engine_reconcile_interval",
-            Syntax::Seconds,
-            2 * second,
-            MIN_INTERVAL,
-        )?,
-        engine_disruption_threshold,
-        engine_disruption_grace: duration(
-            "engine_disruption_grace",
-            Syntax::Go,
-            agent_ttl * 2,
-            MIN_INTERVAL,
-        )?,
-        engine_move_rate,
-        disable_engine: boolean("disable_engine")?,
-        disable_watches: boolean("disable_watches")?,
-        verbosity,
-        deny_units,
-        api: api::build(raw)?,
-    })
+    Ok(config)
 }
 
-fn split_globs(s: &str) -> Vec<String> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
-/// How a duration key is spelled: fleet's `agent_ttl` is a Go duration (`30s`), its
-/// timeouts and intervals are seconds (`1.5`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Syntax {
-    Go,
-    Seconds,
-}
-
-/// The one duration parser: `s` in `syntax`, within `min..=MAX_DURATION`.
-pub fn duration_in(s: &str, syntax: Syntax, min: Duration) -> Result<Duration, String> {
-    let seconds = match syntax {
-        Syntax::Go => go_seconds(s)?,
-        Syntax::Seconds => s
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite())
-            .ok_or_else(|| format!("{:?} is not a number of seconds", shorten(s)))?,
-    };
-    let max = MAX_DURATION.as_secs_f64();
-    if seconds > max {
-        return Err(format!(
-            "must be at most {}s (a day)",
-            MAX_DURATION.as_secs()
-        ));
-    }
-    let min_text = match syntax {
-        Syntax::Go => format!("{min:?}"),
-        Syntax::Seconds => format!("{}", min.as_secs_f64()),
-    };
-    if seconds <= 0.0 && syntax == Syntax::Seconds {
-        return Err(format!(
-            "expected a positive number of seconds (at least {min_text})"
-        ));
-    }
-    // Checked against the range first: `from_secs_f64` panics on what no Duration holds.
-    let d = Duration::from_secs_f64(seconds.max(0.0));
-    if d < min {
-        return Err(format!("must be at least {min_text}"));
-    }
-    Ok(d)
-}
-
-fn parse_bool(s: &str) -> Option<bool> {
-    match s.to_ascii_lowercase().as_str() {
-        "1" | "t" | "true" | "yes" | "on" => Some(true),
-        "0" | "f" | "false" | "no" | "off" => Some(false),
-        _ => None,
-    }
-}
-
-/// `a,b` or `["a","b"]`, as fleet's `StringSlice`.
-fn parse_list(s: &str) -> Result<Vec<String>, String> {
-    let items: Vec<String> = s
-        .split(',')
-        .map(|p| {
-            p.trim_matches(|c| c == ' ' || c == '[' || c == '"' || c == ']')
-                .to_owned()
-        })
-        .filter(|p| !p.is_empty())
-        .collect();
-    if items.is_empty() {
-        return Err("expected at least one URL".into());
-    }
-    Ok(items)
-}
-
-/// `k=v,k2=v2`; unlike fleet, a malformed pair is an error rather than silently dropped.
-pub fn parse_metadata(s: &str) -> Result<BTreeMap<String, String>, String> {
-    let mut out = BTreeMap::new();
-    for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let Some((k, v)) = pair.split_once('=') else {
-            return Err(format!("{pair:?} is not key=value"));
-        };
-        let (k, v) = (k.trim(), v.trim());
-        if k.is_empty()
-            || !k
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
-        {
-            return Err(format!(
-                "{k:?} is not a valid metadata key ([A-Za-z0-9_.-]+)"
-            ));
-        }
-        if out.insert(k.to_owned(), v.to_owned()).is_some() {
-            return Err(format!("key {k:?} is given twice"));
-        }
-    }
-    Ok(out)
-}
-
-/// Go's duration syntax (`30s`, `1m30s`, `500ms`, `2h`) as seconds, unbounded, so a huge
-/// value is a range error of [`duration_in`], not a panic.
-fn go_seconds(s: &str) -> Result<f64, String> {
-    let bad = || {
-        format!(
-            "{:?} is not a duration such as 30s, 1m30s or 500ms",
-            shorten(s)
-        )
-    };
-    let mut rest = s.trim();
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    let mut total = 0.0;
-    while !rest.is_empty() {
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        let value: f64 = rest[..num_end].parse().map_err(|_| bad())?;
-        rest = &rest[num_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(bad()),
-        };
-        total += value * scale;
-        rest = &rest[unit_end..];
-    }
-    Ok(total)
+fn invalid(key: &str, r: &Raw, why: String) -> anyhow::Error {
+    anyhow!(
+        "invalid {key} {:?} ({}): {why}",
+        shorten(&r.value),
+        r.source
+    )
 }
 
 #[cfg(test)]
 mod tests {
+    use super::file::{load_file, parse_file};
+    use super::values::parse_metadata;
     use super::*;
+    use clap::{Args, FromArgMatches};
 
     fn raw(pairs: &[(&str, &str)]) -> BTreeMap<String, Raw> {
         pairs
@@ -548,7 +558,11 @@ mod tests {
         assert_eq!(c.agent_ttl, Duration::from_secs(30));
         assert_eq!(c.units_directory, PathBuf::from("/run/fleet/units"));
         assert_eq!(c.engine_reconcile_interval, Duration::from_secs(2));
+        assert_eq!(c.etcd_request_timeout, Duration::from_secs(1));
         assert!(!c.disable_engine);
+        assert_eq!(c.verbosity, 0);
+        assert_eq!(c.deny_units, split_globs(DEFAULT_DENY_UNITS));
+        assert_eq!((c.public_ip, c.etcd_cafile), (None, None));
     }
 
     fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -623,18 +637,101 @@ mod tests {
         assert!(parse_file(Path::new("f.conf"), "garbage\n").is_err());
     }
 
+    fn flags(args: &[&str]) -> Given {
+        let cmd = Given::augment_args(Command::new("fleetd").no_binary_name(true));
+        let matches = cmd.try_get_matches_from(args).unwrap();
+        Given::from_arg_matches(&matches).unwrap()
+    }
+
     #[test]
-    fn environment_uses_fleet_prefix() {
-        let m = from_env(
-            vec![
-                ("FLEET_AGENT_TTL".to_string(), "5s".to_string()),
-                ("FLEET_UNRELATED_THING".to_string(), "x".to_string()),
-                ("PATH".to_string(), "/bin".to_string()),
+    fn every_key_is_a_flag_and_a_fleet_variable() {
+        let cmd = Given::augment_args(Command::new("fleetd"));
+        cmd.clone().debug_assert();
+        for key in KEYS {
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_id() == key.name)
+                .unwrap();
+            assert_eq!(arg.get_long(), Some(key.name.replace('_', "-").as_str()));
+            let env = arg.get_env().unwrap().to_str().unwrap();
+            assert_eq!(env, format!("FLEET_{}", key.name.to_uppercase()));
+            let help = arg.get_help().unwrap().to_string();
+            if let Some(default) = key.default {
+                assert!(help.ends_with(&format!("[default: {default}]")), "{help}");
+            }
+        }
+        let given = flags(&["--agent-ttl", "5s", "--disable-engine", "--verbosity=2"]);
+        let pairs: Vec<_> = given
+            .0
+            .iter()
+            .map(|(k, r)| (k.as_str(), r.value.as_str(), r.source.as_str()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("agent_ttl", "5s", "flag --agent-ttl"),
+                ("disable_engine", "true", "flag --disable-engine"),
+                ("verbosity", "2", "flag --verbosity"),
             ]
-            .into_iter(),
         );
-        assert_eq!(m.len(), 1);
-        assert_eq!(m["agent_ttl"].value, "5s");
+    }
+
+    #[test]
+    fn set_overrides_flags_which_override_the_file() {
+        let dir = std::env::temp_dir().join(format!("fleetd-layers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("fleet.conf");
+        std::fs::write(&path, "agent_ttl=1s\nverbosity=1\nmetadata=a=b\n").unwrap();
+        let load = |args: &[&str], set: &[&str]| {
+            let set: Vec<String> = set.iter().map(|s| s.to_string()).collect();
+            load(Some(&path), &flags(args), &set, &mut vec![])
+        };
+        let c = load(&["--agent-ttl=2s", "--verbosity=2"], &["agent_ttl=3s"]).unwrap();
+        assert_eq!(c.agent_ttl, Duration::from_secs(3));
+        assert_eq!(c.verbosity, 2);
+        assert_eq!(c.metadata["a"], "b");
+        let c = load(&[], &[]).unwrap();
+        assert_eq!((c.agent_ttl, c.verbosity), (Duration::from_secs(1), 1));
+        let e = load(&["--agent-ttl=soon"], &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("invalid agent_ttl \"soon\" (flag --agent-ttl)"),
+            "{e}"
+        );
+        let e = load(&[], &["agent_ttl=later"]).unwrap_err().to_string();
+        assert!(
+            e.contains("invalid agent_ttl \"later\" (flag --set)"),
+            "{e}"
+        );
+        let e = load(&[], &["agent_tll=3s"]).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown config key \"agent_tll\" (flag --set)"),
+            "{e}"
+        );
+        std::fs::write(&path, "agent_ttl=never\n").unwrap();
+        let e = load(&[], &[]).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let at = format!("({}:1)", path.display());
+        assert!(
+            e.contains("invalid agent_ttl \"never\"") && e.contains(&at),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn warns_about_each_key_it_accepts_but_does_not_use_by_name() {
+        let mut ignored = vec![];
+        let given = flags(&["--disable-watches=true", "--agent-ttl=3s"]);
+        let mut layers = given.0;
+        layers.extend(raw(&[("enable_grpc", "true")]));
+        build(&layers, &mut ignored).unwrap();
+        let keys: Vec<_> = ignored.iter().map(|i| (i.key, i.source.as_str())).collect();
+        assert_eq!(
+            keys,
+            [
+                ("disable_watches", "flag --disable-watches"),
+                ("enable_grpc", "test")
+            ]
+        );
     }
 
     fn refusal(pairs: &[(&str, &str)]) -> String {

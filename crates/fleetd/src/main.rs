@@ -15,7 +15,7 @@ use clap::Parser;
 use fleet_agent::{Agent, AgentConfig, PresenceKeeper, SystemdConfig, SystemdManager};
 use fleet_core::{MachineId, MachineInfo};
 use fleet_registry::Registry;
-use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
+use fleet_registry::kv::{EtcdConfig, EtcdKv};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -44,8 +44,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut warnings = Vec::new();
-    let config = match load_config(&cli, &mut warnings) {
+    let mut ignored = Vec::new();
+    let config = match config::load(cli.config.as_deref(), &cli.given, &cli.set, &mut ignored) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("fleetd: bad configuration: {}", report::chain(&e));
@@ -64,8 +64,8 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    for w in warnings {
-        warn!(warning = %w, "configuration");
+    for i in ignored {
+        warn!(key = i.key, source = %i.source, "config key accepted but ignored");
     }
     // Blocking threads only run short file operations of the units directory. tokio's
     // default of 512 let a 1,000-unit start spawn ~40, each with its own malloc arena that
@@ -88,13 +88,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn load_config(cli: &cli::Cli, warnings: &mut Vec<String>) -> Result<Config> {
-    let mut raw = config::load_file(cli.config.as_deref())?;
-    raw.extend(config::from_env(std::env::vars()));
-    raw.extend(cli.flags()?);
-    config::build(&raw, warnings)
 }
 
 fn machine_id() -> Result<MachineId> {
@@ -135,11 +128,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let etcd = EtcdConfig {
         endpoints: config.etcd_servers.clone(),
         request_timeout: config.etcd_request_timeout,
-        tls: TlsFiles {
-            ca_file: config.etcd_cafile.clone(),
-            cert_file: config.etcd_certfile.clone(),
-            key_file: config.etcd_keyfile.clone(),
-        },
+        tls: config.tls(),
     };
     let kv = EtcdKv::connect(&etcd).await.context("connecting to etcd")?;
     let registry = Registry::new(kv, &config.etcd_key_prefix);

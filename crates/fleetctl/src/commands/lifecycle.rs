@@ -5,13 +5,15 @@
 //! desired state; `stop` is the command that stops.
 
 use anyhow::{Result, bail};
-use fleet_core::{DesiredState, Requirements, UnitName};
+use fleet_core::{DesiredState, Requirements, UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::EtcdKv;
 use fleet_registry::{Registry, RegistryError, Unit};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 
-use super::submit::{self, Action, ReplaceHow, Verb};
+use crate::ops::{self, Action, Needs, Placement, Prepared, Request, Step, Then, View};
+
+use super::submit::{self, ReplaceHow, Verb};
 use super::wait::{Block, Goal, wait_for};
 use super::{Ctx, fail_if_any, unit_names};
 
@@ -50,7 +52,8 @@ pub fn target_of(verb: Verb) -> DesiredState {
 }
 
 /// `load` / `start`: create what is missing, replace what differs (with `--replace`), raise
-/// desired states, wait.
+/// desired states, wait. Parse and prepare, read the view once, decide (`ops::decide`, pure),
+/// apply, wait, report.
 pub async fn load_or_start(
     ctx: &mut Ctx,
     args: &[String],
@@ -59,87 +62,148 @@ pub async fn load_or_start(
     block: Block,
     mut how: ReplaceHow,
 ) -> Result<()> {
-    let target = target_of(verb);
+    let request = Request {
+        target: target_of(verb),
+        wait: block != Block::No,
+    };
     let prepared = submit::prepare(ctx, args, replace, verb)
         .await
         .map_err(|e| e.context("Error creating units"))?;
-    let replaced: Vec<UnitName> = prepared
-        .iter()
-        .filter(|p| matches!(p.action, Action::Replace { .. }))
-        .map(|p| p.name.clone())
-        .collect();
-    if !replaced.is_empty() {
-        let snap = ctx.registry.snapshot().await?;
-        for name in &replaced {
-            if let Some(machine) = snap.schedule.get(name).and_then(|m| m.keys().next()) {
-                how.placed.insert(name.clone(), machine.clone());
-            }
-        }
-    }
-    let before = how.placed.clone();
-    let mut created = BTreeMap::new();
-    for p in &prepared {
-        created.insert(p.name.clone(), !matches!(p.action, Action::Keep(_)));
-    }
     let registry = ctx.registry.clone();
-    let results = submit::apply(&registry, prepared, target, &how).await;
-    let raised: Vec<(UnitName, Result<(Unit, bool)>)> = futures::stream::iter(results)
-        .map(|(name, res)| {
-            let registry = registry.clone();
-            let changed = created[&name];
-            async move {
-                let res = match res {
-                    Err(e) => Err(e),
-                    Ok(unit) if unit.desired() >= target => Ok((unit, changed)),
-                    Ok(unit) => match set_desired(&registry, &name, |u| {
-                        Ok((u.desired() < target).then_some(target))
-                    })
-                    .await
-                    {
-                        Ok(Some(raised)) => Ok((raised, true)),
-                        // Another client raised it first: wait for it all the same.
-                        Ok(None) => Ok((unit, true)),
-                        Err(e) => Err(e),
-                    },
-                };
-                (name, res)
-            }
-        })
-        .buffered(32)
-        .collect()
-        .await;
+    let view = read_view(&registry, ops::needs(&prepared, request)).await?;
+    let steps = ops::decide(prepared, &view, request);
+    // `--reschedule` moves a replaced unit away from where it runs now.
+    how.placed.extend(view.placed.clone());
+    let replaced: Vec<UnitName> = steps
+        .iter()
+        .filter(|s| matches!(s.action, Action::Replace { .. }))
+        .map(|s| s.name.clone())
+        .collect();
     let mut goals = BTreeMap::new();
     let mut failures = Vec::new();
-    for (name, res) in raised {
-        match res {
-            Ok((unit, true)) => {
-                if block == Block::No {
-                    ctx.say(format!(
-                        "Triggered unit {name} {}",
-                        match target {
-                            DesiredState::Launched => "start",
-                            DesiredState::Loaded | DesiredState::Inactive => "load",
-                        }
-                    ));
-                } else if is_global(&registry, &unit).await? {
-                    ctx.say(format!("Unit {name} {target}"));
-                } else {
-                    goals.insert(name, Goal::of(target));
+    for (name, then, res) in apply(&registry, steps, request.target, &how).await {
+        match (res, then) {
+            (Err(e), _) => failures.push((name, e)),
+            (Ok(()), Then::Nothing) => {}
+            (Ok(()), Then::Triggered) => ctx.say(format!(
+                "Triggered unit {name} {}",
+                match request.target {
+                    DesiredState::Launched => "start",
+                    DesiredState::Loaded | DesiredState::Inactive => "load",
                 }
+            )),
+            (Ok(()), Then::Global) => ctx.say(format!("Unit {name} {}", request.target)),
+            (Ok(()), Then::Wait) => {
+                goals.insert(name, Goal::of(request.target));
             }
-            Ok((_, false)) => {}
-            Err(e) => failures.push((name, e)),
         }
     }
     fail_if_any(ctx, "Error updating", failures)?;
-    let waited: Vec<UnitName> = goals.keys().cloned().collect();
+    // Placements are reported for the replaced units that were waited for.
+    let reported: Vec<UnitName> = replaced
+        .into_iter()
+        .filter(|n| goals.contains_key(n))
+        .collect();
     wait_for(ctx, &registry, goals, block).await?;
     let note = if how.no_restart {
         " without restart (the new version runs from the next restart)"
     } else {
         ""
     };
-    report_placement(ctx, &registry, &before, &waited, &replaced, note).await
+    report_placement(ctx, &registry, &view.placed, &reported, note).await
+}
+
+/// Reads what `ops::decide` needs, once: one snapshot for the placements of replaced units,
+/// and each file needed once, concurrently.
+async fn read_view(registry: &Registry<EtcdKv>, needs: Needs) -> Result<View> {
+    let mut view = View::default();
+    if !needs.placements.is_empty() {
+        let snap = registry.snapshot().await?;
+        view.placed = ops::placed(&snap.schedule, &needs.placements);
+    }
+    view.files = files_of(registry, needs.files.into_values()).await?;
+    Ok(view)
+}
+
+/// The files of `units`, each hash read once, the reads concurrent.
+async fn files_of(
+    registry: &Registry<EtcdKv>,
+    units: impl IntoIterator<Item = Unit>,
+) -> Result<BTreeMap<UnitHash, UnitFile>> {
+    let mut by_hash = BTreeMap::new();
+    for unit in units {
+        by_hash.entry(unit.hash()).or_insert(unit);
+    }
+    let files: Vec<_> = futures::stream::iter(by_hash.into_values())
+        .map(|unit| async move { registry.unit_file(&unit).await })
+        .buffered(32)
+        .collect()
+        .await;
+    let mut out = BTreeMap::new();
+    for file in files {
+        let file = file?;
+        out.insert(file.hash(), file);
+    }
+    Ok(out)
+}
+
+/// Whether `unit` is global, by its file among `files`.
+fn is_global(files: &BTreeMap<UnitHash, UnitFile>, unit: &Unit) -> bool {
+    files
+        .get(&unit.hash())
+        .is_some_and(|file| Requirements::from_unit(unit.name(), file).global)
+}
+
+/// Writes each step's action, then raises a unit still below `target` (a kept one, or one
+/// another client created first); returns each unit's step outcome, in argument order.
+async fn apply(
+    registry: &Registry<EtcdKv>,
+    steps: Vec<Step>,
+    target: DesiredState,
+    how: &ReplaceHow,
+) -> Vec<(UnitName, Then, Result<()>)> {
+    let thens: Vec<Then> = steps.iter().map(|s| s.then).collect();
+    let prepared = steps
+        .into_iter()
+        .map(|s| Prepared {
+            name: s.name,
+            action: s.action,
+        })
+        .collect();
+    let written = submit::apply(registry, prepared, target, how).await;
+    futures::stream::iter(written.into_iter().zip(thens))
+        .map(|((name, res), then)| async move {
+            let res = match res {
+                Ok(unit) if unit.desired() < target => raise(registry, unit, target).await,
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            };
+            (name, then, res)
+        })
+        .buffered(32)
+        .collect()
+        .await
+}
+
+/// Raises `unit` to `target`, trying the version in hand first and re-reading only when
+/// another client changed it. One that another client raised first is done all the same.
+async fn raise(registry: &Registry<EtcdKv>, mut unit: Unit, target: DesiredState) -> Result<()> {
+    for _ in 0..ATTEMPTS {
+        if unit.desired() >= target {
+            return Ok(());
+        }
+        match registry.set_desired(&unit, target).await {
+            Ok(_) => return Ok(()),
+            Err(RegistryError::Conflict(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let name = unit.name().clone();
+        let Some(current) = registry.unit(&name).await? else {
+            bail!("Unit {name} does not exist");
+        };
+        unit = current;
+    }
+    Err(RegistryError::Conflict(unit.name().clone()).into())
 }
 
 /// Says, for each replaced unit that was waited for, whether it stayed on its machine or
@@ -148,35 +212,33 @@ async fn report_placement(
     ctx: &mut Ctx,
     registry: &Registry<EtcdKv>,
     before: &BTreeMap<UnitName, fleet_core::MachineId>,
-    waited: &[UnitName],
-    replaced: &[UnitName],
+    reported: &[UnitName],
     note: &str,
 ) -> Result<()> {
-    if replaced.is_empty() {
+    if reported.is_empty() {
         return Ok(());
     }
     let snap = registry.snapshot().await?;
-    for name in replaced.iter().filter(|n| waited.contains(n)) {
-        let now = snap.schedule.get(name).and_then(|m| m.keys().next());
-        match (before.get(name), now) {
-            (Some(old), Some(new)) if old == new => ctx.say(format!(
-                "Unit {name} replaced in place on {}{note}",
-                super::machine_legend(new, &snap.machines, false)
-            )),
-            (Some(old), Some(new)) => ctx.say(format!(
-                "Unit {name} moved from {} to {}",
-                super::machine_legend(old, &snap.machines, false),
-                super::machine_legend(new, &snap.machines, false)
-            )),
-            _ => {}
-        }
+    let now = ops::placed(&snap.schedule, reported);
+    let legend = |m: &fleet_core::MachineId| super::machine_legend(m, &snap.machines, false);
+    for placement in ops::placements(reported, before, &now) {
+        ctx.say(match placement {
+            Placement::InPlace { name, machine } => {
+                format!(
+                    "Unit {name} replaced in place on {}{note}",
+                    legend(&machine)
+                )
+            }
+            Placement::Moved { name, from, to } => {
+                format!(
+                    "Unit {name} moved from {} to {}",
+                    legend(&from),
+                    legend(&to)
+                )
+            }
+        });
     }
     Ok(())
-}
-
-async fn is_global(registry: &Registry<EtcdKv>, unit: &Unit) -> Result<bool> {
-    let file = registry.unit_file(unit).await?;
-    Ok(Requirements::from_unit(unit.name(), &file).global)
 }
 
 /// `stop`: launched units become loaded; stopping an inactive unit is an error.
@@ -219,11 +281,19 @@ async fn change_state(
         .buffered(32)
         .collect()
         .await;
+    // Global units are said at once, not waited for: their files are read once, up front.
+    let files = match block {
+        Block::No => BTreeMap::new(),
+        Block::Forever | Block::Attempts(_) => {
+            let changed = results.iter().filter_map(|(_, r)| r.as_ref().ok()?.clone());
+            files_of(&registry, changed).await?
+        }
+    };
     let mut goals = BTreeMap::new();
     let mut failures = Vec::new();
     for (name, res) in results {
         match res {
-            Ok(Some(unit)) if block == Block::No || is_global(&registry, &unit).await? => {
+            Ok(Some(unit)) if block == Block::No || is_global(&files, &unit) => {
                 ctx.say(format!("Unit {name} {target}"));
             }
             Ok(Some(_)) => {

@@ -11,6 +11,8 @@ use fleet_registry::{CreateOutcome, Registry, RegistryError, ReplaceState, Rollo
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 
+pub use crate::ops::{Action, Prepared};
+
 use super::Ctx;
 use crate::local::{local_path, local_template_path, peek_unit_file, read_unit_file};
 
@@ -31,24 +33,6 @@ impl Verb {
             Verb::Start => true,
         }
     }
-}
-
-/// What will happen to one argument.
-#[derive(Debug)]
-pub enum Action {
-    Create(UnitFile),
-    Replace {
-        existing: Unit,
-        file: UnitFile,
-    },
-    /// Already in the registry; left as it is.
-    Keep(Unit),
-}
-
-#[derive(Debug)]
-pub struct Prepared {
-    pub name: UnitName,
-    pub action: Action,
 }
 
 /// The registry as `prepare` reads it. With several arguments, the units they name (and their

@@ -17,16 +17,9 @@ use std::path::PathBuf;
 use super::Raw;
 use fleet_registry::input::shorten;
 
-pub const KEYS: &[&str] = &[
-    "token_limit",
-    "api_socket",
-    "api_listen",
-    "api_allow_plain_tcp",
-];
-
 pub const DEFAULT_SOCKET: &str = "/var/run/fleet.sock";
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ApiConfig {
     pub token_limit: u16,
     /// None: no default socket.
