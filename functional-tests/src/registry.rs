@@ -8,7 +8,9 @@ use crate::cluster::Cluster;
 use anyhow::{Context, Result, bail};
 use fleet_core::{DesiredState, MachineId, UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::{EtcdConfig, EtcdKv, Kv, Revision, Txn, TxnOp};
-use fleet_registry::{CreateOutcome, DEFAULT_PREFIX, Registry, ScheduleEntry, UnitStateRecord};
+use fleet_registry::{
+    CreateOutcome, DEFAULT_PREFIX, Registry, ScheduleEntry, UnitStateRecord, UnitsRole,
+};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
@@ -63,7 +65,9 @@ impl TestRegistry {
             .with_context(|| format!("unit name {name:?}"))?;
         let file =
             UnitFile::parse(text.as_bytes()).with_context(|| format!("unit file {text:?}"))?;
-        match self.block_on(self.registry.create_unit(&name, &file, desired))? {
+        match self
+            .block_on(UnitsRole::new(self.registry.clone()).create_unit(&name, &file, desired))?
+        {
             CreateOutcome::Created(unit) => Ok(unit.hash()),
             CreateOutcome::Exists(_) => bail!("unit {name} already exists"),
         }
@@ -84,7 +88,7 @@ impl TestRegistry {
             no_restart: false,
             placement: 0,
         };
-        self.block_on(self.registry.apply_schedule(None, &[entry], &[]))?;
+        self.block_on(self.registry.write_schedule(&[entry], &[]))?;
         Ok(())
     }
 
@@ -106,7 +110,7 @@ impl TestRegistry {
         let name: UnitName = name.parse()?;
         self.block_on(
             self.registry
-                .apply_schedule(None, &[], &[(machine.clone(), name)]),
+                .write_schedule(&[], &[(machine.clone(), name)]),
         )?;
         Ok(())
     }
@@ -136,7 +140,7 @@ impl TestRegistry {
         let keys = self.registry.keys();
         let base = keys.states();
         let res = self
-            .block_on(self.registry.kv().range(&base, true, None))
+            .block_on(self.registry.raw_kv().range(&base, true, None))
             .context("listing unit states")?;
         let mut out = BTreeMap::new();
         for kv in res.kvs {
@@ -180,7 +184,7 @@ impl TestRegistry {
             success: vec![op],
             failure: vec![],
         };
-        self.block_on(self.registry.kv().txn(txn))
+        self.block_on(self.registry.raw_kv().txn(txn))
             .context("raw etcd write")?;
         Ok(())
     }

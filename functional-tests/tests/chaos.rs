@@ -318,7 +318,7 @@ fn running(cluster: &Cluster) -> Result<BTreeMap<String, Placed>> {
 fn presence_leases(registry: &TestRegistry) -> Result<BTreeMap<String, i64>> {
     let prefix = registry.registry().keys().machines();
     let res = registry
-        .block_on(registry.registry().kv().range(&prefix, true, None))
+        .block_on(registry.registry().raw_kv().range(&prefix, true, None))
         .context("reading the machines' presence")?;
     Ok(res.kvs.into_iter().map(|kv| (kv.key, kv.lease)).collect())
 }

@@ -106,13 +106,13 @@ fn revoke_presence(
 ) -> Result<()> {
     let reg = registry.registry();
     let key = reg.keys().machine(machine.id());
-    let res = registry.block_on(reg.kv().range(&key, false, None))?;
+    let res = registry.block_on(reg.raw_kv().range(&key, false, None))?;
     let lease = res
         .kvs
         .first()
         .with_context(|| format!("{} has no presence", machine.name()))?
         .lease;
-    registry.block_on(reg.kv().revoke(LeaseId(lease)))?;
+    registry.block_on(reg.raw_kv().revoke(LeaseId(lease)))?;
     Ok(())
 }
 
@@ -125,7 +125,7 @@ fn presence_leases(
     let mut out = BTreeMap::new();
     for m in cluster.machines() {
         let key = reg.keys().machine(m.id());
-        let res = registry.block_on(reg.kv().range(&key, false, None))?;
+        let res = registry.block_on(reg.raw_kv().range(&key, false, None))?;
         if let Some(kv) = res.kvs.first() {
             out.insert(m.name().to_owned(), kv.lease);
         }

@@ -19,7 +19,7 @@ use fleet_functional_tests::{
     Cluster, FleetdSpec, Machine, Signal, TestRegistry, wait_for, wait_for_value,
 };
 use fleet_registry::kv::{Kv, LeaseId};
-use fleet_registry::{EngineWrite, RegistryError, ScheduleEntry, UnitRecord};
+use fleet_registry::{EngineRole, EngineWrite, RegistryError, ScheduleEntry, UnitRecord};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use support::{
@@ -436,7 +436,7 @@ fn a_machine_cut_off_has_its_units_moved_and_stops_its_stale_copies_once_healed(
 fn leader_key(registry: &TestRegistry) -> Result<Option<(String, i64)>> {
     let key = registry.registry().keys().leader();
     let res = registry
-        .block_on(registry.registry().kv().range(&key, false, None))
+        .block_on(registry.registry().raw_kv().range(&key, false, None))
         .context("reading the leader key")?;
     Ok(res.kvs.first().map(|kv| {
         (
@@ -485,7 +485,7 @@ fn a_leader_cut_off_is_replaced_within_the_ttl_its_fence_refuses_it_and_it_steps
     // leads, a fenced write goes through (one that changes nothing: no such unit is
     // unschedulable), so the refusal below is the fence's doing, not a broken write.
     let old_id: MachineId = old.0.parse().context("the leader key's machine ID")?;
-    let fence = registry.registry().leadership_of(&old_id, LeaseId(old.1));
+    let fence = EngineRole::new(registry.registry().clone()).leadership_of(&old_id, LeaseId(old.1));
     let nothing = EngineWrite::ClearUnschedulable {
         unit: "fence-check.service".parse()?,
     };

@@ -9,7 +9,7 @@
 use fleet_core::{ActiveState, Backoff, MachineId, UnitFile, UnitHash, UnitName, glob_match};
 use fleet_registry::kv::{Kv, LeaseId, Revision};
 use fleet_registry::{
-    Presence, Registry, RegistryError, ScheduleEntry, Skipped, UnitStateRecord, WatchHints,
+    MachineRole, Presence, RegistryError, ScheduleEntry, Skipped, UnitStateRecord,
 };
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,7 +70,7 @@ struct Retry {
 /// The agent of one machine.
 #[derive(Debug)]
 pub struct Agent<K, M> {
-    registry: Registry<K>,
+    registry: MachineRole<K>,
     manager: M,
     cfg: AgentConfig,
     presence: watch::Receiver<Option<Presence>>,
@@ -92,7 +92,7 @@ pub struct Agent<K, M> {
 
 impl<K: Kv, M: UnitManager> Agent<K, M> {
     pub fn new(
-        registry: Registry<K>,
+        registry: MachineRole<K>,
         manager: M,
         cfg: AgentConfig,
         presence: watch::Receiver<Option<Presence>>,
@@ -124,11 +124,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         let Some(revision) = self.boot(&mut shutdown).await else {
             return;
         };
-        let mut hints = WatchHints::start(
-            self.registry.kv().clone(),
-            self.registry.keys().machine_schedule(&self.cfg.machine),
-            revision + 1,
-        );
+        let mut hints = self.registry.watch_schedule(revision + 1);
         let mut resync = tokio::time::interval(self.cfg.resync_interval);
         resync.reset();
         let mut presence = self.presence.clone();
@@ -252,7 +248,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         let Some(presence) = *self.presence.borrow() else {
             return;
         };
-        match self.registry.unit_states().await {
+        match self.registry.published_states().await {
             Ok(states) => {
                 self.published = states
                     .items
@@ -293,7 +289,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
 
     /// Reads this machine's schedule and the files it needs.
     async fn read_schedule(&mut self) -> Result<Revision, RegistryError> {
-        let listing = self.registry.machine_schedule(&self.cfg.machine).await?;
+        let listing = self.registry.schedule().await?;
         self.note_skipped(&listing.skipped);
         let revision = listing.revision;
         let mut desired = BTreeMap::new();
@@ -563,7 +559,6 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             .cloned()
             .collect();
         let registry = &self.registry;
-        let machine = &self.cfg.machine;
         let published: Vec<(UnitStateRecord, bool)> = futures::stream::iter(changed)
             .map(|r| async move {
                 let ok = registry.publish_state(&presence, &r).await;
@@ -584,7 +579,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
         }
         for name in gone {
-            if registry.remove_state(&name, machine).await.is_ok() {
+            if registry.remove_state(&name).await.is_ok() {
                 self.published.remove(&name);
             } else {
                 complete = false;

@@ -13,7 +13,7 @@
 
 use fleet_core::{Backoff, MachineInfo};
 use fleet_registry::kv::{Kv, KvError, LeaseId};
-use fleet_registry::{Presence, Registry, RegistryError};
+use fleet_registry::{MachineRole, Presence, RegistryError};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -43,7 +43,8 @@ fn next_keep_alive(ttl: Duration, last_failed: bool, since_renewal: Duration) ->
 /// Keeps one machine registered: `info` on a lease of `ttl`, whose ID is saved in `lease_file`.
 #[derive(Debug)]
 pub struct PresenceKeeper<K> {
-    pub registry: Registry<K>,
+    /// The role of this machine (`info.id`): it registers and keeps only that machine.
+    pub registry: MachineRole<K>,
     pub info: MachineInfo,
     pub ttl: Duration,
     pub lease_file: PathBuf,
@@ -83,7 +84,7 @@ impl<K: Kv> PresenceKeeper<K> {
         loop {
             match self
                 .registry
-                .register_machine(&self.info, self.ttl, self.saved_lease())
+                .register(&self.info, self.ttl, self.saved_lease())
                 .await
             {
                 Ok(p) => {
@@ -165,6 +166,7 @@ impl<K: Kv> PresenceKeeper<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fleet_registry::Registry;
     use fleet_registry::kv::{Hook, Hooked, MemKv, Request};
     use std::sync::{Arc, Mutex};
 
@@ -241,7 +243,7 @@ mod tests {
         ));
         let _ = std::fs::remove_file(&lease_file);
         let keeper = PresenceKeeper {
-            registry: registry.clone(),
+            registry: MachineRole::new(registry.clone(), "m1".parse().unwrap()),
             info: MachineInfo {
                 id: "m1".parse().unwrap(),
                 public_ip: String::new(),

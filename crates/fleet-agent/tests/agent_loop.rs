@@ -5,7 +5,7 @@ use fleet_agent::fake::{Call, Op};
 use fleet_agent::{Agent, AgentConfig, FakeManager};
 use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
 use fleet_registry::kv::{Hook, Hooked, Kv, KvError, MemKv, Request, Txn};
-use fleet_registry::{Presence, Registry, ScheduleEntry};
+use fleet_registry::{MachineRole, Presence, Registry, ScheduleEntry, UnitsRole};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -40,7 +40,10 @@ impl World {
             version: "test".into(),
             disable_engine: true,
         };
-        let presence = registry.register_machine(&info, TTL, None).await.unwrap();
+        let presence = MachineRole::new(registry.clone(), machine.clone())
+            .register(&info, TTL, None)
+            .await
+            .unwrap();
         let (shutdown, _) = watch::channel(false);
         World {
             kv,
@@ -52,10 +55,18 @@ impl World {
         }
     }
 
+    /// This machine's registry role.
+    fn role(&self) -> MachineRole<MemKv> {
+        MachineRole::new(self.registry.clone(), self.machine.clone())
+    }
+
     /// Puts `unit` with `file` in the registry and schedules it here.
     async fn schedule(&self, unit: &str, f: &UnitFile, desired: DesiredState) {
         let n = name(unit);
-        self.registry.create_unit(&n, f, desired).await.unwrap();
+        UnitsRole::new(self.registry.clone())
+            .create_unit(&n, f, desired)
+            .await
+            .unwrap();
         let entry = ScheduleEntry {
             name: n,
             machine: self.machine.clone(),
@@ -65,10 +76,7 @@ impl World {
             no_restart: false,
             placement: 0,
         };
-        self.registry
-            .apply_schedule(None, &[entry], &[])
-            .await
-            .unwrap();
+        self.registry.write_schedule(&[entry], &[]).await.unwrap();
     }
 
     /// Rewrites `unit`'s entry here as the engine would after `fleetctl restart`.
@@ -87,15 +95,12 @@ impl World {
             no_restart,
             placement: 0,
         };
-        self.registry
-            .apply_schedule(None, &[entry], &[])
-            .await
-            .unwrap();
+        self.registry.write_schedule(&[entry], &[]).await.unwrap();
     }
 
     async fn unschedule(&self, unit: &str) {
         self.registry
-            .apply_schedule(None, &[], &[(self.machine.clone(), name(unit))])
+            .write_schedule(&[], &[(self.machine.clone(), name(unit))])
             .await
             .unwrap();
     }
@@ -115,7 +120,8 @@ impl World {
         cfg: AgentConfig,
     ) -> tokio::task::JoinHandle<()> {
         let (_tx, presence) = watch::channel(Some(self.presence));
-        let agent = Agent::new(registry, self.fake.clone(), cfg, presence);
+        let role = MachineRole::new(registry, self.machine.clone());
+        let agent = Agent::new(role, self.fake.clone(), cfg, presence);
         let shutdown = self.shutdown.subscribe();
         // Keep the presence sender alive for the agent's lifetime.
         tokio::spawn(async move {
@@ -472,7 +478,7 @@ async fn replaces_without_restart_and_reports_the_restart_pending_until_restarte
     w.fake.take_calls();
 
     // The new version is in the registry (as a replace puts it there).
-    w.registry
+    UnitsRole::new(w.registry.clone())
         .create_unit(&name("spare.service"), &new, DesiredState::Inactive)
         .await
         .unwrap();
@@ -595,7 +601,7 @@ async fn a_failing_unit_gets_a_fresh_chance_when_its_schedule_changes() {
     // Let it fail a few times, so its backoff is long.
     tokio::time::sleep(Duration::from_secs(20)).await;
     w.fake.heal();
-    w.registry
+    UnitsRole::new(w.registry.clone())
         .create_unit(&name("spare.service"), &good, DesiredState::Inactive)
         .await
         .unwrap();
@@ -712,7 +718,7 @@ async fn a_new_lease_after_the_old_one_expired_republishes_states_and_restarts_n
     let w = World::new().await;
     let (tx, rx) = watch::channel(Some(w.presence));
     let agent = Agent::new(
-        w.registry.clone(),
+        w.role(),
         w.fake.clone(),
         AgentConfig::new(w.machine.clone()),
         rx,
@@ -723,7 +729,7 @@ async fn a_new_lease_after_the_old_one_expired_republishes_states_and_restarts_n
     w.until_published("web.service", "active").await;
     let before = mutating(&w.fake.calls());
 
-    w.registry.unregister(&w.presence).await.unwrap();
+    w.role().unregister(&w.presence).await.unwrap();
     assert!(
         w.published("web.service").await.is_none(),
         "gone with the lease"
@@ -735,7 +741,7 @@ async fn a_new_lease_after_the_old_one_expired_republishes_states_and_restarts_n
         version: "test".into(),
         disable_engine: true,
     };
-    let again = w.registry.register_machine(&info, TTL, None).await.unwrap();
+    let again = w.role().register(&info, TTL, None).await.unwrap();
     assert_ne!(again.lease, w.presence.lease);
     tx.send(Some(again)).unwrap();
 

@@ -9,6 +9,7 @@ use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitName, Unit
 use fleet_registry::kv::Kv;
 use fleet_registry::{
     CreateOutcome, MetadataChange, Registry, RegistryError, Snapshot, Unit, UnitStateRecord,
+    UnitsRole,
 };
 use tracing::debug;
 
@@ -178,15 +179,17 @@ pub fn metadata_changes(ops: &[entity::MetadataOp]) -> Result<Vec<MetadataChange
     Ok(changes)
 }
 
-/// The registry as the API uses it.
+/// The registry as the API uses it: the shared reads, and the units role for every write.
 #[derive(Debug, Clone)]
 pub struct Ops<K> {
     registry: Registry<K>,
+    units: UnitsRole<K>,
 }
 
 impl<K: Kv> Ops<K> {
     pub fn new(registry: Registry<K>) -> Ops<K> {
-        Ops { registry }
+        let units = UnitsRole::new(registry.clone());
+        Ops { registry, units }
     }
 
     /// Every unit, sorted by name, with its file, current state and machine, at one revision.
@@ -239,7 +242,7 @@ impl<K: Kv> Ops<K> {
     async fn apply(&self, name: &UnitName, plan: &PutPlan) -> Result<(), RegistryError> {
         match plan {
             PutPlan::Create { file, desired } => {
-                match self.registry.create_unit(name, file, *desired).await? {
+                match self.units.create_unit(name, file, *desired).await? {
                     CreateOutcome::Created(_) => {}
                     // Created by another client since we read: theirs stays.
                     CreateOutcome::Exists(_) => return Err(RegistryError::Conflict(name.clone())),
@@ -250,10 +253,10 @@ impl<K: Kv> Ops<K> {
                 file,
                 desired,
             } => {
-                self.registry.replace_unit(existing, file, *desired).await?;
+                self.units.replace_unit(existing, file, *desired).await?;
             }
             PutPlan::SetState { existing, desired } => {
-                self.registry.set_desired(existing, *desired).await?;
+                self.units.set_desired(existing, *desired).await?;
             }
             PutPlan::Unchanged => {}
         }
@@ -269,13 +272,11 @@ impl<K: Kv> Ops<K> {
         };
         match self.registry.unit(&name).await {
             Ok(Some(unit)) => {
-                self.registry.destroy_unit(&unit).await?;
+                self.units.destroy_unit(&unit).await?;
                 Ok(true)
             }
             Ok(None) => Ok(false),
-            Err(RegistryError::Corrupt { .. }) => {
-                self.registry.destroy_unreadable_unit(&name).await
-            }
+            Err(RegistryError::Corrupt { .. }) => self.units.destroy_unreadable_unit(&name).await,
             Err(e) => Err(e),
         }
     }
@@ -317,7 +318,7 @@ impl<K: Kv> Ops<K> {
         if changes.is_empty() {
             return Ok(());
         }
-        self.registry.change_metadata(changes).await
+        self.units.change_metadata(changes).await
     }
 }
 

@@ -5,7 +5,7 @@ use axum::Router;
 use axum::body::Body;
 use fleet_core::{DesiredState, MachineInfo, SystemdState, UnitFile, UnitName};
 use fleet_registry::kv::MemKv;
-use fleet_registry::{Registry, ScheduleEntry, UnitStateRecord};
+use fleet_registry::{MachineRole, Registry, ScheduleEntry, UnitStateRecord, UnitsRole};
 use http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -548,7 +548,7 @@ async fn units_come_in_pages_of_token_limit_sorted_by_name() {
     let (f, _) = fixture(4);
     for i in (0..10).rev() {
         let name = format!("u{i:02}.service");
-        f.registry
+        UnitsRole::new(f.registry.clone())
             .create_unit(
                 &name.parse().unwrap(),
                 &file("/bin/true"),
@@ -600,9 +600,9 @@ async fn cluster(f: &Fixture) {
             version: VERSION.into(),
             disable_engine: false,
         };
-        let presence = f
-            .registry
-            .register_machine(&info, Duration::from_secs(60), None)
+        let role = MachineRole::new(f.registry.clone(), info.id.clone());
+        let presence = role
+            .register(&info, Duration::from_secs(60), None)
             .await
             .unwrap();
         for unit in ["a.service", "b.service"] {
@@ -619,7 +619,7 @@ async fn cluster(f: &Fixture) {
                 restart: 0,
                 restart_pending: false,
             };
-            f.registry.publish_state(&presence, &state).await.unwrap();
+            role.publish_state(&presence, &state).await.unwrap();
         }
     }
 }
@@ -674,7 +674,7 @@ async fn a_scheduled_unit_shows_its_machine_and_current_state() {
     let (f, _) = fixture(100);
     cluster(&f).await;
     let name: UnitName = "a.service".parse().unwrap();
-    f.registry
+    UnitsRole::new(f.registry.clone())
         .create_unit(&name, &file("/bin/true"), DesiredState::Launched)
         .await
         .unwrap();
@@ -687,10 +687,7 @@ async fn a_scheduled_unit_shows_its_machine_and_current_state() {
         no_restart: false,
         placement: 0,
     };
-    f.registry
-        .apply_schedule(None, &[entry], &[])
-        .await
-        .unwrap();
+    f.registry.write_schedule(&[entry], &[]).await.unwrap();
     let unit = f.get("/fleet/v1/units/a.service").await.body;
     assert_eq!(unit["machineID"], "m2");
     assert_eq!(unit["currentState"], "launched");

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use fleet_agent::{Agent, AgentConfig, PresenceKeeper, SystemdConfig, SystemdManager};
 use fleet_core::{MachineId, MachineInfo};
 use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
-use fleet_registry::{DEFAULT_PREFIX, Registry};
+use fleet_registry::{DEFAULT_PREFIX, MachineRole, Registry};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -126,7 +126,7 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
     );
     // fleetd's own keeper, on fleetd's lease file: it resumes the stopped fleetd's lease.
     let keeper = PresenceKeeper {
-        registry: Registry::new(kv, DEFAULT_PREFIX),
+        registry: MachineRole::new(Registry::new(kv, DEFAULT_PREFIX), machine.clone()),
         info: MachineInfo {
             id: machine.clone(),
             public_ip: String::new(),
@@ -145,7 +145,7 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
     })
     .await?;
     let manager = MeteredManager::new(systemd, calls.clone());
-    let mut cfg = AgentConfig::new(machine);
+    let mut cfg = AgentConfig::new(machine.clone());
     cfg.resync_interval = Duration::from_secs(args.resync_secs);
     let (presence_tx, presence_rx) = watch::channel(Some(presence));
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -156,9 +156,14 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
     );
     let started = Instant::now();
     let agent = tokio::spawn(
-        Agent::new(registry, manager, cfg, presence_rx)
-            .run(shutdown_rx)
-            .in_current_span(),
+        Agent::new(
+            MachineRole::new(registry, machine.clone()),
+            manager,
+            cfg,
+            presence_rx,
+        )
+        .run(shutdown_rx)
+        .in_current_span(),
     );
     wait_passes(&passes, 1, Duration::from_secs(120)).await?;
     let boot_ms = passes

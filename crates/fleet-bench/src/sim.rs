@@ -13,7 +13,7 @@ use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
 use fleet_engine::EngineConfig;
 use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
 use fleet_registry::testing::TestEtcd;
-use fleet_registry::{DEFAULT_PREFIX, Presence, Registry};
+use fleet_registry::{DEFAULT_PREFIX, MachineRole, Presence, Registry};
 use fleetctl::commands::Ctx;
 use fleetctl::commands::submit::{self, ReplaceHow, Verb};
 use futures::StreamExt;
@@ -202,7 +202,7 @@ impl Sim {
         let started = Instant::now();
         let scratch = Scratch::new();
         let keepers = (0..spec.machines).map(|i| PresenceKeeper {
-            registry: counted(i, vec![roles.presence.clone()]),
+            registry: MachineRole::new(counted(i, vec![roles.presence.clone()]), machine_id(i)),
             info: machine_info(i),
             ttl: spec.agent_ttl,
             lease_file: scratch.lease_file(&machine_id(i)),
@@ -352,7 +352,9 @@ impl Sim {
         for &i in indexes {
             let presence = *self.machines[i].presence.borrow();
             if let Some(presence) = presence {
-                registry.unregister(&presence).await?;
+                MachineRole::new(registry.clone(), self.machines[i].id.clone())
+                    .unregister(&presence)
+                    .await?;
             }
         }
         Ok(())
@@ -402,7 +404,12 @@ fn spawn_machine(
         }
         .in_current_span(),
     );
-    let agent = Agent::new(registry, manager, cfg, presence_rx.clone());
+    let agent = Agent::new(
+        MachineRole::new(registry, id.clone()),
+        manager,
+        cfg,
+        presence_rx.clone(),
+    );
     let agent = tokio::spawn(agent.run(shutdown_rx).in_current_span());
     SimMachine {
         id,

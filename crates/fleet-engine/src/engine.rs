@@ -10,7 +10,7 @@ mod leading;
 use crate::disruption::DisruptionConfig;
 use fleet_core::MachineId;
 use fleet_registry::kv::Kv;
-use fleet_registry::{Leadership, Registry};
+use fleet_registry::{EngineRole, Leadership, Registry};
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -82,7 +82,8 @@ async fn campaign_once<K: Kv>(
     cfg: &EngineConfig,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Flow {
-    match registry.campaign(&cfg.machine, cfg.lease_ttl).await {
+    let role = EngineRole::new(registry.clone());
+    match role.campaign(&cfg.machine, cfg.lease_ttl).await {
         Ok(Some(leadership)) => lead(registry, leadership, cfg, shutdown).await,
         Ok(None) => follow(registry, cfg, shutdown).await,
         Err(err) => {

@@ -16,7 +16,7 @@
 //! Keys whose parts do not parse name nothing and are left as they are (and warned about).
 
 use fleet_core::{MachineId, UnitName};
-use fleet_registry::{Named, Snapshot};
+use fleet_registry::{Key, Snapshot};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -38,17 +38,29 @@ impl Unreadable {
         let mut out = Unreadable::default();
         for (key, skipped) in &snap.skipped {
             match skipped.named.as_deref() {
-                Some(Named::Unit(unit)) => {
+                Some(Key::Unit(unit)) => {
                     out.units.insert(unit.clone());
                 }
-                Some(Named::Machine(machine)) => {
+                Some(Key::Machine(machine)) => {
                     out.machines.insert(machine.clone());
                 }
-                Some(Named::Schedule { machine, unit }) => {
+                Some(Key::Schedule { machine, unit }) => {
                     let slot = (machine.clone(), unit.clone());
                     out.schedule.insert(key.clone(), slot);
                 }
-                Some(Named::File(_) | Named::State { .. } | Named::Unscheduled(_)) | None => {}
+                // A dynamic metadata value that is not UTF-8 (only a hand-written one can be:
+                // the API checks what it writes) is left out: the machine keeps its
+                // configured value of that key, and still counts only if it is registered.
+                Some(
+                    Key::File(_)
+                    | Key::FileRef { .. }
+                    | Key::State { .. }
+                    | Key::Leader
+                    | Key::Disruption
+                    | Key::Unscheduled(_)
+                    | Key::Metadata { .. },
+                )
+                | None => {}
             }
         }
         out

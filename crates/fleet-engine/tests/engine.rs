@@ -5,7 +5,7 @@ use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, U
 use fleet_engine::{DisruptionConfig, EngineConfig};
 use fleet_registry::kv::{Compare, Hook, Hooked, Kv, KvError, LeaseId, MemKv, Request, Txn, TxnOp};
 use fleet_registry::testing::TestEtcd;
-use fleet_registry::{Presence, Registry, UnitStateRecord};
+use fleet_registry::{MachineRole, Presence, Registry, UnitStateRecord, UnitsRole};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
@@ -57,14 +57,21 @@ async fn join<K: Kv>(reg: &Registry<K>, id: &str) -> Presence {
         version: "test".into(),
         disable_engine: false,
     };
-    reg.register_machine(&info, PRESENCE_TTL, None)
+    MachineRole::new(reg.clone(), machine(id))
+        .register(&info, PRESENCE_TTL, None)
         .await
         .unwrap()
 }
 
+/// Ends a presence as its machine's role would: the lease goes, and every key on it.
+async fn leave<K: Kv>(reg: &Registry<K>, presence: &Presence) {
+    reg.raw_kv().revoke(presence.lease).await.unwrap();
+}
+
 async fn submit<K: Kv>(reg: &Registry<K>, unit: &str) {
     let file = UnitFile::parse(format!("[Service]\nExecStart=/bin/echo {unit}\n").as_bytes());
-    reg.create_unit(&name(unit), &file.unwrap(), DesiredState::Launched)
+    UnitsRole::new(reg.clone())
+        .create_unit(&name(unit), &file.unwrap(), DesiredState::Launched)
         .await
         .unwrap();
 }
@@ -207,9 +214,9 @@ async fn another_engine_takes_over_when_the_leaders_lease_expires<K: Kv>(
 /// put (a flake under load).
 async fn usurp<K: Kv>(reg: &Registry<K>, holder: &str) -> LeaseId {
     let key = reg.keys().leader();
-    let lease = reg.kv().grant(PRESENCE_TTL).await.unwrap();
+    let lease = reg.raw_kv().grant(PRESENCE_TTL).await.unwrap();
     loop {
-        let current = reg.kv().range(&key, false, None).await.unwrap();
+        let current = reg.raw_kv().range(&key, false, None).await.unwrap();
         let (guard, deposed) = match current.kvs.first() {
             Some(kv) => (Compare::mod_revision(&key, kv.mod_revision), Some(kv.lease)),
             None => (Compare::absent(&key), None),
@@ -223,9 +230,9 @@ async fn usurp<K: Kv>(reg: &Registry<K>, holder: &str) -> LeaseId {
             }],
             failure: vec![],
         };
-        if reg.kv().txn(put).await.unwrap().succeeded {
+        if reg.raw_kv().txn(put).await.unwrap().succeeded {
             if let Some(old) = deposed.filter(|l| *l != 0) {
-                reg.kv().revoke(LeaseId(old)).await.unwrap();
+                reg.raw_kv().revoke(LeaseId(old)).await.unwrap();
             }
             return lease;
         }
@@ -244,7 +251,7 @@ async fn a_deposed_leader_stops_writing_until_it_leads_again<K: Kv>(reg: Registr
         "a deposed leader scheduled"
     );
     assert!(leader_is(&reg, Some("z")).await);
-    reg.kv().revoke(z).await.unwrap();
+    reg.raw_kv().revoke(z).await.unwrap();
     eventually(t.prompt, "a leads again", || leader_is(&reg, Some("a"))).await;
     eventually(t.prompt, "late scheduled", || async {
         schedule(&reg).await.contains_key("late.service")
@@ -267,7 +274,7 @@ async fn reschedules_the_units_of_a_machine_whose_record_vanishes<K: Kv>(
     })
     .await;
     assert_eq!(schedule(&reg).await["a.service"], ["m1"]);
-    reg.unregister(&m1).await.unwrap();
+    leave(&reg, &m1).await;
     // One machine of two is no disruption: its units move once the settle is over.
     let settle = DisruptionConfig::for_ttl(t.agent_ttl).settle;
     eventually(settle + t.prompt, "a moved to m2", || async {
@@ -312,7 +319,7 @@ async fn holds_rescheduling_while_most_machines_vanished_and_they_return<K: Kv>(
     let (presences, e) = three_machines_one_unit_each(&reg, t).await;
     let placed = schedule(&reg).await;
     for p in &presences[..2] {
-        reg.unregister(p).await.unwrap();
+        leave(&reg, p).await;
     }
     eventually(t.prompt, "hold published", || async {
         reg.disruption().await.unwrap().is_some()
@@ -345,7 +352,7 @@ async fn moves_the_units_of_machines_still_gone_after_the_grace<K: Kv>(
 ) {
     let (presences, e) = three_machines_one_unit_each(&reg, t).await;
     for p in &presences[..2] {
-        reg.unregister(p).await.unwrap();
+        leave(&reg, p).await;
     }
     let grace = DisruptionConfig::for_ttl(t.agent_ttl).grace;
     sleep(grace - t.prompt.min(grace / 4)).await;
@@ -393,25 +400,32 @@ async fn places_and_moves_units_on_dynamic_metadata_changes<K: Kv>(reg: Registry
         key: "tier".parse().unwrap(),
         value: v.into(),
     };
-    let mut web = MachineInfo {
+    let web = MachineInfo {
         id: machine("m1"),
         public_ip: String::new(),
         metadata: BTreeMap::from([("tier".to_owned(), "web".to_owned())]),
         version: "test".into(),
         disable_engine: false,
     };
-    reg.register_machine(&web, PRESENCE_TTL, None)
-        .await
-        .unwrap();
-    web.id = machine("m2");
-    web.metadata.clear();
-    reg.register_machine(&web, PRESENCE_TTL, None)
-        .await
-        .unwrap();
+    for info in [
+        web.clone(),
+        MachineInfo {
+            id: machine("m2"),
+            metadata: BTreeMap::new(),
+            ..web
+        },
+    ] {
+        MachineRole::new(reg.clone(), info.id.clone())
+            .register(&info, PRESENCE_TTL, None)
+            .await
+            .unwrap();
+    }
+    let units = UnitsRole::new(reg.clone());
     let a = start(&reg, "a", t);
     let file = "[Service]\nExecStart=/bin/true\n[X-Fleet]\nMachineMetadata=tier=api\n";
     let file = UnitFile::parse(file.as_bytes()).unwrap();
-    reg.create_unit(&name("api.service"), &file, DesiredState::Launched)
+    units
+        .create_unit(&name("api.service"), &file, DesiredState::Launched)
         .await
         .unwrap();
     let on = |m: &'static str| {
@@ -427,22 +441,24 @@ async fn places_and_moves_units_on_dynamic_metadata_changes<K: Kv>(reg: Registry
     })
     .await;
 
-    reg.change_metadata(&[set("m2", "api")]).await.unwrap();
+    units.change_metadata(&[set("m2", "api")]).await.unwrap();
     eventually(t.prompt, "api placed on m2", on("m2")).await;
 
     // m1's dynamic value wins over its configured `tier=web`; m2 loses its value.
-    reg.change_metadata(&[
-        set("m1", "api"),
-        MetadataChange::Remove {
-            machine: machine("m2"),
-            key: "tier".parse().unwrap(),
-        },
-    ])
-    .await
-    .unwrap();
+    units
+        .change_metadata(&[
+            set("m1", "api"),
+            MetadataChange::Remove {
+                machine: machine("m2"),
+                key: "tier".parse().unwrap(),
+            },
+        ])
+        .await
+        .unwrap();
     eventually(t.prompt, "api moved to m1", on("m1")).await;
 
-    reg.change_metadata(&[set("m1", "db"), set("m2", "api")])
+    units
+        .change_metadata(&[set("m1", "db"), set("m2", "api")])
         .await
         .unwrap();
     eventually(t.prompt, "api moved back to m2", on("m2")).await;
@@ -498,7 +514,10 @@ async fn publish<K: Kv>(
         restart: 0,
         restart_pending: false,
     };
-    reg.publish_state(presence, &state).await.unwrap();
+    MachineRole::new(reg.clone(), machine(id))
+        .publish_state(presence, &state)
+        .await
+        .unwrap();
 }
 
 async fn moves_a_replaced_unit_only_once_its_previous_copy_has_stopped<K: Kv>(
@@ -516,7 +535,8 @@ async fn moves_a_replaced_unit_only_once_its_previous_copy_has_stopped<K: Kv>(
     publish(&reg, ("m1", &m1), "a.service", "active").await;
     let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
     let file = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n\n[X-Fleet]\nMachineID=m2\n");
-    reg.replace_unit(&unit, &file.unwrap(), DesiredState::Launched)
+    UnitsRole::new(reg.clone())
+        .replace_unit(&unit, &file.unwrap(), DesiredState::Launched)
         .await
         .unwrap();
     let reason = || async {
@@ -534,7 +554,8 @@ async fn moves_a_replaced_unit_only_once_its_previous_copy_has_stopped<K: Kv>(
         !schedule(&reg).await.contains_key("a.service"),
         "placed while the old copy was still stopping"
     );
-    reg.remove_state(&name("a.service"), &machine("m1"))
+    MachineRole::new(reg.clone(), machine("m1"))
+        .remove_state(&name("a.service"))
         .await
         .unwrap();
     eventually(t.prompt, "a on m2 once the copy on m1 is gone", || async {
@@ -572,7 +593,7 @@ async fn moves_a_lost_machines_units_no_faster_than_the_move_rate() {
             .count()
     };
     assert_eq!(on_m1().await, 3);
-    reg.unregister(&m1).await.unwrap();
+    leave(&reg, &m1).await;
     // After the settle one moves (a bucket of one second's worth), then one a second.
     sleep(d.settle - t.prompt).await;
     assert_eq!(on_m1().await, 3, "moved before the settle");

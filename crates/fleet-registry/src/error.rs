@@ -26,6 +26,9 @@ pub enum RegistryError {
         "machine ID {0} is already registered by a live fleetd; is /etc/machine-id duplicated?"
     )]
     DuplicateMachine(MachineId),
+    /// A machine's role was asked to write a record of another machine.
+    #[error("the registry role of machine {role} cannot write for machine {other}")]
+    ForeignMachine { role: MachineId, other: MachineId },
     /// A write fenced by leadership found that we are not the leader any more.
     #[error("not the engine leader any more")]
     LostLeadership,
@@ -53,6 +56,7 @@ impl RegistryError {
             | Self::FileMissing { .. }
             | Self::Corrupt { .. }
             | Self::DuplicateMachine(_)
+            | Self::ForeignMachine { .. }
             | Self::LostLeadership
             | Self::TooManyChanges { .. } => false,
         }

@@ -1,5 +1,6 @@
 //! The etcd key schema (documented in docs/registry.md). Every key the project writes is built
-//! here, so the schema lives in one place.
+//! here by [`Keys`], and every key read back is parsed here by [`Key::parse`], so the schema
+//! lives in one place.
 //!
 //! `P` is the prefix (default `/_coreos.com/fleet/`):
 //!
@@ -22,15 +23,128 @@
 
 use fleet_core::{MachineId, UnitHash, UnitName};
 
-/// What a key of the schema names, read from the key alone (its value may not parse).
+use crate::metadata::MetadataKey;
+
+/// What a key of the schema names, read from the key alone (its value may not parse):
+/// [`Key::parse`] is the inverse of the builders of [`Keys`] ([`Key::build`] calls them).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Named {
+pub enum Key {
     Unit(UnitName),
     File(UnitHash),
-    Schedule { machine: MachineId, unit: UnitName },
+    FileRef {
+        hash: UnitHash,
+        unit: UnitName,
+    },
+    Schedule {
+        machine: MachineId,
+        unit: UnitName,
+    },
     Machine(MachineId),
-    State { unit: UnitName, machine: MachineId },
+    State {
+        unit: UnitName,
+        machine: MachineId,
+    },
+    Leader,
+    Disruption,
     Unscheduled(UnitName),
+    Metadata {
+        machine: MachineId,
+        key: MetadataKey,
+    },
+}
+
+/// The part of the schema a key is under, read from its first segment alone: a key of a
+/// kind whose other parts do not parse still belongs to that kind (a listing of the kind
+/// finds it, and skips it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Unit,
+    File,
+    FileRef,
+    Schedule,
+    Machine,
+    State,
+    /// `engine/leader` and `engine/disruption`.
+    Engine,
+    Unscheduled,
+    Metadata,
+}
+
+impl Key {
+    /// What `key` names, if it is a key of the schema under `keys`' prefix whose parts parse.
+    pub fn parse(keys: &Keys, key: &str) -> Option<Key> {
+        let (kind, rest) = keys.split(key)?;
+        let pair = || rest.split_once('/');
+        Some(match kind {
+            Kind::Unit => Key::Unit(rest.parse().ok()?),
+            Kind::File => Key::File(rest.parse().ok()?),
+            Kind::Machine => Key::Machine(rest.parse().ok()?),
+            Kind::Unscheduled => Key::Unscheduled(rest.parse().ok()?),
+            Kind::FileRef => {
+                let (hash, unit) = pair()?;
+                Key::FileRef {
+                    hash: hash.parse().ok()?,
+                    unit: unit.parse().ok()?,
+                }
+            }
+            Kind::Schedule => {
+                let (machine, unit) = pair()?;
+                Key::Schedule {
+                    machine: machine.parse().ok()?,
+                    unit: unit.parse().ok()?,
+                }
+            }
+            Kind::State => {
+                let (unit, machine) = pair()?;
+                Key::State {
+                    unit: unit.parse().ok()?,
+                    machine: machine.parse().ok()?,
+                }
+            }
+            Kind::Metadata => {
+                let (machine, key) = pair()?;
+                Key::Metadata {
+                    machine: machine.parse().ok()?,
+                    key: key.parse().ok()?,
+                }
+            }
+            Kind::Engine => match rest {
+                "leader" => Key::Leader,
+                "disruption" => Key::Disruption,
+                _ => return None,
+            },
+        })
+    }
+
+    /// The key itself, under `keys`' prefix.
+    pub fn build(&self, keys: &Keys) -> String {
+        match self {
+            Key::Unit(unit) => keys.unit(unit),
+            Key::File(hash) => keys.file(hash),
+            Key::FileRef { hash, unit } => keys.file_ref(hash, unit),
+            Key::Schedule { machine, unit } => keys.schedule(machine, unit),
+            Key::Machine(machine) => keys.machine(machine),
+            Key::State { unit, machine } => keys.state(unit, machine),
+            Key::Leader => keys.leader(),
+            Key::Disruption => keys.disruption(),
+            Key::Unscheduled(unit) => keys.unscheduled(unit),
+            Key::Metadata { machine, key } => keys.metadata(machine, key.as_str()),
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        match self {
+            Key::Unit(_) => Kind::Unit,
+            Key::File(_) => Kind::File,
+            Key::FileRef { .. } => Kind::FileRef,
+            Key::Schedule { .. } => Kind::Schedule,
+            Key::Machine(_) => Kind::Machine,
+            Key::State { .. } => Kind::State,
+            Key::Leader | Key::Disruption => Kind::Engine,
+            Key::Unscheduled(_) => Kind::Unscheduled,
+            Key::Metadata { .. } => Kind::Metadata,
+        }
+    }
 }
 
 /// The default key prefix, fleet's.
@@ -143,36 +257,27 @@ impl Keys {
         format!("{}unscheduled/{name}", self.prefix)
     }
 
-    /// What `key` names, if it is a record key of the schema whose parts parse.
-    pub fn named(&self, key: &str) -> Option<Named> {
-        let (kind, rest) = key.strip_prefix(&self.prefix)?.split_once('/')?;
-        let pair = || rest.split_once('/');
-        Some(match kind {
-            "unit" => Named::Unit(rest.parse().ok()?),
-            "file" => Named::File(rest.parse().ok()?),
-            "machine" => Named::Machine(rest.parse().ok()?),
-            "unscheduled" => Named::Unscheduled(rest.parse().ok()?),
-            "schedule" => {
-                let (machine, unit) = pair()?;
-                Named::Schedule {
-                    machine: machine.parse().ok()?,
-                    unit: unit.parse().ok()?,
-                }
-            }
-            "state" => {
-                let (unit, machine) = pair()?;
-                Named::State {
-                    unit: unit.parse().ok()?,
-                    machine: machine.parse().ok()?,
-                }
-            }
-            _ => return None,
-        })
+    /// The kind of `key`, if it is under the prefix in a part of the schema.
+    pub fn kind(&self, key: &str) -> Option<Kind> {
+        Some(self.split(key)?.0)
     }
 
-    /// The part of `key` after `base`, if `key` is under it.
-    pub fn rest<'a>(key: &'a str, base: &str) -> Option<&'a str> {
-        key.strip_prefix(base)
+    /// The kind of `key` and the rest of it after `<kind>/`.
+    fn split<'a>(&self, key: &'a str) -> Option<(Kind, &'a str)> {
+        let (kind, rest) = key.strip_prefix(&self.prefix)?.split_once('/')?;
+        let kind = match kind {
+            "unit" => Kind::Unit,
+            "file" => Kind::File,
+            "file-ref" => Kind::FileRef,
+            "schedule" => Kind::Schedule,
+            "machine" => Kind::Machine,
+            "state" => Kind::State,
+            "engine" => Kind::Engine,
+            "unscheduled" => Kind::Unscheduled,
+            "metadata" => Kind::Metadata,
+            _ => return None,
+        };
+        Some((kind, rest))
     }
 }
 
@@ -185,47 +290,93 @@ impl Default for Keys {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fleet_core::UnitFile;
 
     fn keys() -> Keys {
         Keys::new("/p")
     }
 
+    fn every_key() -> Vec<Key> {
+        let (m, u): (MachineId, UnitName) = ("m1".parse().unwrap(), "a.service".parse().unwrap());
+        let hash = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n")
+            .unwrap()
+            .hash();
+        vec![
+            Key::Unit(u.clone()),
+            Key::File(hash),
+            Key::FileRef {
+                hash,
+                unit: u.clone(),
+            },
+            Key::Schedule {
+                machine: m.clone(),
+                unit: u.clone(),
+            },
+            Key::Machine(m.clone()),
+            Key::State {
+                unit: u.clone(),
+                machine: m,
+            },
+            Key::Leader,
+            Key::Disruption,
+            Key::Unscheduled(u),
+            Key::Metadata {
+                machine: "m2".parse().unwrap(),
+                key: "tier".parse().unwrap(),
+            },
+        ]
+    }
+
     #[test]
-    fn a_record_key_names_what_its_parts_say() {
+    fn every_built_key_parses_back_to_what_built_it() {
+        let k = keys();
+        for key in every_key() {
+            let built = key.build(&k);
+            assert_eq!(Key::parse(&k, &built), Some(key.clone()), "{built}");
+            assert_eq!(k.kind(&built), Some(key.kind()), "{built}");
+        }
+    }
+
+    #[test]
+    fn the_builders_and_the_parser_agree_on_the_schema() {
         let k = keys();
         let (m, u): (MachineId, UnitName) = ("m1".parse().unwrap(), "a.service".parse().unwrap());
-        assert_eq!(k.named(&k.unit(&u)), Some(Named::Unit(u.clone())));
-        assert_eq!(k.named(&k.machine(&m)), Some(Named::Machine(m.clone())));
+        assert_eq!(k.unit(&u), "/p/unit/a.service");
+        assert_eq!(k.schedule(&m, &u), "/p/schedule/m1/a.service");
+        assert_eq!(k.state(&u, &m), "/p/state/a.service/m1");
         assert_eq!(
-            k.named(&k.schedule(&m, &u)),
-            Some(Named::Schedule {
+            Key::parse(&k, &k.schedule(&m, &u)),
+            Some(Key::Schedule {
                 machine: m.clone(),
                 unit: u.clone()
             })
         );
         assert_eq!(
-            k.named(&k.state(&u, &m)),
-            Some(Named::State {
-                unit: u.clone(),
+            Key::parse(&k, &k.state(&u, &m)),
+            Some(Key::State {
+                unit: u,
                 machine: m
             })
         );
-        assert_eq!(k.named(&k.unscheduled(&u)), Some(Named::Unscheduled(u)));
     }
 
     #[test]
-    fn a_key_whose_parts_do_not_parse_names_nothing() {
+    fn a_key_whose_parts_do_not_parse_names_nothing_but_keeps_its_kind() {
         let k = keys();
-        for key in [
-            "/p/unit/bad name",
-            "/p/unit/",
-            "/p/machine/a/b",
-            "/p/schedule/m1",
-            "/p/schedule/m1/not a unit",
-            "/p/engine/leader",
-            "/q/unit/a.service",
+        for (key, kind) in [
+            ("/p/unit/bad name", Some(Kind::Unit)),
+            ("/p/unit/", Some(Kind::Unit)),
+            ("/p/machine/a/b", Some(Kind::Machine)),
+            ("/p/schedule/m1", Some(Kind::Schedule)),
+            ("/p/schedule/m1/not a unit", Some(Kind::Schedule)),
+            ("/p/file-ref/nothex/a.service", Some(Kind::FileRef)),
+            ("/p/engine/other", Some(Kind::Engine)),
+            ("/p/unit", None),
+            ("/p/other/a.service", None),
+            ("/q/unit/a.service", None),
         ] {
-            assert_eq!(k.named(key), None, "{key}");
+            assert_eq!(Key::parse(&k, key), None, "{key}");
+            assert_eq!(k.kind(key), kind, "{key}");
         }
     }
 }

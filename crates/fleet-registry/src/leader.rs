@@ -11,14 +11,27 @@ use tracing::debug;
 
 use crate::error::{RegistryError, Result};
 use crate::kv::{
-    CmpOp, CmpTarget, Compare, Kv, KvError, LeaseId, Revision, Txn, TxnOp, TxnOpResponse,
+    CmpOp, CmpTarget, Compare, Kv, KvError, LeaseId, MAX_TXN_OPS, Revision, Txn, TxnOp,
+    TxnOpResponse,
 };
 use crate::records::ScheduleEntry;
-use crate::registry::{Fence, Registry, encode};
+use crate::registry::{Registry, encode};
 use crate::watch::WatchHints;
 
-/// etcd's default `--max-txn-ops`: a transaction may hold at most this many operations.
-pub const MAX_TXN_OPS: usize = 128;
+/// Guards an engine write: it applies only while `key` still holds `value` (our leadership).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub key: String,
+    pub value: String,
+}
+
+/// The engine's role: campaigns for `P/engine/leader`. Every other engine write (schedules,
+/// unschedulable reasons, the disruption notice) goes through the [`Leadership`] a campaign
+/// wins, so it is fenced.
+#[derive(Debug, Clone)]
+pub struct EngineRole<K> {
+    registry: Registry<K>,
+}
 
 /// Proof of leadership. Writes made through it are fenced by the leader key and its lease.
 #[derive(Debug, Clone)]
@@ -43,12 +56,17 @@ pub enum EngineWrite {
     Disruption { notice: Option<String> },
 }
 
-impl<K: Kv> Registry<K> {
+impl<K: Kv> EngineRole<K> {
+    pub fn new(registry: Registry<K>) -> EngineRole<K> {
+        EngineRole { registry }
+    }
+
     /// Tries to become the engine leader: creates the leader key on a new lease of `ttl` if
     /// there is none. A key already holding `me` (our own from before a restart) is taken
     /// over onto the new lease. `None`: another machine leads.
     pub async fn campaign(&self, me: &MachineId, ttl: Duration) -> Result<Option<Leadership<K>>> {
         let lease = self
+            .registry
             .kv()
             .grant(ttl)
             .await
@@ -57,11 +75,11 @@ impl<K: Kv> Registry<K> {
             Ok(true) => Ok(Some(self.leadership(me, lease))),
             Ok(false) => {
                 // Best effort: an unused lease expires by itself anyway.
-                let _ = self.kv().revoke(lease).await;
+                let _ = self.registry.kv().revoke(lease).await;
                 Ok(None)
             }
             Err(err) => {
-                let _ = self.kv().revoke(lease).await;
+                let _ = self.registry.kv().revoke(lease).await;
                 Err(err)
             }
         }
@@ -69,7 +87,7 @@ impl<K: Kv> Registry<K> {
 
     /// Puts `me` on the leader key with `lease` if the key is absent or already ours.
     async fn claim(&self, me: &MachineId, lease: LeaseId) -> Result<bool> {
-        let key = self.keys().leader();
+        let key = self.registry.keys().leader();
         let put = TxnOp::Put {
             key: key.clone(),
             value: me.as_str().as_bytes().to_vec(),
@@ -84,6 +102,7 @@ impl<K: Kv> Registry<K> {
             }],
         };
         let res = self
+            .registry
             .kv()
             .txn(create)
             .await
@@ -105,6 +124,7 @@ impl<K: Kv> Registry<K> {
             failure: vec![],
         };
         let res = self
+            .registry
             .kv()
             .txn(take_over)
             .await
@@ -121,15 +141,18 @@ impl<K: Kv> Registry<K> {
 
     fn leadership(&self, me: &MachineId, lease: LeaseId) -> Leadership<K> {
         Leadership {
-            registry: self.clone(),
+            registry: self.registry.clone(),
             lease,
             fence: Fence {
-                key: self.keys().leader(),
+                key: self.registry.keys().leader(),
                 value: me.as_str().to_owned(),
             },
         }
     }
+}
 
+/// Shared reads of the engine keys: followers and fleetctl read who leads and why it holds.
+impl<K: Kv> Registry<K> {
     /// The current engine leader, if any.
     pub async fn leader(&self) -> Result<Option<MachineId>> {
         Ok(self.read_leader().await?.0)
@@ -324,6 +347,10 @@ mod tests {
         }
     }
 
+    fn campaigner(reg: &Registry<MemKv>) -> EngineRole<MemKv> {
+        EngineRole::new(reg.clone())
+    }
+
     async fn schedule_keys(reg: &Registry<MemKv>) -> Vec<String> {
         let res = reg
             .kv()
@@ -337,17 +364,31 @@ mod tests {
     async fn the_first_campaign_wins_and_later_ones_lose() {
         let reg = registry();
         assert_eq!(reg.leader().await.unwrap(), None);
-        let a = reg.campaign(&machine("a"), TTL).await.unwrap();
+        let a = campaigner(&reg).campaign(&machine("a"), TTL).await.unwrap();
         assert!(a.is_some());
-        assert!(reg.campaign(&machine("b"), TTL).await.unwrap().is_none());
+        assert!(
+            campaigner(&reg)
+                .campaign(&machine("b"), TTL)
+                .await
+                .unwrap()
+                .is_none()
+        );
         assert_eq!(reg.leader().await.unwrap(), Some(machine("a")));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_restarted_leader_takes_its_own_key_over_and_fences_its_old_self() {
         let reg = registry();
-        let old = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
-        let new = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        let old = campaigner(&reg)
+            .campaign(&machine("a"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
+        let new = campaigner(&reg)
+            .campaign(&machine("a"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
         assert_ne!(old.lease, new.lease);
         let refused = old
             .write(&[EngineWrite::Schedule(entry("x.service", "a"))])
@@ -366,7 +407,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn leadership_lapses_without_renewal_and_lasts_with_it() {
         let reg = registry();
-        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        let a = campaigner(&reg)
+            .campaign(&machine("a"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
         for _ in 0..5 {
             tokio::time::sleep(TTL / 3).await;
             a.renew().await.unwrap();
@@ -378,24 +423,48 @@ mod tests {
             a.renew().await,
             Err(RegistryError::LostLeadership)
         ));
-        assert!(reg.campaign(&machine("b"), TTL).await.unwrap().is_some());
+        assert!(
+            campaigner(&reg)
+                .campaign(&machine("b"), TTL)
+                .await
+                .unwrap()
+                .is_some()
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn resigning_frees_the_key_at_once() {
         let reg = registry();
-        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        let a = campaigner(&reg)
+            .campaign(&machine("a"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
         a.resign().await.unwrap();
         assert_eq!(reg.leader().await.unwrap(), None);
-        assert!(reg.campaign(&machine("b"), TTL).await.unwrap().is_some());
+        assert!(
+            campaigner(&reg)
+                .campaign(&machine("b"), TTL)
+                .await
+                .unwrap()
+                .is_some()
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_deposed_leaders_write_is_refused_and_writes_nothing() {
         let reg = registry();
-        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        let a = campaigner(&reg)
+            .campaign(&machine("a"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
         reg.kv().revoke(a.lease).await.unwrap();
-        let b = reg.campaign(&machine("b"), TTL).await.unwrap().unwrap();
+        let b = campaigner(&reg)
+            .campaign(&machine("b"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
         let refused = a
             .write(&[EngineWrite::Schedule(entry("x.service", "a"))])
             .await;
@@ -416,7 +485,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_leader_whose_key_was_deleted_loses_at_its_next_renewal() {
         let reg = registry();
-        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        let a = campaigner(&reg)
+            .campaign(&machine("a"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
         let delete = Txn {
             compares: vec![],
             success: vec![TxnOp::Delete {
@@ -435,7 +508,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn writes_schedules_and_reasons_and_splits_large_batches() {
         let reg = registry();
-        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        let a = campaigner(&reg)
+            .campaign(&machine("a"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
         let x: UnitName = "x.service".parse().unwrap();
         let mut writes: Vec<EngineWrite> = (0..300)
             .map(|i| EngineWrite::Schedule(entry(&format!("u{i}.service"), "m1")))
@@ -471,7 +548,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn publishes_and_withdraws_the_disruption_notice_fenced() {
         let reg = registry();
-        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        let a = campaigner(&reg)
+            .campaign(&machine("a"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(reg.disruption().await.unwrap(), None);
         let notice = "rescheduling held: 2 of 3 machines vanished".to_owned();
         a.write(&[EngineWrite::Disruption {
@@ -497,7 +578,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_follower_is_woken_when_the_leader_key_changes() {
         let reg = registry();
-        let a = reg.campaign(&machine("a"), TTL).await.unwrap().unwrap();
+        let a = campaigner(&reg)
+            .campaign(&machine("a"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
         let (leader, mut hints) = reg.watch_leader().await.unwrap();
         assert_eq!(leader, Some(machine("a")));
         a.resign().await.unwrap();

@@ -1,8 +1,11 @@
 //! The cluster registry in etcd v3. Every etcd call in the project lives in this crate.
 //!
-//! [`Registry`] turns the key schema of [`keys`] into typed operations. Every multi-key change
-//! is one transaction guarded by compare-and-swap, so concurrent clients never leave anything
-//! half-written; reads used for decisions come from one revision ([`Snapshot`]).
+//! [`Registry`] turns the key schema of [`keys`] into typed reads; reads used for decisions come
+//! from one revision ([`Snapshot`]). Writes go through the handle of a role, each able to write
+//! only its own keys: [`UnitsRole`] (fleetctl, the API), [`MachineRole`] (one machine's
+//! presence and states), [`EngineRole`] and the [`Leadership`] it wins (fenced schedules).
+//! Every multi-key change is one transaction guarded by compare-and-swap, so concurrent
+//! clients never leave anything half-written.
 
 mod error;
 pub mod input;
@@ -10,6 +13,7 @@ pub mod keys;
 pub mod kv;
 mod leader;
 mod live;
+mod machine;
 mod metadata;
 mod per_machine;
 mod read;
@@ -18,16 +22,20 @@ mod registry;
 mod snapshot;
 #[cfg(feature = "test-etcd")]
 pub mod testing;
+mod units;
 mod watch;
 
 pub use error::{RegistryError, Result};
-pub use keys::{DEFAULT_PREFIX, Keys, Named};
-pub use leader::{EngineWrite, Leadership, MAX_TXN_OPS};
+pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind};
+pub use kv::MAX_TXN_OPS;
+pub use leader::{EngineRole, EngineWrite, Fence, Leadership};
 pub use live::{LiveView, Touched};
+pub use machine::{MachineRole, Presence};
 pub use metadata::{DynamicMetadata, MetadataChange, MetadataKey, MetadataKeyError, apply_dynamic};
 pub use per_machine::PerMachine;
 pub use read::{Listing, Skipped};
 pub use records::{ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
-pub use registry::{CreateOutcome, Fence, Presence, Registry};
+pub use registry::Registry;
 pub use snapshot::Snapshot;
+pub use units::{CreateOutcome, UnitsRole};
 pub use watch::WatchHints;

@@ -14,15 +14,14 @@
 //! left out as a snapshot leaves it out (listed in [`Snapshot::skipped`], what its key named
 //! removed), with one warning when the view is read and one for each change that writes it.
 
-use fleet_core::{MachineId, UnitFile, UnitHash, UnitName};
+use fleet_core::{UnitFile, UnitHash};
 use std::collections::BTreeMap;
 use tracing::{debug, warn};
 
 use crate::error::{RegistryError, Result};
+use crate::keys::{Key, Kind};
 use crate::kv::{Event, EventKind, KeyValue, Kv, Revision, Watch, WatchMessage};
 use crate::leader::EngineWrite;
-use crate::metadata;
-use crate::per_machine::PerMachine;
 use crate::read::{self, Skipped};
 use crate::registry::Registry;
 use crate::snapshot::Snapshot;
@@ -62,8 +61,8 @@ impl Touched {
     }
 }
 
-/// The registry's units, machines and their dynamic metadata, schedule, states,
-/// unschedulable reasons and unit files, followed by a watch.
+/// The registry's units, machines and their metadata, schedule, states, unschedulable reasons and unit files,
+/// followed by a watch.
 #[derive(Debug)]
 pub struct LiveView<K> {
     registry: Registry<K>,
@@ -163,16 +162,11 @@ impl<K: Kv> LiveView<K> {
             match write {
                 EngineWrite::Schedule(entry) => {
                     // A put or delete of a schedule key replaces an unreadable value there.
-                    snap.skipped
-                        .remove(&keys.schedule(&entry.machine, &entry.name));
-                    snap.schedule
-                        .entry(entry.name.clone())
-                        .or_default()
-                        .insert(entry.machine.clone(), entry.clone());
+                    snap.remove(keys, &keys.schedule(&entry.machine, &entry.name));
+                    snap.insert_schedule(entry.clone());
                 }
                 EngineWrite::Unschedule { machine, unit } => {
-                    snap.skipped.remove(&keys.schedule(machine, unit));
-                    remove_inner(&mut snap.schedule, unit, machine);
+                    snap.remove(keys, &keys.schedule(machine, unit));
                 }
                 EngineWrite::Unschedulable { unit, reason } => {
                     snap.unscheduled.insert(unit.clone(), reason.clone());
@@ -206,155 +200,49 @@ impl<K: Kv> LiveView<K> {
     }
 
     /// Applies one change; keys the view does not keep (file references, the leader key)
-    /// touch nothing.
+    /// touch nothing. A put or delete of a snapshot record first removes what was at the key
+    /// (the key names it), then puts a readable new value in, an unreadable one in `skipped`.
     fn apply(&mut self, event: &Event) -> Touched {
         let kv = &event.kv;
         let keys = self.registry.keys();
-        let Some(rest) = kv.key.strip_prefix(keys.prefix()) else {
-            return Touched::default();
-        };
-        let Some((kind, _)) = rest.split_once('/') else {
+        let Some(kind) = keys.kind(&kv.key) else {
             return Touched::default();
         };
         let mut touched = Touched::default();
-        match kind {
-            "file" if !self.with_files => {}
-            "file" => {
+        let flag = match kind {
+            Kind::File if !self.with_files => return touched,
+            Kind::File => {
                 if event.kind == EventKind::Put {
                     if let Some((hash, file)) = parse_file(keys, kv) {
                         self.files.insert(hash, file);
                     }
-                } else if let Ok(hash) = read::key_part::<UnitHash>(keys, kv, &keys.files()) {
+                } else if let Some(Key::File(hash)) = Key::parse(keys, &kv.key) {
                     self.files.remove(&hash);
                 }
                 touched.files = true;
+                return touched;
             }
-            "unit" => {
-                self.apply_record(event);
-                touched.units = true;
-            }
-            "machine" => {
-                self.apply_record(event);
-                touched.machines = true;
-            }
+            Kind::FileRef | Kind::Engine => return touched,
+            Kind::Unit => &mut touched.units,
             // Dynamic metadata changes what a machine offers, as a new machine record does.
-            "metadata" => {
-                self.apply_metadata(event);
-                touched.machines = true;
-            }
-            "schedule" => {
-                self.apply_record(event);
-                touched.schedules = true;
-            }
-            "state" => {
-                self.apply_record(event);
-                touched.states = true;
-            }
-            "unscheduled" => {
-                self.apply_record(event);
-                touched.unscheduled = true;
-            }
-            _ => {}
+            Kind::Machine | Kind::Metadata => &mut touched.machines,
+            Kind::Schedule => &mut touched.schedules,
+            Kind::State => &mut touched.states,
+            Kind::Unscheduled => &mut touched.unscheduled,
+        };
+        *flag = true;
+        self.snapshot.remove(keys, &kv.key);
+        if event.kind == EventKind::Put
+            && let Some(s) = self.snapshot.insert(keys, kv)
+        {
+            warn_skipped(s);
         }
         touched
-    }
-
-    /// Applies a put or delete of a dynamic metadata value, as [`apply_record`] does a record.
-    ///
-    /// [`apply_record`]: Self::apply_record
-    fn apply_metadata(&mut self, event: &Event) {
-        let kv = &event.kv;
-        let keys = self.registry.keys();
-        let snap = &mut self.snapshot;
-        snap.skipped.remove(&kv.key);
-        if let Some((machine, key)) = metadata::named(keys, &kv.key)
-            && let Some(values) = snap.metadata.get_mut(&machine)
-        {
-            values.remove(key.as_str());
-            if values.is_empty() {
-                snap.metadata.remove(&machine);
-            }
-        }
-        if event.kind == EventKind::Delete {
-            return;
-        }
-        match metadata::read(keys, kv) {
-            Ok((machine, key, value)) => {
-                snap.metadata.entry(machine).or_default().insert(key, value);
-            }
-            Err(s) => {
-                warn_skipped(&s);
-                snap.skip(s);
-            }
-        }
-    }
-
-    /// Applies a put or delete of a snapshot record: first what was at the key goes (the
-    /// key names it), then a readable new value goes in, an unreadable one into `skipped`.
-    fn apply_record(&mut self, event: &Event) {
-        let kv = &event.kv;
-        let keys = self.registry.keys();
-        let snap = &mut self.snapshot;
-        snap.skipped.remove(&kv.key);
-        remove_at(snap, keys, kv);
-        if event.kind == EventKind::Delete {
-            return;
-        }
-        let inserted = match &kv.key {
-            k if k.starts_with(&keys.units()) => read::unit(keys, kv).map(|unit| {
-                snap.units.insert(unit.name().clone(), unit);
-            }),
-            k if k.starts_with(&keys.machines()) => read::machine(keys, kv).map(|m| {
-                snap.machines.insert(m.id.clone(), m);
-            }),
-            k if k.starts_with(&keys.schedules()) => {
-                read::schedule_entry(keys, kv).map(|e| snap.insert_schedule(e))
-            }
-            k if k.starts_with(&keys.states()) => {
-                read::state(keys, kv).map(|s| snap.insert_state(s))
-            }
-            _ => read::unscheduled(keys, kv).map(|(unit, reason)| {
-                snap.unscheduled.insert(unit, reason);
-            }),
-        };
-        if let Err(s) = inserted {
-            warn_skipped(&s);
-            snap.skip(s);
-        }
-    }
-}
-
-/// Removes what the key of `kv` names from the snapshot. A key that names nothing readable
-/// (not a unit name, not two parts) can hold nothing the snapshot kept.
-fn remove_at(snap: &mut Snapshot, keys: &crate::Keys, kv: &KeyValue) {
-    if let Ok(unit) = read::key_part::<UnitName>(keys, kv, &keys.units()) {
-        snap.units.remove(&unit);
-    } else if let Ok(machine) = read::key_part::<MachineId>(keys, kv, &keys.machines()) {
-        snap.machines.remove(&machine);
-    } else if let Some((machine, unit)) = read::key_pair(kv, &keys.schedules()) {
-        remove_inner(&mut snap.schedule, &unit, &machine);
-    } else if let Some((unit, machine)) = read::key_pair(kv, &keys.states()) {
-        remove_inner(&mut snap.states, &unit, &machine);
-    } else if let Ok(unit) = read::key_part::<UnitName>(keys, kv, &keys.unscheduled_all()) {
-        snap.unscheduled.remove(&unit);
     }
 }
 
 fn warn_skipped(s: &Skipped) {
     warn!(key = %s.key, error = %s.detail, "skipping unreadable registry value");
-}
-
-fn remove_inner<V>(
-    map: &mut BTreeMap<UnitName, PerMachine<V>>,
-    unit: &UnitName,
-    machine: &MachineId,
-) {
-    if let Some(inner) = map.get_mut(unit) {
-        inner.remove(machine);
-        if inner.is_empty() {
-            map.remove(unit);
-        }
-    }
 }
 
 /// A stored file, or `None` (with a warning) when its key or text does not parse.

@@ -16,11 +16,11 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{RegistryError, Result};
-use crate::keys::Keys;
-use crate::kv::{KeyValue, Kv, Revision, Txn, TxnOp};
-use crate::leader::MAX_TXN_OPS;
-use crate::read::{Listing, Skipped};
+use crate::keys::{Key, Keys};
+use crate::kv::{KeyValue, Kv, MAX_TXN_OPS, Revision, Txn, TxnOp};
+use crate::read::{self, Listing, Skipped};
 use crate::registry::Registry;
+use crate::units::UnitsRole;
 
 /// Every machine's dynamic metadata: machine -> key -> value. Machines not registered may
 /// have some; it applies once they register.
@@ -36,23 +36,13 @@ pub fn apply_dynamic(machine: &mut MachineInfo, dynamic: &DynamicMetadata) {
     }
 }
 
-/// The machine and metadata key a `metadata/<machine>/<key>` key names, if both parse.
-pub(crate) fn named(keys: &Keys, key: &str) -> Option<(MachineId, MetadataKey)> {
-    let (machine, key) = key.strip_prefix(&keys.metadata_all())?.split_once('/')?;
-    Some((machine.parse().ok()?, key.parse().ok()?))
-}
-
-/// A stored dynamic metadata value, with what its key names.
+/// A stored dynamic metadata value, with the machine and metadata key its key names.
 pub(crate) fn read(keys: &Keys, kv: &KeyValue) -> Result<(MachineId, String, String), Skipped> {
-    let skipped = |detail: &str| Skipped {
-        key: kv.key.clone(),
-        mod_revision: kv.mod_revision,
-        detail: detail.to_owned(),
-        named: None,
+    let Some(Key::Metadata { machine, key }) = Key::parse(keys, &kv.key) else {
+        return Err(read::skipped(keys, kv, "not a machine and metadata key"));
     };
-    let (machine, key) =
-        named(keys, &kv.key).ok_or_else(|| skipped("not a machine and metadata key"))?;
-    let value = String::from_utf8(kv.value.clone()).map_err(|_| skipped("not UTF-8"))?;
+    let value = String::from_utf8(kv.value.clone())
+        .map_err(|_| read::skipped(keys, kv, "the value is not UTF-8"))?;
     Ok((machine, key.0, value))
 }
 
@@ -147,7 +137,10 @@ impl<K: Kv> Registry<K> {
             skipped,
         })
     }
+}
 
+/// Metadata is written by the API, through the units role (docs/registry.md, Roles).
+impl<K: Kv> UnitsRole<K> {
     /// Applies `changes` in one transaction, all or nothing; of several changes to one key
     /// the last wins (etcd refuses a transaction that names a key twice). At most
     /// [`MAX_TXN_OPS`] distinct keys.
@@ -165,7 +158,7 @@ impl<K: Kv> Registry<K> {
         let success = last
             .into_iter()
             .map(|((machine, key), change)| {
-                let key = self.keys().metadata(machine, key.as_str());
+                let key = self.registry().keys().metadata(machine, key.as_str());
                 match change {
                     MetadataChange::Set { value, .. } => TxnOp::Put {
                         key,
@@ -181,7 +174,8 @@ impl<K: Kv> Registry<K> {
             success,
             failure: vec![],
         };
-        self.kv()
+        self.registry()
+            .kv()
             .txn(txn)
             .await
             .map_err(RegistryError::kv("changing machine metadata"))?;
@@ -212,7 +206,7 @@ mod tests {
     #[tokio::test]
     async fn changes_apply_in_order_and_read_back_by_machine() {
         let registry = Registry::new(MemKv::new(), "/fleet/");
-        registry
+        UnitsRole::new(registry.clone())
             .change_metadata(&[
                 set("m1", "tier", "api"),
                 set("m1", "zone", "a"),
@@ -244,7 +238,10 @@ mod tests {
         let changes: Vec<MetadataChange> = (0..=MAX_TXN_OPS)
             .map(|i| set("m1", &format!("k{i}"), "v"))
             .collect();
-        let err = registry.change_metadata(&changes).await.unwrap_err();
+        let err = UnitsRole::new(registry.clone())
+            .change_metadata(&changes)
+            .await
+            .unwrap_err();
         assert!(matches!(err, RegistryError::TooManyChanges { .. }), "{err}");
         assert!(registry.dynamic_metadata().await.unwrap().items.is_empty());
     }
@@ -286,8 +283,10 @@ mod tests {
         let registry = Registry::new(MemKv::new(), "/fleet/");
         let m1 = info("m1", &[("tier", "web")]);
         let ttl = std::time::Duration::from_secs(60);
-        registry.register_machine(&m1, ttl, None).await.unwrap();
-        registry
+        let machine = crate::MachineRole::new(registry.clone(), m1.id.clone());
+        machine.register(&m1, ttl, None).await.unwrap();
+        let units = UnitsRole::new(registry.clone());
+        units
             .change_metadata(&[set("m1", "tier", "api"), set("m9", "early", "bird")])
             .await
             .unwrap();
@@ -304,7 +303,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(view.snapshot().metadata, snap.metadata);
-        registry
+        units
             .change_metadata(&[remove("m1", "tier"), set("m9", "tier", "db")])
             .await
             .unwrap();

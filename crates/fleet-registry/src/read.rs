@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use std::fmt;
 
 use crate::error::RegistryError;
-use crate::keys::{Keys, Named};
+use crate::keys::{Key, Keys};
 use crate::kv::{KeyValue, Revision};
 use crate::records::{ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 
@@ -28,7 +28,7 @@ pub struct Skipped {
     /// What the key names, when the key itself parses: the engine keeps a unit whose record
     /// cannot be read where it is, and a machine whose record cannot be read counts as there.
     /// Boxed: every read returns a `Result` with this as its error.
-    pub named: Option<Box<Named>>,
+    pub named: Option<Box<Key>>,
 }
 
 impl fmt::Display for Skipped {
@@ -63,7 +63,7 @@ pub(crate) fn skipped(keys: &Keys, kv: &KeyValue, detail: impl fmt::Display) -> 
         key: kv.key.clone(),
         mod_revision: kv.mod_revision,
         detail: detail.to_string(),
-        named: keys.named(&kv.key).map(Box::new),
+        named: Key::parse(keys, &kv.key).map(Box::new),
     }
 }
 
@@ -132,16 +132,6 @@ where
         return Err(skipped(keys, kv, format!("the key is not under {base}")));
     };
     part.parse().map_err(|e: T::Err| skipped(keys, kv, e))
-}
-
-/// What a key under `base` names, when its value cannot say: `<a>/<b>` of a two-level key.
-pub(crate) fn key_pair<A, B>(kv: &KeyValue, base: &str) -> Option<(A, B)>
-where
-    A: std::str::FromStr,
-    B: std::str::FromStr,
-{
-    let (a, b) = kv.key.strip_prefix(base)?.split_once('/')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
 }
 
 /// Decodes every value with `read`, keeping what parses and skipping the rest.

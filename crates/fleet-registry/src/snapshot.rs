@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::error::{RegistryError, Result};
+use crate::keys::{Key, Keys, Kind};
 use crate::kv::{KeyValue, Kv, Revision};
 use crate::metadata::{self, DynamicMetadata};
 use crate::per_machine::PerMachine;
@@ -59,11 +60,82 @@ impl Snapshot {
             .insert(e.machine.clone(), e);
     }
 
-    pub(crate) fn insert_state(&mut self, s: UnitStateRecord) {
+    fn insert_state(&mut self, s: UnitStateRecord) {
         self.states
             .entry(s.name.clone())
             .or_default()
             .insert(s.machine.clone(), s);
+    }
+
+    /// Adds the value stored at `kv`, if its key is of a kind the snapshot keeps (units,
+    /// machines, dynamic metadata, schedule, states, unschedulable reasons): readable, into its map; not, into
+    /// [`skipped`](Self::skipped), and returned so that the caller may report it. Whatever was
+    /// at the key before must have been [`remove`](Self::remove)d.
+    pub(crate) fn insert(&mut self, keys: &Keys, kv: &KeyValue) -> Option<&Skipped> {
+        let inserted = match keys.kind(&kv.key)? {
+            Kind::Unit => read::unit(keys, kv).map(|unit| {
+                self.units.insert(unit.name().clone(), unit);
+            }),
+            Kind::Machine => read::machine(keys, kv).map(|m| {
+                self.machines.insert(m.id.clone(), m);
+            }),
+            Kind::Schedule => read::schedule_entry(keys, kv).map(|e| self.insert_schedule(e)),
+            Kind::State => read::state(keys, kv).map(|s| self.insert_state(s)),
+            Kind::Unscheduled => read::unscheduled(keys, kv).map(|(unit, reason)| {
+                self.unscheduled.insert(unit, reason);
+            }),
+            Kind::Metadata => metadata::read(keys, kv).map(|(machine, key, value)| {
+                self.metadata.entry(machine).or_default().insert(key, value);
+            }),
+            Kind::File | Kind::FileRef | Kind::Engine => return None,
+        };
+        let s = inserted.err()?;
+        let key = s.key.clone();
+        self.skip(s);
+        self.skipped.get(&key)
+    }
+
+    /// Removes what is stored at `key`: its skipped value, or what the key names. A key that
+    /// names nothing (its parts do not parse) can hold nothing but a skipped value.
+    pub(crate) fn remove(&mut self, keys: &Keys, key: &str) {
+        self.skipped.remove(key);
+        match Key::parse(keys, key) {
+            Some(Key::Unit(unit)) => {
+                self.units.remove(&unit);
+            }
+            Some(Key::Machine(machine)) => {
+                self.machines.remove(&machine);
+            }
+            Some(Key::Schedule { machine, unit }) => {
+                remove_inner(&mut self.schedule, &unit, &machine)
+            }
+            Some(Key::State { unit, machine }) => remove_inner(&mut self.states, &unit, &machine),
+            Some(Key::Unscheduled(unit)) => {
+                self.unscheduled.remove(&unit);
+            }
+            Some(Key::Metadata { machine, key }) => {
+                if let Some(values) = self.metadata.get_mut(&machine) {
+                    values.remove(key.as_str());
+                    if values.is_empty() {
+                        self.metadata.remove(&machine);
+                    }
+                }
+            }
+            Some(Key::File(_) | Key::FileRef { .. } | Key::Leader | Key::Disruption) | None => {}
+        }
+    }
+}
+
+fn remove_inner<V>(
+    map: &mut BTreeMap<UnitName, PerMachine<V>>,
+    unit: &UnitName,
+    machine: &MachineId,
+) {
+    if let Some(inner) = map.get_mut(unit) {
+        inner.remove(machine);
+        if inner.is_empty() {
+            map.remove(unit);
+        }
     }
 }
 
@@ -82,48 +154,19 @@ impl<K: Kv> Registry<K> {
             revision,
             ..Snapshot::default()
         };
+        let rest = [
+            keys.machines(),
+            keys.schedules(),
+            keys.states(),
+            keys.unscheduled_all(),
+            keys.metadata_all(),
+        ];
         for kv in &first.kvs {
-            match read::unit(keys, kv) {
-                Ok(unit) => {
-                    snap.units.insert(unit.name().clone(), unit);
-                }
-                Err(s) => snap.skip(s),
-            }
+            snap.insert(keys, kv);
         }
-        for kv in self.range_at(&keys.machines(), revision).await? {
-            match read::machine(keys, &kv) {
-                Ok(m) => {
-                    snap.machines.insert(m.id.clone(), m);
-                }
-                Err(s) => snap.skip(s),
-            }
-        }
-        for kv in self.range_at(&keys.metadata_all(), revision).await? {
-            match metadata::read(keys, &kv) {
-                Ok((machine, key, value)) => {
-                    snap.metadata.entry(machine).or_default().insert(key, value);
-                }
-                Err(s) => snap.skip(s),
-            }
-        }
-        for kv in self.range_at(&keys.schedules(), revision).await? {
-            match read::schedule_entry(keys, &kv) {
-                Ok(e) => snap.insert_schedule(e),
-                Err(s) => snap.skip(s),
-            }
-        }
-        for kv in self.range_at(&keys.states(), revision).await? {
-            match read::state(keys, &kv) {
-                Ok(s) => snap.insert_state(s),
-                Err(s) => snap.skip(s),
-            }
-        }
-        for kv in self.range_at(&keys.unscheduled_all(), revision).await? {
-            match read::unscheduled(keys, &kv) {
-                Ok((name, reason)) => {
-                    snap.unscheduled.insert(name, reason);
-                }
-                Err(s) => snap.skip(s),
+        for prefix in rest {
+            for kv in self.range_at(&prefix, revision).await? {
+                snap.insert(keys, &kv);
             }
         }
         Ok(snap)

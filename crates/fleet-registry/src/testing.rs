@@ -27,7 +27,12 @@ use rand::Rng;
 use tokio::time::{Instant, sleep};
 use tracing::debug;
 
-use crate::kv::{EtcdConfig, EtcdKv, Kv, Revision, TlsFiles};
+use fleet_core::{MachineId, UnitName};
+
+use crate::error::RegistryError;
+use crate::kv::{EtcdConfig, EtcdKv, Kv, Revision, TlsFiles, Txn, TxnOp};
+use crate::records::ScheduleEntry;
+use crate::registry::{Registry, delete, encode, put};
 
 mod cluster;
 pub use cluster::TestEtcdCluster;
@@ -205,16 +210,16 @@ impl TestEtcd {
             .append(true)
             .open(self.log_path())
             .unwrap_or_else(|e| panic!("creating {}: {e}", self.log_path().display()));
-        let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let etcd = std::env::var("FLEET_TEST_ETCD").unwrap_or_else(|_| DEFAULT_ETCD.to_owned());
-        let mut command = Command::new(&etcd);
-        // The server's configuration is its arguments only, whatever the test's environment.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("ETCD_") {
-                command.env_remove(name);
-            }
-        }
+        let member = EtcdMember {
+            name: "test",
+            data_dir: self.data_dir(),
+            client: self.endpoint(),
+            initial_cluster: format!("test={peer}"),
+            peer,
+            token: None,
+        };
+        let mut command = etcd_command(&member, log);
         if let Some(tls) = &self.tls {
             command
                 .arg(format!("--cert-file={}", tls.cert.display()))
@@ -223,20 +228,8 @@ impl TestEtcd {
                 .arg(format!("--trusted-ca-file={}", tls.ca.display()));
         }
         let child = command
-            .arg("--name=test")
-            .arg(format!("--data-dir={}", self.data_dir().display()))
-            .arg(format!("--listen-client-urls={client}"))
-            .arg(format!("--advertise-client-urls={client}"))
-            .arg(format!("--listen-peer-urls={peer}"))
-            .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster=test={peer}"))
-            .args(["--logger=zap", "--log-outputs=stderr"])
-            .args(["--heartbeat-interval=10", "--election-timeout=100"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {etcd}: {e}"));
+            .unwrap_or_else(|e| panic!("starting {}: {e}", etcd_binary()));
         self.child = Some(child);
     }
 
@@ -263,6 +256,103 @@ impl TestEtcd {
         }
         false
     }
+}
+
+/// Raw access for tests, which set up what no role may write (a schedule without an
+/// engine, a corrupt value) and look at what was written. Production code goes through roles.
+impl<K: Kv> Registry<K> {
+    /// The store under the registry.
+    pub fn raw_kv(&self) -> &K {
+        self.kv()
+    }
+
+    /// Puts and deletes schedule entries in one transaction, without a leadership's fence:
+    /// what an engine would write, for tests of the agent and of the readers.
+    pub async fn write_schedule(
+        &self,
+        put_entries: &[ScheduleEntry],
+        delete_entries: &[(MachineId, UnitName)],
+    ) -> crate::Result<Revision> {
+        let keys = self.keys();
+        let mut ops: Vec<TxnOp> = put_entries
+            .iter()
+            .map(|e| put(keys.schedule(&e.machine, &e.name), encode(e)))
+            .collect();
+        ops.extend(
+            delete_entries
+                .iter()
+                .map(|(m, n)| delete(keys.schedule(m, n))),
+        );
+        let txn = Txn {
+            compares: vec![],
+            success: ops,
+            failure: vec![],
+        };
+        let res = self
+            .kv()
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("writing schedule"))?;
+        Ok(res.revision)
+    }
+}
+
+/// One etcd server to launch: a single test server, or a member of a test cluster.
+pub(crate) struct EtcdMember<'a> {
+    pub name: &'a str,
+    pub data_dir: PathBuf,
+    /// Its client URL.
+    pub client: String,
+    /// Its peer URL.
+    pub peer: String,
+    /// `<name>=<peer URL>` of every member.
+    pub initial_cluster: String,
+    /// A cluster token of its own, so that members of other test clusters never join it.
+    pub token: Option<String>,
+}
+
+/// The etcd binary tests run: `$FLEET_TEST_ETCD`, or the one the machine setup installs.
+pub(crate) fn etcd_binary() -> String {
+    std::env::var("FLEET_TEST_ETCD").unwrap_or_else(|_| DEFAULT_ETCD.to_owned())
+}
+
+/// The command that starts `member`, logging to `log`: every test etcd, alone or in a
+/// cluster, runs with these arguments (TLS ones are added by the caller).
+pub(crate) fn etcd_command(member: &EtcdMember<'_>, log: File) -> Command {
+    let mut command = Command::new(etcd_binary());
+    // The server's configuration is its arguments only, whatever the test's environment.
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("ETCD_") {
+            command.env_remove(name);
+        }
+    }
+    let EtcdMember {
+        name,
+        data_dir,
+        client,
+        peer,
+        initial_cluster,
+        token,
+    } = member;
+    command
+        .arg(format!("--name={name}"))
+        .arg(format!("--data-dir={}", data_dir.display()))
+        .arg(format!("--listen-client-urls={client}"))
+        .arg(format!("--advertise-client-urls={client}"))
+        .arg(format!("--listen-peer-urls={peer}"))
+        .arg(format!("--initial-advertise-peer-urls={peer}"))
+        .arg(format!("--initial-cluster={initial_cluster}"))
+        .arg("--initial-cluster-state=new")
+        .args(["--logger=zap", "--log-outputs=stderr"])
+        // Fast elections (the harness's timings), at most one TTL's worth of leaderless time.
+        .args(["--heartbeat-interval=10", "--election-timeout=100"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    if let Some(token) = token {
+        command.arg(format!("--initial-cluster-token={token}"));
+    }
+    command
 }
 
 impl Drop for TestEtcd {

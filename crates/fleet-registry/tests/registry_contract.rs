@@ -2,11 +2,11 @@
 //! against a real etcd started by the test, so the fake cannot drift from etcd.
 
 use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
-use fleet_registry::kv::{Kv, MemKv, RANGE_PAGE, Txn, TxnOp};
+use fleet_registry::kv::{Kv, LeaseId, MemKv, RANGE_PAGE, Txn, TxnOp};
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{
-    CreateOutcome, EngineWrite, Fence, LiveView, Named, Registry, RegistryError, ScheduleEntry,
-    UnitStateRecord, WatchHints,
+    CreateOutcome, EngineRole, EngineWrite, Key, LiveView, MachineRole, Registry, RegistryError,
+    ScheduleEntry, UnitStateRecord, UnitsRole,
 };
 use std::time::Duration;
 
@@ -35,14 +35,23 @@ fn info(id: &str) -> MachineInfo {
 }
 
 /// Every key under the prefix, for "nothing else was written" checks.
+fn writer<K: Kv>(reg: &Registry<K>) -> UnitsRole<K> {
+    UnitsRole::new(reg.clone())
+}
+
+/// The role of machine `m1`, the machine every test here registers.
+fn m1<K: Kv>(reg: &Registry<K>) -> MachineRole<K> {
+    MachineRole::new(reg.clone(), machine("m1"))
+}
+
 async fn keys<K: Kv>(reg: &Registry<K>) -> Vec<String> {
-    let res = reg.kv().range(PREFIX, true, None).await.unwrap();
+    let res = reg.raw_kv().range(PREFIX, true, None).await.unwrap();
     res.kvs.into_iter().map(|kv| kv.key).collect()
 }
 
 async fn creates_a_unit_with_its_file_and_reference<K: Kv>(reg: Registry<K>) {
     let f = file("/bin/true");
-    let out = reg
+    let out = writer(&reg)
         .create_unit(&name("a.service"), &f, DesiredState::Inactive)
         .await
         .unwrap();
@@ -64,11 +73,12 @@ async fn creates_a_unit_with_its_file_and_reference<K: Kv>(reg: Registry<K>) {
 
 async fn refuses_to_create_an_existing_unit_and_returns_it<K: Kv>(reg: Registry<K>) {
     let n = name("a.service");
-    reg.create_unit(&n, &file("/bin/true"), DesiredState::Inactive)
+    writer(&reg)
+        .create_unit(&n, &file("/bin/true"), DesiredState::Inactive)
         .await
         .unwrap();
     let before = keys(&reg).await;
-    let out = reg
+    let out = writer(&reg)
         .create_unit(&n, &file("/bin/false"), DesiredState::Launched)
         .await
         .unwrap();
@@ -81,7 +91,7 @@ async fn refuses_to_create_an_existing_unit_and_returns_it<K: Kv>(reg: Registry<
 
 async fn replace_collects_the_old_file<K: Kv>(reg: Registry<K>) {
     let n = name("a.service");
-    let CreateOutcome::Created(unit) = reg
+    let CreateOutcome::Created(unit) = writer(&reg)
         .create_unit(&n, &file("/bin/true"), DesiredState::Inactive)
         .await
         .unwrap()
@@ -89,7 +99,7 @@ async fn replace_collects_the_old_file<K: Kv>(reg: Registry<K>) {
         panic!()
     };
     let new = file("/bin/false");
-    let replaced = reg
+    let replaced = writer(&reg)
         .replace_unit(&unit, &new, DesiredState::Inactive)
         .await
         .unwrap();
@@ -109,7 +119,7 @@ async fn shared_file_survives_until_its_last_unit_goes<K: Kv>(reg: Registry<K>) 
     let f = file("/bin/true");
     let mut units = Vec::new();
     for n in ["x@1.service", "x@2.service"] {
-        match reg
+        match writer(&reg)
             .create_unit(&name(n), &f, DesiredState::Inactive)
             .await
             .unwrap()
@@ -118,16 +128,16 @@ async fn shared_file_survives_until_its_last_unit_goes<K: Kv>(reg: Registry<K>) 
             other => panic!("{other:?}"),
         }
     }
-    reg.destroy_unit(&units[0]).await.unwrap();
+    writer(&reg).destroy_unit(&units[0]).await.unwrap();
     assert!(reg.file(&f.hash()).await.unwrap().is_some());
-    reg.destroy_unit(&units[1]).await.unwrap();
+    writer(&reg).destroy_unit(&units[1]).await.unwrap();
     assert!(reg.file(&f.hash()).await.unwrap().is_none());
     assert!(keys(&reg).await.is_empty());
 }
 
 async fn stale_replace_is_a_conflict_and_writes_nothing<K: Kv>(reg: Registry<K>) {
     let n = name("a.service");
-    let CreateOutcome::Created(unit) = reg
+    let CreateOutcome::Created(unit) = writer(&reg)
         .create_unit(&n, &file("/bin/true"), DesiredState::Inactive)
         .await
         .unwrap()
@@ -135,19 +145,20 @@ async fn stale_replace_is_a_conflict_and_writes_nothing<K: Kv>(reg: Registry<K>)
         panic!()
     };
     // Another client wins the race.
-    reg.replace_unit(&unit, &file("/bin/one"), DesiredState::Inactive)
+    writer(&reg)
+        .replace_unit(&unit, &file("/bin/one"), DesiredState::Inactive)
         .await
         .unwrap();
     let before = keys(&reg).await;
-    let err = reg
+    let err = writer(&reg)
         .replace_unit(&unit, &file("/bin/two"), DesiredState::Inactive)
         .await
         .unwrap_err();
     assert!(matches!(err, RegistryError::Conflict(_)), "{err:?}");
     assert_eq!(keys(&reg).await, before);
-    let err = reg.destroy_unit(&unit).await.unwrap_err();
+    let err = writer(&reg).destroy_unit(&unit).await.unwrap_err();
     assert!(matches!(err, RegistryError::Conflict(_)), "{err:?}");
-    let err = reg
+    let err = writer(&reg)
         .set_desired(&unit, DesiredState::Launched)
         .await
         .unwrap_err();
@@ -157,7 +168,7 @@ async fn stale_replace_is_a_conflict_and_writes_nothing<K: Kv>(reg: Registry<K>)
 
 async fn concurrent_replaces_have_exactly_one_winner<K: Kv>(reg: Registry<K>) {
     let n = name("a.service");
-    let CreateOutcome::Created(unit) = reg
+    let CreateOutcome::Created(unit) = writer(&reg)
         .create_unit(&n, &file("/bin/true"), DesiredState::Inactive)
         .await
         .unwrap()
@@ -169,7 +180,8 @@ async fn concurrent_replaces_have_exactly_one_winner<K: Kv>(reg: Registry<K>) {
             let reg = reg.clone();
             let unit = unit.clone();
             tokio::spawn(async move {
-                reg.replace_unit(&unit, &file(&format!("/bin/v{i}")), DesiredState::Inactive)
+                writer(&reg)
+                    .replace_unit(&unit, &file(&format!("/bin/v{i}")), DesiredState::Inactive)
                     .await
             })
         })
@@ -205,9 +217,13 @@ async fn reads_many_named_units_in_transactions_of_at_most_128_gets<K: Kv>(reg: 
         .map(|i| name(&format!("u{i:03}.service")))
         .collect();
     for n in names.iter().step_by(2) {
-        reg.create_unit(n, &f, DesiredState::Loaded).await.unwrap();
+        writer(&reg)
+            .create_unit(n, &f, DesiredState::Loaded)
+            .await
+            .unwrap();
     }
-    reg.create_unit(&name("other.service"), &f, DesiredState::Loaded)
+    writer(&reg)
+        .create_unit(&name("other.service"), &f, DesiredState::Loaded)
         .await
         .unwrap();
 
@@ -234,12 +250,13 @@ async fn reads_many_named_units_in_transactions_of_at_most_128_gets<K: Kv>(reg: 
 async fn snapshot_reads_everything_at_one_revision<K: Kv>(reg: Registry<K>) {
     let n = name("a.service");
     let f = file("/bin/true");
-    reg.create_unit(&n, &f, DesiredState::Launched)
+    writer(&reg)
+        .create_unit(&n, &f, DesiredState::Launched)
         .await
         .unwrap();
     let m = machine("m1");
-    let presence = reg
-        .register_machine(&info("m1"), Duration::from_secs(10), None)
+    let presence = m1(&reg)
+        .register(&info("m1"), Duration::from_secs(10), None)
         .await
         .unwrap();
     let entry = ScheduleEntry {
@@ -251,7 +268,7 @@ async fn snapshot_reads_everything_at_one_revision<K: Kv>(reg: Registry<K>) {
         no_restart: false,
         placement: 0,
     };
-    reg.apply_schedule(None, std::slice::from_ref(&entry), &[])
+    reg.write_schedule(std::slice::from_ref(&entry), &[])
         .await
         .unwrap();
     let state = UnitStateRecord {
@@ -267,31 +284,31 @@ async fn snapshot_reads_everything_at_one_revision<K: Kv>(reg: Registry<K>) {
         restart: 0,
         restart_pending: false,
     };
-    reg.publish_state(&presence, &state).await.unwrap();
+    m1(&reg).publish_state(&presence, &state).await.unwrap();
     let snap = reg.snapshot().await.unwrap();
     assert_eq!(snap.units.len(), 1);
     assert_eq!(snap.machines.keys().collect::<Vec<_>>(), vec![&m]);
     assert_eq!(snap.schedule[&n][&m], entry);
     assert_eq!(snap.states[&n][&m], state);
     // A later change is not visible in the snapshot taken before it.
-    reg.remove_state(&n, &m).await.unwrap();
+    m1(&reg).remove_state(&n).await.unwrap();
     assert_eq!(snap.states[&n][&m], state);
     assert!(reg.snapshot().await.unwrap().states.is_empty());
 }
 
 async fn second_machine_with_same_id_is_refused<K: Kv>(reg: Registry<K>) {
-    let first = reg
-        .register_machine(&info("m1"), Duration::from_secs(10), None)
+    let first = m1(&reg)
+        .register(&info("m1"), Duration::from_secs(10), None)
         .await
         .unwrap();
-    let err = reg
-        .register_machine(&info("m1"), Duration::from_secs(10), None)
+    let err = m1(&reg)
+        .register(&info("m1"), Duration::from_secs(10), None)
         .await
         .unwrap_err();
     assert!(matches!(err, RegistryError::DuplicateMachine(_)), "{err:?}");
     // The owner of the lease (a restarted fleetd) resumes it.
-    let resumed = reg
-        .register_machine(&info("m1"), Duration::from_secs(10), Some(first.lease))
+    let resumed = m1(&reg)
+        .register(&info("m1"), Duration::from_secs(10), Some(first.lease))
         .await
         .unwrap();
     assert!(resumed.resumed);
@@ -299,8 +316,8 @@ async fn second_machine_with_same_id_is_refused<K: Kv>(reg: Registry<K>) {
 }
 
 async fn states_vanish_with_the_machine_lease<K: Kv>(reg: Registry<K>) {
-    let presence = reg
-        .register_machine(&info("m1"), Duration::from_secs(10), None)
+    let presence = m1(&reg)
+        .register(&info("m1"), Duration::from_secs(10), None)
         .await
         .unwrap();
     let state = UnitStateRecord {
@@ -316,9 +333,9 @@ async fn states_vanish_with_the_machine_lease<K: Kv>(reg: Registry<K>) {
         restart: 0,
         restart_pending: false,
     };
-    reg.publish_state(&presence, &state).await.unwrap();
+    m1(&reg).publish_state(&presence, &state).await.unwrap();
     assert_eq!(reg.unit_states().await.unwrap().items.len(), 1);
-    reg.unregister(&presence).await.unwrap();
+    m1(&reg).unregister(&presence).await.unwrap();
     assert!(reg.unit_states().await.unwrap().items.is_empty());
     assert!(reg.machines().await.unwrap().items.is_empty());
 }
@@ -333,12 +350,10 @@ async fn fenced_schedule_write_fails_without_leadership<K: Kv>(reg: Registry<K>)
         no_restart: false,
         placement: 0,
     };
-    let fence = Fence {
-        key: reg.keys().leader(),
-        value: "m1".into(),
-    };
-    let err = reg
-        .apply_schedule(Some(&fence), std::slice::from_ref(&entry), &[])
+    // The leadership m1 would hold on some lease, while no engine holds the leader key.
+    let leadership = EngineRole::new(reg.clone()).leadership_of(&machine("m1"), LeaseId(7));
+    let err = leadership
+        .write(&[EngineWrite::Schedule(entry)])
         .await
         .unwrap_err();
     assert!(matches!(err, RegistryError::LostLeadership), "{err:?}");
@@ -347,10 +362,45 @@ async fn fenced_schedule_write_fails_without_leadership<K: Kv>(reg: Registry<K>)
     assert!(entries.is_empty());
 }
 
+async fn a_machine_role_writes_for_its_own_machine_only<K: Kv>(reg: Registry<K>) {
+    let presence = m1(&reg)
+        .register(&info("m1"), Duration::from_secs(10), None)
+        .await
+        .unwrap();
+    let err = m1(&reg)
+        .register(&info("m2"), Duration::from_secs(10), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RegistryError::ForeignMachine { .. }),
+        "{err:?}"
+    );
+    let state = UnitStateRecord {
+        name: name("a.service"),
+        machine: machine("m2"),
+        hash: None,
+        systemd: SystemdState {
+            load: "loaded".into(),
+            active: "active".into(),
+            sub: "running".into(),
+        },
+        drop_ins: vec![],
+        restart: 0,
+        restart_pending: false,
+    };
+    let err = m1(&reg).publish_state(&presence, &state).await.unwrap_err();
+    assert!(
+        matches!(err, RegistryError::ForeignMachine { .. }),
+        "{err:?}"
+    );
+    assert_eq!(keys(&reg).await, [format!("{PREFIX}machine/m1")]);
+    m1(&reg).unregister(&presence).await.unwrap();
+}
+
 async fn watch_hints_wake_on_changes_under_the_prefix<K: Kv>(reg: Registry<K>) {
     let m = machine("m1");
     let rev = reg.machine_schedule(&m).await.unwrap().revision;
-    let mut hints = WatchHints::start(reg.kv().clone(), reg.keys().machine_schedule(&m), rev + 1);
+    let mut hints = MachineRole::new(reg.clone(), m.clone()).watch_schedule(rev + 1);
     let entry = ScheduleEntry {
         name: name("a.service"),
         machine: m.clone(),
@@ -361,7 +411,7 @@ async fn watch_hints_wake_on_changes_under_the_prefix<K: Kv>(reg: Registry<K>) {
         placement: 0,
     };
     let written = reg
-        .apply_schedule(None, std::slice::from_ref(&entry), &[])
+        .write_schedule(std::slice::from_ref(&entry), &[])
         .await
         .unwrap();
     let seen = tokio::time::timeout(Duration::from_secs(5), hints.changed())
@@ -390,7 +440,7 @@ async fn converges<K: Kv>(view: &mut LiveView<K>, reg: &Registry<K>) {
 
 async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
     let (a, b) = (name("a.service"), name("b.service"));
-    let CreateOutcome::Created(unit_a) = reg
+    let CreateOutcome::Created(unit_a) = writer(&reg)
         .create_unit(&a, &file("/bin/a"), DesiredState::Launched)
         .await
         .unwrap()
@@ -402,22 +452,23 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
     assert_eq!(view.files().len(), 1);
 
     // Units and files, replaced and destroyed (the old file goes with its last unit).
-    reg.create_unit(&b, &file("/bin/b"), DesiredState::Loaded)
+    writer(&reg)
+        .create_unit(&b, &file("/bin/b"), DesiredState::Loaded)
         .await
         .unwrap();
-    let unit_a = reg
+    let unit_a = writer(&reg)
         .replace_unit(&unit_a, &file("/bin/a2"), DesiredState::Launched)
         .await
         .unwrap();
     converges(&mut view, &reg).await;
     assert_eq!(view.files().len(), 2);
     let unit_b = reg.unit(&b).await.unwrap().unwrap();
-    reg.destroy_unit(&unit_b).await.unwrap();
+    writer(&reg).destroy_unit(&unit_b).await.unwrap();
     converges(&mut view, &reg).await;
 
     // A machine, its schedule and states; then it goes and takes its states along.
-    let presence = reg
-        .register_machine(&info("m1"), Duration::from_secs(10), None)
+    let presence = m1(&reg)
+        .register(&info("m1"), Duration::from_secs(10), None)
         .await
         .unwrap();
     let entry = ScheduleEntry {
@@ -429,7 +480,7 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
         no_restart: false,
         placement: 0,
     };
-    reg.apply_schedule(None, std::slice::from_ref(&entry), &[])
+    reg.write_schedule(std::slice::from_ref(&entry), &[])
         .await
         .unwrap();
     let state = UnitStateRecord {
@@ -445,10 +496,10 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
         restart: 0,
         restart_pending: false,
     };
-    reg.publish_state(&presence, &state).await.unwrap();
+    m1(&reg).publish_state(&presence, &state).await.unwrap();
     converges(&mut view, &reg).await;
     let touched = {
-        reg.unregister(&presence).await.unwrap();
+        m1(&reg).unregister(&presence).await.unwrap();
         let mut touched = view.changed().await.unwrap();
         while !touched.machines || !touched.states {
             let more = view.changed().await.unwrap();
@@ -461,7 +512,7 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
     converges(&mut view, &reg).await;
 
     // The engine's writes: seen at once through record_writes, then the same by their events.
-    let leader = reg
+    let leader = EngineRole::new(reg.clone())
         .campaign(&machine("m1"), Duration::from_secs(10))
         .await
         .unwrap()
@@ -489,7 +540,8 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
 
     // Without files (fleetctl's wait): the same snapshot, no file kept, new files ignored.
     let mut bare = LiveView::start_without_files(reg.clone()).await.unwrap();
-    reg.create_unit(&b, &file("/bin/b2"), DesiredState::Loaded)
+    writer(&reg)
+        .create_unit(&b, &file("/bin/b2"), DesiredState::Loaded)
         .await
         .unwrap();
     let want = reg.snapshot().await.unwrap();
@@ -514,7 +566,7 @@ async fn put_raw<K: Kv>(reg: &Registry<K>, key: &str, value: &str) {
         success: vec![put],
         ..Txn::default()
     };
-    reg.kv().txn(txn).await.unwrap();
+    reg.raw_kv().txn(txn).await.unwrap();
 }
 
 /// A valid unit file of just under `size` bytes, `tag` making it unique.
@@ -530,14 +582,16 @@ async fn lists_more_than_a_page_and_4_mib_of_unit_files<K: Kv>(reg: Registry<K>)
     for i in 0..5 {
         let f = big_file(i, fleet_core::unit_file::MAX_UNIT_FILE_BYTES);
         let n = name(&format!("big{i}.service"));
-        reg.create_unit(&n, &f, DesiredState::Launched)
+        writer(&reg)
+            .create_unit(&n, &f, DesiredState::Launched)
             .await
             .unwrap();
     }
     let small = RANGE_PAGE + 10;
     for i in 0..small {
         let n = name(&format!("small{i:04}.service"));
-        reg.create_unit(&n, &file(&format!("/bin/{i}")), DesiredState::Loaded)
+        writer(&reg)
+            .create_unit(&n, &file(&format!("/bin/{i}")), DesiredState::Loaded)
             .await
             .unwrap();
     }
@@ -577,11 +631,12 @@ fn corrupt_keys(p: &str) -> Vec<(String, &'static str)> {
 
 async fn listings_skip_unreadable_values_and_name_their_keys<K: Kv>(reg: Registry<K>) {
     let a = name("a.service");
-    reg.create_unit(&a, &file("/bin/a"), DesiredState::Launched)
+    writer(&reg)
+        .create_unit(&a, &file("/bin/a"), DesiredState::Launched)
         .await
         .unwrap();
-    let presence = reg
-        .register_machine(&info("m1"), Duration::from_secs(10), None)
+    let presence = m1(&reg)
+        .register(&info("m1"), Duration::from_secs(10), None)
         .await
         .unwrap();
     let good = reg.snapshot().await.unwrap();
@@ -604,7 +659,7 @@ async fn listings_skip_unreadable_values_and_name_their_keys<K: Kv>(reg: Registr
     // What each key names, for the engine: the key's own name, not the record's.
     assert_eq!(
         evil2.named.as_deref(),
-        Some(&Named::Unit(name("evil2.service")))
+        Some(&Key::Unit(name("evil2.service")))
     );
     let named = |key: &str| {
         snap.skipped[&format!("{PREFIX}{key}")]
@@ -612,10 +667,10 @@ async fn listings_skip_unreadable_values_and_name_their_keys<K: Kv>(reg: Registr
             .as_deref()
             .cloned()
     };
-    assert_eq!(named("machine/m9"), Some(Named::Machine(machine("m9"))));
+    assert_eq!(named("machine/m9"), Some(Key::Machine(machine("m9"))));
     assert_eq!(
         named("schedule/m1/evil3.service"),
-        Some(Named::Schedule {
+        Some(Key::Schedule {
             machine: machine("m1"),
             unit: name("evil3.service")
         })
@@ -647,41 +702,44 @@ async fn listings_skip_unreadable_values_and_name_their_keys<K: Kv>(reg: Registr
         "{err:?}"
     );
     assert!(reg.unit(&name("evil2.service")).await.is_err());
-    reg.unregister(&presence).await.unwrap();
+    m1(&reg).unregister(&presence).await.unwrap();
 }
 
 async fn destroys_an_unreadable_unit_record_with_its_references<K: Kv>(reg: Registry<K>) {
     let (a, evil) = (name("a.service"), name("evil1.service"));
-    reg.create_unit(&a, &file("/bin/a"), DesiredState::Launched)
+    writer(&reg)
+        .create_unit(&a, &file("/bin/a"), DesiredState::Launched)
         .await
         .unwrap();
     let before = keys(&reg).await;
     let f = file("/bin/evil");
-    reg.create_unit(&evil, &f, DesiredState::Launched)
+    writer(&reg)
+        .create_unit(&evil, &f, DesiredState::Launched)
         .await
         .unwrap();
     put_raw(&reg, &reg.keys().unit(&evil), "not json").await;
     // Its file is shared with no one: it goes with its reference.
-    assert!(reg.destroy_unreadable_unit(&evil).await.unwrap());
+    assert!(writer(&reg).destroy_unreadable_unit(&evil).await.unwrap());
     assert_eq!(keys(&reg).await, before);
-    assert!(!reg.destroy_unreadable_unit(&evil).await.unwrap());
+    assert!(!writer(&reg).destroy_unreadable_unit(&evil).await.unwrap());
     // A readable record is not destroyed this way.
-    let err = reg.destroy_unreadable_unit(&a).await.unwrap_err();
+    let err = writer(&reg).destroy_unreadable_unit(&a).await.unwrap_err();
     assert!(matches!(err, RegistryError::Conflict(_)), "{err:?}");
     assert_eq!(keys(&reg).await, before);
 
     // A file another unit still uses stays.
-    reg.create_unit(&evil, &file("/bin/a"), DesiredState::Launched)
+    writer(&reg)
+        .create_unit(&evil, &file("/bin/a"), DesiredState::Launched)
         .await
         .unwrap();
     put_raw(&reg, &reg.keys().unit(&evil), "{}").await;
-    assert!(reg.destroy_unreadable_unit(&evil).await.unwrap());
+    assert!(writer(&reg).destroy_unreadable_unit(&evil).await.unwrap());
     assert_eq!(keys(&reg).await, before);
 }
 
 async fn live_view_skips_unreadable_values_until_they_are_repaired<K: Kv>(reg: Registry<K>) {
     let a = name("a.service");
-    let CreateOutcome::Created(unit_a) = reg
+    let CreateOutcome::Created(unit_a) = writer(&reg)
         .create_unit(&a, &file("/bin/a"), DesiredState::Launched)
         .await
         .unwrap()
@@ -719,7 +777,7 @@ async fn live_view_skips_unreadable_values_until_they_are_repaired<K: Kv>(reg: R
         success: vec![delete],
         ..Txn::default()
     };
-    reg.kv().txn(txn).await.unwrap();
+    reg.raw_kv().txn(txn).await.unwrap();
     converges(&mut view, &reg).await;
     assert!(
         view.snapshot()
@@ -791,6 +849,7 @@ contract!(
     second_machine_with_same_id_is_refused,
     states_vanish_with_the_machine_lease,
     fenced_schedule_write_fails_without_leadership,
+    a_machine_role_writes_for_its_own_machine_only,
     watch_hints_wake_on_changes_under_the_prefix,
     live_view_follows_every_change,
     lists_more_than_a_page_and_4_mib_of_unit_files,

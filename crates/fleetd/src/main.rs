@@ -14,8 +14,8 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use fleet_agent::{Agent, AgentConfig, PresenceKeeper, SystemdConfig, SystemdManager};
 use fleet_core::{MachineId, MachineInfo};
-use fleet_registry::Registry;
 use fleet_registry::kv::{EtcdConfig, EtcdKv};
+use fleet_registry::{MachineRole, Registry};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -173,7 +173,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     })
     .await?;
     let keeper = PresenceKeeper {
-        registry: registry.clone(),
+        registry: MachineRole::new(registry.clone(), machine.clone()),
         info,
         ttl: config.agent_ttl,
         lease_file: runtime_dir.join("fleetd.lease"),
@@ -188,7 +188,8 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let mut agent_cfg = AgentConfig::new(machine.clone());
     agent_cfg.deny_units = config.deny_units.clone();
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
-    let agent = Agent::new(registry.clone(), manager, agent_cfg, presence_rx);
+    let role = MachineRole::new(registry.clone(), machine.clone());
+    let agent = Agent::new(role, manager, agent_cfg, presence_rx);
     {
         let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
         tasks.spawn(

@@ -6,8 +6,8 @@
 use fleet_agent::{Agent, AgentConfig, FakeManager, PresenceKeeper};
 use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile};
 use fleet_engine::EngineConfig;
-use fleet_registry::Registry;
 use fleet_registry::kv::MemKv;
+use fleet_registry::{MachineRole, Registry, UnitsRole};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,7 +54,7 @@ async fn every_span_of_the_agent_the_engine_and_the_presence_keeper_names_the_ma
     let lease_file = std::env::temp_dir().join(format!("fleetd-spans-test-{}", std::process::id()));
     let _ = std::fs::remove_file(&lease_file);
     let keeper = PresenceKeeper {
-        registry: registry.clone(),
+        registry: MachineRole::new(registry.clone(), machine.clone()),
         info: MachineInfo {
             id: machine.clone(),
             public_ip: String::new(),
@@ -75,7 +75,7 @@ async fn every_span_of_the_agent_the_engine_and_the_presence_keeper_names_the_ma
             .in_current_span(),
     );
     let agent = Agent::new(
-        registry.clone(),
+        MachineRole::new(registry.clone(), machine.clone()),
         FakeManager::new(),
         AgentConfig::new(machine.clone()),
         presence_rx,
@@ -84,7 +84,7 @@ async fn every_span_of_the_agent_the_engine_and_the_presence_keeper_names_the_ma
     let engine = EngineConfig::new(machine.clone(), Duration::from_secs(1));
     tokio::spawn(fleet_engine::run(registry.clone(), engine, shutdown_rx).in_current_span());
     let file = UnitFile::parse(b"[Service]\nExecStart=/bin/sleep infinity\n").unwrap();
-    registry
+    UnitsRole::new(registry.clone())
         .create_unit(&"a.service".parse().unwrap(), &file, DesiredState::Launched)
         .await
         .unwrap();

@@ -84,7 +84,7 @@ pub fn watch_schedules(
             .machine_by_id(id)
             .map_or_else(|_| id.to_owned(), |m| m.name().to_owned())
     };
-    let kv = registry.registry().kv();
+    let kv = registry.registry().raw_kv();
     // The entries as of `from`: a put that rewrites an entry with the same value (a new
     // leader's first pass may) changes nothing and is no reason.
     let mut entries: BTreeMap<String, Vec<u8>> = registry

@@ -266,7 +266,7 @@ pub fn dump(
     prefix: &str,
 ) -> Result<(Revision, BTreeMap<String, Vec<u8>>)> {
     let res = registry
-        .block_on(registry.registry().kv().range(prefix, true, None))
+        .block_on(registry.registry().raw_kv().range(prefix, true, None))
         .with_context(|| format!("reading {prefix}"))?;
     let kvs = res.kvs.into_iter().map(|kv| (kv.key, kv.value)).collect();
     Ok((res.revision, kvs))
@@ -276,7 +276,7 @@ pub fn dump(
 pub fn leader(registry: &TestRegistry) -> Result<Option<String>> {
     let key = registry.registry().keys().leader();
     let res = registry
-        .block_on(registry.registry().kv().range(&key, false, None))
+        .block_on(registry.registry().raw_kv().range(&key, false, None))
         .context("reading the leader key")?;
     Ok(res
         .kvs
@@ -297,7 +297,7 @@ pub fn replay(
     from: Revision,
     mut check: impl FnMut(Revision, &BTreeMap<String, Vec<u8>>) -> Result<()>,
 ) -> Result<usize> {
-    let kv = registry.registry().kv();
+    let kv = registry.registry().raw_kv();
     // The end of the history: a write of ours, so the watch below has a last event to see.
     let put = Txn {
         compares: vec![],
@@ -374,7 +374,7 @@ pub fn replay(
 /// The current revision of the cluster's etcd.
 pub fn revision(registry: &TestRegistry) -> Result<Revision> {
     let res = registry
-        .block_on(registry.registry().kv().range("/", false, None))
+        .block_on(registry.registry().raw_kv().range("/", false, None))
         .context("reading the revision")?;
     Ok(res.revision)
 }

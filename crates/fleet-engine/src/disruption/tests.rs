@@ -306,7 +306,7 @@ fn a_machine_whose_record_becomes_unreadable_has_not_vanished() {
             key: key.clone(),
             mod_revision: 7,
             detail: "not json".to_owned(),
-            named: Some(Box::new(fleet_registry::Named::Machine(mid(m)))),
+            named: Some(Box::new(fleet_registry::Key::Machine(mid(m)))),
         };
         c.snap.skipped.insert(key, skipped);
     }

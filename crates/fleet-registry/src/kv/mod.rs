@@ -23,6 +23,9 @@ pub use mem::MemKv;
 /// [`Kv::range`]). Public so the contract tests can read more than one page.
 pub const RANGE_PAGE: usize = 500;
 
+/// etcd's default `--max-txn-ops`: a transaction may hold at most this many operations.
+pub const MAX_TXN_OPS: usize = 128;
+
 /// An etcd revision (cluster-wide, monotonically increasing).
 pub type Revision = i64;
 

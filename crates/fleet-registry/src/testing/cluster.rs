@@ -7,12 +7,12 @@ use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use super::{DEFAULT_ETCD, READY_WITHIN, REQUEST_TIMEOUT, unique_dir};
+use super::{EtcdMember, READY_WITHIN, REQUEST_TIMEOUT, etcd_binary, etcd_command, unique_dir};
 use crate::kv::{EtcdConfig, EtcdKv, Kv, TlsFiles};
 
 /// A running multi-member etcd. Dropping it kills every member and deletes the data.
@@ -186,33 +186,17 @@ impl TestEtcdCluster {
             .open(self.log_path(index))
             .unwrap_or_else(|e| panic!("creating {}: {e}", self.log_path(index).display()));
         let member = &self.members[index];
-        let client = format!("http://127.0.0.1:{}", member.client_port);
-        let peer = format!("http://127.0.0.1:{}", member.peer_port);
-        let etcd = std::env::var("FLEET_TEST_ETCD").unwrap_or_else(|_| DEFAULT_ETCD.to_owned());
-        let mut command = Command::new(&etcd);
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("ETCD_") {
-                command.env_remove(name);
-            }
-        }
-        let child = command
-            .arg(format!("--name={}", member.name))
-            .arg(format!("--data-dir={}", dir.join("data").display()))
-            .arg(format!("--listen-client-urls={client}"))
-            .arg(format!("--advertise-client-urls={client}"))
-            .arg(format!("--listen-peer-urls={peer}"))
-            .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster={initial_cluster}"))
-            .arg(format!("--initial-cluster-token={token}"))
-            .arg("--initial-cluster-state=new")
-            .args(["--logger=zap", "--log-outputs=stderr"])
-            // Fast elections (the harness's timings), at most one TTL's worth of leaderless time.
-            .args(["--heartbeat-interval=10", "--election-timeout=100"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
+        let launch = EtcdMember {
+            name: &member.name,
+            data_dir: dir.join("data"),
+            client: format!("http://127.0.0.1:{}", member.client_port),
+            peer: format!("http://127.0.0.1:{}", member.peer_port),
+            initial_cluster,
+            token: Some(token),
+        };
+        let child = etcd_command(&launch, log)
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {etcd}: {e}"));
+            .unwrap_or_else(|e| panic!("starting {}: {e}", etcd_binary()));
         self.members[index].child = Some(child);
     }
 

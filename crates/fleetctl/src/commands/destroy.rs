@@ -59,12 +59,13 @@ async fn destroy_one(
     registry: &fleet_registry::Registry<fleet_registry::kv::EtcdKv>,
     name: &UnitName,
 ) -> Result<Destroyed> {
+    let units = fleet_registry::UnitsRole::new(registry.clone());
     for _ in 0..ATTEMPTS {
-        let unit = match registry.unit(name).await {
+        let unit = match units.unit(name).await {
             Ok(Some(unit)) => unit,
             Ok(None) => return Ok(Destroyed::Missing),
             Err(e @ RegistryError::Corrupt { .. }) => {
-                match registry.destroy_unreadable_unit(name).await {
+                match units.destroy_unreadable_unit(name).await {
                     Ok(true) => return Ok(Destroyed::Unreadable(e)),
                     Ok(false) => return Ok(Destroyed::Missing),
                     Err(RegistryError::Conflict(_)) => continue,
@@ -73,7 +74,7 @@ async fn destroy_one(
             }
             Err(e) => return Err(e.into()),
         };
-        match registry.destroy_unit(&unit).await {
+        match units.destroy_unit(&unit).await {
             Ok(()) => return Ok(Destroyed::Unit),
             Err(RegistryError::Conflict(_)) => continue,
             Err(e) => return Err(e.into()),

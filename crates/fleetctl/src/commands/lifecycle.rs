@@ -7,7 +7,7 @@
 use anyhow::{Result, bail};
 use fleet_core::{DesiredState, Requirements, UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::EtcdKv;
-use fleet_registry::{Registry, RegistryError, Unit};
+use fleet_registry::{Registry, RegistryError, Unit, UnitsRole};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 
@@ -33,7 +33,10 @@ async fn set_desired(
         let Some(desired) = decide(&unit)? else {
             return Ok(None);
         };
-        match registry.set_desired(&unit, desired).await {
+        match UnitsRole::new(registry.clone())
+            .set_desired(&unit, desired)
+            .await
+        {
             Ok(u) => return Ok(Some(u)),
             Err(RegistryError::Conflict(_)) => continue,
             Err(e) => return Err(e.into()),
@@ -188,11 +191,12 @@ async fn apply(
 /// Raises `unit` to `target`, trying the version in hand first and re-reading only when
 /// another client changed it. One that another client raised first is done all the same.
 async fn raise(registry: &Registry<EtcdKv>, mut unit: Unit, target: DesiredState) -> Result<()> {
+    let units = UnitsRole::new(registry.clone());
     for _ in 0..ATTEMPTS {
         if unit.desired() >= target {
             return Ok(());
         }
-        match registry.set_desired(&unit, target).await {
+        match units.set_desired(&unit, target).await {
             Ok(_) => return Ok(()),
             Err(RegistryError::Conflict(_)) => {}
             Err(e) => return Err(e.into()),
@@ -340,17 +344,18 @@ pub async fn restart(ctx: &mut Ctx, args: &[String], block: Block) -> Result<()>
 }
 
 async fn restart_one(registry: &Registry<EtcdKv>, name: &UnitName) -> Result<Option<Goal>> {
+    let units = UnitsRole::new(registry.clone());
     for _ in 0..ATTEMPTS {
         let Some(unit) = registry.unit(name).await? else {
             bail!("Unit {name} does not exist");
         };
         let res = match unit.desired() {
             DesiredState::Inactive => bail!("Unable to restart unit {name} in state inactive"),
-            DesiredState::Loaded => registry
+            DesiredState::Loaded => units
                 .set_desired(&unit, DesiredState::Launched)
                 .await
                 .map(|_| Goal::Launched),
-            DesiredState::Launched => registry
+            DesiredState::Launched => units
                 .request_restart(&unit)
                 .await
                 .map(|u| Goal::Restarted(u.record.restart)),

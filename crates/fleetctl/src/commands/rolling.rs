@@ -6,7 +6,7 @@
 use anyhow::{Result, bail};
 use fleet_core::{ActiveState, MachineId, Requirements, UnitHash, UnitName};
 use fleet_registry::kv::EtcdKv;
-use fleet_registry::{Registry, RegistryError, Unit, WatchHints};
+use fleet_registry::{Registry, RegistryError, Unit, UnitsRole};
 use std::collections::BTreeMap;
 use tokio::time::Instant;
 
@@ -69,7 +69,7 @@ pub async fn run(
         };
         let state = how.state_for(&existing);
         let desired = existing.desired().max(target);
-        let unit = registry
+        let unit = UnitsRole::new(registry.clone())
             .replace_unit_with(&existing, &file, desired, state)
             .await?;
         roll_global(ctx, &registry, unit, step, block).await?;
@@ -114,11 +114,12 @@ async fn advance(
     name: &UnitName,
     chunk: &[MachineId],
 ) -> Result<Unit> {
+    let units = UnitsRole::new(registry.clone());
     for _ in 0..ATTEMPTS {
-        let Some(unit) = registry.unit(name).await? else {
+        let Some(unit) = units.unit(name).await? else {
             bail!("Unit {name} was destroyed during the rolling replace");
         };
-        match registry.advance_rollout(&unit, chunk.iter().cloned()).await {
+        match units.advance_rollout(&unit, chunk.iter().cloned()).await {
             Ok(u) => return Ok(u),
             Err(RegistryError::Conflict(_)) => continue,
             Err(e) => return Err(e.into()),
@@ -128,11 +129,12 @@ async fn advance(
 }
 
 async fn finish(registry: &Registry<EtcdKv>, name: &UnitName) -> Result<()> {
+    let units = UnitsRole::new(registry.clone());
     for _ in 0..ATTEMPTS {
-        let Some(unit) = registry.unit(name).await? else {
+        let Some(unit) = units.unit(name).await? else {
             return Ok(());
         };
-        match registry.finish_rollout(&unit).await {
+        match units.finish_rollout(&unit).await {
             Ok(_) => return Ok(()),
             Err(RegistryError::Conflict(_)) => continue,
             Err(e) => return Err(e.into()),
@@ -155,11 +157,8 @@ async fn wait_machines(
         Block::Attempts(n) => Some(Instant::now() + super::wait::ATTEMPT * n),
     };
     let mut snap = registry.snapshot().await?;
-    let mut hints = WatchHints::start(
-        registry.kv().clone(),
-        registry.keys().prefix().to_owned(),
-        snap.revision + 1,
-    );
+    // Only the states of `name` decide when the wait is over.
+    let mut hints = registry.watch_unit_states(name, snap.revision + 1);
     let mut pending: Vec<MachineId> = chunk.to_vec();
     loop {
         let mut still = Vec::new();

@@ -7,7 +7,9 @@ use fleet_core::MachineId;
 use fleet_core::{DesiredState, Requirements, UnitFile, UnitHash, UnitName};
 use fleet_registry::input::shorten;
 use fleet_registry::kv::Kv;
-use fleet_registry::{CreateOutcome, Registry, RegistryError, ReplaceState, Rollout, Unit};
+use fleet_registry::{
+    CreateOutcome, Registry, RegistryError, ReplaceState, Rollout, Unit, UnitsRole,
+};
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -377,9 +379,10 @@ async fn apply_one<K: Kv>(
     desired: DesiredState,
     how: &ReplaceHow,
 ) -> Result<Unit> {
+    let units = UnitsRole::new(registry.clone());
     match action {
         Action::Keep(unit) => Ok(unit),
-        Action::Create(file) => match registry.create_unit(name, &file, desired).await? {
+        Action::Create(file) => match units.create_unit(name, &file, desired).await? {
             CreateOutcome::Created(unit) => Ok(unit),
             CreateOutcome::Exists(unit) if unit.hash() == file.hash() => Ok(unit),
             CreateOutcome::Exists(_) => bail!(
@@ -389,7 +392,7 @@ async fn apply_one<K: Kv>(
         Action::Replace { existing, file } => {
             let desired = existing.desired().max(desired);
             let state = how.state_for(&existing);
-            Ok(registry
+            Ok(units
                 .replace_unit_with(&existing, &file, desired, state)
                 .await?)
         }

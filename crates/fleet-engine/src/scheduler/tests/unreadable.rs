@@ -3,10 +3,10 @@
 //! unreadable schedule entry is deleted.
 
 use super::*;
-use fleet_registry::{Keys, Named, Skipped};
+use fleet_registry::{Key, Keys, Skipped};
 
 impl World {
-    fn skip(mut self, key: String, named: Named) -> World {
+    fn skip(mut self, key: String, named: Key) -> World {
         let skipped = Skipped {
             key: key.clone(),
             mod_revision: 7,
@@ -21,14 +21,14 @@ impl World {
     fn corrupt_unit(mut self, unit: &str) -> World {
         self.snap.units.remove(&name(unit));
         let key = Keys::default().unit(&name(unit));
-        self.skip(key, Named::Unit(name(unit)))
+        self.skip(key, Key::Unit(name(unit)))
     }
 
     /// `machine`'s presence record is overwritten with a value that does not decode.
     fn corrupt_machine(mut self, machine: &str) -> World {
         self.snap.machines.remove(&mid(machine));
         let key = Keys::default().machine(&mid(machine));
-        self.skip(key, Named::Machine(mid(machine)))
+        self.skip(key, Key::Machine(mid(machine)))
     }
 
     /// An entry of `unit` on `machine` that does not decode (and so is not in the schedule).
@@ -37,7 +37,7 @@ impl World {
             entries.remove(&mid(machine));
         }
         let key = Keys::default().schedule(&mid(machine), &name(unit));
-        let named = Named::Schedule {
+        let named = Key::Schedule {
             machine: mid(machine),
             unit: name(unit),
         };

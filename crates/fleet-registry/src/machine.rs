@@ -1,0 +1,220 @@
+//! The role of one machine: its presence (`P/machine/<id>` on its lease) and the unit states
+//! it publishes (`P/state/<unit>/<id>`, on the same lease), written by that machine's fleetd;
+//! and the reads its agent needs: its own schedule (`P/schedule/<id>/`) and unit files.
+//!
+//! A handle is made for one [`MachineId`] and builds every key it writes from it: a record
+//! naming another machine is refused ([`RegistryError::ForeignMachine`]) before anything is
+//! sent, so a machine cannot publish for, or register as, another one.
+
+use fleet_core::{MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
+use std::time::Duration;
+
+use crate::error::{RegistryError, Result};
+use crate::kv::{CmpOp, CmpTarget, Compare, Kv, LeaseId, Revision, Txn, TxnOp};
+use crate::read::Listing;
+use crate::records::{ScheduleEntry, UnitStateRecord};
+use crate::registry::{Registry, delete, encode};
+use crate::watch::WatchHints;
+
+/// A machine's presence: the lease its record and published states hang on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Presence {
+    pub lease: LeaseId,
+    /// True when a restarted fleetd took over its predecessor's still-live lease.
+    pub resumed: bool,
+}
+
+/// Writes one machine's presence and unit states, and reads its schedule.
+#[derive(Debug, Clone)]
+pub struct MachineRole<K> {
+    registry: Registry<K>,
+    machine: MachineId,
+}
+
+impl<K: Kv> MachineRole<K> {
+    pub fn new(registry: Registry<K>, machine: MachineId) -> MachineRole<K> {
+        MachineRole { registry, machine }
+    }
+
+    /// The machine this handle writes for.
+    pub fn machine(&self) -> &MachineId {
+        &self.machine
+    }
+
+    /// Refuses a record of another machine than ours.
+    fn own(&self, other: &MachineId) -> Result<()> {
+        if *other == self.machine {
+            return Ok(());
+        }
+        Err(RegistryError::ForeignMachine {
+            role: self.machine.clone(),
+            other: other.clone(),
+        })
+    }
+
+    // ---- reads ----------------------------------------------------------------------------
+
+    /// Every readable entry of this machine's schedule, at one revision.
+    pub async fn schedule(&self) -> Result<Listing<Vec<ScheduleEntry>>> {
+        self.registry.machine_schedule(&self.machine).await
+    }
+
+    /// A watch that wakes on every change of this machine's schedule from revision `from` on
+    /// (usually the revision just read + 1).
+    pub fn watch_schedule(&self, from: Revision) -> WatchHints {
+        let prefix = self.registry.keys().machine_schedule(&self.machine);
+        WatchHints::start(self.registry.kv().clone(), prefix, from)
+    }
+
+    /// See [`Registry::file`].
+    pub async fn file(&self, hash: &UnitHash) -> Result<Option<UnitFile>> {
+        self.registry.file(hash).await
+    }
+
+    /// The readable states this machine has published (under any lease still alive).
+    pub async fn published_states(&self) -> Result<Listing<Vec<UnitStateRecord>>> {
+        let mut listing = self.registry.unit_states().await?;
+        listing.items.retain(|s| s.machine == self.machine);
+        Ok(listing)
+    }
+
+    // ---- presence -------------------------------------------------------------------------
+
+    /// Registers the machine's presence (`info` is its record) on a new lease of `ttl`. If the
+    /// record already exists on `previous` (our own lease from before a restart, still alive),
+    /// it is taken over and the units' published states survive; any other holder is a
+    /// duplicate machine ID.
+    pub async fn register(
+        &self,
+        info: &MachineInfo,
+        ttl: Duration,
+        previous: Option<LeaseId>,
+    ) -> Result<Presence> {
+        self.own(&info.id)?;
+        let key = self.registry.keys().machine(&self.machine);
+        if let Some(lease) = previous
+            && let Some(presence) = self.resume_presence(info, lease).await?
+        {
+            return Ok(presence);
+        }
+        let lease = self
+            .registry
+            .kv()
+            .grant(ttl)
+            .await
+            .map_err(RegistryError::kv("granting machine lease"))?;
+        let txn = Txn {
+            compares: vec![Compare::absent(&key)],
+            success: vec![TxnOp::Put {
+                key,
+                value: encode(info),
+                lease: Some(lease),
+            }],
+            failure: vec![],
+        };
+        let res = self
+            .registry
+            .kv()
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("registering machine"))?;
+        if !res.succeeded {
+            // Best effort: the unused lease would expire by itself anyway.
+            let _ = self.registry.kv().revoke(lease).await;
+            return Err(RegistryError::DuplicateMachine(info.id.clone()));
+        }
+        Ok(Presence {
+            lease,
+            resumed: false,
+        })
+    }
+
+    async fn resume_presence(
+        &self,
+        info: &MachineInfo,
+        lease: LeaseId,
+    ) -> Result<Option<Presence>> {
+        let key = self.registry.keys().machine(&self.machine);
+        if self.registry.kv().keep_alive(lease).await.is_err() {
+            return Ok(None);
+        }
+        let txn = Txn {
+            compares: vec![Compare {
+                key: key.clone(),
+                prefix: false,
+                op: CmpOp::Equal,
+                target: CmpTarget::Lease(lease.0),
+            }],
+            success: vec![TxnOp::Put {
+                key,
+                value: encode(info),
+                lease: Some(lease),
+            }],
+            failure: vec![],
+        };
+        let res = self
+            .registry
+            .kv()
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("resuming machine presence"))?;
+        Ok(res.succeeded.then_some(Presence {
+            lease,
+            resumed: true,
+        }))
+    }
+
+    /// Refreshes a presence lease; `Kv { cause: LeaseNotFound }` once it has expired.
+    pub async fn keep_alive(&self, presence: &Presence) -> Result<()> {
+        self.registry
+            .kv()
+            .keep_alive(presence.lease)
+            .await
+            .map_err(RegistryError::kv("refreshing machine lease"))
+    }
+
+    /// Ends a presence: the machine record and every state published under it vanish.
+    pub async fn unregister(&self, presence: &Presence) -> Result<()> {
+        self.registry
+            .kv()
+            .revoke(presence.lease)
+            .await
+            .map_err(RegistryError::kv("revoking machine lease"))
+    }
+
+    /// Publishes the state of a unit on this machine (`state.machine`), living as long as
+    /// `presence`.
+    pub async fn publish_state(&self, presence: &Presence, state: &UnitStateRecord) -> Result<()> {
+        self.own(&state.machine)?;
+        let txn = Txn {
+            compares: vec![],
+            success: vec![TxnOp::Put {
+                key: self.registry.keys().state(&state.name, &self.machine),
+                value: encode(state),
+                lease: Some(presence.lease),
+            }],
+            failure: vec![],
+        };
+        self.registry
+            .kv()
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("publishing unit state"))?;
+        Ok(())
+    }
+
+    /// Withdraws the state of `name` on this machine (only this machine's entry).
+    pub async fn remove_state(&self, name: &UnitName) -> Result<()> {
+        let txn = Txn {
+            compares: vec![],
+            success: vec![delete(self.registry.keys().state(name, &self.machine))],
+            failure: vec![],
+        };
+        self.registry
+            .kv()
+            .txn(txn)
+            .await
+            .map_err(RegistryError::kv("removing unit state"))?;
+        Ok(())
+    }
+}
