@@ -152,7 +152,7 @@ fn all_pages(to: SocketAddr, path: &str, field: &str) -> Result<(Vec<Value>, Vec
 
 #[test]
 fn api_contract_over_http_against_a_running_fleetd() -> Result<()> {
-    let (mut cluster, _registry) = start(2, spec())?;
+    let (mut cluster, registry) = start(2, spec())?;
     let to = addr(&cluster.machines()[0]);
 
     // Machines: both, with their IP and metadata, on every prefix.
@@ -420,6 +420,40 @@ fn api_contract_over_http_against_a_running_fleetd() -> Result<()> {
             "{entity}"
         );
     }
+
+    // A patch gets a waiting unit scheduled: no machine has `tier=api` until one is given it.
+    let waiting = "/fleet/v1/units/api-tier.service";
+    let mut options = sleeper_options(1002);
+    options
+        .as_array_mut()
+        .expect("options are a list")
+        .push(json!({"section": "X-Fleet", "name": "MachineMetadata", "value": "tier=api"}));
+    let body = json!({"name": "api-tier.service", "desiredState": "launched", "options": options});
+    let reply = call(to, "PUT", waiting, Some(body))?;
+    ensure!(reply.status == 201, "{reply:?}");
+    let reason = wait_for_value(TIMEOUT, POLL, || {
+        let snap = registry.block_on(registry.registry().snapshot()).ok()?;
+        snap.unscheduled
+            .get(&"api-tier.service".parse().ok()?)
+            .cloned()
+    })
+    .context("the engine never said why api-tier.service waits")?;
+    ensure!(
+        call(to, "GET", waiting, None)?.body["machineID"].is_null(),
+        "placed before any machine had tier=api ({reason})"
+    );
+    let patch = json!([
+        {"op": "add", "path": format!("/{}/metadata/tier", m1.id()), "value": {"value": "api"}},
+    ]);
+    let reply = call_as(
+        to,
+        "PATCH",
+        "/fleet/v1/machines",
+        None,
+        Some(patch.to_string()),
+    )?;
+    ensure!(reply.status == 204, "{reply:?}");
+    wait_body(to, waiting, |b| b["machineID"] == m1.id().as_str())?;
 
     // etcd away: 503 with fleet's message, and back once etcd is.
     cluster.stop_etcd()?;

@@ -298,22 +298,17 @@ impl<K: Kv> Ops<K> {
             .collect())
     }
 
-    /// Live machines, sorted by ID, each with its configured metadata overridden by its
-    /// dynamic metadata.
+    /// Live machines, sorted by ID, each with its dynamic metadata over its configured
+    /// metadata (merged by the registry, as the engine's view merges it).
     pub async fn machines(&self) -> Result<Vec<entity::Machine>, RegistryError> {
         let machines = self.registry.machines().await?;
-        let mut dynamic = self.registry.dynamic_metadata().await?.items;
         Ok(machines
             .items
             .into_iter()
-            .map(|m| {
-                let mut metadata = m.metadata;
-                metadata.extend(dynamic.remove(&m.id).unwrap_or_default());
-                entity::Machine {
-                    id: m.id.to_string(),
-                    primary_ip: m.public_ip,
-                    metadata,
-                }
+            .map(|m| entity::Machine {
+                id: m.id.to_string(),
+                primary_ip: m.public_ip,
+                metadata: m.metadata,
             })
             .collect())
     }

@@ -48,13 +48,17 @@ impl Unreadable {
                     let slot = (machine.clone(), unit.clone());
                     out.schedule.insert(key.clone(), slot);
                 }
+                // A dynamic metadata value that is not UTF-8 (only a hand-written one can be:
+                // the API checks what it writes) is left out: the machine keeps its
+                // configured value of that key, and still counts only if it is registered.
                 Some(
                     Key::File(_)
                     | Key::FileRef { .. }
                     | Key::State { .. }
                     | Key::Leader
                     | Key::Disruption
-                    | Key::Unscheduled(_),
+                    | Key::Unscheduled(_)
+                    | Key::Metadata { .. },
                 )
                 | None => {}
             }

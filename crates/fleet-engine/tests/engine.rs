@@ -390,6 +390,81 @@ async fn publishes_and_clears_why_a_unit_cannot_be_placed<K: Kv>(reg: Registry<K
     a.shutdown().await;
 }
 
+/// Issue 15: dynamic metadata (`PATCH /machines`) wins over the configured value and the
+/// engine acts on a change at once: a waiting unit is placed when a machine gets what it
+/// needs, and moved when its machine loses it.
+async fn places_and_moves_units_on_dynamic_metadata_changes<K: Kv>(reg: Registry<K>, t: Timing) {
+    use fleet_registry::MetadataChange;
+    let set = |m: &str, v: &str| MetadataChange::Set {
+        machine: machine(m),
+        key: "tier".parse().unwrap(),
+        value: v.into(),
+    };
+    let web = MachineInfo {
+        id: machine("m1"),
+        public_ip: String::new(),
+        metadata: BTreeMap::from([("tier".to_owned(), "web".to_owned())]),
+        version: "test".into(),
+        disable_engine: false,
+    };
+    for info in [
+        web.clone(),
+        MachineInfo {
+            id: machine("m2"),
+            metadata: BTreeMap::new(),
+            ..web
+        },
+    ] {
+        MachineRole::new(reg.clone(), info.id.clone())
+            .register(&info, PRESENCE_TTL, None)
+            .await
+            .unwrap();
+    }
+    let units = UnitsRole::new(reg.clone());
+    let a = start(&reg, "a", t);
+    let file = "[Service]\nExecStart=/bin/true\n[X-Fleet]\nMachineMetadata=tier=api\n";
+    let file = UnitFile::parse(file.as_bytes()).unwrap();
+    units
+        .create_unit(&name("api.service"), &file, DesiredState::Launched)
+        .await
+        .unwrap();
+    let on = |m: &'static str| {
+        let reg = reg.clone();
+        move || {
+            let reg = reg.clone();
+            async move { schedule(&reg).await.get("api.service") == Some(&vec![m.to_owned()]) }
+        }
+    };
+    eventually(t.prompt, "api waits for a machine", || async {
+        let snap = reg.snapshot().await.unwrap();
+        snap.unscheduled.contains_key(&name("api.service"))
+    })
+    .await;
+
+    units.change_metadata(&[set("m2", "api")]).await.unwrap();
+    eventually(t.prompt, "api placed on m2", on("m2")).await;
+
+    // m1's dynamic value wins over its configured `tier=web`; m2 loses its value.
+    units
+        .change_metadata(&[
+            set("m1", "api"),
+            MetadataChange::Remove {
+                machine: machine("m2"),
+                key: "tier".parse().unwrap(),
+            },
+        ])
+        .await
+        .unwrap();
+    eventually(t.prompt, "api moved to m1", on("m1")).await;
+
+    units
+        .change_metadata(&[set("m1", "db"), set("m2", "api")])
+        .await
+        .unwrap();
+    eventually(t.prompt, "api moved back to m2", on("m2")).await;
+    a.shutdown().await;
+}
+
 async fn schedules_more_units_than_one_transaction_holds<K: Kv>(reg: Registry<K>, t: Timing) {
     for m in ["m1", "m2", "m3"] {
         join(&reg, m).await;
@@ -566,6 +641,7 @@ on_both!(
     holds_rescheduling_while_most_machines_vanished_and_they_return,
     moves_the_units_of_machines_still_gone_after_the_grace,
     publishes_and_clears_why_a_unit_cannot_be_placed,
+    places_and_moves_units_on_dynamic_metadata_changes,
     schedules_more_units_than_one_transaction_holds,
     moves_a_replaced_unit_only_once_its_previous_copy_has_stopped,
 );

@@ -23,19 +23,34 @@
 
 use fleet_core::{MachineId, UnitHash, UnitName};
 
+use crate::metadata::MetadataKey;
+
 /// What a key of the schema names, read from the key alone (its value may not parse):
 /// [`Key::parse`] is the inverse of the builders of [`Keys`] ([`Key::build`] calls them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Key {
     Unit(UnitName),
     File(UnitHash),
-    FileRef { hash: UnitHash, unit: UnitName },
-    Schedule { machine: MachineId, unit: UnitName },
+    FileRef {
+        hash: UnitHash,
+        unit: UnitName,
+    },
+    Schedule {
+        machine: MachineId,
+        unit: UnitName,
+    },
     Machine(MachineId),
-    State { unit: UnitName, machine: MachineId },
+    State {
+        unit: UnitName,
+        machine: MachineId,
+    },
     Leader,
     Disruption,
     Unscheduled(UnitName),
+    Metadata {
+        machine: MachineId,
+        key: MetadataKey,
+    },
 }
 
 /// The part of the schema a key is under, read from its first segment alone: a key of a
@@ -52,6 +67,7 @@ pub enum Kind {
     /// `engine/leader` and `engine/disruption`.
     Engine,
     Unscheduled,
+    Metadata,
 }
 
 impl Key {
@@ -85,6 +101,13 @@ impl Key {
                     machine: machine.parse().ok()?,
                 }
             }
+            Kind::Metadata => {
+                let (machine, key) = pair()?;
+                Key::Metadata {
+                    machine: machine.parse().ok()?,
+                    key: key.parse().ok()?,
+                }
+            }
             Kind::Engine => match rest {
                 "leader" => Key::Leader,
                 "disruption" => Key::Disruption,
@@ -105,6 +128,7 @@ impl Key {
             Key::Leader => keys.leader(),
             Key::Disruption => keys.disruption(),
             Key::Unscheduled(unit) => keys.unscheduled(unit),
+            Key::Metadata { machine, key } => keys.metadata(machine, key.as_str()),
         }
     }
 
@@ -118,6 +142,7 @@ impl Key {
             Key::State { .. } => Kind::State,
             Key::Leader | Key::Disruption => Kind::Engine,
             Key::Unscheduled(_) => Kind::Unscheduled,
+            Key::Metadata { .. } => Kind::Metadata,
         }
     }
 }
@@ -249,6 +274,7 @@ impl Keys {
             "state" => Kind::State,
             "engine" => Kind::Engine,
             "unscheduled" => Kind::Unscheduled,
+            "metadata" => Kind::Metadata,
             _ => return None,
         };
         Some((kind, rest))
@@ -294,6 +320,10 @@ mod tests {
             Key::Leader,
             Key::Disruption,
             Key::Unscheduled(u),
+            Key::Metadata {
+                machine: "m2".parse().unwrap(),
+                key: "tier".parse().unwrap(),
+            },
         ]
     }
 

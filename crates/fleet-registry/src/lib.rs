@@ -31,7 +31,7 @@ pub use kv::MAX_TXN_OPS;
 pub use leader::{EngineRole, EngineWrite, Fence, Leadership};
 pub use live::{LiveView, Touched};
 pub use machine::{MachineRole, Presence};
-pub use metadata::{MetadataChange, MetadataKey, MetadataKeyError};
+pub use metadata::{DynamicMetadata, MetadataChange, MetadataKey, MetadataKeyError, apply_dynamic};
 pub use per_machine::PerMachine;
 pub use read::{Listing, Skipped};
 pub use records::{ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};

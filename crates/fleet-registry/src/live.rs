@@ -61,7 +61,7 @@ impl Touched {
     }
 }
 
-/// The registry's units, machines, schedule, states, unschedulable reasons and unit files,
+/// The registry's units, machines and their metadata, schedule, states, unschedulable reasons and unit files,
 /// followed by a watch.
 #[derive(Debug)]
 pub struct LiveView<K> {
@@ -224,7 +224,8 @@ impl<K: Kv> LiveView<K> {
             }
             Kind::FileRef | Kind::Engine => return touched,
             Kind::Unit => &mut touched.units,
-            Kind::Machine => &mut touched.machines,
+            // Dynamic metadata changes what a machine offers, as a new machine record does.
+            Kind::Machine | Kind::Metadata => &mut touched.machines,
             Kind::Schedule => &mut touched.schedules,
             Kind::State => &mut touched.states,
             Kind::Unscheduled => &mut touched.unscheduled,

@@ -2,17 +2,49 @@
 //! machines' presence records so that it survives a machine leaving and rejoining, may be set
 //! for a machine not registered yet, and wins over the machine's configured value of the same
 //! key. One key per machine and metadata key, no lease; a patch is one transaction.
+//!
+//! [`apply_dynamic`] is the one place where dynamic metadata meets the configured metadata:
+//! the engine's view ([`Snapshot::machines_with_metadata`]) and every machine listing
+//! ([`Registry::machines`], behind fleetctl's list-machines and the API's `GET /machines`)
+//! go through it, so the scheduler never acts on other metadata than users are shown.
+//!
+//! [`Snapshot::machines_with_metadata`]: crate::Snapshot::machines_with_metadata
 
-use fleet_core::MachineId;
+use fleet_core::{MachineId, MachineInfo};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{RegistryError, Result};
-use crate::kv::{Kv, MAX_TXN_OPS, Txn, TxnOp};
-use crate::read::{Listing, Skipped};
+use crate::keys::{Key, Keys};
+use crate::kv::{KeyValue, Kv, MAX_TXN_OPS, Revision, Txn, TxnOp};
+use crate::read::{self, Listing, Skipped};
 use crate::registry::Registry;
 use crate::units::UnitsRole;
+
+/// Every machine's dynamic metadata: machine -> key -> value. Machines not registered may
+/// have some; it applies once they register.
+pub type DynamicMetadata = BTreeMap<MachineId, BTreeMap<String, String>>;
+
+/// Puts `machine`'s dynamic metadata over its configured metadata: a dynamic value wins
+/// over the configured value of the same key, the other configured keys stay.
+pub fn apply_dynamic(machine: &mut MachineInfo, dynamic: &DynamicMetadata) {
+    if let Some(values) = dynamic.get(&machine.id) {
+        for (key, value) in values {
+            machine.metadata.insert(key.clone(), value.clone());
+        }
+    }
+}
+
+/// A stored dynamic metadata value, with the machine and metadata key its key names.
+pub(crate) fn read(keys: &Keys, kv: &KeyValue) -> Result<(MachineId, String, String), Skipped> {
+    let Some(Key::Metadata { machine, key }) = Key::parse(keys, &kv.key) else {
+        return Err(read::skipped(keys, kv, "not a machine and metadata key"));
+    };
+    let value = String::from_utf8(kv.value.clone())
+        .map_err(|_| read::skipped(keys, kv, "the value is not UTF-8"))?;
+    Ok((machine, key.0, value))
+}
 
 /// A metadata key as fleet's API accepts it: `[A-Za-z0-9_.-]+`, so it can never split an
 /// etcd key or a `key=value` list.
@@ -75,35 +107,28 @@ impl MetadataChange {
 impl<K: Kv> Registry<K> {
     /// Every machine's dynamic metadata, at one revision. A value that is not UTF-8, or a key
     /// that names no machine and metadata key, is skipped.
-    pub async fn dynamic_metadata(
+    pub async fn dynamic_metadata(&self) -> Result<Listing<DynamicMetadata>> {
+        self.dynamic_metadata_at(None).await
+    }
+
+    /// As [`dynamic_metadata`](Self::dynamic_metadata), at `revision` when given.
+    pub(crate) async fn dynamic_metadata_at(
         &self,
-    ) -> Result<Listing<BTreeMap<MachineId, BTreeMap<String, String>>>> {
-        let base = self.keys().metadata_all();
+        revision: Option<Revision>,
+    ) -> Result<Listing<DynamicMetadata>> {
         let res = self
             .kv()
-            .range(&base, true, None)
+            .range(&self.keys().metadata_all(), true, revision)
             .await
             .map_err(RegistryError::kv("reading machine metadata"))?;
-        let mut items: BTreeMap<MachineId, BTreeMap<String, String>> = BTreeMap::new();
+        let mut items = DynamicMetadata::new();
         let mut skipped = Vec::new();
         for kv in &res.kvs {
-            let parsed = kv.key.strip_prefix(&base).and_then(|rest| {
-                let (machine, key) = rest.split_once('/')?;
-                let machine: MachineId = machine.parse().ok()?;
-                let key: MetadataKey = key.parse().ok()?;
-                let value = String::from_utf8(kv.value.clone()).ok()?;
-                Some((machine, key, value))
-            });
-            match parsed {
-                Some((machine, key, value)) => {
-                    items.entry(machine).or_default().insert(key.0, value);
+            match read(self.keys(), kv) {
+                Ok((machine, key, value)) => {
+                    items.entry(machine).or_default().insert(key, value);
                 }
-                None => skipped.push(Skipped {
-                    key: kv.key.clone(),
-                    mod_revision: kv.mod_revision,
-                    detail: "not a machine metadata key with a UTF-8 value".into(),
-                    named: None,
-                }),
+                Err(s) => skipped.push(s),
             }
         }
         Ok(Listing {
@@ -219,6 +244,76 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, RegistryError::TooManyChanges { .. }), "{err}");
         assert!(registry.dynamic_metadata().await.unwrap().items.is_empty());
+    }
+
+    fn info(id: &str, metadata: &[(&str, &str)]) -> MachineInfo {
+        MachineInfo {
+            id: id.parse().unwrap(),
+            public_ip: String::new(),
+            metadata: metadata
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            version: "test".into(),
+            disable_engine: false,
+        }
+    }
+
+    #[test]
+    fn a_dynamic_value_wins_over_the_configured_one_and_other_keys_stay() {
+        let mut m1 = info("m1", &[("tier", "web"), ("zone", "a")]);
+        let dynamic: DynamicMetadata = [
+            (
+                "m1".parse().unwrap(),
+                [("tier".into(), "api".into())].into(),
+            ),
+            ("m9".parse().unwrap(), [("zone".into(), "b".into())].into()),
+        ]
+        .into();
+        apply_dynamic(&mut m1, &dynamic);
+        assert_eq!(m1, info("m1", &[("tier", "api"), ("zone", "a")]));
+        let mut m2 = info("m2", &[("zone", "a")]);
+        apply_dynamic(&mut m2, &dynamic);
+        assert_eq!(m2, info("m2", &[("zone", "a")]), "another machine's values");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn listings_snapshots_and_the_live_view_merge_alike() {
+        use crate::LiveView;
+        let registry = Registry::new(MemKv::new(), "/fleet/");
+        let m1 = info("m1", &[("tier", "web")]);
+        let ttl = std::time::Duration::from_secs(60);
+        let machine = crate::MachineRole::new(registry.clone(), m1.id.clone());
+        machine.register(&m1, ttl, None).await.unwrap();
+        let units = UnitsRole::new(registry.clone());
+        units
+            .change_metadata(&[set("m1", "tier", "api"), set("m9", "early", "bird")])
+            .await
+            .unwrap();
+        let merged = info("m1", &[("tier", "api")]);
+        assert_eq!(
+            registry.machines().await.unwrap().items,
+            vec![merged.clone()]
+        );
+        let snap = registry.snapshot().await.unwrap();
+        assert_eq!(snap.machines_with_metadata()[&m1.id], merged);
+        assert_eq!(snap.machines[&m1.id], m1, "the record stays as configured");
+
+        let mut view = LiveView::start_without_files(registry.clone())
+            .await
+            .unwrap();
+        assert_eq!(view.snapshot().metadata, snap.metadata);
+        units
+            .change_metadata(&[remove("m1", "tier"), set("m9", "tier", "db")])
+            .await
+            .unwrap();
+        let touched = view.changed().await.unwrap();
+        assert!(touched.machines, "a metadata change wakes the engine");
+        assert_eq!(view.snapshot().machines_with_metadata()[&m1.id], m1);
+        assert_eq!(
+            view.snapshot().metadata,
+            registry.snapshot().await.unwrap().metadata
+        );
     }
 
     #[test]

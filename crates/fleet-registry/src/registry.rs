@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::error::{RegistryError, Result};
 use crate::keys::Keys;
 use crate::kv::{KeyValue, Kv, MAX_TXN_OPS, Revision, Txn, TxnOp, TxnOpResponse};
+use crate::metadata;
 use crate::read::{self, Listing};
 use crate::records::{ScheduleEntry, Unit, UnitStateRecord};
 use crate::watch::WatchHints;
@@ -198,15 +199,20 @@ impl<K: Kv> Registry<K> {
         })
     }
 
-    /// Every live machine with a readable record, sorted by ID.
+    /// Every live machine with a readable record, sorted by ID, with its dynamic metadata
+    /// over its configured metadata (read at the same revision).
     pub async fn machines(&self) -> Result<Listing<Vec<MachineInfo>>> {
         let res = self
             .kv
             .range(&self.keys.machines(), true, None)
             .await
             .map_err(RegistryError::kv("listing machines"))?;
-        let mut skipped = Vec::new();
-        let items = read::all(&res.kvs, |kv| read::machine(&self.keys, kv), &mut skipped);
+        let dynamic = self.dynamic_metadata_at(Some(res.revision)).await?;
+        let mut skipped = dynamic.skipped;
+        let mut items = read::all(&res.kvs, |kv| read::machine(&self.keys, kv), &mut skipped);
+        for machine in &mut items {
+            metadata::apply_dynamic(machine, &dynamic.items);
+        }
         Ok(Listing {
             revision: res.revision,
             items,

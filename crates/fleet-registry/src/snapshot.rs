@@ -1,22 +1,29 @@
 //! A consistent view of the whole cluster at one etcd revision, for decisions and listings.
 
 use fleet_core::{MachineId, MachineInfo, UnitName};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::error::{RegistryError, Result};
 use crate::keys::{Key, Keys, Kind};
 use crate::kv::{KeyValue, Kv, Revision};
+use crate::metadata::{self, DynamicMetadata};
 use crate::per_machine::PerMachine;
 use crate::read::{self, Skipped};
 use crate::records::{ScheduleEntry, Unit, UnitStateRecord};
 use crate::registry::Registry;
 
-/// Units, schedule, machines and published states, all read at `revision`.
+/// Units, schedule, machines, their dynamic metadata and published states, all read at
+/// `revision`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
     pub revision: Revision,
     pub units: BTreeMap<UnitName, Unit>,
+    /// Machines as they registered, with their configured metadata: what the scheduler
+    /// places on is [`machines_with_metadata`](Self::machines_with_metadata).
     pub machines: BTreeMap<MachineId, MachineInfo>,
+    /// Dynamic metadata (`PATCH /machines`), of registered machines and others.
+    pub metadata: DynamicMetadata,
     /// unit -> machine -> entry.
     pub schedule: BTreeMap<UnitName, PerMachine<ScheduleEntry>>,
     /// unit -> machine -> published state.
@@ -31,6 +38,19 @@ pub struct Snapshot {
 impl Snapshot {
     pub(crate) fn skip(&mut self, s: Skipped) {
         self.skipped.insert(s.key.clone(), s);
+    }
+
+    /// The machines with their dynamic metadata over their configured metadata; borrowed
+    /// when no registered machine has dynamic metadata.
+    pub fn machines_with_metadata(&self) -> Cow<'_, BTreeMap<MachineId, MachineInfo>> {
+        if !self.metadata.keys().any(|m| self.machines.contains_key(m)) {
+            return Cow::Borrowed(&self.machines);
+        }
+        let mut machines = self.machines.clone();
+        for machine in machines.values_mut() {
+            metadata::apply_dynamic(machine, &self.metadata);
+        }
+        Cow::Owned(machines)
     }
 
     pub(crate) fn insert_schedule(&mut self, e: ScheduleEntry) {
@@ -48,7 +68,7 @@ impl Snapshot {
     }
 
     /// Adds the value stored at `kv`, if its key is of a kind the snapshot keeps (units,
-    /// machines, schedule, states, unschedulable reasons): readable, into its map; not, into
+    /// machines, dynamic metadata, schedule, states, unschedulable reasons): readable, into its map; not, into
     /// [`skipped`](Self::skipped), and returned so that the caller may report it. Whatever was
     /// at the key before must have been [`remove`](Self::remove)d.
     pub(crate) fn insert(&mut self, keys: &Keys, kv: &KeyValue) -> Option<&Skipped> {
@@ -63,6 +83,9 @@ impl Snapshot {
             Kind::State => read::state(keys, kv).map(|s| self.insert_state(s)),
             Kind::Unscheduled => read::unscheduled(keys, kv).map(|(unit, reason)| {
                 self.unscheduled.insert(unit, reason);
+            }),
+            Kind::Metadata => metadata::read(keys, kv).map(|(machine, key, value)| {
+                self.metadata.entry(machine).or_default().insert(key, value);
             }),
             Kind::File | Kind::FileRef | Kind::Engine => return None,
         };
@@ -89,6 +112,14 @@ impl Snapshot {
             Some(Key::State { unit, machine }) => remove_inner(&mut self.states, &unit, &machine),
             Some(Key::Unscheduled(unit)) => {
                 self.unscheduled.remove(&unit);
+            }
+            Some(Key::Metadata { machine, key }) => {
+                if let Some(values) = self.metadata.get_mut(&machine) {
+                    values.remove(key.as_str());
+                    if values.is_empty() {
+                        self.metadata.remove(&machine);
+                    }
+                }
             }
             Some(Key::File(_) | Key::FileRef { .. } | Key::Leader | Key::Disruption) | None => {}
         }
@@ -128,6 +159,7 @@ impl<K: Kv> Registry<K> {
             keys.schedules(),
             keys.states(),
             keys.unscheduled_all(),
+            keys.metadata_all(),
         ];
         for kv in &first.kvs {
             snap.insert(keys, kv);

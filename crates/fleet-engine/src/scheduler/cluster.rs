@@ -32,7 +32,8 @@ pub(super) type Slot = (UnitName, MachineId);
 
 #[derive(Debug)]
 pub(super) struct Cluster<'s> {
-    pub machines: &'s BTreeMap<MachineId, MachineInfo>,
+    /// With their dynamic metadata over their configured metadata.
+    pub machines: Cow<'s, BTreeMap<MachineId, MachineInfo>>,
     /// What agents publish: only read to hold a unit back while a copy of it still runs.
     states: &'s BTreeMap<UnitName, PerMachine<UnitStateRecord>>,
     /// Units the plan places: wanted, with a known file.
@@ -77,7 +78,7 @@ impl<'s> Cluster<'s> {
         let unreadable = Unreadable::of(snapshot);
         let held = unreadable.held(snapshot, held);
         let mut cluster = Cluster {
-            machines: &snapshot.machines,
+            machines: snapshot.machines_with_metadata(),
             states: &snapshot.states,
             specs: BTreeMap::new(),
             frozen: unreadable.units.clone(),
