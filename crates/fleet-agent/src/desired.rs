@@ -50,19 +50,23 @@ impl Desired {
         desired
     }
 
-    /// Desired units with no file in the units directory that systemd nevertheless has loaded:
-    /// the definition may be an operator's, so ask where it comes from before acting.
+    /// Desired units with no file in the units directory that systemd may nevertheless have
+    /// loaded: the definition may be an operator's, so ask where it comes from before acting.
+    /// Only a unit systemd said it does not know (`not-found`) is surely free; a unit missing
+    /// from `current`, or without a systemd state (the last read of systemd failed), is asked
+    /// about too: fail closed.
     pub fn unowned(&self, current: &BTreeMap<UnitName, CurrentUnit>) -> Vec<UnitName> {
         self.units
             .keys()
-            .filter(|name| {
-                current.get(*name).is_some_and(|unit| {
+            .filter(|name| match current.get(*name) {
+                None => true,
+                Some(unit) => {
                     matches!(unit.file, UnitFileState::Absent)
                         && unit
                             .systemd
                             .as_ref()
-                            .is_some_and(|s| s.load_state() != LoadState::NotFound)
-                })
+                            .is_none_or(|s| s.load_state() != LoadState::NotFound)
+                }
             })
             .cloned()
             .collect()
@@ -178,7 +182,7 @@ mod tests {
     }
 
     #[test]
-    fn asks_about_units_systemd_has_loaded_without_a_file_of_ours() {
+    fn asks_about_units_systemd_has_loaded_or_may_have_loaded_without_a_file_of_ours() {
         let f = file("/bin/a");
         let schedule = BTreeMap::from([
             entry("ours.service", &f, DesiredState::Launched),
@@ -202,7 +206,11 @@ mod tests {
                 current(UnitFileState::Absent, "not-found"),
             ),
         ]);
-        assert_eq!(desired.unowned(&current), [name("operator.service")]);
+        // new.service is missing from what systemd said (its read failed): asked too.
+        assert_eq!(
+            desired.unowned(&current),
+            [name("new.service"), name("operator.service")]
+        );
     }
 
     #[test]
