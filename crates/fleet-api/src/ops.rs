@@ -5,7 +5,9 @@
 //! `--replace`: the same validation, and a replace keeps the unit's placement). Nothing here
 //! knows HTTP: handlers turn what it returns into entities and status codes.
 
-use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitName, UnitOption};
+use fleet_core::{
+    ActiveState, DesiredState, MachineId, Requirements, UnitFile, UnitName, UnitOption,
+};
 use fleet_registry::kv::Kv;
 use fleet_registry::{
     CreateOutcome, MetadataChange, Registry, RegistryError, Snapshot, Unit, UnitStateRecord,
@@ -357,7 +359,9 @@ fn unit_entity(snap: &Snapshot, unit: &Unit, file: &UnitFile) -> entity::Unit {
         let Some(state) = snap.states.get(name).and_then(|s| s.get(id)) else {
             continue;
         };
-        let here = if entry.desired == DesiredState::Launched && state.systemd.active == "active" {
+        let here = if entry.desired == DesiredState::Launched
+            && state.systemd.active_state() == ActiveState::Active
+        {
             DesiredState::Launched
         } else {
             DesiredState::Loaded
