@@ -10,7 +10,7 @@
 
 use fleet_core::{DesiredState, MachineId, UnitFile, UnitHash, UnitName};
 use std::collections::{BTreeMap, BTreeSet};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::error::{RegistryError, Result};
 use crate::keys::Key;
@@ -192,9 +192,7 @@ impl<K: Kv> UnitsRole<K> {
         );
         let mod_revision = self.cas(existing, success, "replacing unit").await?;
         debug!(unit = %name, old = %existing.hash(), new = %record.hash, "replaced unit");
-        for hash in &dropped {
-            self.collect_file(hash).await?;
-        }
+        self.collect_committed(&dropped).await;
         Ok(Unit {
             record,
             mod_revision,
@@ -230,9 +228,7 @@ impl<K: Kv> UnitsRole<K> {
         let mod_revision = self
             .cas(existing, success, "finishing rolling replace")
             .await?;
-        for hash in &dropped {
-            self.collect_file(hash).await?;
-        }
+        self.collect_committed(&dropped).await;
         Ok(Unit {
             record,
             mod_revision,
@@ -309,9 +305,7 @@ impl<K: Kv> UnitsRole<K> {
             .collect();
         self.cas(existing, ops, "destroying unit").await?;
         debug!(unit = %name, "destroyed unit");
-        for hash in referenced(&existing.record) {
-            self.collect_file(&hash).await?;
-        }
+        self.collect_committed(&referenced(&existing.record)).await;
         Ok(())
     }
 
@@ -367,9 +361,7 @@ impl<K: Kv> UnitsRole<K> {
             return Err(RegistryError::Conflict(name.clone()));
         }
         debug!(unit = %name, files = hashes.len(), "destroyed unreadable unit record");
-        for hash in &hashes {
-            self.collect_file(hash).await?;
-        }
+        self.collect_committed(&hashes).await;
         Ok(true)
     }
 
@@ -387,6 +379,18 @@ impl<K: Kv> UnitsRole<K> {
             ),
             put(self.registry.keys().unit(&record.name), encode(record)),
         ]
+    }
+
+    /// Collects the files a committed write stopped referring to. The write has landed, so a
+    /// failed collection must not turn it into an error (a destroy answered "failed" for a
+    /// unit that is gone): it is logged, and the file stays, unreferenced, until a later write
+    /// of the same content references it again or a later collection of it succeeds.
+    async fn collect_committed<'a>(&self, hashes: impl IntoIterator<Item = &'a UnitHash>) {
+        for hash in hashes {
+            if let Err(e) = self.collect_file(hash).await {
+                warn!(hash = %hash, error = %e, "collecting an unreferenced unit file failed; it stays");
+            }
+        }
     }
 
     /// Deletes the file `hash` if no unit refers to it. Atomic against a concurrent writer:

@@ -2,7 +2,9 @@
 //! against a real etcd started by the test, so the fake cannot drift from etcd.
 
 use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
-use fleet_registry::kv::{Kv, LeaseId, MemKv, RANGE_PAGE, Txn, TxnOp};
+use fleet_registry::kv::{
+    Hook, Hooked, Kv, KvError, LeaseId, MemKv, RANGE_PAGE, Request, Txn, TxnOp,
+};
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{
     CreateOutcome, EngineRole, EngineWrite, Key, LiveView, MachineRole, Registry, RegistryError,
@@ -813,6 +815,55 @@ async fn live_view_reports_a_broken_watch() {
     assert!(err.is_transient());
 }
 
+/// Fails every transaction that only collects a unit file (one delete of a `file/` key), as
+/// an etcd that becomes unreachable right after a destroy or a replace committed.
+#[derive(Debug, Clone)]
+struct FailCollection;
+
+impl Hook for FailCollection {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        if let Request::Txn(txn) = request
+            && let [TxnOp::Delete { key, .. }] = txn.success.as_slice()
+            && key.starts_with(&format!("{PREFIX}file/"))
+        {
+            return Err(KvError::Timeout(Duration::from_secs(1), "test".to_owned()));
+        }
+        Ok(())
+    }
+}
+
+async fn a_committed_destroy_or_replace_succeeds_when_collecting_its_file_fails<K: Kv>(
+    reg: Registry<K>,
+) {
+    let failing = Registry::new(
+        Hooked {
+            inner: reg.raw_kv().clone(),
+            hook: FailCollection,
+        },
+        PREFIX,
+    );
+    let (a, b) = (file("/bin/a"), file("/bin/b"));
+    let CreateOutcome::Created(unit) = writer(&failing)
+        .create_unit(&name("x.service"), &a, DesiredState::Launched)
+        .await
+        .unwrap()
+    else {
+        panic!("not created");
+    };
+    let replaced = writer(&failing)
+        .replace_unit(&unit, &b, DesiredState::Launched)
+        .await
+        .unwrap();
+    assert_eq!(replaced.hash(), b.hash());
+    writer(&failing).destroy_unit(&replaced).await.unwrap();
+    assert!(reg.unit(&name("x.service")).await.unwrap().is_none());
+    // Both files stay, unreferenced, until a collection succeeds.
+    assert!(reg.file(&a.hash()).await.unwrap().is_some());
+    writer(&reg).collect_file(&a.hash()).await.unwrap();
+    writer(&reg).collect_file(&b.hash()).await.unwrap();
+    assert!(keys(&reg).await.is_empty());
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -856,4 +907,5 @@ contract!(
     listings_skip_unreadable_values_and_name_their_keys,
     destroys_an_unreadable_unit_record_with_its_references,
     live_view_skips_unreadable_values_until_they_are_repaired,
+    a_committed_destroy_or_replace_succeeds_when_collecting_its_file_fails,
 );
