@@ -218,13 +218,21 @@ impl<K: Kv> Ops<K> {
         if self.registry.unit(&name).await?.is_none() {
             return Ok(None);
         }
-        // Current state and machine come from the schedule and the published states.
-        let snap = self.registry.snapshot().await?;
-        let Some(unit) = snap.units.get(&name) else {
-            return Ok(None);
-        };
-        let file = self.registry.unit_file(unit).await?;
-        Ok(Some(unit_entity(&snap, unit, &file)))
+        // Current state and machine come from the schedule and the published states. A
+        // replace between the snapshot and the file read may have collected the file the
+        // snapshot names: read again, as a client would.
+        let mut attempts = 0;
+        loop {
+            let snap = self.registry.snapshot().await?;
+            let Some(unit) = snap.units.get(&name) else {
+                return Ok(None);
+            };
+            match self.registry.unit_file(unit).await {
+                Ok(file) => return Ok(Some(unit_entity(&snap, unit, &file))),
+                Err(RegistryError::FileMissing { .. }) if attempts < 3 => attempts += 1,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Reads what a `PUT` needs, decides, and writes. A refused request writes nothing.
@@ -233,7 +241,12 @@ impl<K: Kv> Ops<K> {
         let plan = match existing {
             None => decide_put(req.clone(), None)?,
             Some(unit) => {
-                let file = self.registry.unit_file(&unit).await?;
+                // The file of the record we read is gone only if another client replaced or
+                // destroyed the unit since: a conflict (409), which a retry resolves.
+                let file = self.registry.unit_file(&unit).await.map_err(|e| match e {
+                    RegistryError::FileMissing { unit, .. } => RegistryError::Conflict(unit),
+                    e => e,
+                })?;
                 decide_put(req.clone(), Some((unit, &file)))?
             }
         };
