@@ -103,10 +103,8 @@ impl<K: Kv> EngineRole<K> {
         };
         let res = self
             .registry
-            .kv()
-            .txn(create)
-            .await
-            .map_err(RegistryError::kv("campaigning for engine leadership"))?;
+            .txn(create, "campaigning for engine leadership")
+            .await?;
         if res.succeeded {
             return Ok(true);
         }
@@ -125,10 +123,8 @@ impl<K: Kv> EngineRole<K> {
         };
         let res = self
             .registry
-            .kv()
-            .txn(take_over)
-            .await
-            .map_err(RegistryError::kv("taking over engine leadership"))?;
+            .txn(take_over, "taking over engine leadership")
+            .await?;
         Ok(res.succeeded)
     }
 
@@ -268,12 +264,7 @@ impl<K: Kv> Leadership<K> {
                 success: chunk.iter().map(|w| self.op(w)).collect(),
                 failure: vec![],
             };
-            let res = self
-                .registry
-                .kv()
-                .txn(txn)
-                .await
-                .map_err(RegistryError::kv("writing engine decisions"))?;
+            let res = self.registry.txn(txn, "writing engine decisions").await?;
             if !res.succeeded {
                 return Err(RegistryError::LostLeadership);
             }

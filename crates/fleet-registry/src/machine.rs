@@ -112,12 +112,7 @@ impl<K: Kv> MachineRole<K> {
             }],
             failure: vec![],
         };
-        let res = self
-            .registry
-            .kv()
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv("registering machine"))?;
+        let res = self.registry.txn(txn, "registering machine").await?;
         if !res.succeeded {
             // Best effort: the unused lease would expire by itself anyway.
             let _ = self.registry.kv().revoke(lease).await;
@@ -152,12 +147,7 @@ impl<K: Kv> MachineRole<K> {
             }],
             failure: vec![],
         };
-        let res = self
-            .registry
-            .kv()
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv("resuming machine presence"))?;
+        let res = self.registry.txn(txn, "resuming machine presence").await?;
         Ok(res.succeeded.then_some(Presence {
             lease,
             resumed: true,
@@ -195,11 +185,7 @@ impl<K: Kv> MachineRole<K> {
             }],
             failure: vec![],
         };
-        self.registry
-            .kv()
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv("publishing unit state"))?;
+        self.registry.txn(txn, "publishing unit state").await?;
         Ok(())
     }
 
@@ -210,11 +196,7 @@ impl<K: Kv> MachineRole<K> {
             success: vec![delete(self.registry.keys().state(name, &self.machine))],
             failure: vec![],
         };
-        self.registry
-            .kv()
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv("removing unit state"))?;
+        self.registry.txn(txn, "removing unit state").await?;
         Ok(())
     }
 }

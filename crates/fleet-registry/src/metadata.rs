@@ -175,10 +175,8 @@ impl<K: Kv> UnitsRole<K> {
             failure: vec![],
         };
         self.registry()
-            .kv()
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv("changing machine metadata"))?;
+            .txn(txn, "changing machine metadata")
+            .await?;
         Ok(())
     }
 }

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::{RegistryError, Result};
 use crate::keys::Keys;
-use crate::kv::{KeyValue, Kv, MAX_TXN_OPS, Revision, Txn, TxnOp, TxnOpResponse};
+use crate::kv::{KeyValue, Kv, MAX_TXN_OPS, Revision, Txn, TxnOp, TxnOpResponse, TxnResult};
 use crate::metadata;
 use crate::read::{self, Listing};
 use crate::records::{ScheduleEntry, Unit, UnitStateRecord};
@@ -66,6 +66,11 @@ impl<K: Kv> Registry<K> {
         &self.kv
     }
 
+    /// Sends `txn`; a failure to reach etcd names `op`.
+    pub(crate) async fn txn(&self, txn: Txn, op: &'static str) -> Result<TxnResult> {
+        self.kv.txn(txn).await.map_err(RegistryError::kv(op))
+    }
+
     pub async fn unit(&self, name: &UnitName) -> Result<Option<Unit>> {
         let res = self
             .kv
@@ -99,11 +104,7 @@ impl<K: Kv> Registry<K> {
                 failure: vec![],
             };
             // The same operation name as `unit`: a caller's error reads the same either way.
-            let res = self
-                .kv
-                .txn(txn)
-                .await
-                .map_err(RegistryError::kv("reading unit"))?;
+            let res = self.txn(txn, "reading unit").await?;
             for (name, response) in chunk.iter().zip(&res.responses) {
                 if let TxnOpResponse::Get(kvs) = response
                     && let Some(kv) = kvs.first()

@@ -29,7 +29,6 @@ use tracing::debug;
 
 use fleet_core::{MachineId, UnitName};
 
-use crate::error::RegistryError;
 use crate::kv::{EtcdConfig, EtcdKv, Kv, Revision, TlsFiles, Txn, TxnOp};
 use crate::records::ScheduleEntry;
 use crate::registry::{Registry, delete, encode, put};
@@ -288,11 +287,7 @@ impl<K: Kv> Registry<K> {
             success: ops,
             failure: vec![],
         };
-        let res = self
-            .kv()
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv("writing schedule"))?;
+        let res = self.txn(txn, "writing schedule").await?;
         Ok(res.revision)
     }
 }

@@ -127,12 +127,7 @@ impl<K: Kv> UnitsRole<K> {
                 prefix: false,
             }],
         };
-        let res = self
-            .registry
-            .kv()
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv("creating unit"))?;
+        let res = self.registry.txn(txn, "creating unit").await?;
         if res.succeeded {
             debug!(unit = %name, hash = %record.hash, "created unit");
             return Ok(CreateOutcome::Created(Unit {
@@ -283,12 +278,7 @@ impl<K: Kv> UnitsRole<K> {
             success: ops,
             failure: vec![],
         };
-        let res = self
-            .registry
-            .kv()
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv(op))?;
+        let res = self.registry.txn(txn, op).await?;
         if !res.succeeded {
             return Err(RegistryError::Conflict(existing.name().clone()));
         }
@@ -351,12 +341,7 @@ impl<K: Kv> UnitsRole<K> {
                 .collect(),
             failure: vec![],
         };
-        let res = self
-            .registry
-            .kv()
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv(op))?;
+        let res = self.registry.txn(txn, op).await?;
         if !res.succeeded {
             return Err(RegistryError::Conflict(name.clone()));
         }
@@ -402,12 +387,7 @@ impl<K: Kv> UnitsRole<K> {
             success: vec![delete(self.registry.keys().file(hash))],
             failure: vec![],
         };
-        let res = self
-            .registry
-            .kv()
-            .txn(txn)
-            .await
-            .map_err(RegistryError::kv("collecting unit file"))?;
+        let res = self.registry.txn(txn, "collecting unit file").await?;
         if res.succeeded {
             debug!(hash = %hash, "collected unreferenced unit file");
         }
