@@ -1,0 +1,100 @@
+//! fleet's operations on units, unit states and machines, behind one interface: [`Cluster`].
+//!
+//! What `submit`, `start`, `stop`, `destroy`, each listing and each wait do to the cluster is
+//! decided here once. Two sides implement the interface:
+//! - over etcd (the registry's `UnitsRole` and shared reads): used by fleetctl's etcd driver
+//!   and by fleetd's API handlers, so the two can never disagree;
+//! - over HTTP (fleetctl's API driver): a client of fleetd's API, which serves the etcd side.
+//!
+//! The model types are what a command prints from, so a command prints the same bytes over
+//! either side. They carry fleet's entities' data plus what fleetctl shows beyond fleet
+//! (unscheduled reasons, restart generations, pending restarts, the disruption notice).
+//!
+//! This crate does no I/O of its own and knows neither HTTP nor clap.
+
+pub mod error;
+pub mod model;
+
+pub use error::OpsError;
+pub use model::{
+    Changes, Destroyed, MachineListing, PutOutcome, PutRequest, ReplaceHow, Restarted, StateChange,
+    StateFilter, StateView, UnitListing, UnitStatus, UnitView, WaitView,
+};
+
+use fleet_core::{MachineId, UnitName};
+use fleet_registry::MetadataChange;
+use std::collections::BTreeSet;
+use std::future::Future;
+
+/// Every operation fleetctl and the API perform. Reads return consistent views (one etcd
+/// revision on the etcd side); writes decide from what they read and are conditional, retrying
+/// a bounded number of times when another client changed the unit in between
+/// ([`OpsError::Conflict`] when that runs out). A refused request writes nothing.
+pub trait Cluster: Clone + Send + Sync + 'static {
+    /// How this side tells a waiting command that something may have changed.
+    type Changes: Changes;
+
+    /// Units sorted by name, each with its file and where it runs: every unit (`None`), or
+    /// those of `names` that exist (read together, not one request per name).
+    fn units(
+        &self,
+        names: Option<&BTreeSet<UnitName>>,
+    ) -> impl Future<Output = Result<UnitListing, OpsError>> + Send;
+
+    /// One unit; `None` if there is none.
+    fn unit(
+        &self,
+        name: &UnitName,
+    ) -> impl Future<Output = Result<Option<UnitView>, OpsError>> + Send;
+
+    /// Published unit states, sorted by unit then machine, filtered.
+    fn states(
+        &self,
+        filter: &StateFilter,
+    ) -> impl Future<Output = Result<Vec<StateView>, OpsError>> + Send;
+
+    /// Live machines sorted by ID (dynamic metadata merged over configured metadata), and the
+    /// engine's disruption notice if one is held.
+    fn machines(&self) -> impl Future<Output = Result<MachineListing, OpsError>> + Send;
+
+    /// fleet's `PUT /units/<name>`, and fleetctl's `submit`/`load`/`start` write: create a unit,
+    /// replace its content (`--replace`, with `how`), or change its desired state.
+    fn put(&self, req: PutRequest) -> impl Future<Output = Result<PutOutcome, OpsError>> + Send;
+
+    /// `stop`, `unload`, or raising a unit to a state: `None` when the unit was already there
+    /// (nothing written).
+    fn set_state(
+        &self,
+        name: &UnitName,
+        change: StateChange,
+    ) -> impl Future<Output = Result<Option<UnitView>, OpsError>> + Send;
+
+    /// `restart`: a launched unit gets a new restart generation, a loaded one is launched.
+    fn restart(&self, name: &UnitName) -> impl Future<Output = Result<Restarted, OpsError>> + Send;
+
+    /// `destroy` (`DELETE /units/<name>`): a record that cannot be read is destroyed too.
+    fn destroy(&self, name: &UnitName) -> impl Future<Output = Result<Destroyed, OpsError>> + Send;
+
+    /// `PATCH /machines`: all or nothing.
+    fn change_metadata(
+        &self,
+        changes: &[MetadataChange],
+    ) -> impl Future<Output = Result<(), OpsError>> + Send;
+
+    /// A rolling replace of a global unit: let `machines` take the new version.
+    fn advance_rollout(
+        &self,
+        name: &UnitName,
+        machines: &[MachineId],
+    ) -> impl Future<Output = Result<UnitView, OpsError>> + Send;
+
+    /// A rolling replace is over: every machine takes the new version.
+    fn finish_rollout(&self, name: &UnitName) -> impl Future<Output = Result<(), OpsError>> + Send;
+
+    /// What a waiting command watches: the units of `names` (gone ones absent), their
+    /// states and the machines' legends, then a hint each time any of it may have changed.
+    fn watch(
+        &self,
+        names: BTreeSet<UnitName>,
+    ) -> impl Future<Output = Result<Self::Changes, OpsError>> + Send;
+}

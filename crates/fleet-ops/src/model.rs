@@ -1,0 +1,163 @@
+//! What the operations take and return. Plain data: a command prints from these alone, so it
+//! prints the same over either side of [`crate::Cluster`].
+
+use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+
+use crate::OpsError;
+
+/// A unit without its file: what a wait and a placement report need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitStatus {
+    pub name: UnitName,
+    pub hash: UnitHash,
+    pub desired: DesiredState,
+    /// The machines it is scheduled to, sorted (fleet's `machineID` is the first; a global
+    /// unit has every machine that takes it).
+    pub machines: Vec<MachineId>,
+    /// Why the engine could not place it, if it said.
+    pub unscheduled: Option<String>,
+    /// Restart generation asked for (`fleetctl restart` bumps it).
+    pub restart: u64,
+}
+
+/// A unit with its file, as listings and fleet's `Unit` entity show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitView {
+    pub status: UnitStatus,
+    pub file: UnitFile,
+    /// `[X-Fleet] Global=true`.
+    pub global: bool,
+    /// fleet's `currentState`: `launched` where a machine scheduled to launch it reports it
+    /// active, `loaded` where a scheduled machine reports it at all, else `inactive`.
+    pub current: DesiredState,
+}
+
+impl UnitView {
+    pub fn name(&self) -> &UnitName {
+        &self.status.name
+    }
+}
+
+/// Units, and the values that could not be read (each a warning naming its key).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitListing {
+    pub units: Vec<UnitView>,
+    pub skipped: Vec<String>,
+}
+
+/// One machine's published state of one unit (fleet's `UnitState`, and more).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateView {
+    pub name: UnitName,
+    pub machine: MachineId,
+    /// The file the machine has in place; None: no readable file.
+    pub hash: Option<UnitHash>,
+    pub load: String,
+    pub active: String,
+    pub sub: String,
+    /// The restart generation the machine has carried out.
+    pub restart: u64,
+    /// The running process started from an older file than the one in place.
+    pub restart_pending: bool,
+}
+
+/// `GET /state`'s filters: exact machine ID and unit name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateFilter {
+    pub machine: Option<MachineId>,
+    pub unit: Option<UnitName>,
+}
+
+/// Live machines and the engine's disruption notice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MachineListing {
+    pub machines: Vec<MachineInfo>,
+    pub skipped: Vec<String>,
+    pub notice: Option<String>,
+}
+
+/// `--replace`'s options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplaceHow {
+    /// `--no-restart`: the new file is put in place; the running process is left alone.
+    pub no_restart: bool,
+    /// `--reschedule`: placed afresh, away from the machine it runs on now.
+    pub reschedule: bool,
+    /// `--rolling`: machines take the new version only as `advance_rollout` lets them.
+    pub rolling: bool,
+}
+
+/// A create, a replace or a desired-state change of one unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutRequest {
+    pub name: UnitName,
+    /// None: the state alone changes (the unit must exist).
+    pub file: Option<UnitFile>,
+    /// None: inactive for a new unit, unchanged for a replaced one (never lowered).
+    pub desired: Option<DesiredState>,
+    pub how: ReplaceHow,
+}
+
+/// What a put did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    Created(UnitView),
+    Replaced(UnitView),
+    StateChanged(UnitView),
+    /// Already as asked; nothing written.
+    Unchanged(UnitView),
+}
+
+/// A desired-state change by `stop`, `unload`, `load` or `start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateChange {
+    /// `stop`: launched becomes loaded; an inactive unit is an error.
+    Stop,
+    /// `unload`: anything becomes inactive.
+    Unload,
+    /// Raise to this state, never lower.
+    Raise(DesiredState),
+}
+
+/// What `restart` asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restarted {
+    /// A launched unit: wait until every machine running it carried out this generation.
+    Generation(u64),
+    /// A loaded unit was launched: wait until it is.
+    Launched,
+}
+
+/// What `destroy` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destroyed {
+    Unit,
+    /// A record that could not be read was removed; the string says why it was unreadable.
+    Unreadable(String),
+    /// There was no such unit.
+    Missing,
+}
+
+/// What a wait sees: the watched units that exist, their states by machine, and every live
+/// machine (for legends).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WaitView {
+    pub units: BTreeMap<UnitName, UnitStatus>,
+    pub states: BTreeMap<UnitName, BTreeMap<MachineId, StateView>>,
+    pub machines: BTreeMap<MachineId, MachineInfo>,
+}
+
+/// A watch of some units, from [`crate::Cluster::watch`].
+pub trait Changes: Send {
+    /// The view as of now.
+    fn view(&self) -> &WaitView;
+
+    /// Returns once the view may have changed (it is then current again). The etcd side
+    /// follows a watch; the HTTP side polls.
+    fn changed(&mut self) -> impl Future<Output = Result<(), OpsError>> + Send;
+
+    /// The units watched.
+    fn names(&self) -> &BTreeSet<UnitName>;
+}
