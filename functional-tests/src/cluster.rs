@@ -352,32 +352,40 @@ impl Cluster {
         self.fleetctl_over(self.driver, args)
     }
 
-    /// Runs fleetctl on the host over `driver`: etcd's endpoint, or the API socket of
-    /// [`Cluster::api_machine`]'s fleetd. The endpoint and driver are passed as
-    /// `FLEETCTL_ENDPOINT`/`FLEETCTL_DRIVER`, so an `--endpoint` in `args` wins.
+    /// Runs fleetctl on the host over `driver`, output captured.
     pub fn fleetctl_over<I, S>(&self, driver: Driver, args: I) -> Result<Output>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<std::ffi::OsStr>,
     {
-        let socket = match driver {
-            Driver::Etcd => PathBuf::new(),
-            Driver::Api => self.api_machine()?.api_socket(),
-        };
-        Command::new(self.fleetctl_path())
-            .envs(driver.env(&self.etcd_endpoint(), &socket))
+        self.fleetctl_command(driver)?
             .args(args)
             .stdin(Stdio::null())
             .output()
             .with_context(|| format!("cannot run {}", self.fleetctl_path().display()))
     }
 
+    /// fleetctl on the host, pointed at the cluster over `driver` (etcd's endpoint, or the API
+    /// socket of [`Cluster::api_machine`]'s fleetd), for a test to add arguments and run.
+    /// The endpoint and driver are `FLEETCTL_ENDPOINT`/`FLEETCTL_DRIVER`, so an `--endpoint`
+    /// among the arguments wins.
+    pub fn fleetctl_command(&self, driver: Driver) -> Result<Command> {
+        let socket = match driver {
+            Driver::Etcd => PathBuf::new(),
+            Driver::Api => self.api_machine()?.api_socket(),
+        };
+        let mut command = Command::new(self.fleetctl_path());
+        command.envs(driver.env(&self.etcd_endpoint(), &socket));
+        Ok(command)
+    }
+
     /// The machine whose fleetd the API driver talks to: the first one that is up and whose
-    /// socket accepts a connection (so a test that stops one fleetd goes on through another),
-    /// else the first one that is up, for fleetctl to report what is wrong.
+    /// API answers (so a test that stops, freezes or cuts off one fleetd goes on through
+    /// another, as a user would log in elsewhere), else the first one that is up, for
+    /// fleetctl to report what is wrong.
     pub fn api_machine(&self) -> Result<&Machine> {
         let up = || self.machines.iter().filter(|m| m.is_up());
-        up().find(|m| driver::accepts(&m.api_socket()))
+        up().find(|m| driver::serves(&m.api_socket()))
             .or_else(|| up().next())
             .context("no machine is up to serve the API")
     }

@@ -15,6 +15,7 @@
 use anyhow::{Result, bail};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The variable a test run's driver comes from.
 pub const DRIVER_VAR: &str = "FLEET_TEST_DRIVER";
@@ -96,10 +97,37 @@ pub fn machine_api_socket(pid1: u32) -> PathBuf {
         .join(MACHINE_API_SOCKET)
 }
 
-/// Whether something accepts connections on the unix socket at `path` right now (a fleetd
-/// that stopped may leave its socket file behind).
-pub fn accepts(path: &Path) -> bool {
-    std::os::unix::net::UnixStream::connect(path).is_ok()
+/// Whether the fleetd behind the unix socket at `path` answers `GET /fleet/v1/machines` with
+/// 200 within a second: not a stale socket file, a frozen fleetd, or one whose etcd is out of
+/// reach (503).
+pub fn serves(path: &Path) -> bool {
+    use std::io::{Read, Write};
+    let probe = || -> std::io::Result<bool> {
+        let mut stream = std::os::unix::net::UnixStream::connect(path)?;
+        stream.set_read_timeout(Some(PROBE_TIMEOUT))?;
+        stream.set_write_timeout(Some(PROBE_TIMEOUT))?;
+        stream.write_all(
+            b"GET /fleet/v1/machines HTTP/1.1\r\nHost: fleet\r\nConnection: close\r\n\r\n",
+        )?;
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head)?;
+        Ok(head.ends_with(b" 200"))
+    };
+    probe().unwrap_or(false)
+}
+
+/// How long [`serves`] waits for fleetd's answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The global arguments of a fleetctl run *inside* a machine over `driver`: etcd's endpoint,
+/// or nothing but the driver for the API, whose default endpoint is the machine's own fleetd.
+pub fn inside_machine_args(driver: Driver, etcd_endpoint: &str) -> Vec<String> {
+    match driver {
+        Driver::Etcd => ["--driver", "etcd", "--endpoint", etcd_endpoint]
+            .map(str::to_owned)
+            .to_vec(),
+        Driver::Api => ["--driver", "api"].map(str::to_owned).to_vec(),
+    }
 }
 
 #[cfg(test)]
@@ -114,6 +142,23 @@ mod tests {
         assert_eq!(Driver::parse(Some("api")).unwrap(), Driver::Api);
         let e = Driver::parse(Some("API ")).unwrap_err().to_string();
         assert!(e.contains("FLEET_TEST_DRIVER=\"API\""), "{e}");
+    }
+
+    #[test]
+    fn inside_a_machine_the_api_driver_needs_no_endpoint() {
+        assert_eq!(
+            inside_machine_args(Driver::Api, "http://e:1"),
+            ["--driver", "api"]
+        );
+        assert_eq!(
+            inside_machine_args(Driver::Etcd, "http://e:1"),
+            ["--driver", "etcd", "--endpoint", "http://e:1"]
+        );
+    }
+
+    #[test]
+    fn a_socket_nobody_serves_is_not_an_api() {
+        assert!(!serves(Path::new("/nonexistent/fleet.sock")));
     }
 
     #[test]

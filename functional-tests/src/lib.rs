@@ -36,7 +36,7 @@ mod wait;
 pub use cleanup::{cleanup_stale, leftovers};
 pub use cluster::{Cluster, ClusterSpec};
 pub use cmd::{OutputExt, Signal};
-pub use driver::{DRIVER_VAR, Driver};
+pub use driver::{DRIVER_VAR, Driver, inside_machine_args};
 pub use fleetd::{ENV_FILE as FLEETD_ENV_FILE, FleetdSpec, MACHINE_BIN_DIR, UNIT as FLEETD_UNIT};
 pub use machine::Machine;
 pub use proc::ProcId;
