@@ -57,8 +57,8 @@ demo: build
 demo-down:
 	@if [ -f "$(DEMO_DIR)/cluster.json" ]; then "$(TARGET_DIR)/debug/fleet-cluster" down --dir "$(DEMO_DIR)"; else echo "no demo cluster at $(DEMO_DIR)"; fi
 
-# Every benchmark of issue 6 (not part of `make test`), each scenario writing its section of
-# docs/benchmarks.md: release build, then e2e, one-agent, scale, plot. Needs root; ~7 min
+# Every benchmark of issues 6 and 15 (not part of `make test`), each scenario writing its section
+# of docs/benchmarks.md: release build, then e2e, one-agent, scale, api, plot. Needs root; ~7 min
 # (~14 from a clean clone, with the release build).
 bench: deps
 	@start=$$(date +%s); \
@@ -66,6 +66,7 @@ bench: deps
 	"$(TARGET_DIR)/release/fleet-bench" e2e && \
 	"$(TARGET_DIR)/release/fleet-bench" one-agent && \
 	"$(TARGET_DIR)/release/fleet-bench" scale && \
+	"$(TARGET_DIR)/release/fleet-bench" api && \
 	"$(TARGET_DIR)/release/fleet-bench" plot && \
 	"$(TARGET_DIR)/release/fleet-bench" total --secs $$(( $$(date +%s) - start ))
 
