@@ -12,8 +12,10 @@
 //!
 //! This crate does no I/O of its own and knows neither HTTP nor clap.
 
+pub mod convert;
 pub mod error;
 pub mod model;
+pub mod wire;
 
 pub use error::OpsError;
 pub use model::{
