@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod driver;
 pub mod local;
 pub mod ops;
 mod table;
