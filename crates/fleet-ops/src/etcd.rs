@@ -457,4 +457,3 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
         RegistryChanges::start(self.registry.clone(), names).await
     }
 }
-

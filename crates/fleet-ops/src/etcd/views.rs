@@ -119,4 +119,3 @@ pub fn wait_view(snap: &Snapshot, names: &BTreeSet<UnitName>) -> WaitView {
         machines: snap.machines.clone(),
     }
 }
-
