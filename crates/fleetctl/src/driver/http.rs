@@ -427,8 +427,11 @@ fn check(answer: &Answer, unit: Option<&UnitName>) -> Result<(), OpsError> {
 }
 
 /// The error of a failed request about `unit` (the unit its URL names, if any). The full
-/// view's `reason` rebuilds the variant; without one (a server speaking only fleet's view),
-/// a 404 about a unit is [`OpsError::NoSuchUnit`] and anything else keeps its message.
+/// view's `reason` rebuilds the variant. Without one (fleet's own answers, and the server's
+/// checks of an entity before any operation runs), a 404 about a unit is
+/// [`OpsError::NoSuchUnit`] and a 400 about one is [`OpsError::Invalid`] with fleet's
+/// message: the client sends only valid names and states, so what a 400 refuses is the
+/// unit's options. Anything else keeps its status and message.
 pub fn error_of(status: StatusCode, body: &[u8], unit: Option<&UnitName>) -> OpsError {
     let Ok(ErrorBody { error }) = serde_json::from_slice::<ErrorBody>(body) else {
         return OpsError::Api {
@@ -436,13 +439,14 @@ pub fn error_of(status: StatusCode, body: &[u8], unit: Option<&UnitName>) -> Ops
             message: format!("the API answered {status} without an error entity"),
         };
     };
-    if error.reason.is_none()
-        && status == StatusCode::NOT_FOUND
-        && let Some(name) = unit
-    {
-        return OpsError::NoSuchUnit(name.clone());
+    match (error.reason, status, unit) {
+        (None, StatusCode::NOT_FOUND, Some(name)) => OpsError::NoSuchUnit(name.clone()),
+        (None, StatusCode::BAD_REQUEST, Some(name)) => OpsError::Invalid {
+            name: name.clone(),
+            reason: error.message,
+        },
+        _ => convert::error_from_wire(unit, &error),
     }
-    convert::error_from_wire(unit, &error)
 }
 
 fn encoding(name: &UnitName, e: serde_json::Error) -> OpsError {
