@@ -127,6 +127,8 @@ impl IntoResponse for ApiError {
             error: ErrorEntity {
                 code: status.as_u16(),
                 message: self.message(),
+                reason: None,
+                detail: String::new(),
             },
         };
         json_response(status, &body)

@@ -324,6 +324,7 @@ impl<K: Kv> Ops<K> {
                 id: m.id.to_string(),
                 primary_ip: m.public_ip,
                 metadata: m.metadata,
+                ..Default::default()
             })
             .collect())
     }
@@ -354,6 +355,7 @@ fn state_entity(s: &UnitStateRecord) -> entity::UnitState {
         systemd_load_state: s.systemd.load.clone(),
         systemd_active_state: s.systemd.active.clone(),
         systemd_sub_state: s.systemd.sub.clone(),
+        ..Default::default()
     }
 }
 
@@ -398,5 +400,6 @@ fn unit_entity(snap: &Snapshot, unit: &Unit, file: &UnitFile) -> entity::Unit {
             Some(id) if !global => id.to_string(),
             _ => String::new(),
         },
+        ..Default::default()
     }
 }

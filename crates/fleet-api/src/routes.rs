@@ -155,6 +155,7 @@ async fn list_machines<K: Kv>(api: &Api<K>, query: &str) -> Result<Response, Api
     let page = entity::MachinePage {
         machines,
         next_page_token: encode(next),
+        ..Default::default()
     };
     Ok(json_response(StatusCode::OK, &page))
 }
@@ -165,6 +166,7 @@ async fn list_units<K: Kv>(api: &Api<K>, query: &str) -> Result<Response, ApiErr
     let page = entity::UnitPage {
         units,
         next_page_token: encode(next),
+        ..Default::default()
     };
     Ok(json_response(StatusCode::OK, &page))
 }

@@ -12,10 +12,16 @@
 //!
 //! This crate does no I/O of its own and knows neither HTTP nor clap.
 
+pub mod convert;
+pub mod decide;
 pub mod error;
+pub mod etcd;
 pub mod model;
+pub mod plan;
+pub mod wire;
 
 pub use error::OpsError;
+pub use etcd::RegistryCluster;
 pub use model::{
     Changes, Destroyed, MachineListing, PutOutcome, PutRequest, ReplaceHow, Restarted, StateChange,
     StateFilter, StateListing, StateView, UnitListing, UnitStatus, UnitView, WaitView,
