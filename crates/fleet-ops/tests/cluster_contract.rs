@@ -317,7 +317,7 @@ async fn states_are_filtered_and_machines_carry_metadata_and_notice<K: Kv>(reg: 
     let f = file("/bin/a");
     machine_runs(&reg, "m1", "a.service", &f, true).await;
     machine_runs_all(&reg, "m2", &[("a.service", false), ("b.service", true)], &f).await;
-    let all = c.states(&StateFilter::default()).await.unwrap();
+    let all = c.states(&StateFilter::default()).await.unwrap().states;
     let pairs: Vec<(&str, &str)> = all
         .iter()
         .map(|s| (s.name.as_str(), s.machine.as_str()))
@@ -336,7 +336,7 @@ async fn states_are_filtered_and_machines_carry_metadata_and_notice<K: Kv>(reg: 
         machine: Some(machine("m2")),
         unit: Some(name("a.service")),
     };
-    let some = c.states(&filter).await.unwrap();
+    let some = c.states(&filter).await.unwrap().states;
     assert_eq!(some.len(), 1);
     assert_eq!(some[0].sub, "dead");
 

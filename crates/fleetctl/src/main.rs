@@ -2,6 +2,8 @@
 
 use anyhow::Result;
 use clap::Parser;
+use fleet_ops::Cluster;
+use fleet_ops::etcd::RegistryCluster;
 use fleet_registry::Registry;
 use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
 use std::process::ExitCode;
@@ -81,13 +83,12 @@ async fn connect(global: &cli::Global) -> Result<Registry<EtcdKv>> {
     Ok(Registry::new(kv, &global.etcd_key_prefix))
 }
 
-async fn activate(ctx: &mut Ctx, a: cli::Activate, verb: Verb) -> Result<()> {
+async fn activate<C: Cluster>(ctx: &mut Ctx<C>, a: cli::Activate, verb: Verb) -> Result<()> {
     let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
-    let how = commands::submit::ReplaceHow {
+    let how = fleet_ops::ReplaceHow {
         no_restart: a.no_restart,
         reschedule: a.reschedule,
         rolling: a.rolling.is_some(),
-        placed: Default::default(),
     };
     match a.rolling {
         Some(step) => {
@@ -116,7 +117,7 @@ async fn run(cli: Cli) -> Result<()> {
     }
     let global = cli.global.clone();
     let mut ctx = Ctx {
-        registry: connect(&cli.global).await?,
+        cluster: RegistryCluster::new(connect(&cli.global).await?),
         out: Box::new(std::io::stdout()),
         err: Box::new(std::io::stderr()),
         write_failed: None,
@@ -136,7 +137,11 @@ fn written(output: std::io::Result<()>) -> Result<()> {
     }
 }
 
-async fn execute(ctx: &mut Ctx, global: &cli::Global, command: Command) -> Result<()> {
+async fn execute<C: Cluster>(
+    ctx: &mut Ctx<C>,
+    global: &cli::Global,
+    command: Command,
+) -> Result<()> {
     match command {
         Command::Submit(a) => commands::submit::run(ctx, &a.units, a.replace).await,
         Command::Load(a) => activate(ctx, a, Verb::Load).await,
