@@ -24,7 +24,7 @@ pub use error::OpsError;
 pub use etcd::RegistryCluster;
 pub use model::{
     Changes, Destroyed, MachineListing, PutOutcome, PutRequest, ReplaceHow, Restarted, StateChange,
-    StateFilter, StateView, UnitListing, UnitStatus, UnitView, WaitView,
+    StateFilter, StateListing, StateView, UnitListing, UnitStatus, UnitView, WaitView,
 };
 
 use fleet_core::{MachineId, UnitName};
@@ -57,7 +57,7 @@ pub trait Cluster: Clone + Send + Sync + 'static {
     fn states(
         &self,
         filter: &StateFilter,
-    ) -> impl Future<Output = Result<Vec<StateView>, OpsError>> + Send;
+    ) -> impl Future<Output = Result<StateListing, OpsError>> + Send;
 
     /// Live machines sorted by ID (dynamic metadata merged over configured metadata), and the
     /// engine's disruption notice if one is held.
