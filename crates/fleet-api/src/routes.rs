@@ -176,7 +176,7 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
                 machine: None,
                 unit: Some(name),
             };
-            match api.cluster.states(&filter).await?.first() {
+            match api.cluster.states(&filter).await?.states.first() {
                 Some(state) => Ok(json_response(
                     StatusCode::OK,
                     &convert::state_to_wire(state, query.full),
@@ -256,19 +256,24 @@ async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, Api
     } else {
         first(&query.raw, wire::UNIT_NAME).into_iter().collect()
     };
-    let states = api.cluster.states(&StateFilter::default()).await?;
+    let listing = api.cluster.states(&StateFilter::default()).await?;
     // fleet's filters are exact strings: one that is no valid name matches nothing.
-    let states = states
+    let states = listing
+        .states
         .iter()
         .filter(|s| machine.as_ref().is_none_or(|m| s.machine.as_str() == m))
         .filter(|s| units.is_empty() || units.iter().any(|u| s.name.as_str() == u))
         .map(|s| convert::state_to_wire(s, query.full))
         .collect();
     let (states, next) = token.slice(states);
-    let page = entity::UnitStatePage {
+    let mut page = entity::UnitStatePage {
         states,
         next_page_token: encode(next),
+        ..Default::default()
     };
+    if query.full && token.page == 1 {
+        page.skipped = listing.skipped;
+    }
     Ok(json_response(StatusCode::OK, &page))
 }
 

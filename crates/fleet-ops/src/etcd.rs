@@ -29,7 +29,7 @@ use tracing::debug;
 use crate::decide::{self, PutPlan, RestartPlan};
 use crate::model::{
     Destroyed, MachineListing, PutOutcome, PutRequest, Restarted, StateChange, StateFilter,
-    StateView, UnitListing, UnitView,
+    StateListing, UnitListing, UnitView,
 };
 use crate::{Cluster, OpsError};
 
@@ -297,15 +297,18 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
         Err(OpsError::Conflict(name.clone()))
     }
 
-    async fn states(&self, filter: &StateFilter) -> Result<Vec<StateView>, OpsError> {
+    async fn states(&self, filter: &StateFilter) -> Result<StateListing, OpsError> {
         let states = self.registry.unit_states().await?;
-        Ok(states
-            .items
-            .iter()
-            .filter(|s| filter.machine.as_ref().is_none_or(|m| &s.machine == m))
-            .filter(|s| filter.unit.as_ref().is_none_or(|u| &s.name == u))
-            .map(views::state_view)
-            .collect())
+        Ok(StateListing {
+            states: states
+                .items
+                .iter()
+                .filter(|s| filter.machine.as_ref().is_none_or(|m| &s.machine == m))
+                .filter(|s| filter.unit.as_ref().is_none_or(|u| &s.name == u))
+                .map(views::state_view)
+                .collect(),
+            skipped: states.skipped.iter().map(ToString::to_string).collect(),
+        })
     }
 
     async fn machines(&self) -> Result<MachineListing, OpsError> {

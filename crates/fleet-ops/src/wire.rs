@@ -134,6 +134,7 @@ pub struct UnitPage {
     pub skipped: Vec<String>,
 }
 
+/// A page of unit states. Full view, first page only: the state values the listing skipped.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UnitStatePage {
@@ -141,6 +142,8 @@ pub struct UnitStatePage {
     pub states: Vec<UnitState>,
     #[serde(default, skip_serializing_if = "is_empty")]
     pub next_page_token: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
 }
 
 /// A page of machines. Full view, first page only: what the listing skipped, and the
