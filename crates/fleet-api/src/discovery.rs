@@ -31,6 +31,11 @@ const VIEW: (&str, &str) = (
     "Extension: full adds what fleetctl shows beyond fleet's entities; writes then answer 200 with a WriteResult.",
 );
 
+const PAGE_SIZE: (&str, &str) = (
+    "pageSize",
+    "Extension, with view=full: entries per page (1 to 65535) instead of the server's token_limit.",
+);
+
 const METHODS: &[Method] = &[
     Method {
         resource: "Machines",
@@ -38,7 +43,7 @@ const METHODS: &[Method] = &[
         http: "GET",
         path: "machines",
         description: "Lists the live machines of the cluster, sorted by ID.",
-        query: &[PAGE, VIEW],
+        query: &[PAGE, VIEW, PAGE_SIZE],
         request: None,
         response: Some("MachinePage"),
     },
@@ -131,6 +136,7 @@ const METHODS: &[Method] = &[
         query: &[
             PAGE,
             VIEW,
+            PAGE_SIZE,
             ("machineID", "Only the states published by this machine."),
             (
                 "unitName",

@@ -189,7 +189,7 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
 }
 
 async fn list_machines<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
-    let token = page_token(api, &query.raw)?;
+    let token = page_token(api, query)?;
     let listing = api.cluster.machines().await?;
     let machines = listing
         .machines
@@ -212,7 +212,7 @@ async fn list_machines<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, A
 /// A page reads the files of its own units only, so listing every page reads each file
 /// once, not once per page.
 async fn list_units<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
-    let token = page_token(api, &query.raw)?;
+    let token = page_token(api, query)?;
     let names = if query.full {
         unit_names(&query.raw)
     } else {
@@ -249,7 +249,7 @@ fn unit_names(query: &str) -> Option<BTreeSet<UnitName>> {
 
 async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
     // The token first: a bad one is a 400 without a registry read.
-    let token = page_token(api, &query.raw)?;
+    let token = page_token(api, query)?;
     let machine = first(&query.raw, wire::MACHINE_ID);
     let units: Vec<String> = if query.full {
         query_values(&query.raw, wire::UNIT_NAME)
@@ -454,9 +454,19 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn page_token<K>(api: &Api<K>, query: &str) -> Result<PageToken, ApiError> {
-    let values = query_values(query, "nextPageToken");
-    Ok(PageToken::from_request(&values, api.token_limit)?)
+/// The page a request asks for. Pages hold `token_limit` entries, or in the full view the
+/// `pageSize` asked (fleetctl lists 10,000 units in one request instead of 100); a token
+/// carries its page size, so it must come with the same one.
+fn page_token<K>(api: &Api<K>, query: &Query) -> Result<PageToken, ApiError> {
+    let values = query_values(&query.raw, "nextPageToken");
+    let limit = match first(&query.raw, wire::PAGE_SIZE) {
+        Some(size) if query.full => match size.parse::<u16>() {
+            Ok(n) if n > 0 => n,
+            _ => return Err(ApiError::BadPageSize(size)),
+        },
+        Some(_) | None => api.token_limit,
+    };
+    Ok(PageToken::from_request(&values, limit)?)
 }
 
 fn encode(token: Option<PageToken>) -> String {

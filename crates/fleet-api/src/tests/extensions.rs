@@ -393,3 +393,37 @@ async fn a_page_of_units_reads_the_files_of_that_page_only() {
     assert_eq!(reads.one.load(Ordering::SeqCst), 30, "each file once");
     assert_eq!(reads.all.load(Ordering::SeqCst), 0, "never every file");
 }
+
+#[tokio::test]
+async fn the_full_view_takes_a_page_size_and_its_tokens() {
+    let (f, _) = fixture(2);
+    for n in ["a.service", "b.service", "c.service"] {
+        create(&f, n, "/bin/true", "inactive").await;
+    }
+    let all = f.get("/fleet/v1/units?view=full&pageSize=500").await.body;
+    assert_eq!(all["units"].as_array().unwrap().len(), 3);
+    assert!(all.get("nextPageToken").is_none());
+    let first = f.get("/fleet/v1/units?view=full&pageSize=1").await.body;
+    let token = first["nextPageToken"].as_str().unwrap().to_owned();
+    let second = f
+        .get(&format!(
+            "/fleet/v1/units?view=full&pageSize=1&nextPageToken={token}"
+        ))
+        .await
+        .body;
+    assert_eq!(second["units"][0]["name"], "b.service");
+    // A token for page size 1 is not one for the server's 2.
+    let other = f
+        .get(&format!("/fleet/v1/units?view=full&nextPageToken={token}"))
+        .await;
+    assert_eq!(other.status, StatusCode::BAD_REQUEST);
+    for bad in ["0", "65536", "x"] {
+        let answer = f
+            .get(&format!("/fleet/v1/units?view=full&pageSize={bad}"))
+            .await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    // fleet's view ignores it.
+    let fleet = f.get("/fleet/v1/units?pageSize=500").await.body;
+    assert_eq!(fleet["units"].as_array().unwrap().len(), 2);
+}
