@@ -65,6 +65,8 @@ pub enum ApiError {
     RaiseWithoutState,
     #[error("invalid machineID {0:?}")]
     BadMachineId(String),
+    #[error("pageSize must be 1 to 65535, got {0:?}")]
+    BadPageSize(String),
     #[error("invalid op: expect add, remove, or replace")]
     PatchOp,
     #[error("machine metadata path invalid")]
@@ -100,6 +102,7 @@ impl ApiError {
             | Self::OpWithOptions(_)
             | Self::RaiseWithoutState
             | Self::BadMachineId(_)
+            | Self::BadPageSize(_)
             | Self::PatchOp
             | Self::PatchPath
             | Self::PatchNoValue

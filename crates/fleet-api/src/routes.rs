@@ -176,7 +176,7 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
                 machine: None,
                 unit: Some(name),
             };
-            match api.cluster.states(&filter).await?.first() {
+            match api.cluster.states(&filter).await?.states.first() {
                 Some(state) => Ok(json_response(
                     StatusCode::OK,
                     &convert::state_to_wire(state, query.full),
@@ -189,7 +189,7 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
 }
 
 async fn list_machines<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
-    let token = page_token(api, &query.raw)?;
+    let token = page_token(api, query)?;
     let listing = api.cluster.machines().await?;
     let machines = listing
         .machines
@@ -212,7 +212,7 @@ async fn list_machines<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, A
 /// A page reads the files of its own units only, so listing every page reads each file
 /// once, not once per page.
 async fn list_units<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
-    let token = page_token(api, &query.raw)?;
+    let token = page_token(api, query)?;
     let names = if query.full {
         unit_names(&query.raw)
     } else {
@@ -249,26 +249,31 @@ fn unit_names(query: &str) -> Option<BTreeSet<UnitName>> {
 
 async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
     // The token first: a bad one is a 400 without a registry read.
-    let token = page_token(api, &query.raw)?;
+    let token = page_token(api, query)?;
     let machine = first(&query.raw, wire::MACHINE_ID);
     let units: Vec<String> = if query.full {
         query_values(&query.raw, wire::UNIT_NAME)
     } else {
         first(&query.raw, wire::UNIT_NAME).into_iter().collect()
     };
-    let states = api.cluster.states(&StateFilter::default()).await?;
+    let listing = api.cluster.states(&StateFilter::default()).await?;
     // fleet's filters are exact strings: one that is no valid name matches nothing.
-    let states = states
+    let states = listing
+        .states
         .iter()
         .filter(|s| machine.as_ref().is_none_or(|m| s.machine.as_str() == m))
         .filter(|s| units.is_empty() || units.iter().any(|u| s.name.as_str() == u))
         .map(|s| convert::state_to_wire(s, query.full))
         .collect();
     let (states, next) = token.slice(states);
-    let page = entity::UnitStatePage {
+    let mut page = entity::UnitStatePage {
         states,
         next_page_token: encode(next),
+        ..Default::default()
     };
+    if query.full && token.page == 1 {
+        page.skipped = listing.skipped;
+    }
     Ok(json_response(StatusCode::OK, &page))
 }
 
@@ -449,9 +454,19 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn page_token<K>(api: &Api<K>, query: &str) -> Result<PageToken, ApiError> {
-    let values = query_values(query, "nextPageToken");
-    Ok(PageToken::from_request(&values, api.token_limit)?)
+/// The page a request asks for. Pages hold `token_limit` entries, or in the full view the
+/// `pageSize` asked (fleetctl lists 10,000 units in one request instead of 100); a token
+/// carries its page size, so it must come with the same one.
+fn page_token<K>(api: &Api<K>, query: &Query) -> Result<PageToken, ApiError> {
+    let values = query_values(&query.raw, "nextPageToken");
+    let limit = match first(&query.raw, wire::PAGE_SIZE) {
+        Some(size) if query.full => match size.parse::<u16>() {
+            Ok(n) if n > 0 => n,
+            _ => return Err(ApiError::BadPageSize(size)),
+        },
+        Some(_) | None => api.token_limit,
+    };
+    Ok(PageToken::from_request(&values, limit)?)
 }
 
 fn encode(token: Option<PageToken>) -> String {

@@ -22,6 +22,9 @@ pub const ROLLING: &str = "rolling";
 /// `GET /units?unitName=a&unitName=b` (full view): only those units. `GET /state` takes
 /// several values too in the full view (any of them); fleet's takes the first.
 pub const UNIT_NAME: &str = "unitName";
+/// Full view of a listing: entries per page instead of the server's `token_limit` (1 to
+/// 65535); a `nextPageToken` must come with the `pageSize` it was minted for.
+pub const PAGE_SIZE: &str = "pageSize";
 /// `GET /state?machineID=`; and the machines of `op=advanceRollout`, one value each.
 pub const MACHINE_ID: &str = "machineID";
 
@@ -134,6 +137,7 @@ pub struct UnitPage {
     pub skipped: Vec<String>,
 }
 
+/// A page of unit states. Full view, first page only: the state values the listing skipped.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UnitStatePage {
@@ -141,6 +145,8 @@ pub struct UnitStatePage {
     pub states: Vec<UnitState>,
     #[serde(default, skip_serializing_if = "is_empty")]
     pub next_page_token: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
 }
 
 /// A page of machines. Full view, first page only: what the listing skipped, and the

@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod completion;
 pub mod driver;
 pub mod local;
 mod table;

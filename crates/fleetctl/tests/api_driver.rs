@@ -91,8 +91,7 @@ impl Twin {
         let socket = dir.join("fleet.sock");
         let served_reg = Registry::new(MemKv::new(), PREFIX);
         let direct_reg = Registry::new(MemKv::new(), PREFIX);
-        // A page limit of 2 makes every listing here span several pages.
-        let router = fleet_api::router(fleet_api::Api::new(served_reg.clone(), 2, "test"));
+        let router = fleet_api::router(fleet_api::Api::new(served_reg.clone(), 100, "test"));
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         tokio::spawn(fleet_api::serve(
@@ -101,9 +100,11 @@ impl Twin {
             shutdown,
         ));
         let endpoint = format!("unix://{}", socket.display());
+        // Pages of 2 make every listing here span several pages.
         let http = HttpCluster::new(&endpoint, &TlsFiles::default(), Duration::from_secs(5))
             .unwrap()
-            .with_poll_interval(Duration::from_millis(10));
+            .with_poll_interval(Duration::from_millis(10))
+            .with_page_size(2);
         Twin {
             direct: RegistryCluster::new(direct_reg.clone()),
             served_direct: RegistryCluster::new(served_reg.clone()),

@@ -11,7 +11,7 @@ use fleet_core::{DesiredState, MachineId, UnitName};
 use fleet_ops::wire::{self, ErrorBody, MachinePage, UnitPage, UnitStatePage, WriteResult};
 use fleet_ops::{
     Cluster, Destroyed, MachineListing, OpsError, PutOutcome, PutRequest, Restarted, StateChange,
-    StateFilter, StateView, UnitListing, UnitView, convert,
+    StateFilter, StateListing, StateView, UnitListing, UnitView, convert,
 };
 use fleet_registry::MetadataChange;
 use fleet_registry::kv::TlsFiles;
@@ -27,6 +27,10 @@ use super::watch::HttpChanges;
 
 /// How often a wait asks the API whether its units changed.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Entries per page asked for (the full view's `pageSize`): fleetd reads a whole listing for
+/// each page of states or machines, so fewer pages are cheaper for both sides.
+pub const PAGE_SIZE: u16 = u16::MAX;
 
 /// Names per listing request: a `start` of a thousand units asks in several requests rather
 /// than with one URL of a thousand parameters.
@@ -46,6 +50,7 @@ const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC
 pub struct HttpCluster {
     transport: Arc<Transport>,
     poll: Duration,
+    page_size: u16,
 }
 
 impl HttpCluster {
@@ -59,7 +64,14 @@ impl HttpCluster {
         Ok(HttpCluster {
             transport: Arc::new(Transport::new(endpoint, tls, request_timeout)?),
             poll: POLL_INTERVAL,
+            page_size: PAGE_SIZE,
         })
+    }
+
+    /// Listings ask for pages of `size` entries instead of [`PAGE_SIZE`] (at least 1).
+    pub fn with_page_size(mut self, size: u16) -> HttpCluster {
+        self.page_size = size.max(1);
+        self
     }
 
     /// Waits poll every `poll` instead of [`POLL_INTERVAL`].
@@ -83,6 +95,7 @@ impl HttpCluster {
         loop {
             let mut q = query.to_vec();
             q.push((wire::VIEW, wire::VIEW_FULL.to_owned()));
+            q.push((wire::PAGE_SIZE, self.page_size.to_string()));
             if !token.is_empty() {
                 q.push(("nextPageToken", token.clone()));
             }
@@ -170,28 +183,27 @@ impl HttpCluster {
         })
     }
 
-    /// The states of `names` (one request per [`NAMES_PER_REQUEST`]), or as `filter` says.
-    pub(super) async fn state_pages(
-        &self,
-        query: &[(&str, String)],
-    ) -> Result<Vec<StateView>, OpsError> {
-        let mut states = Vec::new();
+    /// Every state a `/state` query lists, with what the listing skipped.
+    async fn state_pages(&self, query: &[(&str, String)]) -> Result<StateListing, OpsError> {
+        let mut listing = StateListing::default();
         for page in self.pages::<UnitStatePage>("/state", query).await? {
             for s in &page.states {
-                states.push(convert::state_from_wire(s)?);
+                listing.states.push(convert::state_from_wire(s)?);
             }
+            extend_new(&mut listing.skipped, page.skipped);
         }
-        Ok(states)
+        Ok(listing)
     }
 
-    /// The states of any of `names`, sorted by unit then machine.
+    /// The states of any of `names` (one query per [`NAMES_PER_REQUEST`]), sorted by unit
+    /// then machine.
     pub(super) async fn states_of(
         &self,
         names: &BTreeSet<UnitName>,
     ) -> Result<Vec<StateView>, OpsError> {
         let mut states = Vec::new();
         for query in name_queries(Some(names)) {
-            states.extend(self.state_pages(&query).await?);
+            states.extend(self.state_pages(&query).await?.states);
         }
         states.sort_by(|a, b| (&a.name, &a.machine).cmp(&(&b.name, &b.machine)));
         Ok(states)
@@ -215,7 +227,7 @@ impl Cluster for HttpCluster {
         }
     }
 
-    async fn states(&self, filter: &StateFilter) -> Result<Vec<StateView>, OpsError> {
+    async fn states(&self, filter: &StateFilter) -> Result<StateListing, OpsError> {
         let mut query = Vec::new();
         if let Some(m) = &filter.machine {
             query.push((wire::MACHINE_ID, m.to_string()));
