@@ -1288,7 +1288,8 @@ fn a_rolling_replace_whose_new_version_fails_stops_after_the_first_machine_and_l
 fn rolling_written_before_the_unit_is_a_flag_and_does_not_swallow_the_unit_name() -> Result<()> {
     let fleetctl = fleet_functional_tests::default_bin_dir().join("fleetctl");
     let child = Command::new(&fleetctl)
-        .args(["--endpoint", "http://127.0.0.1:9"])
+        // etcd's driver named: port 9 is not etcd's, so fleetctl would pick the API.
+        .args(["--driver", "etcd", "--endpoint", "http://127.0.0.1:9"])
         .args(["start", "--replace", "--rolling", "web.service"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
