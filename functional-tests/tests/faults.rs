@@ -942,7 +942,7 @@ fn two_fleetctl_starting_the_same_units_at_once_both_succeed_and_neither_crashes
     let fleetctl = fleet_functional_tests::default_bin_dir().join("fleetctl");
     let run = |args: &[String]| -> Result<Run> {
         let out = std::process::Command::new(&fleetctl)
-            .arg("--endpoint")
+            .args(["--driver", "etcd", "--endpoint"])
             .arg(etcd.endpoint())
             .args(args)
             .env_remove("FLEETCTL_ENDPOINT")

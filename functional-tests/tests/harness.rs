@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 use fleet_functional_tests::{
-    Cluster, ClusterSpec, ClusterState, FleetdSpec, Machine, OutputExt, ProcId, Signal,
+    Cluster, ClusterSpec, ClusterState, Driver, FleetdSpec, Machine, OutputExt, ProcId, Signal,
     cleanup_stale, functional_dir, leftovers, wait_for, wait_for_value,
 };
 use std::path::PathBuf;
@@ -342,7 +342,10 @@ fn fleetd_runs_as_a_service_with_the_cluster_environment() -> Result<()> {
         Ok(())
     };
     script("fleetd", "env | grep ^FLEET_ | sort; exec sleep infinity")?;
-    script("fleetctl", "echo \"$@\"")?;
+    script(
+        "fleetctl",
+        "echo \"$FLEETCTL_DRIVER $FLEETCTL_ENDPOINT $@\"",
+    )?;
     let spec = FleetdSpec {
         bin_dir: bin_dir.clone(),
         ..FleetdSpec::default()
@@ -398,8 +401,15 @@ fn fleetd_runs_as_a_service_with_the_cluster_environment() -> Result<()> {
     m1.restart_fleetd()?;
     assert!(m1.main_pid("fleetd.service")?.is_some());
 
-    let out = cluster.fleetctl(["list-machines"])?.checked()?;
-    assert_eq!(out.trim(), format!("--endpoint {endpoint} list-machines"));
+    let out = cluster
+        .fleetctl_over(Driver::Etcd, ["list-machines"])?
+        .checked()?;
+    assert_eq!(out.trim(), format!("etcd {endpoint} list-machines"));
+    let out = cluster
+        .fleetctl_over(Driver::Api, ["list-machines"])?
+        .checked()?;
+    let socket = format!("/proc/{}/root/run/fleet.sock", m1.pid1());
+    assert_eq!(out.trim(), format!("api unix://{socket} list-machines"));
     drop(cluster);
     std::fs::remove_dir_all(bin_dir)?;
     Ok(())

@@ -63,7 +63,8 @@ fn use_tls_etcd(machine: &Machine, certs: &TestCerts, endpoint: &str, ca: &Path)
     machine.start_fleetd()
 }
 
-/// `fleetctl` on the host against `endpoint` with `tls` flags.
+/// `fleetctl` on the host against etcd at `endpoint` with `tls` flags (the driver named: a
+/// port other than 2379 or 4001 would make fleetctl take it for an API).
 fn fleetctl_tls(
     cluster: &Cluster,
     endpoint: &str,
@@ -71,7 +72,14 @@ fn fleetctl_tls(
     args: &[&str],
 ) -> Result<support::Run> {
     let out = Command::new(cluster.fleetctl_path())
-        .args(["--endpoint", endpoint, "--request-timeout", "2"])
+        .args([
+            "--driver",
+            "etcd",
+            "--endpoint",
+            endpoint,
+            "--request-timeout",
+            "2",
+        ])
         .args(tls)
         .args(args)
         .env_remove("FLEETCTL_ENDPOINT")
