@@ -41,6 +41,8 @@ Conflicts=web@*.service
 UNIT
 
 say() { printf '\n$ %s\n' "$*"; }
+# The host's bin dir is mounted here in every machine (functional-tests/src/fleetd.rs).
+MACHINE_FLEETCTL=/opt/fleet/bin/fleetctl
 cd "$dir/units"
 # Wait for every machine to register (a condition, not a fixed sleep).
 for _ in $(seq 1 100); do
@@ -71,7 +73,8 @@ The cluster is up and stays up. Use it:
   fleetctl destroy web@3.service
 
 Enter a machine (its own systemd, journal and network; no sshd, so the status of a unit is
-\`systemctl status hello.service\` in there):
+\`systemctl status hello.service\` in there). Inside, fleetctl needs no address: it talks to
+that machine's fleetd over /var/run/fleet.sock (\`$MACHINE_FLEETCTL list-units\`):
 $(grep -E '^ +m[0-9]+ ' "$dir.up.log" | sed 's/^ */  /')
 
 Tear it down:

@@ -1,7 +1,7 @@
 //! `make demo`'s promise: every command it prints works inside the demo. Runs
 //! `scripts/demo.sh` into a run directory of its own, then each printed command as a user
-//! would paste it (the "Use it" lines in one shell, each machine's nsenter line, the
-//! teardown line). Needs root.
+//! would paste it (the "Use it" lines in one shell, each machine's nsenter line with the
+//! address-less fleetctl typed inside, the teardown line). Needs root.
 
 use anyhow::{Context, Result, bail};
 use fleet_functional_tests::{cleanup_stale, default_bin_dir, functional_dir};
@@ -102,9 +102,24 @@ fn every_command_the_demo_prints_works_in_the_demo() -> Result<()> {
         .filter_map(|l| l.find("nsenter ").map(|at| &l[at..]))
         .collect();
     assert_eq!(machines.len(), 3, "{printed}");
+    // Inside, fleetctl with no address reaches that machine's fleetd over its socket.
+    let inside = printed
+        .lines()
+        .find_map(|l| {
+            l.split('`')
+                .nth(1)
+                .filter(|c| c.ends_with("fleetctl list-units"))
+        })
+        .context("no fleetctl line for inside a machine")?;
     for enter in machines {
-        let state = ok(enter, bash(enter, Some("systemctl is-system-running\n"))?)?;
-        assert_eq!(state.trim(), "running", "{enter}");
+        let typed = format!("systemctl is-system-running\n{inside} --no-legend\n");
+        let out = ok(enter, bash(enter, Some(&typed))?)?;
+        let mut lines = out.lines();
+        assert_eq!(lines.next(), Some("running"), "{enter}: {out}");
+        assert!(
+            lines.any(|l| l.starts_with("hello.service\t")),
+            "{inside} in {enter}: {out}"
+        );
     }
 
     // The teardown line (the first one of its block).
