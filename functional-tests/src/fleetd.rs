@@ -16,8 +16,8 @@ use std::path::PathBuf;
 pub const MACHINE_BIN_DIR: &str = "/opt/fleet/bin";
 /// fleetd's environment file inside a machine.
 pub const ENV_FILE: &str = "/run/fleet/fleetd.env";
-/// fleetd's unit name inside a machine.
-pub const UNIT: &str = "fleetd.service";
+/// fleetd's unit name inside a machine: `fleet.service`, as `dist/` ships it (and fleet did).
+pub const UNIT: &str = "fleet.service";
 
 /// How to run fleetd in each machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,7 +99,7 @@ KillMode=process
 
 /// The target each machine boots: journald comes with sysinit.target, dbus, and fleetd if run.
 pub fn machine_target(with_fleetd: bool) -> String {
-    let fleetd = if with_fleetd { " fleetd.service" } else { "" };
+    let fleetd = if with_fleetd { " fleet.service" } else { "" };
     format!(
         "[Unit]
 Description=fleet functional-test machine

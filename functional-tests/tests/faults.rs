@@ -144,7 +144,7 @@ fn churn_with_kills(units: usize, rounds: usize) -> Result<()> {
         let victim = &cluster.machines()[rng.below(3) as usize];
         let delay = Duration::from_millis(rng.below(1000));
         let old = victim
-            .main_pid("fleetd.service")?
+            .main_pid("fleet.service")?
             .context("fleetd not running")?;
         eprintln!(
             "round {round}: {:?}; kill -9 of fleetd on {} after {delay:?}",

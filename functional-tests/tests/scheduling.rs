@@ -854,7 +854,7 @@ fn when_the_engine_leader_dies_another_machine_takes_over_and_schedules() -> Res
     // kill -9, and no restart: its leadership must lapse, not be handed over.
     dead.kill_fleetd(Signal::Kill)?;
     dead.stop_fleetd()?;
-    assert_eq!(dead.main_pid("fleetd.service")?, None);
+    assert_eq!(dead.main_pid("fleet.service")?, None);
 
     let out = command(
         &cluster,
@@ -895,12 +895,12 @@ fn a_leader_restarted_after_kill_9_takes_its_leadership_back_without_waiting_for
         .context("no engine leader elected")?;
     let m = cluster.machine_by_id(&first)?;
     let old = m
-        .main_pid("fleetd.service")?
+        .main_pid("fleet.service")?
         .context("fleetd not running")?;
     let killed = std::time::Instant::now();
     m.kill_fleetd(Signal::Kill)?;
     wait_for(TIMEOUT, POLL, || {
-        m.main_pid("fleetd.service")
+        m.main_pid("fleet.service")
             .ok()
             .flatten()
             .is_some_and(|pid| pid != old)
