@@ -7,6 +7,7 @@ mod api;
 mod cli;
 mod config;
 mod engine;
+mod logging;
 mod public_ip;
 mod report;
 
@@ -19,7 +20,7 @@ use fleet_registry::{MachineRole, Registry};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::sync::watch;
-use tracing::{Instrument, error, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use config::Config;
 
@@ -52,18 +53,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let default_level = if config.verbosity > 0 {
-        "debug"
-    } else {
-        "info"
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = logging::filter_directives(
+        config.log_filter.as_deref(),
+        rust_log.as_deref(),
+        config.verbosity,
+    );
+    let (output, no_journal) = logging::init(config.log_format, &filter);
+    if let Some(e) = no_journal {
+        warn!(error = %e, "journald unreachable; logging to stderr");
+    }
+    debug!(?output, filter, "logging");
     for i in ignored {
         warn!(key = i.key, source = %i.source, "config key accepted but ignored");
     }
