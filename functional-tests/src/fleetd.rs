@@ -79,6 +79,10 @@ pub fn render_env(env: &BTreeMap<String, String>) -> String {
 
 /// The fleetd unit. `RestartSec`/`StartLimitIntervalSec=0`: a fleetd that exits while etcd is
 /// down keeps being restarted instead of giving up (and leaving the machine `degraded`).
+/// `Type=simple` with `NotifyAccess=main`, unlike `dist/fleet.service`'s `Type=notify`: fleetd's
+/// `STATUS=` lines show in `systemctl show -p StatusText`, while `systemctl start` does not
+/// wait for READY (tests start fleetd with etcd away); `tests/operating.rs` checks READY
+/// with a `Type=notify` drop-in.
 pub fn unit_file() -> String {
     format!(
         "[Unit]
@@ -90,6 +94,7 @@ StartLimitIntervalSec=0
 [Service]
 EnvironmentFile={ENV_FILE}
 ExecStart={MACHINE_BIN_DIR}/fleetd
+NotifyAccess=main
 Restart=on-failure
 RestartSec=1s
 KillMode=process

@@ -894,9 +894,7 @@ fn a_leader_restarted_after_kill_9_takes_its_leadership_back_without_waiting_for
     let first = wait_for_value(TIMEOUT, POLL, || leader(&registry).ok().flatten())
         .context("no engine leader elected")?;
     let m = cluster.machine_by_id(&first)?;
-    let old = m
-        .main_pid("fleet.service")?
-        .context("fleetd not running")?;
+    let old = m.main_pid("fleet.service")?.context("fleetd not running")?;
     let killed = std::time::Instant::now();
     m.kill_fleetd(Signal::Kill)?;
     wait_for(TIMEOUT, POLL, || {

@@ -60,6 +60,19 @@ impl AgentConfig {
     }
 }
 
+/// What the agent has done so far, for its daemon's readiness and status line
+/// ([`Agent::progress`]). Changes only when one of its values does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// The first reconcile pass after boot is over: every job the boot decisions called for
+    /// has been issued and awaited.
+    pub reconciled: bool,
+    /// Unit files in the units directory.
+    pub units: usize,
+    /// Units whose last task failed, waiting for their retry.
+    pub failing: usize,
+}
+
 /// A failed unit's next chance, and the backoff that spaces its chances.
 #[derive(Debug, Clone)]
 struct Retry {
@@ -88,6 +101,7 @@ pub struct Agent<K, M> {
     ledger: Ledger,
     /// Whether the last publish got every state out.
     publish_complete: bool,
+    progress: watch::Sender<Progress>,
 }
 
 impl<K: Kv, M: UnitManager> Agent<K, M> {
@@ -113,7 +127,13 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             skipped: BTreeMap::new(),
             ledger: Ledger::load(cfg_restarts_dir),
             publish_complete: true,
+            progress: watch::Sender::new(Progress::default()),
         }
+    }
+
+    /// Follows the agent's [`Progress`] (taken before [`Agent::run`], which consumes it).
+    pub fn progress(&self) -> watch::Receiver<Progress> {
+        self.progress.subscribe()
     }
 
     /// Runs until `shutdown` becomes true. Never stops or removes units because of shutdown:
@@ -144,6 +164,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     "initial reconcile complete"
                 );
             }
+            self.report_progress();
             // States that could not be published (etcd away) are retried on their own: no
             // watch event or systemd signal may come to wake us once etcd is back.
             let publish_retry = if self.publish_complete {
@@ -186,6 +207,21 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
             self.refresh_current(details).await;
         }
+    }
+
+    /// Publishes the agent's [`Progress`] after a pass, when it changed.
+    fn report_progress(&self) {
+        let desired = |n: &&UnitName| self.desired.as_ref().is_some_and(|d| d.contains_key(*n));
+        let progress = Progress {
+            reconciled: true,
+            units: self.current.hashes.len(),
+            failing: self.backoff.keys().filter(desired).count(),
+        };
+        self.progress.send_if_modified(|p| {
+            let changed = *p != progress;
+            *p = progress;
+            changed
+        });
     }
 
     /// Builds the current state from systemd and reads the schedule (retrying until it can),

@@ -25,7 +25,7 @@ pub mod presence;
 pub mod systemd;
 pub mod units_dir;
 
-pub use agent::{Agent, AgentConfig};
+pub use agent::{Agent, AgentConfig, Progress};
 #[cfg(any(test, feature = "fake"))]
 pub use fake::FakeManager;
 pub use manager::{

@@ -755,3 +755,32 @@ async fn a_new_lease_after_the_old_one_expired_republishes_states_and_restarts_n
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(mutating(&w.fake.calls()), before, "no job for the unit");
 }
+
+/// fleetd says READY once the first pass is over and keeps its status line current from
+/// this: how many units are here and how many are failing.
+#[tokio::test(start_paused = true)]
+async fn reports_its_progress_once_reconciled_counting_units_and_failing_ones() {
+    let w = World::new().await;
+    w.schedule("good.service", &file("/bin/good"), DesiredState::Launched)
+        .await;
+    w.schedule("bad.service", &file("/bin/bad"), DesiredState::Launched)
+        .await;
+    w.fake.fail(Op::Start, Some(&name("bad.service")));
+    let (_tx, presence) = watch::channel(Some(w.presence));
+    let cfg = AgentConfig::new(w.machine.clone());
+    let agent = Agent::new(w.role(), w.fake.clone(), cfg, presence);
+    let mut progress = agent.progress();
+    assert!(!progress.borrow().reconciled, "ready before any pass");
+    let _agent = tokio::spawn(agent.run(w.shutdown.subscribe()));
+    let first = *progress
+        .wait_for(|p| p.reconciled)
+        .await
+        .expect("agent gone");
+    assert_eq!((first.units, first.failing), (2, 1));
+    w.fake.heal();
+    let healed = *progress
+        .wait_for(|p| p.failing == 0)
+        .await
+        .expect("agent gone");
+    assert_eq!(healed.units, 2);
+}

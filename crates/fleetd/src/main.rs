@@ -8,6 +8,7 @@ mod cli;
 mod config;
 mod engine;
 mod logging;
+mod notify;
 mod public_ip;
 mod report;
 
@@ -124,6 +125,7 @@ fn lock_runtime_dir(dir: &std::path::Path) -> Result<std::fs::File> {
 }
 
 async fn run(config: Config, activated: api::Activated) -> Result<()> {
+    let notifier = std::sync::Arc::new(notify::Notifier::from_env());
     let machine = machine_id()?;
     let etcd = EtcdConfig {
         endpoints: config.etcd_servers.clone(),
@@ -178,11 +180,13 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         ttl: config.agent_ttl,
         lease_file: runtime_dir.join("fleetd.lease"),
     };
+    notifier.status("registering this machine in etcd");
     let presence = keeper
         .register()
         .await
         .context("registering this machine")?;
     info!(machine = %machine, version = VERSION, "fleetd started");
+    notifier.status("registered; reconciling the units scheduled here");
 
     let (presence_tx, presence_rx) = watch::channel(Some(presence));
     let mut agent_cfg = AgentConfig::new(machine.clone());
@@ -190,6 +194,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
     let role = MachineRole::new(registry.clone(), machine.clone());
     let agent = Agent::new(role, manager, agent_cfg, presence_rx);
+    notify::spawn(notifier.clone(), agent.progress());
     {
         let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
         tasks.spawn(
@@ -225,6 +230,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
             Err(e) => Err(e).context("a fleetd component panicked"),
         },
     };
+    notifier.stopping("stopping; units keep running");
     let _ = shutdown_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         while tasks.join_next().await.is_some() {}
