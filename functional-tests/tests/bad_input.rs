@@ -332,8 +332,10 @@ fn refused(
             "a state of {unit} was published"
         );
         ensure!(
-            !log.lines()
-                .any(|l| l.contains("executing task") && l.contains(&format!("unit={unit}"))),
+            !log.lines().any(
+                |l| (l.contains("task completed") || l.contains("task failed"))
+                    && l.contains(&format!("unit={unit}"))
+            ),
             "fleetd acted on {unit}:\n{log}"
         );
     }

@@ -29,7 +29,7 @@ pub use agent::{Agent, AgentConfig, Progress};
 #[cfg(any(test, feature = "fake"))]
 pub use fake::FakeManager;
 pub use manager::{
-    BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome,
+    BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, MainExit,
     ManagerError, UnitDetails, UnitFileError, UnitManager, UnitSource,
 };
 pub use plan::{CurrentUnit, DesiredUnit, Reason, Target, Task, TaskKind, UnitFileState, plan};
