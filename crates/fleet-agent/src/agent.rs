@@ -24,6 +24,7 @@ use crate::executor::{self, Outcome};
 use crate::ledger::Ledger;
 use crate::manager::{Change, UnitManager, UnitSource};
 use crate::plan::{self, TaskKind, UnitFileState};
+use crate::revivals::{self, Revivals};
 
 /// Unit files read from etcd at once. One request per file, sequential, made an agent given
 /// 1,000 units wait for 1,000 round trips before it could plan (docs/benchmarks.md, item 3).
@@ -94,6 +95,8 @@ pub struct Agent<K, M> {
     published: BTreeMap<UnitName, UnitStateRecord>,
     published_lease: Option<LeaseId>,
     backoff: BTreeMap<UnitName, Retry>,
+    /// Failed units restarted lately, whose next restart waits.
+    revivals: Revivals,
     denied: BTreeSet<UnitName>,
     /// Unreadable schedule entries by key, with the revision each was written at: each is
     /// warned about once, not on every read of the schedule.
@@ -112,6 +115,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         presence: watch::Receiver<Option<Presence>>,
     ) -> Agent<K, M> {
         let cfg_restarts_dir = cfg.restarts_dir.clone();
+        let revivals = Revivals::new(cfg.backoff_min, cfg.backoff_max);
         Agent {
             registry,
             manager,
@@ -123,6 +127,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             published: BTreeMap::new(),
             published_lease: None,
             backoff: BTreeMap::new(),
+            revivals,
             denied: BTreeSet::new(),
             skipped: BTreeMap::new(),
             ledger: Ledger::load(cfg_restarts_dir),
@@ -178,6 +183,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 .values()
                 .map(|b| b.until)
                 .chain(publish_retry)
+                .chain(self.revivals.next_close(Instant::now()))
                 .min();
             let mut schedule = false;
             let mut details = false;
@@ -344,6 +350,8 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         if let Some(old) = &self.desired {
             self.backoff
                 .retain(|name, _| old.get(name) == desired.get(name));
+            self.revivals
+                .retain(|name| old.get(name) == desired.get(name));
         }
         self.files.retain(|h, _| wanted.contains(h));
         let missing: Vec<UnitHash> = wanted
@@ -447,6 +455,13 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 .filter(|(_, b)| b.until > now)
                 .map(|(n, _)| n.clone()),
         );
+        let units = &self.current.units;
+        waiting.extend(self.revivals.holding(now, |name| {
+            units
+                .get(name)
+                .and_then(|u| u.systemd.as_ref())
+                .is_some_and(|s| s.active_state() == ActiveState::Failed)
+        }));
         let tasks = plan::plan(&desired.units, &self.current.units, &waiting);
         self.ledger.track(&desired.units, &self.current.hashes);
         if tasks.is_empty() {
@@ -467,6 +482,12 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 None => {
                     self.backoff.remove(&unit);
                 }
+            }
+        }
+        for task in planned.iter().filter(|t| revivals::is_revival(t)) {
+            if !outcome.failed.contains_key(&task.unit) {
+                let wait = self.revivals.restarted(&task.unit, now);
+                debug!(unit = %task.unit, next_restart_after = ?wait, "restarted a failed unit");
             }
         }
         PassOutcome { outcome, reloaded }
