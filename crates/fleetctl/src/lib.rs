@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod completion;
 pub mod local;
 pub mod ops;
 mod table;
