@@ -126,6 +126,7 @@ fn lock_runtime_dir(dir: &std::path::Path) -> Result<std::fs::File> {
 
 async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let notifier = std::sync::Arc::new(notify::Notifier::from_env());
+    notify::spawn_watchdog(notifier.clone());
     let machine = machine_id()?;
     let etcd = EtcdConfig {
         endpoints: config.etcd_servers.clone(),
@@ -194,7 +195,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
     let role = MachineRole::new(registry.clone(), machine.clone());
     let agent = Agent::new(role, manager, agent_cfg, presence_rx);
-    notify::spawn(notifier.clone(), agent.progress());
+    notify::spawn_status(notifier.clone(), agent.progress());
     {
         let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
         tasks.spawn(

@@ -98,19 +98,24 @@ pub fn watchdog_from_env() -> Option<Duration> {
     watchdog_interval(usec.as_deref(), pid.as_deref(), std::process::id())
 }
 
-/// Says READY=1 once the agent has reconciled once, then keeps the status line current;
-/// pings the watchdog if systemd asked for it. Both tasks end with the runtime.
-pub fn spawn(notifier: Arc<Notifier>, mut progress: watch::Receiver<Progress>) {
-    if let Some(every) = watchdog_from_env() {
-        let notifier = notifier.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                notifier.watchdog();
-            }
-        });
-    }
+/// Pings the watchdog if systemd asked for it, from startup on: also while fleetd waits for
+/// etcd to register (systemd may count from the start of the process). Ends with the runtime.
+pub fn spawn_watchdog(notifier: Arc<Notifier>) {
+    let Some(every) = watchdog_from_env() else {
+        return;
+    };
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            notifier.watchdog();
+        }
+    });
+}
+
+/// Says READY=1 once the agent has reconciled once, then keeps the status line current.
+/// Ends with the runtime.
+pub fn spawn_status(notifier: Arc<Notifier>, mut progress: watch::Receiver<Progress>) {
     tokio::spawn(
         async move {
             let Ok(first) = progress.wait_for(|p| p.reconciled).await.map(|p| *p) else {
