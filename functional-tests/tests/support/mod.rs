@@ -139,6 +139,14 @@ pub fn fleetd_log(machine: &Machine, cursor: &str) -> Result<String> {
     journal_after(machine, "fleet.service", cursor)
 }
 
+/// fleetd's warnings and errors after `cursor`: under systemd it logs natively, so the level
+/// is the entry's priority, not a word in the text.
+pub fn fleetd_warnings(machine: &Machine, cursor: &str) -> Result<String> {
+    let after = format!("--after-cursor={cursor}");
+    let args = ["-u", "fleet.service", "-p", "warning", "-o", "cat", &after];
+    Ok(strip_ansi(&machine.journal(&args)?))
+}
+
 /// Whether `log` has a line with `message` about `unit` (fleetd logs `unit=<name>`).
 pub fn logged(log: &str, message: &str, unit: &str) -> bool {
     let field = format!("unit={unit}");
