@@ -142,3 +142,30 @@ fn systemd_knows_when_fleetd_is_ready_and_what_it_is_doing() -> Result<()> {
     );
     finish(cluster)
 }
+
+#[test]
+fn a_bad_configuration_is_an_error_in_the_journal_not_information() -> Result<()> {
+    let (cluster, _registry) = start(1, agent_only())?;
+    let m1 = &cluster.machines()[0];
+    // Written before the subscriber exists, on stderr: its `<3>` prefix makes it an error.
+    m1.write_file(
+        "/run/systemd/system/fleet.service.d/bad.conf",
+        "[Service]\nEnvironment=FLEET_LOG_FORMAT=xml\n",
+    )?;
+    m1.systemctl_ok(&["daemon-reload"])?;
+    m1.restart_fleetd()?;
+    let refusal = wait_for_value(TIMEOUT, POLL, || {
+        let entries = fleetd_entries(m1, &["-p", "err"]).ok()?;
+        entries
+            .into_iter()
+            .find(|e| message(e).is_some_and(|m| m.contains("bad configuration")))
+    })
+    .context("no error entry about the bad configuration in journalctl -u fleet -p err")?;
+    let text = message(&refusal).context("MESSAGE is not a string")?;
+    ensure!(
+        text.starts_with("fleetd: bad configuration: invalid log_format \"xml\""),
+        "{text:?}"
+    );
+    ensure!(refusal["PRIORITY"] == "3", "{refusal}");
+    finish(cluster)
+}

@@ -100,6 +100,16 @@ pub fn is_journal_stream(journal_stream: Option<&str>, dev: u64, ino: u64) -> bo
     d.parse() == Ok(dev) && i.parse() == Ok(ino)
 }
 
+/// What to put before a line written to stderr before (or besides) the subscriber: `<3>`,
+/// the error priority, when stderr is the journal (journald reads the prefix, as
+/// `SyslogLevelPrefix=` says), so that `journalctl -p err` finds a bad configuration.
+pub fn stderr_error_prefix() -> &'static str {
+    match stderr_kind().journal {
+        true => "<3>",
+        false => "",
+    }
+}
+
 fn stderr_kind() -> Stderr {
     use std::os::fd::AsFd;
     use std::os::unix::fs::MetadataExt;

@@ -42,7 +42,8 @@ fn main() -> ExitCode {
     let activated = match api::Activated::from_env() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("fleetd: {}", report::chain(&e));
+            let prefix = logging::stderr_error_prefix();
+            eprintln!("{prefix}fleetd: {}", report::chain(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -50,7 +51,8 @@ fn main() -> ExitCode {
     let config = match config::load(cli.config.as_deref(), &cli.given, &cli.set, &mut ignored) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("fleetd: bad configuration: {}", report::chain(&e));
+            let prefix = logging::stderr_error_prefix();
+            eprintln!("{prefix}fleetd: bad configuration: {}", report::chain(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -85,7 +87,10 @@ fn main() -> ExitCode {
         Err(e) => {
             let e = report::chain(&e);
             error!(error = %e, "fleetd failed");
-            eprintln!("fleetd: {e}");
+            // In the journal the entry above is the error already.
+            if output != logging::Output::Journal {
+                eprintln!("fleetd: {e}");
+            }
             ExitCode::FAILURE
         }
     }
