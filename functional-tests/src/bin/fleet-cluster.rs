@@ -163,7 +163,7 @@ fn print_usage(cluster: &Cluster) {
     println!();
     let raw = cluster.dir().display();
     println!("logs:      {raw}/etcd.log, {raw}/machines/<name>/console.log,");
-    println!("           and inside a machine: journalctl -u fleetd");
+    println!("           and inside a machine: journalctl -u fleet");
     println!("status:    fleet-cluster status --dir {dir}");
     println!("down:      fleet-cluster down --dir {dir}");
 }
