@@ -5,7 +5,9 @@
 //!
 //! Each task logs one line, when it is over, with its result: `task completed` (info) or
 //! `task failed` (warn). A start that failed carries what systemd says of the unit (its
-//! `Result` and its main process's exit status), read once, after the job ended.
+//! `Result` and its main process's exit status), read once, after the job ended. A start of
+//! a unit that had failed since it last started is `restarted a unit that failed` (warn), with
+//! that failure's `Result` and exit status, read before the start replaces them.
 
 use fleet_core::{UnitFile, UnitHash, UnitName};
 use futures::StreamExt;
@@ -15,6 +17,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::manager::{JobOutcome, MainExit, ManagerError, UnitManager};
 use crate::plan::{Task, TaskKind};
+use crate::revivals;
 
 /// How many units' tasks of one kind run at once (each may hold a D-Bus job; the real
 /// adapter also caps calls in flight).
@@ -116,17 +119,28 @@ async fn run_task<M: UnitManager>(
     let span = info_span!("task", unit = %task.unit, kind = %task.kind);
     async {
         debug!(reason = %task.reason, "executing task");
+        // A unit that died since it started: why, before starting it again replaces that.
+        let died = match revivals::is_revival(task) {
+            true => Some(failure(manager, &task.unit).await),
+            false => None,
+        };
         let res = run_task_inner(manager, task, desired_hash, files).await;
-        match &res {
-            Ok(()) => info!(reason = %task.reason, "task completed"),
-            Err(e @ TaskError::Job(_, _, failure)) => warn!(
+        match (&res, died) {
+            (Ok(()), Some(died)) => warn!(
+                reason = %task.reason,
+                result = died.result.as_deref(),
+                exit = died.main_exit.map(|x| x.to_string()),
+                "restarted a unit that failed"
+            ),
+            (Ok(()), None) => info!(reason = %task.reason, "task completed"),
+            (Err(e @ TaskError::Job(_, _, failure)), _) => warn!(
                 reason = %task.reason,
                 error = %e,
                 result = failure.result.as_deref(),
                 exit = failure.main_exit.map(|x| x.to_string()),
                 "task failed"
             ),
-            Err(e) => warn!(reason = %task.reason, error = %e, "task failed"),
+            (Err(e), _) => warn!(reason = %task.reason, error = %e, "task failed"),
         }
         res
     }
@@ -189,15 +203,18 @@ async fn started<M: UnitManager>(
     if out.is_success() {
         return Ok(());
     }
-    // Only the failure's details are missing if this read fails: the task failed either way.
-    let failure = match manager.details(unit).await {
+    Err(TaskError::Job(kind, out, failure(manager, unit).await))
+}
+
+/// What systemd says of `unit`'s failure; only these details are missing if the read fails.
+async fn failure<M: UnitManager>(manager: &M, unit: &UnitName) -> Failure {
+    match manager.details(unit).await {
         Ok(d) => Failure {
             result: d.result.filter(|r| r != "success"),
             main_exit: d.main_exit,
         },
         Err(_) => Failure::default(),
-    };
-    Err(TaskError::Job(kind, out, failure))
+    }
 }
 
 #[cfg(test)]
@@ -274,6 +291,36 @@ mod tests {
                 .all(|l| l.starts_with("INFO message=task completed")),
             "{log:#?}"
         );
+    }
+
+    #[tokio::test]
+    async fn restarting_a_unit_that_died_warns_once_with_why_it_died() {
+        let fake = FakeManager::new();
+        let unit = name("crashy.service");
+        let file = UnitFile::parse(b"[Service]\nExecStart=/bin/crashy\n").unwrap();
+        fake.put_unit(&unit, &file, true);
+        fake.set_active(&unit, "failed", "failed");
+        let task = Task {
+            kind: TaskKind::Start,
+            unit: unit.clone(),
+            reason: Reason::DesiredLaunched {
+                active: "failed".to_owned(),
+            },
+        };
+        let lines = Lines::default();
+        let subscriber = tracing_subscriber::registry().with(lines.clone());
+        let _default = tracing::subscriber::set_default(subscriber);
+        let none = BTreeMap::new();
+        let outcome = execute(&fake, vec![task], &none, &BTreeMap::new()).await;
+        assert!(outcome.failed.is_empty(), "{outcome:?}");
+        let log = lines.0.lock().unwrap().clone();
+        assert_eq!(log.len(), 1, "{log:#?}");
+        assert!(
+            log[0].starts_with("WARN message=restarted a unit that failed"),
+            "{log:?}"
+        );
+        assert!(log[0].contains("result=\"exit-code\""), "{log:?}");
+        assert!(log[0].contains("exit=\"exit status 1\""), "{log:?}");
     }
 
     #[tokio::test]
