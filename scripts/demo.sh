@@ -73,8 +73,9 @@ The cluster is up and stays up. Use it:
   fleetctl destroy web@3.service
 
 Enter a machine (its own systemd, journal and network; no sshd, so the status of a unit is
-\`systemctl status hello.service\` in there). Inside, fleetctl needs no address: it talks to
-that machine's fleetd over /var/run/fleet.sock (\`$MACHINE_FLEETCTL list-units\`):
+\`systemctl status hello.service\` in there, and fleetd's own log \`journalctl -u fleet\`,
+its warnings \`journalctl -u fleet -p warning\`). Inside, fleetctl needs no address: it talks
+to that machine's fleetd over /var/run/fleet.sock (\`$MACHINE_FLEETCTL list-units\`):
 $(grep -E '^ +m[0-9]+ ' "$dir.up.log" | sed 's/^ */  /')
 
 Tear it down:
