@@ -402,6 +402,17 @@ async fn listings_show_placement_states_and_machines_alike_over_several_pages() 
     let listing = t.http.machines().await.unwrap();
     assert_eq!(listing.machines.len(), 3);
     assert_eq!(listing.machines[1].metadata["tier"], "api");
+    // More names than one request asks for: several requests, one listing.
+    let many: BTreeSet<UnitName> = (0..1100)
+        .map(|i| name(&format!("n{i:04}.service")))
+        .chain([name("a.service"), name("g.service")])
+        .collect();
+    let listing = t.http.units(Some(&many)).await.unwrap();
+    assert_eq!(
+        shown(Ok(&listing)),
+        shown(t.served_direct.units(Some(&many)).await)
+    );
+    assert_eq!(listing.units.len(), 2);
     let units = t.http.units(None).await.unwrap().units;
     assert_eq!(units[0].current, DesiredState::Launched);
     assert_eq!(units[2].status.machines, [machine("m2"), machine("m3")]);

@@ -112,13 +112,13 @@ fn an_answer_without_an_error_entity_names_its_status() {
 fn names_are_asked_for_in_batches_and_no_names_ask_nothing() {
     assert_eq!(name_queries(None), vec![Vec::new()]);
     assert!(name_queries(Some(&BTreeSet::new())).is_empty());
-    let names: BTreeSet<UnitName> = (0..250)
-        .map(|i| format!("u{i:03}.service").parse().unwrap())
+    let names: BTreeSet<UnitName> = (0..1200)
+        .map(|i| format!("u{i:04}.service").parse().unwrap())
         .collect();
     let queries = name_queries(Some(&names));
     let sizes: Vec<usize> = queries.iter().map(Vec::len).collect();
-    assert_eq!(sizes, [100, 100, 50]);
-    assert_eq!(queries[0][0], (wire::UNIT_NAME, "u000.service".to_owned()));
+    assert_eq!(sizes, [500, 500, 200]);
+    assert_eq!(queries[0][0], (wire::UNIT_NAME, "u0000.service".to_owned()));
 }
 
 #[test]
