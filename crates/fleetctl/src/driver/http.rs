@@ -307,7 +307,7 @@ impl Cluster for HttpCluster {
         let ops: Vec<wire::MetadataOp> = changes.iter().map(metadata_op).collect();
         let body = serde_json::to_vec(&ops).map_err(|e| OpsError::Transport {
             what: "encoding a metadata patch".into(),
-            source: Box::new(e),
+            cause: Box::new(e),
         })?;
         let answer = self
             .send(Method::PATCH, "/machines", &[], Some(body))
@@ -427,7 +427,7 @@ fn decode<T: DeserializeOwned>(answer: &Answer, unit: Option<&UnitName>) -> Resu
             "the API answered {} with a body that is not fleet's entity",
             answer.status
         ),
-        source: Box::new(e),
+        cause: Box::new(e),
     })
 }
 
@@ -465,14 +465,14 @@ pub fn error_of(status: StatusCode, body: &[u8], unit: Option<&UnitName>) -> Ops
 fn encoding(name: &UnitName, e: serde_json::Error) -> OpsError {
     OpsError::Transport {
         what: format!("encoding the request about {name}"),
-        source: Box::new(e),
+        cause: Box::new(e),
     }
 }
 
 fn bad_answer(why: String) -> OpsError {
     OpsError::Transport {
         what: "the API answered something this fleetctl cannot read".into(),
-        source: why.into(),
+        cause: why.into(),
     }
 }
 

@@ -171,16 +171,18 @@ impl Transport {
         body: Option<Vec<u8>>,
     ) -> Result<Answer, OpsError> {
         let uri = format!("{}/fleet/v1{path_and_query}", self.base);
-        let what = || format!("{method} {uri} at {}", self.shown);
+        // The message names the resource, not the query (pageSize, view and the names).
+        let path = uri.split('?').next().unwrap_or(&uri);
+        let what = || format!("{method} {path} at {}", self.shown);
         match tokio::time::timeout(self.timeout, self.exchange(&method, &uri, body)).await {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(source)) => Err(OpsError::Transport {
+            Ok(Err(e)) => Err(OpsError::Transport {
                 what: what(),
-                source,
+                cause: chain(e.as_ref()).into(),
             }),
             Err(elapsed) => Err(OpsError::Transport {
                 what: format!("{} (request timeout {:?})", what(), self.timeout),
-                source: Box::new(elapsed),
+                cause: Box::new(elapsed),
             }),
         }
     }
@@ -241,6 +243,21 @@ impl Transport {
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An error and its causes in one line: hyper's errors keep the reason (a refused connect,
+/// a TLS alert) in their source, and `OpsError::Transport` carries no source.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let text = err.to_string();
+        if parts.last().is_none_or(|last| !last.contains(&text)) {
+            parts.push(text);
+        }
+        next = err.source();
+    }
+    parts.join(": ")
+}
 
 async fn handshake<S>(io: S) -> Result<SendRequest<Full<Bytes>>, BoxError>
 where
