@@ -264,13 +264,18 @@ async fn https_endpoints_take_the_ca_and_client_certificate_flags() {
     assert_eq!(o.status.code(), Some(0), "{:?}", shown(&o));
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("a.service\t"));
     // Without a client certificate, or trusting another CA: refused, nothing listed.
-    for flags in [
-        tls_flags(addr, &certs.ca(), None),
-        tls_flags(addr, &certs.wrong_ca(), Some((&cert, &key))),
+    for (flags, why) in [
+        (tls_flags(addr, &certs.ca(), None), "CertificateRequired"),
+        (
+            tls_flags(addr, &certs.wrong_ca(), Some((&cert, &key))),
+            "invalid peer certificate: UnknownIssuer",
+        ),
     ] {
         let o = env.fleetctl(&flags, &["list-unit-files"]).await;
         assert_eq!(o.status.code(), Some(1), "{flags:?}: {:?}", shown(&o));
         assert!(o.stdout.is_empty(), "{flags:?}: {:?}", shown(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(why), "{flags:?}: {err}");
     }
     let o = env
         .fleetctl(&[format!("--endpoint=https://{addr}")], &["list-units"])
