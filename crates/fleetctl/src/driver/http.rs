@@ -8,20 +8,21 @@
 //! No decision is made here: the server decides every write.
 
 use fleet_core::{DesiredState, MachineId, UnitName};
-use fleet_ops::wire::{self, ErrorBody, MachinePage, UnitPage, UnitStatePage, WriteResult};
+use fleet_ops::wire::{self, MachinePage, UnitPage, UnitStatePage, WriteResult};
 use fleet_ops::{
     Cluster, Destroyed, MachineListing, OpsError, PutOutcome, PutRequest, Restarted, StateChange,
     StateFilter, StateListing, StateView, UnitListing, UnitView, convert,
 };
 use fleet_registry::MetadataChange;
 use fleet_registry::kv::TlsFiles;
-use http::{Method, StatusCode};
+use http::Method;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::answer::{Paged, check, decode};
 use super::transport::{Answer, EndpointError, Transport};
 use super::watch::HttpChanges;
 
@@ -343,29 +344,6 @@ impl Cluster for HttpCluster {
     }
 }
 
-/// A listing page's continuation.
-trait Paged {
-    fn next_token(&self) -> &str;
-}
-
-impl Paged for UnitPage {
-    fn next_token(&self) -> &str {
-        &self.next_page_token
-    }
-}
-
-impl Paged for UnitStatePage {
-    fn next_token(&self) -> &str {
-        &self.next_page_token
-    }
-}
-
-impl Paged for MachinePage {
-    fn next_token(&self) -> &str {
-        &self.next_page_token
-    }
-}
-
 fn unit_path(name: &UnitName) -> String {
     format!("/units/{}", utf8_percent_encode(name.as_str(), ESCAPED))
 }
@@ -416,49 +394,6 @@ fn metadata_op(change: &MetadataChange) -> wire::MetadataOp {
             path: format!("/{machine}/metadata/{key}"),
             value: None,
         },
-    }
-}
-
-/// A success's body as `T`, or the error the answer stands for.
-fn decode<T: DeserializeOwned>(answer: &Answer, unit: Option<&UnitName>) -> Result<T, OpsError> {
-    check(answer, unit)?;
-    serde_json::from_slice(&answer.body).map_err(|e| OpsError::Transport {
-        what: format!(
-            "the API answered {} with a body that is not fleet's entity",
-            answer.status
-        ),
-        cause: Box::new(e),
-    })
-}
-
-/// Ok for a success; else the error its status and error entity stand for.
-fn check(answer: &Answer, unit: Option<&UnitName>) -> Result<(), OpsError> {
-    if answer.status.is_success() {
-        return Ok(());
-    }
-    Err(error_of(answer.status, &answer.body, unit))
-}
-
-/// The error of a failed request about `unit` (the unit its URL names, if any). The full
-/// view's `reason` rebuilds the variant. Without one (fleet's own answers, and the server's
-/// checks of an entity before any operation runs), a 404 about a unit is
-/// [`OpsError::NoSuchUnit`] and a 400 about one is [`OpsError::Invalid`] with fleet's
-/// message: the client sends only valid names and states, so what a 400 refuses is the
-/// unit's options. Anything else keeps its status and message.
-pub fn error_of(status: StatusCode, body: &[u8], unit: Option<&UnitName>) -> OpsError {
-    let Ok(ErrorBody { error }) = serde_json::from_slice::<ErrorBody>(body) else {
-        return OpsError::Api {
-            code: status.as_u16(),
-            message: format!("the API answered {status} without an error entity"),
-        };
-    };
-    match (error.reason, status, unit) {
-        (None, StatusCode::NOT_FOUND, Some(name)) => OpsError::NoSuchUnit(name.clone()),
-        (None, StatusCode::BAD_REQUEST, Some(name)) => OpsError::Invalid {
-            name: name.clone(),
-            reason: error.message,
-        },
-        _ => convert::error_from_wire(unit, &error),
     }
 }
 
