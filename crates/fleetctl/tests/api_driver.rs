@@ -453,6 +453,15 @@ async fn a_wait_over_the_api_sees_what_a_wait_over_etcd_sees() {
     }
     let direct = t.served_direct.watch(names).await.unwrap();
     assert_eq!(changes.view(), direct.view());
+    // More names than one request takes: read as whole listings, the same view.
+    let many: BTreeSet<UnitName> = (0..600)
+        .map(|i| name(&format!("n{i:03}.service")))
+        .chain([name("a.service")])
+        .collect();
+    let http = t.http.watch(many.clone()).await.unwrap();
+    let direct = t.served_direct.watch(many).await.unwrap();
+    assert_eq!(http.view(), direct.view());
+    assert_eq!(http.view().units.len(), 1);
 }
 
 #[tokio::test]

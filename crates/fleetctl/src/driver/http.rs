@@ -36,7 +36,7 @@ pub const PAGE_SIZE: u16 = u16::MAX;
 /// Names per listing request: a `start` of 10,000 units asks in 20 requests (URLs of ~15 kB)
 /// rather than with one URL of 10,000 parameters. Each request costs fleetd a snapshot, so
 /// fewer is better, up to what proxies and servers take in a request line.
-const NAMES_PER_REQUEST: usize = 500;
+pub(super) const NAMES_PER_REQUEST: usize = 500;
 
 /// Bytes escaped in a path segment or query value: all but RFC 3986's unreserved ones and
 /// `@` (common in unit names, and left alone by fleet's client).
