@@ -36,6 +36,7 @@
 mod cluster;
 mod decision;
 mod drain;
+mod explain;
 mod spec;
 
 use fleet_core::{MachineId, UnitFile, UnitHash, UnitName};
@@ -44,6 +45,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cluster::{Cluster, Slot};
 pub use decision::{Decision, DecisionKind, Reason, Violation};
+pub use explain::{
+    DrainStatus, Explanation, MachineVerdict, Rejection, Status, drain_status, explain,
+};
 use spec::Spec;
 
 /// A bound on evict-then-place rounds. Ordinary plans settle in two or three; only a cycle
@@ -123,7 +127,13 @@ fn evict_misplaced(c: &mut Cluster<'_>) -> bool {
 /// Why `unit` may not stay on `machine`. Conflicts count only against units before it in
 /// name order (the later one of a pair goes); globals are ignored (they yield instead).
 fn keep_violation(c: &Cluster<'_>, unit: &UnitName, machine: &MachineId) -> Option<Reason> {
-    let violation = c.static_violation(unit, machine).or_else(|| {
+    let violation = keep_rule(c, unit, machine)?;
+    Some(reason_for(machine, violation))
+}
+
+/// The first rule `unit` breaks by staying on `machine` (see [`keep_violation`]).
+fn keep_rule(c: &Cluster<'_>, unit: &UnitName, machine: &MachineId) -> Option<Violation> {
+    c.static_violation(unit, machine).or_else(|| {
         // Only a unit with Conflicts= or Replaces= can make a pair invalid: when `unit` has
         // neither, only such neighbours need looking at (usually none).
         let neighbours: Box<dyn Iterator<Item = &UnitName>> = if c.is_relational(unit) {
@@ -134,8 +144,7 @@ fn keep_violation(c: &Cluster<'_>, unit: &UnitName, machine: &MachineId) -> Opti
         neighbours
             .filter(|other| !c.is_global(other))
             .find_map(|other| c.neighbour_violation(unit, other, other < unit))
-    })?;
-    Some(reason_for(machine, violation))
+    })
 }
 
 fn reason_for(machine: &MachineId, violation: Violation) -> Reason {
