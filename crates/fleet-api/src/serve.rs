@@ -1,9 +1,10 @@
-//! Serving the router on listeners: HTTP/1.1 over TCP or unix stream sockets, one task per
-//! connection. Serving never touches the registry itself, so a slow client or a flood of
+//! Serving the router on listeners: HTTP/1.1 over TCP, TLS over TCP or unix stream sockets,
+//! one task per connection (a TLS handshake runs in the connection's task, never in the
+//! accept loop). Serving never touches the registry itself, so a slow client or a flood of
 //! requests costs only this task's time, never the agent's or the engine's. A listener holds
 //! at most [`MAX_CONNECTIONS`] connections (more wait in the kernel's backlog), and a client
-//! gets [`HEADER_TIMEOUT`] to send a request's headers, so idle or slow clients cannot take
-//! every file descriptor fleetd has.
+//! gets [`HEADER_TIMEOUT`] for its TLS handshake and again to send a request's headers, so
+//! idle or slow clients cannot take every file descriptor fleetd has.
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -13,13 +14,22 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{Semaphore, watch};
+use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 /// A listening socket the API is served on.
-#[derive(Debug)]
 pub enum Listener {
     Tcp(TcpListener),
     Unix(UnixListener),
+    /// TCP whose connections speak TLS with the acceptor's configuration (which decides
+    /// whether a client certificate is required).
+    Tls(TcpListener, TlsAcceptor),
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Listener").field(&self.describe()).finish()
+    }
 }
 
 impl Listener {
@@ -29,6 +39,10 @@ impl Listener {
             Self::Tcp(l) => match l.local_addr() {
                 Ok(a) => format!("tcp {a}"),
                 Err(_) => "tcp".into(),
+            },
+            Self::Tls(l, _) => match l.local_addr() {
+                Ok(a) => format!("tls {a}"),
+                Err(_) => "tls".into(),
             },
             Self::Unix(l) => match l
                 .local_addr()
@@ -86,12 +100,14 @@ pub async fn serve(listener: Listener, router: Router, mut shutdown: watch::Rece
 enum Conn {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
+    Tls(tokio::net::TcpStream, TlsAcceptor),
 }
 
 async fn accept(listener: &Listener) -> std::io::Result<Conn> {
     Ok(match listener {
         Listener::Tcp(l) => Conn::Tcp(l.accept().await?.0),
         Listener::Unix(l) => Conn::Unix(l.accept().await?.0),
+        Listener::Tls(l, acceptor) => Conn::Tls(l.accept().await?.0, acceptor.clone()),
     })
 }
 
@@ -99,6 +115,15 @@ async fn serve_connection(conn: Conn, router: Router) {
     match conn {
         Conn::Tcp(s) => serve_io(s, router).await,
         Conn::Unix(s) => serve_io(s, router).await,
+        Conn::Tls(s, acceptor) => {
+            // A client without a certificate the acceptor trusts ends here (the handshake
+            // fails), before any request reaches the router.
+            match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(s)).await {
+                Ok(Ok(tls)) => serve_io(tls, router).await,
+                Ok(Err(e)) => debug!(error = %e, "api tls handshake failed"),
+                Err(_) => debug!("api tls handshake timed out"),
+            }
+        }
     }
 }
 

@@ -11,11 +11,13 @@ use anyhow::{Context, Result, bail};
 use fleet_agent::{Agent, AgentConfig, FakeManager, PresenceKeeper};
 use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
 use fleet_engine::EngineConfig;
+use fleet_ops::ReplaceHow;
+use fleet_ops::etcd::RegistryCluster;
 use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{DEFAULT_PREFIX, MachineRole, Presence, Registry};
 use fleetctl::commands::Ctx;
-use fleetctl::commands::submit::{self, ReplaceHow, Verb};
+use fleetctl::commands::submit::{self, Verb};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -316,15 +318,16 @@ impl Sim {
     /// create them 32 at a time (new units get the desired state at once, so start has
     /// nothing more to write).
     pub async fn submit(&self, args: &[String]) -> Result<()> {
+        let cluster = RegistryCluster::new(self.client.clone());
         let mut ctx = Ctx {
-            registry: self.client.clone(),
+            cluster: cluster.clone(),
             out: Box::new(std::io::sink()),
             err: Box::new(std::io::sink()),
             write_failed: None,
         };
         let prepared = submit::prepare(&mut ctx, args, false, Verb::Start).await?;
         let how = ReplaceHow::default();
-        let results = submit::apply(&self.client, prepared, DesiredState::Launched, &how).await;
+        let results = submit::apply(&cluster, prepared, DesiredState::Launched, &how).await;
         for (name, res) in results {
             res.with_context(|| format!("creating {name}"))?;
         }

@@ -12,13 +12,19 @@
 //!
 //! This crate does no I/O of its own and knows neither HTTP nor clap.
 
+pub mod convert;
+pub mod decide;
 pub mod error;
+pub mod etcd;
 pub mod model;
+pub mod plan;
+pub mod wire;
 
 pub use error::OpsError;
+pub use etcd::RegistryCluster;
 pub use model::{
     Changes, Destroyed, MachineListing, PutOutcome, PutRequest, ReplaceHow, Restarted, StateChange,
-    StateFilter, StateView, UnitListing, UnitStatus, UnitView, WaitView,
+    StateFilter, StateListing, StateView, UnitListing, UnitStatus, UnitView, WaitView,
 };
 
 use fleet_core::{MachineId, UnitName};
@@ -51,7 +57,7 @@ pub trait Cluster: Clone + Send + Sync + 'static {
     fn states(
         &self,
         filter: &StateFilter,
-    ) -> impl Future<Output = Result<Vec<StateView>, OpsError>> + Send;
+    ) -> impl Future<Output = Result<StateListing, OpsError>> + Send;
 
     /// Live machines sorted by ID (dynamic metadata merged over configured metadata), and the
     /// engine's disruption notice if one is held.

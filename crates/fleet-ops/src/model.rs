@@ -63,6 +63,14 @@ pub struct StateView {
     pub restart_pending: bool,
 }
 
+/// Published unit states, and the values that could not be read (each a warning naming its
+/// key): `list-units` warns about a corrupt state as the other listings do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateListing {
+    pub states: Vec<StateView>,
+    pub skipped: Vec<String>,
+}
+
 /// `GET /state`'s filters: exact machine ID and unit name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StateFilter {

@@ -3,6 +3,8 @@
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::driver::Driver;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "fleetctl",
@@ -20,21 +22,18 @@ pub struct Cli {
 /// Flags every command takes, each also read from `FLEETCTL_<FLAG>`.
 #[derive(Debug, Clone, Args)]
 pub struct Global {
-    /// etcd endpoint(s), a comma-separated list of URLs.
-    #[arg(
-        long,
-        global = true,
-        env = "FLEETCTL_ENDPOINT",
-        default_value = "http://127.0.0.1:2379"
-    )]
-    pub endpoint: String,
+    /// Location of the fleet API with --driver=api (unix:///PATH, http://HOST:PORT or
+    /// https://HOST:PORT), or of etcd with --driver=etcd (comma-separated URLs).
+    /// [default: unix:///var/run/fleet.sock; with --driver=etcd, http://127.0.0.1:2379]
+    #[arg(long, global = true, env = "FLEETCTL_ENDPOINT")]
+    pub endpoint: Option<String>,
     /// Key prefix of the fleet registry in etcd.
     #[arg(long, global = true, env = "FLEETCTL_ETCD_KEY_PREFIX", default_value = fleet_registry::DEFAULT_PREFIX)]
     pub etcd_key_prefix: String,
-    /// Seconds to wait for each etcd request.
+    /// Seconds to wait for each request to etcd or to fleet's API.
     #[arg(long, global = true, env = "FLEETCTL_REQUEST_TIMEOUT", default_value_t = 3.0, value_parser = parse_seconds)]
     pub request_timeout: f64,
-    /// CA file for etcd's TLS certificate.
+    /// CA file of the TLS certificate of fleet's API (https://) or of etcd.
     #[arg(
         long,
         global = true,
@@ -42,7 +41,7 @@ pub struct Global {
         visible_alias = "etcd-cafile"
     )]
     pub ca_file: Option<std::path::PathBuf>,
-    /// Client certificate for etcd TLS.
+    /// Client certificate for TLS to fleet's API or etcd.
     #[arg(
         long,
         global = true,
@@ -50,7 +49,7 @@ pub struct Global {
         visible_alias = "etcd-certfile"
     )]
     pub cert_file: Option<std::path::PathBuf>,
-    /// Client key for etcd TLS.
+    /// Client key for TLS to fleet's API or etcd.
     #[arg(
         long,
         global = true,
@@ -58,9 +57,10 @@ pub struct Global {
         visible_alias = "etcd-keyfile"
     )]
     pub key_file: Option<std::path::PathBuf>,
-    /// How fleetctl reaches the cluster; only `etcd` (direct) is supported.
-    #[arg(long, global = true, env = "FLEETCTL_DRIVER", default_value = "etcd", value_parser = ["etcd"])]
-    pub driver: String,
+    /// How fleetctl reaches the cluster: `api` (fleetd's HTTP API) or `etcd` (the registry
+    /// directly). [default: api; etcd when the endpoint's port is 2379 or 4001]
+    #[arg(long, global = true, env = "FLEETCTL_DRIVER", value_parser = parse_driver)]
+    pub driver: Option<Driver>,
     /// SSH bastion `host[:port]` used to reach machines for status and journal.
     #[arg(long, global = true, env = "FLEETCTL_TUNNEL", default_value = "", value_parser = parse_tunnel)]
     pub tunnel: String,
@@ -93,6 +93,10 @@ pub struct Global {
     /// Print the version and exit.
     #[arg(short = 'v', long)]
     pub version: bool,
+}
+
+fn parse_driver(s: &str) -> Result<Driver, String> {
+    s.parse()
 }
 
 /// The longest timeout fleetctl takes: a day. Longer values are typos, and ones past

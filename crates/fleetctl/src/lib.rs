@@ -1,11 +1,12 @@
 //! fleetctl's commands as a library, for its binary (`main.rs`) and for the bench, which
 //! creates units through the same submit path ([`commands::submit`]) instead of its own copy.
-//! [`ops`] holds the pure decisions of the unit operations, which a fleet API can share
-//! with the command line.
+//! Every command reaches the cluster through [`fleet_ops::Cluster`] only, so it works, and
+//! prints the same bytes, over the etcd driver and over fleet's API. The pure decisions of
+//! `load` and `start` are `fleet_ops::plan`'s.
 
 pub mod cli;
 pub mod commands;
 pub mod completion;
+pub mod driver;
 pub mod local;
-pub mod ops;
 mod table;

@@ -1,7 +1,10 @@
-//! fleetctl: drives a fleet cluster by talking to its etcd registry directly.
+//! fleetctl: drives a fleet cluster through fleetd's API (`--driver=api`, the default) or by
+//! talking to its etcd registry directly (`--driver=etcd`); [`fleetctl::driver`] decides.
 
 use anyhow::Result;
 use clap::Parser;
+use fleet_ops::Cluster;
+use fleet_ops::etcd::RegistryCluster;
 use fleet_registry::Registry;
 use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
 use std::process::ExitCode;
@@ -11,6 +14,7 @@ use commands::submit::Verb;
 use commands::wait::Block;
 use fleetctl::cli::{self, Cli, Command};
 use fleetctl::commands::{self, Ctx, lifecycle};
+use fleetctl::driver::{self, Driver, HttpCluster};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -56,21 +60,34 @@ impl std::fmt::Display for BrokenPipe {
 
 impl std::error::Error for BrokenPipe {}
 
-async fn connect(global: &cli::Global) -> Result<Registry<EtcdKv>> {
+fn tls_files(global: &cli::Global) -> TlsFiles {
+    TlsFiles {
+        ca_file: global.ca_file.clone(),
+        cert_file: global.cert_file.clone(),
+        key_file: global.key_file.clone(),
+    }
+}
+
+// In range: `cli::parse_seconds` took at most a day.
+fn request_timeout(global: &cli::Global) -> Duration {
+    Duration::from_secs_f64(global.request_timeout)
+}
+
+/// The API driver's client of the fleetd at `endpoint`; nothing is sent yet.
+fn connect_api(global: &cli::Global, endpoint: &str) -> Result<HttpCluster> {
+    HttpCluster::new(endpoint, &tls_files(global), request_timeout(global))
+        .map_err(|e| anyhow::anyhow!("Unable to initialize client: {e}"))
+}
+
+async fn connect_etcd(global: &cli::Global, endpoint: &str) -> Result<Registry<EtcdKv>> {
     let config = EtcdConfig {
-        endpoints: global
-            .endpoint
+        endpoints: endpoint
             .split(',')
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
             .collect(),
-        // In range: `cli::parse_seconds` took at most a day.
-        request_timeout: Duration::from_secs_f64(global.request_timeout),
-        tls: TlsFiles {
-            ca_file: global.ca_file.clone(),
-            cert_file: global.cert_file.clone(),
-            key_file: global.key_file.clone(),
-        },
+        request_timeout: request_timeout(global),
+        tls: tls_files(global),
     };
     fleet_registry::input::check_endpoints(&config.endpoints, &config.tls)
         .and_then(|()| fleet_registry::input::check_prefix(&global.etcd_key_prefix))
@@ -81,13 +98,12 @@ async fn connect(global: &cli::Global) -> Result<Registry<EtcdKv>> {
     Ok(Registry::new(kv, &global.etcd_key_prefix))
 }
 
-async fn activate(ctx: &mut Ctx, a: cli::Activate, verb: Verb) -> Result<()> {
+async fn activate<C: Cluster>(ctx: &mut Ctx<C>, a: cli::Activate, verb: Verb) -> Result<()> {
     let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
-    let how = commands::submit::ReplaceHow {
+    let how = fleet_ops::ReplaceHow {
         no_restart: a.no_restart,
         reschedule: a.reschedule,
         rolling: a.rolling.is_some(),
-        placed: Default::default(),
     };
     match a.rolling {
         Some(step) => {
@@ -127,14 +143,30 @@ async fn run(cli: Cli) -> Result<()> {
         }
         _ => {}
     }
-    let global = cli.global.clone();
+    let global = cli.global;
+    let chosen = driver::select(global.driver, global.endpoint.as_deref());
+    tracing::debug!(driver = ?chosen.driver, endpoint = %chosen.endpoint, "reaching the cluster");
+    match chosen.driver {
+        Driver::Api => {
+            let cluster = connect_api(&global, &chosen.endpoint)?;
+            run_on(cluster, &global, command).await
+        }
+        Driver::Etcd => {
+            let registry = connect_etcd(&global, &chosen.endpoint).await?;
+            run_on(RegistryCluster::new(registry), &global, command).await
+        }
+    }
+}
+
+/// Runs `command` on `cluster`, the same code over either driver.
+async fn run_on<C: Cluster>(cluster: C, global: &cli::Global, command: Command) -> Result<()> {
     let mut ctx = Ctx {
-        registry: connect(&cli.global).await?,
+        cluster,
         out: Box::new(std::io::stdout()),
         err: Box::new(std::io::stderr()),
         write_failed: None,
     };
-    let outcome = execute(&mut ctx, &global, command).await;
+    let outcome = execute(&mut ctx, global, command).await;
     let output = ctx.finish();
     outcome.and_then(|()| written(output))
 }
@@ -149,7 +181,11 @@ fn written(output: std::io::Result<()>) -> Result<()> {
     }
 }
 
-async fn execute(ctx: &mut Ctx, global: &cli::Global, command: Command) -> Result<()> {
+async fn execute<C: Cluster>(
+    ctx: &mut Ctx<C>,
+    global: &cli::Global,
+    command: Command,
+) -> Result<()> {
     match command {
         Command::Submit(a) => commands::submit::run(ctx, &a.units, a.replace).await,
         Command::Load(a) => activate(ctx, a, Verb::Load).await,

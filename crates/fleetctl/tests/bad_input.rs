@@ -77,6 +77,8 @@ impl Env {
             .args(args)
             .current_dir(&self.dir)
             .env_remove("FLEETCTL_ENDPOINT")
+            // These tests run fleetctl against a test etcd, on a port of its own.
+            .env("FLEETCTL_DRIVER", "etcd")
             .output()
             .unwrap()
     }
@@ -461,8 +463,8 @@ async fn unknown_commands_flags_and_fields_are_refused() {
             "Invalid key in output format: \"bogus\"",
         ),
         (
-            vec!["--driver", "api", "list-units"],
-            "invalid value 'api' for '--driver",
+            vec!["--driver", "grpc", "list-units"],
+            "unrecognized driver \"grpc\" (expected \"api\" or \"etcd\")",
         ),
     ];
     env.refuses_all(&cases).await;
@@ -900,7 +902,9 @@ async fn issue_13_bad_connection_settings_are_refused_before_anything_is_sent() 
             let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetctl"));
             cmd.args(&all)
                 .current_dir(&env.dir)
-                .env_remove("FLEETCTL_ENDPOINT");
+                .env_remove("FLEETCTL_ENDPOINT")
+                // These tests run fleetctl against a test etcd, on a port of its own.
+                .env("FLEETCTL_DRIVER", "etcd");
             for (k, v) in vars {
                 cmd.env(k, v);
             }
@@ -1012,7 +1016,12 @@ async fn a_failed_write_to_stdout_is_an_error_and_a_closed_pipe_is_quiet() {
         &["list-units"][..],
         &["list-machines"][..],
     ] {
-        let mut all = vec!["--endpoint".to_owned(), env.etcd.endpoint()];
+        let mut all = vec![
+            "--driver".to_owned(),
+            "etcd".to_owned(),
+            "--endpoint".to_owned(),
+            env.etcd.endpoint(),
+        ];
         all.extend(args.iter().map(|a| (*a).to_owned()));
         let full = std::fs::OpenOptions::new()
             .write(true)

@@ -41,6 +41,8 @@ impl Env {
             .args(args)
             .current_dir(&self.dir)
             .env_remove("FLEETCTL_ENDPOINT")
+            // These tests run fleetctl against a test etcd, on a port of its own.
+            .env("FLEETCTL_DRIVER", "etcd")
             .output()
             .unwrap()
     }
@@ -264,6 +266,8 @@ fn fleetctl_within(env: &Env, args: &[&str], limit: Duration) -> Output {
         .args(args)
         .current_dir(&env.dir)
         .env_remove("FLEETCTL_ENDPOINT")
+        // These tests run fleetctl against a test etcd, on a port of its own.
+        .env("FLEETCTL_DRIVER", "etcd")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -523,6 +527,7 @@ async fn version_and_env_endpoint_work() {
     let o = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
         .arg("list-machines")
         .env("FLEETCTL_ENDPOINT", env.etcd.endpoint())
+        .env("FLEETCTL_DRIVER", "etcd")
         .output()
         .unwrap();
     ok(&o);

@@ -17,6 +17,8 @@ use tracing::{info, warn};
 
 use crate::config::{ApiConfig, ListenAddr};
 
+mod tls;
+
 /// Sockets passed by systemd, taken (and the variables cleared) before any thread starts.
 #[derive(Debug, Default)]
 pub struct Activated {
@@ -58,14 +60,19 @@ impl Activated {
 }
 
 /// Every listener the API serves: the activated ones or the default socket, then
-/// `api_listen`'s.
+/// `api_listen`'s. TCP ones serve TLS when the config has its files.
 pub fn listeners(config: &ApiConfig, activated: Activated) -> Result<Vec<Listener>> {
+    let acceptor = config.tls.as_ref().map(tls::acceptor).transpose()?;
+    let tcp = |l: tokio::net::TcpListener| match &acceptor {
+        Some(a) => Listener::Tls(l, a.clone()),
+        None => Listener::Tcp(l),
+    };
     let mut out = Vec::new();
     for socket in activated.listeners {
         out.push(match socket {
             ActivatedSocket::Tcp(l) => {
                 l.set_nonblocking(true)?;
-                Listener::Tcp(tokio::net::TcpListener::from_std(l)?)
+                tcp(tokio::net::TcpListener::from_std(l)?)
             }
             ActivatedSocket::Unix(l) => {
                 l.set_nonblocking(true)?;
@@ -88,14 +95,12 @@ pub fn listeners(config: &ApiConfig, activated: Activated) -> Result<Vec<Listene
     for addr in &config.listen {
         out.push(match addr {
             ListenAddr::Unix(path) => unix_socket(path)?,
-            ListenAddr::Tcp(a) => Listener::Tcp(
-                std::net::TcpListener::bind(a)
-                    .and_then(|l| {
-                        l.set_nonblocking(true)?;
-                        tokio::net::TcpListener::from_std(l)
-                    })
-                    .with_context(|| format!("listening on {a}"))?,
-            ),
+            ListenAddr::Tcp(a) => tcp(std::net::TcpListener::bind(a)
+                .and_then(|l| {
+                    l.set_nonblocking(true)?;
+                    tokio::net::TcpListener::from_std(l)
+                })
+                .with_context(|| format!("listening on {a}"))?),
         });
     }
     Ok(out)
@@ -167,6 +172,7 @@ mod tests {
             token_limit: 100,
             socket: Some(socket.to_path_buf()),
             listen: vec![],
+            tls: None,
         }
     }
 

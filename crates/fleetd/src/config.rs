@@ -14,7 +14,7 @@ mod file;
 mod units_dir;
 mod values;
 
-pub use api::{ApiConfig, ListenAddr};
+pub use api::{ApiConfig, ApiTlsFiles, ListenAddr};
 
 use anyhow::{Result, anyhow, bail};
 use clap::parser::ValueSource;
@@ -358,6 +358,15 @@ pub const KEYS: &[Key] = &[
         "api_listen",
         "more API listeners, `unix:PATH` or `tcp:HOST:PORT`, comma-separated",
     ),
+    Key::api(
+        "api_cafile",
+        "CA whose client certificates the API's TLS listeners require (with api_certfile, api_keyfile)",
+    ),
+    Key::api(
+        "api_certfile",
+        "certificate (PEM) of the API's TLS listeners: every TCP listener then serves TLS",
+    ),
+    Key::api("api_keyfile", "private key (PEM) of api_certfile"),
     Key::api(
         "api_allow_plain_tcp",
         "let api_listen take plain TCP on other than loopback addresses [default: false]",

@@ -1,17 +1,21 @@
-//! `list-unit-files`, `list-units` and `list-machines`: one consistent snapshot each, rendered
-//! as fleet's tables. A value the registry cannot read is left out with a warning on stderr
+//! `list-unit-files`, `list-units` and `list-machines`: one consistent read each (and the
+//! live machines when a column shows their legends), rendered as fleet's tables. A value the registry cannot read is left out with a warning on stderr
 //! that names its key; the table of everything else still prints.
 
 use anyhow::{Context, Result};
-use fleet_core::{ActiveState, DesiredState, MachineId, Requirements, UnitHash};
-use fleet_registry::{Skipped, Snapshot};
-use std::collections::BTreeMap;
+use fleet_core::{MachineId, MachineInfo, UnitHash};
+use fleet_ops::{Cluster, StateFilter};
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Ctx, machine_legend, parse_fields};
+use super::{Ctx, machine_legend, machines_by_id, parse_fields};
 use crate::cli::{ListMachines, ListUnitFiles, ListUnits, Listing};
 use crate::table;
 
-fn print(ctx: &mut Ctx, listing: &Listing, fields: &[&str], rows: Vec<Vec<String>>) {
+const UNITS_FAILED: &str = "Error retrieving list of units from repository";
+const MACHINES_FAILED: &str =
+    "Error retrieving list of active machines (etcd unhealthy, lost quorum, or unreachable)";
+
+fn print<C>(ctx: &mut Ctx<C>, listing: &Listing, fields: &[&str], rows: Vec<Vec<String>>) {
     let mut all = Vec::with_capacity(rows.len() + 1);
     if !listing.no_legend {
         all.push(fields.iter().map(|f| f.to_uppercase()).collect());
@@ -20,10 +24,13 @@ fn print(ctx: &mut Ctx, listing: &Listing, fields: &[&str], rows: Vec<Vec<String
     ctx.print(&table::render(&all));
 }
 
-/// Warns about each value left out of a listing.
-fn warn_skipped<'a>(ctx: &mut Ctx, skipped: impl IntoIterator<Item = &'a Skipped>) {
+/// Warns about each value left out of a listing, once.
+fn warn_skipped<C>(ctx: &mut Ctx<C>, skipped: impl IntoIterator<Item = String>) {
+    let mut told = BTreeSet::new();
     for s in skipped {
-        ctx.warn(format!("WARNING: {s}"));
+        if told.insert(s.clone()) {
+            ctx.warn(format!("WARNING: {s}"));
+        }
     }
 }
 
@@ -35,31 +42,19 @@ fn hash_cell(hash: Option<&UnitHash>, full: bool) -> String {
     }
 }
 
-/// fleet's current state of a unit: `launched` where a machine scheduled to launch it reports
-/// it active, `loaded` where a scheduled machine reports it at all, else `inactive`.
-fn current_state(snap: &Snapshot, unit: &fleet_core::UnitName) -> DesiredState {
-    let Some(entries) = snap.schedule.get(unit) else {
-        return DesiredState::Inactive;
-    };
-    let states = snap.states.get(unit);
-    let mut best = DesiredState::Inactive;
-    for (machine, entry) in entries {
-        let Some(state) = states.and_then(|s| s.get(machine)) else {
-            continue;
-        };
-        let here = if entry.desired == DesiredState::Launched
-            && state.systemd.active_state() == ActiveState::Active
-        {
-            DesiredState::Launched
-        } else {
-            DesiredState::Loaded
-        };
-        best = best.max(here);
+/// The live machines, for legends: read only when a column shows one.
+async fn legends<C: Cluster>(
+    ctx: &Ctx<C>,
+    wanted: bool,
+) -> Result<(BTreeMap<MachineId, MachineInfo>, Vec<String>)> {
+    if !wanted {
+        return Ok(Default::default());
     }
-    best
+    let listing = ctx.cluster.machines().await.context(UNITS_FAILED)?;
+    Ok((machines_by_id(listing.machines), listing.skipped))
 }
 
-pub async fn list_unit_files(ctx: &mut Ctx, args: &ListUnitFiles) -> Result<()> {
+pub async fn list_unit_files<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnitFiles) -> Result<()> {
     let mut fields_arg = args.fields.clone();
     if fields_arg.split(',').any(|f| f.trim() == "tmachine") {
         ctx.warn("WARNING: The \"tmachine\" field is deprecated. Use \"target\" instead");
@@ -71,43 +66,30 @@ pub async fn list_unit_files(ctx: &mut Ctx, args: &ListUnitFiles) -> Result<()> 
             "desc", "dstate", "global", "hash", "reason", "state", "target", "unit",
         ],
     )?;
-    let snap = ctx
-        .registry
-        .snapshot()
-        .await
-        .context("Error retrieving list of units from repository")?;
-    let files = ctx
-        .registry
-        .files(Some(snap.revision))
-        .await
-        .context("Error retrieving list of units from repository")?;
-    warn_skipped(ctx, snap.skipped.values().chain(&files.skipped));
-    let files = files.items;
+    let listing = ctx.cluster.units(None).await.context(UNITS_FAILED)?;
+    let placed = listing.units.iter().any(|u| !u.status.machines.is_empty());
+    let (machines, skipped) = legends(ctx, placed && fields.contains(&"target")).await?;
+    warn_skipped(ctx, listing.skipped.into_iter().chain(skipped));
     let full = args.listing.full;
     let mut rows = Vec::new();
-    for (name, unit) in &snap.units {
-        let file = files.get(&unit.hash());
-        let global = file.is_some_and(|f| Requirements::from_unit(name, f).global);
+    for unit in &listing.units {
+        let status = &unit.status;
         let row = fields
             .iter()
             .map(|f| match *f {
-                "unit" => name.to_string(),
-                "hash" => hash_cell(Some(&unit.hash()), full),
-                "dstate" => unit.desired().to_string(),
-                "state" if global => "-".into(),
-                "state" => current_state(&snap, name).to_string(),
-                "target" if global => "global".into(),
-                "target" => target_cell(&snap, name, full),
-                "global" => global.to_string(),
-                "reason" => snap
-                    .unscheduled
-                    .get(name)
-                    .cloned()
-                    .unwrap_or_else(|| "-".into()),
-                "desc" => file
-                    .and_then(|f| f.description())
-                    .unwrap_or("-")
-                    .to_string(),
+                "unit" => status.name.to_string(),
+                "hash" => hash_cell(Some(&status.hash), full),
+                "dstate" => status.desired.to_string(),
+                "state" if unit.global => "-".into(),
+                "state" => unit.current.to_string(),
+                "target" if unit.global => "global".into(),
+                "target" => match status.machines.first() {
+                    Some(machine) => machine_legend(machine, &machines, full),
+                    None => "-".into(),
+                },
+                "global" => unit.global.to_string(),
+                "reason" => status.unscheduled.clone().unwrap_or_else(|| "-".into()),
+                "desc" => unit.file.description().unwrap_or("-").to_string(),
                 other => unreachable!("field {other} was validated"),
             })
             .collect();
@@ -117,60 +99,53 @@ pub async fn list_unit_files(ctx: &mut Ctx, args: &ListUnitFiles) -> Result<()> 
     Ok(())
 }
 
-fn target_cell(snap: &Snapshot, name: &fleet_core::UnitName, full: bool) -> String {
-    match snap.schedule.get(name).and_then(|m| m.keys().next()) {
-        Some(machine) => machine_legend(machine, &snap.machines, full),
-        None => "-".into(),
-    }
-}
-
-pub async fn list_units(ctx: &mut Ctx, args: &ListUnits) -> Result<()> {
+pub async fn list_units<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnits) -> Result<()> {
     let fields = parse_fields(
         &args.fields,
         &[
             "active", "hash", "load", "machine", "pending", "sub", "unit",
         ],
     )?;
-    let snap = ctx
-        .registry
-        .snapshot()
+    let listing = ctx
+        .cluster
+        .states(&StateFilter::default())
         .await
-        .context("Error retrieving list of units from repository")?;
-    warn_skipped(ctx, snap.skipped.values());
+        .context(UNITS_FAILED)?;
+    let shown = !listing.states.is_empty() && fields.contains(&"machine");
+    let (machines, skipped) = legends(ctx, shown).await?;
+    warn_skipped(ctx, listing.skipped.into_iter().chain(skipped));
     let full = args.listing.full;
-    let mut rows = Vec::new();
-    for (name, per_machine) in &snap.states {
-        for (machine, state) in per_machine {
-            let row = fields
+    let rows = listing
+        .states
+        .iter()
+        .map(|state| {
+            fields
                 .iter()
                 .map(|f| match *f {
-                    "unit" => name.to_string(),
-                    "machine" => machine_legend(machine, &snap.machines, full),
-                    "active" => state.systemd.active.clone(),
-                    "sub" => state.systemd.sub.clone(),
-                    "load" => state.systemd.load.clone(),
+                    "unit" => state.name.to_string(),
+                    "machine" => machine_legend(&state.machine, &machines, full),
+                    "active" => state.active.clone(),
+                    "sub" => state.sub.clone(),
+                    "load" => state.load.clone(),
                     "hash" => hash_cell(state.hash.as_ref(), full),
                     "pending" if state.restart_pending => "restart".into(),
                     "pending" => "-".into(),
                     other => unreachable!("field {other} was validated"),
                 })
-                .collect();
-            rows.push(row);
-        }
-    }
+                .collect()
+        })
+        .collect();
     print(ctx, &args.listing, &fields, rows);
     Ok(())
 }
 
-pub async fn list_machines(ctx: &mut Ctx, args: &ListMachines) -> Result<()> {
+pub async fn list_machines<C: Cluster>(ctx: &mut Ctx<C>, args: &ListMachines) -> Result<()> {
     let fields = parse_fields(&args.fields, &["ip", "machine", "metadata"])?;
-    let machines = ctx.registry.machines().await.context(
-        "Error retrieving list of active machines (etcd unhealthy, lost quorum, or unreachable)",
-    )?;
-    warn_skipped(ctx, &machines.skipped);
+    let listing = ctx.cluster.machines().await.context(MACHINES_FAILED)?;
+    warn_skipped(ctx, listing.skipped);
     let by_id: BTreeMap<MachineId, _> = BTreeMap::new();
-    let rows = machines
-        .items
+    let rows = listing
+        .machines
         .iter()
         .map(|m| {
             fields
@@ -193,10 +168,7 @@ pub async fn list_machines(ctx: &mut Ctx, args: &ListMachines) -> Result<()> {
         .collect();
     print(ctx, &args.listing, &fields, rows);
     // On stderr, so that the table stays fleet's byte for byte.
-    let held = ctx.registry.disruption().await.context(
-        "Error retrieving the engine's disruption notice (etcd unhealthy, lost quorum, or unreachable)",
-    )?;
-    if let Some(notice) = held {
+    if let Some(notice) = listing.notice {
         ctx.warn(format!("Warning: {notice}"));
     }
     Ok(())

@@ -1,5 +1,9 @@
 //! fleetctl's commands. Each reads what it needs, decides, and only then writes, so a bad
 //! argument anywhere in the list leaves the registry untouched.
+//!
+//! A command talks to the cluster only through [`fleet_ops::Cluster`]: the same code, and the
+//! same bytes printed, over the etcd driver and over fleet's API. Messages are fleetctl's;
+//! what an operation does to the registry is fleet-ops's.
 
 pub mod cat;
 pub mod destroy;
@@ -12,16 +16,14 @@ pub mod wait;
 
 use anyhow::{Result, bail};
 use fleet_core::{MachineId, MachineInfo, UnitName};
-use fleet_registry::Registry;
 use fleet_registry::input::shorten;
-use fleet_registry::kv::EtcdKv;
 use std::collections::BTreeMap;
 use std::io::Write;
 
-/// What every command gets: the registry and somewhere to print. The store is etcd but for
-/// the bench, which runs the submit path on a counting wrapper of it.
-pub struct Ctx<K = EtcdKv> {
-    pub registry: Registry<K>,
+/// What every command gets: the cluster (a [`fleet_ops::Cluster`]: over etcd, over the API,
+/// or, for the bench, over a counting wrapper of etcd) and somewhere to print.
+pub struct Ctx<C> {
+    pub cluster: C,
     pub out: Box<dyn Write>,
     pub err: Box<dyn Write>,
     /// The first failed write to `out`: the command goes on (its writes to etcd are done or
@@ -29,13 +31,13 @@ pub struct Ctx<K = EtcdKv> {
     pub write_failed: Option<std::io::Error>,
 }
 
-impl<K> std::fmt::Debug for Ctx<K> {
+impl<C> std::fmt::Debug for Ctx<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ctx").finish_non_exhaustive()
     }
 }
 
-impl<K> Ctx<K> {
+impl<C> Ctx<C> {
     pub fn say(&mut self, line: impl AsRef<str>) {
         let res = writeln!(self.out, "{}", line.as_ref());
         self.note(res);
@@ -110,6 +112,11 @@ pub fn machine_legend(
     s
 }
 
+/// Machines by ID, for [`machine_legend`].
+pub fn machines_by_id(machines: Vec<MachineInfo>) -> BTreeMap<MachineId, MachineInfo> {
+    machines.into_iter().map(|m| (m.id.clone(), m)).collect()
+}
+
 /// Splits and checks a `--fields` value against the valid field names.
 pub fn parse_fields<'a>(fields: &'a str, valid: &[&str]) -> Result<Vec<&'a str>> {
     // fleet's messages, then what would have been accepted.
@@ -128,8 +135,8 @@ pub fn parse_fields<'a>(fields: &'a str, valid: &[&str]) -> Result<Vec<&'a str>>
 
 /// Turns per-unit failures into the command's result: one failure is the error itself; with
 /// several, each is printed and the error counts them.
-pub fn fail_if_any<K>(
-    ctx: &mut Ctx<K>,
+pub fn fail_if_any<C>(
+    ctx: &mut Ctx<C>,
     what: &str,
     failures: Vec<(UnitName, anyhow::Error)>,
 ) -> Result<()> {

@@ -5,7 +5,8 @@
 //! `ssh` unless `FLEETCTL_SSH_COMMAND` names another (as `GIT_SSH` does for git).
 
 use anyhow::{Context, Result, bail};
-use fleet_core::{MachineId, MachineInfo, Requirements, UnitName};
+use fleet_core::{MachineId, MachineInfo, UnitName};
+use fleet_ops::Cluster;
 use std::process::ExitStatus;
 use tokio::process::Command;
 
@@ -118,30 +119,36 @@ async fn run(argv: &[String]) -> Result<ExitStatus> {
 }
 
 /// The machines that run `name` (every one for a global unit), with their legends' data.
-async fn machines_of(
-    ctx: &Ctx,
+async fn machines_of<C: Cluster>(
+    ctx: &Ctx<C>,
     name: &UnitName,
 ) -> Result<(bool, Vec<(MachineId, Option<MachineInfo>)>)> {
-    let snap = ctx.registry.snapshot().await?;
-    let Some(unit) = snap.units.get(name) else {
+    let Some(unit) = ctx.cluster.unit(name).await? else {
         bail!("Unit {name} does not exist.");
     };
-    let file = ctx.registry.unit_file(unit).await?;
-    let global = Requirements::from_unit(name, &file).global;
-    let machines = snap
-        .schedule
-        .get(name)
-        .map(|m| {
-            m.keys()
-                .map(|id| (id.clone(), snap.machines.get(id).cloned()))
-                .collect()
+    if unit.status.machines.is_empty() {
+        return Ok((unit.global, Vec::new()));
+    }
+    let mut known = super::machines_by_id(ctx.cluster.machines().await?.machines);
+    let machines = unit
+        .status
+        .machines
+        .into_iter()
+        .map(|id| {
+            let info = known.remove(&id);
+            (id, info)
         })
-        .unwrap_or_default();
-    Ok((global, machines))
+        .collect();
+    Ok((unit.global, machines))
 }
 
 /// `fleetctl status UNIT...`
-pub async fn status(ctx: &mut Ctx, global: &Global, port: u16, args: &[String]) -> Result<()> {
+pub async fn status<C: Cluster>(
+    ctx: &mut Ctx<C>,
+    global: &Global,
+    port: u16,
+    args: &[String],
+) -> Result<()> {
     let names = super::unit_names(args)?;
     let mut first_failure = None;
     for (i, name) in names.iter().enumerate() {
@@ -180,8 +187,8 @@ pub struct JournalOptions {
 }
 
 /// `fleetctl journal UNIT`
-pub async fn journal(
-    ctx: &mut Ctx,
+pub async fn journal<C: Cluster>(
+    ctx: &mut Ctx<C>,
     global: &Global,
     opts: &JournalOptions,
     args: &[String],

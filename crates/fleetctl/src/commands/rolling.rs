@@ -5,20 +5,16 @@
 
 use anyhow::{Result, bail};
 use fleet_core::{ActiveState, MachineId, Requirements, UnitHash, UnitName};
-use fleet_registry::kv::EtcdKv;
-use fleet_registry::{Registry, RegistryError, Unit, UnitsRole};
-use std::collections::BTreeMap;
+use fleet_ops::{Changes, Cluster, PutRequest, ReplaceHow};
+use std::collections::{BTreeMap, BTreeSet};
 use tokio::time::Instant;
 
-use super::submit::{self, Action, Prepared, ReplaceHow, Verb};
+use super::submit::{self, Action, Prepared, Verb};
 use super::wait::{Block, Goal, wait_for};
 use super::{Ctx, machine_legend};
 
-/// Re-reads of a unit another client keeps changing.
-const ATTEMPTS: usize = 5;
-
-pub async fn run(
-    ctx: &mut Ctx,
+pub async fn run<C: Cluster>(
+    ctx: &mut Ctx<C>,
     args: &[String],
     verb: Verb,
     block: Block,
@@ -29,7 +25,7 @@ pub async fn run(
     let prepared = submit::prepare(ctx, args, true, verb)
         .await
         .map_err(|e| e.context("Error creating units"))?;
-    let registry = ctx.registry.clone();
+    let cluster = ctx.cluster.clone();
     let target = super::lifecycle::target_of(verb);
     let (globals, others): (Vec<Prepared>, Vec<Prepared>) =
         prepared.into_iter().partition(|p| match &p.action {
@@ -38,7 +34,7 @@ pub async fn run(
         });
     let plain = ReplaceHow {
         rolling: false,
-        ..how.clone()
+        ..how
     };
     let mut remaining: Vec<String> = others.iter().map(|p| p.name.to_string()).collect();
     let mut others = others.into_iter().peekable();
@@ -46,11 +42,11 @@ pub async fn run(
         let batch: Vec<Prepared> = others.by_ref().take(step).collect();
         let names: Vec<UnitName> = batch.iter().map(|p| p.name.clone()).collect();
         let mut goals = BTreeMap::new();
-        for (name, res) in submit::apply(&registry, batch, target, &plain).await {
+        for (name, res) in submit::apply(&cluster, batch, target, &plain).await {
             let unit = res?;
-            goals.insert(name, Goal::of(unit.desired()));
+            goals.insert(name, Goal::of(unit.desired));
         }
-        if let Err(e) = wait_for(ctx, &registry, goals, block).await {
+        if let Err(e) = wait_for(ctx, &cluster, goals, block).await {
             remaining.retain(|n| !names.iter().any(|m| m.as_str() == n));
             bail!(
                 "{e:#}\nRolling replace stopped; not replaced yet: {}",
@@ -63,45 +59,48 @@ pub async fn run(
         }
         remaining.retain(|n| !names.iter().any(|m| m.as_str() == n));
     }
+    let rolling = ReplaceHow {
+        rolling: true,
+        ..how
+    };
     for p in globals {
         let Action::Replace { existing, file } = p.action else {
             unreachable!("partitioned on Replace")
         };
-        let state = how.state_for(&existing);
-        let desired = existing.desired().max(target);
-        let unit = UnitsRole::new(registry.clone())
-            .replace_unit_with(&existing, &file, desired, state)
-            .await?;
-        roll_global(ctx, &registry, unit, step, block).await?;
+        let req = PutRequest {
+            name: p.name.clone(),
+            file: Some(file),
+            desired: Some(existing.desired.max(target)),
+            how: rolling,
+        };
+        cluster.put(req).await?;
+        roll_global(ctx, &cluster, &p.name, step, block).await?;
     }
     Ok(())
 }
 
 /// Updates the machines of a global unit `step` at a time.
-async fn roll_global(
-    ctx: &mut Ctx,
-    registry: &Registry<EtcdKv>,
-    mut unit: Unit,
+async fn roll_global<C: Cluster>(
+    ctx: &mut Ctx<C>,
+    cluster: &C,
+    name: &UnitName,
     step: usize,
     block: Block,
 ) -> Result<()> {
-    let name = unit.name().clone();
-    let snap = registry.snapshot().await?;
-    let machines: Vec<MachineId> = snap
-        .schedule
-        .get(&name)
-        .map(|m| m.keys().cloned().collect())
-        .unwrap_or_default();
+    let Some(unit) = cluster.unit(name).await? else {
+        bail!("Unit {name} was destroyed during the rolling replace");
+    };
+    let machines = unit.status.machines;
     for (i, chunk) in machines.chunks(step).enumerate() {
-        unit = advance(registry, &name, chunk).await?;
-        if let Err(e) = wait_machines(ctx, registry, &name, unit.hash(), chunk, block).await {
+        let unit = cluster.advance_rollout(name, chunk).await?;
+        if let Err(e) = wait_machines(ctx, cluster, name, unit.status.hash, chunk, block).await {
             let left = machines.len() - (i * step + chunk.len());
             bail!(
                 "{e:#}\nRolling replace of {name} stopped: {left} machine(s) still run the previous version"
             );
         }
     }
-    finish(registry, &name).await?;
+    cluster.finish_rollout(name).await?;
     ctx.say(format!(
         "Unit {name} replaced on all {} machine(s)",
         machines.len()
@@ -109,44 +108,10 @@ async fn roll_global(
     Ok(())
 }
 
-async fn advance(
-    registry: &Registry<EtcdKv>,
-    name: &UnitName,
-    chunk: &[MachineId],
-) -> Result<Unit> {
-    let units = UnitsRole::new(registry.clone());
-    for _ in 0..ATTEMPTS {
-        let Some(unit) = units.unit(name).await? else {
-            bail!("Unit {name} was destroyed during the rolling replace");
-        };
-        match units.advance_rollout(&unit, chunk.iter().cloned()).await {
-            Ok(u) => return Ok(u),
-            Err(RegistryError::Conflict(_)) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(RegistryError::Conflict(name.clone()).into())
-}
-
-async fn finish(registry: &Registry<EtcdKv>, name: &UnitName) -> Result<()> {
-    let units = UnitsRole::new(registry.clone());
-    for _ in 0..ATTEMPTS {
-        let Some(unit) = units.unit(name).await? else {
-            return Ok(());
-        };
-        match units.finish_rollout(&unit).await {
-            Ok(_) => return Ok(()),
-            Err(RegistryError::Conflict(_)) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(RegistryError::Conflict(name.clone()).into())
-}
-
 /// Waits until every machine of `chunk` runs `hash` of `name` active; fails on `failed`.
-async fn wait_machines(
-    ctx: &mut Ctx,
-    registry: &Registry<EtcdKv>,
+async fn wait_machines<C: Cluster>(
+    ctx: &mut Ctx<C>,
+    cluster: &C,
     name: &UnitName,
     hash: UnitHash,
     chunk: &[MachineId],
@@ -156,28 +121,28 @@ async fn wait_machines(
         Block::No | Block::Forever => None,
         Block::Attempts(n) => Some(Instant::now() + super::wait::ATTEMPT * n),
     };
-    let mut snap = registry.snapshot().await?;
-    // Only the states of `name` decide when the wait is over.
-    let mut hints = registry.watch_unit_states(name, snap.revision + 1);
+    let names = BTreeSet::from([name.clone()]);
+    let mut changes = cluster.watch(names.clone()).await?;
     let mut pending: Vec<MachineId> = chunk.to_vec();
     loop {
+        let snap = changes.view();
         let mut still = Vec::new();
         for m in pending {
             let legend = machine_legend(&m, &snap.machines, false);
-            match snap.states.get(name).and_then(|s| s.get(&m)) {
-                Some(s)
-                    if s.hash == Some(hash) && s.systemd.active_state() == ActiveState::Active =>
-                {
+            let state = snap.states.get(name).and_then(|s| s.get(&m));
+            let active = state
+                .filter(|s| s.hash == Some(hash))
+                .map(|s| (s, ActiveState::parse(&s.active)));
+            match active {
+                Some((_, ActiveState::Active)) => {
                     ctx.say(format!("Unit {name} replaced on {legend}"));
                 }
-                Some(s)
-                    if s.hash == Some(hash) && s.systemd.active_state() == ActiveState::Failed =>
-                {
+                Some((s, ActiveState::Failed)) => {
                     bail!(
                         "Unit {name} failed on {legend} with the new version: {}/{}/{}",
-                        s.systemd.load,
-                        s.systemd.active,
-                        s.systemd.sub
+                        s.load,
+                        s.active,
+                        s.sub
                     );
                 }
                 _ => still.push(m),
@@ -194,9 +159,13 @@ async fn wait_machines(
             }
         };
         tokio::select! {
-            _ = hints.changed() => {}
+            changed = changes.changed() => {
+                // A watch that ended (etcd went away for a moment): read everything again.
+                if changed.is_err() {
+                    changes = cluster.watch(names.clone()).await?;
+                }
+            }
             _ = timeout => bail!("Timed out waiting for {name} on {} machine(s)", pending.len()),
         }
-        snap = registry.snapshot().await?;
     }
 }

@@ -1,19 +1,15 @@
 //! Getting units into the registry (`submit`, and the first step of `load`/`start`):
 //! resolve every argument to content, decide create / replace / keep, and only when every
-//! argument is valid write them all, each in one transaction.
+//! argument is valid write them all, each with one [`Cluster::put`].
 
 use anyhow::{Context, Result, anyhow, bail};
-use fleet_core::MachineId;
 use fleet_core::{DesiredState, Requirements, UnitFile, UnitHash, UnitName};
+use fleet_ops::{Cluster, PutOutcome, PutRequest, ReplaceHow, UnitStatus, UnitView};
 use fleet_registry::input::shorten;
-use fleet_registry::kv::Kv;
-use fleet_registry::{
-    CreateOutcome, Registry, RegistryError, ReplaceState, Rollout, Unit, UnitsRole,
-};
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 
-pub use crate::ops::{Action, Prepared};
+pub use fleet_ops::plan::{Action, Prepared};
 
 use super::Ctx;
 use crate::local::{local_path, local_template_path, peek_unit_file, read_unit_file};
@@ -37,21 +33,23 @@ impl Verb {
     }
 }
 
-/// The registry as `prepare` reads it. With several arguments, the units they name (and their
-/// templates) are read together the first time one is needed: a few requests of up to 128
-/// names each instead of one request per argument, one after the other (fleetctl spent
-/// 6.7-7.1 s of 17 s writing 10,000 units, docs/benchmarks.md item 4). Template files are
-/// read once however many instances take them.
-struct Registered<K> {
-    registry: Registry<K>,
-    /// The names read together; emptied to fall back to one read per name.
+/// The cluster as `prepare` reads it. With several arguments, the units they name (and their
+/// templates) are read together the first time one is needed, instead of one request per
+/// argument, one after the other (fleetctl spent 6.7-7.1 s of 17 s writing 10,000 units,
+/// docs/benchmarks.md item 4). Each unit comes with its file, so a template's file is read
+/// once however many instances take it, and `load`/`start` tell global units by the files
+/// kept here.
+struct Registered<C> {
+    cluster: C,
+    /// The names read together.
     names: BTreeSet<UnitName>,
-    units: Option<BTreeMap<UnitName, Unit>>,
+    units: Option<BTreeMap<UnitName, UnitView>>,
+    /// The file of every unit read, by hash.
     files: BTreeMap<UnitHash, UnitFile>,
 }
 
-impl<K: Kv> Registered<K> {
-    fn new(registry: Registry<K>, args: &[String]) -> Registered<K> {
+impl<C: Cluster> Registered<C> {
+    fn new(cluster: C, args: &[String]) -> Registered<C> {
         let mut names = BTreeSet::new();
         if args.len() > 1 {
             // Arguments that do not parse fail in `prepare`, in their turn.
@@ -61,51 +59,55 @@ impl<K: Kv> Registered<K> {
             }
         }
         Registered {
-            registry,
+            cluster,
             names,
             units: None,
             files: BTreeMap::new(),
         }
     }
 
-    async fn unit(&mut self, name: &UnitName) -> Result<Option<Unit>> {
+    /// The unit of `name` with its file, if there is one. A record that cannot be read is
+    /// left out of the listing (as `Cluster::unit` leaves it out): such an argument is then
+    /// created, and the write fails on that record, in its turn.
+    async fn unit(&mut self, name: &UnitName) -> Result<Option<UnitView>> {
         if self.units.is_none() && self.names.contains(name) {
-            match self.registry.units_named(&self.names).await {
-                Ok(units) => self.units = Some(units),
-                // An unreadable record must fail only its own argument, in its turn, as when
-                // each unit was read alone.
-                Err(RegistryError::Corrupt { .. }) => self.names.clear(),
-                Err(e) => return Err(e.into()),
-            }
+            let listing = self.cluster.units(Some(&self.names)).await?;
+            let units = listing.units.into_iter();
+            self.units = Some(units.map(|u| (u.name().clone(), u)).collect());
         }
-        match &self.units {
-            Some(units) if self.names.contains(name) => Ok(units.get(name).cloned()),
-            _ => Ok(self.registry.unit(name).await?),
+        let unit = match &self.units {
+            Some(units) if self.names.contains(name) => units.get(name).cloned(),
+            _ => self.cluster.unit(name).await?,
+        };
+        if let Some(unit) = &unit {
+            self.files.insert(unit.status.hash, unit.file.clone());
         }
-    }
-
-    async fn file(&mut self, unit: &Unit) -> Result<UnitFile> {
-        if let Some(file) = self.files.get(&unit.hash()) {
-            return Ok(file.clone());
-        }
-        let file = self.registry.unit_file(unit).await?;
-        self.files.insert(unit.hash(), file.clone());
-        Ok(file)
+        Ok(unit)
     }
 }
 
 /// Resolves every argument without writing anything. Warnings go to `ctx` as fleet prints
 /// them; the first invalid argument fails the whole command.
-pub async fn prepare<K: Kv>(
-    ctx: &mut Ctx<K>,
+pub async fn prepare<C: Cluster>(
+    ctx: &mut Ctx<C>,
     args: &[String],
     replace: bool,
     verb: Verb,
 ) -> Result<Vec<Prepared>> {
+    Ok(resolve(ctx, args, replace, verb).await?.0)
+}
+
+/// [`prepare`], with the file of every registered unit it read, by hash.
+pub async fn resolve<C: Cluster>(
+    ctx: &mut Ctx<C>,
+    args: &[String],
+    replace: bool,
+    verb: Verb,
+) -> Result<(Vec<Prepared>, BTreeMap<UnitHash, UnitFile>)> {
     if args.is_empty() {
         bail!("No units given");
     }
-    let mut registered = Registered::new(ctx.registry.clone(), args);
+    let mut registered = Registered::new(ctx.cluster.clone(), args);
     let mut prepared = Vec::with_capacity(args.len());
     // The first argument naming each unit: a later one is the same unit, acted on once.
     let mut first: BTreeMap<UnitName, &str> = BTreeMap::new();
@@ -126,12 +128,12 @@ pub async fn prepare<K: Kv>(
         let action = prepare_one(ctx, &mut registered, arg, &name, replace, verb).await?;
         prepared.push(Prepared { name, action });
     }
-    Ok(prepared)
+    Ok((prepared, registered.files))
 }
 
-async fn prepare_one<K: Kv>(
-    ctx: &mut Ctx<K>,
-    registry: &mut Registered<K>,
+async fn prepare_one<C: Cluster>(
+    ctx: &mut Ctx<C>,
+    registry: &mut Registered<C>,
     arg: &str,
     name: &UnitName,
     replace: bool,
@@ -150,7 +152,7 @@ async fn prepare_one<K: Kv>(
     };
     if !replace {
         warn_if_local_differs(ctx, arg, name, &existing);
-        return Ok(Action::Keep(existing));
+        return Ok(Action::Keep(existing.status));
     }
     let file = find_replacement(registry, arg, name)
         .await?
@@ -160,20 +162,23 @@ async fn prepare_one<K: Kv>(
                 local_path(arg).display()
             )
         })?;
-    if file.hash() == existing.hash() {
+    if file.hash() == existing.status.hash {
         ctx.say(format!(
             "Found same Unit({name}) in Registry, nothing to do"
         ));
-        return Ok(Action::Keep(existing));
+        return Ok(Action::Keep(existing.status));
     }
-    if !verb.may_replace(existing.desired()) {
+    if !verb.may_replace(existing.status.desired) {
         bail!(
             "can not replace Unit({name}) in state '{}', use the appropriate command",
-            existing.desired()
+            existing.status.desired
         );
     }
     check_requirements(ctx, name, &file)?;
-    Ok(Action::Replace { existing, file })
+    Ok(Action::Replace {
+        existing: existing.status,
+        file,
+    })
 }
 
 /// Two arguments name one unit (`d1/col.service d2/col.service`): fine if their local files
@@ -194,7 +199,7 @@ fn same_content_twice(name: &UnitName, earlier: &str, arg: &str) -> Result<()> {
 /// reported, as fleet does. The local files are read for that comparison alone
 /// (`peek_unit_file`), so one that cannot be read or parsed is passed over rather than
 /// failing a command that would not have used it.
-fn warn_if_local_differs<K>(ctx: &mut Ctx<K>, arg: &str, name: &UnitName, existing: &Unit) {
+fn warn_if_local_differs<C>(ctx: &mut Ctx<C>, arg: &str, name: &UnitName, existing: &UnitView) {
     let own = local_path(arg);
     let local = if own.exists() {
         // The unit's own file decides what is compared, even when it is unreadable.
@@ -205,7 +210,7 @@ fn warn_if_local_differs<K>(ctx: &mut Ctx<K>, arg: &str, name: &UnitName, existi
             .map(|f| (f, LocalKind::Template))
     };
     if let Some((file, kind)) = local
-        && file.hash() != existing.hash()
+        && file.hash() != existing.status.hash
     {
         // fleet names the argument here, even when the template is what differs.
         let shown = UnitName::with_default_type(arg);
@@ -247,9 +252,9 @@ fn read_local(arg: &str, name: &UnitName) -> Result<Option<(UnitFile, bool)>> {
 /// Content for a unit not yet registered, in fleet's order: local file, registry template,
 /// local template. A local template that differs from the registry's is not used, but said
 /// (fleet#1560): `--replace` is how to take it.
-async fn find_new_content<K: Kv>(
-    ctx: &mut Ctx<K>,
-    registry: &mut Registered<K>,
+async fn find_new_content<C: Cluster>(
+    ctx: &mut Ctx<C>,
+    registry: &mut Registered<C>,
     arg: &str,
     name: &UnitName,
 ) -> Result<Option<UnitFile>> {
@@ -266,7 +271,7 @@ async fn find_new_content<K: Kv>(
             .map(Some)
             .ok_or_else(|| no_template(name, &template));
     };
-    let file = registry.file(&registered).await?;
+    let file = registered.file;
     // The registry's template is what gets used; the local one is read only to compare, so a
     // local template that cannot be read or parsed, or is a FIFO, is passed over, never fatal.
     if let Some(local) = peek_unit_file(&local_template)
@@ -282,8 +287,8 @@ async fn find_new_content<K: Kv>(
 /// then the template next to the argument, and the registry's template only when there is no
 /// local one; fleet's order let a stale registry template win, so an edited local template
 /// was "the same" and nothing happened.
-async fn find_replacement<K: Kv>(
-    registry: &mut Registered<K>,
+async fn find_replacement<C: Cluster>(
+    registry: &mut Registered<C>,
     arg: &str,
     name: &UnitName,
 ) -> Result<Option<UnitFile>> {
@@ -294,7 +299,7 @@ async fn find_replacement<K: Kv>(
         return Ok(None);
     };
     match registry.unit(&template).await? {
-        Some(unit) => Ok(Some(registry.file(&unit).await?)),
+        Some(unit) => Ok(Some(unit.file)),
         None => Err(no_template(name, &template)),
     }
 }
@@ -309,7 +314,7 @@ fn not_found(name: &UnitName) -> anyhow::Error {
     anyhow!("unable to find Unit({name}) in Registry or on filesystem")
 }
 
-fn check_requirements<K>(ctx: &mut Ctx<K>, name: &UnitName, file: &UnitFile) -> Result<()> {
+fn check_requirements<C>(ctx: &mut Ctx<C>, name: &UnitName, file: &UnitFile) -> Result<()> {
     let req = Requirements::from_unit(name, file);
     req.validate().map_err(|e| anyhow!("{name}: {e}"))?;
     fleet_core::xfleet::check_values(name, file).map_err(|e| anyhow!("{name}: {e}"))?;
@@ -321,49 +326,19 @@ fn check_requirements<K>(ctx: &mut Ctx<K>, name: &UnitName, file: &UnitFile) -> 
     Ok(())
 }
 
-/// How `--replace` replaces: `--no-restart`, `--reschedule`, `--rolling`.
-#[derive(Debug, Clone, Default)]
-pub struct ReplaceHow {
-    pub no_restart: bool,
-    pub reschedule: bool,
-    pub rolling: bool,
-    /// Where each replaced unit runs now (the machine `--reschedule` moves it away from).
-    pub placed: BTreeMap<UnitName, MachineId>,
-}
-
-impl ReplaceHow {
-    /// The replace options recorded with the new version of `existing`.
-    pub fn state_for(&self, existing: &Unit) -> ReplaceState {
-        let old = &existing.record.replace;
-        ReplaceState {
-            no_restart: self.no_restart,
-            placement: old.placement + u64::from(self.reschedule),
-            avoid: if self.reschedule {
-                self.placed.get(existing.name()).cloned()
-            } else {
-                None
-            },
-            rollout: self.rolling.then(|| Rollout {
-                previous: existing.hash(),
-                updated: BTreeSet::new(),
-            }),
-        }
-    }
-}
-
 /// Writes every prepared action, concurrently, and returns the resulting units in argument
-/// order. New units get `desired`; replaced ones keep `replace_desired(existing)`.
-pub async fn apply<K: Kv>(
-    registry: &Registry<K>,
+/// order. New units get `desired`; replaced ones the higher of theirs and `desired`.
+pub async fn apply<C: Cluster>(
+    cluster: &C,
     prepared: Vec<Prepared>,
     desired: DesiredState,
     how: &ReplaceHow,
-) -> Vec<(UnitName, Result<Unit>)> {
+) -> Vec<(UnitName, Result<UnitStatus>)> {
     futures::stream::iter(prepared)
         .map(|p| {
-            let registry = registry.clone();
+            let cluster = cluster.clone();
             async move {
-                let res = apply_one(&registry, &p.name, p.action, desired, how).await;
+                let res = apply_one(&cluster, &p.name, p.action, desired, *how).await;
                 (p.name, res)
             }
         })
@@ -372,35 +347,34 @@ pub async fn apply<K: Kv>(
         .await
 }
 
-async fn apply_one<K: Kv>(
-    registry: &Registry<K>,
+async fn apply_one<C: Cluster>(
+    cluster: &C,
     name: &UnitName,
     action: Action,
     desired: DesiredState,
-    how: &ReplaceHow,
-) -> Result<Unit> {
-    let units = UnitsRole::new(registry.clone());
-    match action {
-        Action::Keep(unit) => Ok(unit),
-        Action::Create(file) => match units.create_unit(name, &file, desired).await? {
-            CreateOutcome::Created(unit) => Ok(unit),
-            CreateOutcome::Exists(unit) if unit.hash() == file.hash() => Ok(unit),
-            CreateOutcome::Exists(_) => bail!(
-                "unit {name} was just created by another client with different content; nothing was written"
-            ),
-        },
-        Action::Replace { existing, file } => {
-            let desired = existing.desired().max(desired);
-            let state = how.state_for(&existing);
-            Ok(units
-                .replace_unit_with(&existing, &file, desired, state)
-                .await?)
-        }
-    }
+    how: ReplaceHow,
+) -> Result<UnitStatus> {
+    let (file, desired, how) = match action {
+        Action::Keep(unit) => return Ok(unit),
+        Action::Create(file) => (file, desired, ReplaceHow::default()),
+        Action::Replace { existing, file } => (file, existing.desired.max(desired), how),
+    };
+    let req = PutRequest {
+        name: name.clone(),
+        file: Some(file),
+        desired: Some(desired),
+        how,
+    };
+    Ok(match cluster.put(req).await? {
+        PutOutcome::Created(unit)
+        | PutOutcome::Replaced(unit)
+        | PutOutcome::StateChanged(unit)
+        | PutOutcome::Unchanged(unit) => unit.status,
+    })
 }
 
 /// `fleetctl submit [--replace] UNIT...`
-pub async fn run(ctx: &mut Ctx, args: &[String], replace: bool) -> Result<()> {
+pub async fn run<C: Cluster>(ctx: &mut Ctx<C>, args: &[String], replace: bool) -> Result<()> {
     let prepared = prepare(ctx, args, replace, Verb::Submit)
         .await
         .context("Error creating units")?;
@@ -409,7 +383,7 @@ pub async fn run(ctx: &mut Ctx, args: &[String], replace: bool) -> Result<()> {
         .map(|p| !matches!(p.action, Action::Keep(_)))
         .collect();
     let results = apply(
-        &ctx.registry.clone(),
+        &ctx.cluster.clone(),
         prepared,
         DesiredState::Inactive,
         &ReplaceHow::default(),
@@ -418,7 +392,7 @@ pub async fn run(ctx: &mut Ctx, args: &[String], replace: bool) -> Result<()> {
     let mut failures = Vec::new();
     for ((name, res), announce) in results.into_iter().zip(announce) {
         match res {
-            Ok(unit) if announce => ctx.say(format!("Unit {name} {}", unit.desired())),
+            Ok(unit) if announce => ctx.say(format!("Unit {name} {}", unit.desired)),
             Ok(_) => {}
             Err(e) => failures.push((name, e)),
         }

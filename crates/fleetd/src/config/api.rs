@@ -5,9 +5,11 @@
 //!   `/var/run/fleet.sock`, mode 0660; empty: none).
 //! - `api_listen`: more listeners, comma-separated, each `unix:PATH` or `tcp:HOST:PORT`
 //!   (a bare `HOST:PORT` is TCP).
-//! - `api_allow_plain_tcp`: plain TCP listeners serve anyone who can reach them, so only
-//!   loopback addresses are taken unless this is true. (TLS with client certificates,
-//!   fleet's `api_cafile`/`api_certfile`/`api_keyfile`, is not implemented yet.)
+//! - `api_cafile`, `api_certfile`, `api_keyfile` (all three or none): every TCP listener
+//!   (`api_listen`'s and systemd's) speaks TLS with this certificate and key, and requires a
+//!   client certificate signed by the CA. Unix sockets stay plain: their file mode guards them.
+//! - `api_allow_plain_tcp`: plain TCP listeners serve anyone who can reach them, so without
+//!   TLS only loopback addresses are taken unless this is true.
 
 use anyhow::{Result, anyhow};
 use std::collections::BTreeMap;
@@ -25,6 +27,17 @@ pub struct ApiConfig {
     /// None: no default socket.
     pub socket: Option<PathBuf>,
     pub listen: Vec<ListenAddr>,
+    /// None: TCP listeners are plain.
+    pub tls: Option<ApiTlsFiles>,
+}
+
+/// The PEM files of the API's TLS listeners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiTlsFiles {
+    /// The authority a client's certificate must be signed by.
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// A listener fleetd opens itself.
@@ -61,6 +74,7 @@ pub fn build(raw: &BTreeMap<String, Raw>) -> Result<ApiConfig> {
         Some(r) => super::parse_bool(&r.value)
             .ok_or_else(|| err("api_allow_plain_tcp", r, "expected true or false"))?,
     };
+    let tls = tls_files(raw)?;
     let mut listen = Vec::new();
     if let Some(r) = raw.get("api_listen") {
         for item in r.value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -68,10 +82,12 @@ pub fn build(raw: &BTreeMap<String, Raw>) -> Result<ApiConfig> {
             if let ListenAddr::Tcp(a) = &addr
                 && !a.ip().is_loopback()
                 && !allow_plain
+                && tls.is_none()
             {
                 let why = format!(
                     "{a} is not a loopback address: plain TCP would serve anyone who reaches it \
-                     (set api_allow_plain_tcp=true to allow it; TLS is not supported yet)"
+                     (set api_cafile, api_certfile and api_keyfile to serve TLS, or \
+                     api_allow_plain_tcp=true)"
                 );
                 return Err(err("api_listen", r, &why));
             }
@@ -82,7 +98,36 @@ pub fn build(raw: &BTreeMap<String, Raw>) -> Result<ApiConfig> {
         token_limit,
         socket,
         listen,
+        tls,
     })
+}
+
+/// `api_cafile`, `api_certfile` and `api_keyfile`: all three, or none. One or two alone would
+/// serve TLS without client certificates, or not at all, against what was asked.
+fn tls_files(raw: &BTreeMap<String, Raw>) -> Result<Option<ApiTlsFiles>> {
+    const KEYS: [&str; 3] = ["api_cafile", "api_certfile", "api_keyfile"];
+    let [ca, cert, key] = KEYS.map(|k| raw.get(k).filter(|r| !r.value.is_empty()));
+    match (ca, cert, key) {
+        (None, None, None) => Ok(None),
+        (Some(ca), Some(cert), Some(key)) => Ok(Some(ApiTlsFiles {
+            ca: PathBuf::from(&ca.value),
+            cert: PathBuf::from(&cert.value),
+            key: PathBuf::from(&key.value),
+        })),
+        _ => {
+            let missing: Vec<&str> = KEYS
+                .iter()
+                .zip([ca, cert, key])
+                .filter(|(_, r)| r.is_none())
+                .map(|(k, _)| *k)
+                .collect();
+            Err(anyhow!(
+                "TLS for the API needs api_cafile, api_certfile and api_keyfile together; \
+                 missing {}",
+                missing.join(", ")
+            ))
+        }
+    }
 }
 
 fn parse_listen(item: &str) -> Result<ListenAddr, String> {
@@ -151,6 +196,42 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(c.listen.len(), 1);
+    }
+
+    #[test]
+    fn takes_tcp_on_any_address_with_all_three_tls_files() {
+        let c = build(&raw(&[
+            ("api_listen", "10.1.2.3:54728"),
+            ("api_cafile", "/etc/fleet/ca.pem"),
+            ("api_certfile", "/etc/fleet/api.pem"),
+            ("api_keyfile", "/etc/fleet/api.key"),
+        ]))
+        .unwrap();
+        assert_eq!(c.listen.len(), 1);
+        assert_eq!(
+            c.tls,
+            Some(ApiTlsFiles {
+                ca: "/etc/fleet/ca.pem".into(),
+                cert: "/etc/fleet/api.pem".into(),
+                key: "/etc/fleet/api.key".into(),
+            })
+        );
+        assert_eq!(build(&raw(&[])).unwrap().tls, None);
+    }
+
+    #[test]
+    fn refuses_some_of_the_tls_files_without_the_others() {
+        let e = build(&raw(&[
+            ("api_certfile", "/etc/fleet/api.pem"),
+            ("api_keyfile", "/etc/fleet/api.key"),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("missing api_cafile"), "{e}");
+        let e = build(&raw(&[("api_cafile", "/etc/fleet/ca.pem")])).unwrap_err();
+        assert!(
+            e.to_string().contains("missing api_certfile, api_keyfile"),
+            "{e}"
+        );
     }
 
     #[test]

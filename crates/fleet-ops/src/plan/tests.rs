@@ -12,15 +12,13 @@ fn file(text: &str) -> UnitFile {
 }
 
 fn unit(n: &str, text: &str, desired: DesiredState) -> Unit {
-    Unit {
-        record: fleet_registry::UnitRecord {
-            name: name(n),
-            hash: file(text).hash(),
-            desired,
-            restart: 0,
-            replace: Default::default(),
-        },
-        mod_revision: 7,
+    UnitStatus {
+        name: name(n),
+        hash: file(text).hash(),
+        desired,
+        machines: vec![],
+        unscheduled: None,
+        restart: 0,
     }
 }
 
@@ -215,4 +213,15 @@ fn a_replaced_unit_is_reported_in_place_or_moved_and_not_at_all_without_both_mac
             },
         ]
     );
+}
+
+#[test]
+fn placed_is_the_first_scheduled_machine_of_the_named_units() {
+    let mut a = unit("a.service", PLAIN, DesiredState::Launched);
+    a.machines = vec![machine('b'), machine('c')];
+    let mut b = unit("b.service", PLAIN, DesiredState::Launched);
+    b.machines = vec![machine('a')];
+    let nowhere = unit("n.service", PLAIN, DesiredState::Launched);
+    let got = placed([&a, &b, &nowhere], &[name("a.service"), name("n.service")]);
+    assert_eq!(got, BTreeMap::from([(name("a.service"), machine('b'))]));
 }

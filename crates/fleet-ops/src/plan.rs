@@ -4,13 +4,17 @@
 //! is written and what follows (nothing, a line, a wait); the caller applies the steps and
 //! afterwards compares placements ([`placements`]).
 //!
-//! fleetctl's etcd commands apply these; the fleet API's handlers are meant to call the same
-//! ones (issue 15). This module does no I/O, prints nothing, and names only fleet-core's and
-//! fleet-registry's types (no clap, no anyhow), so it can become a crate of its own.
+//! fleetctl's `load` and `start` apply these over either driver (moved here from fleetctl,
+//! issue 15, so there is one copy). This module does no I/O, prints nothing, and names only
+//! fleet-core's and fleet-registry's types (no clap, no anyhow).
 
 use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitHash, UnitName};
-use fleet_registry::{PerMachine, ScheduleEntry, Unit};
 use std::collections::BTreeMap;
+
+use crate::model::UnitStatus;
+
+/// A unit as the decisions see it: what [`crate::Cluster::units`] says of it.
+pub type Unit = UnitStatus;
 
 /// What will happen to one argument.
 #[derive(Debug, Clone)]
@@ -89,10 +93,7 @@ pub fn needs(prepared: &[Prepared], request: Request) -> Needs {
         match &p.action {
             Action::Replace { .. } => needs.placements.push(p.name.clone()),
             Action::Keep(unit) if request.wait && raises(unit, request) => {
-                needs
-                    .files
-                    .entry(unit.hash())
-                    .or_insert_with(|| unit.clone());
+                needs.files.entry(unit.hash).or_insert_with(|| unit.clone());
             }
             Action::Create(_) | Action::Keep(_) => {}
         }
@@ -111,7 +112,7 @@ pub fn decide(prepared: Vec<Prepared>, view: &View, request: Request) -> Vec<Ste
                 Action::Create(file) | Action::Replace { file, .. } => is_global(&name, file),
                 Action::Keep(unit) => view
                     .files
-                    .get(&unit.hash())
+                    .get(&unit.hash)
                     .is_some_and(|file| is_global(&name, file)),
             };
             let changed = match &action {
@@ -130,24 +131,22 @@ pub fn decide(prepared: Vec<Prepared>, view: &View, request: Request) -> Vec<Ste
 }
 
 fn raises(unit: &Unit, request: Request) -> bool {
-    unit.desired() < request.target
+    unit.desired < request.target
 }
 
 fn is_global(name: &UnitName, file: &UnitFile) -> bool {
     Requirements::from_unit(name, file).global
 }
 
-/// The first scheduled machine of each of `names` that has one.
-pub fn placed(
-    schedule: &BTreeMap<UnitName, PerMachine<ScheduleEntry>>,
+/// The first scheduled machine of each unit of `units` among `names` that has one.
+pub fn placed<'a>(
+    units: impl IntoIterator<Item = &'a UnitStatus>,
     names: &[UnitName],
 ) -> BTreeMap<UnitName, MachineId> {
-    names
-        .iter()
-        .filter_map(|name| {
-            let machine = schedule.get(name)?.keys().next()?;
-            Some((name.clone(), machine.clone()))
-        })
+    units
+        .into_iter()
+        .filter(|u| names.contains(&u.name))
+        .filter_map(|u| Some((u.name.clone(), u.machines.first()?.clone())))
         .collect()
 }
 

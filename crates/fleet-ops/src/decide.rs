@@ -1,0 +1,179 @@
+//! The pure decisions of the writes: what a put, a state change and a restart do to a unit
+//! as read, and what a replace records. The etcd side reads, calls these, and writes
+//! conditionally; nothing here does I/O.
+
+use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitName};
+use fleet_registry::{ReplaceState, Rollout, Unit};
+use std::collections::BTreeSet;
+
+use crate::OpsError;
+use crate::model::{PutRequest, ReplaceHow, StateChange};
+
+/// What a put will write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutPlan {
+    Create {
+        file: UnitFile,
+        desired: DesiredState,
+    },
+    /// New content for an existing unit (`fleetctl … --replace`).
+    Replace {
+        existing: Unit,
+        file: UnitFile,
+        desired: DesiredState,
+    },
+    SetState {
+        existing: Unit,
+        desired: DesiredState,
+    },
+    /// Already as asked; nothing to write.
+    Unchanged(Unit),
+}
+
+impl PutPlan {
+    /// For logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Create { .. } => "create",
+            Self::Replace { .. } => "replace",
+            Self::SetState { .. } => "set state",
+            Self::Unchanged(_) => "unchanged",
+        }
+    }
+}
+
+/// What a put does to `existing` (with its file). fleet's rules, made right where fleet was
+/// wrong: a template is never activated, not even when created; a replace never lowers the
+/// desired state (fleet reset it to `inactive`). The same file, or none, with no desired
+/// state is `Unchanged` (fleetctl's submit of a unit already there); a state alone may lower
+/// (fleet's `PUT` with `desiredState` is how its clients stop and unload).
+pub fn decide_put(
+    req: &PutRequest,
+    existing: Option<(&Unit, &UnitFile)>,
+) -> Result<PutPlan, OpsError> {
+    let name = &req.name;
+    let Some((existing, existing_file)) = existing else {
+        let file = req
+            .file
+            .clone()
+            .ok_or_else(|| OpsError::NoOptions(name.clone()))?;
+        let desired = req.desired.unwrap_or(DesiredState::Inactive);
+        template_check(name, desired)?;
+        validate_file(name, &file)?;
+        return Ok(PutPlan::Create { file, desired });
+    };
+    if let Some(file) = &req.file
+        && file.hash() != existing_file.hash()
+    {
+        let desired = req.desired.unwrap_or(existing.desired());
+        template_check(name, desired)?;
+        if desired < existing.desired() {
+            return Err(OpsError::ReplaceLowers {
+                name: name.clone(),
+                existing: existing.desired(),
+                asked: desired,
+            });
+        }
+        validate_file(name, file)?;
+        return Ok(PutPlan::Replace {
+            existing: existing.clone(),
+            file: file.clone(),
+            desired,
+        });
+    }
+    match req.desired {
+        Some(desired) if desired != existing.desired() => {
+            template_check(name, desired)?;
+            Ok(PutPlan::SetState {
+                existing: existing.clone(),
+                desired,
+            })
+        }
+        Some(_) | None => Ok(PutPlan::Unchanged(existing.clone())),
+    }
+}
+
+fn template_check(name: &UnitName, desired: DesiredState) -> Result<(), OpsError> {
+    if name.is_template() && desired != DesiredState::Inactive {
+        return Err(OpsError::ActivateTemplate(name.clone()));
+    }
+    Ok(())
+}
+
+/// The `[X-Fleet]` requirements of a file must be possible and their values valid, as
+/// fleetctl checks a file it submits.
+pub fn validate_file(name: &UnitName, file: &UnitFile) -> Result<(), OpsError> {
+    let invalid = |e: fleet_core::RequirementError| OpsError::Invalid {
+        name: name.clone(),
+        reason: e.to_string(),
+    };
+    Requirements::from_unit(name, file)
+        .validate()
+        .map_err(invalid)?;
+    fleet_core::xfleet::check_values(name, file).map_err(invalid)
+}
+
+/// The desired state `change` sets on `unit`; `None` when it is already there.
+pub fn decide_state(change: StateChange, unit: &Unit) -> Result<Option<DesiredState>, OpsError> {
+    let current = unit.desired();
+    match change {
+        StateChange::Stop => match current {
+            DesiredState::Inactive => Err(OpsError::StopInactive(unit.name().clone())),
+            DesiredState::Loaded => Ok(None),
+            DesiredState::Launched => Ok(Some(DesiredState::Loaded)),
+        },
+        StateChange::Unload => {
+            Ok((current != DesiredState::Inactive).then_some(DesiredState::Inactive))
+        }
+        StateChange::Raise(target) if target > current => {
+            template_check(unit.name(), target)?;
+            Ok(Some(target))
+        }
+        StateChange::Raise(_) => Ok(None),
+    }
+}
+
+/// What a restart does to a unit as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPlan {
+    /// Launched: a new restart generation.
+    NewGeneration,
+    /// Loaded: launch it.
+    Launch,
+}
+
+pub fn decide_restart(unit: &Unit) -> Result<RestartPlan, OpsError> {
+    match unit.desired() {
+        DesiredState::Inactive => Err(OpsError::RestartInactive(unit.name().clone())),
+        DesiredState::Loaded => Ok(RestartPlan::Launch),
+        DesiredState::Launched => Ok(RestartPlan::NewGeneration),
+    }
+}
+
+/// The replace options recorded with the new version of `existing`. `placed` is the machine
+/// it runs on now (what `reschedule` avoids); `global` whether the new file is global: only
+/// a global unit is rolled machine by machine, any other is replaced at once.
+pub fn replace_state(
+    how: ReplaceHow,
+    existing: &Unit,
+    placed: Option<&MachineId>,
+    global: bool,
+) -> ReplaceState {
+    let old = &existing.record.replace;
+    ReplaceState {
+        no_restart: how.no_restart,
+        placement: old.placement + u64::from(how.reschedule),
+        avoid: if how.reschedule {
+            placed.cloned()
+        } else {
+            None
+        },
+        rollout: (how.rolling && global).then(|| Rollout {
+            previous: existing.hash(),
+            updated: BTreeSet::new(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

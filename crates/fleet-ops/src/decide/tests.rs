@@ -1,0 +1,233 @@
+use super::*;
+use fleet_registry::UnitRecord;
+
+const PLAIN: &str = "[Service]\nExecStart=/bin/true\n";
+const OTHER: &str = "[Service]\nExecStart=/bin/false\n";
+const GLOBAL: &str = "[Service]\nExecStart=/bin/true\n[X-Fleet]\nGlobal=true\n";
+
+fn name(s: &str) -> UnitName {
+    s.parse().unwrap()
+}
+
+fn file(text: &str) -> UnitFile {
+    UnitFile::parse(text.as_bytes()).unwrap()
+}
+
+fn machine(c: char) -> MachineId {
+    c.to_string().repeat(32).parse().unwrap()
+}
+
+fn unit(n: &str, text: &str, desired: DesiredState) -> Unit {
+    Unit {
+        record: UnitRecord {
+            name: name(n),
+            hash: file(text).hash(),
+            desired,
+            restart: 0,
+            replace: ReplaceState::default(),
+        },
+        mod_revision: 3,
+    }
+}
+
+fn put(n: &str, text: Option<&str>, desired: Option<DesiredState>) -> PutRequest {
+    PutRequest {
+        name: name(n),
+        file: text.map(file),
+        desired,
+        how: ReplaceHow::default(),
+    }
+}
+
+#[test]
+fn a_new_unit_is_created_inactive_unless_asked_and_needs_options() {
+    let plan = decide_put(&put("a.service", Some(PLAIN), None), None).unwrap();
+    assert_eq!(
+        plan,
+        PutPlan::Create {
+            file: file(PLAIN),
+            desired: DesiredState::Inactive
+        }
+    );
+    let plan = decide_put(
+        &put("a.service", Some(PLAIN), Some(DesiredState::Launched)),
+        None,
+    )
+    .unwrap();
+    assert!(matches!(
+        plan,
+        PutPlan::Create {
+            desired: DesiredState::Launched,
+            ..
+        }
+    ));
+    assert!(matches!(
+        decide_put(&put("a.service", None, Some(DesiredState::Launched)), None),
+        Err(OpsError::NoOptions(_))
+    ));
+}
+
+#[test]
+fn a_template_is_never_activated_by_a_create_a_replace_or_a_state() {
+    for desired in [DesiredState::Loaded, DesiredState::Launched] {
+        assert!(matches!(
+            decide_put(&put("t@.service", Some(PLAIN), Some(desired)), None),
+            Err(OpsError::ActivateTemplate(_))
+        ));
+        let existing = unit("t@.service", PLAIN, DesiredState::Inactive);
+        let f = file(PLAIN);
+        assert!(matches!(
+            decide_put(
+                &put("t@.service", None, Some(desired)),
+                Some((&existing, &f))
+            ),
+            Err(OpsError::ActivateTemplate(_))
+        ));
+        assert!(matches!(
+            decide_state(StateChange::Raise(desired), &existing),
+            Err(OpsError::ActivateTemplate(_))
+        ));
+    }
+    assert!(decide_put(&put("t@.service", Some(PLAIN), None), None).is_ok());
+}
+
+#[test]
+fn other_content_replaces_keeping_or_raising_the_state_never_lowering_it() {
+    let existing = unit("a.service", PLAIN, DesiredState::Loaded);
+    let f = file(PLAIN);
+    let plan = decide_put(&put("a.service", Some(OTHER), None), Some((&existing, &f))).unwrap();
+    assert!(matches!(
+        plan,
+        PutPlan::Replace {
+            desired: DesiredState::Loaded,
+            ..
+        }
+    ));
+    let plan = decide_put(
+        &put("a.service", Some(OTHER), Some(DesiredState::Launched)),
+        Some((&existing, &f)),
+    )
+    .unwrap();
+    assert!(matches!(
+        plan,
+        PutPlan::Replace {
+            desired: DesiredState::Launched,
+            ..
+        }
+    ));
+    let lowered = decide_put(
+        &put("a.service", Some(OTHER), Some(DesiredState::Inactive)),
+        Some((&existing, &f)),
+    );
+    assert_eq!(
+        lowered.unwrap_err().to_string(),
+        "can not replace Unit(a.service) in state 'loaded' with one in state 'inactive'"
+    );
+}
+
+#[test]
+fn the_same_content_sets_a_state_or_is_unchanged() {
+    let existing = unit("a.service", PLAIN, DesiredState::Launched);
+    let f = file(PLAIN);
+    for text in [Some(PLAIN), None] {
+        let plan = decide_put(
+            &put("a.service", text, Some(DesiredState::Inactive)),
+            Some((&existing, &f)),
+        )
+        .unwrap();
+        assert!(matches!(
+            plan,
+            PutPlan::SetState {
+                desired: DesiredState::Inactive,
+                ..
+            }
+        ));
+        for desired in [None, Some(DesiredState::Launched)] {
+            assert_eq!(
+                decide_put(&put("a.service", text, desired), Some((&existing, &f))).unwrap(),
+                PutPlan::Unchanged(existing.clone())
+            );
+        }
+    }
+}
+
+#[test]
+fn impossible_requirements_are_refused_before_anything_is_written() {
+    let bad = "[Service]\nExecStart=/bin/true\n[X-Fleet]\nGlobal=true\nMachineID=abc\n";
+    let err = decide_put(&put("a.service", Some(bad), None), None).unwrap_err();
+    assert!(matches!(err, OpsError::Invalid { .. }), "{err}");
+    assert!(err.to_string().starts_with("a.service: "), "{err}");
+}
+
+#[test]
+fn stop_lowers_a_launched_unit_and_refuses_an_inactive_one() {
+    let stop = |d| decide_state(StateChange::Stop, &unit("a.service", PLAIN, d));
+    assert_eq!(
+        stop(DesiredState::Launched).unwrap(),
+        Some(DesiredState::Loaded)
+    );
+    assert_eq!(stop(DesiredState::Loaded).unwrap(), None);
+    assert_eq!(
+        stop(DesiredState::Inactive).unwrap_err().to_string(),
+        "Unable to stop unit a.service in state inactive"
+    );
+}
+
+#[test]
+fn unload_makes_anything_inactive_and_raise_never_lowers() {
+    for d in [DesiredState::Loaded, DesiredState::Launched] {
+        let u = unit("a.service", PLAIN, d);
+        assert_eq!(
+            decide_state(StateChange::Unload, &u).unwrap(),
+            Some(DesiredState::Inactive)
+        );
+        assert_eq!(
+            decide_state(StateChange::Raise(DesiredState::Loaded), &u).unwrap(),
+            None
+        );
+    }
+    let u = unit("a.service", PLAIN, DesiredState::Inactive);
+    assert_eq!(decide_state(StateChange::Unload, &u).unwrap(), None);
+    assert_eq!(
+        decide_state(StateChange::Raise(DesiredState::Launched), &u).unwrap(),
+        Some(DesiredState::Launched)
+    );
+}
+
+#[test]
+fn restart_bumps_a_launched_unit_launches_a_loaded_one_and_refuses_an_inactive_one() {
+    let r = |d| decide_restart(&unit("a.service", PLAIN, d));
+    assert_eq!(
+        r(DesiredState::Launched).unwrap(),
+        RestartPlan::NewGeneration
+    );
+    assert_eq!(r(DesiredState::Loaded).unwrap(), RestartPlan::Launch);
+    assert_eq!(
+        r(DesiredState::Inactive).unwrap_err().to_string(),
+        "Unable to restart unit a.service in state inactive"
+    );
+}
+
+#[test]
+fn a_reschedule_avoids_where_the_unit_runs_and_only_a_global_unit_rolls() {
+    let existing = unit("a.service", GLOBAL, DesiredState::Launched);
+    let how = ReplaceHow {
+        no_restart: true,
+        reschedule: true,
+        rolling: true,
+    };
+    let state = replace_state(how, &existing, Some(&machine('a')), true);
+    assert!(state.no_restart);
+    assert_eq!(state.placement, 1);
+    assert_eq!(state.avoid, Some(machine('a')));
+    assert_eq!(
+        state.rollout,
+        Some(Rollout {
+            previous: existing.hash(),
+            updated: BTreeSet::new()
+        })
+    );
+    assert_eq!(replace_state(how, &existing, None, false).rollout, None);
+    let plain = replace_state(ReplaceHow::default(), &existing, Some(&machine('a')), true);
+    assert_eq!(plain, ReplaceState::default());
+}

@@ -1,0 +1,462 @@
+//! [`Cluster`] over the registry: fleetctl's etcd driver and fleetd's API handlers both run
+//! this, so the two can never disagree.
+//!
+//! Reads are consistent: a listing is built from one snapshot (one etcd revision), and the
+//! files of the units it shows. Writes read the unit, decide with the pure functions of
+//! [`crate::decide`], and write conditionally (compare-and-swap on the record's revision);
+//! when another client changed the unit in between, they read again, at most [`ATTEMPTS`]
+//! times, then give up with [`OpsError::Conflict`]. A refused request writes nothing.
+//!
+//! The view a write returns is the record and file as written, without placement (see
+//! [`views::written_view`]): writes never read the schedule, which at 10,000 units would
+//! cost a whole snapshot per unit. Nothing here logs an error: callers decide what a failure
+//! means; only what was written is logged, at debug.
+
+pub mod views;
+mod watch;
+
+pub use watch::RegistryChanges;
+
+use fleet_core::{DesiredState, MachineId, UnitFile, UnitHash, UnitName};
+use fleet_registry::kv::Kv;
+use fleet_registry::{
+    CreateOutcome, MetadataChange, Registry, RegistryError, Snapshot, Unit, UnitsRole,
+};
+use futures::StreamExt;
+use std::collections::{BTreeMap, BTreeSet};
+use tracing::debug;
+
+use crate::decide::{self, PutPlan, RestartPlan};
+use crate::model::{
+    Destroyed, MachineListing, PutOutcome, PutRequest, Restarted, StateChange, StateFilter,
+    StateListing, UnitListing, UnitView,
+};
+use crate::{Cluster, OpsError};
+
+/// How often a write re-reads a unit that another client keeps changing.
+pub const ATTEMPTS: usize = 5;
+
+/// Above this many files, a listing reads every file at the snapshot's revision in one range
+/// instead of one read per file.
+const FILES_READ_ONE_BY_ONE: usize = 64;
+
+/// How many file reads are in flight at once.
+const CONCURRENT_READS: usize = 32;
+
+/// The registry as fleetctl and the API use it: shared reads, and the units role for every
+/// write.
+#[derive(Debug, Clone)]
+pub struct RegistryCluster<K> {
+    registry: Registry<K>,
+    units: UnitsRole<K>,
+}
+
+/// The files a listing read, what it could not read, and whether one was missing (collected
+/// by a concurrent replace or destroy since the snapshot: read again).
+struct Files {
+    files: BTreeMap<UnitHash, UnitFile>,
+    skipped: Vec<String>,
+    missing: bool,
+}
+
+impl<K: Kv> RegistryCluster<K> {
+    pub fn new(registry: Registry<K>) -> RegistryCluster<K> {
+        let units = UnitsRole::new(registry.clone());
+        RegistryCluster { registry, units }
+    }
+
+    pub fn registry(&self) -> &Registry<K> {
+        &self.registry
+    }
+
+    /// One page of [`Cluster::units`]: the units (of `names`, or all) from the `skip`th on,
+    /// at most `take`, with whether more follow. Only that page's files are read, so paging
+    /// through every unit reads each file once. The first page (`skip` 0) also carries what
+    /// the snapshot skipped.
+    pub async fn units_page(
+        &self,
+        names: Option<&BTreeSet<UnitName>>,
+        skip: usize,
+        take: usize,
+    ) -> Result<(UnitListing, bool), OpsError> {
+        self.units_where(names, skip, Some(take)).await
+    }
+
+    async fn units_where(
+        &self,
+        names: Option<&BTreeSet<UnitName>>,
+        skip: usize,
+        take: Option<usize>,
+    ) -> Result<(UnitListing, bool), OpsError> {
+        let mut attempt = 1;
+        loop {
+            let snap = self.registry.snapshot().await?;
+            let selected: Vec<&Unit> = snap
+                .units
+                .values()
+                .filter(|u| names.is_none_or(|n| n.contains(u.name())))
+                .collect();
+            let more = take.is_some_and(|t| selected.len() > skip.saturating_add(t));
+            let page: Vec<&Unit> = selected
+                .into_iter()
+                .skip(skip)
+                .take(take.unwrap_or(usize::MAX))
+                .collect();
+            let hashes: BTreeSet<UnitHash> = page.iter().map(|u| u.hash()).collect();
+            let files = self.files_at(&snap, &hashes).await?;
+            if files.missing && attempt < ATTEMPTS {
+                attempt += 1;
+                continue;
+            }
+            // A unit whose file cannot be read is left out, as a corrupt record is.
+            let units = page
+                .into_iter()
+                .filter_map(|u| Some(views::unit_view(&snap, u, files.files.get(&u.hash())?)))
+                .collect();
+            let mut skipped: Vec<String> = Vec::new();
+            if skip == 0 {
+                skipped.extend(snap.skipped.values().map(ToString::to_string));
+            }
+            skipped.extend(files.skipped);
+            return Ok((UnitListing { units, skipped }, more));
+        }
+    }
+
+    /// The files of `hashes`: one by one (concurrently) for a few, else every file at the
+    /// snapshot's revision.
+    async fn files_at(
+        &self,
+        snap: &Snapshot,
+        hashes: &BTreeSet<UnitHash>,
+    ) -> Result<Files, OpsError> {
+        if hashes.len() > FILES_READ_ONE_BY_ONE {
+            // Read at the snapshot's revision: every file a unit of it names is there.
+            let all = self.registry.files(Some(snap.revision)).await?;
+            let keys: BTreeSet<String> = hashes
+                .iter()
+                .map(|h| self.registry.keys().file(h))
+                .collect();
+            return Ok(Files {
+                missing: false,
+                skipped: all
+                    .skipped
+                    .iter()
+                    .filter(|s| keys.contains(&s.key))
+                    .map(ToString::to_string)
+                    .collect(),
+                files: all.items,
+            });
+        }
+        let read: Vec<(UnitHash, Result<Option<UnitFile>, RegistryError>)> =
+            futures::stream::iter(hashes.iter().copied())
+                .map(|h| async move { (h, self.registry.file(&h).await) })
+                .buffered(CONCURRENT_READS)
+                .collect()
+                .await;
+        let mut files = Files {
+            files: BTreeMap::new(),
+            skipped: Vec::new(),
+            missing: false,
+        };
+        for (hash, res) in read {
+            match res {
+                Ok(Some(file)) => {
+                    files.files.insert(hash, file);
+                }
+                Ok(None) => files.missing = true,
+                Err(RegistryError::Corrupt { key, detail }) => files
+                    .skipped
+                    .push(format!("skipped corrupt registry value at {key}: {detail}")),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(files)
+    }
+
+    /// The unit's record and file, read again while a concurrent replace collects the file
+    /// between the two reads.
+    async fn unit_with_file(&self, name: &UnitName) -> Result<Option<(Unit, UnitFile)>, OpsError> {
+        for _ in 0..ATTEMPTS {
+            let Some(unit) = self.registry.unit(name).await? else {
+                return Ok(None);
+            };
+            match self.registry.unit_file(&unit).await {
+                Ok(file) => return Ok(Some((unit, file))),
+                Err(RegistryError::FileMissing { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(OpsError::Conflict(name.clone()))
+    }
+
+    /// Where `name` runs now (its first scheduled machine), for `--reschedule`.
+    async fn placed(&self, name: &UnitName) -> Result<Option<MachineId>, OpsError> {
+        let snap = self.registry.snapshot().await?;
+        Ok(snap
+            .schedule
+            .get(name)
+            .and_then(|m| m.keys().next().cloned()))
+    }
+
+    /// Reads, decides and writes one put; `None` when another client changed the unit
+    /// between the read and the write (read again).
+    async fn put_once(&self, req: &PutRequest) -> Result<Option<PutOutcome>, OpsError> {
+        let existing = self.unit_with_file(&req.name).await?;
+        let plan = decide::decide_put(req, existing.as_ref().map(|(u, f)| (u, f)))?;
+        debug!(unit = %req.name, plan = plan.kind(), "putting unit");
+        let written = match plan {
+            PutPlan::Create { file, desired } => {
+                match self.units.create_unit(&req.name, &file, desired).await? {
+                    CreateOutcome::Created(unit) => {
+                        PutOutcome::Created(views::written_view(&unit, &file))
+                    }
+                    // Created by another client since we read: the same content at or above
+                    // the state asked is what was asked; a lower state is raised on the next
+                    // pass; other content is theirs to keep.
+                    CreateOutcome::Exists(unit) if unit.hash() == file.hash() => {
+                        if unit.desired() >= desired {
+                            return Ok(Some(PutOutcome::Unchanged(views::written_view(
+                                &unit, &file,
+                            ))));
+                        }
+                        return Ok(None);
+                    }
+                    CreateOutcome::Exists(_) => return Err(OpsError::Conflict(req.name.clone())),
+                }
+            }
+            PutPlan::Replace {
+                existing,
+                file,
+                desired,
+            } => {
+                let placed = if req.how.reschedule {
+                    self.placed(&req.name).await?
+                } else {
+                    None
+                };
+                let global = views::is_global(&req.name, &file);
+                let state = decide::replace_state(req.how, &existing, placed.as_ref(), global);
+                match self
+                    .units
+                    .replace_unit_with(&existing, &file, desired, state)
+                    .await
+                {
+                    Ok(unit) => PutOutcome::Replaced(views::written_view(&unit, &file)),
+                    Err(RegistryError::Conflict(_)) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            PutPlan::SetState {
+                existing: unit,
+                desired,
+            } => {
+                let file = &existing.as_ref().expect("decided on an existing unit").1;
+                match self.units.set_desired(&unit, desired).await {
+                    Ok(unit) => PutOutcome::StateChanged(views::written_view(&unit, file)),
+                    Err(RegistryError::Conflict(_)) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            PutPlan::Unchanged(unit) => {
+                let file = &existing.as_ref().expect("decided on an existing unit").1;
+                PutOutcome::Unchanged(views::written_view(&unit, file))
+            }
+        };
+        Ok(Some(written))
+    }
+}
+
+impl<K: Kv> RegistryCluster<K> {
+    /// The file of a unit just written, for the view a write returns.
+    async fn written(&self, unit: &Unit) -> Result<UnitView, OpsError> {
+        let file = self.registry.unit_file(unit).await?;
+        Ok(views::written_view(unit, &file))
+    }
+}
+
+impl<K: Kv> Cluster for RegistryCluster<K> {
+    type Changes = RegistryChanges<K>;
+
+    async fn units(&self, names: Option<&BTreeSet<UnitName>>) -> Result<UnitListing, OpsError> {
+        Ok(self.units_where(names, 0, None).await?.0)
+    }
+
+    async fn unit(&self, name: &UnitName) -> Result<Option<UnitView>, OpsError> {
+        for _ in 0..ATTEMPTS {
+            let snap = self.registry.snapshot().await?;
+            let Some(unit) = snap.units.get(name) else {
+                return Ok(None);
+            };
+            match self.registry.unit_file(unit).await {
+                Ok(file) => return Ok(Some(views::unit_view(&snap, unit, &file))),
+                // Collected by a replace since the snapshot: read again, as a client would.
+                Err(RegistryError::FileMissing { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(OpsError::Conflict(name.clone()))
+    }
+
+    async fn states(&self, filter: &StateFilter) -> Result<StateListing, OpsError> {
+        let states = self.registry.unit_states().await?;
+        Ok(StateListing {
+            states: states
+                .items
+                .iter()
+                .filter(|s| filter.machine.as_ref().is_none_or(|m| &s.machine == m))
+                .filter(|s| filter.unit.as_ref().is_none_or(|u| &s.name == u))
+                .map(views::state_view)
+                .collect(),
+            skipped: states.skipped.iter().map(ToString::to_string).collect(),
+        })
+    }
+
+    async fn machines(&self) -> Result<MachineListing, OpsError> {
+        let machines = self.registry.machines().await?;
+        let notice = self.registry.disruption().await?;
+        Ok(MachineListing {
+            machines: machines.items,
+            skipped: machines.skipped.iter().map(ToString::to_string).collect(),
+            notice,
+        })
+    }
+
+    async fn put(&self, req: PutRequest) -> Result<PutOutcome, OpsError> {
+        for _ in 0..ATTEMPTS {
+            if let Some(outcome) = self.put_once(&req).await? {
+                return Ok(outcome);
+            }
+        }
+        Err(OpsError::Conflict(req.name))
+    }
+
+    async fn set_state(
+        &self,
+        name: &UnitName,
+        change: StateChange,
+    ) -> Result<Option<UnitView>, OpsError> {
+        for _ in 0..ATTEMPTS {
+            let Some(unit) = self.registry.unit(name).await? else {
+                return Err(OpsError::NoSuchUnit(name.clone()));
+            };
+            let Some(desired) = decide::decide_state(change, &unit)? else {
+                return Ok(None);
+            };
+            match self.units.set_desired(&unit, desired).await {
+                Ok(unit) => {
+                    debug!(unit = %name, desired = %desired, "set desired state");
+                    return Ok(Some(self.written(&unit).await?));
+                }
+                Err(RegistryError::Conflict(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(OpsError::Conflict(name.clone()))
+    }
+
+    async fn restart(&self, name: &UnitName) -> Result<Restarted, OpsError> {
+        for _ in 0..ATTEMPTS {
+            let Some(unit) = self.registry.unit(name).await? else {
+                return Err(OpsError::NoSuchUnit(name.clone()));
+            };
+            let res = match decide::decide_restart(&unit)? {
+                RestartPlan::Launch => self
+                    .units
+                    .set_desired(&unit, DesiredState::Launched)
+                    .await
+                    .map(|_| Restarted::Launched),
+                RestartPlan::NewGeneration => self
+                    .units
+                    .request_restart(&unit)
+                    .await
+                    .map(|u| Restarted::Generation(u.record.restart)),
+            };
+            match res {
+                Ok(done) => {
+                    debug!(unit = %name, restarted = ?done, "requested restart");
+                    return Ok(done);
+                }
+                Err(RegistryError::Conflict(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(OpsError::Conflict(name.clone()))
+    }
+
+    async fn destroy(&self, name: &UnitName) -> Result<Destroyed, OpsError> {
+        for _ in 0..ATTEMPTS {
+            let unit = match self.units.unit(name).await {
+                Ok(Some(unit)) => unit,
+                Ok(None) => return Ok(Destroyed::Missing),
+                Err(e @ RegistryError::Corrupt { .. }) => {
+                    match self.units.destroy_unreadable_unit(name).await {
+                        Ok(true) => {
+                            debug!(unit = %name, "destroyed unreadable unit");
+                            return Ok(Destroyed::Unreadable(e.to_string()));
+                        }
+                        Ok(false) => return Ok(Destroyed::Missing),
+                        Err(RegistryError::Conflict(_)) => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            };
+            match self.units.destroy_unit(&unit).await {
+                Ok(()) => {
+                    debug!(unit = %name, "destroyed unit");
+                    return Ok(Destroyed::Unit);
+                }
+                Err(RegistryError::Conflict(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(OpsError::Conflict(name.clone()))
+    }
+
+    async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<(), OpsError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        Ok(self.units.change_metadata(changes).await?)
+    }
+
+    async fn advance_rollout(
+        &self,
+        name: &UnitName,
+        machines: &[MachineId],
+    ) -> Result<UnitView, OpsError> {
+        for _ in 0..ATTEMPTS {
+            let Some(unit) = self.units.unit(name).await? else {
+                return Err(OpsError::NoSuchUnit(name.clone()));
+            };
+            match self
+                .units
+                .advance_rollout(&unit, machines.iter().cloned())
+                .await
+            {
+                Ok(unit) => return self.written(&unit).await,
+                Err(RegistryError::Conflict(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(OpsError::Conflict(name.clone()))
+    }
+
+    async fn finish_rollout(&self, name: &UnitName) -> Result<(), OpsError> {
+        for _ in 0..ATTEMPTS {
+            let Some(unit) = self.units.unit(name).await? else {
+                return Ok(());
+            };
+            match self.units.finish_rollout(&unit).await {
+                Ok(_) => return Ok(()),
+                Err(RegistryError::Conflict(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(OpsError::Conflict(name.clone()))
+    }
+
+    async fn watch(&self, names: BTreeSet<UnitName>) -> Result<RegistryChanges<K>, OpsError> {
+        RegistryChanges::start(self.registry.clone(), names).await
+    }
+}

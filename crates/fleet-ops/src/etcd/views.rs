@@ -1,0 +1,121 @@
+//! The model's views of what the registry holds, built from a [`Snapshot`] without I/O: one
+//! definition of a unit's current state, its machines and its restart generation, used by
+//! every listing, by `GET /units` and by waits.
+
+use fleet_core::{ActiveState, DesiredState, Requirements, UnitFile, UnitName};
+use fleet_registry::{Snapshot, Unit, UnitStateRecord};
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::model::{StateView, UnitStatus, UnitView, WaitView};
+
+/// A unit's status as the snapshot has it: its scheduled machines (sorted), why it is not
+/// placed, and its restart generation.
+pub fn status_of(snap: &Snapshot, unit: &Unit) -> UnitStatus {
+    let name = unit.name();
+    UnitStatus {
+        name: name.clone(),
+        hash: unit.hash(),
+        desired: unit.desired(),
+        machines: snap
+            .schedule
+            .get(name)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default(),
+        unscheduled: snap.unscheduled.get(name).cloned(),
+        restart: unit.record.restart,
+    }
+}
+
+/// fleet's current state of a unit: `launched` where a machine scheduled to launch it reports
+/// it active, `loaded` where a scheduled machine reports it at all, else `inactive`.
+pub fn current_state(snap: &Snapshot, name: &UnitName) -> DesiredState {
+    let Some(entries) = snap.schedule.get(name) else {
+        return DesiredState::Inactive;
+    };
+    let states = snap.states.get(name);
+    let mut best = DesiredState::Inactive;
+    for (machine, entry) in entries.iter() {
+        let Some(state) = states.and_then(|s| s.get(machine)) else {
+            continue;
+        };
+        let here = if entry.desired == DesiredState::Launched
+            && state.systemd.active_state() == ActiveState::Active
+        {
+            DesiredState::Launched
+        } else {
+            DesiredState::Loaded
+        };
+        best = best.max(here);
+    }
+    best
+}
+
+pub fn is_global(name: &UnitName, file: &UnitFile) -> bool {
+    Requirements::from_unit(name, file).global
+}
+
+/// A unit with its file, placed as the snapshot says.
+pub fn unit_view(snap: &Snapshot, unit: &Unit, file: &UnitFile) -> UnitView {
+    UnitView {
+        status: status_of(snap, unit),
+        file: file.clone(),
+        global: is_global(unit.name(), file),
+        current: current_state(snap, unit.name()),
+    }
+}
+
+/// A unit as a write left it. A write reads no schedule, so the placement fields are empty
+/// (no machines, no reason, current state `inactive`): a caller that reports placement
+/// lists the unit afterwards.
+pub fn written_view(unit: &Unit, file: &UnitFile) -> UnitView {
+    UnitView {
+        status: UnitStatus {
+            name: unit.name().clone(),
+            hash: unit.hash(),
+            desired: unit.desired(),
+            machines: Vec::new(),
+            unscheduled: None,
+            restart: unit.record.restart,
+        },
+        file: file.clone(),
+        global: is_global(unit.name(), file),
+        current: DesiredState::Inactive,
+    }
+}
+
+pub fn state_view(s: &UnitStateRecord) -> StateView {
+    StateView {
+        name: s.name.clone(),
+        machine: s.machine.clone(),
+        hash: s.hash,
+        load: s.systemd.load.clone(),
+        active: s.systemd.active.clone(),
+        sub: s.systemd.sub.clone(),
+        restart: s.restart,
+        restart_pending: s.restart_pending,
+    }
+}
+
+/// What a wait on `names` sees in `snap`.
+pub fn wait_view(snap: &Snapshot, names: &BTreeSet<UnitName>) -> WaitView {
+    let units = names
+        .iter()
+        .filter_map(|n| Some((n.clone(), status_of(snap, snap.units.get(n)?))))
+        .collect();
+    let states = names
+        .iter()
+        .filter_map(|n| {
+            let per_machine = snap.states.get(n)?;
+            let states: BTreeMap<_, _> = per_machine
+                .iter()
+                .map(|(m, s)| (m.clone(), state_view(s)))
+                .collect();
+            Some((n.clone(), states))
+        })
+        .collect();
+    WaitView {
+        units,
+        states,
+        machines: snap.machines.clone(),
+    }
+}

@@ -1,0 +1,320 @@
+//! fleet's v1 entities with fleet's JSON names (`schema/v1.json`), and this API's extensions,
+//! shared by the server (fleet-api) and fleetctl's HTTP client so the two cannot drift.
+//!
+//! Empty fields are left out, as fleet's generated Go types do (`omitempty`), and missing ones
+//! read as empty, so fleet's clients and ours read each other's bodies. Every extension field
+//! is empty unless the request asked for `?view=full` ([`VIEW_FULL`]): a default response is
+//! fleet's, byte for byte. docs/api.md "Extensions" describes the wire; [`crate::convert`]
+//! turns these into the model and back.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The query parameter and value that turn the extensions on (`?view=full`).
+pub const VIEW: &str = "view";
+pub const VIEW_FULL: &str = "full";
+/// `PUT /units/<name>?op=...`: which operation a PUT is (absent: fleet's PUT).
+pub const OP: &str = "op";
+/// `PUT` flags of a replace (`--no-restart`, `--reschedule`, `--rolling`): `true` to set.
+pub const NO_RESTART: &str = "noRestart";
+pub const RESCHEDULE: &str = "reschedule";
+pub const ROLLING: &str = "rolling";
+/// `GET /units?unitName=a&unitName=b` (full view): only those units. `GET /state` takes
+/// several values too in the full view (any of them); fleet's takes the first.
+pub const UNIT_NAME: &str = "unitName";
+/// Full view of a listing: entries per page instead of the server's `token_limit` (1 to
+/// 65535); a `nextPageToken` must come with the `pageSize` it was minted for.
+pub const PAGE_SIZE: &str = "pageSize";
+/// `GET /state?machineID=`; and the machines of `op=advanceRollout`, one value each.
+pub const MACHINE_ID: &str = "machineID";
+
+fn is_empty(s: &str) -> bool {
+    s.is_empty()
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// One `Name=Value` line of a unit file's section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitOption {
+    #[serde(default)]
+    pub section: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
+}
+
+/// A unit: its file as options, what the user wants, and where it runs.
+///
+/// States stay strings on the wire: an unknown `desiredState` must be a 400 naming it, not a
+/// decoding error.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unit {
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<UnitOption>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub desired_state: String,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub current_state: String,
+    #[serde(rename = "machineID", default, skip_serializing_if = "is_empty")]
+    pub machine_id: String,
+    /// Full view: the file's hash (full SHA-1), as the registry has it.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub hash: String,
+    /// Full view: every machine it is scheduled to, sorted (a global unit has several).
+    #[serde(rename = "machineIDs", default, skip_serializing_if = "Vec::is_empty")]
+    pub machine_ids: Vec<String>,
+    /// Full view: why the engine could not place it.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub unscheduled_reason: String,
+    /// Full view: the restart generation asked for.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restart_generation: u64,
+}
+
+/// What one machine's systemd says about a unit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitState {
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub hash: String,
+    #[serde(rename = "machineID", default, skip_serializing_if = "is_empty")]
+    pub machine_id: String,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub systemd_load_state: String,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub systemd_active_state: String,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub systemd_sub_state: String,
+    /// Full view: the restart generation the machine has carried out.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restart_generation: u64,
+    /// Full view: the running process started from an older file than the one in place.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub restart_pending: bool,
+}
+
+/// A live machine.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Machine {
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub id: String,
+    #[serde(rename = "primaryIP", default, skip_serializing_if = "is_empty")]
+    pub primary_ip: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// Full view: the fleetd version it runs.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub version: String,
+    /// Full view: it takes no part in leader election.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disable_engine: bool,
+}
+
+/// A page of units. Full view: `skipped` names each registry value the page left out (the
+/// first page also carries what the whole listing skipped).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitPage {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub units: Vec<Unit>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub next_page_token: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+}
+
+/// A page of unit states. Full view, first page only: the state values the listing skipped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitStatePage {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub states: Vec<UnitState>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub next_page_token: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+}
+
+/// A page of machines. Full view, first page only: what the listing skipped, and the
+/// engine's disruption notice if one is held.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachinePage {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machines: Vec<Machine>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub next_page_token: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub disruption_notice: String,
+}
+
+/// `PUT /units/<name>?op=...`: the operations fleet's API has no method for. The body is a
+/// Unit entity (`{}` when nothing else is needed); `Raise` takes its `desiredState`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Op {
+    /// fleetctl's `stop`: launched becomes loaded; inactive is an error.
+    Stop,
+    /// `unload`: anything becomes inactive.
+    Unload,
+    /// Raise to the body's `desiredState`, never lower.
+    Raise,
+    /// `restart`.
+    Restart,
+    /// A rolling replace lets the `machineID` machines take the new version.
+    AdvanceRollout,
+    /// A rolling replace is over.
+    FinishRollout,
+}
+
+impl Op {
+    pub const ALL: [Op; 6] = [
+        Op::Stop,
+        Op::Unload,
+        Op::Raise,
+        Op::Restart,
+        Op::AdvanceRollout,
+        Op::FinishRollout,
+    ];
+
+    /// The query value (`op=stop`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Stop => "stop",
+            Op::Unload => "unload",
+            Op::Raise => "raise",
+            Op::Restart => "restart",
+            Op::AdvanceRollout => "advanceRollout",
+            Op::FinishRollout => "finishRollout",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Op> {
+        Op::ALL.into_iter().find(|op| op.as_str() == s)
+    }
+}
+
+/// What a write did, in the full view of `PUT` and `DELETE` (status 200 with a
+/// [`WriteResult`] body; the default view answers fleet's 201/204 with no body).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Outcome {
+    Created,
+    Replaced,
+    StateChanged,
+    /// Already as asked; nothing written.
+    Unchanged,
+    /// `op=restart` of a launched unit: `restartGeneration` is the one to wait for.
+    Restarted,
+    /// `op=restart` of a loaded unit: it was launched.
+    Launched,
+    /// `op=advanceRollout` (with the unit) or `op=finishRollout`.
+    RolloutAdvanced,
+    RolloutFinished,
+    /// `DELETE`: destroyed; `Unreadable`: a record that could not be read was removed
+    /// (`detail` says why); `Missing`: there was no such unit.
+    Destroyed,
+    Unreadable,
+    Missing,
+}
+
+/// The body of a full-view write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WriteResult {
+    pub outcome: Outcome,
+    /// The unit as written (full view), for the outcomes that have one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<Unit>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restart_generation: u64,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub detail: String,
+}
+
+/// One operation of a `PATCH /machines` body (JSON Patch on `/<machineID>/metadata/<key>`).
+/// Field names match case-insensitively in fleet (Go's decoder): its own tests send `Value`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataOp {
+    #[serde(default, alias = "Op", alias = "OP")]
+    pub op: String,
+    #[serde(default, alias = "Path")]
+    pub path: String,
+    #[serde(default, alias = "Value", skip_serializing_if = "Option::is_none")]
+    pub value: Option<MetadataValue>,
+}
+
+/// The value of an `add` or `replace`: fleet's code and tests send `{"value": "…"}`; its
+/// document shows a plain string, which fleet refused and is taken here too.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MetadataValue {
+    Wrapped {
+        #[serde(default, alias = "Value")]
+        value: String,
+    },
+    Plain(String),
+}
+
+impl MetadataValue {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Wrapped { value } | Self::Plain(value) => value,
+        }
+    }
+}
+
+/// Every error body: `{"error":{"code":N,"message":"…"}}` (Google's error shape).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorEntity,
+}
+
+/// Full view: `reason` names the [`crate::OpsError`] variant ([`Reason`]) and `detail` is
+/// its message as fleetctl prints it; fleet's `message` stays as it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorEntity {
+    pub code: u16,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub detail: String,
+}
+
+/// Which operation error an error entity carries (full view). The unit is the one the
+/// request's URL names; the client rebuilds the variant from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Reason {
+    NoSuchUnit,
+    Conflict,
+    StopInactive,
+    RestartInactive,
+    ActivateTemplate,
+    NoOptions,
+    ReplaceLowers,
+    Invalid,
+    /// etcd failed or is away (`code` 503 when it is away).
+    Registry,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,700 @@
+//! Contract tests of `RegistryCluster`: every body runs over the in-memory `MemKv` (paused
+//! time) and over a real etcd started by the test, and together they call every method of
+//! `Cluster`. fleetctl's etcd driver and fleetd's API handlers both run this code.
+
+use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
+use fleet_ops::model::Changes;
+use fleet_ops::{
+    Cluster, Destroyed, OpsError, PutOutcome, PutRequest, RegistryCluster, ReplaceHow, Restarted,
+    StateChange, StateFilter,
+};
+use fleet_registry::kv::{Hook, Hooked, Kv, KvError, MemKv, Request, Txn, TxnOp};
+use fleet_registry::testing::TestEtcd;
+use fleet_registry::{
+    MachineRole, MetadataChange, Registry, ScheduleEntry, UnitStateRecord, UnitsRole,
+};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+const PREFIX: &str = "/ops-contract/";
+
+fn name(s: &str) -> UnitName {
+    s.parse().unwrap()
+}
+
+fn machine(s: &str) -> MachineId {
+    s.parse().unwrap()
+}
+
+fn file(exec: &str) -> UnitFile {
+    UnitFile::parse(format!("[Service]\nExecStart={exec}\n").as_bytes()).unwrap()
+}
+
+fn global(exec: &str) -> UnitFile {
+    UnitFile::parse(format!("[Service]\nExecStart={exec}\n\n[X-Fleet]\nGlobal=true\n").as_bytes())
+        .unwrap()
+}
+
+fn create(n: &str, f: UnitFile, desired: Option<DesiredState>) -> PutRequest {
+    PutRequest {
+        name: name(n),
+        file: Some(f),
+        desired,
+        how: ReplaceHow::default(),
+    }
+}
+
+fn state_only(n: &str, desired: DesiredState) -> PutRequest {
+    PutRequest {
+        name: name(n),
+        file: None,
+        desired: Some(desired),
+        how: ReplaceHow::default(),
+    }
+}
+
+async fn keys<K: Kv>(reg: &Registry<K>) -> Vec<(String, Vec<u8>)> {
+    let res = reg.raw_kv().range(PREFIX, true, None).await.unwrap();
+    res.kvs.into_iter().map(|kv| (kv.key, kv.value)).collect()
+}
+
+async fn put_raw<K: Kv>(reg: &Registry<K>, key: &str, value: &str) {
+    let put = TxnOp::Put {
+        key: key.to_owned(),
+        value: value.as_bytes().to_vec(),
+        lease: None,
+    };
+    let txn = Txn {
+        success: vec![put],
+        ..Txn::default()
+    };
+    reg.raw_kv().txn(txn).await.unwrap();
+}
+
+/// Registers `id` and publishes `unit`'s state there (active or not), as an agent would.
+async fn machine_runs<K: Kv>(reg: &Registry<K>, id: &str, unit: &str, f: &UnitFile, up: bool) {
+    machine_runs_all(reg, id, &[(unit, up)], f).await;
+}
+
+/// Registers `id` and publishes the states of `units` (each active or not) there.
+async fn machine_runs_all<K: Kv>(
+    reg: &Registry<K>,
+    id: &str,
+    units: &[(&str, bool)],
+    f: &UnitFile,
+) {
+    let info = MachineInfo {
+        id: machine(id),
+        public_ip: format!("10.0.0.{}", id.len() % 9),
+        metadata: [("role".to_owned(), id.to_owned())].into(),
+        version: "test".into(),
+        disable_engine: false,
+    };
+    let role = MachineRole::new(reg.clone(), info.id.clone());
+    let presence = role
+        .register(&info, Duration::from_secs(60), None)
+        .await
+        .unwrap();
+    for &(unit, up) in units {
+        let state = UnitStateRecord {
+            name: name(unit),
+            machine: info.id.clone(),
+            hash: Some(f.hash()),
+            systemd: SystemdState {
+                load: "loaded".into(),
+                active: if up { "active" } else { "inactive" }.into(),
+                sub: if up { "running" } else { "dead" }.into(),
+            },
+            drop_ins: vec![],
+            restart: 0,
+            restart_pending: false,
+        };
+        role.publish_state(&presence, &state).await.unwrap();
+    }
+}
+
+async fn schedule<K: Kv>(reg: &Registry<K>, unit: &str, on: &str, f: &UnitFile) {
+    let entry = ScheduleEntry {
+        name: name(unit),
+        machine: machine(on),
+        hash: f.hash(),
+        desired: DesiredState::Launched,
+        restart: 0,
+        no_restart: false,
+        placement: 0,
+    };
+    reg.write_schedule(&[entry], &[]).await.unwrap();
+}
+
+async fn put_creates_replaces_sets_state_or_leaves_a_unit_alone<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let out = c
+        .put(create("a.service", file("/bin/a"), None))
+        .await
+        .unwrap();
+    let PutOutcome::Created(view) = out else {
+        panic!("expected Created, got {out:?}");
+    };
+    assert_eq!(view.status.desired, DesiredState::Inactive);
+    assert_eq!(view.status.hash, file("/bin/a").hash());
+    assert!(!view.global);
+    // The same content again (fleetctl's submit of a unit already there): nothing written.
+    let before = keys(&reg).await;
+    let out = c
+        .put(create("a.service", file("/bin/a"), None))
+        .await
+        .unwrap();
+    assert!(matches!(out, PutOutcome::Unchanged(_)), "{out:?}");
+    assert_eq!(keys(&reg).await, before);
+    let out = c
+        .put(state_only("a.service", DesiredState::Launched))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out, PutOutcome::StateChanged(v) if v.status.desired == DesiredState::Launched)
+    );
+    // A replace keeps the state it does not name.
+    let out = c
+        .put(create("a.service", file("/bin/b"), None))
+        .await
+        .unwrap();
+    let PutOutcome::Replaced(view) = out else {
+        panic!("expected Replaced, got {out:?}");
+    };
+    assert_eq!(view.status.desired, DesiredState::Launched);
+    assert_eq!(view.file, file("/bin/b"));
+    assert!(reg.file(&file("/bin/a").hash()).await.unwrap().is_none());
+    // A state alone may lower (fleet's PUT).
+    let out = c
+        .put(state_only("a.service", DesiredState::Inactive))
+        .await
+        .unwrap();
+    assert!(matches!(out, PutOutcome::StateChanged(_)), "{out:?}");
+}
+
+async fn refused_puts_write_nothing<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    c.put(create(
+        "a.service",
+        file("/bin/a"),
+        Some(DesiredState::Launched),
+    ))
+    .await
+    .unwrap();
+    let before = keys(&reg).await;
+    let lowers = c
+        .put(create(
+            "a.service",
+            file("/bin/b"),
+            Some(DesiredState::Loaded),
+        ))
+        .await
+        .unwrap_err();
+    assert!(matches!(lowers, OpsError::ReplaceLowers { .. }), "{lowers}");
+    let no_options = c
+        .put(state_only("new.service", DesiredState::Launched))
+        .await
+        .unwrap_err();
+    assert!(matches!(no_options, OpsError::NoOptions(_)), "{no_options}");
+    let template = c
+        .put(create(
+            "t@.service",
+            file("/bin/t"),
+            Some(DesiredState::Loaded),
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(template, OpsError::ActivateTemplate(_)),
+        "{template}"
+    );
+    let bad = UnitFile::parse(
+        b"[Service]\nExecStart=/bin/x\n[X-Fleet]\nConflicts=x.service\nReplaces=y.service\n",
+    )
+    .unwrap();
+    let invalid = c.put(create("b.service", bad, None)).await.unwrap_err();
+    assert_eq!(
+        invalid.to_string(),
+        "b.service: Conflicts cannot be used with Replaces"
+    );
+    assert_eq!(keys(&reg).await, before);
+}
+
+async fn a_reschedule_avoids_the_machine_a_unit_runs_on<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    c.put(create(
+        "a.service",
+        file("/bin/a"),
+        Some(DesiredState::Launched),
+    ))
+    .await
+    .unwrap();
+    schedule(&reg, "a.service", "m1", &file("/bin/a")).await;
+    let mut req = create("a.service", file("/bin/b"), None);
+    req.how = ReplaceHow {
+        no_restart: true,
+        reschedule: true,
+        rolling: false,
+    };
+    c.put(req).await.unwrap();
+    let record = reg.unit(&name("a.service")).await.unwrap().unwrap().record;
+    assert_eq!(record.replace.avoid, Some(machine("m1")));
+    assert_eq!(record.replace.placement, 1);
+    assert!(record.replace.no_restart);
+}
+
+async fn listings_show_placement_current_state_and_only_named_units<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    for n in ["a.service", "b.service", "c.service"] {
+        c.put(create(
+            n,
+            file(&format!("/bin/{n}")),
+            Some(DesiredState::Launched),
+        ))
+        .await
+        .unwrap();
+    }
+    c.put(create(
+        "g.service",
+        global("/bin/g"),
+        Some(DesiredState::Launched),
+    ))
+    .await
+    .unwrap();
+    let fa = file("/bin/a.service");
+    schedule(&reg, "a.service", "m2", &fa).await;
+    machine_runs(&reg, "m2", "a.service", &fa, true).await;
+    let listing = c.units(None).await.unwrap();
+    let names: Vec<&str> = listing.units.iter().map(|u| u.name().as_str()).collect();
+    assert_eq!(names, ["a.service", "b.service", "c.service", "g.service"]);
+    let a = &listing.units[0];
+    assert_eq!(a.status.machines, vec![machine("m2")]);
+    assert_eq!(a.current, DesiredState::Launched);
+    assert_eq!(listing.units[1].current, DesiredState::Inactive);
+    assert!(listing.units[3].global);
+    assert!(listing.skipped.is_empty());
+    let wanted: BTreeSet<UnitName> = [name("c.service"), name("gone.service")].into();
+    let named = c.units(Some(&wanted)).await.unwrap();
+    assert_eq!(named.units.len(), 1);
+    assert_eq!(named.units[0].name(), &name("c.service"));
+    let one = c.unit(&name("a.service")).await.unwrap().unwrap();
+    assert_eq!(&one, a);
+    assert_eq!(c.unit(&name("gone.service")).await.unwrap(), None);
+    // Pages: the same units, each once.
+    let (first, more) = c.units_page(None, 0, 3).await.unwrap();
+    assert!(more);
+    let (second, more) = c.units_page(None, 3, 3).await.unwrap();
+    assert!(!more);
+    let paged: Vec<_> = first.units.into_iter().chain(second.units).collect();
+    assert_eq!(paged, listing.units);
+}
+
+async fn listings_skip_unreadable_values_and_say_so<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    c.put(create("a.service", file("/bin/a"), None))
+        .await
+        .unwrap();
+    c.put(create("b.service", file("/bin/b"), None))
+        .await
+        .unwrap();
+    put_raw(&reg, &reg.keys().unit(&name("b.service")), "not json").await;
+    put_raw(&reg, &reg.keys().file(&file("/bin/a").hash()), "[Service\n").await;
+    let listing = c.units(None).await.unwrap();
+    assert!(listing.units.is_empty(), "{listing:?}");
+    assert_eq!(listing.skipped.len(), 2, "{:?}", listing.skipped);
+    assert!(
+        listing
+            .skipped
+            .iter()
+            .any(|s| s.contains("/unit/b.service"))
+    );
+    assert!(listing.skipped.iter().any(|s| s.contains("/file/")));
+    // The page path reads the page's files one by one: the same warnings.
+    let (page, _) = c.units_page(None, 0, 10).await.unwrap();
+    assert_eq!(page.skipped.len(), 2, "{:?}", page.skipped);
+    let state = format!("{PREFIX}state/evil.service/m1");
+    put_raw(&reg, &state, "not json").await;
+    let states = c.states(&StateFilter::default()).await.unwrap();
+    assert!(states.states.is_empty());
+    assert_eq!(states.skipped.len(), 1, "{:?}", states.skipped);
+    assert!(states.skipped[0].contains(&state), "{:?}", states.skipped);
+}
+
+async fn states_are_filtered_and_machines_carry_metadata_and_notice<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let f = file("/bin/a");
+    machine_runs(&reg, "m1", "a.service", &f, true).await;
+    machine_runs_all(&reg, "m2", &[("a.service", false), ("b.service", true)], &f).await;
+    let all = c.states(&StateFilter::default()).await.unwrap();
+    assert!(all.skipped.is_empty());
+    let all = all.states;
+    let pairs: Vec<(&str, &str)> = all
+        .iter()
+        .map(|s| (s.name.as_str(), s.machine.as_str()))
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            ("a.service", "m1"),
+            ("a.service", "m2"),
+            ("b.service", "m2")
+        ]
+    );
+    assert_eq!(all[0].active, "active");
+    assert_eq!(all[0].hash, Some(f.hash()));
+    let filter = StateFilter {
+        machine: Some(machine("m2")),
+        unit: Some(name("a.service")),
+    };
+    let some = c.states(&filter).await.unwrap().states;
+    assert_eq!(some.len(), 1);
+    assert_eq!(some[0].sub, "dead");
+
+    let changes = [MetadataChange::Set {
+        machine: machine("m1"),
+        key: "tier".parse().unwrap(),
+        value: "api".into(),
+    }];
+    c.change_metadata(&changes).await.unwrap();
+    c.change_metadata(&[]).await.unwrap();
+    let listing = c.machines().await.unwrap();
+    let ids: Vec<&str> = listing.machines.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["m1", "m2"]);
+    assert_eq!(listing.machines[0].metadata["tier"], "api");
+    assert_eq!(listing.notice, None);
+    put_raw(&reg, &reg.keys().disruption(), "rescheduling held").await;
+    let listing = c.machines().await.unwrap();
+    assert_eq!(listing.notice.as_deref(), Some("rescheduling held"));
+}
+
+async fn state_changes_follow_fleetctls_rules<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    c.put(create("a.service", file("/bin/a"), None))
+        .await
+        .unwrap();
+    let a = name("a.service");
+    let err = c.set_state(&a, StateChange::Stop).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Unable to stop unit a.service in state inactive"
+    );
+    let raised = c
+        .set_state(&a, StateChange::Raise(DesiredState::Launched))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(raised.status.desired, DesiredState::Launched);
+    assert_eq!(raised.file, file("/bin/a"));
+    let before = keys(&reg).await;
+    assert_eq!(
+        c.set_state(&a, StateChange::Raise(DesiredState::Loaded))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(keys(&reg).await, before);
+    let stopped = c.set_state(&a, StateChange::Stop).await.unwrap().unwrap();
+    assert_eq!(stopped.status.desired, DesiredState::Loaded);
+    assert_eq!(c.set_state(&a, StateChange::Stop).await.unwrap(), None);
+    let unloaded = c.set_state(&a, StateChange::Unload).await.unwrap().unwrap();
+    assert_eq!(unloaded.status.desired, DesiredState::Inactive);
+    let missing = c
+        .set_state(&name("gone.service"), StateChange::Unload)
+        .await
+        .unwrap_err();
+    assert!(matches!(missing, OpsError::NoSuchUnit(_)), "{missing}");
+}
+
+async fn restart_bumps_the_generation_or_launches<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let a = name("a.service");
+    c.put(create("a.service", file("/bin/a"), None))
+        .await
+        .unwrap();
+    let err = c.restart(&a).await.unwrap_err();
+    assert!(matches!(err, OpsError::RestartInactive(_)), "{err}");
+    c.put(state_only("a.service", DesiredState::Loaded))
+        .await
+        .unwrap();
+    assert_eq!(c.restart(&a).await.unwrap(), Restarted::Launched);
+    assert_eq!(c.restart(&a).await.unwrap(), Restarted::Generation(1));
+    assert_eq!(c.restart(&a).await.unwrap(), Restarted::Generation(2));
+    assert_eq!(c.unit(&a).await.unwrap().unwrap().status.restart, 2);
+    let missing = c.restart(&name("gone.service")).await.unwrap_err();
+    assert!(matches!(missing, OpsError::NoSuchUnit(_)), "{missing}");
+}
+
+async fn destroy_removes_units_and_unreadable_records<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    c.put(create("a.service", file("/bin/a"), None))
+        .await
+        .unwrap();
+    c.put(create("b.service", file("/bin/b"), None))
+        .await
+        .unwrap();
+    put_raw(&reg, &reg.keys().unit(&name("b.service")), "not json").await;
+    assert_eq!(
+        c.destroy(&name("a.service")).await.unwrap(),
+        Destroyed::Unit
+    );
+    let out = c.destroy(&name("b.service")).await.unwrap();
+    assert!(
+        matches!(&out, Destroyed::Unreadable(why) if why.contains("b.service")),
+        "{out:?}"
+    );
+    assert_eq!(
+        c.destroy(&name("a.service")).await.unwrap(),
+        Destroyed::Missing
+    );
+    assert!(keys(&reg).await.is_empty());
+}
+
+async fn a_rolling_replace_advances_then_finishes<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let g = name("g.service");
+    c.put(create(
+        "g.service",
+        global("/bin/old"),
+        Some(DesiredState::Launched),
+    ))
+    .await
+    .unwrap();
+    let mut req = create("g.service", global("/bin/new"), None);
+    req.how.rolling = true;
+    c.put(req).await.unwrap();
+    let rollout = |reg: Registry<K>| async move {
+        let unit = reg.unit(&name("g.service")).await.unwrap().unwrap();
+        unit.record.replace.rollout
+    };
+    let started = rollout(reg.clone()).await.unwrap();
+    assert_eq!(started.previous, global("/bin/old").hash());
+    assert!(started.updated.is_empty());
+    let view = c.advance_rollout(&g, &[machine("m1")]).await.unwrap();
+    assert_eq!(view.status.hash, global("/bin/new").hash());
+    let advanced = rollout(reg.clone()).await.unwrap();
+    assert_eq!(advanced.updated, [machine("m1")].into());
+    c.finish_rollout(&g).await.unwrap();
+    assert_eq!(rollout(reg.clone()).await, None);
+    assert!(
+        reg.file(&global("/bin/old").hash())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Finishing a unit that is gone is nothing to do; advancing one is an error.
+    c.destroy(&g).await.unwrap();
+    c.finish_rollout(&g).await.unwrap();
+    let err = c.advance_rollout(&g, &[machine("m1")]).await.unwrap_err();
+    assert!(matches!(err, OpsError::NoSuchUnit(_)), "{err}");
+}
+
+async fn a_watch_sees_its_units_states_and_machines_change<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let a = name("a.service");
+    c.put(create("a.service", file("/bin/a"), None))
+        .await
+        .unwrap();
+    let mut changes = c
+        .watch([a.clone(), name("b.service")].into())
+        .await
+        .unwrap();
+    assert_eq!(changes.names().len(), 2);
+    assert_eq!(changes.view().units[&a].desired, DesiredState::Inactive);
+    assert!(!changes.view().units.contains_key(&name("b.service")));
+    c.set_state(&a, StateChange::Raise(DesiredState::Launched))
+        .await
+        .unwrap();
+    changes.changed().await.unwrap();
+    assert_eq!(changes.view().units[&a].desired, DesiredState::Launched);
+    schedule(&reg, "a.service", "m1", &file("/bin/a")).await;
+    machine_runs(&reg, "m1", "a.service", &file("/bin/a"), true).await;
+    while changes
+        .view()
+        .states
+        .get(&a)
+        .is_none_or(|s| !s.contains_key(&machine("m1")))
+    {
+        changes.changed().await.unwrap();
+    }
+    let view = changes.view();
+    assert_eq!(view.units[&a].machines, vec![machine("m1")]);
+    assert_eq!(view.states[&a][&machine("m1")].active, "active");
+    assert!(view.machines.contains_key(&machine("m1")));
+}
+
+/// Another client that writes `a.service` (with `file` at `desired`, or bumps its restart
+/// generation when it exists) just before each of our first `times` transactions on it.
+#[derive(Clone)]
+struct Meddler<K> {
+    other: Registry<K>,
+    file: UnitFile,
+    desired: DesiredState,
+    left: Arc<AtomicUsize>,
+}
+
+impl<K: Kv> Hook for Meddler<K> {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        let key = self.other.keys().unit(&name("a.service"));
+        let ours =
+            matches!(request, Request::Txn(txn) if txn.compares.iter().any(|c| c.key == key));
+        let fire = ours
+            && self
+                .left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if fire {
+            let units = UnitsRole::new(self.other.clone());
+            match self.other.unit(&name("a.service")).await.unwrap() {
+                None => {
+                    units
+                        .create_unit(&name("a.service"), &self.file, self.desired)
+                        .await
+                        .unwrap();
+                }
+                Some(unit) => {
+                    units.request_restart(&unit).await.unwrap();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn meddled<K: Kv>(
+    reg: &Registry<K>,
+    file: UnitFile,
+    desired: DesiredState,
+    times: usize,
+) -> RegistryCluster<Hooked<K, Meddler<K>>> {
+    let hook = Meddler {
+        other: reg.clone(),
+        file,
+        desired,
+        left: Arc::new(AtomicUsize::new(times)),
+    };
+    let kv = Hooked {
+        inner: reg.raw_kv().clone(),
+        hook,
+    };
+    RegistryCluster::new(Registry::new(kv, PREFIX))
+}
+
+async fn a_create_that_loses_a_race_to_the_same_content_is_unchanged<K: Kv>(reg: Registry<K>) {
+    let c = meddled(&reg, file("/bin/a"), DesiredState::Launched, 1);
+    let out = c
+        .put(create(
+            "a.service",
+            file("/bin/a"),
+            Some(DesiredState::Loaded),
+        ))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out, PutOutcome::Unchanged(v) if v.status.desired == DesiredState::Launched),
+        "{out:?}"
+    );
+}
+
+async fn a_create_that_loses_a_race_below_its_state_raises_it<K: Kv>(reg: Registry<K>) {
+    let c = meddled(&reg, file("/bin/a"), DesiredState::Inactive, 1);
+    let out = c
+        .put(create(
+            "a.service",
+            file("/bin/a"),
+            Some(DesiredState::Launched),
+        ))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out, PutOutcome::StateChanged(v) if v.status.desired == DesiredState::Launched),
+        "{out:?}"
+    );
+}
+
+async fn a_create_that_loses_a_race_to_other_content_is_a_conflict<K: Kv>(reg: Registry<K>) {
+    let c = meddled(&reg, file("/bin/theirs"), DesiredState::Inactive, 1);
+    let err = c
+        .put(create("a.service", file("/bin/a"), None))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
+    assert_eq!(unit.hash(), file("/bin/theirs").hash());
+}
+
+async fn writes_retry_a_concurrent_change_five_times_then_conflict<K: Kv>(reg: Registry<K>) {
+    RegistryCluster::new(reg.clone())
+        .put(create(
+            "a.service",
+            file("/bin/a"),
+            Some(DesiredState::Launched),
+        ))
+        .await
+        .unwrap();
+    // Four changes in between: the fifth attempt writes.
+    let c = meddled(&reg, file("/bin/a"), DesiredState::Launched, 4);
+    let stopped = c
+        .set_state(&name("a.service"), StateChange::Stop)
+        .await
+        .unwrap();
+    assert_eq!(stopped.unwrap().status.desired, DesiredState::Loaded);
+    // Five: nothing of ours is written.
+    let c = meddled(&reg, file("/bin/a"), DesiredState::Launched, 5);
+    let err = c
+        .set_state(&name("a.service"), StateChange::Unload)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
+    assert_eq!(unit.desired(), DesiredState::Loaded);
+    let c = meddled(&reg, file("/bin/a"), DesiredState::Launched, 5);
+    assert!(matches!(
+        c.destroy(&name("a.service")).await,
+        Err(OpsError::Conflict(_))
+    ));
+    assert!(reg.unit(&name("a.service")).await.unwrap().is_some());
+}
+
+macro_rules! contract {
+    ($($test:ident),* $(,)?) => {
+        mod mem {
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $test() {
+                    let reg = fleet_registry::Registry::new(super::MemKv::new(), super::PREFIX);
+                    super::$test(reg).await;
+                }
+            )*
+        }
+        mod etcd {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let etcd = super::TestEtcd::start().await;
+                    let reg = fleet_registry::Registry::new(etcd.kv().await, super::PREFIX);
+                    super::$test(reg).await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    put_creates_replaces_sets_state_or_leaves_a_unit_alone,
+    refused_puts_write_nothing,
+    a_reschedule_avoids_the_machine_a_unit_runs_on,
+    listings_show_placement_current_state_and_only_named_units,
+    listings_skip_unreadable_values_and_say_so,
+    states_are_filtered_and_machines_carry_metadata_and_notice,
+    state_changes_follow_fleetctls_rules,
+    restart_bumps_the_generation_or_launches,
+    destroy_removes_units_and_unreadable_records,
+    a_rolling_replace_advances_then_finishes,
+    a_watch_sees_its_units_states_and_machines_change,
+    a_create_that_loses_a_race_to_the_same_content_is_unchanged,
+    a_create_that_loses_a_race_below_its_state_raises_it,
+    a_create_that_loses_a_race_to_other_content_is_a_conflict,
+    writes_retry_a_concurrent_change_five_times_then_conflict,
+);

@@ -1,0 +1,479 @@
+//! [`Cluster`] over fleetd's HTTP API: fleetctl's `--driver=api`. Every call is a request of
+//! fleet's v1 API in its full view (`?view=full`, docs/api.md "Extensions"), built and read
+//! with fleet-ops' wire entities and conversions, so the server (which runs the etcd side of
+//! the same interface) and this client cannot drift. Listings follow `nextPageToken` to the
+//! last page. An error entity becomes the [`OpsError`] it stands for, so a command prints
+//! what it prints over etcd.
+//!
+//! No decision is made here: the server decides every write.
+
+use fleet_core::{DesiredState, MachineId, UnitName};
+use fleet_ops::wire::{self, ErrorBody, MachinePage, UnitPage, UnitStatePage, WriteResult};
+use fleet_ops::{
+    Cluster, Destroyed, MachineListing, OpsError, PutOutcome, PutRequest, Restarted, StateChange,
+    StateFilter, StateListing, StateView, UnitListing, UnitView, convert,
+};
+use fleet_registry::MetadataChange;
+use fleet_registry::kv::TlsFiles;
+use http::{Method, StatusCode};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use serde::de::DeserializeOwned;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::transport::{Answer, EndpointError, Transport};
+use super::watch::HttpChanges;
+
+/// How often a wait asks the API whether its units changed.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Entries per page asked for (the full view's `pageSize`): fleetd reads a whole listing for
+/// each page of states or machines, so fewer pages are cheaper for both sides.
+pub const PAGE_SIZE: u16 = u16::MAX;
+
+/// Names per listing request: a `start` of a thousand units asks in several requests rather
+/// than with one URL of a thousand parameters.
+const NAMES_PER_REQUEST: usize = 100;
+
+/// Bytes escaped in a path segment or query value: all but RFC 3986's unreserved ones and
+/// `@` (common in unit names, and left alone by fleet's client).
+const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'@');
+
+/// A client of one fleetd's API.
+#[derive(Debug, Clone)]
+pub struct HttpCluster {
+    transport: Arc<Transport>,
+    poll: Duration,
+    page_size: u16,
+}
+
+impl HttpCluster {
+    /// A client of the API at `endpoint` (fleet's forms: `unix:///path`, `http://`,
+    /// `https://` with `tls`), each request within `request_timeout`. Connects to nothing yet.
+    pub fn new(
+        endpoint: &str,
+        tls: &TlsFiles,
+        request_timeout: Duration,
+    ) -> Result<HttpCluster, EndpointError> {
+        Ok(HttpCluster {
+            transport: Arc::new(Transport::new(endpoint, tls, request_timeout)?),
+            poll: POLL_INTERVAL,
+            page_size: PAGE_SIZE,
+        })
+    }
+
+    /// Listings ask for pages of `size` entries instead of [`PAGE_SIZE`] (at least 1).
+    pub fn with_page_size(mut self, size: u16) -> HttpCluster {
+        self.page_size = size.max(1);
+        self
+    }
+
+    /// Waits poll every `poll` instead of [`POLL_INTERVAL`].
+    pub fn with_poll_interval(mut self, poll: Duration) -> HttpCluster {
+        self.poll = poll;
+        self
+    }
+
+    pub(super) fn poll_interval(&self) -> Duration {
+        self.poll
+    }
+
+    /// Every page of a listing at `path` with `query`, in order.
+    async fn pages<P: DeserializeOwned + Paged>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<Vec<P>, OpsError> {
+        let mut pages = Vec::new();
+        let mut token = String::new();
+        loop {
+            let mut q = query.to_vec();
+            q.push((wire::VIEW, wire::VIEW_FULL.to_owned()));
+            q.push((wire::PAGE_SIZE, self.page_size.to_string()));
+            if !token.is_empty() {
+                q.push(("nextPageToken", token.clone()));
+            }
+            let answer = self.send(Method::GET, path, &q, None).await?;
+            let page: P = decode(&answer, None)?;
+            token = page.next_token().to_owned();
+            pages.push(page);
+            if token.is_empty() {
+                return Ok(pages);
+            }
+        }
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+    ) -> Result<Answer, OpsError> {
+        let mut uri = path.to_owned();
+        for (i, (k, v)) in query.iter().enumerate() {
+            uri.push(if i == 0 { '?' } else { '&' });
+            uri.push_str(k);
+            uri.push('=');
+            uri.extend(utf8_percent_encode(v, ESCAPED));
+        }
+        self.transport.send(method, &uri, body).await
+    }
+
+    /// A `PUT /units/<name>?view=full&...` with `body`, answered by a WriteResult.
+    async fn write(
+        &self,
+        method: Method,
+        name: &UnitName,
+        query: &[(&str, String)],
+        body: Option<&wire::Unit>,
+    ) -> Result<WriteResult, OpsError> {
+        let mut q = vec![(wire::VIEW, wire::VIEW_FULL.to_owned())];
+        q.extend_from_slice(query);
+        let body = match body {
+            Some(unit) => Some(serde_json::to_vec(unit).map_err(|e| encoding(name, e))?),
+            None => None,
+        };
+        let answer = self.send(method, &unit_path(name), &q, body).await?;
+        decode(&answer, Some(name))
+    }
+
+    /// `PUT ?op=...` with a body of `{}` or just a `desiredState`.
+    async fn op(
+        &self,
+        name: &UnitName,
+        op: wire::Op,
+        desired: Option<DesiredState>,
+        more: &[(&str, String)],
+    ) -> Result<WriteResult, OpsError> {
+        let mut query = vec![(wire::OP, op.as_str().to_owned())];
+        query.extend_from_slice(more);
+        let body = wire::Unit {
+            desired_state: desired.map(|d| d.to_string()).unwrap_or_default(),
+            ..wire::Unit::default()
+        };
+        self.write(Method::PUT, name, &query, Some(&body)).await
+    }
+
+    /// The full-view units of `names` (all when `None`), sorted, with what was skipped.
+    async fn unit_pages(
+        &self,
+        names: Option<&BTreeSet<UnitName>>,
+    ) -> Result<UnitListing, OpsError> {
+        let mut units = BTreeMap::new();
+        let mut skipped = Vec::new();
+        for query in name_queries(names) {
+            for page in self.pages::<UnitPage>("/units", &query).await? {
+                for unit in &page.units {
+                    let view = convert::unit_from_wire(unit)?;
+                    units.insert(view.name().clone(), view);
+                }
+                extend_new(&mut skipped, page.skipped);
+            }
+        }
+        Ok(UnitListing {
+            units: units.into_values().collect(),
+            skipped,
+        })
+    }
+
+    /// Every state a `/state` query lists, with what the listing skipped.
+    async fn state_pages(&self, query: &[(&str, String)]) -> Result<StateListing, OpsError> {
+        let mut listing = StateListing::default();
+        for page in self.pages::<UnitStatePage>("/state", query).await? {
+            for s in &page.states {
+                listing.states.push(convert::state_from_wire(s)?);
+            }
+            extend_new(&mut listing.skipped, page.skipped);
+        }
+        Ok(listing)
+    }
+
+    /// The states of any of `names` (one query per [`NAMES_PER_REQUEST`]), sorted by unit
+    /// then machine.
+    pub(super) async fn states_of(
+        &self,
+        names: &BTreeSet<UnitName>,
+    ) -> Result<Vec<StateView>, OpsError> {
+        let mut states = Vec::new();
+        for query in name_queries(Some(names)) {
+            states.extend(self.state_pages(&query).await?.states);
+        }
+        states.sort_by(|a, b| (&a.name, &a.machine).cmp(&(&b.name, &b.machine)));
+        Ok(states)
+    }
+}
+
+impl Cluster for HttpCluster {
+    type Changes = HttpChanges;
+
+    async fn units(&self, names: Option<&BTreeSet<UnitName>>) -> Result<UnitListing, OpsError> {
+        self.unit_pages(names).await
+    }
+
+    async fn unit(&self, name: &UnitName) -> Result<Option<UnitView>, OpsError> {
+        let q = [(wire::VIEW, wire::VIEW_FULL.to_owned())];
+        let answer = self.send(Method::GET, &unit_path(name), &q, None).await?;
+        match decode::<wire::Unit>(&answer, Some(name)) {
+            Ok(unit) => convert::unit_from_wire(&unit).map(Some),
+            Err(OpsError::NoSuchUnit(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn states(&self, filter: &StateFilter) -> Result<StateListing, OpsError> {
+        let mut query = Vec::new();
+        if let Some(m) = &filter.machine {
+            query.push((wire::MACHINE_ID, m.to_string()));
+        }
+        if let Some(u) = &filter.unit {
+            query.push((wire::UNIT_NAME, u.to_string()));
+        }
+        self.state_pages(&query).await
+    }
+
+    async fn machines(&self) -> Result<MachineListing, OpsError> {
+        let mut listing = MachineListing::default();
+        for page in self.pages::<MachinePage>("/machines", &[]).await? {
+            for m in &page.machines {
+                listing.machines.push(convert::machine_from_wire(m)?);
+            }
+            extend_new(&mut listing.skipped, page.skipped);
+            if listing.notice.is_none() && !page.disruption_notice.is_empty() {
+                listing.notice = Some(page.disruption_notice);
+            }
+        }
+        Ok(listing)
+    }
+
+    async fn put(&self, req: PutRequest) -> Result<PutOutcome, OpsError> {
+        let mut query = Vec::new();
+        for (on, key) in [
+            (req.how.no_restart, wire::NO_RESTART),
+            (req.how.reschedule, wire::RESCHEDULE),
+            (req.how.rolling, wire::ROLLING),
+        ] {
+            if on {
+                query.push((key, "true".to_owned()));
+            }
+        }
+        let body = wire::Unit {
+            name: req.name.to_string(),
+            options: req
+                .file
+                .as_ref()
+                .map(convert::options_to_wire)
+                .unwrap_or_default(),
+            desired_state: req.desired.map(|d| d.to_string()).unwrap_or_default(),
+            ..wire::Unit::default()
+        };
+        let result = self
+            .write(Method::PUT, &req.name, &query, Some(&body))
+            .await?;
+        convert::put_from_wire(&result)
+    }
+
+    async fn set_state(
+        &self,
+        name: &UnitName,
+        change: StateChange,
+    ) -> Result<Option<UnitView>, OpsError> {
+        let result = match change {
+            StateChange::Stop => self.op(name, wire::Op::Stop, None, &[]).await?,
+            StateChange::Unload => self.op(name, wire::Op::Unload, None, &[]).await?,
+            StateChange::Raise(to) => self.op(name, wire::Op::Raise, Some(to), &[]).await?,
+        };
+        convert::set_state_from_wire(&result)
+    }
+
+    async fn restart(&self, name: &UnitName) -> Result<Restarted, OpsError> {
+        let result = self.op(name, wire::Op::Restart, None, &[]).await?;
+        convert::restart_from_wire(&result)
+    }
+
+    async fn destroy(&self, name: &UnitName) -> Result<Destroyed, OpsError> {
+        let result = self.write(Method::DELETE, name, &[], None).await?;
+        convert::destroyed_from_wire(&result)
+    }
+
+    async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<(), OpsError> {
+        let ops: Vec<wire::MetadataOp> = changes.iter().map(metadata_op).collect();
+        let body = serde_json::to_vec(&ops).map_err(|e| OpsError::Transport {
+            what: "encoding a metadata patch".into(),
+            source: Box::new(e),
+        })?;
+        let answer = self
+            .send(Method::PATCH, "/machines", &[], Some(body))
+            .await?;
+        check(&answer, None)
+    }
+
+    async fn advance_rollout(
+        &self,
+        name: &UnitName,
+        machines: &[MachineId],
+    ) -> Result<UnitView, OpsError> {
+        let more: Vec<(&str, String)> = machines
+            .iter()
+            .map(|m| (wire::MACHINE_ID, m.to_string()))
+            .collect();
+        let result = self.op(name, wire::Op::AdvanceRollout, None, &more).await?;
+        convert::rollout_advanced_from_wire(&result)
+    }
+
+    async fn finish_rollout(&self, name: &UnitName) -> Result<(), OpsError> {
+        let result = self.op(name, wire::Op::FinishRollout, None, &[]).await?;
+        match result.outcome {
+            wire::Outcome::RolloutFinished => Ok(()),
+            other => Err(bad_answer(format!(
+                "outcome {other:?} does not answer finishRollout"
+            ))),
+        }
+    }
+
+    async fn watch(&self, names: BTreeSet<UnitName>) -> Result<HttpChanges, OpsError> {
+        HttpChanges::start(self.clone(), names).await
+    }
+}
+
+/// A listing page's continuation.
+trait Paged {
+    fn next_token(&self) -> &str;
+}
+
+impl Paged for UnitPage {
+    fn next_token(&self) -> &str {
+        &self.next_page_token
+    }
+}
+
+impl Paged for UnitStatePage {
+    fn next_token(&self) -> &str {
+        &self.next_page_token
+    }
+}
+
+impl Paged for MachinePage {
+    fn next_token(&self) -> &str {
+        &self.next_page_token
+    }
+}
+
+fn unit_path(name: &UnitName) -> String {
+    format!("/units/{}", utf8_percent_encode(name.as_str(), ESCAPED))
+}
+
+/// The `unitName` queries of a listing of `names`: none for every unit, else one per
+/// [`NAMES_PER_REQUEST`] names (no request at all for no names).
+fn name_queries(names: Option<&BTreeSet<UnitName>>) -> Vec<Vec<(&'static str, String)>> {
+    let Some(names) = names else {
+        return vec![Vec::new()];
+    };
+    let names: Vec<&UnitName> = names.iter().collect();
+    names
+        .chunks(NAMES_PER_REQUEST)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .map(|n| (wire::UNIT_NAME, n.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Appends what `more` has that `all` has not (every page of a listing may repeat what the
+/// listing as a whole skipped).
+fn extend_new(all: &mut Vec<String>, more: Vec<String>) {
+    for s in more {
+        if !all.contains(&s) {
+            all.push(s);
+        }
+    }
+}
+
+fn metadata_op(change: &MetadataChange) -> wire::MetadataOp {
+    match change {
+        MetadataChange::Set {
+            machine,
+            key,
+            value,
+        } => wire::MetadataOp {
+            op: "add".into(),
+            path: format!("/{machine}/metadata/{key}"),
+            value: Some(wire::MetadataValue::Wrapped {
+                value: value.clone(),
+            }),
+        },
+        MetadataChange::Remove { machine, key } => wire::MetadataOp {
+            op: "remove".into(),
+            path: format!("/{machine}/metadata/{key}"),
+            value: None,
+        },
+    }
+}
+
+/// A success's body as `T`, or the error the answer stands for.
+fn decode<T: DeserializeOwned>(answer: &Answer, unit: Option<&UnitName>) -> Result<T, OpsError> {
+    check(answer, unit)?;
+    serde_json::from_slice(&answer.body).map_err(|e| OpsError::Transport {
+        what: format!(
+            "the API answered {} with a body that is not fleet's entity",
+            answer.status
+        ),
+        source: Box::new(e),
+    })
+}
+
+/// Ok for a success; else the error its status and error entity stand for.
+fn check(answer: &Answer, unit: Option<&UnitName>) -> Result<(), OpsError> {
+    if answer.status.is_success() {
+        return Ok(());
+    }
+    Err(error_of(answer.status, &answer.body, unit))
+}
+
+/// The error of a failed request about `unit` (the unit its URL names, if any). The full
+/// view's `reason` rebuilds the variant. Without one (fleet's own answers, and the server's
+/// checks of an entity before any operation runs), a 404 about a unit is
+/// [`OpsError::NoSuchUnit`] and a 400 about one is [`OpsError::Invalid`] with fleet's
+/// message: the client sends only valid names and states, so what a 400 refuses is the
+/// unit's options. Anything else keeps its status and message.
+pub fn error_of(status: StatusCode, body: &[u8], unit: Option<&UnitName>) -> OpsError {
+    let Ok(ErrorBody { error }) = serde_json::from_slice::<ErrorBody>(body) else {
+        return OpsError::Api {
+            code: status.as_u16(),
+            message: format!("the API answered {status} without an error entity"),
+        };
+    };
+    match (error.reason, status, unit) {
+        (None, StatusCode::NOT_FOUND, Some(name)) => OpsError::NoSuchUnit(name.clone()),
+        (None, StatusCode::BAD_REQUEST, Some(name)) => OpsError::Invalid {
+            name: name.clone(),
+            reason: error.message,
+        },
+        _ => convert::error_from_wire(unit, &error),
+    }
+}
+
+fn encoding(name: &UnitName, e: serde_json::Error) -> OpsError {
+    OpsError::Transport {
+        what: format!("encoding the request about {name}"),
+        source: Box::new(e),
+    }
+}
+
+fn bad_answer(why: String) -> OpsError {
+    OpsError::Transport {
+        what: "the API answered something this fleetctl cannot read".into(),
+        source: why.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

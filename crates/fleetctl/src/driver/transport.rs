@@ -1,0 +1,416 @@
+//! HTTP/1.1 requests to fleetd's API over a unix socket, TCP or TLS (hyper's client; no
+//! HTTP written by hand). One idle connection is kept and reused while it is fresh, so a
+//! listing of many pages or a poll does not connect for each request.
+//!
+//! The endpoint is fleet's: `unix:///path` (or `file:///path`), `http://host[:port][/base]`
+//! or `https://host[:port][/base]`. Only the first of comma-separated endpoints is used,
+//! as in fleet. `https://` needs `--ca-file` (there is no system trust store here) and takes
+//! `--cert-file`/`--key-file` for the client certificate fleetd requires.
+
+use bytes::Bytes;
+use fleet_registry::kv::TlsFiles;
+use http::{Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
+
+use fleet_ops::OpsError;
+
+/// A kept connection older than this is not reused: fleetd closes connections idle for
+/// 30 s, and a request sent as it closes one would fail.
+const REUSE_WITHIN: Duration = Duration::from_secs(10);
+
+/// The `Host` of requests over a unix socket (fleet's client sends the same).
+const UNIX_HOST: &str = "domain-sock";
+
+/// Why an endpoint or its TLS files cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("endpoint {endpoint:?}: {why}")]
+    Endpoint { endpoint: String, why: String },
+    #[error("TLS file {}: {why}", path.display())]
+    TlsFile { path: PathBuf, why: String },
+}
+
+/// Where the API is, and how to talk to it.
+#[derive(Debug)]
+pub struct Transport {
+    target: Target,
+    /// The endpoint as given, for messages.
+    shown: String,
+    /// `Host` header.
+    host: String,
+    /// The endpoint's path, before `/fleet/v1` (empty, or `/base` without a trailing `/`).
+    base: String,
+    timeout: Duration,
+    idle: Mutex<Option<(SendRequest<Full<Bytes>>, Instant)>>,
+}
+
+enum Target {
+    Unix(PathBuf),
+    Tcp(String),
+    Tls {
+        addr: String,
+        name: ServerName<'static>,
+        connector: TlsConnector,
+    },
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Unix(p) => write!(f, "Unix({})", p.display()),
+            Target::Tcp(a) => write!(f, "Tcp({a})"),
+            Target::Tls { addr, .. } => write!(f, "Tls({addr})"),
+        }
+    }
+}
+
+/// A response: its status and whole body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Bytes,
+}
+
+impl Transport {
+    /// Parses the endpoint and reads the TLS files; connects to nothing yet.
+    pub fn new(
+        endpoint: &str,
+        tls: &TlsFiles,
+        timeout: Duration,
+    ) -> Result<Transport, EndpointError> {
+        let first = endpoint.split(',').next().unwrap_or("").trim();
+        let bad = |why: &str| EndpointError::Endpoint {
+            endpoint: fleet_registry::input::shorten(first),
+            why: why.to_owned(),
+        };
+        let Some((scheme, rest)) = first.split_once("://") else {
+            return Err(bad(
+                "URL scheme undefined; expected unix:///PATH, http://HOST:PORT or https://HOST:PORT",
+            ));
+        };
+        let given_tls = [&tls.ca_file, &tls.cert_file, &tls.key_file]
+            .into_iter()
+            .flatten()
+            .next();
+        if scheme != "https"
+            && let Some(file) = given_tls
+        {
+            return Err(EndpointError::TlsFile {
+                path: file.clone(),
+                why: format!(
+                    "given, but the endpoint is {scheme}://; TLS needs an https:// endpoint"
+                ),
+            });
+        }
+        let (target, host, base) = match scheme {
+            "unix" | "file" => {
+                // `unix://var/run/fleet.sock` (one slash short) names host "var".
+                if !rest.starts_with('/') {
+                    return Err(bad("a unix socket needs an absolute path: unix:///PATH"));
+                }
+                (
+                    Target::Unix(PathBuf::from(rest)),
+                    UNIX_HOST.to_owned(),
+                    String::new(),
+                )
+            }
+            "http" | "https" => {
+                let (authority, path) = match rest.find('/') {
+                    Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+                    None => (rest, ""),
+                };
+                let (hostname, port) = split_authority(authority).map_err(|why| bad(&why))?;
+                let default_port = if scheme == "https" { 443 } else { 80 };
+                let addr = format!("{}:{}", bracketed(hostname), port.unwrap_or(default_port));
+                let target = if scheme == "https" {
+                    let name = ServerName::try_from(hostname.to_owned())
+                        .map_err(|_| bad("not a host name or IP address"))?;
+                    Target::Tls {
+                        addr,
+                        name,
+                        connector: connector(tls)?,
+                    }
+                } else {
+                    Target::Tcp(addr)
+                };
+                (target, authority.to_owned(), path.to_owned())
+            }
+            _ => {
+                return Err(bad(
+                    "unsupported scheme; expected unix://, http:// or https://",
+                ));
+            }
+        };
+        Ok(Transport {
+            target,
+            shown: first.to_owned(),
+            host,
+            base,
+            timeout,
+            idle: Mutex::new(None),
+        })
+    }
+
+    /// Sends one request to `/fleet/v1<path_and_query>` and reads the whole answer, within
+    /// the request timeout.
+    pub async fn send(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Answer, OpsError> {
+        let uri = format!("{}/fleet/v1{path_and_query}", self.base);
+        let what = || format!("{method} {uri} at {}", self.shown);
+        match tokio::time::timeout(self.timeout, self.exchange(&method, &uri, body)).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(source)) => Err(OpsError::Transport {
+                what: what(),
+                source,
+            }),
+            Err(elapsed) => Err(OpsError::Transport {
+                what: format!("{} (request timeout {:?})", what(), self.timeout),
+                source: Box::new(elapsed),
+            }),
+        }
+    }
+
+    async fn exchange(
+        &self,
+        method: &Method,
+        uri: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Answer, BoxError> {
+        let mut sender = match self.take_idle() {
+            Some(s) => s,
+            None => self.connect().await?,
+        };
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(uri)
+            .header(header::HOST, &self.host)
+            .header(header::ACCEPT, "application/json");
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request.body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        self.put_idle(sender);
+        Ok(Answer { status, body })
+    }
+
+    fn take_idle(&self) -> Option<SendRequest<Full<Bytes>>> {
+        let (sender, since) = self.idle.lock().ok()?.take()?;
+        (since.elapsed() < REUSE_WITHIN && sender.is_ready()).then_some(sender)
+    }
+
+    fn put_idle(&self, sender: SendRequest<Full<Bytes>>) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.is_none()
+        {
+            *idle = Some((sender, Instant::now()));
+        }
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, BoxError> {
+        match &self.target {
+            Target::Unix(path) => handshake(tokio::net::UnixStream::connect(path).await?).await,
+            Target::Tcp(addr) => handshake(tokio::net::TcpStream::connect(addr).await?).await,
+            Target::Tls {
+                addr,
+                name,
+                connector,
+            } => {
+                let tcp = tokio::net::TcpStream::connect(addr).await?;
+                handshake(connector.connect(name.clone(), tcp).await?).await
+            }
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+async fn handshake<S>(io: S) -> Result<SendRequest<Full<Bytes>>, BoxError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+    // The connection's task ends when the sender is dropped or the server closes it.
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "api connection ended with an error");
+        }
+    });
+    Ok(sender)
+}
+
+/// `host`, `host:port`, `[v6]`, `[v6]:port`.
+fn split_authority(authority: &str) -> Result<(&str, Option<u16>), String> {
+    let port = |p: &str| {
+        p.parse::<u16>()
+            .map_err(|_| format!("{p:?} is not a port number"))
+    };
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (host, after) = v6
+            .split_once(']')
+            .ok_or("an IPv6 address lacks its closing \"]\"")?;
+        match after.strip_prefix(':') {
+            Some(p) => (host, Some(port(p)?)),
+            None if after.is_empty() => (host, None),
+            None => return Err(format!("unexpected {after:?} after the address")),
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, p)) => (host, Some(port(p)?)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() {
+        return Err("no host".into());
+    }
+    if host.contains('@') {
+        return Err("user names are not supported in the endpoint".into());
+    }
+    Ok((host, port))
+}
+
+fn bracketed(host: &str) -> String {
+    if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+/// The TLS client of `https://` endpoints: trusts `--ca-file` and presents the client
+/// certificate if one is given.
+fn connector(tls: &TlsFiles) -> Result<TlsConnector, EndpointError> {
+    let Some(ca) = &tls.ca_file else {
+        return Err(EndpointError::Endpoint {
+            endpoint: "https://".into(),
+            why: "an https:// endpoint needs --ca-file, the authority of fleetd's certificate"
+                .into(),
+        });
+    };
+    let mut roots = RootCertStore::empty();
+    for cert in certs(ca)? {
+        roots.add(cert).map_err(|e| EndpointError::TlsFile {
+            path: ca.clone(),
+            why: format!("not a CA certificate: {e}"),
+        })?;
+    }
+    let provider = Arc::new(crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| EndpointError::TlsFile {
+            path: ca.clone(),
+            why: e.to_string(),
+        })?
+        .with_root_certificates(roots);
+    let config = match (&tls.cert_file, &tls.key_file) {
+        (None, None) => builder.with_no_client_auth(),
+        (Some(cert), Some(key)) => {
+            let chain = certs(cert)?;
+            let key_der =
+                PrivateKeyDer::from_pem_file(key).map_err(|e| EndpointError::TlsFile {
+                    path: key.clone(),
+                    why: format!("no private key: {e}"),
+                })?;
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| EndpointError::TlsFile {
+                    path: cert.clone(),
+                    why: format!("not a certificate of the key {}: {e}", key.display()),
+                })?
+        }
+        (Some(file), None) | (None, Some(file)) => {
+            return Err(EndpointError::TlsFile {
+                path: file.clone(),
+                why: "a client certificate needs its key: give --cert-file and --key-file".into(),
+            });
+        }
+    };
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, EndpointError> {
+    let err = |why: String| EndpointError::TlsFile {
+        path: path.to_path_buf(),
+        why,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| err(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(err("holds no certificate".into()));
+    }
+    Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(endpoint: &str) -> Result<Transport, EndpointError> {
+        Transport::new(endpoint, &TlsFiles::default(), Duration::from_secs(1))
+    }
+
+    #[test]
+    fn reads_fleets_endpoint_forms() {
+        let t = parse("unix:///var/run/fleet.sock").unwrap();
+        assert!(matches!(&t.target, Target::Unix(p) if p == Path::new("/var/run/fleet.sock")));
+        assert_eq!((t.host.as_str(), t.base.as_str()), ("domain-sock", ""));
+        let t = parse("file:///run/f.sock,http://ignored:1").unwrap();
+        assert!(matches!(&t.target, Target::Unix(p) if p == Path::new("/run/f.sock")));
+        let t = parse("http://10.0.0.1:49153/").unwrap();
+        assert!(matches!(&t.target, Target::Tcp(a) if a == "10.0.0.1:49153"));
+        assert_eq!(t.host, "10.0.0.1:49153");
+        let t = parse("http://fleet.example.com/proxy/").unwrap();
+        assert!(matches!(&t.target, Target::Tcp(a) if a == "fleet.example.com:80"));
+        assert_eq!(t.base, "/proxy");
+        let t = parse("http://[::1]:8080").unwrap();
+        assert!(matches!(&t.target, Target::Tcp(a) if a == "[::1]:8080"));
+    }
+
+    #[test]
+    fn refuses_endpoints_that_cannot_work() {
+        for (endpoint, why) in [
+            ("/var/run/fleet.sock", "URL scheme undefined"),
+            ("unix://var/run/fleet.sock", "absolute path"),
+            ("ftp://h:1", "unsupported scheme"),
+            ("http://h:99999", "not a port number"),
+            ("http://:80", "no host"),
+            ("https://127.0.0.1:1", "needs --ca-file"),
+        ] {
+            let e = parse(endpoint).unwrap_err().to_string();
+            assert!(e.contains(why), "{endpoint}: {e}");
+        }
+    }
+
+    #[test]
+    fn refuses_tls_files_without_an_https_endpoint() {
+        let tls = TlsFiles {
+            ca_file: Some("/etc/ca.pem".into()),
+            ..TlsFiles::default()
+        };
+        let e = Transport::new("unix:///run/fleet.sock", &tls, Duration::from_secs(1))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "TLS file /etc/ca.pem: given, but the endpoint is unix://; TLS needs an https:// endpoint"
+        );
+    }
+}

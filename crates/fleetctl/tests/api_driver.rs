@@ -1,0 +1,455 @@
+//! fleetctl's API driver (`HttpCluster`) against fleetd's API (fleet-api's router served on a
+//! unix socket) over the in-memory registry, next to the etcd driver (`RegistryCluster`).
+//!
+//! Each write runs on two registries alike, once through the API and once directly, and the
+//! outcomes must be equal (errors by their message, which is what fleetctl prints). Each read
+//! runs on the API's registry both ways and must be equal too. So a command prints the same
+//! bytes over either driver.
+
+use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
+use fleet_ops::{
+    Changes, Cluster, PutRequest, RegistryCluster, ReplaceHow, StateChange, StateFilter,
+};
+use fleet_registry::kv::{MemKv, TlsFiles};
+use fleet_registry::{MachineRole, MetadataChange, Registry, ScheduleEntry, UnitStateRecord};
+use fleetctl::driver::HttpCluster;
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const PREFIX: &str = "/api-driver/";
+
+fn name(s: &str) -> UnitName {
+    s.parse().unwrap()
+}
+
+fn machine(s: &str) -> MachineId {
+    s.parse().unwrap()
+}
+
+fn file(text: &str) -> UnitFile {
+    UnitFile::parse(text.as_bytes()).unwrap()
+}
+
+fn service(exec: &str) -> UnitFile {
+    file(&format!("[Service]\nExecStart={exec}\n"))
+}
+
+fn global(exec: &str) -> UnitFile {
+    file(&format!(
+        "[Service]\nExecStart={exec}\n\n[X-Fleet]\nGlobal=true\n"
+    ))
+}
+
+fn put(n: &str, f: Option<UnitFile>, desired: Option<DesiredState>) -> PutRequest {
+    PutRequest {
+        name: name(n),
+        file: f,
+        desired,
+        how: ReplaceHow::default(),
+    }
+}
+
+/// A result as fleetctl would print it: a value's debug form, or the error's message.
+fn shown<T: Debug>(r: Result<T, fleet_ops::OpsError>) -> Result<String, String> {
+    r.map(|v| format!("{v:?}")).map_err(|e| e.to_string())
+}
+
+/// What both sides did, once checked equal.
+#[derive(Debug)]
+struct Outcome(Result<String, String>);
+
+impl Outcome {
+    fn value(self) -> String {
+        self.0.expect("a value")
+    }
+
+    fn message(self) -> String {
+        self.0.expect_err("an error")
+    }
+}
+
+/// Two registries kept alike: `direct` is written by `RegistryCluster`, `served` through
+/// fleetd's API by `HttpCluster`.
+struct Twin {
+    direct: RegistryCluster<MemKv>,
+    served_reg: Registry<MemKv>,
+    direct_reg: Registry<MemKv>,
+    /// The etcd side over the served registry: what the API's answers must equal.
+    served_direct: RegistryCluster<MemKv>,
+    http: HttpCluster,
+    dir: PathBuf,
+    _stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Twin {
+    async fn start(test: &str) -> Twin {
+        let dir = std::env::temp_dir().join(format!("fleetctl-api-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("fleet.sock");
+        let served_reg = Registry::new(MemKv::new(), PREFIX);
+        let direct_reg = Registry::new(MemKv::new(), PREFIX);
+        let router = fleet_api::router(fleet_api::Api::new(served_reg.clone(), 100, "test"));
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        tokio::spawn(fleet_api::serve(
+            fleet_api::Listener::Unix(listener),
+            router,
+            shutdown,
+        ));
+        let endpoint = format!("unix://{}", socket.display());
+        // Pages of 2 make every listing here span several pages.
+        let http = HttpCluster::new(&endpoint, &TlsFiles::default(), Duration::from_secs(5))
+            .unwrap()
+            .with_poll_interval(Duration::from_millis(10))
+            .with_page_size(2);
+        Twin {
+            direct: RegistryCluster::new(direct_reg.clone()),
+            served_direct: RegistryCluster::new(served_reg.clone()),
+            served_reg,
+            direct_reg,
+            http,
+            dir,
+            _stop: stop,
+        }
+    }
+
+    /// Runs a setup step (playing an agent or the engine) on both registries.
+    async fn setup<F, Fut>(&self, step: F)
+    where
+        F: Fn(Registry<MemKv>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        step(self.direct_reg.clone()).await;
+        step(self.served_reg.clone()).await;
+    }
+
+    /// Every listing, through the API and directly, on the served registry: equal.
+    async fn reads_agree(&self, names: &[&str]) {
+        let h = &self.http;
+        let d = &self.served_direct;
+        assert_eq!(shown(h.units(None).await), shown(d.units(None).await));
+        let set: BTreeSet<UnitName> = names.iter().map(|n| name(n)).collect();
+        assert_eq!(
+            shown(h.units(Some(&set)).await),
+            shown(d.units(Some(&set)).await)
+        );
+        for n in &set {
+            assert_eq!(shown(h.unit(n).await), shown(d.unit(n).await), "{n}");
+        }
+        let filters = [
+            StateFilter::default(),
+            StateFilter {
+                machine: Some(machine("m1")),
+                unit: None,
+            },
+            StateFilter {
+                machine: None,
+                unit: Some(name("a.service")),
+            },
+        ];
+        for f in &filters {
+            assert_eq!(shown(h.states(f).await), shown(d.states(f).await), "{f:?}");
+        }
+        assert_eq!(shown(h.machines().await), shown(d.machines().await));
+    }
+}
+
+impl Drop for Twin {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `$op` (a closure body over `c`) through both sides and asserts the same outcome.
+macro_rules! same {
+    ($twin:expr, |$c:ident| $op:expr) => {{
+        let direct = {
+            let $c = &$twin.direct;
+            shown($op.await)
+        };
+        let http = {
+            let $c = &$twin.http;
+            shown($op.await)
+        };
+        assert_eq!(http, direct, "{}", stringify!($op));
+        Outcome(http)
+    }};
+}
+
+async fn runs(reg: Registry<MemKv>, id: &str, units: &[(&str, &UnitFile, bool)]) {
+    let info = MachineInfo {
+        id: machine(id),
+        public_ip: format!("10.0.0.{}", id.len()),
+        metadata: [("role".to_owned(), id.to_owned())].into(),
+        version: "test".into(),
+        disable_engine: false,
+    };
+    let role = MachineRole::new(reg, info.id.clone());
+    let presence = role
+        .register(&info, Duration::from_secs(600), None)
+        .await
+        .unwrap();
+    for &(unit, f, up) in units {
+        let state = UnitStateRecord {
+            name: name(unit),
+            machine: info.id.clone(),
+            hash: Some(f.hash()),
+            systemd: SystemdState {
+                load: "loaded".into(),
+                active: if up { "active" } else { "inactive" }.into(),
+                sub: if up { "running" } else { "dead" }.into(),
+            },
+            drop_ins: vec![],
+            restart: 0,
+            restart_pending: false,
+        };
+        role.publish_state(&presence, &state).await.unwrap();
+    }
+}
+
+async fn schedule(reg: Registry<MemKv>, unit: &str, on: &str, f: &UnitFile) {
+    let entry = ScheduleEntry {
+        name: name(unit),
+        machine: machine(on),
+        hash: f.hash(),
+        desired: DesiredState::Launched,
+        restart: 0,
+        no_restart: false,
+        placement: 0,
+    };
+    reg.write_schedule(&[entry], &[]).await.unwrap();
+}
+
+#[tokio::test]
+async fn every_write_has_the_same_outcome_over_the_api_as_over_etcd() {
+    let t = Twin::start("writes").await;
+    let a = service("/bin/a");
+    let out = same!(t, |c| c.put(put("a.service", Some(a.clone()), None)));
+    assert!(out.value().starts_with("Created"));
+    let out = same!(t, |c| c.put(put("a.service", Some(a.clone()), None)));
+    assert!(out.value().starts_with("Unchanged"));
+    same!(t, |c| c.put(put(
+        "a.service",
+        None,
+        Some(DesiredState::Launched)
+    )));
+    for n in ["b.service", "c.service", "d@.service", "e@1.service"] {
+        same!(t, |c| c.put(put(n, Some(service("/bin/x")), None)));
+    }
+    same!(t, |c| c.set_state(
+        &name("b.service"),
+        StateChange::Raise(DesiredState::Loaded)
+    ));
+    same!(t, |c| c.set_state(&name("b.service"), StateChange::Stop));
+    same!(t, |c| c.set_state(&name("b.service"), StateChange::Unload));
+    same!(t, |c| c.set_state(&name("b.service"), StateChange::Unload));
+    t.reads_agree(&["a.service", "b.service", "d@.service", "zz.service"])
+        .await;
+
+    // A replace with each of --replace's options.
+    let mut req = put("a.service", Some(service("/bin/a2")), None);
+    req.how.no_restart = true;
+    let out = same!(t, |c| c.put(req.clone()));
+    assert!(out.value().starts_with("Replaced"));
+    req.file = Some(service("/bin/a3"));
+    req.how = ReplaceHow {
+        reschedule: true,
+        ..ReplaceHow::default()
+    };
+    same!(t, |c| c.put(req.clone()));
+
+    let out = same!(t, |c| c.restart(&name("a.service")));
+    assert_eq!(out.value(), "Generation(1)");
+    same!(t, |c| c.put(put(
+        "c.service",
+        None,
+        Some(DesiredState::Loaded)
+    )));
+    assert_eq!(
+        same!(t, |c| c.restart(&name("c.service"))).value(),
+        "Launched"
+    );
+
+    // A rolling replace of a global unit.
+    same!(t, |c| c.put(put(
+        "g.service",
+        Some(global("/bin/old")),
+        Some(DesiredState::Launched)
+    )));
+    let mut req = put("g.service", Some(global("/bin/new")), None);
+    req.how.rolling = true;
+    same!(t, |c| c.put(req.clone()));
+    same!(t, |c| c.advance_rollout(
+        &name("g.service"),
+        &[machine("m1"), machine("m2")]
+    ));
+    same!(t, |c| c.finish_rollout(&name("g.service")));
+
+    let out = same!(t, |c| c.destroy(&name("b.service")));
+    assert_eq!(out.value(), "Unit");
+    assert_eq!(
+        same!(t, |c| c.destroy(&name("b.service"))).value(),
+        "Missing"
+    );
+    t.reads_agree(&["a.service", "g.service", "c.service"])
+        .await;
+}
+
+#[tokio::test]
+async fn every_refusal_prints_the_same_message_over_the_api_as_over_etcd() {
+    let t = Twin::start("refusals").await;
+    let missing = name("missing.service");
+    let e = same!(t, |c| c.set_state(&missing, StateChange::Stop));
+    assert_eq!(e.message(), "Unit missing.service does not exist");
+    same!(t, |c| c.restart(&missing));
+    same!(t, |c| c.advance_rollout(&missing, &[machine("m1")]));
+    same!(t, |c| c.put(put(
+        "missing.service",
+        None,
+        Some(DesiredState::Launched)
+    )));
+    same!(t, |c| c.put(put(
+        "t@.service",
+        Some(service("/bin/t")),
+        Some(DesiredState::Launched)
+    )));
+    same!(t, |c| c.put(put(
+        "i.service",
+        Some(service("/bin/i")),
+        None
+    )));
+    let e = same!(t, |c| c.set_state(&name("i.service"), StateChange::Stop));
+    assert_eq!(
+        e.message(),
+        "Unable to stop unit i.service in state inactive"
+    );
+    same!(t, |c| c.restart(&name("i.service")));
+    same!(t, |c| c.put(put(
+        "l.service",
+        Some(service("/bin/l")),
+        Some(DesiredState::Launched)
+    )));
+    let lower = put(
+        "l.service",
+        Some(service("/bin/l2")),
+        Some(DesiredState::Loaded),
+    );
+    let e = same!(t, |c| c.put(lower.clone()));
+    assert!(e.message().contains("can not replace"));
+    let bad = file("[X-Fleet]\nMachineID=not a machine\n");
+    let e = same!(t, |c| c.put(put("bad.service", Some(bad.clone()), None)));
+    assert!(e.0.is_err());
+    t.reads_agree(&["i.service", "l.service", "t@.service"])
+        .await;
+}
+
+#[tokio::test]
+async fn listings_show_placement_states_and_machines_alike_over_several_pages() {
+    let t = Twin::start("listings").await;
+    let a = service("/bin/a");
+    let b = service("/bin/b");
+    same!(t, |c| c.put(put(
+        "a.service",
+        Some(a.clone()),
+        Some(DesiredState::Launched)
+    )));
+    same!(t, |c| c.put(put(
+        "b.service",
+        Some(b.clone()),
+        Some(DesiredState::Loaded)
+    )));
+    same!(t, |c| c.put(put(
+        "g.service",
+        Some(global("/bin/g")),
+        Some(DesiredState::Launched)
+    )));
+    let (ac, bc) = (a.clone(), b.clone());
+    t.setup(move |reg| {
+        let (a, b) = (ac.clone(), bc.clone());
+        async move {
+            runs(
+                reg.clone(),
+                "m1",
+                &[("a.service", &a, true), ("b.service", &b, false)],
+            )
+            .await;
+            runs(reg.clone(), "m2", &[("a.service", &a, false)]).await;
+            runs(reg.clone(), "m3", &[]).await;
+            schedule(reg.clone(), "a.service", "m1", &a).await;
+            schedule(reg.clone(), "b.service", "m1", &b).await;
+            schedule(reg.clone(), "g.service", "m2", &global("/bin/g")).await;
+            schedule(reg, "g.service", "m3", &global("/bin/g")).await;
+        }
+    })
+    .await;
+    let changes = [
+        MetadataChange::Set {
+            machine: machine("m2"),
+            key: "tier".parse().unwrap(),
+            value: "api".into(),
+        },
+        MetadataChange::Remove {
+            machine: machine("m1"),
+            key: "role".parse().unwrap(),
+        },
+    ];
+    same!(t, |c| c.change_metadata(&changes));
+    t.reads_agree(&["a.service", "b.service", "g.service"])
+        .await;
+    let listing = t.http.machines().await.unwrap();
+    assert_eq!(listing.machines.len(), 3);
+    assert_eq!(listing.machines[1].metadata["tier"], "api");
+    let units = t.http.units(None).await.unwrap().units;
+    assert_eq!(units[0].current, DesiredState::Launched);
+    assert_eq!(units[2].status.machines, [machine("m2"), machine("m3")]);
+}
+
+#[tokio::test]
+async fn a_wait_over_the_api_sees_what_a_wait_over_etcd_sees() {
+    let t = Twin::start("watch").await;
+    let a = service("/bin/a");
+    t.http
+        .put(put("a.service", Some(a.clone()), None))
+        .await
+        .unwrap();
+    let names: BTreeSet<UnitName> = [name("a.service"), name("gone.service")].into();
+    let mut changes = t.http.watch(names.clone()).await.unwrap();
+    assert_eq!(changes.names(), &names);
+    let direct = t.served_direct.watch(names.clone()).await.unwrap();
+    assert_eq!(changes.view(), direct.view());
+    t.http
+        .set_state(
+            &name("a.service"),
+            StateChange::Raise(DesiredState::Launched),
+        )
+        .await
+        .unwrap();
+    changes.changed().await.unwrap();
+    assert_eq!(
+        changes.view().units[&name("a.service")].desired,
+        DesiredState::Launched
+    );
+    schedule(t.served_reg.clone(), "a.service", "m1", &a).await;
+    runs(t.served_reg.clone(), "m1", &[("a.service", &a, true)]).await;
+    while !changes.view().states.contains_key(&name("a.service"))
+        || changes.view().machines.is_empty()
+        || changes.view().units[&name("a.service")].machines.is_empty()
+    {
+        changes.changed().await.unwrap();
+    }
+    let direct = t.served_direct.watch(names).await.unwrap();
+    assert_eq!(changes.view(), direct.view());
+}
+
+#[tokio::test]
+async fn a_missing_socket_is_an_error_naming_the_endpoint() {
+    let dir = std::env::temp_dir().join(format!("fleetctl-api-none-{}", std::process::id()));
+    let endpoint = format!("unix://{}/fleet.sock", dir.display());
+    let http = HttpCluster::new(&endpoint, &TlsFiles::default(), Duration::from_secs(5)).unwrap();
+    let e = http.units(None).await.unwrap_err().to_string();
+    assert!(e.contains(&endpoint), "{e}");
+    assert!(e.contains("No such file or directory"), "{e}");
+}

@@ -1,0 +1,211 @@
+//! The TLS configuration of the API's TCP listeners: fleetd's certificate and key, and the
+//! authority every client's certificate must be signed by. A client without a certificate,
+//! or with one of another authority, fails the handshake: it never reaches the router.
+//!
+//! Read once at startup; a file that is missing or holds no certificate or key stops fleetd
+//! with the file's name, rather than serving TLS that no client could use.
+
+use anyhow::{Context, Result, bail};
+use std::path::Path;
+use std::sync::Arc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto};
+
+use crate::config::ApiTlsFiles;
+
+/// The acceptor of every TLS listener.
+pub fn acceptor(files: &ApiTlsFiles) -> Result<TlsAcceptor> {
+    // The provider is named, not taken from the process default: that default is chosen at
+    // run time and fails when more than one provider is compiled in.
+    let provider = Arc::new(crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    for cert in certs(&files.ca)? {
+        roots
+            .add(cert)
+            .with_context(|| format!("api_cafile {}: not a CA certificate", files.ca.display()))?;
+    }
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .context("api_cafile: building the client certificate verifier")?;
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .with_context(|| format!("api_keyfile {}: no private key", files.key.display()))?;
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("api tls: protocol versions")?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs(&files.cert)?, key)
+        .with_context(|| {
+            format!(
+                "api_certfile {} and api_keyfile {}: not a certificate and its key",
+                files.cert.display(),
+                files.key.display()
+            )
+        })?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Every certificate of a PEM file; none is an error.
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .with_context(|| format!("reading certificates from {}", path.display()))?;
+    if certs.is_empty() {
+        bail!("{} holds no certificate", path.display());
+    }
+    Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_api::{Api, Listener};
+    use fleet_registry::Registry;
+    use fleet_registry::kv::MemKv;
+    use fleet_registry::testing::TestCerts;
+    use std::net::{IpAddr, Ipv4Addr};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::TlsConnector;
+    use tokio_rustls::rustls::ClientConfig;
+    use tokio_rustls::rustls::pki_types::ServerName;
+
+    const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+    fn files(certs: &TestCerts) -> ApiTlsFiles {
+        ApiTlsFiles {
+            ca: certs.ca(),
+            cert: certs.server_cert(),
+            key: certs.server_key(),
+        }
+    }
+
+    /// fleetd's API on a TLS listener of 127.0.0.1 over an empty registry; its address.
+    async fn serve(certs: &TestCerts) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind((LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acceptor = acceptor(&files(certs)).unwrap();
+        let router = fleet_api::router(Api::new(Registry::new(MemKv::new(), "/t/"), 100, "0"));
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            fleet_api::serve(Listener::Tls(listener, acceptor), router, shutdown).await;
+            drop(stop);
+        });
+        addr
+    }
+
+    /// A client trusting `ca`, presenting `identity` (certificate, key) if any.
+    fn client(ca: &Path, identity: Option<(&Path, &Path)>) -> TlsConnector {
+        let provider = Arc::new(crypto::ring::default_provider());
+        let mut roots = RootCertStore::empty();
+        for cert in certs(ca).unwrap() {
+            roots.add(cert).unwrap();
+        }
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let config = match identity {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => builder
+                .with_client_auth_cert(
+                    certs(cert).unwrap(),
+                    PrivateKeyDer::from_pem_file(key).unwrap(),
+                )
+                .unwrap(),
+        };
+        TlsConnector::from(Arc::new(config))
+    }
+
+    /// The status line of `GET /fleet/v1/machines`, or why there was none.
+    async fn get_machines(
+        addr: std::net::SocketAddr,
+        client: TlsConnector,
+    ) -> Result<String, String> {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::IpAddress(LOCALHOST.into());
+        let mut tls = client
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+        let request = "GET /fleet/v1/machines HTTP/1.1\r\nHost: fleet\r\nConnection: close\r\n\r\n";
+        tls.write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let mut answer = Vec::new();
+        tls.read_to_end(&mut answer)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        let answer = String::from_utf8_lossy(&answer);
+        match answer.lines().next() {
+            Some(status) if !status.is_empty() => Ok(status.to_owned()),
+            _ => Err("no answer".into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn serves_a_client_whose_certificate_the_ca_signed() {
+        let certs = TestCerts::generate(&[LOCALHOST]);
+        let addr = serve(&certs).await;
+        let identity = (certs.client_cert(), certs.client_key());
+        let client = client(&certs.ca(), Some((&identity.0, &identity.1)));
+        assert_eq!(get_machines(addr, client).await.unwrap(), "HTTP/1.1 200 OK");
+    }
+
+    #[tokio::test]
+    async fn refuses_a_client_without_a_certificate() {
+        let certs = TestCerts::generate(&[LOCALHOST]);
+        let addr = serve(&certs).await;
+        let answer = get_machines(addr, client(&certs.ca(), None)).await;
+        assert!(answer.is_err(), "{answer:?}");
+    }
+
+    #[tokio::test]
+    async fn refuses_a_client_certificate_of_another_ca() {
+        let certs = TestCerts::generate(&[LOCALHOST]);
+        let addr = serve(&certs).await;
+        let identity = (certs.wrong_client_cert(), certs.wrong_client_key());
+        let answer =
+            get_machines(addr, client(&certs.ca(), Some((&identity.0, &identity.1)))).await;
+        assert!(answer.is_err(), "{answer:?}");
+        // And the refused client did not stop the listener.
+        let identity = (certs.client_cert(), certs.client_key());
+        let client = client(&certs.ca(), Some((&identity.0, &identity.1)));
+        assert_eq!(get_machines(addr, client).await.unwrap(), "HTTP/1.1 200 OK");
+    }
+
+    #[tokio::test]
+    async fn a_plain_http_request_to_a_tls_listener_gets_no_answer() {
+        let certs = TestCerts::generate(&[LOCALHOST]);
+        let addr = serve(&certs).await;
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"GET /fleet/v1/machines HTTP/1.1\r\nHost: fleet\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let _ = tcp.read_to_end(&mut answer).await;
+        assert!(
+            !answer.starts_with(b"HTTP/"),
+            "{:?}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+
+    #[test]
+    fn names_the_file_that_holds_no_certificate_or_key() {
+        let certs = TestCerts::generate(&[LOCALHOST]);
+        let mut bad = files(&certs);
+        bad.cert = certs.server_key();
+        let e = format!("{:#}", acceptor(&bad).err().unwrap());
+        assert!(e.contains("holds no certificate"), "{e}");
+        let mut bad = files(&certs);
+        bad.key = certs.server_cert();
+        let e = format!("{:#}", acceptor(&bad).err().unwrap());
+        assert!(e.contains("api_keyfile"), "{e}");
+        let mut bad = files(&certs);
+        bad.ca = certs.dir().join("missing.pem");
+        let e = format!("{:#}", acceptor(&bad).err().unwrap());
+        assert!(e.contains("missing.pem"), "{e}");
+    }
+}
