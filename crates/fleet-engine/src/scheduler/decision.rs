@@ -2,7 +2,7 @@
 //! [`Reason`]; its `Display` is what the engine logs and what `P/unscheduled/<name>` shows.
 
 use fleet_core::{DesiredState, MachineId, RequirementError, UnitHash, UnitName};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// One change to the registry, with the reason for it.
@@ -81,7 +81,7 @@ impl DecisionKind {
 
 /// Why a machine cannot run a unit: one `[X-Fleet]` rule it fails. Serialized (for
 /// [`explain`](crate::explain)) as `{"rule": "<kebab-case variant>", <fields>}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "rule", rename_all = "kebab-case")]
 pub enum Violation {
     /// `MachineID=` names another machine.

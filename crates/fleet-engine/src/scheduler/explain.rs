@@ -9,7 +9,7 @@
 
 use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitHash, UnitName};
 use fleet_registry::{Key, Snapshot};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::cluster::Cluster;
@@ -17,7 +17,7 @@ use super::decision::{Reason, Violation};
 use super::{drain, global_verdicts, globals, keep_rule, place_violation, unschedulable_reason};
 
 /// Where a unit stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Status {
     /// Scheduled on at least one machine.
@@ -37,7 +37,7 @@ pub enum Status {
 }
 
 /// The first rule a machine fails for a unit, as data and as the sentence the engine logs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rejection {
     #[serde(flatten)]
     pub violation: Violation,
@@ -52,7 +52,7 @@ impl From<Violation> for Rejection {
 }
 
 /// What a unit's rules say of one live machine.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MachineVerdict {
     pub machine: MachineId,
     /// Whether the unit is scheduled there now.
@@ -63,7 +63,7 @@ pub struct MachineVerdict {
 }
 
 /// Why a unit is where it is, or nowhere.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Explanation {
     pub unit: UnitName,
     pub status: Status,
@@ -224,7 +224,7 @@ fn rules(reqs: &Requirements) -> Vec<String> {
 }
 
 /// How a drain of one machine stands.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainStatus {
     pub machine: MachineId,
     /// How many moves may be on their way at once; `None`: the machine is not drained.
