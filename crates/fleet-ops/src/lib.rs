@@ -22,7 +22,9 @@ pub mod wire;
 
 pub use error::OpsError;
 pub use etcd::RegistryCluster;
-pub use fleet_engine::{DrainStatus, Explanation};
+pub use fleet_engine::{
+    DrainStatus, Explanation, MachineVerdict, Rejection, Status as ExplainStatus, Violation,
+};
 pub use model::{
     Changes, Destroyed, MachineListing, PutOutcome, PutRequest, ReplaceHow, Restarted, StateChange,
     StateFilter, StateListing, StateView, UnitListing, UnitStatus, UnitView, WaitView,
