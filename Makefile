@@ -8,7 +8,7 @@ TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/
 DEMO_DIR ?= $(TARGET_DIR)/demo
 APT_PACKAGES := gcc libc6-dev protobuf-compiler libprotobuf-dev etcd-server etcd-client systemd dbus dbus-daemon dbus-system-bus-common util-linux iproute2 openssl git
 
-.PHONY: all deps build test test-unit lint demo demo-down bench soak soak-only clean man
+.PHONY: all deps build test test-api test-unit lint demo demo-down bench soak soak-only clean man
 
 all: build
 
@@ -34,7 +34,15 @@ build: deps
 # that a plain `cargo test` stays quick, but part of every `make test` and so of CI.
 test: build
 	$(CARGO) test --workspace --all-features -- --test-threads=4
+	$(MAKE) --no-print-directory test-api
 	$(MAKE) --no-print-directory soak-only
+
+# fleetctl's functional suites once more over the API driver: every fleetctl command of them
+# goes through a machine's fleetd (its /var/run/fleet.sock) instead of straight to etcd
+# (functional-tests/README.md, "fleetctl's two drivers"; ~2 min).
+FLEETCTL_SUITES := agent bad_input disruption remote replace scheduling
+test-api:
+	FLEET_TEST_DRIVER=api $(CARGO) test -p fleet-functional-tests $(addprefix --test ,$(FLEETCTL_SUITES)) -- --test-threads=4
 
 # The long fault-injection variants alone (50 units with 20 kills of fleetd, 100 rounds of
 # racing clients, and the ~5 min chaos soak of functional-tests/tests/chaos.rs).
@@ -62,8 +70,8 @@ demo: build
 demo-down:
 	@if [ -f "$(DEMO_DIR)/cluster.json" ]; then "$(TARGET_DIR)/debug/fleet-cluster" down --dir "$(DEMO_DIR)"; else echo "no demo cluster at $(DEMO_DIR)"; fi
 
-# Every benchmark of issue 6 (not part of `make test`), each scenario writing its section of
-# docs/benchmarks.md: release build, then e2e, one-agent, scale, plot. Needs root; ~7 min
+# Every benchmark of issues 6 and 15 (not part of `make test`), each scenario writing its section
+# of docs/benchmarks.md: release build, then e2e, one-agent, scale, api, plot. Needs root; ~7 min
 # (~14 from a clean clone, with the release build).
 bench: deps
 	@start=$$(date +%s); \
@@ -71,6 +79,7 @@ bench: deps
 	"$(TARGET_DIR)/release/fleet-bench" e2e && \
 	"$(TARGET_DIR)/release/fleet-bench" one-agent && \
 	"$(TARGET_DIR)/release/fleet-bench" scale && \
+	"$(TARGET_DIR)/release/fleet-bench" api && \
 	"$(TARGET_DIR)/release/fleet-bench" plot && \
 	"$(TARGET_DIR)/release/fleet-bench" total --secs $$(( $$(date +%s) - start ))
 

@@ -18,7 +18,7 @@ if ! "$bin/fleet-cluster" up --machines 3 --dir "$dir" --agent-ttl 5s >"$dir.up.
   exit 1
 fi
 endpoint=$(sed -n 's/^etcd: *\(http[^ ]*\).*/\1/p' "$dir.up.log" | head -1)
-fleetctl() { "$bin/fleetctl" --endpoint "$endpoint" "$@"; }
+fleetctl() { "$bin/fleetctl" --driver etcd --endpoint "$endpoint" "$@"; }
 q() { printf '%q' "$1"; }  # one shell word, for the lines printed to paste
 
 mkdir -p "$dir/units"
@@ -62,7 +62,7 @@ cat <<EOF
 
 The cluster is up and stays up. Use it:
 
-  export FLEETCTL_ENDPOINT=$endpoint
+  export FLEETCTL_DRIVER=etcd FLEETCTL_ENDPOINT=$endpoint
   alias fleetctl=$(q "$bin/fleetctl")
   cd $(q "$dir/units")
   fleetctl list-units

@@ -4,6 +4,7 @@
 //! test panics. [`Cluster::detach`] hands that duty to `fleet-cluster down` instead.
 
 use crate::cleanup;
+use crate::driver::{self, Driver};
 use crate::etcd;
 use crate::fleetd::FleetdSpec;
 use crate::machine::{self, BOOT_TIMEOUT, Machine};
@@ -68,12 +69,15 @@ pub struct Cluster {
     etcd: Vec<Option<Child>>,
     /// Whether dropping this value tears the cluster down.
     owned: bool,
+    /// How [`Cluster::fleetctl`] reaches the cluster: `$FLEET_TEST_DRIVER` unless a test pins it.
+    driver: Driver,
 }
 
 impl Cluster {
     /// Boots etcd and `spec.machines` machines and waits until every machine is `running`.
     /// On error, whatever was already started is torn down.
     pub fn start(spec: ClusterSpec) -> Result<Cluster> {
+        let driver = Driver::from_env()?;
         let run_id = RunId::random()?;
         let dir = spec
             .dir
@@ -130,6 +134,7 @@ impl Cluster {
             machines: Vec::new(),
             etcd: Vec::new(),
             owned: true,
+            driver,
         };
         cluster.create_network()?;
         // The ports were free a moment ago; if another process took one since, etcd exits at
@@ -227,6 +232,7 @@ impl Cluster {
             machines,
             etcd: Vec::new(),
             owned: false,
+            driver: Driver::from_env()?,
         })
     }
 
@@ -326,19 +332,62 @@ impl Cluster {
         self.state.bin_dir.join("fleetctl")
     }
 
-    /// Runs `fleetctl --endpoint <etcd> args...` on the host.
+    /// The driver [`Cluster::fleetctl`] uses.
+    pub fn driver(&self) -> Driver {
+        self.driver
+    }
+
+    /// Pins the driver of [`Cluster::fleetctl`], for a test about one driver (etcd's own
+    /// failures, say) whatever `$FLEET_TEST_DRIVER` says.
+    pub fn set_driver(&mut self, driver: Driver) {
+        self.driver = driver;
+    }
+
+    /// Runs fleetctl on the host over the cluster's driver ([`Cluster::driver`]).
     pub fn fleetctl<I, S>(&self, args: I) -> Result<Output>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<std::ffi::OsStr>,
     {
-        Command::new(self.fleetctl_path())
-            .arg("--endpoint")
-            .arg(self.etcd_endpoint())
+        self.fleetctl_over(self.driver, args)
+    }
+
+    /// Runs fleetctl on the host over `driver`, output captured.
+    pub fn fleetctl_over<I, S>(&self, driver: Driver, args: I) -> Result<Output>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        self.fleetctl_command(driver)?
             .args(args)
             .stdin(Stdio::null())
             .output()
             .with_context(|| format!("cannot run {}", self.fleetctl_path().display()))
+    }
+
+    /// fleetctl on the host, pointed at the cluster over `driver` (etcd's endpoint, or the API
+    /// socket of [`Cluster::api_machine`]'s fleetd), for a test to add arguments and run.
+    /// The endpoint and driver are `FLEETCTL_ENDPOINT`/`FLEETCTL_DRIVER`, so an `--endpoint`
+    /// among the arguments wins.
+    pub fn fleetctl_command(&self, driver: Driver) -> Result<Command> {
+        let socket = match driver {
+            Driver::Etcd => PathBuf::new(),
+            Driver::Api => self.api_machine()?.api_socket(),
+        };
+        let mut command = Command::new(self.fleetctl_path());
+        command.envs(driver.env(&self.etcd_endpoint(), &socket));
+        Ok(command)
+    }
+
+    /// The machine whose fleetd the API driver talks to: the first one that is up and whose
+    /// API answers (so a test that stops, freezes or cuts off one fleetd goes on through
+    /// another, as a user would log in elsewhere), else the first one that is up, for
+    /// fleetctl to report what is wrong.
+    pub fn api_machine(&self) -> Result<&Machine> {
+        let up = || self.machines.iter().filter(|m| m.is_up());
+        up().find(|m| driver::serves(&m.api_socket()))
+            .or_else(|| up().next())
+            .context("no machine is up to serve the API")
     }
 
     /// Stops every etcd member (SIGTERM, then SIGKILL after 10 s). Their data stays for

@@ -173,6 +173,16 @@ impl Machine {
         self.state.pid1.map_or(0, |p| p.pid)
     }
 
+    /// fleetd's default API socket (`/var/run/fleet.sock` inside), as a path on the host.
+    pub fn api_socket(&self) -> PathBuf {
+        crate::driver::machine_api_socket(self.pid1())
+    }
+
+    /// The API driver's endpoint for this machine's fleetd, from the host.
+    pub fn api_endpoint(&self) -> String {
+        format!("unix://{}", self.api_socket().display())
+    }
+
     /// Whether its systemd still runs (false after [`Machine::poweroff`]).
     pub fn is_up(&self) -> bool {
         self.state.pid1.is_some_and(|p| p.is_alive())

@@ -6,7 +6,8 @@
 
 use anyhow::{Context, Result, ensure};
 use fleet_functional_tests::{
-    Cluster, ClusterSpec, FleetdSpec, Machine, cleanup_stale, leftovers, wait_for_value,
+    Cluster, ClusterSpec, FleetdSpec, Machine, cleanup_stale, inside_machine_args, leftovers,
+    wait_for_value,
 };
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -82,14 +83,17 @@ fn status_and_journal_run_locally_on_the_units_machine_and_over_ssh_elsewhere() 
     let o = cluster.fleetctl(["start", &fixture("hello.service")])?;
     ensure!(o.status.success(), "start failed: {}", text(&o));
     let here = machine_of(&cluster, "hello.service")?;
-    let endpoint = cluster.etcd_endpoint();
+    // Inside a machine, over the API, fleetctl needs no endpoint: its own fleetd's socket.
+    let inside = inside_machine_args(cluster.driver(), &cluster.etcd_endpoint());
+    let inside_with = |args: &[&str]| -> Vec<String> {
+        let mut all = inside.clone();
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        all
+    };
 
     // On the unit's machine: systemctl and journalctl run directly.
     let fleetctl = "/opt/fleet/bin/fleetctl";
-    let o = here.exec(
-        fleetctl,
-        ["--endpoint", &endpoint, "status", "hello.service"],
-    )?;
+    let o = here.exec(fleetctl, inside_with(&["status", "hello.service"]))?;
     ensure!(o.status.success(), "local status failed: {}", text(&o));
     ensure!(
         text(&o).contains("Active: active (running)"),
@@ -100,14 +104,7 @@ fn status_and_journal_run_locally_on_the_units_machine_and_over_ssh_elsewhere() 
         let o = here
             .exec(
                 fleetctl,
-                [
-                    "--endpoint",
-                    &endpoint,
-                    "journal",
-                    "--lines",
-                    "50",
-                    "hello.service",
-                ],
+                inside_with(&["journal", "--lines", "50", "hello.service"]),
             )
             .ok()?;
         (o.status.success() && text(&o).contains("Hello, World!")).then(|| text(&o))
@@ -117,10 +114,9 @@ fn status_and_journal_run_locally_on_the_units_machine_and_over_ssh_elsewhere() 
 
     // From the host (another machine-id): over "ssh" to the unit's machine.
     let ssh = fake_ssh(&cluster)?;
-    let o = Command::new(cluster.fleetctl_path())
+    let o = cluster
+        .fleetctl_command(cluster.driver())?
         .args([
-            "--endpoint",
-            &endpoint,
             "--strict-host-key-checking=false",
             "status",
             "hello.service",
@@ -133,15 +129,9 @@ fn status_and_journal_run_locally_on_the_units_machine_and_over_ssh_elsewhere() 
         "{}",
         text(&o)
     );
-    let o = Command::new(cluster.fleetctl_path())
-        .args([
-            "--endpoint",
-            &endpoint,
-            "journal",
-            "--lines",
-            "50",
-            "hello.service",
-        ])
+    let o = cluster
+        .fleetctl_command(cluster.driver())?
+        .args(["journal", "--lines", "50", "hello.service"])
         .env("FLEETCTL_SSH_COMMAND", &ssh)
         .output()?;
     ensure!(

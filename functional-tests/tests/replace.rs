@@ -86,11 +86,10 @@ struct Run {
     stderr: String,
 }
 
-/// Starts `fleetctl --endpoint <etcd> args...` on the host, output captured.
+/// Starts fleetctl (over the cluster's driver) on the host, output captured.
 fn spawn_fleetctl<S: AsRef<str>>(cluster: &Cluster, args: &[S]) -> Result<Child> {
-    Command::new(cluster.fleetctl_path())
-        .arg("--endpoint")
-        .arg(cluster.etcd_endpoint())
+    cluster
+        .fleetctl_command(cluster.driver())?
         .args(args.iter().map(AsRef::as_ref))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -7,10 +7,13 @@
 //! - `plot`: convergence time over a grid of units and machines, drawn as an SVG;
 //! - `reconnect`: 1,000 simulated machines, etcd killed and restarted: the requests per
 //!   100 ms once it is back (whether agents reconnect in lockstep);
+//! - `api`: the scale simulation with 10,000 units: a blocking `fleetctl start` and
+//!   `fleetctl list-units`, over the API next to over etcd;
 //! - `agent-probe` (internal): run by `one-agent` inside a machine.
 //!
 //! It measures; it never asserts the targets (they are reported as met or missed).
 
+mod api;
 mod counting;
 mod e2e;
 mod metered;
@@ -92,6 +95,15 @@ enum Scenario {
         #[arg(long, default_value_t = 60)]
         idle_secs: u64,
     },
+    /// fleetctl's latency over the API next to over etcd, on the scale simulation.
+    Api {
+        #[arg(long, default_value_t = 100)]
+        machines: usize,
+        #[arg(long, default_value_t = 10_000)]
+        units: usize,
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+    },
     /// Convergence time over a grid of machines and units, as docs/bench-scale.svg.
     Plot {
         #[arg(long, value_delimiter = ',', default_value = "100,300,1000")]
@@ -162,6 +174,17 @@ fn main() -> Result<()> {
             (
                 "scale",
                 runtime()?.block_on(scale::run(machines, units, idle, &fleetctl))?,
+            )
+        }
+        Scenario::Api {
+            machines,
+            units,
+            runs,
+        } => {
+            let fleetctl = bin_dir()?.join("fleetctl");
+            (
+                "api",
+                runtime()?.block_on(api::run(machines, units, runs, &fleetctl))?,
             )
         }
         Scenario::Plot { machines, units } => {
