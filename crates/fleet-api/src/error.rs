@@ -67,6 +67,8 @@ pub enum ApiError {
     BadMachineId(String),
     #[error("pageSize must be 1 to 65535, got {0:?}")]
     BadPageSize(String),
+    #[error("parallel must be a whole number from 1, got {0:?}")]
+    BadParallel(String),
     #[error("invalid op: expect add, remove, or replace")]
     PatchOp,
     #[error("machine metadata path invalid")]
@@ -103,6 +105,7 @@ impl ApiError {
             | Self::RaiseWithoutState
             | Self::BadMachineId(_)
             | Self::BadPageSize(_)
+            | Self::BadParallel(_)
             | Self::PatchOp
             | Self::PatchPath
             | Self::PatchNoValue

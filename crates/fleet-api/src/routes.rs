@@ -24,6 +24,7 @@ use std::collections::BTreeSet;
 use crate::discovery;
 use crate::entity;
 use crate::error::{ApiError, json_response};
+use crate::maintenance;
 use crate::ops::{metadata_changes, unit_file};
 use crate::page::PageToken;
 
@@ -90,6 +91,9 @@ enum Route<'a> {
     Unit(&'a str),
     States,
     State(&'a str),
+    Drains,
+    Drain(&'a str),
+    Explain(&'a str),
 }
 
 fn parse_path(path: &str) -> Option<Route<'_>> {
@@ -107,9 +111,12 @@ fn parse_path(path: &str) -> Option<Route<'_>> {
         "/machines" => Some(Route::Machines),
         "/units" => Some(Route::Units),
         "/state" => Some(Route::States),
+        "/drains" => Some(Route::Drains),
         _ => item("/units")
             .map(Route::Unit)
-            .or_else(|| item("/state").map(Route::State)),
+            .or_else(|| item("/state").map(Route::State))
+            .or_else(|| item("/drains").map(Route::Drain))
+            .or_else(|| item("/explain").map(Route::Explain)),
     }
 }
 
@@ -185,6 +192,13 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
             }
         }
         (Route::States | Route::State(_), _) => Err(ApiError::WrongMethod("GET")),
+        (Route::Drains, Method::GET) => maintenance::list_drains(&api.cluster).await,
+        (Route::Drains, _) => Err(ApiError::WrongMethod("GET")),
+        (Route::Drain(machine), method) => {
+            let parallel = query_values(&query.raw, maintenance::PARALLEL);
+            maintenance::drain(&api.cluster, machine, method, &parallel).await
+        }
+        (Route::Explain(unit), method) => maintenance::explain(&api.cluster, unit, method).await,
     }
 }
 

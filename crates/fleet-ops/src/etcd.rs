@@ -12,6 +12,7 @@
 //! cost a whole snapshot per unit. Nothing here logs an error: callers decide what a failure
 //! means; only what was written is logged, at debug.
 
+mod maintenance;
 pub mod views;
 mod watch;
 
@@ -31,7 +32,7 @@ use crate::model::{
     Destroyed, MachineListing, PutOutcome, PutRequest, Restarted, StateChange, StateFilter,
     StateListing, UnitListing, UnitView,
 };
-use crate::{Cluster, OpsError};
+use crate::{Cluster, DrainStatus, Explanation, OpsError};
 
 /// How often a write re-reads a unit that another client keeps changing.
 pub const ATTEMPTS: usize = 5;
@@ -314,10 +315,13 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     async fn machines(&self) -> Result<MachineListing, OpsError> {
         let machines = self.registry.machines().await?;
         let notice = self.registry.disruption().await?;
+        let drains = self.registry.drains().await?;
+        let skipped = machines.skipped.iter().chain(&drains.skipped);
         Ok(MachineListing {
             machines: machines.items,
-            skipped: machines.skipped.iter().map(ToString::to_string).collect(),
+            skipped: skipped.map(ToString::to_string).collect(),
             notice,
+            drained: drains.items,
         })
     }
 
@@ -411,6 +415,25 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
             }
         }
         Err(OpsError::Conflict(name.clone()))
+    }
+
+    async fn drain(&self, machine: &MachineId, parallel: u32) -> Result<DrainStatus, OpsError> {
+        self.units.drain(machine, parallel).await?;
+        self.drain_status(machine).await
+    }
+
+    async fn undrain(&self, machine: &MachineId) -> Result<bool, OpsError> {
+        Ok(self.units.undrain(machine).await?)
+    }
+
+    async fn drain_status(&self, machine: &MachineId) -> Result<DrainStatus, OpsError> {
+        let (snap, files) = self.scheduler_view().await?;
+        Ok(fleet_engine::drain_status(&snap, &files, machine))
+    }
+
+    async fn explain(&self, name: &UnitName) -> Result<Explanation, OpsError> {
+        let (snap, files) = self.scheduler_view().await?;
+        Ok(fleet_engine::explain(&snap, &files, name))
     }
 
     async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<(), OpsError> {

@@ -78,12 +78,14 @@ pub struct StateFilter {
     pub unit: Option<UnitName>,
 }
 
-/// Live machines and the engine's disruption notice.
+/// Live machines, the engine's disruption notice and the drained machines.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MachineListing {
     pub machines: Vec<MachineInfo>,
     pub skipped: Vec<String>,
     pub notice: Option<String>,
+    /// Drain marks, by machine (machines not registered included).
+    pub drained: Vec<fleet_registry::DrainRecord>,
 }
 
 /// `--replace`'s options.

@@ -27,6 +27,23 @@ pub const UNIT_NAME: &str = "unitName";
 pub const PAGE_SIZE: &str = "pageSize";
 /// `GET /state?machineID=`; and the machines of `op=advanceRollout`, one value each.
 pub const MACHINE_ID: &str = "machineID";
+/// `PUT /drains/<machine>?parallel=N`: how many moves may be on their way at once.
+pub const PARALLEL: &str = "parallel";
+
+/// `GET /drains`: every drain mark (this API's extension; not paged, one per machine).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainList {
+    #[serde(default)]
+    pub drains: Vec<fleet_registry::DrainRecord>,
+}
+
+/// `DELETE /drains/<machine>`: whether there was a drain to remove.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Undrained {
+    #[serde(default)]
+    pub was_drained: bool,
+}
 
 fn is_empty(s: &str) -> bool {
     s.is_empty()

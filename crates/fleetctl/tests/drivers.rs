@@ -283,3 +283,123 @@ async fn https_endpoints_take_the_ca_and_client_certificate_flags() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("needs --ca-file"), "{err}");
 }
+
+/// Registers machine `id` under `prefix` and schedules `unit` there as an engine would.
+async fn machine_running(env: &Env, prefix: &str, id: &str, unit: &str) {
+    use fleet_core::{MachineInfo, UnitName};
+    let registry = Registry::new(env.etcd.kv().await, prefix);
+    let info = MachineInfo {
+        id: id.parse().unwrap(),
+        public_ip: String::new(),
+        metadata: Default::default(),
+        version: "test".into(),
+        disable_engine: false,
+    };
+    fleet_registry::MachineRole::new(registry.clone(), info.id.clone())
+        .register(&info, std::time::Duration::from_secs(3600), None)
+        .await
+        .unwrap();
+    let name: UnitName = unit.parse().unwrap();
+    let record = registry.unit(&name).await.unwrap().unwrap();
+    let entry = fleet_registry::ScheduleEntry {
+        name,
+        machine: info.id,
+        hash: record.hash(),
+        desired: record.desired(),
+        restart: 0,
+        no_restart: false,
+        placement: 0,
+    };
+    registry.write_schedule(&[entry], &[]).await.unwrap();
+}
+
+#[tokio::test]
+async fn drain_undrain_and_explain_print_the_same_over_the_api_as_over_etcd() {
+    let env = Env::start("drain").await;
+    env.write(
+        "p.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n\n[X-Fleet]\nMachineID=m1\n",
+    );
+    env.write("w.service", "[Service]\nExecStart=/bin/true\n");
+    for flags in [env.over_etcd(), env.over_api()] {
+        let out = env
+            .fleetctl(&flags, &["submit", "p.service", "w.service"])
+            .await;
+        assert!(out.status.success(), "{:?}", shown(&out));
+        let out = env
+            .fleetctl(&flags, &["start", "--no-block", "p.service", "w.service"])
+            .await;
+        assert!(out.status.success(), "{:?}", shown(&out));
+    }
+    machine_running(&env, ETCD_PREFIX, "m1", "p.service").await;
+    machine_running(&env, API_PREFIX, "m1", "p.service").await;
+    let script: &[&[&str]] = &[
+        &["drain", "m1"],
+        &["drain", "--force", "--parallel=2", "m1"],
+        &["drain", "--no-block", "m9"],
+        &["list-machines"],
+        &["list-machines", "--fields=machine,drained"],
+        &["explain", "p.service"],
+        &["explain", "--output=json", "p.service"],
+        &["explain", "w.service"],
+        &["explain", "missing.service"],
+        &["undrain", "m1"],
+        &["undrain", "m1"],
+        &["list-machines", "--fields=machine,drained"],
+    ];
+    let mut differ = Vec::new();
+    let mut api_out = Vec::new();
+    for args in script {
+        let etcd = shown(&env.fleetctl(&env.over_etcd(), args).await);
+        let api = shown(&env.fleetctl(&env.over_api(), args).await);
+        if etcd != api {
+            differ.push(format!("{args:?}:\n  etcd: {etcd:?}\n  api:  {api:?}"));
+        }
+        api_out.push(api);
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+    let (code, _, err) = &api_out[0];
+    assert_eq!(*code, Some(1), "a unit that cannot leave fails the drain");
+    assert!(
+        err.contains(
+            "Unit p.service cannot leave m1: stays on drained machine m1: no other machine"
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        api_out[1].0,
+        Some(0),
+        "--force accepts it: {:?}",
+        api_out[1]
+    );
+    assert!(
+        api_out[3].2.contains("is drained (2 move(s) at a time)"),
+        "{:?}",
+        api_out[3]
+    );
+    assert!(api_out[4].1.contains("parallel=2"), "{:?}", api_out[4]);
+    assert!(
+        api_out[5].1.starts_with("Unit p.service: placed\n"),
+        "{:?}",
+        api_out[5]
+    );
+    let json: serde_json::Value = serde_json::from_str(&api_out[6].1).unwrap();
+    assert_eq!(json["machines"][0]["rejected"]["rule"], "drained");
+    assert!(
+        api_out[7].1.contains("machine is drained"),
+        "a waiting unit names the drain: {:?}",
+        api_out[7]
+    );
+    assert_eq!(api_out[8].0, Some(1), "{:?}", api_out[8]);
+    assert!(
+        api_out[9].1.contains("Machine m1 undrained"),
+        "{:?}",
+        api_out[9]
+    );
+    assert!(
+        api_out[10].1.contains("was not drained"),
+        "{:?}",
+        api_out[10]
+    );
+    assert!(!api_out[11].1.contains("parallel="), "{:?}", api_out[11]);
+}

@@ -10,8 +10,8 @@
 use fleet_core::{DesiredState, MachineId, UnitName};
 use fleet_ops::wire::{self, MachinePage, UnitPage, UnitStatePage, WriteResult};
 use fleet_ops::{
-    Cluster, Destroyed, MachineListing, OpsError, PutOutcome, PutRequest, Restarted, StateChange,
-    StateFilter, StateListing, StateView, UnitListing, UnitView, convert,
+    Cluster, Destroyed, DrainStatus, Explanation, MachineListing, OpsError, PutOutcome, PutRequest,
+    Restarted, StateChange, StateFilter, StateListing, StateView, UnitListing, UnitView, convert,
 };
 use fleet_registry::MetadataChange;
 use fleet_registry::kv::TlsFiles;
@@ -251,7 +251,37 @@ impl Cluster for HttpCluster {
                 listing.notice = Some(page.disruption_notice);
             }
         }
+        let answer = self.send(Method::GET, "/drains", &[], None).await?;
+        listing.drained = decode::<wire::DrainList>(&answer, None)?.drains;
         Ok(listing)
+    }
+
+    async fn drain(&self, machine: &MachineId, parallel: u32) -> Result<DrainStatus, OpsError> {
+        let query = [(wire::PARALLEL, parallel.to_string())];
+        let answer = self
+            .send(Method::PUT, &drain_path(machine), &query, None)
+            .await?;
+        decode(&answer, None)
+    }
+
+    async fn undrain(&self, machine: &MachineId) -> Result<bool, OpsError> {
+        let answer = self
+            .send(Method::DELETE, &drain_path(machine), &[], None)
+            .await?;
+        Ok(decode::<wire::Undrained>(&answer, None)?.was_drained)
+    }
+
+    async fn drain_status(&self, machine: &MachineId) -> Result<DrainStatus, OpsError> {
+        let answer = self
+            .send(Method::GET, &drain_path(machine), &[], None)
+            .await?;
+        decode(&answer, None)
+    }
+
+    async fn explain(&self, name: &UnitName) -> Result<Explanation, OpsError> {
+        let path = format!("/explain/{}", utf8_percent_encode(name.as_str(), ESCAPED));
+        let answer = self.send(Method::GET, &path, &[], None).await?;
+        decode(&answer, Some(name))
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutOutcome, OpsError> {
@@ -342,6 +372,10 @@ impl Cluster for HttpCluster {
     async fn watch(&self, names: BTreeSet<UnitName>) -> Result<HttpChanges, OpsError> {
         HttpChanges::start(self.clone(), names).await
     }
+}
+
+fn drain_path(machine: &MachineId) -> String {
+    format!("/drains/{}", utf8_percent_encode(machine.as_str(), ESCAPED))
 }
 
 fn unit_path(name: &UnitName) -> String {
