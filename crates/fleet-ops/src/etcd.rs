@@ -282,6 +282,11 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     }
 
     async fn unit(&self, name: &UnitName) -> Result<Option<UnitView>, OpsError> {
+        // The record alone first: a missing unit costs no snapshot, and one that cannot be
+        // read is an error naming its key (a snapshot would leave it out as absent).
+        if self.registry.unit(name).await?.is_none() {
+            return Ok(None);
+        }
         for _ in 0..ATTEMPTS {
             let snap = self.registry.snapshot().await?;
             let Some(unit) = snap.units.get(name) else {

@@ -303,6 +303,9 @@ async fn listings_skip_unreadable_values_and_say_so<K: Kv>(reg: Registry<K>) {
     put_raw(&reg, &reg.keys().file(&file("/bin/a").hash()), "[Service\n").await;
     let listing = c.units(None).await.unwrap();
     assert!(listing.units.is_empty(), "{listing:?}");
+    // Asked for by name, an unreadable record is an error naming its key.
+    let err = c.unit(&name("b.service")).await.unwrap_err();
+    assert!(err.to_string().contains("/unit/b.service"), "{err}");
     assert_eq!(listing.skipped.len(), 2, "{:?}", listing.skipped);
     assert!(
         listing
