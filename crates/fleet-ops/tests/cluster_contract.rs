@@ -5,8 +5,8 @@
 use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
 use fleet_ops::model::Changes;
 use fleet_ops::{
-    Cluster, Destroyed, OpsError, PutOutcome, PutRequest, RegistryCluster, ReplaceHow, Restarted,
-    StateChange, StateFilter,
+    Cluster, Destroyed, Expect, OpsError, PutOutcome, PutRequest, RegistryCluster, ReplaceHow,
+    Restarted, StateChange, StateFilter,
 };
 use fleet_registry::kv::{Hook, Hooked, Kv, KvError, MemKv, Request, Txn, TxnOp};
 use fleet_registry::testing::TestEtcd;
@@ -527,8 +527,9 @@ async fn a_watch_sees_its_units_states_and_machines_change<K: Kv>(reg: Registry<
     assert!(view.machines.contains_key(&machine("m1")));
 }
 
-/// Another client that writes `a.service` (with `file` at `desired`, or bumps its restart
-/// generation when it exists) just before each of our first `times` transactions on it.
+/// Another client that writes `a.service` just before each of our first `times`
+/// transactions on it: creates it with `file` at `desired`, replaces it with `file` when it
+/// holds other content, or else bumps its restart generation.
 #[derive(Clone)]
 struct Meddler<K> {
     other: Registry<K>,
@@ -553,6 +554,12 @@ impl<K: Kv> Hook for Meddler<K> {
                 None => {
                     units
                         .create_unit(&name("a.service"), &self.file, self.desired)
+                        .await
+                        .unwrap();
+                }
+                Some(unit) if unit.hash() != self.file.hash() => {
+                    units
+                        .replace_unit(&unit, &self.file, unit.desired())
                         .await
                         .unwrap();
                 }
@@ -660,6 +667,57 @@ async fn writes_retry_a_concurrent_change_five_times_then_conflict<K: Kv>(reg: R
     assert!(reg.unit(&name("a.service")).await.unwrap().is_some());
 }
 
+async fn put_if_refuses_to_write_over_another_clients_write<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let hash = |exec: &str| file(exec).hash();
+    let out = c
+        .put_if(create("a.service", file("/bin/a"), None), Expect::Absent)
+        .await
+        .unwrap();
+    assert!(matches!(out, PutOutcome::Created(_)), "{out:?}");
+    // Another client put the very content asked: fine.
+    let out = c
+        .put_if(create("a.service", file("/bin/a"), None), Expect::Absent)
+        .await
+        .unwrap();
+    assert!(matches!(out, PutOutcome::Unchanged(_)), "{out:?}");
+    let err = c
+        .put_if(create("a.service", file("/bin/x"), None), Expect::Absent)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    let out = c
+        .put_if(
+            create("a.service", file("/bin/b"), None),
+            Expect::Content(hash("/bin/a")),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(out, PutOutcome::Replaced(_)), "{out:?}");
+    let before = keys(&reg).await;
+    let err = c
+        .put_if(
+            create("a.service", file("/bin/c"), None),
+            Expect::Content(hash("/bin/a")),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    assert_eq!(keys(&reg).await, before);
+    // A replace by another client between our read and our write: ours fails, theirs stays.
+    let c = meddled(&reg, file("/bin/theirs"), DesiredState::Inactive, 1);
+    let err = c
+        .put_if(
+            create("a.service", file("/bin/d"), None),
+            Expect::Content(hash("/bin/b")),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
+    assert_eq!(unit.hash(), hash("/bin/theirs"));
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -700,4 +758,5 @@ contract!(
     a_create_that_loses_a_race_below_its_state_raises_it,
     a_create_that_loses_a_race_to_other_content_is_a_conflict,
     writes_retry_a_concurrent_change_five_times_then_conflict,
+    put_if_refuses_to_write_over_another_clients_write,
 );

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use fleet_core::{DesiredState, MachineId, UnitName};
 use fleet_ops::convert;
 use fleet_ops::wire::{self, Op, WriteResult};
-use fleet_ops::{Cluster, Destroyed, PutOutcome, PutRequest, ReplaceHow, StateChange};
+use fleet_ops::{Cluster, Destroyed, Expect, PutOutcome, PutRequest, ReplaceHow, StateChange};
 use fleet_registry::kv::Kv;
 use http::StatusCode;
 
@@ -85,15 +85,23 @@ pub(super) async fn put_unit<K: Kv>(
         reschedule: flag(&query.raw, wire::RESCHEDULE),
         rolling: flag(&query.raw, wire::ROLLING),
     };
-    let outcome = api
-        .cluster
-        .put(PutRequest {
-            name,
-            file,
-            desired,
-            how,
-        })
-        .await?;
+    let expect = match first(&query.raw, wire::EXPECT) {
+        None => None,
+        Some(v) if v == wire::EXPECT_ABSENT => Some(Expect::Absent),
+        Some(v) => Some(Expect::Content(
+            v.parse().map_err(|_| ApiError::BadExpect(v.clone()))?,
+        )),
+    };
+    let req = PutRequest {
+        name,
+        file,
+        desired,
+        how,
+    };
+    let outcome = match expect {
+        Some(expect) => api.cluster.put_if(req, expect).await?,
+        None => api.cluster.put(req).await?,
+    };
     if query.full {
         return Ok(written(&convert::put_to_wire(&outcome)));
     }
