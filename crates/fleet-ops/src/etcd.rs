@@ -77,6 +77,28 @@ impl<K: Kv> RegistryCluster<K> {
             .and_then(|m| m.keys().next().cloned()))
     }
 
+    /// Creates `name`; `None` when another client created it first with the same content
+    /// below `desired` (read again: it is then raised).
+    async fn create(
+        &self,
+        name: &UnitName,
+        file: &UnitFile,
+        desired: DesiredState,
+    ) -> Result<Option<PutOutcome>, OpsError> {
+        match self.units.create_unit(name, file, desired).await? {
+            CreateOutcome::Created(unit) => {
+                Ok(Some(PutOutcome::Created(views::written_view(&unit, file))))
+            }
+            // Created by another client since we read: the same content at or above the
+            // state asked is what was asked; a lower state is raised on the next pass; other
+            // content is theirs to keep.
+            CreateOutcome::Exists(unit) if unit.hash() == file.hash() => Ok((unit.desired()
+                >= desired)
+                .then(|| PutOutcome::Unchanged(views::written_view(&unit, file)))),
+            CreateOutcome::Exists(_) => Err(OpsError::Conflict(name.clone())),
+        }
+    }
+
     /// Reads, decides and writes one put; `None` when another client changed the unit
     /// between the read and the write (read again). With `expect`, the unit read must be as
     /// the caller expects; the write is conditional on that very record, so no other write
@@ -94,23 +116,7 @@ impl<K: Kv> RegistryCluster<K> {
         debug!(unit = %req.name, plan = plan.kind(), "putting unit");
         let written = match plan {
             PutPlan::Create { file, desired } => {
-                match self.units.create_unit(&req.name, &file, desired).await? {
-                    CreateOutcome::Created(unit) => {
-                        PutOutcome::Created(views::written_view(&unit, &file))
-                    }
-                    // Created by another client since we read: the same content at or above
-                    // the state asked is what was asked; a lower state is raised on the next
-                    // pass; other content is theirs to keep.
-                    CreateOutcome::Exists(unit) if unit.hash() == file.hash() => {
-                        if unit.desired() >= desired {
-                            return Ok(Some(PutOutcome::Unchanged(views::written_view(
-                                &unit, &file,
-                            ))));
-                        }
-                        return Ok(None);
-                    }
-                    CreateOutcome::Exists(_) => return Err(OpsError::Conflict(req.name.clone())),
-                }
+                return self.create(&req.name, &file, desired).await;
             }
             PutPlan::Replace {
                 existing,
