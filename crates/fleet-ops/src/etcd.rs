@@ -92,9 +92,14 @@ impl<K: Kv> RegistryCluster<K> {
             // Created by another client since we read: the same content at or above the
             // state asked is what was asked; a lower state is raised on the next pass; other
             // content is theirs to keep.
-            CreateOutcome::Exists(unit) if unit.hash() == file.hash() => Ok((unit.desired()
-                >= desired)
-                .then(|| PutOutcome::Unchanged(views::written_view(&unit, file)))),
+            CreateOutcome::Exists(unit) if unit.hash() == file.hash() => {
+                if unit.desired() < desired {
+                    return Ok(None);
+                }
+                Ok(Some(PutOutcome::Unchanged(views::written_view(
+                    &unit, file,
+                ))))
+            }
             CreateOutcome::Exists(_) => Err(OpsError::Conflict(name.clone())),
         }
     }
