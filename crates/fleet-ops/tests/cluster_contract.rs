@@ -718,6 +718,38 @@ async fn put_if_refuses_to_write_over_another_clients_write<K: Kv>(reg: Registry
     assert_eq!(unit.hash(), hash("/bin/theirs"));
 }
 
+/// A put decided from what the caller read fails, writing nothing, once another client changed
+/// the unit (two `start --replace` at once: one wins, the other is told); the same content
+/// put by both is no conflict. (Helper B's test of the same put_if.)
+async fn put_if_refuses_a_unit_changed_since_the_caller_read_it<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let (v0, va, vb) = (file("/bin/v0"), file("/bin/va"), file("/bin/vb"));
+    let absent = Expect::Absent;
+    c.put_if(create("r.service", v0.clone(), None), absent)
+        .await
+        .unwrap();
+    let from_v0 = Expect::Content(v0.hash());
+    let winner = c.put_if(create("r.service", va.clone(), None), from_v0);
+    assert!(matches!(winner.await.unwrap(), PutOutcome::Replaced(_)));
+    let before = keys(&reg).await;
+    let loser = c
+        .put_if(create("r.service", vb.clone(), None), from_v0)
+        .await;
+    assert!(matches!(loser, Err(OpsError::Conflict(_))), "{loser:?}");
+    assert!(
+        loser
+            .unwrap_err()
+            .to_string()
+            .contains("nothing was written"),
+        "the loser is told nothing was written"
+    );
+    let created = c.put_if(create("r.service", vb, None), absent).await;
+    assert!(matches!(created, Err(OpsError::Conflict(_))), "{created:?}");
+    assert_eq!(keys(&reg).await, before, "a refused put_if wrote");
+    let same = c.put_if(create("r.service", va, None), from_v0).await;
+    assert!(matches!(same, Ok(PutOutcome::Unchanged(_))), "{same:?}");
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -759,4 +791,5 @@ contract!(
     a_create_that_loses_a_race_to_other_content_is_a_conflict,
     writes_retry_a_concurrent_change_five_times_then_conflict,
     put_if_refuses_to_write_over_another_clients_write,
+    put_if_refuses_a_unit_changed_since_the_caller_read_it,
 );
