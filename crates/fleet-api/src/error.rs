@@ -69,6 +69,8 @@ pub enum ApiError {
     BadPageSize(String),
     #[error("parallel must be a whole number from 1, got {0:?}")]
     BadParallel(String),
+    #[error("expect must be absent or a unit file hash, got {0:?}")]
+    BadExpect(String),
     #[error("invalid op: expect add, remove, or replace")]
     PatchOp,
     #[error("machine metadata path invalid")]
@@ -106,6 +108,7 @@ impl ApiError {
             | Self::BadMachineId(_)
             | Self::BadPageSize(_)
             | Self::BadParallel(_)
+            | Self::BadExpect(_)
             | Self::PatchOp
             | Self::PatchPath
             | Self::PatchNoValue

@@ -19,6 +19,11 @@ pub const OP: &str = "op";
 pub const NO_RESTART: &str = "noRestart";
 pub const RESCHEDULE: &str = "reschedule";
 pub const ROLLING: &str = "rolling";
+/// `PUT /units/<name>?expect=absent` or `?expect=<hash>`: the put of
+/// [`crate::Cluster::put_if`], refused with a 409 (`conflict`) unless the unit is absent, or
+/// holds that content (full SHA-1), or already the content asked.
+pub const EXPECT: &str = "expect";
+pub const EXPECT_ABSENT: &str = "absent";
 /// `GET /units?unitName=a&unitName=b` (full view): only those units. `GET /state` takes
 /// several values too in the full view (any of them); fleet's takes the first.
 pub const UNIT_NAME: &str = "unitName";
