@@ -9,7 +9,7 @@ pub enum OpsError {
     #[error("Unit {0} does not exist")]
     NoSuchUnit(UnitName),
     /// Another client kept changing the unit; a retry resolves it.
-    #[error("unit {0} was changed by another client meanwhile; try again")]
+    #[error("unit {0} was changed concurrently by another client; nothing was written, try again")]
     Conflict(UnitName),
     #[error("Unable to stop unit {0} in state inactive")]
     StopInactive(UnitName),

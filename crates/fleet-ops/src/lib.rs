@@ -23,8 +23,8 @@ pub mod wire;
 pub use error::OpsError;
 pub use etcd::RegistryCluster;
 pub use model::{
-    Changes, Destroyed, MachineListing, PutOutcome, PutRequest, ReplaceHow, Restarted, StateChange,
-    StateFilter, StateListing, StateView, UnitListing, UnitStatus, UnitView, WaitView,
+    Changes, Destroyed, Expect, MachineListing, PutOutcome, PutRequest, ReplaceHow, Restarted,
+    StateChange, StateFilter, StateListing, StateView, UnitListing, UnitStatus, UnitView, WaitView,
 };
 
 use fleet_core::{MachineId, UnitName};
@@ -66,6 +66,23 @@ pub trait Cluster: Clone + Send + Sync + 'static {
     /// fleet's `PUT /units/<name>`, and fleetctl's `submit`/`load`/`start` write: create a unit,
     /// replace its content (`--replace`, with `how`), or change its desired state.
     fn put(&self, req: PutRequest) -> impl Future<Output = Result<PutOutcome, OpsError>> + Send;
+
+    /// [`Cluster::put`], only while the unit is as the caller read it: fleetctl decides a
+    /// create or a replace from what it read, and another client's write in between must fail
+    /// it ([`OpsError::Conflict`], nothing written), not be written over. This default checks
+    /// with a read just before the put; a side that can check on the very record its write
+    /// replaces (the etcd side) overrides it, leaving no window between the two.
+    fn put_if(
+        &self,
+        req: PutRequest,
+        expect: Expect,
+    ) -> impl Future<Output = Result<PutOutcome, OpsError>> + Send {
+        async move {
+            let current = self.unit(&req.name).await?;
+            expect.check(&req, current.map(|u| u.status.hash))?;
+            self.put(req).await
+        }
+    }
 
     /// `stop`, `unload`, or raising a unit to a state: `None` when the unit was already there
     /// (nothing written).
