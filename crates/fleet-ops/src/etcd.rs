@@ -28,7 +28,7 @@ use tracing::debug;
 
 use crate::decide::{self, PutPlan, RestartPlan};
 use crate::model::{
-    Destroyed, MachineListing, PutOutcome, PutRequest, Restarted, StateChange, StateFilter,
+    Destroyed, Expect, MachineListing, PutOutcome, PutRequest, Restarted, StateChange, StateFilter,
     StateListing, UnitListing, UnitView,
 };
 use crate::{Cluster, OpsError};
@@ -200,8 +200,18 @@ impl<K: Kv> RegistryCluster<K> {
 
     /// Reads, decides and writes one put; `None` when another client changed the unit
     /// between the read and the write (read again).
-    async fn put_once(&self, req: &PutRequest) -> Result<Option<PutOutcome>, OpsError> {
+    /// One read-decide-write of a put; `None` when another client wrote in between (read
+    /// again). With `expect`, the record read is checked against it, and the write is
+    /// conditional on that very record, so no other write can slip in between.
+    async fn put_once(
+        &self,
+        req: &PutRequest,
+        expect: Option<Expect>,
+    ) -> Result<Option<PutOutcome>, OpsError> {
         let existing = self.unit_with_file(&req.name).await?;
+        if let Some(expect) = expect {
+            expect.check(req, existing.as_ref().map(|(u, _)| u.hash()))?;
+        }
         let plan = decide::decide_put(req, existing.as_ref().map(|(u, f)| (u, f)))?;
         debug!(unit = %req.name, plan = plan.kind(), "putting unit");
         let written = match plan {
@@ -323,7 +333,16 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
 
     async fn put(&self, req: PutRequest) -> Result<PutOutcome, OpsError> {
         for _ in 0..ATTEMPTS {
-            if let Some(outcome) = self.put_once(&req).await? {
+            if let Some(outcome) = self.put_once(&req, None).await? {
+                return Ok(outcome);
+            }
+        }
+        Err(OpsError::Conflict(req.name))
+    }
+
+    async fn put_if(&self, req: PutRequest, expect: Expect) -> Result<PutOutcome, OpsError> {
+        for _ in 0..ATTEMPTS {
+            if let Some(outcome) = self.put_once(&req, Some(expect)).await? {
                 return Ok(outcome);
             }
         }

@@ -5,8 +5,8 @@
 use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
 use fleet_ops::model::Changes;
 use fleet_ops::{
-    Cluster, Destroyed, OpsError, PutOutcome, PutRequest, RegistryCluster, ReplaceHow, Restarted,
-    StateChange, StateFilter,
+    Cluster, Destroyed, Expect, OpsError, PutOutcome, PutRequest, RegistryCluster, ReplaceHow,
+    Restarted, StateChange, StateFilter,
 };
 use fleet_registry::kv::{Kv, MemKv, Txn, TxnOp};
 use fleet_registry::testing::TestEtcd;
@@ -512,6 +512,38 @@ async fn a_watch_sees_its_units_states_and_machines_change<K: Kv>(reg: Registry<
     assert!(view.machines.contains_key(&machine("m1")));
 }
 
+/// A put decided from what the caller read fails, writing nothing, once another client changed
+/// the unit (two `start --replace` at once: one wins, the other is told); the same content
+/// put by both is no conflict.
+async fn put_if_refuses_a_unit_changed_since_the_caller_read_it<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let (v0, va, vb) = (file("/bin/v0"), file("/bin/va"), file("/bin/vb"));
+    let absent = Expect::Absent;
+    c.put_if(create("r.service", v0.clone(), None), absent)
+        .await
+        .unwrap();
+    let from_v0 = Expect::Content(v0.hash());
+    let winner = c.put_if(create("r.service", va.clone(), None), from_v0);
+    assert!(matches!(winner.await.unwrap(), PutOutcome::Replaced(_)));
+    let before = keys(&reg).await;
+    let loser = c
+        .put_if(create("r.service", vb.clone(), None), from_v0)
+        .await;
+    assert!(matches!(loser, Err(OpsError::Conflict(_))), "{loser:?}");
+    assert!(
+        loser
+            .unwrap_err()
+            .to_string()
+            .contains("nothing was written"),
+        "the loser is told nothing was written"
+    );
+    let created = c.put_if(create("r.service", vb, None), absent).await;
+    assert!(matches!(created, Err(OpsError::Conflict(_))), "{created:?}");
+    assert_eq!(keys(&reg).await, before, "a refused put_if wrote");
+    let same = c.put_if(create("r.service", va, None), from_v0).await;
+    assert!(matches!(same, Ok(PutOutcome::Unchanged(_))), "{same:?}");
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -548,4 +580,5 @@ contract!(
     destroy_removes_units_and_unreadable_records,
     a_rolling_replace_advances_then_finishes,
     a_watch_sees_its_units_states_and_machines_change,
+    put_if_refuses_a_unit_changed_since_the_caller_read_it,
 );
