@@ -8,7 +8,7 @@ TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/
 DEMO_DIR ?= $(TARGET_DIR)/demo
 APT_PACKAGES := gcc libc6-dev protobuf-compiler libprotobuf-dev etcd-server etcd-client systemd dbus dbus-daemon dbus-system-bus-common util-linux iproute2 openssl git
 
-.PHONY: all deps build test test-unit lint demo demo-down bench soak soak-only clean
+.PHONY: all deps build test test-unit lint demo demo-down bench soak soak-only clean man
 
 all: build
 
@@ -43,6 +43,11 @@ soak: build
 
 soak-only:
 	$(CARGO) test -p fleet-functional-tests --test faults --test chaos -- --ignored --test-threads=4
+
+# fleetctl's man pages, generated from its command-line definition (fleetctl.1 and one page
+# per command), into $(TARGET_DIR)/man.
+man: build
+	"$(TARGET_DIR)/debug/fleetctl" man "$(TARGET_DIR)/man"
 
 test-unit:
 	$(CARGO) test --workspace --lib

@@ -256,7 +256,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     .filter(|s| s.machine == self.cfg.machine)
                     .map(|s| (s.name.clone(), s))
                     .collect();
-                self.published_lease = Some(presence.lease);
+                self.published_lease = Some(presence.lease());
             }
             Err(e) => warn!(error = %e, "reading previously published states failed"),
         }
@@ -542,9 +542,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         let Some(presence) = *self.presence.borrow() else {
             return true;
         };
-        if self.published_lease != Some(presence.lease) {
+        if self.published_lease != Some(presence.lease()) {
             self.published.clear();
-            self.published_lease = Some(presence.lease);
+            self.published_lease = Some(presence.lease());
         }
         let records = self.current.records(&self.cfg.machine);
         let changed: Vec<UnitStateRecord> = records

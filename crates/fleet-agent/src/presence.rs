@@ -88,8 +88,8 @@ impl<K: Kv> PresenceKeeper<K> {
                 .await
             {
                 Ok(p) => {
-                    self.save_lease(p.lease);
-                    info!(machine = %self.info.id, lease = p.lease.0, resumed = p.resumed, "machine registered");
+                    self.save_lease(p.lease());
+                    info!(machine = %self.info.id, lease = p.lease().0, resumed = p.resumed(), "machine registered");
                     return Ok(p);
                 }
                 Err(e @ RegistryError::DuplicateMachine(_)) => return Err(e),
@@ -294,7 +294,7 @@ mod tests {
         tokio::time::sleep(ms(3500)).await;
 
         assert_eq!(w.kv.hook.sent(), [ms(1000), ms(2250), ms(3250)]);
-        assert_eq!(w.machine_lease().await, Some(w.first.lease.0));
+        assert_eq!(w.machine_lease().await, Some(w.first.lease().0));
         assert_eq!(*w.presence.borrow(), Some(w.first));
     }
 
@@ -310,7 +310,7 @@ mod tests {
             sent[..7],
             [1000, 1350, 1700, 2050, 2400, 2750, 3750].map(ms)
         );
-        assert_eq!(w.machine_lease().await, Some(w.first.lease.0));
+        assert_eq!(w.machine_lease().await, Some(w.first.lease().0));
         assert_eq!(*w.presence.borrow(), Some(w.first));
     }
 
@@ -331,7 +331,7 @@ mod tests {
         );
         let now = *w.presence.borrow();
         let now = now.expect("a presence");
-        assert_ne!(now.lease, w.first.lease);
-        assert_eq!(w.machine_lease().await, Some(now.lease.0));
+        assert_ne!(now.lease(), w.first.lease());
+        assert_eq!(w.machine_lease().await, Some(now.lease().0));
     }
 }

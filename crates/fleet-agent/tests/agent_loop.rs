@@ -742,14 +742,15 @@ async fn a_new_lease_after_the_old_one_expired_republishes_states_and_restarts_n
         disable_engine: true,
     };
     let again = w.role().register(&info, TTL, None).await.unwrap();
-    assert_ne!(again.lease, w.presence.lease);
+    assert_ne!(again.lease(), w.presence.lease());
     tx.send(Some(again)).unwrap();
 
     w.until_published("web.service", "active").await;
     let key = w.registry.keys().state(&name("web.service"), &w.machine);
     let state = w.kv.range(&key, false, None).await.unwrap();
     assert_eq!(
-        state.kvs[0].lease, again.lease.0,
+        state.kvs[0].lease,
+        again.lease().0,
         "published under the new lease"
     );
     tokio::time::sleep(Duration::from_secs(120)).await;

@@ -189,7 +189,7 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
     let (light, full) = split_passes(&closed, &calls.take_log());
     let result = ProbeResult {
         units,
-        resumed: presence.resumed,
+        resumed: presence.resumed(),
         boot_ms,
         light,
         full,

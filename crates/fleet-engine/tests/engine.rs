@@ -65,7 +65,7 @@ async fn join<K: Kv>(reg: &Registry<K>, id: &str) -> Presence {
 
 /// Ends a presence as its machine's role would: the lease goes, and every key on it.
 async fn leave<K: Kv>(reg: &Registry<K>, presence: &Presence) {
-    reg.raw_kv().revoke(presence.lease).await.unwrap();
+    reg.raw_kv().revoke(presence.lease()).await.unwrap();
 }
 
 async fn submit<K: Kv>(reg: &Registry<K>, unit: &str) {

@@ -16,12 +16,25 @@ use crate::records::{ScheduleEntry, UnitStateRecord};
 use crate::registry::{Registry, delete, encode};
 use crate::watch::WatchHints;
 
-/// A machine's presence: the lease its record and published states hang on.
+/// A machine's presence: the lease its record and published states hang on. Only
+/// [`MachineRole::register`] makes one, so a state can be published only on a lease the
+/// machine's own record was registered on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Presence {
-    pub lease: LeaseId,
+    lease: LeaseId,
+    resumed: bool,
+}
+
+impl Presence {
+    /// The lease the machine's record and its published states live on.
+    pub fn lease(&self) -> LeaseId {
+        self.lease
+    }
+
     /// True when a restarted fleetd took over its predecessor's still-live lease.
-    pub resumed: bool,
+    pub fn resumed(&self) -> bool {
+        self.resumed
+    }
 }
 
 /// Writes one machine's presence and unit states, and reads its schedule.

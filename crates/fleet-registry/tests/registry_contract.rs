@@ -310,11 +310,11 @@ async fn second_machine_with_same_id_is_refused<K: Kv>(reg: Registry<K>) {
     assert!(matches!(err, RegistryError::DuplicateMachine(_)), "{err:?}");
     // The owner of the lease (a restarted fleetd) resumes it.
     let resumed = m1(&reg)
-        .register(&info("m1"), Duration::from_secs(10), Some(first.lease))
+        .register(&info("m1"), Duration::from_secs(10), Some(first.lease()))
         .await
         .unwrap();
-    assert!(resumed.resumed);
-    assert_eq!(resumed.lease, first.lease);
+    assert!(resumed.resumed());
+    assert_eq!(resumed.lease(), first.lease());
 }
 
 async fn states_vanish_with_the_machine_lease<K: Kv>(reg: Registry<K>) {

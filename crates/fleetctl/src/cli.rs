@@ -188,6 +188,24 @@ pub enum Command {
     Destroy(Units),
     /// Print the version and exit.
     Version,
+    /// Print a shell completion script (`source <(fleetctl completion bash)`).
+    Completion(CompletionArgs),
+    /// Write fleetctl's man pages (fleetctl.1 and one per command) into a directory.
+    #[command(hide = true)]
+    Man(ManArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: crate::completion::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Directory to write the pages into (created if missing).
+    pub dir: std::path::PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -6,5 +6,6 @@
 
 pub mod cli;
 pub mod commands;
+pub mod completion;
 pub mod local;
 mod table;

@@ -115,6 +115,19 @@ async fn run(cli: Cli) -> Result<()> {
         let res = writeln!(out, "fleetctl version {VERSION}").and_then(|()| out.flush());
         return written(res);
     }
+    match command {
+        Command::Completion(a) => {
+            let mut out = std::io::stdout();
+            fleetctl::completion::write_completion(a.shell, &mut out);
+            return written(std::io::Write::flush(&mut out));
+        }
+        Command::Man(a) => {
+            fleetctl::completion::write_man_pages(&a.dir)
+                .map_err(|e| anyhow::anyhow!("writing man pages to {}: {e}", a.dir.display()))?;
+            return Ok(());
+        }
+        _ => {}
+    }
     let global = cli.global.clone();
     let mut ctx = Ctx {
         cluster: RegistryCluster::new(connect(&cli.global).await?),
@@ -174,6 +187,8 @@ async fn execute<C: Cluster>(
         Command::ListUnits(a) => commands::list::list_units(ctx, &a).await,
         Command::ListMachines(a) => commands::list::list_machines(ctx, &a).await,
         Command::Destroy(a) => commands::destroy::run(ctx, &a.units).await,
-        Command::Version => unreachable!("handled above"),
+        Command::Version | Command::Completion(_) | Command::Man(_) => {
+            unreachable!("handled above")
+        }
     }
 }

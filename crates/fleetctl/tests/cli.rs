@@ -453,7 +453,7 @@ async fn bad_inputs_are_refused_and_write_nothing() {
         (vec!["submit", &good, &malformed], "line 2"),
         (
             vec!["list-unit-files", "--fields", "unit,foo"],
-            "Invalid key in output format: \"foo\"",
+            "Invalid key in output format: \"foo\" (valid fields: desc, dstate, global, hash, reason, state, target, unit)",
         ),
         (
             vec!["list-unit-files", "--fields", ""],

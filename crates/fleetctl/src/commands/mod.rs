@@ -119,13 +119,15 @@ pub fn machines_by_id(machines: Vec<MachineInfo>) -> BTreeMap<MachineId, Machine
 
 /// Splits and checks a `--fields` value against the valid field names.
 pub fn parse_fields<'a>(fields: &'a str, valid: &[&str]) -> Result<Vec<&'a str>> {
+    // fleet's messages, then what would have been accepted.
+    let choices = valid.join(", ");
     if fields.trim().is_empty() {
-        bail!("Must define output format");
+        bail!("Must define output format (valid fields: {choices})");
     }
     let list: Vec<&str> = fields.split(',').map(str::trim).collect();
     for f in &list {
         if !valid.contains(f) {
-            bail!("Invalid key in output format: {f:?}");
+            bail!("Invalid key in output format: {f:?} (valid fields: {choices})");
         }
     }
     Ok(list)

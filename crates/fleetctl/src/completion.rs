@@ -1,0 +1,83 @@
+//! Shell completion scripts and man pages, both generated from the command line's own
+//! definition ([`crate::cli::Cli`]), so they cannot drift from the flags fleetctl takes.
+//! Neither talks to a cluster.
+
+use clap::CommandFactory;
+use std::io::Write;
+use std::path::Path;
+
+use crate::cli::Cli;
+
+/// The shells fleetctl completes for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// Writes the completion script for `shell` to `out`.
+pub fn write_completion(shell: Shell, out: &mut dyn Write) {
+    let mut cmd = Cli::command();
+    let shell = match shell {
+        Shell::Bash => clap_complete::Shell::Bash,
+        Shell::Zsh => clap_complete::Shell::Zsh,
+        Shell::Fish => clap_complete::Shell::Fish,
+    };
+    clap_complete::generate(shell, &mut cmd, "fleetctl", out);
+}
+
+/// Writes `fleetctl.1` and `fleetctl-<command>.1` for every visible command into `dir`;
+/// returns the files written.
+pub fn write_man_pages(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let cmd = Cli::command();
+    let mut written = Vec::new();
+    let mut page = |name: String, cmd: clap::Command| -> std::io::Result<()> {
+        let path = dir.join(format!("{name}.1"));
+        let mut buf = Vec::new();
+        clap_mangen::Man::new(cmd).title(name).render(&mut buf)?;
+        std::fs::write(&path, buf)?;
+        written.push(path);
+        Ok(())
+    };
+    page("fleetctl".into(), cmd.clone())?;
+    for sub in cmd.get_subcommands().filter(|c| !c.is_hide_set()) {
+        let name = format!("fleetctl-{}", sub.get_name());
+        page(name, sub.clone())?;
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shell_gets_a_script_that_names_the_commands() {
+        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+            let mut out = Vec::new();
+            write_completion(shell, &mut out);
+            let text = String::from_utf8(out).expect("utf-8");
+            for word in ["list-units", "list-unit-files", "block-attempts"] {
+                assert!(text.contains(word), "{shell:?} script lacks {word}");
+            }
+        }
+    }
+
+    #[test]
+    fn man_pages_cover_every_visible_command_and_not_the_hidden_one() {
+        let dir = std::env::temp_dir().join(format!("fleetctl-man-{}", std::process::id()));
+        let written = write_man_pages(&dir).expect("pages written");
+        let names: Vec<String> = written
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.contains(&"fleetctl.1".to_owned()));
+        assert!(names.contains(&"fleetctl-start.1".to_owned()));
+        assert!(!names.iter().any(|n| n == "fleetctl-man.1"));
+        let start = std::fs::read_to_string(dir.join("fleetctl-start.1")).unwrap();
+        assert!(start.contains("replace"), "{start}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
