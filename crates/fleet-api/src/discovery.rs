@@ -25,6 +25,17 @@ const PAGE: (&str, &str) = (
     "Token of the page to return, as given in the previous page's nextPageToken.",
 );
 
+/// The extensions (docs/api.md "Extensions"): fleetctl's API driver asks for them.
+const VIEW: (&str, &str) = (
+    "view",
+    "Extension: full adds what fleetctl shows beyond fleet's entities; writes then answer 200 with a WriteResult.",
+);
+
+const PAGE_SIZE: (&str, &str) = (
+    "pageSize",
+    "Extension, with view=full: entries per page (1 to 65535) instead of the server's token_limit.",
+);
+
 const METHODS: &[Method] = &[
     Method {
         resource: "Machines",
@@ -32,7 +43,7 @@ const METHODS: &[Method] = &[
         http: "GET",
         path: "machines",
         description: "Lists the live machines of the cluster, sorted by ID.",
-        query: &[PAGE],
+        query: &[PAGE, VIEW, PAGE_SIZE],
         request: None,
         response: Some("MachinePage"),
     },
@@ -52,7 +63,14 @@ const METHODS: &[Method] = &[
         http: "GET",
         path: "units",
         description: "Lists every unit, sorted by name.",
-        query: &[PAGE],
+        query: &[
+            PAGE,
+            VIEW,
+            (
+                "unitName",
+                "Extension, with view=full: only these units (repeated).",
+            ),
+        ],
         request: None,
         response: Some("UnitPage"),
     },
@@ -62,7 +80,7 @@ const METHODS: &[Method] = &[
         http: "GET",
         path: "units/{unitName}",
         description: "Returns one unit.",
-        query: &[],
+        query: &[VIEW],
         request: None,
         response: Some("Unit"),
     },
@@ -72,8 +90,31 @@ const METHODS: &[Method] = &[
         http: "PUT",
         path: "units/{unitName}",
         description: "Creates a unit (options required), replaces its content (other options), or sets its desired state.",
-        query: &[],
+        query: &[
+            VIEW,
+            (
+                "op",
+                "Extension: stop, unload, raise, restart, advanceRollout or finishRollout instead of fleet's PUT.",
+            ),
+            (
+                "noRestart",
+                "Extension: true to replace without restarting the running unit.",
+            ),
+            (
+                "reschedule",
+                "Extension: true to place the replaced unit afresh, away from its machine.",
+            ),
+            (
+                "rolling",
+                "Extension: true to roll a global unit's replace out machine by machine.",
+            ),
+            (
+                "machineID",
+                "Extension, with op=advanceRollout: a machine that takes the new version (repeated).",
+            ),
+        ],
         request: Some("Unit"),
+        // fleet's 201/204 have no body; the full view's WriteResult is in the schemas.
         response: None,
     },
     Method {
@@ -82,7 +123,7 @@ const METHODS: &[Method] = &[
         http: "DELETE",
         path: "units/{unitName}",
         description: "Destroys a unit.",
-        query: &[],
+        query: &[VIEW],
         request: None,
         response: None,
     },
@@ -94,8 +135,13 @@ const METHODS: &[Method] = &[
         description: "Lists the states machines publish about the units they run.",
         query: &[
             PAGE,
+            VIEW,
+            PAGE_SIZE,
             ("machineID", "Only the states published by this machine."),
-            ("unitName", "Only the states of this unit."),
+            (
+                "unitName",
+                "Only the states of this unit (with view=full: of any of these, repeated).",
+            ),
         ],
         request: None,
         response: Some("UnitStatePage"),
@@ -104,6 +150,18 @@ const METHODS: &[Method] = &[
 
 fn string() -> Value {
     json!({"type": "string"})
+}
+
+fn boolean() -> Value {
+    json!({"type": "boolean"})
+}
+
+fn integer() -> Value {
+    json!({"type": "integer", "format": "uint64"})
+}
+
+fn strings() -> Value {
+    json!({"type": "array", "items": {"type": "string"}})
 }
 
 fn object(id: &str, properties: Value) -> Value {
@@ -120,10 +178,14 @@ fn schemas() -> Value {
             "id": string(),
             "primaryIP": string(),
             "metadata": {"type": "object", "additionalProperties": string()},
+            "version": string(),
+            "disableEngine": boolean(),
         })),
         "MachinePage": object("MachinePage", json!({
             "machines": array_of("Machine"),
             "nextPageToken": string(),
+            "skipped": strings(),
+            "disruptionNotice": string(),
         })),
         "MachineMetadataPatch": {
             "id": "MachineMetadataPatch",
@@ -146,10 +208,24 @@ fn schemas() -> Value {
             "desiredState": {"type": "string", "enum": ["inactive", "loaded", "launched"]},
             "currentState": {"type": "string", "enum": ["inactive", "loaded", "launched"]},
             "machineID": string(),
+            "hash": string(),
+            "machineIDs": strings(),
+            "unscheduledReason": string(),
+            "restartGeneration": integer(),
         })),
         "UnitPage": object("UnitPage", json!({
             "units": array_of("Unit"),
             "nextPageToken": string(),
+            "skipped": strings(),
+        })),
+        "WriteResult": object("WriteResult", json!({
+            "outcome": {"type": "string", "enum": [
+                "created", "replaced", "stateChanged", "unchanged", "restarted", "launched",
+                "rolloutAdvanced", "rolloutFinished", "destroyed", "unreadable", "missing",
+            ]},
+            "unit": {"$ref": "Unit"},
+            "restartGeneration": integer(),
+            "detail": string(),
         })),
         "UnitState": object("UnitState", json!({
             "name": string(),
@@ -158,6 +234,8 @@ fn schemas() -> Value {
             "systemdLoadState": string(),
             "systemdActiveState": string(),
             "systemdSubState": string(),
+            "restartGeneration": integer(),
+            "restartPending": boolean(),
         })),
         "UnitStatePage": object("UnitStatePage", json!({
             "states": array_of("UnitState"),
@@ -270,6 +348,18 @@ mod tests {
             "query"
         );
         assert_eq!(doc["rootUrl"], "$ENDPOINT/");
+        let set = &res["Units"]["methods"]["Set"]["parameters"];
+        for extension in [
+            "view",
+            "op",
+            "noRestart",
+            "reschedule",
+            "rolling",
+            "machineID",
+        ] {
+            assert_eq!(set[extension]["location"], "query", "{extension}");
+        }
+        assert!(doc["schemas"]["WriteResult"]["properties"]["outcome"].is_object());
     }
 
     #[test]

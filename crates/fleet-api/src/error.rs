@@ -2,7 +2,9 @@
 //! one. The response is always fleet's error entity with a JSON content type.
 
 use axum::response::{IntoResponse, Response};
-use fleet_core::{DesiredState, NameError, ParseError, RequirementError, StateError, UnitName};
+use fleet_core::{NameError, ParseError, RequirementError, StateError};
+use fleet_ops::OpsError;
+use fleet_ops::convert::reason_of;
 use fleet_registry::RegistryError;
 use http::{HeaderValue, StatusCode, header};
 
@@ -52,19 +54,21 @@ pub enum ApiError {
     OptionsChangeWhenWritten,
     #[error(transparent)]
     BadRequirements(#[from] RequirementError),
-    #[error("cannot activate template {:?}", .0.as_str())]
-    ActivateTemplate(UnitName),
-    #[error("unit does not exist and options field empty")]
-    NoOptions,
     #[error("must provide DesiredState to update existing unit")]
     NoDesiredState,
-    /// `fleetctl`'s rule for `--replace`: a replace never lowers a unit's desired state.
-    #[error("can not replace Unit({name}) in state '{existing}' with desiredState '{asked}'")]
-    ReplaceLowers {
-        name: UnitName,
-        existing: DesiredState,
-        asked: DesiredState,
-    },
+    /// An extension's `op` that is not one ([`fleet_ops::wire::Op`]).
+    #[error("unknown op {0:?}")]
+    UnknownOp(String),
+    #[error("op {0} takes no options")]
+    OpWithOptions(&'static str),
+    #[error("op raise needs a desiredState")]
+    RaiseWithoutState,
+    #[error("invalid machineID {0:?}")]
+    BadMachineId(String),
+    #[error("pageSize must be 1 to 65535, got {0:?}")]
+    BadPageSize(String),
+    #[error("expect must be absent or a unit file hash, got {0:?}")]
+    BadExpect(String),
     #[error("invalid op: expect add, remove, or replace")]
     PatchOp,
     #[error("machine metadata path invalid")]
@@ -75,8 +79,9 @@ pub enum ApiError {
     PatchBadValue,
     #[error(transparent)]
     Page(#[from] PageError),
+    /// What fleet-ops refused or failed to do.
     #[error(transparent)]
-    Registry(#[from] RegistryError),
+    Ops(#[from] OpsError),
 }
 
 impl ApiError {
@@ -95,43 +100,92 @@ impl ApiError {
             | Self::OptionNotRepresentable(_)
             | Self::OptionsChangeWhenWritten
             | Self::BadRequirements(_)
-            | Self::ActivateTemplate(_)
+            | Self::UnknownOp(_)
+            | Self::OpWithOptions(_)
+            | Self::RaiseWithoutState
+            | Self::BadMachineId(_)
+            | Self::BadPageSize(_)
+            | Self::BadExpect(_)
             | Self::PatchOp
             | Self::PatchPath
             | Self::PatchNoValue
             | Self::PatchBadValue
             | Self::Page(_) => StatusCode::BAD_REQUEST,
-            Self::NoOptions | Self::NoDesiredState | Self::ReplaceLowers { .. } => {
-                StatusCode::CONFLICT
-            }
-            Self::Registry(e) if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Registry(RegistryError::Conflict(_)) => StatusCode::CONFLICT,
-            Self::Registry(RegistryError::TooManyChanges { .. }) => StatusCode::BAD_REQUEST,
-            Self::Registry(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::NoDesiredState => StatusCode::CONFLICT,
+            Self::Ops(e) => ops_status(e),
         }
     }
 
     fn message(&self) -> String {
         match self {
-            // fleet's wording, which fleetctl prints; the etcd error goes to the log.
-            Self::Registry(e) if e.is_transient() => ETCD_UNREACHABLE.to_owned(),
+            Self::Ops(e) => ops_message(e),
             other => other.to_string(),
         }
+    }
+
+    /// fleet's error entity; in the full view (`?view=full`) with the operation's reason and
+    /// fleetctl's message beside fleet's.
+    pub fn response(self, full: bool) -> Response {
+        let status = self.status();
+        let (reason, detail) = match &self {
+            Self::Ops(e) if full => (reason_of(e), e.to_string()),
+            _ => (None, String::new()),
+        };
+        let body = ErrorBody {
+            error: ErrorEntity {
+                code: status.as_u16(),
+                message: self.message(),
+                reason,
+                detail,
+            },
+        };
+        json_response(status, &body)
+    }
+}
+
+fn ops_status(e: &OpsError) -> StatusCode {
+    match e {
+        OpsError::NoSuchUnit(_) => StatusCode::NOT_FOUND,
+        OpsError::ActivateTemplate(_) | OpsError::Invalid { .. } => StatusCode::BAD_REQUEST,
+        OpsError::Conflict(_)
+        | OpsError::StopInactive(_)
+        | OpsError::RestartInactive(_)
+        | OpsError::NoOptions(_)
+        | OpsError::ReplaceLowers { .. } => StatusCode::CONFLICT,
+        OpsError::Registry(e) if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+        OpsError::Registry(RegistryError::Conflict(_)) => StatusCode::CONFLICT,
+        OpsError::Registry(RegistryError::TooManyChanges { .. }) => StatusCode::BAD_REQUEST,
+        OpsError::Registry(_) | OpsError::Transport { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        OpsError::Api { code, .. } => {
+            StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        }
+    }
+}
+
+/// fleet's messages where fleet had one; the API's own wording where it had one before
+/// fleet-ops (clients may match it); else fleetctl's.
+fn ops_message(e: &OpsError) -> String {
+    match e {
+        OpsError::NoSuchUnit(_) => "unit does not exist".to_owned(),
+        OpsError::ActivateTemplate(name) => format!("cannot activate template {:?}", name.as_str()),
+        OpsError::NoOptions(_) => "unit does not exist and options field empty".to_owned(),
+        OpsError::ReplaceLowers {
+            name,
+            existing,
+            asked,
+        } => format!(
+            "can not replace Unit({name}) in state '{existing}' with desiredState '{asked}'"
+        ),
+        OpsError::Conflict(name) => RegistryError::Conflict(name.clone()).to_string(),
+        // fleet's wording, which fleetctl prints; the etcd error goes to the log.
+        OpsError::Registry(e) if e.is_transient() => ETCD_UNREACHABLE.to_owned(),
+        other => other.to_string(),
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let body = ErrorBody {
-            error: ErrorEntity {
-                code: status.as_u16(),
-                message: self.message(),
-                reason: None,
-                detail: String::new(),
-            },
-        };
-        json_response(status, &body)
+        self.response(false)
     }
 }
 

@@ -12,15 +12,21 @@ use percent_encoding::percent_decode_str;
 use std::sync::Arc;
 use tracing::{debug, warn};
 
-use fleet_core::{DesiredState, UnitName};
+use fleet_core::UnitName;
+use fleet_ops::convert;
+use fleet_ops::wire;
+use fleet_ops::{Cluster, RegistryCluster, StateFilter};
 use fleet_registry::Registry;
 use fleet_registry::kv::Kv;
+use std::collections::BTreeSet;
 
 use crate::discovery;
 use crate::entity;
 use crate::error::{ApiError, json_response};
-use crate::ops::{Ops, PutRequest, metadata_changes, unit_file};
+use crate::ops::metadata_changes;
 use crate::page::PageToken;
+
+mod writes;
 
 /// Prefixes the API answers under; fleet kept the pre-1.0 one as an alias.
 pub const PREFIXES: [&str; 2] = ["/fleet/v1", "/v1-alpha"];
@@ -31,7 +37,7 @@ const MAX_BODY: usize = 4 * 1024 * 1024;
 /// What the handlers share.
 #[derive(Debug)]
 pub struct Api<K> {
-    ops: Ops<K>,
+    cluster: RegistryCluster<K>,
     token_limit: u16,
     server: HeaderValue,
 }
@@ -41,7 +47,7 @@ impl<K: Kv> Api<K> {
     pub fn new(registry: Registry<K>, token_limit: u16, version: &str) -> Api<K> {
         assert!(token_limit > 0, "token_limit is validated by the config");
         Api {
-            ops: Ops::new(registry),
+            cluster: RegistryCluster::new(registry),
             token_limit,
             server: HeaderValue::from_str(&format!("fleetd/{version}"))
                 .unwrap_or_else(|_| HeaderValue::from_static("fleetd")),
@@ -59,13 +65,14 @@ pub fn router<K: Kv>(api: Api<K>) -> Router {
 async fn dispatch<K: Kv>(State(api): State<Arc<Api<K>>>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    let full = is_full(req.uri().query().unwrap_or(""));
     let mut resp = match route(&api, req).await {
         Ok(resp) => resp,
         Err(e) => {
             if e.status().is_server_error() {
                 warn!(method = %method, path = %path, error = %e, "api request failed");
             }
-            e.into_response()
+            e.response(full)
         }
     };
     debug!(method = %method, path = %path, status = resp.status().as_u16(), "api request");
@@ -107,10 +114,28 @@ fn parse_path(path: &str) -> Option<Route<'_>> {
     }
 }
 
+/// What a request's query asks beyond fleet's parameters.
+#[derive(Debug, Clone)]
+struct Query {
+    raw: String,
+    /// `?view=full`: the extensions (docs/api.md "Extensions").
+    full: bool,
+}
+
+fn is_full(query: &str) -> bool {
+    query_values(query, wire::VIEW)
+        .iter()
+        .any(|v| v == wire::VIEW_FULL)
+}
+
 async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> {
     let decoded = percent_decode_str(req.uri().path()).decode_utf8_lossy();
     let route = parse_path(&decoded).ok_or(ApiError::NoSuchPath)?;
-    let query = req.uri().query().unwrap_or("").to_owned();
+    let raw = req.uri().query().unwrap_or("").to_owned();
+    let query = Query {
+        full: is_full(&raw),
+        raw,
+    };
     let method = req.method().clone();
     match (route, method) {
         (Route::Root, _) => Err(ApiError::NoMethodsHere),
@@ -124,24 +149,39 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
         (Route::Machines, _) => Err(ApiError::WrongMethod("GET and PATCH")),
         (Route::Units, Method::GET) => list_units(api, &query).await,
         (Route::Units, _) => Err(ApiError::WrongMethod("GET")),
-        (Route::Unit(name), Method::GET) => match api.ops.unit(name).await? {
-            Some(unit) => Ok(json_response(StatusCode::OK, &unit)),
-            None => Err(ApiError::UnitNotFound),
-        },
-        (Route::Unit(name), Method::DELETE) => match api.ops.destroy(name).await? {
-            true => Ok(StatusCode::NO_CONTENT.into_response()),
-            false => Err(ApiError::UnitNotFound),
-        },
+        (Route::Unit(name), Method::GET) => {
+            // A name that cannot name a unit names none.
+            let Ok(name) = name.parse::<UnitName>() else {
+                return Err(ApiError::UnitNotFound);
+            };
+            match api.cluster.unit(&name).await? {
+                Some(unit) => Ok(json_response(
+                    StatusCode::OK,
+                    &convert::unit_to_wire(&unit, query.full),
+                )),
+                None => Err(ApiError::UnitNotFound),
+            }
+        }
+        (Route::Unit(name), Method::DELETE) => writes::delete_unit(api, name, &query).await,
         (Route::Unit(name), Method::PUT) => {
             let name = name.to_owned();
-            put_unit(api, &name, req).await
+            writes::put_unit(api, &name, &query, req).await
         }
         (Route::Unit(_), _) => Err(ApiError::WrongMethod("GET, PUT and DELETE")),
         (Route::States, Method::GET) => list_states(api, &query).await,
         (Route::State(name), Method::GET) => {
-            let states = api.ops.states(None, Some(name)).await?;
-            match states.into_iter().next() {
-                Some(state) => Ok(json_response(StatusCode::OK, &state)),
+            let Ok(name) = name.parse::<UnitName>() else {
+                return Err(ApiError::StateNotFound);
+            };
+            let filter = StateFilter {
+                machine: None,
+                unit: Some(name),
+            };
+            match api.cluster.states(&filter).await?.states.first() {
+                Some(state) => Ok(json_response(
+                    StatusCode::OK,
+                    &convert::state_to_wire(state, query.full),
+                )),
                 None => Err(ApiError::StateNotFound),
             }
         }
@@ -149,82 +189,93 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
     }
 }
 
-async fn list_machines<K: Kv>(api: &Api<K>, query: &str) -> Result<Response, ApiError> {
+async fn list_machines<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
     let token = page_token(api, query)?;
-    let (machines, next) = token.slice(api.ops.machines().await?);
-    let page = entity::MachinePage {
+    let listing = api.cluster.machines().await?;
+    let machines = listing
+        .machines
+        .iter()
+        .map(|m| convert::machine_to_wire(m, query.full))
+        .collect();
+    let (machines, next) = token.slice(machines);
+    let mut page = entity::MachinePage {
         machines,
         next_page_token: encode(next),
         ..Default::default()
     };
+    if query.full && token.page == 1 {
+        page.skipped = listing.skipped;
+        page.disruption_notice = listing.notice.unwrap_or_default();
+    }
     Ok(json_response(StatusCode::OK, &page))
 }
 
-async fn list_units<K: Kv>(api: &Api<K>, query: &str) -> Result<Response, ApiError> {
+/// A page reads the files of its own units only, so listing every page reads each file
+/// once, not once per page.
+async fn list_units<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
     let token = page_token(api, query)?;
-    let (units, next) = token.slice(api.ops.units().await?);
+    let names = if query.full {
+        unit_names(&query.raw)
+    } else {
+        None
+    };
+    let limit = usize::from(token.limit);
+    let skip = usize::from(token.page - 1) * limit;
+    let (listing, more) = api.cluster.units_page(names.as_ref(), skip, limit).await?;
     let page = entity::UnitPage {
-        units,
+        units: listing
+            .units
+            .iter()
+            .map(|u| convert::unit_to_wire(u, query.full))
+            .collect(),
+        next_page_token: encode(if more { token.next() } else { None }),
+        skipped: if query.full {
+            listing.skipped
+        } else {
+            Vec::new()
+        },
+    };
+    Ok(json_response(StatusCode::OK, &page))
+}
+
+/// `unitName` values that name units; None when there are none. A value that cannot name a
+/// unit matches nothing.
+fn unit_names(query: &str) -> Option<BTreeSet<UnitName>> {
+    let values = query_values(query, wire::UNIT_NAME);
+    if values.is_empty() {
+        return None;
+    }
+    Some(values.iter().filter_map(|v| v.parse().ok()).collect())
+}
+
+async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
+    // The token first: a bad one is a 400 without a registry read.
+    let token = page_token(api, query)?;
+    let machine = first(&query.raw, wire::MACHINE_ID);
+    let units: Vec<String> = if query.full {
+        query_values(&query.raw, wire::UNIT_NAME)
+    } else {
+        first(&query.raw, wire::UNIT_NAME).into_iter().collect()
+    };
+    let listing = api.cluster.states(&StateFilter::default()).await?;
+    // fleet's filters are exact strings: one that is no valid name matches nothing.
+    let states = listing
+        .states
+        .iter()
+        .filter(|s| machine.as_ref().is_none_or(|m| s.machine.as_str() == m))
+        .filter(|s| units.is_empty() || units.iter().any(|u| s.name.as_str() == u))
+        .map(|s| convert::state_to_wire(s, query.full))
+        .collect();
+    let (states, next) = token.slice(states);
+    let mut page = entity::UnitStatePage {
+        states,
         next_page_token: encode(next),
         ..Default::default()
     };
-    Ok(json_response(StatusCode::OK, &page))
-}
-
-async fn list_states<K: Kv>(api: &Api<K>, query: &str) -> Result<Response, ApiError> {
-    // The token first: a bad one is a 400 without a registry read.
-    let token = page_token(api, query)?;
-    let machine = first(query, "machineID");
-    let unit = first(query, "unitName");
-    let states = api.ops.states(machine.as_deref(), unit.as_deref()).await?;
-    let (states, next) = token.slice(states);
-    let page = entity::UnitStatePage {
-        states,
-        next_page_token: encode(next),
-    };
-    Ok(json_response(StatusCode::OK, &page))
-}
-
-async fn put_unit<K: Kv>(api: &Api<K>, url_name: &str, req: Request) -> Result<Response, ApiError> {
-    check_content_type(req.headers())?;
-    let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
-        .await
-        .map_err(ApiError::ReadBody)?;
-    let wire: entity::Unit = serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
-    let body_name = if wire.name.is_empty() {
-        url_name
-    } else {
-        wire.name.as_str()
-    };
-    if body_name != url_name {
-        return Err(ApiError::NameMismatch {
-            url: url_name.to_owned(),
-            body: body_name.to_owned(),
-        });
+    if query.full && token.page == 1 {
+        page.skipped = listing.skipped;
     }
-    let name: UnitName = url_name.parse()?;
-    let desired = match wire.desired_state.as_str() {
-        "" => None,
-        s => Some(s.parse::<DesiredState>()?),
-    };
-    let file = match wire.options.as_slice() {
-        [] => None,
-        options => Some(unit_file(&name, options)?),
-    };
-    let plan = api
-        .ops
-        .put(PutRequest {
-            name,
-            file,
-            desired,
-        })
-        .await?;
-    let status = if plan.creates() {
-        StatusCode::CREATED
-    } else {
-        StatusCode::NO_CONTENT
-    };
-    Ok(status.into_response())
+    Ok(json_response(StatusCode::OK, &page))
 }
 
 /// fleet's `PATCH /machines`: validated as a whole, then applied in one transaction; 204
@@ -240,7 +291,7 @@ async fn patch_machines<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, A
     let ops: Vec<entity::MetadataOp> =
         serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
     let changes = metadata_changes(&ops)?;
-    api.ops.change_metadata(&changes).await?;
+    api.cluster.change_metadata(&changes).await?;
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -263,9 +314,19 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn page_token<K>(api: &Api<K>, query: &str) -> Result<PageToken, ApiError> {
-    let values = query_values(query, "nextPageToken");
-    Ok(PageToken::from_request(&values, api.token_limit)?)
+/// The page a request asks for. Pages hold `token_limit` entries, or in the full view the
+/// `pageSize` asked (fleetctl lists 10,000 units in one request instead of 100); a token
+/// carries its page size, so it must come with the same one.
+fn page_token<K>(api: &Api<K>, query: &Query) -> Result<PageToken, ApiError> {
+    let values = query_values(&query.raw, "nextPageToken");
+    let limit = match first(&query.raw, wire::PAGE_SIZE) {
+        Some(size) if query.full => match size.parse::<u16>() {
+            Ok(n) if n > 0 => n,
+            _ => return Err(ApiError::BadPageSize(size)),
+        },
+        Some(_) | None => api.token_limit,
+    };
+    Ok(PageToken::from_request(&values, limit)?)
 }
 
 fn encode(token: Option<PageToken>) -> String {

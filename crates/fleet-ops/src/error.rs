@@ -34,11 +34,12 @@ pub enum OpsError {
     /// The API answered with an error this interface has no variant for.
     #[error("{message}")]
     Api { code: u16, message: String },
-    /// The API could not be reached or answered something that is not fleet's API.
-    #[error("{what}: {source}")]
+    /// The API could not be reached or answered something that is not fleet's API. The cause
+    /// is part of the message and deliberately not a `source()`, as in `RegistryError::Kv`:
+    /// error chains (anyhow's `{:#}`) would print it twice.
+    #[error("{what}: {cause}")]
     Transport {
         what: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
 }

@@ -19,9 +19,17 @@ pub const OP: &str = "op";
 pub const NO_RESTART: &str = "noRestart";
 pub const RESCHEDULE: &str = "reschedule";
 pub const ROLLING: &str = "rolling";
+/// `PUT /units/<name>?expect=absent` or `?expect=<hash>`: the put of
+/// [`crate::Cluster::put_if`], refused with a 409 (`conflict`) unless the unit is absent, or
+/// holds that content (full SHA-1), or already the content asked.
+pub const EXPECT: &str = "expect";
+pub const EXPECT_ABSENT: &str = "absent";
 /// `GET /units?unitName=a&unitName=b` (full view): only those units. `GET /state` takes
 /// several values too in the full view (any of them); fleet's takes the first.
 pub const UNIT_NAME: &str = "unitName";
+/// Full view of a listing: entries per page instead of the server's `token_limit` (1 to
+/// 65535); a `nextPageToken` must come with the `pageSize` it was minted for.
+pub const PAGE_SIZE: &str = "pageSize";
 /// `GET /state?machineID=`; and the machines of `op=advanceRollout`, one value each.
 pub const MACHINE_ID: &str = "machineID";
 
@@ -134,6 +142,7 @@ pub struct UnitPage {
     pub skipped: Vec<String>,
 }
 
+/// A page of unit states. Full view, first page only: the state values the listing skipped.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UnitStatePage {
@@ -141,6 +150,8 @@ pub struct UnitStatePage {
     pub states: Vec<UnitState>,
     #[serde(default, skip_serializing_if = "is_empty")]
     pub next_page_token: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
 }
 
 /// A page of machines. Full view, first page only: what the listing skipped, and the

@@ -8,10 +8,14 @@ use fleet_ops::{
     Cluster, Destroyed, Expect, OpsError, PutOutcome, PutRequest, RegistryCluster, ReplaceHow,
     Restarted, StateChange, StateFilter,
 };
-use fleet_registry::kv::{Kv, MemKv, Txn, TxnOp};
+use fleet_registry::kv::{Hook, Hooked, Kv, KvError, MemKv, Request, Txn, TxnOp};
 use fleet_registry::testing::TestEtcd;
-use fleet_registry::{MachineRole, MetadataChange, Registry, ScheduleEntry, UnitStateRecord};
+use fleet_registry::{
+    MachineRole, MetadataChange, Registry, ScheduleEntry, UnitStateRecord, UnitsRole,
+};
 use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 const PREFIX: &str = "/ops-contract/";
@@ -299,6 +303,9 @@ async fn listings_skip_unreadable_values_and_say_so<K: Kv>(reg: Registry<K>) {
     put_raw(&reg, &reg.keys().file(&file("/bin/a").hash()), "[Service\n").await;
     let listing = c.units(None).await.unwrap();
     assert!(listing.units.is_empty(), "{listing:?}");
+    // Asked for by name, an unreadable record is an error naming its key.
+    let err = c.unit(&name("b.service")).await.unwrap_err();
+    assert!(err.to_string().contains("/unit/b.service"), "{err}");
     assert_eq!(listing.skipped.len(), 2, "{:?}", listing.skipped);
     assert!(
         listing
@@ -310,6 +317,12 @@ async fn listings_skip_unreadable_values_and_say_so<K: Kv>(reg: Registry<K>) {
     // The page path reads the page's files one by one: the same warnings.
     let (page, _) = c.units_page(None, 0, 10).await.unwrap();
     assert_eq!(page.skipped.len(), 2, "{:?}", page.skipped);
+    let state = format!("{PREFIX}state/evil.service/m1");
+    put_raw(&reg, &state, "not json").await;
+    let states = c.states(&StateFilter::default()).await.unwrap();
+    assert!(states.states.is_empty());
+    assert_eq!(states.skipped.len(), 1, "{:?}", states.skipped);
+    assert!(states.skipped[0].contains(&state), "{:?}", states.skipped);
 }
 
 async fn states_are_filtered_and_machines_carry_metadata_and_notice<K: Kv>(reg: Registry<K>) {
@@ -317,7 +330,9 @@ async fn states_are_filtered_and_machines_carry_metadata_and_notice<K: Kv>(reg: 
     let f = file("/bin/a");
     machine_runs(&reg, "m1", "a.service", &f, true).await;
     machine_runs_all(&reg, "m2", &[("a.service", false), ("b.service", true)], &f).await;
-    let all = c.states(&StateFilter::default()).await.unwrap().states;
+    let all = c.states(&StateFilter::default()).await.unwrap();
+    assert!(all.skipped.is_empty());
+    let all = all.states;
     let pairs: Vec<(&str, &str)> = all
         .iter()
         .map(|s| (s.name.as_str(), s.machine.as_str()))
@@ -512,9 +527,200 @@ async fn a_watch_sees_its_units_states_and_machines_change<K: Kv>(reg: Registry<
     assert!(view.machines.contains_key(&machine("m1")));
 }
 
+/// Another client that writes `a.service` just before each of our first `times`
+/// transactions on it: creates it with `file` at `desired`, replaces it with `file` when it
+/// holds other content, or else bumps its restart generation.
+#[derive(Clone)]
+struct Meddler<K> {
+    other: Registry<K>,
+    file: UnitFile,
+    desired: DesiredState,
+    left: Arc<AtomicUsize>,
+}
+
+impl<K: Kv> Hook for Meddler<K> {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        let key = self.other.keys().unit(&name("a.service"));
+        let ours =
+            matches!(request, Request::Txn(txn) if txn.compares.iter().any(|c| c.key == key));
+        let fire = ours
+            && self
+                .left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if fire {
+            let units = UnitsRole::new(self.other.clone());
+            match self.other.unit(&name("a.service")).await.unwrap() {
+                None => {
+                    units
+                        .create_unit(&name("a.service"), &self.file, self.desired)
+                        .await
+                        .unwrap();
+                }
+                Some(unit) if unit.hash() != self.file.hash() => {
+                    units
+                        .replace_unit(&unit, &self.file, unit.desired())
+                        .await
+                        .unwrap();
+                }
+                Some(unit) => {
+                    units.request_restart(&unit).await.unwrap();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn meddled<K: Kv>(
+    reg: &Registry<K>,
+    file: UnitFile,
+    desired: DesiredState,
+    times: usize,
+) -> RegistryCluster<Hooked<K, Meddler<K>>> {
+    let hook = Meddler {
+        other: reg.clone(),
+        file,
+        desired,
+        left: Arc::new(AtomicUsize::new(times)),
+    };
+    let kv = Hooked {
+        inner: reg.raw_kv().clone(),
+        hook,
+    };
+    RegistryCluster::new(Registry::new(kv, PREFIX))
+}
+
+async fn a_create_that_loses_a_race_to_the_same_content_is_unchanged<K: Kv>(reg: Registry<K>) {
+    let c = meddled(&reg, file("/bin/a"), DesiredState::Launched, 1);
+    let out = c
+        .put(create(
+            "a.service",
+            file("/bin/a"),
+            Some(DesiredState::Loaded),
+        ))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out, PutOutcome::Unchanged(v) if v.status.desired == DesiredState::Launched),
+        "{out:?}"
+    );
+}
+
+async fn a_create_that_loses_a_race_below_its_state_raises_it<K: Kv>(reg: Registry<K>) {
+    let c = meddled(&reg, file("/bin/a"), DesiredState::Inactive, 1);
+    let out = c
+        .put(create(
+            "a.service",
+            file("/bin/a"),
+            Some(DesiredState::Launched),
+        ))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out, PutOutcome::StateChanged(v) if v.status.desired == DesiredState::Launched),
+        "{out:?}"
+    );
+}
+
+async fn a_create_that_loses_a_race_to_other_content_is_a_conflict<K: Kv>(reg: Registry<K>) {
+    let c = meddled(&reg, file("/bin/theirs"), DesiredState::Inactive, 1);
+    let err = c
+        .put(create("a.service", file("/bin/a"), None))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
+    assert_eq!(unit.hash(), file("/bin/theirs").hash());
+}
+
+async fn writes_retry_a_concurrent_change_five_times_then_conflict<K: Kv>(reg: Registry<K>) {
+    RegistryCluster::new(reg.clone())
+        .put(create(
+            "a.service",
+            file("/bin/a"),
+            Some(DesiredState::Launched),
+        ))
+        .await
+        .unwrap();
+    // Four changes in between: the fifth attempt writes.
+    let c = meddled(&reg, file("/bin/a"), DesiredState::Launched, 4);
+    let stopped = c
+        .set_state(&name("a.service"), StateChange::Stop)
+        .await
+        .unwrap();
+    assert_eq!(stopped.unwrap().status.desired, DesiredState::Loaded);
+    // Five: nothing of ours is written.
+    let c = meddled(&reg, file("/bin/a"), DesiredState::Launched, 5);
+    let err = c
+        .set_state(&name("a.service"), StateChange::Unload)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
+    assert_eq!(unit.desired(), DesiredState::Loaded);
+    let c = meddled(&reg, file("/bin/a"), DesiredState::Launched, 5);
+    assert!(matches!(
+        c.destroy(&name("a.service")).await,
+        Err(OpsError::Conflict(_))
+    ));
+    assert!(reg.unit(&name("a.service")).await.unwrap().is_some());
+}
+
+async fn put_if_refuses_to_write_over_another_clients_write<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let hash = |exec: &str| file(exec).hash();
+    let out = c
+        .put_if(create("a.service", file("/bin/a"), None), Expect::Absent)
+        .await
+        .unwrap();
+    assert!(matches!(out, PutOutcome::Created(_)), "{out:?}");
+    // Another client put the very content asked: fine.
+    let out = c
+        .put_if(create("a.service", file("/bin/a"), None), Expect::Absent)
+        .await
+        .unwrap();
+    assert!(matches!(out, PutOutcome::Unchanged(_)), "{out:?}");
+    let err = c
+        .put_if(create("a.service", file("/bin/x"), None), Expect::Absent)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    let out = c
+        .put_if(
+            create("a.service", file("/bin/b"), None),
+            Expect::Content(hash("/bin/a")),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(out, PutOutcome::Replaced(_)), "{out:?}");
+    let before = keys(&reg).await;
+    let err = c
+        .put_if(
+            create("a.service", file("/bin/c"), None),
+            Expect::Content(hash("/bin/a")),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    assert_eq!(keys(&reg).await, before);
+    // A replace by another client between our read and our write: ours fails, theirs stays.
+    let c = meddled(&reg, file("/bin/theirs"), DesiredState::Inactive, 1);
+    let err = c
+        .put_if(
+            create("a.service", file("/bin/d"), None),
+            Expect::Content(hash("/bin/b")),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
+    assert_eq!(unit.hash(), hash("/bin/theirs"));
+}
+
 /// A put decided from what the caller read fails, writing nothing, once another client changed
 /// the unit (two `start --replace` at once: one wins, the other is told); the same content
-/// put by both is no conflict.
+/// put by both is no conflict. (Helper B's test of the same put_if.)
 async fn put_if_refuses_a_unit_changed_since_the_caller_read_it<K: Kv>(reg: Registry<K>) {
     let c = RegistryCluster::new(reg.clone());
     let (v0, va, vb) = (file("/bin/v0"), file("/bin/va"), file("/bin/vb"));
@@ -580,5 +786,10 @@ contract!(
     destroy_removes_units_and_unreadable_records,
     a_rolling_replace_advances_then_finishes,
     a_watch_sees_its_units_states_and_machines_change,
+    a_create_that_loses_a_race_to_the_same_content_is_unchanged,
+    a_create_that_loses_a_race_below_its_state_raises_it,
+    a_create_that_loses_a_race_to_other_content_is_a_conflict,
+    writes_retry_a_concurrent_change_five_times_then_conflict,
+    put_if_refuses_to_write_over_another_clients_write,
     put_if_refuses_a_unit_changed_since_the_caller_read_it,
 );
