@@ -71,7 +71,8 @@ The cluster is up and stays up. Use it:
   fleetctl destroy web@3.service
 
 Enter a machine (its own systemd, journal and network; no sshd, so the status of a unit is
-\`systemctl status hello.service\` in there):
+\`systemctl status hello.service\` in there, and fleetd's own log \`journalctl -u fleet\`,
+its warnings \`journalctl -u fleet -p warning\`):
 $(grep -E '^ +m[0-9]+ ' "$dir.up.log" | sed 's/^ */  /')
 
 Tear it down:

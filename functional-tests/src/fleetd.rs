@@ -16,8 +16,8 @@ use std::path::PathBuf;
 pub const MACHINE_BIN_DIR: &str = "/opt/fleet/bin";
 /// fleetd's environment file inside a machine.
 pub const ENV_FILE: &str = "/run/fleet/fleetd.env";
-/// fleetd's unit name inside a machine.
-pub const UNIT: &str = "fleetd.service";
+/// fleetd's unit name inside a machine: `fleet.service`, as `dist/` ships it (and fleet did).
+pub const UNIT: &str = "fleet.service";
 
 /// How to run fleetd in each machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,6 +79,10 @@ pub fn render_env(env: &BTreeMap<String, String>) -> String {
 
 /// The fleetd unit. `RestartSec`/`StartLimitIntervalSec=0`: a fleetd that exits while etcd is
 /// down keeps being restarted instead of giving up (and leaving the machine `degraded`).
+/// `Type=simple` with `NotifyAccess=main`, unlike `dist/fleet.service`'s `Type=notify`: fleetd's
+/// `STATUS=` lines show in `systemctl show -p StatusText`, while `systemctl start` does not
+/// wait for READY (tests start fleetd with etcd away); `tests/operating.rs` checks READY
+/// with a `Type=notify` drop-in.
 pub fn unit_file() -> String {
     format!(
         "[Unit]
@@ -90,6 +94,7 @@ StartLimitIntervalSec=0
 [Service]
 EnvironmentFile={ENV_FILE}
 ExecStart={MACHINE_BIN_DIR}/fleetd
+NotifyAccess=main
 Restart=on-failure
 RestartSec=1s
 KillMode=process
@@ -99,7 +104,7 @@ KillMode=process
 
 /// The target each machine boots: journald comes with sysinit.target, dbus, and fleetd if run.
 pub fn machine_target(with_fleetd: bool) -> String {
-    let fleetd = if with_fleetd { " fleetd.service" } else { "" };
+    let fleetd = if with_fleetd { " fleet.service" } else { "" };
     format!(
         "[Unit]
 Description=fleet functional-test machine

@@ -308,7 +308,7 @@ fn a_restart_leaves_units_untouched(how: Restart) -> Result<()> {
         .map(|u| Ok((*u, identity(m1, u)?)))
         .collect::<Result<_>>()?;
     let old_fleetd = m1
-        .main_pid("fleetd.service")?
+        .main_pid("fleet.service")?
         .context("fleetd not running")?;
     let cursor = journal_cursor(m1)?;
 
@@ -317,7 +317,7 @@ fn a_restart_leaves_units_untouched(how: Restart) -> Result<()> {
         Restart::Graceful => m1.restart_fleetd()?,
     }
     wait_for(TIMEOUT, POLL, || {
-        m1.main_pid("fleetd.service")
+        m1.main_pid("fleet.service")
             .ok()
             .flatten()
             .is_some_and(|pid| pid != old_fleetd)
@@ -609,7 +609,7 @@ fn with_etcd_down_at_boot_fleetd_touches_nothing_and_converges_once_it_is_back()
         )
     })?;
     all_untouched(m1, &units)?;
-    assert!(m1.main_pid("fleetd.service")?.is_some(), "fleetd gave up");
+    assert!(m1.main_pid("fleet.service")?.is_some(), "fleetd gave up");
 
     cluster.start_etcd()?;
     let m1 = &cluster.machines()[0];
@@ -714,7 +714,7 @@ fn first_fleetd_unharmed(
     unit: &str,
     hash: UnitHash,
 ) -> Result<()> {
-    assert_eq!(m1.main_pid("fleetd.service")?, Some(fleetd));
+    assert_eq!(m1.main_pid("fleet.service")?, Some(fleetd));
     assert!(registry.machine_ids()?.contains(m1.id()));
     wait_state(registry, unit, m1, is_running_with(hash))?;
     Ok(())
@@ -732,7 +732,7 @@ fn a_second_fleetd_with_the_same_machine_id_is_refused() -> Result<()> {
     )?;
     wait_state(&registry, "hello.service", m1, is_running_with(hash))?;
     let fleetd = m1
-        .main_pid("fleetd.service")?
+        .main_pid("fleet.service")?
         .context("fleetd not running")?;
 
     // Its own runtime directory: no lease file of the first one to resume.
@@ -764,7 +764,7 @@ fn a_second_fleetd_sharing_the_runtime_directory_is_refused_too() -> Result<()> 
     )?;
     wait_state(&registry, "hello.service", m1, is_running_with(hash))?;
     let fleetd = m1
-        .main_pid("fleetd.service")?
+        .main_pid("fleet.service")?
         .context("fleetd not running")?;
 
     let outcome = second_fleetd(m1, &[])?;

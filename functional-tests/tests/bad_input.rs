@@ -332,8 +332,10 @@ fn refused(
             "a state of {unit} was published"
         );
         ensure!(
-            !log.lines()
-                .any(|l| l.contains("executing task") && l.contains(&format!("unit={unit}"))),
+            !log.lines().any(
+                |l| (l.contains("task completed") || l.contains("task failed"))
+                    && l.contains(&format!("unit={unit}"))
+            ),
             "fleetd acted on {unit}:\n{log}"
         );
     }
@@ -352,15 +354,16 @@ fn refused(
 fn units_that_would_take_over_the_host_are_refused_and_the_host_keeps_running() -> Result<()> {
     let (cluster, registry) = start(1, agent_only())?;
     let m1 = &cluster.machines()[0];
-    let host = ["dbus.service", "systemd-journald.service", "fleetd.service"];
+    let host = ["dbus.service", "systemd-journald.service", "fleet.service"];
     let before = identities(m1, &host)?;
-    let fleetd_unit = m1.read_file(&format!("{RUNTIME_UNIT_DIR}/fleetd.service"))?;
+    let fleetd_unit = m1.read_file(&format!("{RUNTIME_UNIT_DIR}/fleet.service"))?;
     let cursor = journal_cursor(m1)?;
     let denied = [
         "dbus.service",
         "dbus.socket",
         "systemd-journald.service",
         "systemd-logind.service",
+        "fleet.service",
         "fleetd.service",
         "sshd.service",
         "ssh.socket",
@@ -388,7 +391,7 @@ fn units_that_would_take_over_the_host_are_refused_and_the_host_keeps_running() 
         );
     }
     ensure!(
-        m1.read_file(&format!("{RUNTIME_UNIT_DIR}/fleetd.service"))? == fleetd_unit,
+        m1.read_file(&format!("{RUNTIME_UNIT_DIR}/fleet.service"))? == fleetd_unit,
         "fleetd's own unit file was changed"
     );
     for unit in [

@@ -166,7 +166,7 @@ fn inject(
     match fault {
         Fault::FleetdKill => {
             let old = victim
-                .main_pid("fleetd.service")?
+                .main_pid("fleet.service")?
                 .context("fleetd not running")?;
             victim.kill_fleetd(Signal::Kill)?;
             support::wait_fleetd_restarted(victim, old)?;

@@ -144,7 +144,7 @@ fn churn_with_kills(units: usize, rounds: usize) -> Result<()> {
         let victim = &cluster.machines()[rng.below(3) as usize];
         let delay = Duration::from_millis(rng.below(1000));
         let old = victim
-            .main_pid("fleetd.service")?
+            .main_pid("fleet.service")?
             .context("fleetd not running")?;
         eprintln!(
             "round {round}: {:?}; kill -9 of fleetd on {} after {delay:?}",
@@ -274,10 +274,8 @@ fn an_etcd_outage_longer_than_the_agent_ttl_stops_nothing_and_the_cluster_conver
     let mut noticed = BTreeSet::new();
     wait_for(TIMEOUT, Duration::from_millis(250), || {
         for m in cluster.machines() {
-            if let Ok(log) = support::fleetd_log(m, &cursors[m.name()])
-                && log
-                    .lines()
-                    .any(|l| l.contains("WARN") || l.contains("ERROR"))
+            if let Ok(warnings) = support::fleetd_warnings(m, &cursors[m.name()])
+                && !warnings.trim().is_empty()
             {
                 noticed.insert(m.name().to_owned());
             }

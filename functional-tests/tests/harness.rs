@@ -353,7 +353,7 @@ fn fleetd_runs_as_a_service_with_the_cluster_environment() -> Result<()> {
     for machine in cluster.machines() {
         let env = wait_for_value(TIMEOUT, POLL, || {
             let log = machine
-                .journal(&["-u", "fleetd.service", "-o", "cat"])
+                .journal(&["-u", "fleet.service", "-o", "cat"])
                 .ok()?;
             log.contains("FLEET_PUBLIC_IP").then_some(log)
         })?;
@@ -378,11 +378,11 @@ fn fleetd_runs_as_a_service_with_the_cluster_environment() -> Result<()> {
     }
     let m1 = &cluster.machines()[0];
     let first = m1
-        .main_pid("fleetd.service")?
+        .main_pid("fleet.service")?
         .context("fleetd not running")?;
     m1.kill_fleetd(Signal::Kill)?;
     wait_for(TIMEOUT, POLL, || {
-        m1.main_pid("fleetd.service")
+        m1.main_pid("fleet.service")
             .ok()
             .flatten()
             .is_some_and(|pid| pid != first)
@@ -390,13 +390,13 @@ fn fleetd_runs_as_a_service_with_the_cluster_environment() -> Result<()> {
     .context("fleetd was not restarted after SIGKILL")?;
     m1.stop_fleetd()?;
     assert_eq!(
-        m1.systemctl(["is-active", "fleetd.service"])?
+        m1.systemctl(["is-active", "fleet.service"])?
             .stdout_text()
             .trim(),
         "inactive"
     );
     m1.restart_fleetd()?;
-    assert!(m1.main_pid("fleetd.service")?.is_some());
+    assert!(m1.main_pid("fleet.service")?.is_some());
 
     let out = cluster.fleetctl(["list-machines"])?.checked()?;
     assert_eq!(out.trim(), format!("--endpoint {endpoint} list-machines"));
@@ -450,7 +450,7 @@ fn machines_boot_from_a_checkout_below_var_tmp_or_tmp() -> Result<()> {
         let hostname = m1.sh("cat /etc/hostname")?;
         assert_eq!(hostname.trim(), "m1", "below {parent}");
         wait_for(TIMEOUT, POLL, || {
-            m1.journal(&["-u", "fleetd.service", "-o", "cat"])
+            m1.journal(&["-u", "fleet.service", "-o", "cat"])
                 .is_ok_and(|log| log.contains("fleetd-from-scratch"))
         })
         .with_context(|| format!("fleetd from a bin dir below {parent}"))?;

@@ -12,8 +12,8 @@
 
 use fleet_agent::fake::FakeJob;
 use fleet_agent::{
-    Change, FakeManager, JobKind, JobOutcome, ManagerError, SystemdConfig, SystemdManager,
-    UnitManager, UnitSource,
+    Change, FakeManager, JobKind, JobOutcome, MainExit, ManagerError, SystemdConfig,
+    SystemdManager, UnitManager, UnitSource,
 };
 use fleet_core::{UnitFile, UnitName};
 use std::future::Future;
@@ -160,6 +160,10 @@ async fn a_failing_start_leaves_the_unit_failed_until_uninstalled<S: Side>(side:
     side.will_fail_to_start(&unit);
     assert_eq!(side.start(&unit).await.unwrap(), JobOutcome::Failed);
     assert_eq!(state(side, &unit).await.1, "failed");
+    // Why, as the agent logs it: the service's Result and its main process's exit status.
+    let details = side.details(&unit).await.unwrap();
+    assert_eq!(details.result.as_deref(), Some("exit-code"));
+    assert_eq!(details.main_exit, Some(MainExit::Exited(1)));
     side.uninstall(&unit).await.unwrap();
     assert_eq!(state(side, &unit).await.1, "inactive");
 }

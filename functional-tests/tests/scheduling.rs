@@ -861,7 +861,7 @@ fn when_the_engine_leader_dies_another_machine_takes_over_and_schedules() -> Res
     // kill -9, and no restart: its leadership must lapse, not be handed over.
     dead.kill_fleetd(Signal::Kill)?;
     dead.stop_fleetd()?;
-    assert_eq!(dead.main_pid("fleetd.service")?, None);
+    assert_eq!(dead.main_pid("fleet.service")?, None);
 
     let out = command(
         &cluster,
@@ -901,13 +901,11 @@ fn a_leader_restarted_after_kill_9_takes_its_leadership_back_without_waiting_for
     let first = wait_for_value(TIMEOUT, POLL, || leader(&registry).ok().flatten())
         .context("no engine leader elected")?;
     let m = cluster.machine_by_id(&first)?;
-    let old = m
-        .main_pid("fleetd.service")?
-        .context("fleetd not running")?;
+    let old = m.main_pid("fleet.service")?.context("fleetd not running")?;
     let killed = std::time::Instant::now();
     m.kill_fleetd(Signal::Kill)?;
     wait_for(TIMEOUT, POLL, || {
-        m.main_pid("fleetd.service")
+        m.main_pid("fleet.service")
             .ok()
             .flatten()
             .is_some_and(|pid| pid != old)

@@ -56,7 +56,7 @@ fn use_tls_etcd(machine: &Machine, certs: &TestCerts, endpoint: &str, ca: &Path)
     )?;
     // A later EnvironmentFile= wins over the harness's.
     machine.write_file(
-        "/run/systemd/system/fleetd.service.d/tls.conf",
+        "/run/systemd/system/fleet.service.d/tls.conf",
         "[Service]\nEnvironmentFile=/run/fleet/tls.env\n",
     )?;
     machine.systemctl_ok(&["daemon-reload"])?;

@@ -24,6 +24,7 @@ use crate::executor::{self, Outcome};
 use crate::ledger::Ledger;
 use crate::manager::{Change, UnitManager, UnitSource};
 use crate::plan::{self, TaskKind, UnitFileState};
+use crate::revivals::{self, Revivals};
 
 /// Unit files read from etcd at once. One request per file, sequential, made an agent given
 /// 1,000 units wait for 1,000 round trips before it could plan (docs/benchmarks.md, item 3).
@@ -60,6 +61,19 @@ impl AgentConfig {
     }
 }
 
+/// What the agent has done so far, for its daemon's readiness and status line
+/// ([`Agent::progress`]). Changes only when one of its values does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// The first reconcile pass after boot is over: every job the boot decisions called for
+    /// has been issued and awaited.
+    pub reconciled: bool,
+    /// Unit files in the units directory.
+    pub units: usize,
+    /// Units whose last task failed, waiting for their retry.
+    pub failing: usize,
+}
+
 /// A failed unit's next chance, and the backoff that spaces its chances.
 #[derive(Debug, Clone)]
 struct Retry {
@@ -81,6 +95,8 @@ pub struct Agent<K, M> {
     published: BTreeMap<UnitName, UnitStateRecord>,
     published_lease: Option<LeaseId>,
     backoff: BTreeMap<UnitName, Retry>,
+    /// Failed units restarted lately, whose next restart waits.
+    revivals: Revivals,
     denied: BTreeSet<UnitName>,
     /// Unreadable schedule entries by key, with the revision each was written at: each is
     /// warned about once, not on every read of the schedule.
@@ -88,6 +104,7 @@ pub struct Agent<K, M> {
     ledger: Ledger,
     /// Whether the last publish got every state out.
     publish_complete: bool,
+    progress: watch::Sender<Progress>,
 }
 
 impl<K: Kv, M: UnitManager> Agent<K, M> {
@@ -98,6 +115,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         presence: watch::Receiver<Option<Presence>>,
     ) -> Agent<K, M> {
         let cfg_restarts_dir = cfg.restarts_dir.clone();
+        let revivals = Revivals::new(cfg.backoff_min, cfg.backoff_max);
         Agent {
             registry,
             manager,
@@ -109,11 +127,18 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             published: BTreeMap::new(),
             published_lease: None,
             backoff: BTreeMap::new(),
+            revivals,
             denied: BTreeSet::new(),
             skipped: BTreeMap::new(),
             ledger: Ledger::load(cfg_restarts_dir),
             publish_complete: true,
+            progress: watch::Sender::new(Progress::default()),
         }
+    }
+
+    /// Follows the agent's [`Progress`] (taken before [`Agent::run`], which consumes it).
+    pub fn progress(&self) -> watch::Receiver<Progress> {
+        self.progress.subscribe()
     }
 
     /// Runs until `shutdown` becomes true. Never stops or removes units because of shutdown:
@@ -144,6 +169,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     "initial reconcile complete"
                 );
             }
+            self.report_progress();
             // States that could not be published (etcd away) are retried on their own: no
             // watch event or systemd signal may come to wake us once etcd is back.
             let publish_retry = if self.publish_complete {
@@ -157,6 +183,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 .values()
                 .map(|b| b.until)
                 .chain(publish_retry)
+                .chain(self.revivals.next_close(Instant::now()))
                 .min();
             let mut schedule = false;
             let mut details = false;
@@ -186,6 +213,21 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
             self.refresh_current(details).await;
         }
+    }
+
+    /// Publishes the agent's [`Progress`] after a pass, when it changed.
+    fn report_progress(&self) {
+        let desired = |n: &&UnitName| self.desired.as_ref().is_some_and(|d| d.contains_key(*n));
+        let progress = Progress {
+            reconciled: true,
+            units: self.current.hashes.len(),
+            failing: self.backoff.keys().filter(desired).count(),
+        };
+        self.progress.send_if_modified(|p| {
+            let changed = *p != progress;
+            *p = progress;
+            changed
+        });
     }
 
     /// Builds the current state from systemd and reads the schedule (retrying until it can),
@@ -308,6 +350,8 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         if let Some(old) = &self.desired {
             self.backoff
                 .retain(|name, _| old.get(name) == desired.get(name));
+            self.revivals
+                .retain(|name| old.get(name) == desired.get(name));
         }
         self.files.retain(|h, _| wanted.contains(h));
         let missing: Vec<UnitHash> = wanted
@@ -411,6 +455,13 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 .filter(|(_, b)| b.until > now)
                 .map(|(n, _)| n.clone()),
         );
+        let units = &self.current.units;
+        waiting.extend(self.revivals.holding(now, |name| {
+            units
+                .get(name)
+                .and_then(|u| u.systemd.as_ref())
+                .is_some_and(|s| s.active_state() == ActiveState::Failed)
+        }));
         let tasks = plan::plan(&desired.units, &self.current.units, &waiting);
         self.ledger.track(&desired.units, &self.current.hashes);
         if tasks.is_empty() {
@@ -431,6 +482,12 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 None => {
                     self.backoff.remove(&unit);
                 }
+            }
+        }
+        for task in planned.iter().filter(|t| revivals::is_revival(t)) {
+            if !outcome.failed.contains_key(&task.unit) {
+                let wait = self.revivals.restarted(&task.unit, now);
+                debug!(unit = %task.unit, next_restart_after = ?wait, "restarted a failed unit");
             }
         }
         PassOutcome { outcome, reloaded }

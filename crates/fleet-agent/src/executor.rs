@@ -2,14 +2,22 @@
 //! promises of [`crate::manager`]: a unit's stop job is awaited before its file is removed or
 //! rewritten, one daemon-reload serves the whole batch, and a failing unit fails alone (its
 //! later tasks in this plan are skipped, the other units go on).
+//!
+//! Each task logs one line, when it is over, with its result: `task completed` (info) or
+//! `task failed` (warn). A start that failed carries what systemd says of the unit (its
+//! `Result` and its main process's exit status), read once, after the job ended. A start of
+//! a unit that had failed since it last started is `restarted a unit that failed` (warn), with
+//! that failure's `Result` and exit status, read before the start replaces them.
 
 use fleet_core::{UnitFile, UnitHash, UnitName};
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
-use tracing::{Instrument, info, info_span, warn};
+use std::fmt;
+use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::manager::{JobOutcome, ManagerError, UnitManager};
+use crate::manager::{JobOutcome, MainExit, ManagerError, UnitManager};
 use crate::plan::{Task, TaskKind};
+use crate::revivals;
 
 /// How many units' tasks of one kind run at once (each may hold a D-Bus job; the real
 /// adapter also caps calls in flight).
@@ -18,12 +26,33 @@ const CONCURRENCY: usize = 32;
 /// Why one unit's task failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
-    #[error("{0} job ended {1}")]
-    Job(TaskKind, JobOutcome),
+    #[error("{0} job ended {1}{2}")]
+    Job(TaskKind, JobOutcome, Failure),
     #[error("{0}")]
     Manager(TaskKind, #[source] ManagerError),
     #[error("no unit file {0} to load")]
     NoFile(UnitHash),
+}
+
+/// What systemd says of a unit whose start failed; empty when it could not be read (or for a
+/// stop).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Failure {
+    /// The service's `Result` (`exit-code`, `signal`, `start-limit-hit`, ...).
+    pub result: Option<String>,
+    pub main_exit: Option<MainExit>,
+}
+
+impl fmt::Display for Failure {
+    /// ` (result exit-code, exit status 1)`, or nothing.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.result, &self.main_exit) {
+            (Some(r), Some(e)) => write!(f, " (result {r}, {e})"),
+            (Some(r), None) => write!(f, " (result {r})"),
+            (None, Some(e)) => write!(f, " ({e})"),
+            (None, None) => Ok(()),
+        }
+    }
 }
 
 /// What a run did: units that failed (for backoff) and whether anything changed.
@@ -89,11 +118,29 @@ async fn run_task<M: UnitManager>(
 ) -> Result<(), TaskError> {
     let span = info_span!("task", unit = %task.unit, kind = %task.kind);
     async {
-        info!(reason = %task.reason, "executing task");
+        debug!(reason = %task.reason, "executing task");
+        // A unit that died since it started: why, before starting it again replaces that.
+        let died = match revivals::is_revival(task) {
+            true => Some(failure(manager, &task.unit).await),
+            false => None,
+        };
         let res = run_task_inner(manager, task, desired_hash, files).await;
-        match &res {
-            Ok(()) => info!(reason = %task.reason, "task completed"),
-            Err(e) => warn!(reason = %task.reason, error = %e, "task failed"),
+        match (&res, died) {
+            (Ok(()), Some(died)) => warn!(
+                reason = %task.reason,
+                result = died.result.as_deref(),
+                exit = died.main_exit.map(|x| x.to_string()),
+                "restarted a unit that failed"
+            ),
+            (Ok(()), None) => info!(reason = %task.reason, "task completed"),
+            (Err(e @ TaskError::Job(_, _, failure)), _) => warn!(
+                reason = %task.reason,
+                error = %e,
+                result = failure.result.as_deref(),
+                exit = failure.main_exit.map(|x| x.to_string()),
+                "task failed"
+            ),
+            (Err(e), _) => warn!(reason = %task.reason, error = %e, "task failed"),
         }
         res
     }
@@ -115,7 +162,7 @@ async fn run_task_inner<M: UnitManager>(
             // The stop job (ExecStop, ExecStopPost) must be over before the file goes.
             let out = manager.stop(unit).await.map_err(mgr)?;
             if !out.is_success() && out != JobOutcome::Failed {
-                return Err(TaskError::Job(kind, out));
+                return Err(TaskError::Job(kind, out, Failure::default()));
             }
             manager.uninstall(unit).await.map_err(mgr)
         }
@@ -127,19 +174,168 @@ async fn run_task_inner<M: UnitManager>(
             manager.install(unit, file).await.map_err(mgr)
         }
         TaskKind::ReloadUnitFiles => manager.reload().await.map_err(mgr),
-        TaskKind::Stop => job(kind, manager.stop(unit).await.map_err(mgr)?),
-        TaskKind::Start => job(kind, manager.start(unit).await.map_err(mgr)?),
+        TaskKind::Stop => stopped(kind, manager.stop(unit).await.map_err(mgr)?),
+        TaskKind::Start => started(manager, kind, unit).await,
         TaskKind::Restart => {
-            job(kind, manager.stop(unit).await.map_err(mgr)?)?;
-            job(kind, manager.start(unit).await.map_err(mgr)?)
+            stopped(kind, manager.stop(unit).await.map_err(mgr)?)?;
+            started(manager, kind, unit).await
         }
     }
 }
 
-fn job(kind: TaskKind, out: JobOutcome) -> Result<(), TaskError> {
+fn stopped(kind: TaskKind, out: JobOutcome) -> Result<(), TaskError> {
+    match out.is_success() {
+        true => Ok(()),
+        false => Err(TaskError::Job(kind, out, Failure::default())),
+    }
+}
+
+/// Starts `unit`; a failed start job says why, as far as systemd can tell.
+async fn started<M: UnitManager>(
+    manager: &M,
+    kind: TaskKind,
+    unit: &UnitName,
+) -> Result<(), TaskError> {
+    let out = manager
+        .start(unit)
+        .await
+        .map_err(|e| TaskError::Manager(kind, e))?;
     if out.is_success() {
-        Ok(())
-    } else {
-        Err(TaskError::Job(kind, out))
+        return Ok(());
+    }
+    Err(TaskError::Job(kind, out, failure(manager, unit).await))
+}
+
+/// What systemd says of `unit`'s failure; only these details are missing if the read fails.
+async fn failure<M: UnitManager>(manager: &M, unit: &UnitName) -> Failure {
+    match manager.details(unit).await {
+        Ok(d) => Failure {
+            result: d.result.filter(|r| r != "success"),
+            main_exit: d.main_exit,
+        },
+        Err(_) => Failure::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{FakeJob, FakeManager};
+    use crate::manager::JobKind;
+    use crate::plan::Reason;
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    fn name(s: &str) -> UnitName {
+        s.parse().unwrap()
+    }
+
+    /// The message, level and fields of each event at info or above.
+    #[derive(Debug, Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<String>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Lines {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            struct Text(String);
+            impl tracing::field::Visit for Text {
+                fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn fmt::Debug) {
+                    self.0.push_str(&format!(" {}={v:?}", f.name()));
+                }
+            }
+            if *event.metadata().level() > tracing::Level::INFO {
+                return;
+            }
+            let mut text = Text(event.metadata().level().to_string());
+            event.record(&mut text);
+            self.0.lock().unwrap().push(text.0);
+        }
+    }
+
+    /// Loads and starts `unit` (its start ending `start`), returning the run and its log.
+    async fn load_and_start(unit: &str, start: JobOutcome) -> (Outcome, Vec<String>) {
+        let fake = FakeManager::new();
+        let unit = name(unit);
+        fake.set_job(JobKind::Start, &unit, FakeJob::Ends(start));
+        let file = UnitFile::parse(b"[Service]\nExecStart=/bin/false\n").unwrap();
+        let hashes = BTreeMap::from([(unit.clone(), file.hash())]);
+        let files = BTreeMap::from([(file.hash(), file)]);
+        let task = |kind, reason| Task {
+            kind,
+            unit: unit.clone(),
+            reason,
+        };
+        let tasks = vec![
+            task(TaskKind::Load, Reason::FileMissing),
+            task(TaskKind::ReloadUnitFiles, Reason::UnitFileChanged),
+            task(TaskKind::Start, Reason::LaunchAfterLoad),
+        ];
+        let lines = Lines::default();
+        let subscriber = tracing_subscriber::registry().with(lines.clone());
+        let _default = tracing::subscriber::set_default(subscriber);
+        let outcome = execute(&fake, tasks, &hashes, &files).await;
+        let log = lines.0.lock().unwrap().clone();
+        (outcome, log)
+    }
+
+    #[tokio::test]
+    async fn each_task_logs_one_line_with_its_result() {
+        let (outcome, log) = load_and_start("web.service", JobOutcome::Done).await;
+        assert!(outcome.failed.is_empty(), "{outcome:?}");
+        assert_eq!(log.len(), 3, "{log:#?}");
+        assert!(
+            log.iter()
+                .all(|l| l.starts_with("INFO message=task completed")),
+            "{log:#?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn restarting_a_unit_that_died_warns_once_with_why_it_died() {
+        let fake = FakeManager::new();
+        let unit = name("crashy.service");
+        let file = UnitFile::parse(b"[Service]\nExecStart=/bin/crashy\n").unwrap();
+        fake.put_unit(&unit, &file, true);
+        fake.set_active(&unit, "failed", "failed");
+        let task = Task {
+            kind: TaskKind::Start,
+            unit: unit.clone(),
+            reason: Reason::DesiredLaunched {
+                active: "failed".to_owned(),
+            },
+        };
+        let lines = Lines::default();
+        let subscriber = tracing_subscriber::registry().with(lines.clone());
+        let _default = tracing::subscriber::set_default(subscriber);
+        let none = BTreeMap::new();
+        let outcome = execute(&fake, vec![task], &none, &BTreeMap::new()).await;
+        assert!(outcome.failed.is_empty(), "{outcome:?}");
+        let log = lines.0.lock().unwrap().clone();
+        assert_eq!(log.len(), 1, "{log:#?}");
+        assert!(
+            log[0].starts_with("WARN message=restarted a unit that failed"),
+            "{log:?}"
+        );
+        assert!(log[0].contains("result=\"exit-code\""), "{log:?}");
+        assert!(log[0].contains("exit=\"exit status 1\""), "{log:?}");
+    }
+
+    #[tokio::test]
+    async fn a_failed_start_carries_systemds_result_and_exit_status() {
+        let (outcome, log) = load_and_start("bad.service", JobOutcome::Failed).await;
+        let error = outcome.failed[&name("bad.service")].to_string();
+        assert_eq!(
+            error,
+            "start job ended failed (result exit-code, exit status 1)"
+        );
+        let failed: Vec<&String> = log.iter().filter(|l| l.contains("task failed")).collect();
+        assert_eq!(failed.len(), 1, "{log:#?}");
+        assert!(failed[0].starts_with("WARN"), "{failed:?}");
+        assert!(failed[0].contains("result=\"exit-code\""), "{failed:?}");
+        assert!(failed[0].contains("exit=\"exit status 1\""), "{failed:?}");
+        assert_eq!(log.len(), 3, "one line per task: {log:#?}");
     }
 }

@@ -9,8 +9,8 @@
 //! failures can be injected per operation and per unit; jobs can be made to fail or hang.
 
 use crate::manager::{
-    BusError, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, ManagerError,
-    UnitDetails, UnitFileError, UnitManager, UnitSource,
+    BusError, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, MainExit,
+    ManagerError, UnitDetails, UnitFileError, UnitManager, UnitSource,
 };
 use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR};
 use fleet_core::{ActiveState, SystemdState, UnitFile, UnitHash, UnitName};
@@ -477,13 +477,18 @@ impl UnitManager for FakeManager {
             Some(Definition::Foreign) => Some(foreign_fragment(name)),
             None => None,
         };
+        let state_now = state.state(name);
+        let failed = state_now.active == "failed";
         Ok(UnitDetails {
-            state: state.state(name),
+            state: state_now,
             fragment_path,
             drop_in_paths: record.map(|r| r.drop_ins.clone()).unwrap_or_default(),
             need_daemon_reload,
             main_pid: record.and_then(|r| r.main_pid),
             invocation_id: record.and_then(|r| r.invocation_id.clone()),
+            // A failed fake unit failed as `ExecStart=/bin/false` would.
+            result: Some(if failed { "exit-code" } else { "success" }.to_owned()),
+            main_exit: failed.then_some(MainExit::Exited(1)),
         })
     }
 

@@ -11,6 +11,7 @@
 //! - `ledger`: restart generations and running versions systemd cannot tell, on disk.
 //! - [`executor`]: runs a plan's tasks in order on a [`UnitManager`].
 //! - [`presence`]: the machine's registration on a lease, kept alive beside the agent.
+//! - `revivals`: spacing the restarts of a unit that keeps failing after it started.
 
 pub mod agent;
 mod current;
@@ -22,14 +23,15 @@ mod ledger;
 pub mod manager;
 pub mod plan;
 pub mod presence;
+mod revivals;
 pub mod systemd;
 pub mod units_dir;
 
-pub use agent::{Agent, AgentConfig};
+pub use agent::{Agent, AgentConfig, Progress};
 #[cfg(any(test, feature = "fake"))]
 pub use fake::FakeManager;
 pub use manager::{
-    BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome,
+    BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, MainExit,
     ManagerError, UnitDetails, UnitFileError, UnitManager, UnitSource,
 };
 pub use plan::{CurrentUnit, DesiredUnit, Reason, Target, Task, TaskKind, UnitFileState, plan};

@@ -276,6 +276,42 @@ pub struct UnitDetails {
     pub main_pid: Option<u32>,
     /// The current invocation's ID in lowercase hex; `None` when never started.
     pub invocation_id: Option<String>,
+    /// A service's `Result`: `success`, or why it last failed (`exit-code`, `signal`,
+    /// `timeout`, `start-limit-hit`, ...). `None` for other unit types.
+    pub result: Option<String>,
+    /// How a service's last main process ended; `None` before one did, or not a service.
+    pub main_exit: Option<MainExit>,
+}
+
+/// How a service's main process ended: systemd's `ExecMainCode` (a `CLD_*` code) and
+/// `ExecMainStatus` (the exit status, or the signal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MainExit {
+    Exited(i32),
+    Killed(i32),
+    Dumped(i32),
+}
+
+impl MainExit {
+    /// From `ExecMainCode` and `ExecMainStatus`; `None` while nothing exited (code 0).
+    pub fn from_code(code: i32, status: i32) -> Option<MainExit> {
+        match code {
+            1 => Some(Self::Exited(status)),
+            2 => Some(Self::Killed(status)),
+            3 => Some(Self::Dumped(status)),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for MainExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Exited(status) => write!(f, "exit status {status}"),
+            Self::Killed(signal) => write!(f, "killed by signal {signal}"),
+            Self::Dumped(signal) => write!(f, "killed by signal {signal}, core dumped"),
+        }
+    }
 }
 
 /// Where systemd loaded a unit from, as [`UnitManager::source`] tells it.
@@ -439,6 +475,19 @@ mod tests {
         }
         assert_eq!(JobOutcome::from_job_result("not-loaded"), None);
         assert_eq!(JobOutcome::from_job_result("exploded"), None);
+    }
+
+    #[test]
+    fn main_exits_read_systemds_codes() {
+        assert_eq!(MainExit::from_code(0, 0), None);
+        let exited = MainExit::from_code(1, 3).unwrap();
+        assert_eq!(exited.to_string(), "exit status 3");
+        let killed = MainExit::from_code(2, 9).unwrap();
+        assert_eq!(killed.to_string(), "killed by signal 9");
+        assert_eq!(
+            MainExit::from_code(3, 11).unwrap().to_string(),
+            "killed by signal 11, core dumped"
+        );
     }
 
     #[test]

@@ -756,3 +756,81 @@ async fn a_new_lease_after_the_old_one_expired_republishes_states_and_restarts_n
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(mutating(&w.fake.calls()), before, "no job for the unit");
 }
+
+/// fleetd says READY once the first pass is over and keeps its status line current from
+/// this: how many units are here and how many are failing.
+#[tokio::test(start_paused = true)]
+async fn reports_its_progress_once_reconciled_counting_units_and_failing_ones() {
+    let w = World::new().await;
+    w.schedule("good.service", &file("/bin/good"), DesiredState::Launched)
+        .await;
+    w.schedule("bad.service", &file("/bin/bad"), DesiredState::Launched)
+        .await;
+    w.fake.fail(Op::Start, Some(&name("bad.service")));
+    let (_tx, presence) = watch::channel(Some(w.presence));
+    let cfg = AgentConfig::new(w.machine.clone());
+    let agent = Agent::new(w.role(), w.fake.clone(), cfg, presence);
+    let mut progress = agent.progress();
+    assert!(!progress.borrow().reconciled, "ready before any pass");
+    let _agent = tokio::spawn(agent.run(w.shutdown.subscribe()));
+    let first = *progress
+        .wait_for(|p| p.reconciled)
+        .await
+        .expect("agent gone");
+    assert_eq!((first.units, first.failing), (2, 1));
+    w.fake.heal();
+    let healed = *progress
+        .wait_for(|p| p.failing == 0)
+        .await
+        .expect("agent gone");
+    assert_eq!(healed.units, 2);
+}
+
+/// A unit whose process dies right after its start job succeeded (`Type=simple`, exits at
+/// once) is restarted at once the first time, then no sooner than the retry backoff: not four
+/// starts in 50 ms until systemd's start limit. Once it has run through its window, its next
+/// failure is restarted at once again.
+#[tokio::test(start_paused = true)]
+async fn a_unit_that_keeps_dying_is_restarted_with_backoff_not_in_a_hot_loop() {
+    let w = World::new().await;
+    let crashy = name("crashy.service");
+    let _agent = w.start_agent();
+    w.schedule(
+        "crashy.service",
+        &file("/bin/crashy"),
+        DesiredState::Launched,
+    )
+    .await;
+    w.until_published("crashy.service", "active").await;
+    let starts = || {
+        w.fake
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Start(n) if *n == crashy))
+            .count()
+    };
+    let crash_and_wait_restart = || async {
+        let before = starts();
+        let crashed = tokio::time::Instant::now();
+        w.fake.set_active(&crashy, "failed", "failed");
+        w.until("a restart", || starts() > before).await;
+        crashed.elapsed()
+    };
+    let first = crash_and_wait_restart().await;
+    assert!(
+        first < Duration::from_millis(100),
+        "first restart took {first:?}"
+    );
+    let mut spaced = Duration::ZERO;
+    for _ in 0..3 {
+        spaced += crash_and_wait_restart().await;
+    }
+    assert!(
+        spaced >= Duration::from_secs(3),
+        "three more crashes restarted within {spaced:?}"
+    );
+    // Running past its window (and a resync that sees it running): a fresh start.
+    tokio::time::sleep(Duration::from_secs(200)).await;
+    let again = crash_and_wait_restart().await;
+    assert!(again < Duration::from_millis(100), "restart took {again:?}");
+}

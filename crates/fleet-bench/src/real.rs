@@ -62,7 +62,7 @@ pub fn boot(
 
 /// fleetd's main PID inside `machine`.
 pub fn fleetd_pid(machine: &Machine) -> Result<u32> {
-    let pid = machine.systemctl_ok(&["show", "--property=MainPID", "--value", "fleetd.service"])?;
+    let pid = machine.systemctl_ok(&["show", "--property=MainPID", "--value", "fleet.service"])?;
     let pid: u32 = pid.trim().parse().context("fleetd's MainPID")?;
     ensure!(pid != 0, "fleetd is not running in {}", machine.name());
     Ok(pid)

@@ -15,13 +15,18 @@ use fleetctl::cli::{self, Cli, Command};
 use fleetctl::commands::{self, Ctx, lifecycle};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// What `--debug` shows: fleetctl's and the fleet crates' debug lines, others' warnings.
+const DEBUG_FILTER: &str = "warn,fleetctl=debug,fleet_=debug";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.global.debug {
+        // fleet's own debug output, not tower's, hyper's and h2's; RUST_LOG replaces it.
+        let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| DEBUG_FILTER.to_owned());
         tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
-            .with_env_filter("debug")
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_env_filter(filter)
             .init();
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()

@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::logging::LogFormat;
 use file::load_file;
 use values::{MIN_INTERVAL, SECOND, Syntax, duration_in, parse_bool, parse_list, split_globs};
 
@@ -53,6 +54,9 @@ pub struct Config {
     pub engine_move_rate: u32,
     pub disable_engine: bool,
     pub verbosity: u8,
+    /// `RUST_LOG`-style directives; over `RUST_LOG` and `verbosity` (`logging.rs`).
+    pub log_filter: Option<String>,
+    pub log_format: LogFormat,
     /// Unit name globs fleetd refuses to manage (it would take over the host).
     pub deny_units: Vec<String>,
     /// The HTTP API's keys (`config/api.rs`).
@@ -268,6 +272,25 @@ pub const KEYS: &[Key] = &[
             .map_err(|_| "expected a small whole number".to_owned())?;
         Ok(())
     }),
+    Key::value(
+        "log_filter",
+        None,
+        "what to log, RUST_LOG-style, e.g. `info,fleet_engine=debug` [default: RUST_LOG, else from verbosity]",
+        |c, v| {
+            crate::logging::check_filter(v)?;
+            c.log_filter = Some(v.to_owned()).filter(|v| !v.is_empty());
+            Ok(())
+        },
+    ),
+    Key::value(
+        "log_format",
+        Some("auto"),
+        "auto (the journal under systemd, else text), text, json or journal",
+        |c, v| {
+            c.log_format = v.parse()?;
+            Ok(())
+        },
+    ),
     Key::value(
         "agent_ttl",
         Some("30s"),
@@ -551,6 +574,24 @@ mod tests {
     }
 
     #[test]
+    fn log_filter_and_format_are_checked_at_startup() {
+        let c = build(
+            &raw(&[
+                ("log_filter", "warn,fleet_agent=debug"),
+                ("log_format", "json"),
+            ]),
+            &mut vec![],
+        )
+        .unwrap();
+        assert_eq!(c.log_filter.as_deref(), Some("warn,fleet_agent=debug"));
+        assert_eq!(c.log_format, LogFormat::Json);
+        let e = build(&raw(&[("log_filter", "fleet_agent=loud")]), &mut vec![]).unwrap_err();
+        assert!(e.to_string().contains("invalid log_filter"), "{e}");
+        let e = build(&raw(&[("log_format", "xml")]), &mut vec![]).unwrap_err();
+        assert!(e.to_string().contains("json"), "{e}");
+    }
+
+    #[test]
     fn defaults_are_fleets() {
         let c = build(&raw(&[]), &mut vec![]).unwrap();
         assert_eq!(c.etcd_servers, vec!["http://127.0.0.1:2379"]);
@@ -561,6 +602,7 @@ mod tests {
         assert_eq!(c.etcd_request_timeout, Duration::from_secs(1));
         assert!(!c.disable_engine);
         assert_eq!(c.verbosity, 0);
+        assert_eq!((c.log_filter, c.log_format), (None, LogFormat::Auto));
         assert_eq!(c.deny_units, split_globs(DEFAULT_DENY_UNITS));
         assert_eq!((c.public_ip, c.etcd_cafile), (None, None));
     }

@@ -7,6 +7,8 @@ mod api;
 mod cli;
 mod config;
 mod engine;
+mod logging;
+mod notify;
 mod public_ip;
 mod report;
 
@@ -19,7 +21,7 @@ use fleet_registry::{MachineRole, Registry};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::sync::watch;
-use tracing::{Instrument, error, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use config::Config;
 
@@ -40,7 +42,8 @@ fn main() -> ExitCode {
     let activated = match api::Activated::from_env() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("fleetd: {}", report::chain(&e));
+            let prefix = logging::stderr_error_prefix();
+            eprintln!("{prefix}fleetd: {}", report::chain(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -48,22 +51,22 @@ fn main() -> ExitCode {
     let config = match config::load(cli.config.as_deref(), &cli.given, &cli.set, &mut ignored) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("fleetd: bad configuration: {}", report::chain(&e));
+            let prefix = logging::stderr_error_prefix();
+            eprintln!("{prefix}fleetd: bad configuration: {}", report::chain(&e));
             return ExitCode::FAILURE;
         }
     };
-    let default_level = if config.verbosity > 0 {
-        "debug"
-    } else {
-        "info"
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = logging::filter_directives(
+        config.log_filter.as_deref(),
+        rust_log.as_deref(),
+        config.verbosity,
+    );
+    let (output, no_journal) = logging::init(config.log_format, &filter);
+    if let Some(e) = no_journal {
+        warn!(error = %e, "journald unreachable; logging to stderr");
+    }
+    debug!(?output, filter, "logging");
     for i in ignored {
         warn!(key = i.key, source = %i.source, "config key accepted but ignored");
     }
@@ -84,7 +87,10 @@ fn main() -> ExitCode {
         Err(e) => {
             let e = report::chain(&e);
             error!(error = %e, "fleetd failed");
-            eprintln!("fleetd: {e}");
+            // In the journal the entry above is the error already.
+            if output != logging::Output::Journal {
+                eprintln!("fleetd: {e}");
+            }
             ExitCode::FAILURE
         }
     }
@@ -124,6 +130,8 @@ fn lock_runtime_dir(dir: &std::path::Path) -> Result<std::fs::File> {
 }
 
 async fn run(config: Config, activated: api::Activated) -> Result<()> {
+    let notifier = std::sync::Arc::new(notify::Notifier::from_env());
+    notify::spawn_watchdog(notifier.clone());
     let machine = machine_id()?;
     let etcd = EtcdConfig {
         endpoints: config.etcd_servers.clone(),
@@ -178,11 +186,13 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         ttl: config.agent_ttl,
         lease_file: runtime_dir.join("fleetd.lease"),
     };
+    notifier.status("registering this machine in etcd");
     let presence = keeper
         .register()
         .await
         .context("registering this machine")?;
     info!(machine = %machine, version = VERSION, "fleetd started");
+    notifier.status("registered; reconciling the units scheduled here");
 
     let (presence_tx, presence_rx) = watch::channel(Some(presence));
     let mut agent_cfg = AgentConfig::new(machine.clone());
@@ -190,6 +200,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
     let role = MachineRole::new(registry.clone(), machine.clone());
     let agent = Agent::new(role, manager, agent_cfg, presence_rx);
+    notify::spawn_status(notifier.clone(), agent.progress());
     {
         let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
         tasks.spawn(
@@ -225,6 +236,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
             Err(e) => Err(e).context("a fleetd component panicked"),
         },
     };
+    notifier.stopping("stopping; units keep running");
     let _ = shutdown_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         while tasks.join_next().await.is_some() {}

@@ -163,7 +163,7 @@ fn print_usage(cluster: &Cluster) {
     println!();
     let raw = cluster.dir().display();
     println!("logs:      {raw}/etcd.log, {raw}/machines/<name>/console.log,");
-    println!("           and inside a machine: journalctl -u fleetd");
+    println!("           and inside a machine: journalctl -u fleet");
     println!("status:    fleet-cluster status --dir {dir}");
     println!("down:      fleet-cluster down --dir {dir}");
 }
@@ -187,7 +187,7 @@ fn status(dir: &Path) -> Result<()> {
             .map(|o| o.stdout_text().trim().to_owned())
             .unwrap_or_else(|e| format!("unknown ({e:#})"));
         let fleetd = if with_fleetd {
-            m.systemctl(["is-active", "fleetd.service"])
+            m.systemctl(["is-active", "fleet.service"])
                 .map(|o| format!("fleetd {}", o.stdout_text().trim()))
                 .unwrap_or_default()
         } else {

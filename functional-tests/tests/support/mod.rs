@@ -136,7 +136,15 @@ pub fn journal_after(machine: &Machine, unit: &str, cursor: &str) -> Result<Stri
 
 /// fleetd's log after `cursor`.
 pub fn fleetd_log(machine: &Machine, cursor: &str) -> Result<String> {
-    journal_after(machine, "fleetd.service", cursor)
+    journal_after(machine, "fleet.service", cursor)
+}
+
+/// fleetd's warnings and errors after `cursor`: under systemd it logs natively, so the level
+/// is the entry's priority, not a word in the text.
+pub fn fleetd_warnings(machine: &Machine, cursor: &str) -> Result<String> {
+    let after = format!("--after-cursor={cursor}");
+    let args = ["-u", "fleet.service", "-p", "warning", "-o", "cat", &after];
+    Ok(strip_ansi(&machine.journal(&args)?))
 }
 
 /// Whether `log` has a line with `message` about `unit` (fleetd logs `unit=<name>`).
@@ -426,7 +434,7 @@ impl Rng {
 pub fn wait_fleetd_restarted(machine: &Machine, old: u32) -> Result<u32> {
     wait_for_value(TIMEOUT, POLL, || {
         machine
-            .main_pid("fleetd.service")
+            .main_pid("fleet.service")
             .ok()
             .flatten()
             .filter(|pid| *pid != old)
@@ -616,7 +624,7 @@ pub fn fleetd_tails(cluster: &Cluster, lines: usize) -> String {
         .filter(|m| m.is_up())
         .map(|m| {
             let log = m
-                .journal(&["-u", "fleetd.service", "-o", "cat", "-n", &n])
+                .journal(&["-u", "fleet.service", "-o", "cat", "-n", &n])
                 .map_or_else(|e| format!("{e:#}"), |l| strip_ansi(&l));
             format!("--- fleetd on {} ---\n{log}", m.name())
         })

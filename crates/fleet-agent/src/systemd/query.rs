@@ -1,7 +1,7 @@
 //! Reading unit states in batches and per-unit properties.
 
 use super::{SystemdManager, bus_error};
-use crate::manager::{ManagerError, UnitDetails};
+use crate::manager::{MainExit, ManagerError, UnitDetails};
 use fleet_core::{SystemdState, UnitName, UnitType};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -92,16 +92,18 @@ impl SystemdManager {
         let need_daemon_reload = unit.need_daemon_reload().await?;
         let invocation = unit.invocation_id().await?;
         // Only services have a main process (the Service interface).
-        let main_pid = if name.unit_type() == UnitType::Service {
+        let (mut main_pid, mut result, mut main_exit) = (None, None, None);
+        if name.unit_type() == UnitType::Service {
             let service = ServiceProxy::builder(&self.inner.conn)
                 .path(path)
                 .cache_properties(CacheProperties::No)
                 .build()
                 .await?;
-            Some(service.main_pid().await?).filter(|pid| *pid != 0)
-        } else {
-            None
-        };
+            main_pid = Some(service.main_pid().await?).filter(|pid| *pid != 0);
+            result = Some(service.result().await?);
+            let code = service.exec_main_code().await?;
+            main_exit = MainExit::from_code(code, service.exec_main_status().await?);
+        }
         Ok(UnitDetails {
             state,
             fragment_path: Some(PathBuf::from(fragment)).filter(|p| !p.as_os_str().is_empty()),
@@ -109,6 +111,8 @@ impl SystemdManager {
             need_daemon_reload,
             main_pid,
             invocation_id: Some(hex(&invocation)).filter(|id| !id.is_empty()),
+            result,
+            main_exit,
         })
     }
 }
