@@ -40,7 +40,7 @@ test: build
 # fleetctl's functional suites once more over the API driver: every fleetctl command of them
 # goes through a machine's fleetd (its /var/run/fleet.sock) instead of straight to etcd
 # (functional-tests/README.md, "fleetctl's two drivers"; ~2 min).
-FLEETCTL_SUITES := agent bad_input disruption remote replace scheduling
+FLEETCTL_SUITES := agent bad_input disruption drain remote replace scheduling
 test-api:
 	FLEET_TEST_DRIVER=api $(CARGO) test -p fleet-functional-tests $(addprefix --test ,$(FLEETCTL_SUITES)) -- --test-threads=4
 

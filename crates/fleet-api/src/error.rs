@@ -67,6 +67,10 @@ pub enum ApiError {
     BadMachineId(String),
     #[error("pageSize must be 1 to 65535, got {0:?}")]
     BadPageSize(String),
+    #[error("parallel must be a whole number from 1, got {0:?}")]
+    BadParallel(String),
+    #[error("expect must be absent or a unit file hash, got {0:?}")]
+    BadExpect(String),
     #[error("invalid op: expect add, remove, or replace")]
     PatchOp,
     #[error("machine metadata path invalid")]
@@ -103,6 +107,8 @@ impl ApiError {
             | Self::RaiseWithoutState
             | Self::BadMachineId(_)
             | Self::BadPageSize(_)
+            | Self::BadParallel(_)
+            | Self::BadExpect(_)
             | Self::PatchOp
             | Self::PatchPath
             | Self::PatchNoValue

@@ -9,6 +9,7 @@
 pub mod discovery;
 pub mod entity;
 pub mod error;
+mod maintenance;
 pub mod ops;
 pub mod page;
 pub mod routes;

@@ -12,11 +12,10 @@ use percent_encoding::percent_decode_str;
 use std::sync::Arc;
 use tracing::{debug, warn};
 
-use fleet_core::{DesiredState, MachineId, UnitName};
+use fleet_core::UnitName;
 use fleet_ops::convert;
-use fleet_ops::wire::{self, Op, WriteResult};
-use fleet_ops::{Cluster, PutOutcome, PutRequest, RegistryCluster, ReplaceHow, StateChange};
-use fleet_ops::{Destroyed, StateFilter};
+use fleet_ops::wire;
+use fleet_ops::{Cluster, RegistryCluster, StateFilter};
 use fleet_registry::Registry;
 use fleet_registry::kv::Kv;
 use std::collections::BTreeSet;
@@ -24,8 +23,11 @@ use std::collections::BTreeSet;
 use crate::discovery;
 use crate::entity;
 use crate::error::{ApiError, json_response};
-use crate::ops::{metadata_changes, unit_file};
+use crate::maintenance;
+use crate::ops::metadata_changes;
 use crate::page::PageToken;
+
+mod writes;
 
 /// Prefixes the API answers under; fleet kept the pre-1.0 one as an alias.
 pub const PREFIXES: [&str; 2] = ["/fleet/v1", "/v1-alpha"];
@@ -90,6 +92,9 @@ enum Route<'a> {
     Unit(&'a str),
     States,
     State(&'a str),
+    Drains,
+    Drain(&'a str),
+    Explain(&'a str),
 }
 
 fn parse_path(path: &str) -> Option<Route<'_>> {
@@ -107,9 +112,12 @@ fn parse_path(path: &str) -> Option<Route<'_>> {
         "/machines" => Some(Route::Machines),
         "/units" => Some(Route::Units),
         "/state" => Some(Route::States),
+        "/drains" => Some(Route::Drains),
         _ => item("/units")
             .map(Route::Unit)
-            .or_else(|| item("/state").map(Route::State)),
+            .or_else(|| item("/state").map(Route::State))
+            .or_else(|| item("/drains").map(Route::Drain))
+            .or_else(|| item("/explain").map(Route::Explain)),
     }
 }
 
@@ -161,10 +169,10 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
                 None => Err(ApiError::UnitNotFound),
             }
         }
-        (Route::Unit(name), Method::DELETE) => delete_unit(api, name, &query).await,
+        (Route::Unit(name), Method::DELETE) => writes::delete_unit(api, name, &query).await,
         (Route::Unit(name), Method::PUT) => {
             let name = name.to_owned();
-            put_unit(api, &name, &query, req).await
+            writes::put_unit(api, &name, &query, req).await
         }
         (Route::Unit(_), _) => Err(ApiError::WrongMethod("GET, PUT and DELETE")),
         (Route::States, Method::GET) => list_states(api, &query).await,
@@ -185,6 +193,13 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
             }
         }
         (Route::States | Route::State(_), _) => Err(ApiError::WrongMethod("GET")),
+        (Route::Drains, Method::GET) => maintenance::list_drains(&api.cluster).await,
+        (Route::Drains, _) => Err(ApiError::WrongMethod("GET")),
+        (Route::Drain(machine), method) => {
+            let parallel = query_values(&query.raw, maintenance::PARALLEL);
+            maintenance::drain(&api.cluster, machine, method, &parallel).await
+        }
+        (Route::Explain(unit), method) => maintenance::explain(&api.cluster, unit, method).await,
     }
 }
 
@@ -275,147 +290,6 @@ async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, Api
         page.skipped = listing.skipped;
     }
     Ok(json_response(StatusCode::OK, &page))
-}
-
-async fn delete_unit<K: Kv>(api: &Api<K>, name: &str, query: &Query) -> Result<Response, ApiError> {
-    let destroyed = match name.parse::<UnitName>() {
-        Ok(name) => api.cluster.destroy(&name).await?,
-        Err(_) => Destroyed::Missing,
-    };
-    if query.full {
-        return Ok(written(&convert::destroyed_to_wire(&destroyed)));
-    }
-    match destroyed {
-        Destroyed::Unit | Destroyed::Unreadable(_) => Ok(StatusCode::NO_CONTENT.into_response()),
-        Destroyed::Missing => Err(ApiError::UnitNotFound),
-    }
-}
-
-/// A full-view write's answer: 200 with what it did.
-fn written(result: &WriteResult) -> Response {
-    json_response(StatusCode::OK, result)
-}
-
-async fn put_unit<K: Kv>(
-    api: &Api<K>,
-    url_name: &str,
-    query: &Query,
-    req: Request,
-) -> Result<Response, ApiError> {
-    check_content_type(req.headers())?;
-    let op = match first(&query.raw, wire::OP) {
-        None => None,
-        Some(op) => Some(Op::parse(&op).ok_or(ApiError::UnknownOp(op))?),
-    };
-    let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
-        .await
-        .map_err(ApiError::ReadBody)?;
-    let wire: entity::Unit = serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
-    let body_name = if wire.name.is_empty() {
-        url_name
-    } else {
-        wire.name.as_str()
-    };
-    if body_name != url_name {
-        return Err(ApiError::NameMismatch {
-            url: url_name.to_owned(),
-            body: body_name.to_owned(),
-        });
-    }
-    let name: UnitName = url_name.parse()?;
-    let desired = match wire.desired_state.as_str() {
-        "" => None,
-        s => Some(s.parse::<DesiredState>()?),
-    };
-    if let Some(op) = op {
-        if !wire.options.is_empty() {
-            return Err(ApiError::OpWithOptions(op.as_str()));
-        }
-        return run_op(api, &name, op, desired, query).await;
-    }
-    let file = match wire.options.as_slice() {
-        [] => None,
-        options => Some(unit_file(&name, options)?),
-    };
-    let how = ReplaceHow {
-        no_restart: flag(&query.raw, wire::NO_RESTART),
-        reschedule: flag(&query.raw, wire::RESCHEDULE),
-        rolling: flag(&query.raw, wire::ROLLING),
-    };
-    let outcome = api
-        .cluster
-        .put(PutRequest {
-            name,
-            file,
-            desired,
-            how,
-        })
-        .await?;
-    if query.full {
-        return Ok(written(&convert::put_to_wire(&outcome)));
-    }
-    let status = match outcome {
-        PutOutcome::Created(_) | PutOutcome::Replaced(_) => StatusCode::CREATED,
-        PutOutcome::StateChanged(_) => StatusCode::NO_CONTENT,
-        // fleet's rule for an existing unit: a PUT that changes no content names a state.
-        PutOutcome::Unchanged(_) if desired.is_none() => return Err(ApiError::NoDesiredState),
-        PutOutcome::Unchanged(_) => StatusCode::NO_CONTENT,
-    };
-    Ok(status.into_response())
-}
-
-/// The extensions' operations (`PUT /units/<name>?op=...`): 204, or in the full view 200
-/// with what was done.
-async fn run_op<K: Kv>(
-    api: &Api<K>,
-    name: &UnitName,
-    op: Op,
-    desired: Option<DesiredState>,
-    query: &Query,
-) -> Result<Response, ApiError> {
-    let c = &api.cluster;
-    let result = match op {
-        Op::Stop | Op::Unload | Op::Raise => {
-            let change = match op {
-                Op::Stop => StateChange::Stop,
-                Op::Unload => StateChange::Unload,
-                _ => StateChange::Raise(desired.ok_or(ApiError::RaiseWithoutState)?),
-            };
-            let changed = c.set_state(name, change).await?;
-            convert::set_state_to_wire(changed.as_ref())
-        }
-        Op::Restart => convert::restart_to_wire(c.restart(name).await?),
-        Op::AdvanceRollout => {
-            let machines = query_values(&query.raw, wire::MACHINE_ID)
-                .into_iter()
-                .map(|m| {
-                    m.parse::<MachineId>()
-                        .map_err(|_| ApiError::BadMachineId(m))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            convert::rollout_advanced_to_wire(&c.advance_rollout(name, &machines).await?)
-        }
-        Op::FinishRollout => {
-            c.finish_rollout(name).await?;
-            WriteResult {
-                outcome: wire::Outcome::RolloutFinished,
-                unit: None,
-                restart_generation: 0,
-                detail: String::new(),
-            }
-        }
-    };
-    if query.full {
-        return Ok(written(&result));
-    }
-    Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-/// A boolean query flag: `true` (or `1`) sets it.
-fn flag(query: &str, key: &str) -> bool {
-    query_values(query, key)
-        .iter()
-        .any(|v| v == "true" || v == "1")
 }
 
 /// fleet's `PATCH /machines`: validated as a whole, then applied in one transaction; 204

@@ -314,8 +314,8 @@ impl Sim {
     }
 
     /// `fleetctl start --no-block ARGS` for units not yet registered, through fleetctl's own
-    /// submit path: read the local files, read the units in transactions of 128 reads, then
-    /// create them 32 at a time (new units get the desired state at once, so start has
+    /// submit path over fleet-ops's `RegistryCluster`: read the local files, read the units
+    /// they name together (one `Cluster::units`), then create them 32 at a time (new units get the desired state at once, so start has
     /// nothing more to write).
     pub async fn submit(&self, args: &[String]) -> Result<()> {
         let cluster = RegistryCluster::new(self.client.clone());

@@ -12,4 +12,7 @@ mod unreadable;
 pub use disruption::{Assessment, Disruption, DisruptionConfig, Hold};
 pub use engine::{EngineConfig, run};
 
-pub use scheduler::{Decision, DecisionKind, Plan, Reason, Violation, plan, plan_holding};
+pub use scheduler::{
+    Decision, DecisionKind, DrainStatus, Explanation, MachineVerdict, Plan, Reason, Rejection,
+    Status, Violation, drain_status, explain, plan, plan_holding,
+};

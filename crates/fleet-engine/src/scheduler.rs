@@ -22,6 +22,8 @@
 //!   globals the first in name order wins.
 //! - A unit that cannot be placed gets a reason; it is cleared once the unit is placed.
 //!   Units whose options fleet's validation refuses are never placed (their reason says so).
+//! - A drained machine takes no new non-global unit; its non-global units leave it a few at
+//!   a time, each placed elsewhere like any unplaced unit (see [`drain`]).
 //! - A value the registry cannot read is never taken for a unit or machine that is gone (see
 //!   [`crate::unreadable`]): the units it concerns stay where they are, and an unreadable
 //!   schedule entry is deleted.
@@ -33,6 +35,8 @@
 
 mod cluster;
 mod decision;
+mod drain;
+mod explain;
 mod spec;
 
 use fleet_core::{MachineId, UnitFile, UnitHash, UnitName};
@@ -41,6 +45,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cluster::{Cluster, Slot};
 pub use decision::{Decision, DecisionKind, Reason, Violation};
+pub use explain::{
+    DrainStatus, Explanation, MachineVerdict, Rejection, Status, drain_status, explain,
+};
 use spec::Spec;
 
 /// A bound on evict-then-place rounds. Ordinary plans settle in two or three; only a cycle
@@ -53,8 +60,9 @@ const MAX_ROUNDS: usize = 16;
 pub struct Plan {
     /// The changes to write, in [`DecisionKind`] order.
     pub decisions: Vec<Decision>,
-    /// Units held back until a copy another machine still runs has stopped: the only case
-    /// where a change of published states can change the plan.
+    /// Units held back until a copy another machine still runs has stopped, and units
+    /// moving off a drained machine until they are active elsewhere: the only cases where a
+    /// change of published states can change the plan.
     pub waiting: BTreeSet<UnitName>,
 }
 
@@ -74,14 +82,17 @@ pub fn plan_holding(
     held: &BTreeSet<UnitName>,
 ) -> Plan {
     let mut cluster = Cluster::new(snapshot, files, held);
+    settle(&mut cluster);
+    drain::start_moves(&mut cluster);
     for _ in 0..MAX_ROUNDS {
         settle(&mut cluster);
         if !place_unplaced(&mut cluster) {
             break;
         }
     }
-    let (mut decisions, waiting) = decisions(snapshot, &cluster);
+    let (mut decisions, mut waiting) = decisions(snapshot, &cluster);
     cluster.unreadable().delete_entries(&mut decisions);
+    waiting.extend(cluster.in_flight.iter().cloned());
     Plan { decisions, waiting }
 }
 
@@ -116,7 +127,13 @@ fn evict_misplaced(c: &mut Cluster<'_>) -> bool {
 /// Why `unit` may not stay on `machine`. Conflicts count only against units before it in
 /// name order (the later one of a pair goes); globals are ignored (they yield instead).
 fn keep_violation(c: &Cluster<'_>, unit: &UnitName, machine: &MachineId) -> Option<Reason> {
-    let violation = c.static_violation(unit, machine).or_else(|| {
+    let violation = keep_rule(c, unit, machine)?;
+    Some(reason_for(machine, violation))
+}
+
+/// The first rule `unit` breaks by staying on `machine` (see [`keep_violation`]).
+fn keep_rule(c: &Cluster<'_>, unit: &UnitName, machine: &MachineId) -> Option<Violation> {
+    c.static_violation(unit, machine).or_else(|| {
         // Only a unit with Conflicts= or Replaces= can make a pair invalid: when `unit` has
         // neither, only such neighbours need looking at (usually none).
         let neighbours: Box<dyn Iterator<Item = &UnitName>> = if c.is_relational(unit) {
@@ -127,8 +144,7 @@ fn keep_violation(c: &Cluster<'_>, unit: &UnitName, machine: &MachineId) -> Opti
         neighbours
             .filter(|other| !c.is_global(other))
             .find_map(|other| c.neighbour_violation(unit, other, other < unit))
-    })?;
-    Some(reason_for(machine, violation))
+    })
 }
 
 fn reason_for(machine: &MachineId, violation: Violation) -> Reason {
@@ -142,7 +158,8 @@ fn reason_for(machine: &MachineId, violation: Violation) -> Reason {
         | Violation::PeerNotHere { .. }
         | Violation::PeerReplaced { .. }
         | Violation::ConflictsWith { .. }
-        | Violation::WouldReplace { .. }) => Reason::ConstraintsViolated {
+        | Violation::WouldReplace { .. }
+        | Violation::Drained) => Reason::ConstraintsViolated {
             machine: machine.clone(),
             violation,
         },
@@ -264,7 +281,8 @@ fn choose(c: &Cluster<'_>, unit: &UnitName) -> Result<MachineId, Reason> {
 /// Why a new placement of `unit` on `machine` is refused. Replacing a unit there is allowed:
 /// the replaced unit is then displaced.
 fn place_violation(c: &Cluster<'_>, unit: &UnitName, machine: &MachineId) -> Option<Violation> {
-    c.static_violation(unit, machine)
+    c.drain_violation(unit, machine)
+        .or_else(|| c.static_violation(unit, machine))
         .or_else(|| {
             c.units_on(machine)
                 .find_map(|other| c.neighbour_violation(unit, other, true))
@@ -310,7 +328,19 @@ fn decisions(snapshot: &Snapshot, c: &Cluster<'_>) -> (Vec<Decision>, BTreeSet<U
         .flat_map(|(u, ms)| ms.keys().map(move |m| (u.clone(), m.clone())))
         .collect();
     let after: BTreeSet<Slot> = c.slots().collect();
-    let mut out = Vec::new();
+    let mut out: Vec<Decision> = c
+        .moves_started
+        .iter()
+        .map(|(unit, from)| Decision {
+            kind: DecisionKind::Moving {
+                unit: unit.clone(),
+                from: from.clone(),
+            },
+            reason: Reason::Drained {
+                machine: from.clone(),
+            },
+        })
+        .collect();
     for ((unit, machine), reason) in &c.removed {
         let slot = (unit.clone(), machine.clone());
         if before.contains(&slot) && !after.contains(&slot) {
@@ -350,6 +380,12 @@ fn decisions(snapshot: &Snapshot, c: &Cluster<'_>) -> (Vec<Decision>, BTreeSet<U
     }
     let (reasons, waiting) = unschedulable(snapshot, c);
     out.extend(reasons);
+    out.extend(c.moves_over.iter().map(|(unit, from)| Decision {
+        kind: DecisionKind::MoveOver { unit: unit.clone() },
+        reason: Reason::MoveOver {
+            machine: from.clone(),
+        },
+    }));
     (out, waiting)
 }
 
@@ -410,7 +446,10 @@ fn unschedulable(snapshot: &Snapshot, c: &Cluster<'_>) -> (Vec<Decision>, BTreeS
         let error = error.clone();
         (unit, Some(Reason::InvalidRequirements { error }))
     });
-    let reasons = c.specs.keys().map(|u| (u, unschedulable_reason(c, u)));
+    let reasons = c.specs.keys().map(|u| {
+        let reason = unschedulable_reason(c, u).or_else(|| drain::stays_reason(c, u));
+        (u, reason)
+    });
     for (unit, reason) in reasons.chain(invalid) {
         let Some(reason) = reason else {
             continue;

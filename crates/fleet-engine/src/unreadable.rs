@@ -13,6 +13,10 @@
 //!   placed as if it had no entry; the engine, which owns `schedule/`, deletes the entry
 //!   unless the same plan writes that very key.
 //!
+//! - A drain mark that cannot be read still drains its machine: it takes no new non-global
+//!   unit, and none of its units is moved (how many at a time is unknown) until the mark
+//!   reads again or is removed. A drain move record that cannot be read counts for nothing.
+//!
 //! Keys whose parts do not parse name nothing and are left as they are (and warned about).
 
 use fleet_core::{MachineId, UnitName};
@@ -31,6 +35,8 @@ pub(crate) struct Unreadable {
     pub machines: BTreeSet<MachineId>,
     /// Schedule entries that cannot be read: key -> (machine, unit).
     pub schedule: BTreeMap<String, (MachineId, UnitName)>,
+    /// Machines whose drain mark cannot be read.
+    pub drained: BTreeSet<MachineId>,
 }
 
 impl Unreadable {
@@ -43,6 +49,9 @@ impl Unreadable {
                 }
                 Some(Key::Machine(machine)) => {
                     out.machines.insert(machine.clone());
+                }
+                Some(Key::Drain(machine)) => {
+                    out.drained.insert(machine.clone());
                 }
                 Some(Key::Schedule { machine, unit }) => {
                     let slot = (machine.clone(), unit.clone());
@@ -58,7 +67,8 @@ impl Unreadable {
                     | Key::Leader
                     | Key::Disruption
                     | Key::Unscheduled(_)
-                    | Key::Metadata { .. },
+                    | Key::Metadata { .. }
+                    | Key::Moving(_),
                 )
                 | None => {}
             }

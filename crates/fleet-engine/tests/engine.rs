@@ -566,6 +566,64 @@ async fn moves_a_replaced_unit_only_once_its_previous_copy_has_stopped<K: Kv>(
     a.shutdown().await;
 }
 
+async fn drains_a_machine_one_move_at_a_time_across_a_leader_change<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    let m1 = join(&reg, "m1").await;
+    submit(&reg, "a.service").await;
+    submit(&reg, "b.service").await;
+    let first = start(&reg, "e1", t);
+    let both_on_m1 = BTreeMap::from([
+        ("a.service".to_owned(), vec!["m1".to_owned()]),
+        ("b.service".to_owned(), vec!["m1".to_owned()]),
+    ]);
+    eventually(t.prompt, "a and b on m1", || async {
+        schedule(&reg).await == both_on_m1
+    })
+    .await;
+    publish(&reg, ("m1", &m1), "a.service", "active").await;
+    publish(&reg, ("m1", &m1), "b.service", "active").await;
+    let m2 = join(&reg, "m2").await;
+    UnitsRole::new(reg.clone())
+        .drain(&machine("m1"), 1)
+        .await
+        .unwrap();
+    eventually(t.prompt, "a leaves m1, recorded as a move", || async {
+        let snap = reg.snapshot().await.unwrap();
+        !snap.schedule.contains_key(&name("a.service"))
+            && snap.moving.contains_key(&name("a.service"))
+    })
+    .await;
+    MachineRole::new(reg.clone(), machine("m1"))
+        .remove_state(&name("a.service"))
+        .await
+        .unwrap();
+    eventually(t.prompt, "a on m2 once stopped on m1", || async {
+        schedule(&reg).await.get("a.service") == Some(&vec!["m2".to_owned()])
+    })
+    .await;
+    // A new leader counts the move its predecessor started.
+    first.shutdown().await;
+    let second = start(&reg, "e2", t);
+    eventually(t.prompt, "e2 leads", || leader_is(&reg, Some("e2"))).await;
+    publish(&reg, ("m2", &m2), "a.service", "activating").await;
+    sleep(t.interval * 2).await;
+    assert_eq!(
+        schedule(&reg).await.get("b.service"),
+        Some(&vec!["m1".to_owned()]),
+        "b moved before a was active on m2"
+    );
+    publish(&reg, ("m2", &m2), "a.service", "active").await;
+    eventually(t.prompt, "b leaves m1 once a is active", || async {
+        let snap = reg.snapshot().await.unwrap();
+        !snap.schedule.contains_key(&name("b.service"))
+            && snap.moving.keys().collect::<Vec<_>>() == [&name("b.service")]
+    })
+    .await;
+    second.shutdown().await;
+}
+
 /// On paused time only: the pace of moves is the point, and real etcd adds its own.
 #[tokio::test(start_paused = true)]
 async fn moves_a_lost_machines_units_no_faster_than_the_move_rate() {
@@ -644,6 +702,7 @@ on_both!(
     places_and_moves_units_on_dynamic_metadata_changes,
     schedules_more_units_than_one_transaction_holds,
     moves_a_replaced_unit_only_once_its_previous_copy_has_stopped,
+    drains_a_machine_one_move_at_a_time_across_a_leader_change,
 );
 
 // ---- MemKv only: what only the fake can count or cut ------------------------------------------

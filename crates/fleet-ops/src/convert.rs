@@ -317,7 +317,7 @@ fn unexpected(outcome: Outcome) -> OpsError {
 fn bad_answer(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> OpsError {
     OpsError::Transport {
         what: format!("the API answered an invalid value for {what}"),
-        source: Box::new(e),
+        cause: Box::new(e),
     }
 }
 

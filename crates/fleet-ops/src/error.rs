@@ -9,7 +9,7 @@ pub enum OpsError {
     #[error("Unit {0} does not exist")]
     NoSuchUnit(UnitName),
     /// Another client kept changing the unit; a retry resolves it.
-    #[error("unit {0} was changed by another client meanwhile; try again")]
+    #[error("unit {0} was changed concurrently by another client; nothing was written, try again")]
     Conflict(UnitName),
     #[error("Unable to stop unit {0} in state inactive")]
     StopInactive(UnitName),
@@ -34,11 +34,12 @@ pub enum OpsError {
     /// The API answered with an error this interface has no variant for.
     #[error("{message}")]
     Api { code: u16, message: String },
-    /// The API could not be reached or answered something that is not fleet's API.
-    #[error("{what}: {source}")]
+    /// The API could not be reached or answered something that is not fleet's API. The cause
+    /// is part of the message and deliberately not a `source()`, as in `RegistryError::Kv`:
+    /// error chains (anyhow's `{:#}`) would print it twice.
+    #[error("{what}: {cause}")]
     Transport {
         what: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
 }

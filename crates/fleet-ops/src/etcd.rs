@@ -12,36 +12,28 @@
 //! cost a whole snapshot per unit. Nothing here logs an error: callers decide what a failure
 //! means; only what was written is logged, at debug.
 
+mod maintenance;
+mod listing;
 pub mod views;
 mod watch;
 
 pub use watch::RegistryChanges;
 
-use fleet_core::{DesiredState, MachineId, UnitFile, UnitHash, UnitName};
+use fleet_core::{DesiredState, MachineId, UnitFile, UnitName};
 use fleet_registry::kv::Kv;
-use fleet_registry::{
-    CreateOutcome, MetadataChange, Registry, RegistryError, Snapshot, Unit, UnitsRole,
-};
-use futures::StreamExt;
-use std::collections::{BTreeMap, BTreeSet};
+use fleet_registry::{CreateOutcome, MetadataChange, Registry, RegistryError, Unit, UnitsRole};
+use std::collections::BTreeSet;
 use tracing::debug;
 
 use crate::decide::{self, PutPlan, RestartPlan};
 use crate::model::{
-    Destroyed, MachineListing, PutOutcome, PutRequest, Restarted, StateChange, StateFilter,
+    Destroyed, Expect, MachineListing, PutOutcome, PutRequest, Restarted, StateChange, StateFilter,
     StateListing, UnitListing, UnitView,
 };
-use crate::{Cluster, OpsError};
+use crate::{Cluster, DrainStatus, Explanation, OpsError};
 
 /// How often a write re-reads a unit that another client keeps changing.
 pub const ATTEMPTS: usize = 5;
-
-/// Above this many files, a listing reads every file at the snapshot's revision in one range
-/// instead of one read per file.
-const FILES_READ_ONE_BY_ONE: usize = 64;
-
-/// How many file reads are in flight at once.
-const CONCURRENT_READS: usize = 32;
 
 /// The registry as fleetctl and the API use it: shared reads, and the units role for every
 /// write.
@@ -49,14 +41,6 @@ const CONCURRENT_READS: usize = 32;
 pub struct RegistryCluster<K> {
     registry: Registry<K>,
     units: UnitsRole<K>,
-}
-
-/// The files a listing read, what it could not read, and whether one was missing (collected
-/// by a concurrent replace or destroy since the snapshot: read again).
-struct Files {
-    files: BTreeMap<UnitHash, UnitFile>,
-    skipped: Vec<String>,
-    missing: bool,
 }
 
 impl<K: Kv> RegistryCluster<K> {
@@ -67,110 +51,6 @@ impl<K: Kv> RegistryCluster<K> {
 
     pub fn registry(&self) -> &Registry<K> {
         &self.registry
-    }
-
-    /// One page of [`Cluster::units`]: the units (of `names`, or all) from the `skip`th on,
-    /// at most `take`, with whether more follow. Only that page's files are read, so paging
-    /// through every unit reads each file once. The first page (`skip` 0) also carries what
-    /// the snapshot skipped.
-    pub async fn units_page(
-        &self,
-        names: Option<&BTreeSet<UnitName>>,
-        skip: usize,
-        take: usize,
-    ) -> Result<(UnitListing, bool), OpsError> {
-        self.units_where(names, skip, Some(take)).await
-    }
-
-    async fn units_where(
-        &self,
-        names: Option<&BTreeSet<UnitName>>,
-        skip: usize,
-        take: Option<usize>,
-    ) -> Result<(UnitListing, bool), OpsError> {
-        let mut attempt = 1;
-        loop {
-            let snap = self.registry.snapshot().await?;
-            let selected: Vec<&Unit> = snap
-                .units
-                .values()
-                .filter(|u| names.is_none_or(|n| n.contains(u.name())))
-                .collect();
-            let more = take.is_some_and(|t| selected.len() > skip.saturating_add(t));
-            let page: Vec<&Unit> = selected
-                .into_iter()
-                .skip(skip)
-                .take(take.unwrap_or(usize::MAX))
-                .collect();
-            let hashes: BTreeSet<UnitHash> = page.iter().map(|u| u.hash()).collect();
-            let files = self.files_at(&snap, &hashes).await?;
-            if files.missing && attempt < ATTEMPTS {
-                attempt += 1;
-                continue;
-            }
-            // A unit whose file cannot be read is left out, as a corrupt record is.
-            let units = page
-                .into_iter()
-                .filter_map(|u| Some(views::unit_view(&snap, u, files.files.get(&u.hash())?)))
-                .collect();
-            let mut skipped: Vec<String> = Vec::new();
-            if skip == 0 {
-                skipped.extend(snap.skipped.values().map(ToString::to_string));
-            }
-            skipped.extend(files.skipped);
-            return Ok((UnitListing { units, skipped }, more));
-        }
-    }
-
-    /// The files of `hashes`: one by one (concurrently) for a few, else every file at the
-    /// snapshot's revision.
-    async fn files_at(
-        &self,
-        snap: &Snapshot,
-        hashes: &BTreeSet<UnitHash>,
-    ) -> Result<Files, OpsError> {
-        if hashes.len() > FILES_READ_ONE_BY_ONE {
-            // Read at the snapshot's revision: every file a unit of it names is there.
-            let all = self.registry.files(Some(snap.revision)).await?;
-            let keys: BTreeSet<String> = hashes
-                .iter()
-                .map(|h| self.registry.keys().file(h))
-                .collect();
-            return Ok(Files {
-                missing: false,
-                skipped: all
-                    .skipped
-                    .iter()
-                    .filter(|s| keys.contains(&s.key))
-                    .map(ToString::to_string)
-                    .collect(),
-                files: all.items,
-            });
-        }
-        let read: Vec<(UnitHash, Result<Option<UnitFile>, RegistryError>)> =
-            futures::stream::iter(hashes.iter().copied())
-                .map(|h| async move { (h, self.registry.file(&h).await) })
-                .buffered(CONCURRENT_READS)
-                .collect()
-                .await;
-        let mut files = Files {
-            files: BTreeMap::new(),
-            skipped: Vec::new(),
-            missing: false,
-        };
-        for (hash, res) in read {
-            match res {
-                Ok(Some(file)) => {
-                    files.files.insert(hash, file);
-                }
-                Ok(None) => files.missing = true,
-                Err(RegistryError::Corrupt { key, detail }) => files
-                    .skipped
-                    .push(format!("skipped corrupt registry value at {key}: {detail}")),
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(files)
     }
 
     /// The unit's record and file, read again while a concurrent replace collects the file
@@ -198,31 +78,51 @@ impl<K: Kv> RegistryCluster<K> {
             .and_then(|m| m.keys().next().cloned()))
     }
 
+    /// Creates `name`; `None` when another client created it first with the same content
+    /// below `desired` (read again: it is then raised).
+    async fn create(
+        &self,
+        name: &UnitName,
+        file: &UnitFile,
+        desired: DesiredState,
+    ) -> Result<Option<PutOutcome>, OpsError> {
+        match self.units.create_unit(name, file, desired).await? {
+            CreateOutcome::Created(unit) => {
+                Ok(Some(PutOutcome::Created(views::written_view(&unit, file))))
+            }
+            // Created by another client since we read: the same content at or above the
+            // state asked is what was asked; a lower state is raised on the next pass; other
+            // content is theirs to keep.
+            CreateOutcome::Exists(unit) if unit.hash() == file.hash() => {
+                if unit.desired() < desired {
+                    return Ok(None);
+                }
+                Ok(Some(PutOutcome::Unchanged(views::written_view(
+                    &unit, file,
+                ))))
+            }
+            CreateOutcome::Exists(_) => Err(OpsError::Conflict(name.clone())),
+        }
+    }
+
     /// Reads, decides and writes one put; `None` when another client changed the unit
-    /// between the read and the write (read again).
-    async fn put_once(&self, req: &PutRequest) -> Result<Option<PutOutcome>, OpsError> {
+    /// between the read and the write (read again). With `expect`, the unit read must be as
+    /// the caller expects; the write is conditional on that very record, so no other write
+    /// can come in between.
+    async fn put_once(
+        &self,
+        req: &PutRequest,
+        expect: Option<Expect>,
+    ) -> Result<Option<PutOutcome>, OpsError> {
         let existing = self.unit_with_file(&req.name).await?;
+        if let Some(expect) = expect {
+            expect.check(req, existing.as_ref().map(|(u, _)| u.hash()))?;
+        }
         let plan = decide::decide_put(req, existing.as_ref().map(|(u, f)| (u, f)))?;
         debug!(unit = %req.name, plan = plan.kind(), "putting unit");
         let written = match plan {
             PutPlan::Create { file, desired } => {
-                match self.units.create_unit(&req.name, &file, desired).await? {
-                    CreateOutcome::Created(unit) => {
-                        PutOutcome::Created(views::written_view(&unit, &file))
-                    }
-                    // Created by another client since we read: the same content at or above
-                    // the state asked is what was asked; a lower state is raised on the next
-                    // pass; other content is theirs to keep.
-                    CreateOutcome::Exists(unit) if unit.hash() == file.hash() => {
-                        if unit.desired() >= desired {
-                            return Ok(Some(PutOutcome::Unchanged(views::written_view(
-                                &unit, &file,
-                            ))));
-                        }
-                        return Ok(None);
-                    }
-                    CreateOutcome::Exists(_) => return Err(OpsError::Conflict(req.name.clone())),
-                }
+                return self.create(&req.name, &file, desired).await;
             }
             PutPlan::Replace {
                 existing,
@@ -282,6 +182,11 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     }
 
     async fn unit(&self, name: &UnitName) -> Result<Option<UnitView>, OpsError> {
+        // The record alone first: a missing unit costs no snapshot, and one that cannot be
+        // read is an error naming its key (a snapshot would leave it out as absent).
+        if self.registry.unit(name).await?.is_none() {
+            return Ok(None);
+        }
         for _ in 0..ATTEMPTS {
             let snap = self.registry.snapshot().await?;
             let Some(unit) = snap.units.get(name) else {
@@ -314,16 +219,28 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     async fn machines(&self) -> Result<MachineListing, OpsError> {
         let machines = self.registry.machines().await?;
         let notice = self.registry.disruption().await?;
+        let drains = self.registry.drains().await?;
+        let skipped = machines.skipped.iter().chain(&drains.skipped);
         Ok(MachineListing {
             machines: machines.items,
-            skipped: machines.skipped.iter().map(ToString::to_string).collect(),
+            skipped: skipped.map(ToString::to_string).collect(),
             notice,
+            drained: drains.items,
         })
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutOutcome, OpsError> {
         for _ in 0..ATTEMPTS {
-            if let Some(outcome) = self.put_once(&req).await? {
+            if let Some(outcome) = self.put_once(&req, None).await? {
+                return Ok(outcome);
+            }
+        }
+        Err(OpsError::Conflict(req.name))
+    }
+
+    async fn put_if(&self, req: PutRequest, expect: Expect) -> Result<PutOutcome, OpsError> {
+        for _ in 0..ATTEMPTS {
+            if let Some(outcome) = self.put_once(&req, Some(expect)).await? {
                 return Ok(outcome);
             }
         }
@@ -411,6 +328,25 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
             }
         }
         Err(OpsError::Conflict(name.clone()))
+    }
+
+    async fn drain(&self, machine: &MachineId, parallel: u32) -> Result<DrainStatus, OpsError> {
+        self.units.drain(machine, parallel).await?;
+        self.drain_status(machine).await
+    }
+
+    async fn undrain(&self, machine: &MachineId) -> Result<bool, OpsError> {
+        Ok(self.units.undrain(machine).await?)
+    }
+
+    async fn drain_status(&self, machine: &MachineId) -> Result<DrainStatus, OpsError> {
+        let (snap, files) = self.scheduler_view().await?;
+        Ok(fleet_engine::drain_status(&snap, &files, machine))
+    }
+
+    async fn explain(&self, name: &UnitName) -> Result<Explanation, OpsError> {
+        let (snap, files) = self.scheduler_view().await?;
+        Ok(fleet_engine::explain(&snap, &files, name))
     }
 
     async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<(), OpsError> {

@@ -22,9 +22,12 @@ pub mod wire;
 
 pub use error::OpsError;
 pub use etcd::RegistryCluster;
+pub use fleet_engine::{
+    DrainStatus, Explanation, MachineVerdict, Rejection, Status as ExplainStatus, Violation,
+};
 pub use model::{
-    Changes, Destroyed, MachineListing, PutOutcome, PutRequest, ReplaceHow, Restarted, StateChange,
-    StateFilter, StateListing, StateView, UnitListing, UnitStatus, UnitView, WaitView,
+    Changes, Destroyed, Expect, MachineListing, PutOutcome, PutRequest, ReplaceHow, Restarted,
+    StateChange, StateFilter, StateListing, StateView, UnitListing, UnitStatus, UnitView, WaitView,
 };
 
 use fleet_core::{MachineId, UnitName};
@@ -67,6 +70,23 @@ pub trait Cluster: Clone + Send + Sync + 'static {
     /// replace its content (`--replace`, with `how`), or change its desired state.
     fn put(&self, req: PutRequest) -> impl Future<Output = Result<PutOutcome, OpsError>> + Send;
 
+    /// [`Cluster::put`], only while the unit is as the caller read it: fleetctl decides a
+    /// create or a replace from what it read, and another client's write in between must fail
+    /// it ([`OpsError::Conflict`], nothing written), not be written over. This default checks
+    /// with a read just before the put; a side that can check on the very record its write
+    /// replaces (the etcd side) overrides it, leaving no window between the two.
+    fn put_if(
+        &self,
+        req: PutRequest,
+        expect: Expect,
+    ) -> impl Future<Output = Result<PutOutcome, OpsError>> + Send {
+        async move {
+            let current = self.unit(&req.name).await?;
+            expect.check(&req, current.map(|u| u.status.hash))?;
+            self.put(req).await
+        }
+    }
+
     /// `stop`, `unload`, or raising a unit to a state: `None` when the unit was already there
     /// (nothing written).
     fn set_state(
@@ -96,6 +116,30 @@ pub trait Cluster: Clone + Send + Sync + 'static {
 
     /// A rolling replace is over: every machine takes the new version.
     fn finish_rollout(&self, name: &UnitName) -> impl Future<Output = Result<(), OpsError>> + Send;
+
+    /// `drain MACHINE`: the machine takes no new non-global unit, and the engine moves its
+    /// non-global units elsewhere, `parallel` on their way at a time (0 counts as 1). A
+    /// machine not registered may be drained. Returns how the drain stands once marked.
+    fn drain(
+        &self,
+        machine: &MachineId,
+        parallel: u32,
+    ) -> impl Future<Output = Result<DrainStatus, OpsError>> + Send;
+
+    /// `undrain MACHINE`: schedulable again (nothing moves back). `false`: it was not drained.
+    fn undrain(&self, machine: &MachineId) -> impl Future<Output = Result<bool, OpsError>> + Send;
+
+    /// How the drain of `machine` stands (`parallel` is `None` when it is not drained).
+    fn drain_status(
+        &self,
+        machine: &MachineId,
+    ) -> impl Future<Output = Result<DrainStatus, OpsError>> + Send;
+
+    /// `explain UNIT`: why the unit is where it is, or nowhere, by the scheduler's own rules.
+    fn explain(
+        &self,
+        name: &UnitName,
+    ) -> impl Future<Output = Result<Explanation, OpsError>> + Send;
 
     /// What a waiting command watches: the units of `names` (gone ones absent), their
     /// states and the machines' legends, then a hint each time any of it may have changed.

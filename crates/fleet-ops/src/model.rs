@@ -78,12 +78,14 @@ pub struct StateFilter {
     pub unit: Option<UnitName>,
 }
 
-/// Live machines and the engine's disruption notice.
+/// Live machines, the engine's disruption notice and the drained machines.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MachineListing {
     pub machines: Vec<MachineInfo>,
     pub skipped: Vec<String>,
     pub notice: Option<String>,
+    /// Drain marks, by machine (machines not registered included).
+    pub drained: Vec<fleet_registry::DrainRecord>,
 }
 
 /// `--replace`'s options.
@@ -106,6 +108,34 @@ pub struct PutRequest {
     /// None: inactive for a new unit, unchanged for a replaced one (never lowered).
     pub desired: Option<DesiredState>,
     pub how: ReplaceHow,
+}
+
+/// What a conditional put ([`crate::Cluster::put_if`]) expects of the unit: what the caller
+/// decided from when it read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// No such unit: a create.
+    Absent,
+    /// A unit with this content: a replace decided from it.
+    Content(UnitHash),
+}
+
+impl Expect {
+    /// Whether a put of `req` may go ahead over a unit whose content is `current` (`None`: no
+    /// unit): as expected, or already holding the very content asked for (another client put
+    /// the same). Anything else was changed by another client since the caller read it.
+    pub fn check(self, req: &PutRequest, current: Option<UnitHash>) -> Result<(), OpsError> {
+        let asked = req.file.as_ref().map(UnitFile::hash);
+        let expected = match self {
+            Expect::Absent => None,
+            Expect::Content(hash) => Some(hash),
+        };
+        if current == expected || (current.is_some() && current == asked) {
+            Ok(())
+        } else {
+            Err(OpsError::Conflict(req.name.clone()))
+        }
+    }
 }
 
 /// What a put did.

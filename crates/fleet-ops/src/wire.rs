@@ -19,6 +19,11 @@ pub const OP: &str = "op";
 pub const NO_RESTART: &str = "noRestart";
 pub const RESCHEDULE: &str = "reschedule";
 pub const ROLLING: &str = "rolling";
+/// `PUT /units/<name>?expect=absent` or `?expect=<hash>`: the put of
+/// [`crate::Cluster::put_if`], refused with a 409 (`conflict`) unless the unit is absent, or
+/// holds that content (full SHA-1), or already the content asked.
+pub const EXPECT: &str = "expect";
+pub const EXPECT_ABSENT: &str = "absent";
 /// `GET /units?unitName=a&unitName=b` (full view): only those units. `GET /state` takes
 /// several values too in the full view (any of them); fleet's takes the first.
 pub const UNIT_NAME: &str = "unitName";
@@ -27,6 +32,23 @@ pub const UNIT_NAME: &str = "unitName";
 pub const PAGE_SIZE: &str = "pageSize";
 /// `GET /state?machineID=`; and the machines of `op=advanceRollout`, one value each.
 pub const MACHINE_ID: &str = "machineID";
+/// `PUT /drains/<machine>?parallel=N`: how many moves may be on their way at once.
+pub const PARALLEL: &str = "parallel";
+
+/// `GET /drains`: every drain mark (this API's extension; not paged, one per machine).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainList {
+    #[serde(default)]
+    pub drains: Vec<fleet_registry::DrainRecord>,
+}
+
+/// `DELETE /drains/<machine>`: whether there was a drain to remove.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Undrained {
+    #[serde(default)]
+    pub was_drained: bool,
+}
 
 fn is_empty(s: &str) -> bool {
     s.is_empty()

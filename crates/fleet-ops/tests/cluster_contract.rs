@@ -5,8 +5,8 @@
 use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
 use fleet_ops::model::Changes;
 use fleet_ops::{
-    Cluster, Destroyed, OpsError, PutOutcome, PutRequest, RegistryCluster, ReplaceHow, Restarted,
-    StateChange, StateFilter,
+    Cluster, Destroyed, Expect, OpsError, PutOutcome, PutRequest, RegistryCluster, ReplaceHow,
+    Restarted, StateChange, StateFilter,
 };
 use fleet_registry::kv::{Hook, Hooked, Kv, KvError, MemKv, Request, Txn, TxnOp};
 use fleet_registry::testing::TestEtcd;
@@ -303,6 +303,9 @@ async fn listings_skip_unreadable_values_and_say_so<K: Kv>(reg: Registry<K>) {
     put_raw(&reg, &reg.keys().file(&file("/bin/a").hash()), "[Service\n").await;
     let listing = c.units(None).await.unwrap();
     assert!(listing.units.is_empty(), "{listing:?}");
+    // Asked for by name, an unreadable record is an error naming its key.
+    let err = c.unit(&name("b.service")).await.unwrap_err();
+    assert!(err.to_string().contains("/unit/b.service"), "{err}");
     assert_eq!(listing.skipped.len(), 2, "{:?}", listing.skipped);
     assert!(
         listing
@@ -524,8 +527,9 @@ async fn a_watch_sees_its_units_states_and_machines_change<K: Kv>(reg: Registry<
     assert!(view.machines.contains_key(&machine("m1")));
 }
 
-/// Another client that writes `a.service` (with `file` at `desired`, or bumps its restart
-/// generation when it exists) just before each of our first `times` transactions on it.
+/// Another client that writes `a.service` just before each of our first `times`
+/// transactions on it: creates it with `file` at `desired`, replaces it with `file` when it
+/// holds other content, or else bumps its restart generation.
 #[derive(Clone)]
 struct Meddler<K> {
     other: Registry<K>,
@@ -550,6 +554,12 @@ impl<K: Kv> Hook for Meddler<K> {
                 None => {
                     units
                         .create_unit(&name("a.service"), &self.file, self.desired)
+                        .await
+                        .unwrap();
+                }
+                Some(unit) if unit.hash() != self.file.hash() => {
+                    units
+                        .replace_unit(&unit, &self.file, unit.desired())
                         .await
                         .unwrap();
                 }
@@ -657,6 +667,89 @@ async fn writes_retry_a_concurrent_change_five_times_then_conflict<K: Kv>(reg: R
     assert!(reg.unit(&name("a.service")).await.unwrap().is_some());
 }
 
+async fn put_if_refuses_to_write_over_another_clients_write<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let hash = |exec: &str| file(exec).hash();
+    let out = c
+        .put_if(create("a.service", file("/bin/a"), None), Expect::Absent)
+        .await
+        .unwrap();
+    assert!(matches!(out, PutOutcome::Created(_)), "{out:?}");
+    // Another client put the very content asked: fine.
+    let out = c
+        .put_if(create("a.service", file("/bin/a"), None), Expect::Absent)
+        .await
+        .unwrap();
+    assert!(matches!(out, PutOutcome::Unchanged(_)), "{out:?}");
+    let err = c
+        .put_if(create("a.service", file("/bin/x"), None), Expect::Absent)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    let out = c
+        .put_if(
+            create("a.service", file("/bin/b"), None),
+            Expect::Content(hash("/bin/a")),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(out, PutOutcome::Replaced(_)), "{out:?}");
+    let before = keys(&reg).await;
+    let err = c
+        .put_if(
+            create("a.service", file("/bin/c"), None),
+            Expect::Content(hash("/bin/a")),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    assert_eq!(keys(&reg).await, before);
+    // A replace by another client between our read and our write: ours fails, theirs stays.
+    let c = meddled(&reg, file("/bin/theirs"), DesiredState::Inactive, 1);
+    let err = c
+        .put_if(
+            create("a.service", file("/bin/d"), None),
+            Expect::Content(hash("/bin/b")),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OpsError::Conflict(_)), "{err}");
+    let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
+    assert_eq!(unit.hash(), hash("/bin/theirs"));
+}
+
+/// A put decided from what the caller read fails, writing nothing, once another client changed
+/// the unit (two `start --replace` at once: one wins, the other is told); the same content
+/// put by both is no conflict. (Helper B's test of the same put_if.)
+async fn put_if_refuses_a_unit_changed_since_the_caller_read_it<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let (v0, va, vb) = (file("/bin/v0"), file("/bin/va"), file("/bin/vb"));
+    let absent = Expect::Absent;
+    c.put_if(create("r.service", v0.clone(), None), absent)
+        .await
+        .unwrap();
+    let from_v0 = Expect::Content(v0.hash());
+    let winner = c.put_if(create("r.service", va.clone(), None), from_v0);
+    assert!(matches!(winner.await.unwrap(), PutOutcome::Replaced(_)));
+    let before = keys(&reg).await;
+    let loser = c
+        .put_if(create("r.service", vb.clone(), None), from_v0)
+        .await;
+    assert!(matches!(loser, Err(OpsError::Conflict(_))), "{loser:?}");
+    assert!(
+        loser
+            .unwrap_err()
+            .to_string()
+            .contains("nothing was written"),
+        "the loser is told nothing was written"
+    );
+    let created = c.put_if(create("r.service", vb, None), absent).await;
+    assert!(matches!(created, Err(OpsError::Conflict(_))), "{created:?}");
+    assert_eq!(keys(&reg).await, before, "a refused put_if wrote");
+    let same = c.put_if(create("r.service", va, None), from_v0).await;
+    assert!(matches!(same, Ok(PutOutcome::Unchanged(_))), "{same:?}");
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -697,4 +790,6 @@ contract!(
     a_create_that_loses_a_race_below_its_state_raises_it,
     a_create_that_loses_a_race_to_other_content_is_a_conflict,
     writes_retry_a_concurrent_change_five_times_then_conflict,
+    put_if_refuses_to_write_over_another_clients_write,
+    put_if_refuses_a_unit_changed_since_the_caller_read_it,
 );

@@ -16,10 +16,14 @@
 //! | `P/engine/disruption`             | why rescheduling is held      | none       |
 //! | `P/unscheduled/<name>`            | why the engine cannot place it| none       |
 //! | `P/metadata/<machine>/<key>`      | dynamic metadata value        | none       |
+//! | `P/drain/<machine>`               | [`DrainRecord`] JSON          | none       |
+//! | `P/moving/<name>`                 | [`MoveRecord`] JSON           | none       |
 //!
 //! [`UnitRecord`]: crate::UnitRecord
 //! [`ScheduleEntry`]: crate::ScheduleEntry
 //! [`UnitStateRecord`]: crate::UnitStateRecord
+//! [`DrainRecord`]: crate::DrainRecord
+//! [`MoveRecord`]: crate::MoveRecord
 
 use fleet_core::{MachineId, UnitHash, UnitName};
 
@@ -51,6 +55,8 @@ pub enum Key {
         machine: MachineId,
         key: MetadataKey,
     },
+    Drain(MachineId),
+    Moving(UnitName),
 }
 
 /// The part of the schema a key is under, read from its first segment alone: a key of a
@@ -68,6 +74,10 @@ pub enum Kind {
     Engine,
     Unscheduled,
     Metadata,
+    /// `drain/<machine>`: written by operators (the units role).
+    Drain,
+    /// `moving/<name>`: written by the engine while it moves a unit off a drained machine.
+    Moving,
 }
 
 impl Key {
@@ -80,6 +90,8 @@ impl Key {
             Kind::File => Key::File(rest.parse().ok()?),
             Kind::Machine => Key::Machine(rest.parse().ok()?),
             Kind::Unscheduled => Key::Unscheduled(rest.parse().ok()?),
+            Kind::Drain => Key::Drain(rest.parse().ok()?),
+            Kind::Moving => Key::Moving(rest.parse().ok()?),
             Kind::FileRef => {
                 let (hash, unit) = pair()?;
                 Key::FileRef {
@@ -129,6 +141,8 @@ impl Key {
             Key::Disruption => keys.disruption(),
             Key::Unscheduled(unit) => keys.unscheduled(unit),
             Key::Metadata { machine, key } => keys.metadata(machine, key.as_str()),
+            Key::Drain(machine) => keys.drain(machine),
+            Key::Moving(unit) => keys.moving(unit),
         }
     }
 
@@ -143,6 +157,8 @@ impl Key {
             Key::Leader | Key::Disruption => Kind::Engine,
             Key::Unscheduled(_) => Kind::Unscheduled,
             Key::Metadata { .. } => Kind::Metadata,
+            Key::Drain(_) => Kind::Drain,
+            Key::Moving(_) => Kind::Moving,
         }
     }
 }
@@ -249,6 +265,25 @@ impl Keys {
         format!("{}metadata/{machine}/{key}", self.prefix)
     }
 
+    /// Drain marks, by machine: set by `fleetctl drain`, kept until `undrain` (no lease, so
+    /// they survive fleetd restarts and leader changes).
+    pub fn drains(&self) -> String {
+        format!("{}drain/", self.prefix)
+    }
+
+    pub fn drain(&self, machine: &MachineId) -> String {
+        format!("{}drain/{machine}", self.prefix)
+    }
+
+    /// The units the engine is moving off a drained machine, by unit.
+    pub fn moves(&self) -> String {
+        format!("{}moving/", self.prefix)
+    }
+
+    pub fn moving(&self, name: &UnitName) -> String {
+        format!("{}moving/{name}", self.prefix)
+    }
+
     pub fn unscheduled_all(&self) -> String {
         format!("{}unscheduled/", self.prefix)
     }
@@ -275,6 +310,8 @@ impl Keys {
             "engine" => Kind::Engine,
             "unscheduled" => Kind::Unscheduled,
             "metadata" => Kind::Metadata,
+            "drain" => Kind::Drain,
+            "moving" => Kind::Moving,
             _ => return None,
         };
         Some((kind, rest))
@@ -319,7 +356,9 @@ mod tests {
             },
             Key::Leader,
             Key::Disruption,
-            Key::Unscheduled(u),
+            Key::Unscheduled(u.clone()),
+            Key::Drain("m3".parse().unwrap()),
+            Key::Moving(u),
             Key::Metadata {
                 machine: "m2".parse().unwrap(),
                 key: "tier".parse().unwrap(),
@@ -371,6 +410,8 @@ mod tests {
             ("/p/schedule/m1/not a unit", Some(Kind::Schedule)),
             ("/p/file-ref/nothex/a.service", Some(Kind::FileRef)),
             ("/p/engine/other", Some(Kind::Engine)),
+            ("/p/drain/a/b", Some(Kind::Drain)),
+            ("/p/moving/not a unit", Some(Kind::Moving)),
             ("/p/unit", None),
             ("/p/other/a.service", None),
             ("/q/unit/a.service", None),

@@ -14,7 +14,7 @@ use crate::kv::{
     CmpOp, CmpTarget, Compare, Kv, KvError, LeaseId, MAX_TXN_OPS, Revision, Txn, TxnOp,
     TxnOpResponse,
 };
-use crate::records::ScheduleEntry;
+use crate::records::{MoveRecord, ScheduleEntry};
 use crate::registry::{Registry, encode};
 use crate::watch::WatchHints;
 
@@ -26,7 +26,7 @@ pub struct Fence {
 }
 
 /// The engine's role: campaigns for `P/engine/leader`. Every other engine write (schedules,
-/// unschedulable reasons, the disruption notice) goes through the [`Leadership`] a campaign
+/// unschedulable reasons, the disruption notice, drain moves) goes through the [`Leadership`] a campaign
 /// wins, so it is fenced.
 #[derive(Debug, Clone)]
 pub struct EngineRole<K> {
@@ -54,6 +54,10 @@ pub enum EngineWrite {
     ClearUnschedulable { unit: UnitName },
     /// Publish why rescheduling is held (`Some`) at `P/engine/disruption`, or withdraw it.
     Disruption { notice: Option<String> },
+    /// Record at `P/moving/<unit>` that the unit is being moved off a drained machine.
+    Moving(MoveRecord),
+    /// Withdraw that record: the move is over (or no longer wanted).
+    Moved { unit: UnitName },
 }
 
 impl<K: Kv> EngineRole<K> {
@@ -303,6 +307,15 @@ impl<K: Kv> Leadership<K> {
             },
             EngineWrite::Disruption { notice: None } => TxnOp::Delete {
                 key: keys.disruption(),
+                prefix: false,
+            },
+            EngineWrite::Moving(record) => TxnOp::Put {
+                key: keys.moving(&record.unit),
+                value: encode(record),
+                lease: None,
+            },
+            EngineWrite::Moved { unit } => TxnOp::Delete {
+                key: keys.moving(unit),
                 prefix: false,
             },
         }

@@ -7,6 +7,7 @@
 //! Every multi-key change is one transaction guarded by compare-and-swap, so concurrent
 //! clients never leave anything half-written.
 
+mod drain;
 mod error;
 pub mod input;
 pub mod keys;
@@ -34,7 +35,10 @@ pub use machine::{MachineRole, Presence};
 pub use metadata::{DynamicMetadata, MetadataChange, MetadataKey, MetadataKeyError, apply_dynamic};
 pub use per_machine::PerMachine;
 pub use read::{Listing, Skipped};
-pub use records::{ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
+pub use records::{
+    DrainRecord, MoveRecord, ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord,
+    UnitStateRecord,
+};
 pub use registry::Registry;
 pub use snapshot::Snapshot;
 pub use units::{CreateOutcome, UnitsRole};

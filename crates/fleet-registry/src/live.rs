@@ -174,6 +174,13 @@ impl<K: Kv> LiveView<K> {
                 EngineWrite::ClearUnschedulable { unit } => {
                     snap.unscheduled.remove(unit);
                 }
+                EngineWrite::Moving(record) => {
+                    snap.remove(keys, &keys.moving(&record.unit));
+                    snap.moving.insert(record.unit.clone(), record.clone());
+                }
+                EngineWrite::Moved { unit } => {
+                    snap.remove(keys, &keys.moving(unit));
+                }
                 // Not part of the view: only fleetctl reads it.
                 EngineWrite::Disruption { .. } => {}
             }
@@ -224,8 +231,11 @@ impl<K: Kv> LiveView<K> {
             }
             Kind::FileRef | Kind::Engine => return touched,
             Kind::Unit => &mut touched.units,
-            // Dynamic metadata changes what a machine offers, as a new machine record does.
-            Kind::Machine | Kind::Metadata => &mut touched.machines,
+            // Dynamic metadata and a drain change what a machine offers, as a new machine
+            // record does.
+            Kind::Machine | Kind::Metadata | Kind::Drain => &mut touched.machines,
+            // Written by the leader alone, like schedules (and recorded in the same way).
+            Kind::Moving => &mut touched.schedules,
             Kind::Schedule => &mut touched.schedules,
             Kind::State => &mut touched.states,
             Kind::Unscheduled => &mut touched.unscheduled,

@@ -15,7 +15,7 @@ use std::fmt;
 use crate::error::RegistryError;
 use crate::keys::{Key, Keys};
 use crate::kv::{KeyValue, Revision};
-use crate::records::{ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
+use crate::records::{DrainRecord, MoveRecord, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 
 /// A stored value a listing left out: it does not parse, or it names another key than the
 /// one it is stored under.
@@ -106,6 +106,18 @@ pub(crate) fn state(keys: &Keys, kv: &KeyValue) -> Result<UnitStateRecord, Skipp
 pub(crate) fn machine(keys: &Keys, kv: &KeyValue) -> Result<MachineInfo, Skipped> {
     let m: MachineInfo = json(keys, kv)?;
     let own = keys.machine(&m.id);
+    at_own_key(keys, kv, m, own)
+}
+
+pub(crate) fn drain(keys: &Keys, kv: &KeyValue) -> Result<DrainRecord, Skipped> {
+    let d: DrainRecord = json(keys, kv)?;
+    let own = keys.drain(&d.machine);
+    at_own_key(keys, kv, d, own)
+}
+
+pub(crate) fn moving(keys: &Keys, kv: &KeyValue) -> Result<MoveRecord, Skipped> {
+    let m: MoveRecord = json(keys, kv)?;
+    let own = keys.moving(&m.unit);
     at_own_key(keys, kv, m, own)
 }
 

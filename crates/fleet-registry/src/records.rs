@@ -118,3 +118,27 @@ pub struct UnitStateRecord {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restart_pending: bool,
 }
+
+/// A drain mark (`fleetctl drain`): the machine takes no new non-global unit, and the engine
+/// moves its non-global units off it, `parallel` at a time. Written by operators through the
+/// units role, with no lease: it outlives fleetd restarts and leader changes, and a machine
+/// not registered (yet) may be drained.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRecord {
+    pub machine: MachineId,
+    /// How many moved units may be on their way (not yet active on their new machine) at once;
+    /// at least 1.
+    pub parallel: u32,
+    /// When the drain was first asked for, in seconds since the UNIX epoch (shown only).
+    pub since: u64,
+}
+
+/// A unit the engine took off drained machine `from`: it counts against that drain's
+/// `parallel` until it is active on another machine. Written by the engine's leadership in
+/// the transaction that unschedules the unit there, so a new leader knows the moves on their
+/// way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveRecord {
+    pub unit: UnitName,
+    pub from: MachineId,
+}

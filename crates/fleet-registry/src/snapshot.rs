@@ -10,11 +10,11 @@ use crate::kv::{KeyValue, Kv, Revision};
 use crate::metadata::{self, DynamicMetadata};
 use crate::per_machine::PerMachine;
 use crate::read::{self, Skipped};
-use crate::records::{ScheduleEntry, Unit, UnitStateRecord};
+use crate::records::{DrainRecord, MoveRecord, ScheduleEntry, Unit, UnitStateRecord};
 use crate::registry::Registry;
 
-/// Units, schedule, machines, their dynamic metadata and published states, all read at
-/// `revision`.
+/// Units, schedule, machines, their dynamic metadata, drains and published states, all read
+/// at `revision`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
     pub revision: Revision,
@@ -30,6 +30,10 @@ pub struct Snapshot {
     pub states: BTreeMap<UnitName, PerMachine<UnitStateRecord>>,
     /// unit -> why the engine could not place it.
     pub unscheduled: BTreeMap<UnitName, String>,
+    /// Drained machines (registered or not), by machine.
+    pub drained: BTreeMap<MachineId, DrainRecord>,
+    /// Units the engine is moving off a drained machine.
+    pub moving: BTreeMap<UnitName, MoveRecord>,
     /// Values that could not be read, by key: left out of every map above, so a corrupt unit
     /// record reads as no unit, a corrupt schedule entry as no entry.
     pub skipped: BTreeMap<String, Skipped>,
@@ -68,7 +72,7 @@ impl Snapshot {
     }
 
     /// Adds the value stored at `kv`, if its key is of a kind the snapshot keeps (units,
-    /// machines, dynamic metadata, schedule, states, unschedulable reasons): readable, into its map; not, into
+    /// machines, dynamic metadata, schedule, states, unschedulable reasons, drains, moves): readable, into its map; not, into
     /// [`skipped`](Self::skipped), and returned so that the caller may report it. Whatever was
     /// at the key before must have been [`remove`](Self::remove)d.
     pub(crate) fn insert(&mut self, keys: &Keys, kv: &KeyValue) -> Option<&Skipped> {
@@ -86,6 +90,12 @@ impl Snapshot {
             }),
             Kind::Metadata => metadata::read(keys, kv).map(|(machine, key, value)| {
                 self.metadata.entry(machine).or_default().insert(key, value);
+            }),
+            Kind::Drain => read::drain(keys, kv).map(|d| {
+                self.drained.insert(d.machine.clone(), d);
+            }),
+            Kind::Moving => read::moving(keys, kv).map(|m| {
+                self.moving.insert(m.unit.clone(), m);
             }),
             Kind::File | Kind::FileRef | Kind::Engine => return None,
         };
@@ -120,6 +130,12 @@ impl Snapshot {
                         self.metadata.remove(&machine);
                     }
                 }
+            }
+            Some(Key::Drain(machine)) => {
+                self.drained.remove(&machine);
+            }
+            Some(Key::Moving(unit)) => {
+                self.moving.remove(&unit);
             }
             Some(Key::File(_) | Key::FileRef { .. } | Key::Leader | Key::Disruption) | None => {}
         }
@@ -160,6 +176,8 @@ impl<K: Kv> Registry<K> {
             keys.states(),
             keys.unscheduled_all(),
             keys.metadata_all(),
+            keys.drains(),
+            keys.moves(),
         ];
         for kv in &first.kvs {
             snap.insert(keys, kv);

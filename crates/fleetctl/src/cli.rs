@@ -190,6 +190,13 @@ pub enum Command {
     ListMachines(ListMachines),
     /// Destroy one or more units in the cluster.
     Destroy(Units),
+    /// Mark a machine unschedulable and move its non-global units off it, waiting until
+    /// they run elsewhere.
+    Drain(DrainArgs),
+    /// Make a drained machine schedulable again (no unit moves back by itself).
+    Undrain(MachineArg),
+    /// Say why a unit runs where it does, or why it runs nowhere, machine by machine.
+    Explain(ExplainArgs),
     /// Print the version and exit.
     Version,
     /// Print a shell completion script (`source <(fleetctl completion bash)`).
@@ -342,7 +349,37 @@ pub struct ListUnits {
 pub struct ListMachines {
     #[command(flatten)]
     pub listing: Listing,
-    /// Columns to print, comma-separated, from: ip, machine, metadata.
+    /// Columns to print, comma-separated, from: drained, ip, machine, metadata (`drained`:
+    /// how many moves at a time, or `-`).
     #[arg(long, default_value = "machine,ip,metadata")]
     pub fields: String,
+}
+
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// How many moved units may be on their way (not yet active elsewhere) at once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub parallel: u32,
+    /// Exit 0 even if some units cannot leave the machine (they are named either way).
+    #[arg(long)]
+    pub force: bool,
+    /// Return once the machine is marked, without waiting for its units to move.
+    #[arg(long)]
+    pub no_block: bool,
+    /// The machine: its ID or a unique prefix of a live machine's ID.
+    pub machine: String,
+}
+
+#[derive(Debug, Args)]
+pub struct MachineArg {
+    /// The machine: its ID or a unique prefix of a live machine's ID.
+    pub machine: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// Output format: text, or json (one document, the API's `GET /explain/<unit>`).
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
+    pub unit: String,
 }

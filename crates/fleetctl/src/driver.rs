@@ -9,6 +9,7 @@
 //! or 4001 (etcd's ports) picks etcd, as fleet's does. The choice is pure ([`select`]); no
 //! connection is made here.
 
+mod answer;
 pub mod http;
 mod transport;
 mod watch;

@@ -223,6 +223,18 @@ async fn execute<C: Cluster>(
         Command::ListUnits(a) => commands::list::list_units(ctx, &a).await,
         Command::ListMachines(a) => commands::list::list_machines(ctx, &a).await,
         Command::Destroy(a) => commands::destroy::run(ctx, &a.units).await,
+        Command::Drain(a) => {
+            let opts = commands::maintenance::DrainOptions {
+                parallel: a.parallel,
+                force: a.force,
+                no_block: a.no_block,
+            };
+            commands::maintenance::drain(ctx, &a.machine, opts).await
+        }
+        Command::Undrain(a) => commands::maintenance::undrain(ctx, &a.machine).await,
+        Command::Explain(a) => {
+            commands::maintenance::explain(ctx, &a.unit, a.output == "json").await
+        }
         Command::Version | Command::Completion(_) | Command::Man(_) => {
             unreachable!("handled above")
         }

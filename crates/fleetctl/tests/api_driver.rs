@@ -402,6 +402,17 @@ async fn listings_show_placement_states_and_machines_alike_over_several_pages() 
     let listing = t.http.machines().await.unwrap();
     assert_eq!(listing.machines.len(), 3);
     assert_eq!(listing.machines[1].metadata["tier"], "api");
+    // More names than one request asks for: several requests, one listing.
+    let many: BTreeSet<UnitName> = (0..1100)
+        .map(|i| name(&format!("n{i:04}.service")))
+        .chain([name("a.service"), name("g.service")])
+        .collect();
+    let listing = t.http.units(Some(&many)).await.unwrap();
+    assert_eq!(
+        shown(Ok(&listing)),
+        shown(t.served_direct.units(Some(&many)).await)
+    );
+    assert_eq!(listing.units.len(), 2);
     let units = t.http.units(None).await.unwrap().units;
     assert_eq!(units[0].current, DesiredState::Launched);
     assert_eq!(units[2].status.machines, [machine("m2"), machine("m3")]);
@@ -442,6 +453,15 @@ async fn a_wait_over_the_api_sees_what_a_wait_over_etcd_sees() {
     }
     let direct = t.served_direct.watch(names).await.unwrap();
     assert_eq!(changes.view(), direct.view());
+    // More names than one request takes: read as whole listings, the same view.
+    let many: BTreeSet<UnitName> = (0..600)
+        .map(|i| name(&format!("n{i:03}.service")))
+        .chain([name("a.service")])
+        .collect();
+    let http = t.http.watch(many.clone()).await.unwrap();
+    let direct = t.served_direct.watch(many).await.unwrap();
+    assert_eq!(http.view(), direct.view());
+    assert_eq!(http.view().units.len(), 1);
 }
 
 #[tokio::test]

@@ -206,6 +206,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn tcp_listeners_serve_tls_when_the_config_has_its_files() {
+        let certs = fleet_registry::testing::TestCerts::generate(&["127.0.0.1".parse().unwrap()]);
+        let dir = temp_dir("tls");
+        let mut cfg = config(&dir.join("fleet.sock"));
+        cfg.listen = vec![
+            ListenAddr::Unix(dir.join("more.sock")),
+            ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
+        ];
+        cfg.tls = Some(crate::config::ApiTlsFiles {
+            ca: certs.ca(),
+            cert: certs.server_cert(),
+            key: certs.server_key(),
+        });
+        let served = listeners(&cfg, Activated::default()).unwrap();
+        assert!(matches!(served[0], Listener::Unix(_)));
+        assert!(matches!(served[1], Listener::Unix(_)));
+        assert!(matches!(served[2], Listener::Tls(..)));
+        drop(served);
+        // A key that is no key stops fleetd before it serves anything.
+        cfg.tls.as_mut().unwrap().key = certs.ca();
+        let e = listeners(&cfg, Activated::default()).unwrap_err();
+        assert!(format!("{e:#}").contains("api_keyfile"), "{e:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
     async fn a_file_in_the_sockets_place_is_left_alone() {
         let dir = temp_dir("file");
         std::fs::create_dir_all(&dir).unwrap();

@@ -427,3 +427,33 @@ async fn the_full_view_takes_a_page_size_and_its_tokens() {
     let fleet = f.get("/fleet/v1/units?pageSize=500").await.body;
     assert_eq!(fleet["units"].as_array().unwrap().len(), 2);
 }
+
+#[tokio::test]
+async fn expect_makes_a_put_conditional_on_what_the_client_read() {
+    let (f, _) = fixture(100);
+    let path = "/fleet/v1/units/a.service?view=full";
+    let body = |exec: &str| json!({"options": options(exec)});
+    let created = f
+        .put(&format!("{path}&expect=absent"), body("/bin/a"))
+        .await;
+    assert_eq!(created.body["outcome"], "created", "{created:?}");
+    let before = f.revision().await;
+    let refused = f
+        .put(&format!("{path}&expect=absent"), body("/bin/b"))
+        .await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    assert_eq!(refused.body["error"]["reason"], "conflict");
+    let stale = file("/bin/other").hash();
+    let refused = f
+        .put(&format!("{path}&expect={stale}"), body("/bin/b"))
+        .await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    assert_eq!(f.revision().await, before);
+    let read = file("/bin/a").hash();
+    let replaced = f
+        .put(&format!("{path}&expect={read}"), body("/bin/b"))
+        .await;
+    assert_eq!(replaced.body["outcome"], "replaced", "{replaced:?}");
+    let bad = f.put(&format!("{path}&expect=xyz"), body("/bin/c")).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}

@@ -13,7 +13,7 @@
 
 use fleet_registry::kv::Kv;
 use fleet_registry::{
-    EngineWrite, Leadership, LiveView, Registry, RegistryError, ScheduleEntry, Touched,
+    EngineWrite, Leadership, LiveView, MoveRecord, Registry, RegistryError, ScheduleEntry, Touched,
 };
 use std::time::Duration;
 use tokio::sync::watch;
@@ -290,6 +290,11 @@ fn write_of(decision: &Decision) -> EngineWrite {
         DecisionKind::ClearUnschedulable { unit } => {
             EngineWrite::ClearUnschedulable { unit: unit.clone() }
         }
+        DecisionKind::Moving { unit, from } => EngineWrite::Moving(MoveRecord {
+            unit: unit.clone(),
+            from: from.clone(),
+        }),
+        DecisionKind::MoveOver { unit } => EngineWrite::Moved { unit: unit.clone() },
     }
 }
 
@@ -322,6 +327,12 @@ fn log_decision(decision: &Decision) {
         }
         DecisionKind::ClearUnschedulable { unit } => {
             info!(unit = %unit, reason = %reason, "unit no longer unschedulable");
+        }
+        DecisionKind::Moving { unit, from } => {
+            info!(unit = %unit, machine = %from, reason = %reason, "moving unit off drained machine");
+        }
+        DecisionKind::MoveOver { unit } => {
+            info!(unit = %unit, reason = %reason, "drain move over");
         }
     }
 }

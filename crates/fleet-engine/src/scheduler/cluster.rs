@@ -5,10 +5,10 @@
 //! It only records: which rule wins when two units disagree is the planner's business.
 
 use fleet_core::{
-    DesiredState, MachineId, MachineInfo, RequirementError, Requirements, UnitFile, UnitHash,
-    UnitName, units_conflict,
+    ActiveState, DesiredState, LoadState, MachineId, MachineInfo, RequirementError, Requirements,
+    UnitFile, UnitHash, UnitName, units_conflict,
 };
-use fleet_registry::{PerMachine, Snapshot, UnitStateRecord};
+use fleet_registry::{MoveRecord, PerMachine, Snapshot, UnitStateRecord};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -58,6 +58,16 @@ pub(super) struct Cluster<'s> {
     last_removal: BTreeMap<UnitName, Reason>,
     /// Wanted units with `Conflicts=` or `Replaces=`.
     relational: BTreeSet<UnitName>,
+    /// Drained machines: how many moves each allows on their way at once (0: its mark
+    /// cannot be read, so nothing moves).
+    pub drained: BTreeMap<MachineId, u32>,
+    /// The engine's moves off drained machines, as the registry records them.
+    pub moving: &'s BTreeMap<UnitName, MoveRecord>,
+    /// Moves this plan starts (unit -> drained machine) and recorded moves it finds over.
+    pub moves_started: BTreeMap<UnitName, MachineId>,
+    pub moves_over: BTreeMap<UnitName, MachineId>,
+    /// Units whose recorded move is still on its way: their state changes matter.
+    pub in_flight: BTreeSet<UnitName>,
 }
 
 impl<'s> Cluster<'s> {
@@ -77,6 +87,12 @@ impl<'s> Cluster<'s> {
     ) -> Cluster<'s> {
         let unreadable = Unreadable::of(snapshot);
         let held = unreadable.held(snapshot, held);
+        let drained = snapshot
+            .drained
+            .values()
+            .map(|d| (d.machine.clone(), d.parallel.max(1)))
+            .chain(unreadable.drained.iter().map(|m| (m.clone(), 0)))
+            .collect();
         let mut cluster = Cluster {
             machines: snapshot.machines_with_metadata(),
             states: &snapshot.states,
@@ -95,6 +111,11 @@ impl<'s> Cluster<'s> {
             added: BTreeMap::new(),
             last_removal: BTreeMap::new(),
             relational: BTreeSet::new(),
+            drained,
+            moving: &snapshot.moving,
+            moves_started: BTreeMap::new(),
+            moves_over: BTreeMap::new(),
+            in_flight: BTreeSet::new(),
         };
         let wanted = snapshot
             .units
@@ -263,12 +284,18 @@ impl<'s> Cluster<'s> {
         self.added.insert((unit.clone(), machine.clone()), reason);
     }
 
-    /// The reason `unit` gets when it is placed: why it lost its machine, if it did.
+    /// The reason `unit` gets when it is placed: why it lost its machine, if it did (in this
+    /// plan, or in an earlier one that moved it off a drained machine).
     pub fn placement_reason(&self, unit: &UnitName, desired: DesiredState) -> Reason {
-        self.last_removal
-            .get(unit)
-            .cloned()
-            .unwrap_or(Reason::NotScheduled { desired })
+        if let Some(reason) = self.last_removal.get(unit) {
+            return reason.clone();
+        }
+        match self.moving.get(unit) {
+            Some(m) if self.in_flight.contains(unit) => Reason::Drained {
+                machine: m.from.clone(),
+            },
+            Some(_) | None => Reason::NotScheduled { desired },
+        }
     }
 
     pub fn remove(&mut self, unit: &UnitName, machine: &MachineId, reason: Reason) {
@@ -294,6 +321,29 @@ impl<'s> Cluster<'s> {
             .entry(unit.clone())
             .or_default()
             .insert(machine.clone());
+    }
+
+    /// A drained machine takes no new non-global unit (globals still run everywhere).
+    pub fn drain_violation(&self, unit: &UnitName, machine: &MachineId) -> Option<Violation> {
+        (!self.is_global(unit) && self.drained.contains_key(machine)).then_some(Violation::Drained)
+    }
+
+    /// Whether `unit` runs as its desired state asks on a machine other than `from`: active
+    /// when launched, loaded when loaded (as its agent publishes it).
+    pub fn arrived_elsewhere(&self, unit: &UnitName, from: &MachineId) -> bool {
+        let Some(spec) = self.specs.get(unit) else {
+            return false;
+        };
+        let states = self.states.get(unit);
+        self.machines_of(unit)
+            .filter(|m| *m != from)
+            .filter_map(|m| states.and_then(|s| s.get(m)))
+            .any(|state| match spec.desired {
+                DesiredState::Launched => state.systemd.active_state() == ActiveState::Active,
+                DesiredState::Loaded | DesiredState::Inactive => {
+                    state.systemd.load_state() == LoadState::Loaded
+                }
+            })
     }
 
     /// The rules about the machine itself: `MachineID=`, then `MachineMetadata=`.

@@ -2,6 +2,7 @@
 //! [`Reason`]; its `Display` is what the engine logs and what `P/unscheduled/<name>` shows.
 
 use fleet_core::{DesiredState, MachineId, RequirementError, UnitHash, UnitName};
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// One change to the registry, with the reason for it.
@@ -16,6 +17,10 @@ pub struct Decision {
 /// transactions never has a unit on two machines at once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DecisionKind {
+    /// Record at `P/moving/<unit>` that the unit leaves drained machine `from`: written
+    /// before its entry there is deleted, so a move is never on its way unrecorded (a
+    /// recorded move whose unit is still there is simply made again).
+    Moving { unit: UnitName, from: MachineId },
     /// Delete the unit's entry on `machine`.
     Unschedule { unit: UnitName, machine: MachineId },
     /// Rewrite the unit's entry on `machine` (same machine; a new hash, desired state,
@@ -43,6 +48,8 @@ pub enum DecisionKind {
     Unschedulable { unit: UnitName },
     /// Remove a previously published reason: the unit is placed or no longer wanted.
     ClearUnschedulable { unit: UnitName },
+    /// Withdraw the record of a move off a drained machine: it is over.
+    MoveOver { unit: UnitName },
 }
 
 impl DecisionKind {
@@ -52,23 +59,30 @@ impl DecisionKind {
             | Self::Update { unit, .. }
             | Self::Schedule { unit, .. }
             | Self::Unschedulable { unit }
-            | Self::ClearUnschedulable { unit } => unit,
+            | Self::ClearUnschedulable { unit }
+            | Self::Moving { unit, .. }
+            | Self::MoveOver { unit } => unit,
         }
     }
 
-    /// The machine whose schedule changes; `None` for the unscheduled-reason records.
+    /// The machine whose schedule changes; `None` for the unscheduled-reason and move records.
     pub fn machine(&self) -> Option<&MachineId> {
         match self {
             Self::Unschedule { machine, .. }
             | Self::Update { machine, .. }
             | Self::Schedule { machine, .. } => Some(machine),
-            Self::Unschedulable { .. } | Self::ClearUnschedulable { .. } => None,
+            Self::Unschedulable { .. }
+            | Self::ClearUnschedulable { .. }
+            | Self::Moving { .. }
+            | Self::MoveOver { .. } => None,
         }
     }
 }
 
-/// Why a machine cannot run a unit: one `[X-Fleet]` rule it fails.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why a machine cannot run a unit: one `[X-Fleet]` rule it fails. Serialized (for
+/// [`explain`](crate::explain)) as `{"rule": "<kebab-case variant>", <fields>}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "rule", rename_all = "kebab-case")]
 pub enum Violation {
     /// `MachineID=` names another machine.
     MachineIdMismatch { wanted: String },
@@ -84,6 +98,8 @@ pub enum Violation {
     ReplacedBy { unit: UnitName },
     /// A global unit would displace a unit on this machine; globals never displace.
     WouldReplace { unit: UnitName },
+    /// The machine is drained: it takes no new non-global unit.
+    Drained,
 }
 
 impl fmt::Display for Violation {
@@ -107,6 +123,7 @@ impl fmt::Display for Violation {
             Self::WouldReplace { unit } => {
                 write!(f, "global unit would replace unit {unit} scheduled here")
             }
+            Self::Drained => f.write_str("machine is drained"),
         }
     }
 }
@@ -166,6 +183,17 @@ pub enum Reason {
     /// The schedule entry at `key` cannot be read: its agent runs nothing for it, and the
     /// unit is placed as if it had none.
     Unreadable { key: String },
+    /// `machine` is drained: the unit leaves it (and is placed elsewhere once stopped there).
+    Drained { machine: MachineId },
+    /// The unit stays on drained `machine`: every other machine fails one of its rules
+    /// (sorted by machine; empty when there is no other machine).
+    CannotLeaveDrained {
+        machine: MachineId,
+        rejections: Vec<(MachineId, Violation)>,
+    },
+    /// The unit that left drained `machine` runs elsewhere now, or the move no longer
+    /// matters (undrained, unit gone).
+    MoveOver { machine: MachineId },
 }
 
 /// How many machines a [`Reason::NoMachineAble`] names before summarising the rest.
@@ -221,6 +249,23 @@ impl fmt::Display for Reason {
             Self::NowPlaced => f.write_str("unit is scheduled now"),
             Self::NoLongerWanted => f.write_str("unit is inactive or destroyed"),
             Self::Unreadable { key } => write!(f, "registry value at {key} cannot be read"),
+            Self::Drained { machine } => write!(f, "machine {machine} is drained"),
+            Self::CannotLeaveDrained {
+                machine,
+                rejections,
+            } if rejections.is_empty() => {
+                write!(f, "stays on drained machine {machine}: no other machine")
+            }
+            Self::CannotLeaveDrained {
+                machine,
+                rejections,
+            } => {
+                write!(f, "stays on drained machine {machine}: ")?;
+                write_rejections(f, rejections)
+            }
+            Self::MoveOver { machine } => {
+                write!(f, "move off drained machine {machine} is over")
+            }
         }
     }
 }

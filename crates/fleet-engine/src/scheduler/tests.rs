@@ -3,8 +3,11 @@
 
 use super::*;
 use fleet_core::{DesiredState, MachineInfo, SystemdState};
-use fleet_registry::{ReplaceState, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
+use fleet_registry::{
+    DrainRecord, MoveRecord, ReplaceState, ScheduleEntry, Unit, UnitRecord, UnitStateRecord,
+};
 
+mod drain;
 mod props;
 mod replace;
 mod unreadable;
@@ -108,6 +111,22 @@ impl World {
             .entry(name(unit))
             .or_default()
             .insert(mid(machine), entry);
+        self
+    }
+
+    /// Drains `machine`, `parallel` moves at a time.
+    pub fn drain(mut self, machine: &str, parallel: u32) -> World {
+        let record = DrainRecord {
+            machine: mid(machine),
+            parallel,
+            since: 0,
+        };
+        self.snap.drained.insert(mid(machine), record);
+        self
+    }
+
+    pub fn undrain(mut self, machine: &str) -> World {
+        self.snap.drained.remove(&mid(machine));
         self
     }
 
@@ -237,6 +256,16 @@ impl World {
                 DecisionKind::ClearUnschedulable { unit } => {
                     self.snap.unscheduled.remove(unit);
                 }
+                DecisionKind::Moving { unit, from } => {
+                    let record = MoveRecord {
+                        unit: unit.clone(),
+                        from: from.clone(),
+                    };
+                    self.snap.moving.insert(unit.clone(), record);
+                }
+                DecisionKind::MoveOver { unit } => {
+                    self.snap.moving.remove(unit);
+                }
             }
         }
     }
@@ -286,6 +315,8 @@ fn line(d: &Decision) -> String {
         }
         DecisionKind::Unschedulable { unit } => format!("unschedulable {unit}: {r}"),
         DecisionKind::ClearUnschedulable { unit } => format!("clear {unit}: {r}"),
+        DecisionKind::Moving { unit, from } => format!("moving {unit} from {from}: {r}"),
+        DecisionKind::MoveOver { unit } => format!("move over {unit}: {r}"),
     }
 }
 

@@ -119,3 +119,6 @@ pub fn wait_view(snap: &Snapshot, names: &BTreeSet<UnitName>) -> WaitView {
         machines: snap.machines.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -140,10 +140,15 @@ pub async fn list_units<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnits) -> Resul
 }
 
 pub async fn list_machines<C: Cluster>(ctx: &mut Ctx<C>, args: &ListMachines) -> Result<()> {
-    let fields = parse_fields(&args.fields, &["ip", "machine", "metadata"])?;
+    let fields = parse_fields(&args.fields, &["drained", "ip", "machine", "metadata"])?;
     let listing = ctx.cluster.machines().await.context(MACHINES_FAILED)?;
     warn_skipped(ctx, listing.skipped);
     let by_id: BTreeMap<MachineId, _> = BTreeMap::new();
+    let drained: BTreeMap<&MachineId, u32> = listing
+        .drained
+        .iter()
+        .map(|d| (&d.machine, d.parallel))
+        .collect();
     let rows = listing
         .machines
         .iter()
@@ -152,6 +157,9 @@ pub async fn list_machines<C: Cluster>(ctx: &mut Ctx<C>, args: &ListMachines) ->
                 .iter()
                 .map(|f| match *f {
                     "machine" => machine_legend(&m.id, &by_id, args.listing.full),
+                    "drained" => drained
+                        .get(&m.id)
+                        .map_or_else(|| "-".to_owned(), |p| format!("parallel={p}")),
                     "ip" if m.public_ip.is_empty() => "-".into(),
                     "ip" => m.public_ip.clone(),
                     "metadata" if m.metadata.is_empty() => "-".into(),
@@ -170,6 +178,13 @@ pub async fn list_machines<C: Cluster>(ctx: &mut Ctx<C>, args: &ListMachines) ->
     // On stderr, so that the table stays fleet's byte for byte.
     if let Some(notice) = listing.notice {
         ctx.warn(format!("Warning: {notice}"));
+    }
+    for d in &listing.drained {
+        let legend = machine_legend(&d.machine, &by_id, args.listing.full);
+        ctx.warn(format!(
+            "Machine {legend} is drained ({} move(s) at a time): it takes no new units",
+            d.parallel
+        ));
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ pub mod cat;
 pub mod destroy;
 pub mod lifecycle;
 pub mod list;
+pub mod maintenance;
 pub mod remote;
 pub mod rolling;
 pub mod submit;

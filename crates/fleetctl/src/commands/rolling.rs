@@ -5,7 +5,7 @@
 
 use anyhow::{Result, bail};
 use fleet_core::{ActiveState, MachineId, Requirements, UnitHash, UnitName};
-use fleet_ops::{Changes, Cluster, PutRequest, ReplaceHow};
+use fleet_ops::{Changes, Cluster, Expect, PutRequest, ReplaceHow};
 use std::collections::{BTreeMap, BTreeSet};
 use tokio::time::Instant;
 
@@ -73,7 +73,7 @@ pub async fn run<C: Cluster>(
             desired: Some(existing.desired.max(target)),
             how: rolling,
         };
-        cluster.put(req).await?;
+        cluster.put_if(req, Expect::Content(existing.hash)).await?;
         roll_global(ctx, &cluster, &p.name, step, block).await?;
     }
     Ok(())

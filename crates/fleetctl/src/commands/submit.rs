@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use fleet_core::{DesiredState, Requirements, UnitFile, UnitHash, UnitName};
-use fleet_ops::{Cluster, PutOutcome, PutRequest, ReplaceHow, UnitStatus, UnitView};
+use fleet_ops::{Cluster, Expect, PutOutcome, PutRequest, ReplaceHow, UnitStatus, UnitView};
 use fleet_registry::input::shorten;
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -354,10 +354,14 @@ async fn apply_one<C: Cluster>(
     desired: DesiredState,
     how: ReplaceHow,
 ) -> Result<UnitStatus> {
-    let (file, desired, how) = match action {
+    // Written only over what was read: another client's write since is not written over.
+    let (file, desired, how, expect) = match action {
         Action::Keep(unit) => return Ok(unit),
-        Action::Create(file) => (file, desired, ReplaceHow::default()),
-        Action::Replace { existing, file } => (file, existing.desired.max(desired), how),
+        Action::Create(file) => (file, desired, ReplaceHow::default(), Expect::Absent),
+        Action::Replace { existing, file } => {
+            let expect = Expect::Content(existing.hash);
+            (file, existing.desired.max(desired), how, expect)
+        }
     };
     let req = PutRequest {
         name: name.clone(),
@@ -365,7 +369,7 @@ async fn apply_one<C: Cluster>(
         desired: Some(desired),
         how,
     };
-    Ok(match cluster.put(req).await? {
+    Ok(match cluster.put_if(req, expect).await? {
         PutOutcome::Created(unit)
         | PutOutcome::Replaced(unit)
         | PutOutcome::StateChanged(unit)

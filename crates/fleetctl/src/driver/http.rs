@@ -8,20 +8,21 @@
 //! No decision is made here: the server decides every write.
 
 use fleet_core::{DesiredState, MachineId, UnitName};
-use fleet_ops::wire::{self, ErrorBody, MachinePage, UnitPage, UnitStatePage, WriteResult};
+use fleet_ops::wire::{self, MachinePage, UnitPage, UnitStatePage, WriteResult};
 use fleet_ops::{
-    Cluster, Destroyed, MachineListing, OpsError, PutOutcome, PutRequest, Restarted, StateChange,
-    StateFilter, StateListing, StateView, UnitListing, UnitView, convert,
+    Cluster, Destroyed, DrainStatus, Explanation, MachineListing, OpsError, PutOutcome, PutRequest,
+    Restarted, StateChange, StateFilter, StateListing, StateView, UnitListing, UnitView, convert,
 };
 use fleet_registry::MetadataChange;
 use fleet_registry::kv::TlsFiles;
-use http::{Method, StatusCode};
+use http::Method;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::de::DeserializeOwned;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::answer::{Paged, check, decode};
 use super::transport::{Answer, EndpointError, Transport};
 use super::watch::HttpChanges;
 
@@ -32,9 +33,10 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// each page of states or machines, so fewer pages are cheaper for both sides.
 pub const PAGE_SIZE: u16 = u16::MAX;
 
-/// Names per listing request: a `start` of a thousand units asks in several requests rather
-/// than with one URL of a thousand parameters.
-const NAMES_PER_REQUEST: usize = 100;
+/// Names per listing request: a `start` of 10,000 units asks in 20 requests (URLs of ~15 kB)
+/// rather than with one URL of 10,000 parameters. Each request costs fleetd a snapshot, so
+/// fewer is better, up to what proxies and servers take in a request line.
+pub(super) const NAMES_PER_REQUEST: usize = 500;
 
 /// Bytes escaped in a path segment or query value: all but RFC 3986's unreserved ones and
 /// `@` (common in unit names, and left alone by fleet's client).
@@ -249,7 +251,37 @@ impl Cluster for HttpCluster {
                 listing.notice = Some(page.disruption_notice);
             }
         }
+        let answer = self.send(Method::GET, "/drains", &[], None).await?;
+        listing.drained = decode::<wire::DrainList>(&answer, None)?.drains;
         Ok(listing)
+    }
+
+    async fn drain(&self, machine: &MachineId, parallel: u32) -> Result<DrainStatus, OpsError> {
+        let query = [(wire::PARALLEL, parallel.to_string())];
+        let answer = self
+            .send(Method::PUT, &drain_path(machine), &query, None)
+            .await?;
+        decode(&answer, None)
+    }
+
+    async fn undrain(&self, machine: &MachineId) -> Result<bool, OpsError> {
+        let answer = self
+            .send(Method::DELETE, &drain_path(machine), &[], None)
+            .await?;
+        Ok(decode::<wire::Undrained>(&answer, None)?.was_drained)
+    }
+
+    async fn drain_status(&self, machine: &MachineId) -> Result<DrainStatus, OpsError> {
+        let answer = self
+            .send(Method::GET, &drain_path(machine), &[], None)
+            .await?;
+        decode(&answer, None)
+    }
+
+    async fn explain(&self, name: &UnitName) -> Result<Explanation, OpsError> {
+        let path = format!("/explain/{}", utf8_percent_encode(name.as_str(), ESCAPED));
+        let answer = self.send(Method::GET, &path, &[], None).await?;
+        decode(&answer, Some(name))
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutOutcome, OpsError> {
@@ -306,7 +338,7 @@ impl Cluster for HttpCluster {
         let ops: Vec<wire::MetadataOp> = changes.iter().map(metadata_op).collect();
         let body = serde_json::to_vec(&ops).map_err(|e| OpsError::Transport {
             what: "encoding a metadata patch".into(),
-            source: Box::new(e),
+            cause: Box::new(e),
         })?;
         let answer = self
             .send(Method::PATCH, "/machines", &[], Some(body))
@@ -342,27 +374,8 @@ impl Cluster for HttpCluster {
     }
 }
 
-/// A listing page's continuation.
-trait Paged {
-    fn next_token(&self) -> &str;
-}
-
-impl Paged for UnitPage {
-    fn next_token(&self) -> &str {
-        &self.next_page_token
-    }
-}
-
-impl Paged for UnitStatePage {
-    fn next_token(&self) -> &str {
-        &self.next_page_token
-    }
-}
-
-impl Paged for MachinePage {
-    fn next_token(&self) -> &str {
-        &self.next_page_token
-    }
+fn drain_path(machine: &MachineId) -> String {
+    format!("/drains/{}", utf8_percent_encode(machine.as_str(), ESCAPED))
 }
 
 fn unit_path(name: &UnitName) -> String {
@@ -418,60 +431,17 @@ fn metadata_op(change: &MetadataChange) -> wire::MetadataOp {
     }
 }
 
-/// A success's body as `T`, or the error the answer stands for.
-fn decode<T: DeserializeOwned>(answer: &Answer, unit: Option<&UnitName>) -> Result<T, OpsError> {
-    check(answer, unit)?;
-    serde_json::from_slice(&answer.body).map_err(|e| OpsError::Transport {
-        what: format!(
-            "the API answered {} with a body that is not fleet's entity",
-            answer.status
-        ),
-        source: Box::new(e),
-    })
-}
-
-/// Ok for a success; else the error its status and error entity stand for.
-fn check(answer: &Answer, unit: Option<&UnitName>) -> Result<(), OpsError> {
-    if answer.status.is_success() {
-        return Ok(());
-    }
-    Err(error_of(answer.status, &answer.body, unit))
-}
-
-/// The error of a failed request about `unit` (the unit its URL names, if any). The full
-/// view's `reason` rebuilds the variant. Without one (fleet's own answers, and the server's
-/// checks of an entity before any operation runs), a 404 about a unit is
-/// [`OpsError::NoSuchUnit`] and a 400 about one is [`OpsError::Invalid`] with fleet's
-/// message: the client sends only valid names and states, so what a 400 refuses is the
-/// unit's options. Anything else keeps its status and message.
-pub fn error_of(status: StatusCode, body: &[u8], unit: Option<&UnitName>) -> OpsError {
-    let Ok(ErrorBody { error }) = serde_json::from_slice::<ErrorBody>(body) else {
-        return OpsError::Api {
-            code: status.as_u16(),
-            message: format!("the API answered {status} without an error entity"),
-        };
-    };
-    match (error.reason, status, unit) {
-        (None, StatusCode::NOT_FOUND, Some(name)) => OpsError::NoSuchUnit(name.clone()),
-        (None, StatusCode::BAD_REQUEST, Some(name)) => OpsError::Invalid {
-            name: name.clone(),
-            reason: error.message,
-        },
-        _ => convert::error_from_wire(unit, &error),
-    }
-}
-
 fn encoding(name: &UnitName, e: serde_json::Error) -> OpsError {
     OpsError::Transport {
         what: format!("encoding the request about {name}"),
-        source: Box::new(e),
+        cause: Box::new(e),
     }
 }
 
 fn bad_answer(why: String) -> OpsError {
     OpsError::Transport {
         what: "the API answered something this fleetctl cannot read".into(),
-        source: why.into(),
+        cause: why.into(),
     }
 }
 

@@ -90,68 +90,7 @@ impl Transport {
         timeout: Duration,
     ) -> Result<Transport, EndpointError> {
         let first = endpoint.split(',').next().unwrap_or("").trim();
-        let bad = |why: &str| EndpointError::Endpoint {
-            endpoint: fleet_registry::input::shorten(first),
-            why: why.to_owned(),
-        };
-        let Some((scheme, rest)) = first.split_once("://") else {
-            return Err(bad(
-                "URL scheme undefined; expected unix:///PATH, http://HOST:PORT or https://HOST:PORT",
-            ));
-        };
-        let given_tls = [&tls.ca_file, &tls.cert_file, &tls.key_file]
-            .into_iter()
-            .flatten()
-            .next();
-        if scheme != "https"
-            && let Some(file) = given_tls
-        {
-            return Err(EndpointError::TlsFile {
-                path: file.clone(),
-                why: format!(
-                    "given, but the endpoint is {scheme}://; TLS needs an https:// endpoint"
-                ),
-            });
-        }
-        let (target, host, base) = match scheme {
-            "unix" | "file" => {
-                // `unix://var/run/fleet.sock` (one slash short) names host "var".
-                if !rest.starts_with('/') {
-                    return Err(bad("a unix socket needs an absolute path: unix:///PATH"));
-                }
-                (
-                    Target::Unix(PathBuf::from(rest)),
-                    UNIX_HOST.to_owned(),
-                    String::new(),
-                )
-            }
-            "http" | "https" => {
-                let (authority, path) = match rest.find('/') {
-                    Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-                    None => (rest, ""),
-                };
-                let (hostname, port) = split_authority(authority).map_err(|why| bad(&why))?;
-                let default_port = if scheme == "https" { 443 } else { 80 };
-                let addr = format!("{}:{}", bracketed(hostname), port.unwrap_or(default_port));
-                let target = if scheme == "https" {
-                    let name = ServerName::try_from(hostname.to_owned())
-                        .map_err(|_| bad("not a host name or IP address"))?;
-                    Target::Tls {
-                        addr,
-                        name,
-                        connector: connector(tls)?,
-                    }
-                } else {
-                    Target::Tcp(addr)
-                };
-                (target, authority.to_owned(), path.to_owned())
-            }
-            _ => {
-                return Err(bad(
-                    "unsupported scheme; expected unix://, http:// or https://",
-                ));
-            }
-        };
+        let (target, host, base) = locate(first, tls)?;
         Ok(Transport {
             target,
             shown: first.to_owned(),
@@ -171,16 +110,18 @@ impl Transport {
         body: Option<Vec<u8>>,
     ) -> Result<Answer, OpsError> {
         let uri = format!("{}/fleet/v1{path_and_query}", self.base);
-        let what = || format!("{method} {uri} at {}", self.shown);
+        // The message names the resource, not the query (pageSize, view and the names).
+        let path = uri.split('?').next().unwrap_or(&uri);
+        let what = || format!("{method} {path} at {}", self.shown);
         match tokio::time::timeout(self.timeout, self.exchange(&method, &uri, body)).await {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(source)) => Err(OpsError::Transport {
+            Ok(Err(e)) => Err(OpsError::Transport {
                 what: what(),
-                source,
+                cause: chain(e.as_ref()).into(),
             }),
             Err(elapsed) => Err(OpsError::Transport {
                 what: format!("{} (request timeout {:?})", what(), self.timeout),
-                source: Box::new(elapsed),
+                cause: Box::new(elapsed),
             }),
         }
     }
@@ -242,6 +183,21 @@ impl Transport {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// An error and its causes in one line: hyper's errors keep the reason (a refused connect,
+/// a TLS alert) in their source, and `OpsError::Transport` carries no source.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let text = err.to_string();
+        if parts.last().is_none_or(|last| !last.contains(&text)) {
+            parts.push(text);
+        }
+        next = err.source();
+    }
+    parts.join(": ")
+}
+
 async fn handshake<S>(io: S) -> Result<SendRequest<Full<Bytes>>, BoxError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -254,6 +210,91 @@ where
         }
     });
     Ok(sender)
+}
+
+/// Where `endpoint` is: how to connect, the `Host` header, and the path before `/fleet/v1`.
+fn locate(endpoint: &str, tls: &TlsFiles) -> Result<(Target, String, String), EndpointError> {
+    let bad = |why: &str| EndpointError::Endpoint {
+        endpoint: fleet_registry::input::shorten(endpoint),
+        why: why.to_owned(),
+    };
+    let Some((scheme, rest)) = endpoint.split_once("://") else {
+        return Err(bad(
+            "URL scheme undefined; expected unix:///PATH, http://HOST:PORT or https://HOST:PORT",
+        ));
+    };
+    let given_tls = [&tls.ca_file, &tls.cert_file, &tls.key_file]
+        .into_iter()
+        .flatten()
+        .next();
+    if scheme != "https"
+        && let Some(file) = given_tls
+    {
+        return Err(EndpointError::TlsFile {
+            path: file.clone(),
+            why: format!("given, but the endpoint is {scheme}://; TLS needs an https:// endpoint"),
+        });
+    }
+    match scheme {
+        "unix" | "file" => {
+            // `unix://var/run/fleet.sock` (one slash short) names host "var".
+            if !rest.starts_with('/') {
+                return Err(bad("a unix socket needs an absolute path: unix:///PATH"));
+            }
+            let target = Target::Unix(PathBuf::from(rest));
+            Ok((target, UNIX_HOST.to_owned(), String::new()))
+        }
+        "http" => {
+            let at = HttpAddress::parse(rest, 80).map_err(|why| bad(&why))?;
+            Ok((Target::Tcp(at.addr), at.authority, at.base))
+        }
+        "https" => {
+            let at = HttpAddress::parse(rest, 443).map_err(|why| bad(&why))?;
+            let Some(ca) = &tls.ca_file else {
+                return Err(bad(
+                    "an https:// endpoint needs --ca-file, the authority of fleetd's certificate",
+                ));
+            };
+            let name = ServerName::try_from(at.hostname.clone())
+                .map_err(|_| bad("not a host name or IP address"))?;
+            let target = Target::Tls {
+                addr: at.addr,
+                name,
+                connector: connector(ca, tls)?,
+            };
+            Ok((target, at.authority, at.base))
+        }
+        _ => Err(bad(
+            "unsupported scheme; expected unix://, http:// or https://",
+        )),
+    }
+}
+
+/// The part of an `http(s)://` endpoint after the scheme.
+struct HttpAddress {
+    /// `host:port` to connect to.
+    addr: String,
+    hostname: String,
+    /// As given: the `Host` header.
+    authority: String,
+    /// The path, without a trailing `/`.
+    base: String,
+}
+
+impl HttpAddress {
+    fn parse(rest: &str, default_port: u16) -> Result<HttpAddress, String> {
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        let (hostname, port) = split_authority(authority)?;
+        Ok(HttpAddress {
+            addr: format!("{}:{}", bracketed(hostname), port.unwrap_or(default_port)),
+            hostname: hostname.to_owned(),
+            authority: authority.to_owned(),
+            base: path.to_owned(),
+        })
+    }
 }
 
 /// `host`, `host:port`, `[v6]`, `[v6]:port`.
@@ -294,20 +335,13 @@ fn bracketed(host: &str) -> String {
     }
 }
 
-/// The TLS client of `https://` endpoints: trusts `--ca-file` and presents the client
+/// The TLS client of `https://` endpoints: trusts `ca` (`--ca-file`) and presents the client
 /// certificate if one is given.
-fn connector(tls: &TlsFiles) -> Result<TlsConnector, EndpointError> {
-    let Some(ca) = &tls.ca_file else {
-        return Err(EndpointError::Endpoint {
-            endpoint: "https://".into(),
-            why: "an https:// endpoint needs --ca-file, the authority of fleetd's certificate"
-                .into(),
-        });
-    };
+fn connector(ca: &Path, tls: &TlsFiles) -> Result<TlsConnector, EndpointError> {
     let mut roots = RootCertStore::empty();
     for cert in certs(ca)? {
         roots.add(cert).map_err(|e| EndpointError::TlsFile {
-            path: ca.clone(),
+            path: ca.to_path_buf(),
             why: format!("not a CA certificate: {e}"),
         })?;
     }
@@ -315,7 +349,7 @@ fn connector(tls: &TlsFiles) -> Result<TlsConnector, EndpointError> {
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| EndpointError::TlsFile {
-            path: ca.clone(),
+            path: ca.to_path_buf(),
             why: e.to_string(),
         })?
         .with_root_certificates(roots);

@@ -1,13 +1,12 @@
 //! [`Changes`] over the API: fleet's API has no watch, so a wait polls. Each poll reads the
-//! watched units, their states and the machines (three listings, only the watched units'),
-//! and returns once that view differs from the last one, as the etcd side returns only on a
-//! change that matters to the wait.
+//! watched units, their states and the machines, and returns once that view differs from the
+//! last one, as the etcd side returns only on a change that matters to the wait.
 
 use fleet_core::UnitName;
-use fleet_ops::{Changes, Cluster, OpsError, WaitView};
+use fleet_ops::{Changes, Cluster, OpsError, StateFilter, WaitView};
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::http::HttpCluster;
+use super::http::{HttpCluster, NAMES_PER_REQUEST};
 
 #[derive(Debug)]
 pub struct HttpChanges {
@@ -51,18 +50,26 @@ impl Changes for HttpChanges {
     }
 }
 
-/// The wait view of `names` now: the same shape the etcd side builds from a snapshot.
+/// The wait view of `names` now: the same shape the etcd side builds from a snapshot. Many
+/// names (more than one request asks for) are read as whole listings and picked here: three
+/// requests per poll instead of two per 500 units.
 async fn read(cluster: &HttpCluster, names: &BTreeSet<UnitName>) -> Result<WaitView, OpsError> {
-    let units = cluster
-        .units(Some(names))
-        .await?
-        .units
+    let (units, states) = if names.len() > NAMES_PER_REQUEST {
+        let units = cluster.units(None).await?.units;
+        let states = cluster.states(&StateFilter::default()).await?.states;
+        (units, states)
+    } else {
+        let units = cluster.units(Some(names)).await?.units;
+        (units, cluster.states_of(names).await?)
+    };
+    let units = units
         .into_iter()
+        .filter(|v| names.contains(v.name()))
         .map(|v| (v.name().clone(), v.status))
         .collect();
-    let mut states: BTreeMap<UnitName, BTreeMap<_, _>> = BTreeMap::new();
-    for s in cluster.states_of(names).await? {
-        states
+    let mut by_unit: BTreeMap<UnitName, BTreeMap<_, _>> = BTreeMap::new();
+    for s in states.into_iter().filter(|s| names.contains(&s.name)) {
+        by_unit
             .entry(s.name.clone())
             .or_default()
             .insert(s.machine.clone(), s);
@@ -76,7 +83,7 @@ async fn read(cluster: &HttpCluster, names: &BTreeSet<UnitName>) -> Result<WaitV
         .collect();
     Ok(WaitView {
         units,
-        states,
+        states: by_unit,
         machines,
     })
 }

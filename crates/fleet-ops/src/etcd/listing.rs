@@ -1,0 +1,133 @@
+//! Listing units: one snapshot, and the files of the units listed only (a page of 100 reads
+//! 100 files, not every file), each read once however many units share it.
+
+use fleet_core::{UnitFile, UnitHash, UnitName};
+use fleet_registry::kv::Kv;
+use fleet_registry::{RegistryError, Snapshot, Unit};
+use futures::StreamExt;
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{ATTEMPTS, RegistryCluster, views};
+use crate::OpsError;
+use crate::model::UnitListing;
+
+/// Above this many files, a listing reads every file at the snapshot's revision in one range
+/// instead of one read per file.
+const FILES_READ_ONE_BY_ONE: usize = 64;
+
+/// How many file reads are in flight at once.
+const CONCURRENT_READS: usize = 32;
+
+/// The files a listing read, what it could not read, and whether one was missing (collected
+/// by a concurrent replace or destroy since the snapshot: read again).
+struct Files {
+    files: BTreeMap<UnitHash, UnitFile>,
+    skipped: Vec<String>,
+    missing: bool,
+}
+
+impl<K: Kv> RegistryCluster<K> {
+    /// One page of [`Cluster::units`]: the units (of `names`, or all) from the `skip`th on,
+    /// at most `take`, with whether more follow. Only that page's files are read, so paging
+    /// through every unit reads each file once. The first page (`skip` 0) also carries what
+    /// the snapshot skipped.
+    pub async fn units_page(
+        &self,
+        names: Option<&BTreeSet<UnitName>>,
+        skip: usize,
+        take: usize,
+    ) -> Result<(UnitListing, bool), OpsError> {
+        self.units_where(names, skip, Some(take)).await
+    }
+
+    pub(super) async fn units_where(
+        &self,
+        names: Option<&BTreeSet<UnitName>>,
+        skip: usize,
+        take: Option<usize>,
+    ) -> Result<(UnitListing, bool), OpsError> {
+        let mut attempt = 1;
+        loop {
+            let snap = self.registry.snapshot().await?;
+            let selected: Vec<&Unit> = snap
+                .units
+                .values()
+                .filter(|u| names.is_none_or(|n| n.contains(u.name())))
+                .collect();
+            let more = take.is_some_and(|t| selected.len() > skip.saturating_add(t));
+            let page: Vec<&Unit> = selected
+                .into_iter()
+                .skip(skip)
+                .take(take.unwrap_or(usize::MAX))
+                .collect();
+            let hashes: BTreeSet<UnitHash> = page.iter().map(|u| u.hash()).collect();
+            let files = self.files_at(&snap, &hashes).await?;
+            if files.missing && attempt < ATTEMPTS {
+                attempt += 1;
+                continue;
+            }
+            // A unit whose file cannot be read is left out, as a corrupt record is.
+            let units = page
+                .into_iter()
+                .filter_map(|u| Some(views::unit_view(&snap, u, files.files.get(&u.hash())?)))
+                .collect();
+            let mut skipped: Vec<String> = Vec::new();
+            if skip == 0 {
+                skipped.extend(snap.skipped.values().map(ToString::to_string));
+            }
+            skipped.extend(files.skipped);
+            return Ok((UnitListing { units, skipped }, more));
+        }
+    }
+
+    /// The files of `hashes`: one by one (concurrently) for a few, else every file at the
+    /// snapshot's revision.
+    async fn files_at(
+        &self,
+        snap: &Snapshot,
+        hashes: &BTreeSet<UnitHash>,
+    ) -> Result<Files, OpsError> {
+        if hashes.len() > FILES_READ_ONE_BY_ONE {
+            // Read at the snapshot's revision: every file a unit of it names is there.
+            let all = self.registry.files(Some(snap.revision)).await?;
+            let keys: BTreeSet<String> = hashes
+                .iter()
+                .map(|h| self.registry.keys().file(h))
+                .collect();
+            return Ok(Files {
+                missing: false,
+                skipped: all
+                    .skipped
+                    .iter()
+                    .filter(|s| keys.contains(&s.key))
+                    .map(ToString::to_string)
+                    .collect(),
+                files: all.items,
+            });
+        }
+        let read: Vec<(UnitHash, Result<Option<UnitFile>, RegistryError>)> =
+            futures::stream::iter(hashes.iter().copied())
+                .map(|h| async move { (h, self.registry.file(&h).await) })
+                .buffered(CONCURRENT_READS)
+                .collect()
+                .await;
+        let mut files = Files {
+            files: BTreeMap::new(),
+            skipped: Vec::new(),
+            missing: false,
+        };
+        for (hash, res) in read {
+            match res {
+                Ok(Some(file)) => {
+                    files.files.insert(hash, file);
+                }
+                Ok(None) => files.missing = true,
+                Err(RegistryError::Corrupt { key, detail }) => files
+                    .skipped
+                    .push(format!("skipped corrupt registry value at {key}: {detail}")),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(files)
+    }
+}

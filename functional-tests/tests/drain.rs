@@ -1,0 +1,255 @@
+//! Draining a machine on a real cluster (issue 16): `fleetctl drain` moves the machine's
+//! non-global units off it, one at a time, each stopped there before it starts elsewhere, and
+//! names the unit pinned to it; `explain` says why a unit is where it is, or nowhere;
+//! `undrain` moves nothing back. Needs root.
+//!
+//! "Never two copies" is checked at every etcd revision (the replay of the registry's
+//! history): no unit ever has a schedule entry, or a published state that may be running, on
+//! two machines at once.
+
+use anyhow::{Context, Result, ensure};
+use fleet_functional_tests::{Cluster, FleetdSpec, wait_for};
+use std::collections::{BTreeMap, BTreeSet};
+mod support;
+use support::{
+    POLL, PREFIX, TIMEOUT, fleetctl, fleetctl_ok, replay, revision, sleeper, write_units,
+};
+
+/// The machines where each unit has a schedule entry or a state that may be running.
+fn copies(state: &BTreeMap<String, Vec<u8>>) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let schedule = format!("{PREFIX}schedule/");
+    let states = format!("{PREFIX}state/");
+    for (key, value) in state {
+        if let Some((machine, unit)) = key.strip_prefix(&schedule).and_then(|r| r.split_once('/')) {
+            out.entry(unit.to_owned())
+                .or_default()
+                .insert(machine.to_owned());
+        } else if let Some((unit, machine)) =
+            key.strip_prefix(&states).and_then(|r| r.split_once('/'))
+        {
+            let record: serde_json::Value = serde_json::from_slice(value).unwrap_or_default();
+            let active = record["systemd"]["active"].as_str().unwrap_or("");
+            if !matches!(active, "inactive" | "failed") {
+                out.entry(unit.to_owned())
+                    .or_default()
+                    .insert(machine.to_owned());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn drain_moves_every_unit_it_can_one_at_a_time_never_two_copies_and_names_the_pinned_one()
+-> Result<()> {
+    let (cluster, registry) = support::start(3, FleetdSpec::default())?;
+    let from = revision(&registry)?;
+    let dir = cluster.dir().join("drain-units");
+    let texts: BTreeMap<String, String> = (0..10)
+        .map(|i| (format!("drain-{i}.service"), sleeper(2000 + i)))
+        .collect();
+    let paths = write_units(&dir, &texts)?;
+    let mut start = vec!["start".to_owned()];
+    start.extend(paths.values().cloned());
+    fleetctl_ok(&cluster, &start)?;
+
+    // The machine running the most units is drained; one unit is pinned to it.
+    let snap = registry.block_on(registry.registry().snapshot())?;
+    let mut load: BTreeMap<String, usize> = BTreeMap::new();
+    for entries in snap.schedule.values() {
+        for m in entries.keys() {
+            *load.entry(m.to_string()).or_default() += 1;
+        }
+    }
+    let (drained, before) = load
+        .iter()
+        .max_by_key(|(m, n)| (**n, std::cmp::Reverse((*m).clone())))
+        .map(|(m, n)| (m.clone(), *n))
+        .context("no unit scheduled")?;
+    let pinned = BTreeMap::from([(
+        "pinned.service".to_owned(),
+        format!("{}\n[X-Fleet]\nMachineID={drained}\n", sleeper(3000)),
+    )]);
+    let pinned_path = write_units(&dir, &pinned)?;
+    fleetctl_ok(&cluster, &["start", &pinned_path["pinned.service"]])?;
+
+    let run = fleetctl(&cluster, &["drain", &drained])?;
+    ensure!(!run.success, "a pinned unit must fail the drain: {run:?}");
+    ensure!(
+        run.stderr.contains("Unit pinned.service cannot leave")
+            && run.stderr.contains("stays on drained machine"),
+        "the pinned unit is named with its reason: {run:?}"
+    );
+    let explain = fleetctl_ok(&cluster, &["explain", "pinned.service"])?;
+    ensure!(
+        explain.stdout.contains("stays on drained machine"),
+        "explain names the drain: {explain:?}"
+    );
+    let listing = fleetctl_ok(
+        &cluster,
+        &["list-machines", "--full", "--fields=machine,drained"],
+    )?;
+    ensure!(
+        listing.stdout.contains("parallel=1"),
+        "list-machines shows the drain: {listing:?}"
+    );
+
+    // Every drain-* unit runs elsewhere, active; the pinned one stays.
+    let snap = registry.block_on(registry.registry().snapshot())?;
+    for name in texts.keys() {
+        let unit = name.parse()?;
+        let machines: Vec<String> = snap
+            .schedule
+            .get(&unit)
+            .map(|es| es.keys().map(ToString::to_string).collect())
+            .unwrap_or_default();
+        ensure!(
+            machines.len() == 1 && machines[0] != drained,
+            "{name} is on {machines:?} after the drain of {drained}"
+        );
+        let machine = cluster.machine_by_id(&machines[0])?;
+        let views = support::units_on(machine, std::slice::from_ref(name))?;
+        ensure!(
+            views.get(name).is_some_and(|v| v.is_active()),
+            "{name} not active on {}: {views:?}",
+            machine.name()
+        );
+    }
+    let pinned_on: Vec<String> = snap.schedule[&"pinned.service".parse()?]
+        .keys()
+        .map(ToString::to_string)
+        .collect();
+    ensure!(
+        pinned_on == [drained.clone()],
+        "pinned.service on {pinned_on:?}"
+    );
+
+    let checked = replay(&registry, from, |rev, state| {
+        for (unit, machines) in copies(state) {
+            ensure!(
+                machines.len() <= 1,
+                "revision {rev}: {unit} on {machines:?} at once"
+            );
+        }
+        Ok(())
+    })?;
+    eprintln!("drained {drained} ({before} units before); {checked} revisions checked");
+
+    fleetctl_ok(&cluster, &["undrain", &drained])?;
+    let after = registry.block_on(registry.registry().snapshot())?;
+    ensure!(after.drained.is_empty(), "undrain left {:?}", after.drained);
+    for name in texts.keys() {
+        let entries = &after.schedule[&name.parse()?];
+        ensure!(
+            !entries.keys().any(|m| m.as_str() == drained),
+            "{name} moved back to {drained} on undrain"
+        );
+    }
+    support::finish(cluster)
+}
+
+/// Waits until `fleetctl explain <unit>` prints every one of `want`; returns what it printed.
+fn explained(cluster: &Cluster, unit: &str, want: &[&str]) -> Result<String> {
+    let mut last = String::new();
+    wait_for(TIMEOUT, POLL, || {
+        last = fleetctl(cluster, &["explain", unit]).map_or_else(|e| e.to_string(), |r| r.stdout);
+        want.iter().all(|w| last.contains(w))
+    })
+    .with_context(|| format!("explain {unit} never said {want:?}; last: {last}"))?;
+    Ok(last)
+}
+
+#[test]
+fn explain_says_why_of_a_placed_unit_metadata_a_conflicts_clash_and_a_drained_machine() -> Result<()>
+{
+    let (cluster, _registry) = support::start(2, FleetdSpec::default())?;
+    let m2 = &cluster.machines()[1];
+    // Two machines, three units that conflict with each other: one of them waits.
+    let clash = |i: u32| {
+        let text = format!("{}\n[X-Fleet]\nConflicts=clash.*\n", sleeper(4002 + i));
+        (format!("clash.{i}.service"), text)
+    };
+    let texts = BTreeMap::from([
+        ("placed.service".to_owned(), sleeper(4000)),
+        (
+            "meta.service".to_owned(),
+            format!(
+                "{}\n[X-Fleet]\nMachineMetadata=nothing=here\n",
+                sleeper(4001)
+            ),
+        ),
+        clash(0),
+        clash(1),
+        clash(2),
+    ]);
+    let paths = write_units(&cluster.dir().join("explain-units"), &texts)?;
+    fleetctl_ok(
+        &cluster,
+        &[
+            "start",
+            &paths["placed.service"],
+            &paths["clash.0.service"],
+            &paths["clash.1.service"],
+        ],
+    )?;
+    let mut more = vec!["start".to_owned(), "--no-block".to_owned()];
+    more.extend([
+        paths["meta.service"].clone(),
+        paths["clash.2.service"].clone(),
+    ]);
+    fleetctl_ok(&cluster, &more)?;
+
+    explained(
+        &cluster,
+        "placed.service",
+        &[
+            "Unit placed.service: placed",
+            "it has no [X-Fleet] rules, and it stays",
+        ],
+    )?;
+    explained(
+        &cluster,
+        "meta.service",
+        &[
+            "Unit meta.service: waiting",
+            "Rules: MachineMetadata=nothing=here",
+            "machine metadata does not satisfy \"nothing\"",
+        ],
+    )?;
+    explained(
+        &cluster,
+        "clash.2.service",
+        &[
+            "Unit clash.2.service: waiting",
+            "conflicts with unit clash.",
+        ],
+    )?;
+
+    // A drained machine is named for a unit that may only run there.
+    fleetctl_ok(
+        &cluster,
+        &["drain", "--no-block", "--force", m2.id().as_str()],
+    )?;
+    let only_m2 = BTreeMap::from([(
+        "only-m2.service".to_owned(),
+        format!("{}\n[X-Fleet]\nMachineID={}\n", sleeper(4004), m2.id()),
+    )]);
+    let path = write_units(&cluster.dir().join("explain-units"), &only_m2)?;
+    fleetctl_ok(&cluster, &["start", "--no-block", &path["only-m2.service"]])?;
+    let text = explained(
+        &cluster,
+        "only-m2.service",
+        &["Unit only-m2.service: waiting", "machine is drained"],
+    )?;
+    let json = fleetctl_ok(&cluster, &["explain", "--output=json", "only-m2.service"])?;
+    let doc: serde_json::Value = serde_json::from_str(&json.stdout)?;
+    ensure!(doc["status"] == "waiting", "{doc}");
+    ensure!(
+        doc["machines"]
+            .as_array()
+            .is_some_and(|ms| ms.iter().any(|m| m["rejected"]["rule"] == "drained")),
+        "{doc}\n{text}"
+    );
+    support::finish(cluster)
+}
