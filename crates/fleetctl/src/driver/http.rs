@@ -10,8 +10,9 @@
 use fleet_core::{DesiredState, MachineId, UnitName};
 use fleet_ops::wire::{self, MachinePage, UnitPage, UnitStatePage, WriteResult};
 use fleet_ops::{
-    Cluster, Destroyed, DrainStatus, Explanation, MachineListing, OpsError, PutOutcome, PutRequest,
-    Restarted, StateChange, StateFilter, StateListing, StateView, UnitListing, UnitView, convert,
+    Cluster, Destroyed, DrainStatus, Expect, Explanation, MachineListing, OpsError, PutOutcome,
+    PutRequest, Restarted, StateChange, StateFilter, StateListing, StateView, UnitListing,
+    UnitView, convert,
 };
 use fleet_registry::MetadataChange;
 use fleet_registry::kv::TlsFiles;
@@ -56,6 +57,42 @@ pub struct HttpCluster {
 }
 
 impl HttpCluster {
+    async fn put_expecting(
+        &self,
+        req: PutRequest,
+        expect: Option<Expect>,
+    ) -> Result<PutOutcome, OpsError> {
+        let mut query = Vec::new();
+        match expect {
+            None => {}
+            Some(Expect::Absent) => query.push((wire::EXPECT, wire::EXPECT_ABSENT.to_owned())),
+            Some(Expect::Content(hash)) => query.push((wire::EXPECT, hash.to_string())),
+        }
+        for (on, key) in [
+            (req.how.no_restart, wire::NO_RESTART),
+            (req.how.reschedule, wire::RESCHEDULE),
+            (req.how.rolling, wire::ROLLING),
+        ] {
+            if on {
+                query.push((key, "true".to_owned()));
+            }
+        }
+        let body = wire::Unit {
+            name: req.name.to_string(),
+            options: req
+                .file
+                .as_ref()
+                .map(convert::options_to_wire)
+                .unwrap_or_default(),
+            desired_state: req.desired.map(|d| d.to_string()).unwrap_or_default(),
+            ..wire::Unit::default()
+        };
+        let result = self
+            .write(Method::PUT, &req.name, &query, Some(&body))
+            .await?;
+        convert::put_from_wire(&result)
+    }
+
     /// A client of the API at `endpoint` (fleet's forms: `unix:///path`, `http://`,
     /// `https://` with `tls`), each request within `request_timeout`. Connects to nothing yet.
     pub fn new(
@@ -285,30 +322,13 @@ impl Cluster for HttpCluster {
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutOutcome, OpsError> {
-        let mut query = Vec::new();
-        for (on, key) in [
-            (req.how.no_restart, wire::NO_RESTART),
-            (req.how.reschedule, wire::RESCHEDULE),
-            (req.how.rolling, wire::ROLLING),
-        ] {
-            if on {
-                query.push((key, "true".to_owned()));
-            }
-        }
-        let body = wire::Unit {
-            name: req.name.to_string(),
-            options: req
-                .file
-                .as_ref()
-                .map(convert::options_to_wire)
-                .unwrap_or_default(),
-            desired_state: req.desired.map(|d| d.to_string()).unwrap_or_default(),
-            ..wire::Unit::default()
-        };
-        let result = self
-            .write(Method::PUT, &req.name, &query, Some(&body))
-            .await?;
-        convert::put_from_wire(&result)
+        self.put_expecting(req, None).await
+    }
+
+    /// The server checks `expect` on the record it writes over (`?expect=`), so of two
+    /// clients replacing the same version only one wins, as over etcd.
+    async fn put_if(&self, req: PutRequest, expect: Expect) -> Result<PutOutcome, OpsError> {
+        self.put_expecting(req, Some(expect)).await
     }
 
     async fn set_state(
