@@ -19,8 +19,10 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
-/// Flags every command takes, each also read from `FLEETCTL_<FLAG>`.
+/// Flags every command takes, each also read from `FLEETCTL_<FLAG>`. A command's help lists
+/// them under their own heading, apart from the command's flags.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Global options")]
 pub struct Global {
     /// Location of the fleet API with --driver=api (unix:///PATH, http://HOST:PORT or
     /// https://HOST:PORT), or of etcd with --driver=etcd (comma-separated URLs).
@@ -62,7 +64,7 @@ pub struct Global {
     #[arg(long, global = true, env = "FLEETCTL_DRIVER", value_parser = parse_driver)]
     pub driver: Option<Driver>,
     /// SSH bastion `host[:port]` used to reach machines for status and journal.
-    #[arg(long, global = true, env = "FLEETCTL_TUNNEL", default_value = "", value_parser = parse_tunnel)]
+    #[arg(long, global = true, env = "FLEETCTL_TUNNEL", default_value = "", hide_default_value = true, value_parser = parse_tunnel)]
     pub tunnel: String,
     /// SSH user for status and journal on remote machines.
     #[arg(
@@ -290,7 +292,7 @@ pub struct JournalArgs {
     #[arg(long, default_value_t = 10)]
     pub lines: u32,
     /// Keep printing new entries as they arrive.
-    #[arg(short = 'f', long, visible_alias = "f")]
+    #[arg(short = 'f', long, alias = "f")]
     pub follow: bool,
     /// journalctl output mode (short, verbose, json, cat...).
     #[arg(long, default_value = "short")]
@@ -321,7 +323,7 @@ pub struct Listing {
     #[arg(long)]
     pub no_legend: bool,
     /// Do not shorten machine IDs and hashes.
-    #[arg(short = 'l', long, visible_alias = "l")]
+    #[arg(short = 'l', long, alias = "l")]
     pub full: bool,
 }
 
