@@ -41,7 +41,7 @@ fn a_reason_rebuilds_the_error_fleetctl_prints_over_etcd() {
         (
             409,
             Reason::Conflict,
-            "unit a.service was changed by another client meanwhile; try again",
+            "unit a.service was changed concurrently by another client; nothing was written, try again",
         ),
     ];
     for (code, reason, printed) in cases {
