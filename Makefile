@@ -39,10 +39,13 @@ test: build
 
 # fleetctl's functional suites once more over the API driver: every fleetctl command of them
 # goes through a machine's fleetd (its /var/run/fleet.sock) instead of straight to etcd
-# (functional-tests/README.md, "fleetctl's two drivers"; ~2 min).
+# (functional-tests/README.md, "fleetctl's two drivers"; ~2 min). Then fleetctl's end-to-end
+# suites over fleet-api served by the test on a unix socket over the same etcd
+# (crates/fleetctl/tests/over/mod.rs; ~15 s).
 FLEETCTL_SUITES := agent bad_input disruption drain remote replace scheduling
 test-api:
 	FLEET_TEST_DRIVER=api $(CARGO) test -p fleet-functional-tests $(addprefix --test ,$(FLEETCTL_SUITES)) -- --test-threads=4
+	FLEETCTL_TEST_DRIVER=api $(CARGO) test -p fleetctl --test cli --test bad_input
 
 # The long fault-injection variants alone (50 units with 20 kills of fleetd, 100 rounds of
 # racing clients, and the ~5 min chaos soak of functional-tests/tests/chaos.rs).

@@ -41,13 +41,17 @@ pub fn unit_file(name: &UnitName, options: &[entity::UnitOption]) -> Result<Unit
 }
 
 /// Whether an option can be written as a `Name=Value` line of a `[Section]` at all.
+/// A value may hold continuations (`\` + newline, as a parsed file keeps them); any other
+/// newline would start a line of its own. What else the text would not keep, the reread finds.
 fn representable(o: &UnitOption) -> bool {
     let one_line = |s: &str| !s.contains(['\n', '\r']);
+    let continued =
+        |s: &str| !s.contains('\r') && s.split('\n').rev().skip(1).all(|line| line.ends_with('\\'));
     !o.section.is_empty()
         && !o.name.is_empty()
         && one_line(&o.section)
         && one_line(&o.name)
-        && one_line(&o.value)
+        && continued(&o.value)
         && !o.name.contains('=')
         && !o.section.contains(['[', ']'])
 }

@@ -214,6 +214,22 @@ async fn creating_a_unit_answers_201_and_reading_it_back_gives_fleets_entity() {
 }
 
 #[tokio::test]
+async fn a_value_with_continuation_lines_is_stored_as_a_file_holding_them() {
+    let (f, _) = fixture(100);
+    // As fleetctl parses `ExecStart=/bin/echo a \` then `  b`: the `\` and newline are kept.
+    let exec = "/bin/echo a \\\n  b";
+    let answer = f
+        .put(
+            "/fleet/v1/units/hello.service",
+            json!({"options": options(exec)}),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
+    let unit = f.unit("hello.service").await.unwrap();
+    assert_eq!(unit.hash(), file(exec).hash());
+}
+
+#[tokio::test]
 async fn a_unit_name_escaped_in_the_path_is_found() {
     let (f, _) = fixture(100);
     let answer = f

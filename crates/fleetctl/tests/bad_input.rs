@@ -7,9 +7,15 @@
 //! `cli.rs` has the first cases (a malformed line, a 1.4 MB file, a long line, MachineID with
 //! Global, non-UTF-8, a space, a control character, a 10 KB name, bad flags); these are the
 //! rest. Over TLS, the refusals of a server or a client that does not verify are here too.
+//!
+//! fleetctl runs over the etcd driver, or the API driver with `FLEETCTL_TEST_DRIVER=api`
+//! (`over/mod.rs`); the cases about etcd's own connection settings run over etcd always.
+
+mod over;
 
 use fleet_registry::kv::{EtcdKv, Kv};
 use fleet_registry::testing::{TestCerts, TestEtcd};
+use over::Over;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -22,6 +28,7 @@ type Dump = (i64, Vec<(String, Vec<u8>, i64)>);
 struct Env {
     etcd: TestEtcd,
     dir: PathBuf,
+    over: Over,
 }
 
 impl Env {
@@ -36,7 +43,8 @@ impl Env {
             .join(test);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("sub")).unwrap();
-        let env = Env { etcd, dir };
+        let over = Over::chosen(&etcd);
+        let env = Env { etcd, dir, over };
         let seeded = env.write("seeded.service", HELLO);
         let o = env.fleetctl(&["submit", &seeded]);
         assert!(o.status.success(), "seeding: {}", stderr(&o));
@@ -49,14 +57,25 @@ impl Env {
         p.to_string_lossy().into_owned()
     }
 
-    /// fleetctl against this etcd (with its TLS files, if any).
+    /// fleetctl over the chosen driver to this etcd (over etcd: with its TLS files, if any).
     fn fleetctl(&self, args: &[&str]) -> Output {
-        let mut all = vec![
-            "--endpoint".to_owned(),
-            self.etcd.endpoint(),
-            "--request-timeout".to_owned(),
-            "2".to_owned(),
-        ];
+        self.fleetctl_over(&self.over, args)
+    }
+
+    /// fleetctl over `over` to this etcd.
+    fn fleetctl_over(&self, over: &Over, args: &[&str]) -> Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetctl"));
+        over.apply(&mut cmd, &self.etcd.endpoint());
+        cmd.args(["--request-timeout", "2"]).current_dir(&self.dir);
+        if !over.is_api() {
+            cmd.args(self.etcd_tls_flags());
+        }
+        cmd.args(args).output().unwrap()
+    }
+
+    /// The flags giving this etcd's TLS files, if any.
+    fn etcd_tls_flags(&self) -> Vec<String> {
+        let mut all = Vec::new();
         let tls = self.etcd.config().tls;
         for (flag, path) in [
             ("--ca-file", &tls.ca_file),
@@ -67,11 +86,11 @@ impl Env {
                 all.push(format!("{flag}={}", p.display()));
             }
         }
-        all.extend(args.iter().map(|a| (*a).to_owned()));
-        self.fleetctl_raw(&all)
+        all
     }
 
-    /// fleetctl with exactly `args`.
+    /// fleetctl with exactly `args`, over the etcd driver whatever the chosen one: its
+    /// callers test how fleetctl takes etcd's own connection flags.
     fn fleetctl_raw<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_fleetctl"))
             .args(args)
@@ -96,10 +115,15 @@ impl Env {
 
     /// Runs every case: each must fail with its message and leave etcd exactly as it was.
     async fn refuses_all(&self, cases: &[(Vec<&str>, &str)]) {
+        self.refuses_all_over(&self.over, cases).await;
+    }
+
+    /// [`refuses_all`](Self::refuses_all) over `over`.
+    async fn refuses_all_over(&self, over: &Over, cases: &[(Vec<&str>, &str)]) {
         let before = self.dump().await;
         let mut failures = Vec::new();
         for (args, message) in cases {
-            let o = self.fleetctl(args);
+            let o = self.fleetctl_over(over, args);
             if let Err(why) = refused(&o, message) {
                 failures.push(format!("{args:?}: {why}"));
             }
@@ -469,6 +493,7 @@ async fn unknown_commands_flags_and_fields_are_refused() {
     ];
     env.refuses_all(&cases).await;
     let before = env.dump().await;
+    // Over etcd either way: the message is the etcd driver's, about its endpoint list.
     let o = env.fleetctl_raw(&["--endpoint", ",", "list-units"]);
     refused(&o, "no etcd endpoints configured").unwrap();
     assert_eq!(env.dump().await, before);
@@ -512,6 +537,8 @@ fn loopback() -> IpAddr {
     IpAddr::V4(Ipv4Addr::LOCALHOST)
 }
 
+/// Over etcd whatever the chosen driver (but the last, working command): the flags and
+/// messages are the etcd driver's, for its TLS connection to etcd.
 #[tokio::test]
 async fn tls_flags_that_cannot_work_are_refused_before_anything_is_sent() {
     let certs = TestCerts::generate(&[loopback()]);
@@ -775,18 +802,6 @@ async fn issue_13_bad_inputs_are_refused_with_a_reason_and_write_nothing() {
             "cannot be used with",
         ),
         (
-            vec!["--etcd-key-prefix", "", "list-units"],
-            "key prefix \"\" must start with \"/\"",
-        ),
-        (
-            vec!["--etcd-key-prefix", "/", "list-units"],
-            "is etcd's root",
-        ),
-        (
-            vec!["--etcd-key-prefix", "/a\nb", "destroy", "seeded.service"],
-            "control character",
-        ),
-        (
             vec!["--ssh-timeout", "1e20", "status", "seeded.service"],
             "is out of range",
         ),
@@ -811,6 +826,23 @@ async fn issue_13_bad_inputs_are_refused_with_a_reason_and_write_nothing() {
         cases.push((vec!["submit", path.as_str()], message));
     }
     env.refuses_all(&cases).await;
+    // Over etcd whatever the chosen driver: the API driver does not use the key prefix (the
+    // server has its own), and does not check it either.
+    let prefixes: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--etcd-key-prefix", "", "list-units"],
+            "key prefix \"\" must start with \"/\"",
+        ),
+        (
+            vec!["--etcd-key-prefix", "/", "list-units"],
+            "is etcd's root",
+        ),
+        (
+            vec!["--etcd-key-prefix", "/a\nb", "destroy", "seeded.service"],
+            "control character",
+        ),
+    ];
+    env.refuses_all_over(&Over::Etcd, &prefixes).await;
     assert!(
         !Path::new("/tmp/pwned").exists(),
         "ssh ran the user name as an option"
@@ -821,6 +853,7 @@ async fn issue_13_bad_inputs_are_refused_with_a_reason_and_write_nothing() {
 type ConnectCase<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
 
 /// Flags read before any connection: timeouts, endpoints, TLS files; flags and environment.
+/// Over etcd whatever the chosen driver: the endpoints and TLS files are etcd's.
 #[tokio::test]
 async fn issue_13_bad_connection_settings_are_refused_before_anything_is_sent() {
     let env = Env::new("issue-13-connect").await;
@@ -1016,13 +1049,15 @@ async fn a_failed_write_to_stdout_is_an_error_and_a_closed_pipe_is_quiet() {
         &["list-units"][..],
         &["list-machines"][..],
     ] {
-        let mut all = vec![
+        let all = vec![
             "--driver".to_owned(),
-            "etcd".to_owned(),
+            env.over.driver().to_owned(),
             "--endpoint".to_owned(),
-            env.etcd.endpoint(),
-        ];
-        all.extend(args.iter().map(|a| (*a).to_owned()));
+            env.over.endpoint(&env.etcd.endpoint()),
+        ]
+        .into_iter()
+        .chain(args.iter().map(|a| (*a).to_owned()))
+        .collect::<Vec<_>>();
         let full = std::fs::OpenOptions::new()
             .write(true)
             .open("/dev/full")

@@ -1,8 +1,12 @@
 //! fleetctl end to end against a real etcd started by the test: messages, exit codes and,
-//! for every bad input, proof that nothing was written.
+//! for every bad input, proof that nothing was written. Over the etcd driver, or the API
+//! driver with `FLEETCTL_TEST_DRIVER=api` (`over/mod.rs`).
+
+mod over;
 
 use fleet_registry::kv::Kv;
 use fleet_registry::testing::TestEtcd;
+use over::Over;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -11,10 +15,11 @@ const HELLO: &str =
     "[Service]\nExecStart=/bin/bash -c \"while true; do echo Hello, World!; sleep 1; done\"\n";
 const HELLO_HASH: &str = "3750b3e9f3962a56c7582929426e9abb012754cf";
 
-/// One etcd and one scratch directory per test.
+/// One etcd and one scratch directory per test, and the driver fleetctl runs over.
 struct Env {
     etcd: TestEtcd,
     dir: PathBuf,
+    over: Over,
 }
 
 impl Env {
@@ -25,7 +30,8 @@ impl Env {
             .join(test);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        Env { etcd, dir }
+        let over = Over::chosen(&etcd);
+        Env { etcd, dir, over }
     }
 
     fn write(&self, name: &str, text: &str) -> String {
@@ -35,16 +41,15 @@ impl Env {
     }
 
     fn fleetctl(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_fleetctl"))
-            .arg("--endpoint")
-            .arg(self.etcd.endpoint())
-            .args(args)
-            .current_dir(&self.dir)
-            .env_remove("FLEETCTL_ENDPOINT")
-            // These tests run fleetctl against a test etcd, on a port of its own.
-            .env("FLEETCTL_DRIVER", "etcd")
-            .output()
-            .unwrap()
+        self.command(args).output().unwrap()
+    }
+
+    /// fleetctl with `args`, over the chosen driver to this test's etcd (on a port of its own).
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetctl"));
+        self.over.apply(&mut cmd, &self.etcd.endpoint());
+        cmd.args(args).current_dir(&self.dir);
+        cmd
     }
 
     /// Every key and value in etcd, to prove a failed command wrote nothing.
@@ -260,14 +265,8 @@ async fn a_local_template_differing_from_the_registry_one_is_warned_about() {
 
 /// fleetctl, killed if it has not finished within `limit` (a read that blocks would hang it).
 fn fleetctl_within(env: &Env, args: &[&str], limit: Duration) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
-        .arg("--endpoint")
-        .arg(env.etcd.endpoint())
-        .args(args)
-        .current_dir(&env.dir)
-        .env_remove("FLEETCTL_ENDPOINT")
-        // These tests run fleetctl against a test etcd, on a port of its own.
-        .env("FLEETCTL_DRIVER", "etcd")
+    let mut child = env
+        .command(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -524,12 +523,10 @@ async fn version_and_env_endpoint_work() {
         stdout(&o),
         format!("fleetctl version {}\n", env!("CARGO_PKG_VERSION"))
     );
-    let o = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
-        .arg("list-machines")
-        .env("FLEETCTL_ENDPOINT", env.etcd.endpoint())
-        .env("FLEETCTL_DRIVER", "etcd")
-        .output()
-        .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetctl"));
+    cmd.arg("list-machines");
+    env.over.env(&mut cmd, &env.etcd.endpoint());
+    let o = cmd.output().unwrap();
     ok(&o);
     assert_eq!(stdout(&o), "MACHINE\tIP\tMETADATA\n");
 }
