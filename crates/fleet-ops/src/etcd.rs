@@ -12,8 +12,8 @@
 //! cost a whole snapshot per unit. Nothing here logs an error: callers decide what a failure
 //! means; only what was written is logged, at debug.
 
-mod maintenance;
 mod listing;
+mod maintenance;
 pub mod views;
 mod watch;
 

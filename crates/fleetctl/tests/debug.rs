@@ -8,7 +8,14 @@ use std::process::Command;
 async fn debug_output_is_fleets_own_and_uncoloured_when_piped() {
     let etcd = TestEtcd::start().await;
     let out = Command::new(env!("CARGO_BIN_EXE_fleetctl"))
-        .args(["--debug", "--driver", "etcd", "--endpoint", &etcd.endpoint(), "list-units"])
+        .args([
+            "--debug",
+            "--driver",
+            "etcd",
+            "--endpoint",
+            &etcd.endpoint(),
+            "list-units",
+        ])
         .env_remove("FLEETCTL_ENDPOINT")
         .env_remove("RUST_LOG")
         .output()
