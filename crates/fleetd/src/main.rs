@@ -86,9 +86,14 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let e = report::chain(&e);
-            error!(error = %e, "fleetd failed");
-            // In the journal the entry above is the error already.
-            if output != logging::Output::Journal {
+            if output == logging::Output::Journal {
+                // journald ties a native entry to its unit by the sender's cgroup, looked up
+                // when the entry arrives: from a process that exits at once it can miss
+                // `journalctl -u fleet`. The stderr stream was tied to the unit when systemd
+                // opened it, so the last words go there, at priority 3 (`<3>`).
+                eprintln!("<3>fleetd failed: {e}");
+            } else {
+                error!(error = %e, "fleetd failed");
                 eprintln!("fleetd: {e}");
             }
             ExitCode::FAILURE
