@@ -9,9 +9,8 @@ mod support;
 use anyhow::{Context, Result, bail, ensure};
 use fleet_functional_tests::{FleetdSpec, Machine, wait_for_value};
 use serde_json::{Value, json};
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use support::{POLL, TIMEOUT, finish, fleetctl_ok, start};
+use support::{POLL, TIMEOUT, finish, fleetctl_ok, http_exchange, start};
 
 const PORT: u16 = 54728;
 
@@ -477,57 +476,9 @@ struct DocClient {
 
 impl DocClient {
     fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
-        let mut stream = TcpStream::connect_timeout(&self.to, TIMEOUT)?;
+        let stream = TcpStream::connect_timeout(&self.to, TIMEOUT)?;
         stream.set_read_timeout(Some(TIMEOUT))?;
-        let body = body.map(Value::to_string).unwrap_or_default();
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
-            self.to
-        );
-        if !body.is_empty() {
-            head.push_str("Content-Type: application/json\r\n");
-        }
-        head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
-        stream.write_all(head.as_bytes())?;
-        stream.write_all(body.as_bytes())?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw)?;
-        let text = String::from_utf8(raw)?;
-        let (head, rest) = text
-            .split_once("\r\n\r\n")
-            .with_context(|| format!("no header end in {text:?}"))?;
-        let status: u16 = head
-            .split_whitespace()
-            .nth(1)
-            .context("no status")?
-            .parse()?;
-        let chunked = head
-            .lines()
-            .any(|l| l.eq_ignore_ascii_case("transfer-encoding: chunked"));
-        let payload = if chunked {
-            dechunk(rest)?
-        } else {
-            rest.to_owned()
-        };
-        let value = if payload.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&payload).with_context(|| format!("body {payload:?}"))?
-        };
-        Ok((status, value))
-    }
-}
-
-fn dechunk(mut rest: &str) -> Result<String> {
-    let mut out = String::new();
-    loop {
-        let (size, tail) = rest.split_once("\r\n").context("bad chunk")?;
-        let size = usize::from_str_radix(size.trim(), 16)?;
-        if size == 0 {
-            return Ok(out);
-        }
-        out.push_str(tail.get(..size).context("short chunk")?);
-        rest = tail.get(size + 2..).context("short chunk end")?;
+        http_exchange(stream, &self.to.to_string(), method, path, body)
     }
 }
 

@@ -646,3 +646,61 @@ pub fn write_units(
     }
     Ok(paths)
 }
+
+/// One HTTP/1.1 request as plain text over `stream` (`Connection: close`, a JSON body), and
+/// its status and JSON body (`Null` when empty): the clients that are written from fleet's
+/// API document alone, with no client library between the document and the wire.
+pub fn http_exchange(
+    mut stream: impl std::io::Read + std::io::Write,
+    host: &str,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<(u16, serde_json::Value)> {
+    let body = body.map(serde_json::Value::to_string).unwrap_or_default();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    if !body.is_empty() {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body.as_bytes())?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8(raw)?;
+    let (head, rest) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("no header end in {text:?}"))?;
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .context("no status")?
+        .parse()?;
+    let chunked = head
+        .lines()
+        .any(|l| l.eq_ignore_ascii_case("transfer-encoding: chunked"));
+    let payload = if chunked {
+        dechunk(rest)?
+    } else {
+        rest.to_owned()
+    };
+    let value = if payload.trim().is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(&payload).with_context(|| format!("body {payload:?}"))?
+    };
+    Ok((status, value))
+}
+
+fn dechunk(mut rest: &str) -> Result<String> {
+    let mut out = String::new();
+    loop {
+        let (size, tail) = rest.split_once("\r\n").context("bad chunk")?;
+        let size = usize::from_str_radix(size.trim(), 16)?;
+        if size == 0 {
+            return Ok(out);
+        }
+        out.push_str(tail.get(..size).context("short chunk")?);
+        rest = tail.get(size + 2..).context("short chunk end")?;
+    }
+}
