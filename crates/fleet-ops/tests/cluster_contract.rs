@@ -2,17 +2,15 @@
 //! time) and over a real etcd started by the test, and together they call every method of
 //! `Cluster`. fleetctl's etcd driver and fleetd's API handlers both run this code.
 
-use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
+use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
 use fleet_ops::model::Changes;
 use fleet_ops::{
     Cluster, Destroyed, Expect, OpsError, PutOutcome, PutRequest, RegistryCluster, ReplaceHow,
     Restarted, StateChange, StateFilter,
 };
 use fleet_registry::kv::{Hook, Hooked, Kv, KvError, MemKv, Request, Txn, TxnOp};
-use fleet_registry::testing::TestEtcd;
-use fleet_registry::{
-    MachineRole, MetadataChange, Registry, ScheduleEntry, UnitStateRecord, UnitsRole,
-};
+use fleet_registry::testing::{TestEtcd, machine_running};
+use fleet_registry::{MetadataChange, Registry, ScheduleEntry, UnitsRole};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -92,27 +90,11 @@ async fn machine_runs_all<K: Kv>(
         version: "test".into(),
         disable_engine: false,
     };
-    let role = MachineRole::new(reg.clone(), info.id.clone());
-    let presence = role
-        .register(&info, Duration::from_secs(60), None)
-        .await
-        .unwrap();
-    for &(unit, up) in units {
-        let state = UnitStateRecord {
-            name: name(unit),
-            machine: info.id.clone(),
-            hash: Some(f.hash()),
-            systemd: SystemdState {
-                load: "loaded".into(),
-                active: if up { "active" } else { "inactive" }.into(),
-                sub: if up { "running" } else { "dead" }.into(),
-            },
-            drop_ins: vec![],
-            restart: 0,
-            restart_pending: false,
-        };
-        role.publish_state(&presence, &state).await.unwrap();
-    }
+    let units: Vec<_> = units
+        .iter()
+        .map(|&(u, up)| (name(u), f.hash(), up))
+        .collect();
+    machine_running(reg, &info, Duration::from_secs(60), &units).await;
 }
 
 async fn schedule<K: Kv>(reg: &Registry<K>, unit: &str, on: &str, f: &UnitFile) {

@@ -6,12 +6,13 @@
 //! runs on the API's registry both ways and must be equal too. So a command prints the same
 //! bytes over either driver.
 
-use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
+use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
 use fleet_ops::{
     Changes, Cluster, PutRequest, RegistryCluster, ReplaceHow, StateChange, StateFilter,
 };
 use fleet_registry::kv::{MemKv, TlsFiles};
-use fleet_registry::{MachineRole, MetadataChange, Registry, ScheduleEntry, UnitStateRecord};
+use fleet_registry::testing::machine_running;
+use fleet_registry::{MetadataChange, Registry, ScheduleEntry};
 use fleetctl::driver::HttpCluster;
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -187,27 +188,11 @@ async fn runs(reg: Registry<MemKv>, id: &str, units: &[(&str, &UnitFile, bool)])
         version: "test".into(),
         disable_engine: false,
     };
-    let role = MachineRole::new(reg, info.id.clone());
-    let presence = role
-        .register(&info, Duration::from_secs(600), None)
-        .await
-        .unwrap();
-    for &(unit, f, up) in units {
-        let state = UnitStateRecord {
-            name: name(unit),
-            machine: info.id.clone(),
-            hash: Some(f.hash()),
-            systemd: SystemdState {
-                load: "loaded".into(),
-                active: if up { "active" } else { "inactive" }.into(),
-                sub: if up { "running" } else { "dead" }.into(),
-            },
-            drop_ins: vec![],
-            restart: 0,
-            restart_pending: false,
-        };
-        role.publish_state(&presence, &state).await.unwrap();
-    }
+    let units: Vec<_> = units
+        .iter()
+        .map(|&(u, f, up)| (name(u), f.hash(), up))
+        .collect();
+    machine_running(&reg, &info, Duration::from_secs(600), &units).await;
 }
 
 async fn schedule(reg: Registry<MemKv>, unit: &str, on: &str, f: &UnitFile) {
