@@ -441,18 +441,28 @@ fn at_boot_a_changed_file_is_replaced_a_stray_unit_removed_and_a_drop_in_kept() 
         )
     })?;
 
-    // Replaced: the registry's file again, and a new run of the unit.
+    // Replaced: the registry's file again, and a new run of the unit. The decision is logged
+    // before the file is written, and the state published before the stop still reads running
+    // with the registry's hash, so wait for the file itself.
+    let wanted = registry.canonical_text(&changed_hash)?;
+    wait_for(TIMEOUT, POLL, || {
+        m1.read_file(&unit_path(changed))
+            .is_ok_and(|text| text == wanted)
+    })
+    .with_context(|| format!("{changed}'s file was not replaced; fleetd's log:\n{log}"))?;
+    let changed_after = wait_for_value(TIMEOUT, POLL, || {
+        // One `systemctl show`, so that the run and its state are read together.
+        let p = props(m1, changed).ok()?;
+        let now = (p["MainPID"].clone(), p["InvocationID"].clone());
+        (p["ActiveState"] == "active"
+            && now.0 != "0"
+            && now.0 != changed_before.0
+            && now.1 != changed_before.1)
+            .then_some(now)
+    })
+    .with_context(|| format!("{changed} kept its process; fleetd's log:\n{log}"))?;
     wait_state(&registry, changed, m1, is_running_with(changed_hash))?;
-    assert_eq!(
-        m1.read_file(&unit_path(changed))?,
-        registry.canonical_text(&changed_hash)?
-    );
-    let changed_after = identity(m1, changed)?;
-    assert_ne!(
-        changed_after.0, changed_before.0,
-        "{changed} kept its process"
-    );
-    assert_ne!(changed_after.1, changed_before.1);
+    assert_eq!(identity(m1, changed)?, changed_after);
     // Its stop and start show in the journal, as the jobs the other tests look for would.
     let jobs = jobs_after(m1, changed, &cursor)?;
     assert!(
