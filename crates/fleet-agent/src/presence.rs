@@ -250,6 +250,7 @@ mod tests {
                 metadata: Default::default(),
                 version: "test".into(),
                 disable_engine: true,
+                api: String::new(),
             },
             ttl: TTL,
             lease_file: lease_file.clone(),

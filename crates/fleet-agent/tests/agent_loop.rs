@@ -39,6 +39,7 @@ impl World {
             metadata: Default::default(),
             version: "test".into(),
             disable_engine: true,
+            api: String::new(),
         };
         let presence = MachineRole::new(registry.clone(), machine.clone())
             .register(&info, TTL, None)
@@ -740,6 +741,7 @@ async fn a_new_lease_after_the_old_one_expired_republishes_states_and_restarts_n
         metadata: Default::default(),
         version: "test".into(),
         disable_engine: true,
+        api: String::new(),
     };
     let again = w.role().register(&info, TTL, None).await.unwrap();
     assert_ne!(again.lease(), w.presence.lease());

@@ -615,6 +615,7 @@ async fn cluster(f: &Fixture) {
             metadata: [("role".to_owned(), id.to_owned())].into(),
             version: VERSION.into(),
             disable_engine: false,
+            api: String::new(),
         };
         let role = MachineRole::new(f.registry.clone(), info.id.clone());
         let presence = role

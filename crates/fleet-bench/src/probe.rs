@@ -133,6 +133,7 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
             metadata: Default::default(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             disable_engine: true,
+            api: String::new(),
         },
         ttl: parse_secs(&args.agent_ttl)?,
         lease_file: args.lease_file.clone(),

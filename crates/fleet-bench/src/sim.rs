@@ -432,6 +432,7 @@ fn machine_info(i: usize) -> MachineInfo {
         metadata: BTreeMap::from([("sim".to_owned(), "yes".to_owned())]),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         disable_engine: false,
+        api: String::new(),
     }
 }
 

@@ -89,4 +89,9 @@ pub struct MachineInfo {
     /// Whether this machine takes part in leader election.
     #[serde(default)]
     pub disable_engine: bool,
+    /// Where this machine's fleetd serves its API over the network (`https://HOST:PORT`, or
+    /// `http://` for a plain loopback listener); empty when it serves none. fleetctl reaches a
+    /// unit's own machine here for `status` and `journal` (issue 16).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub api: String,
 }

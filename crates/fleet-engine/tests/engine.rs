@@ -56,6 +56,7 @@ async fn join<K: Kv>(reg: &Registry<K>, id: &str) -> Presence {
         metadata: BTreeMap::new(),
         version: "test".into(),
         disable_engine: false,
+        api: String::new(),
     };
     MachineRole::new(reg.clone(), machine(id))
         .register(&info, PRESENCE_TTL, None)
@@ -406,6 +407,7 @@ async fn places_and_moves_units_on_dynamic_metadata_changes<K: Kv>(reg: Registry
         metadata: BTreeMap::from([("tier".to_owned(), "web".to_owned())]),
         version: "test".into(),
         disable_engine: false,
+        api: String::new(),
     };
     for info in [
         web.clone(),

@@ -146,6 +146,7 @@ pub fn machine_to_wire(m: &MachineInfo, full: bool) -> wire::Machine {
     if full {
         machine.version = m.version.clone();
         machine.disable_engine = m.disable_engine;
+        machine.api = m.api.clone();
     }
     machine
 }
@@ -157,6 +158,7 @@ pub fn machine_from_wire(m: &wire::Machine) -> Result<MachineInfo, OpsError> {
         metadata: m.metadata.clone(),
         version: m.version.clone(),
         disable_engine: m.disable_engine,
+        api: m.api.clone(),
     })
 }
 

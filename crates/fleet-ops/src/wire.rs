@@ -144,6 +144,57 @@ pub struct Machine {
     /// Full view: it takes no part in leader election.
     #[serde(default, skip_serializing_if = "is_false")]
     pub disable_engine: bool,
+    /// Full view: where its fleetd serves the API over the network (`MachineInfo::api`).
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub api: String,
+}
+
+/// `GET /fleet/v1/units/<name>/status` (extension, issue 16), answered only by the fleetd of
+/// the machine the unit is scheduled on, and only for fleet's units.
+pub const STATUS_SUFFIX: &str = "/status";
+/// `GET /fleet/v1/units/<name>/journal` (extension): journalctl's output for the unit, as
+/// `text/plain; charset=utf-8`, streamed (chunked) while `follow` is true until the client
+/// goes away. Query: [`LINES`], [`FOLLOW`], [`OUTPUT`].
+pub const JOURNAL_SUFFIX: &str = "/journal";
+/// How many of the last journal lines (status and journal); default 10 as in fleetctl.
+pub const LINES: &str = "lines";
+/// `true`: keep streaming new entries (`journalctl -f`).
+pub const FOLLOW: &str = "follow";
+/// One of journalctl's `--output` modes ([`JOURNAL_OUTPUTS`]); default `short`.
+pub const OUTPUT: &str = "output";
+/// The `--output` modes the journal route accepts; anything else is a 400.
+pub const JOURNAL_OUTPUTS: &[&str] = &[
+    "short",
+    "short-full",
+    "short-iso",
+    "short-iso-precise",
+    "short-precise",
+    "short-monotonic",
+    "short-unix",
+    "verbose",
+    "export",
+    "json",
+    "json-pretty",
+    "json-sse",
+    "json-seq",
+    "cat",
+    "with-unit",
+];
+
+/// The body of `GET /fleet/v1/units/<name>/status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitStatus {
+    /// The machine that answered (the one the unit is scheduled on).
+    #[serde(rename = "machineID")]
+    pub machine_id: String,
+    pub name: String,
+    /// What `systemctl status <unit>` prints there, with its last [`LINES`] journal lines.
+    pub text: String,
+    /// The unit's D-Bus properties (org.freedesktop.systemd1.Unit, and .Service for a
+    /// service), each as systemctl show prints it: `{"ActiveState": "active", "MainPID": "42",
+    /// ...}`.
+    pub properties: BTreeMap<String, String>,
 }
 
 /// A page of units. Full view: `skipped` names each registry value the page left out (the

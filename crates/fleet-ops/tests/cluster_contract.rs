@@ -89,6 +89,7 @@ async fn machine_runs_all<K: Kv>(
         metadata: [("role".to_owned(), id.to_owned())].into(),
         version: "test".into(),
         disable_engine: false,
+        api: String::new(),
     };
     let units: Vec<_> = units
         .iter()

@@ -254,6 +254,7 @@ mod tests {
                 .collect(),
             version: "test".into(),
             disable_engine: false,
+            api: String::new(),
         }
     }
 

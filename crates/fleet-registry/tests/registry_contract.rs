@@ -33,6 +33,7 @@ fn info(id: &str) -> MachineInfo {
         metadata: Default::default(),
         version: "test".into(),
         disable_engine: false,
+        api: String::new(),
     }
 }
 

@@ -187,6 +187,7 @@ async fn runs(reg: Registry<MemKv>, id: &str, units: &[(&str, &UnitFile, bool)])
         metadata: [("role".to_owned(), id.to_owned())].into(),
         version: "test".into(),
         disable_engine: false,
+        api: String::new(),
     };
     let units: Vec<_> = units
         .iter()

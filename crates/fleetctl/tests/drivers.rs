@@ -294,6 +294,7 @@ async fn machine_running(env: &Env, prefix: &str, id: &str, unit: &str) {
         metadata: Default::default(),
         version: "test".into(),
         disable_engine: false,
+        api: String::new(),
     };
     fleet_registry::MachineRole::new(registry.clone(), info.id.clone())
         .register(&info, std::time::Duration::from_secs(3600), None)

@@ -155,6 +155,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         metadata: config.metadata.clone(),
         version: VERSION.to_owned(),
         disable_engine: config.disable_engine,
+        api: String::new(),
     };
     let runtime_dir = config
         .units_directory

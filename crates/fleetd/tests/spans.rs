@@ -61,6 +61,7 @@ async fn every_span_of_the_agent_the_engine_and_the_presence_keeper_names_the_ma
             metadata: Default::default(),
             version: "test".into(),
             disable_engine: false,
+            api: String::new(),
         },
         ttl: Duration::from_secs(3),
         lease_file: lease_file.clone(),

@@ -42,6 +42,7 @@ impl Cluster {
                 metadata: Default::default(),
                 version: String::new(),
                 disable_engine: false,
+                api: String::new(),
             };
             snap.machines.insert(id.clone(), info);
             for i in 0..per {
@@ -84,6 +85,7 @@ impl Cluster {
             metadata: Default::default(),
             version: String::new(),
             disable_engine: false,
+            api: String::new(),
         };
         self.snap.machines.insert(mid(m), info);
         self

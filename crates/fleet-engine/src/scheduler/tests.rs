@@ -49,6 +49,7 @@ impl World {
                 .collect(),
             version: String::new(),
             disable_engine: false,
+            api: String::new(),
         };
         self.snap.machines.insert(info.id.clone(), info);
         self

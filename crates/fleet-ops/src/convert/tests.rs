@@ -93,6 +93,7 @@ fn full_view_of_a_state_and_a_machine_round_trip() {
         metadata: BTreeMap::from([("tier".into(), "api".into())]),
         version: "0.1.0".into(),
         disable_engine: true,
+        api: String::new(),
     };
     assert_eq!(
         machine_from_wire(&machine_to_wire(&machine, true)).unwrap(),

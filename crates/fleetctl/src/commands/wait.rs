@@ -269,6 +269,7 @@ mod tests {
             metadata: BTreeMap::new(),
             version: String::new(),
             disable_engine: false,
+            api: String::new(),
         };
         WaitView {
             units: BTreeMap::from([(name(), status)]),
