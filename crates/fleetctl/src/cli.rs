@@ -89,6 +89,10 @@ pub struct Global {
         default_value = "~/.fleetctl/known_hosts"
     )]
     pub known_hosts_file: String,
+    /// Reach machines over ssh for status and journal (fleet's way), even where their fleetd
+    /// serves them over its API.
+    #[arg(long, global = true, env = "FLEETCTL_SSH")]
+    pub ssh: bool,
     /// Print debug logs.
     #[arg(long, global = true, env = "FLEETCTL_DEBUG")]
     pub debug: bool,
@@ -178,10 +182,15 @@ pub enum Command {
     Unload(Blocking),
     /// Restart one or more units in the cluster (every machine of a global unit).
     Restart(Blocking),
-    /// Output the unit's status (`systemctl status`) from the machine running it.
+    /// Output the unit's status (`systemctl status`) from the machine running it, asked of
+    /// that machine's fleetd (or over ssh with --ssh, or where it publishes no API).
     Status(StatusArgs),
-    /// Print the journal of a unit from the machine running it.
+    /// Print the journal of a unit from the machine running it, streamed by that machine's
+    /// fleetd (or over ssh with --ssh, or where it publishes no API).
     Journal(JournalArgs),
+    /// Open a shell, or run COMMAND, over ssh on a machine (its ID or a unique prefix) or on
+    /// the machine running a unit.
+    Ssh(SshArgs),
     /// Output the contents of a submitted unit.
     Cat(Cat),
     /// List the units that exist in the cluster.
@@ -280,10 +289,38 @@ pub struct Blocking {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    /// SSH port of the machines (with --ssh, or where a machine publishes no API).
+    #[arg(long, default_value_t = 22)]
+    pub ssh_port: u16,
+    /// Output format: text (systemctl's), or json (the UnitStatus document of each unit's
+    /// machine; an array when there are several). json needs the machines' API.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub output: String,
+    pub units: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SshArgs {
+    /// Forward the local ssh-agent to the machine.
+    #[arg(short = 'A', long)]
+    pub forward_agent: bool,
+    /// The machine: its ID or a unique prefix of a live machine's ID.
+    #[arg(long, value_name = "MACHINE", conflicts_with = "unit")]
+    pub machine: Option<String>,
+    /// The unit whose machine to open the connection to.
+    #[arg(long, value_name = "UNIT")]
+    pub unit: Option<String>,
     /// SSH port of the machines.
     #[arg(long, default_value_t = 22)]
     pub ssh_port: u16,
-    pub units: Vec<String>,
+    /// MACHINE|UNIT (unless --machine or --unit is given), then the COMMAND to run there
+    /// (a shell when none; words after `--` are taken as they are).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "MACHINE|UNIT [COMMAND]"
+    )]
+    pub args: Vec<String>,
 }
 
 #[derive(Debug, Args)]

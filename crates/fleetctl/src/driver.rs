@@ -12,9 +12,11 @@
 mod answer;
 pub mod http;
 mod transport;
+pub mod unit_api;
 mod watch;
 
 pub use http::HttpCluster;
+pub use transport::EndpointError;
 
 /// The API driver's endpoint when none is given: fleetd's default socket.
 pub const DEFAULT_API_ENDPOINT: &str = "unix:///var/run/fleet.sock";

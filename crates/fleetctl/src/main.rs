@@ -46,6 +46,11 @@ fn main() -> ExitCode {
         // The reader went away (`fleetctl list-units | head`): stop quietly with the status
         // a shell gives a command killed by SIGPIPE, as `cat` and `ls` end.
         Err(e) if e.downcast_ref::<BrokenPipe>().is_some() => ExitCode::from(141),
+        // What status, journal or ssh ran said why; its exit status is fleetctl's.
+        Err(e) if e.downcast_ref::<commands::remote::Exit>().is_some() => ExitCode::from(
+            e.downcast_ref::<commands::remote::Exit>()
+                .map_or(1, |x| x.0),
+        ),
         Err(e) => {
             eprintln!("{e:#}");
             ExitCode::FAILURE
@@ -207,7 +212,13 @@ async fn execute<C: Cluster>(
             let block = Block::from_flags(a.block.no_block, a.block.block_attempts);
             lifecycle::restart(ctx, &a.units, block).await
         }
-        Command::Status(a) => commands::remote::status(ctx, global, a.ssh_port, &a.units).await,
+        Command::Status(a) => {
+            let opts = commands::remote::StatusOptions {
+                port: a.ssh_port,
+                json: a.output == "json",
+            };
+            commands::remote::status(ctx, global, &opts, &a.units).await
+        }
         Command::Journal(a) => {
             let opts = commands::remote::JournalOptions {
                 lines: a.lines,
@@ -217,6 +228,10 @@ async fn execute<C: Cluster>(
                 port: a.ssh_port,
             };
             commands::remote::journal(ctx, global, &opts, &a.units).await
+        }
+        Command::Ssh(a) => {
+            let (lookup, cmd) = commands::ssh::parse(a.machine, a.unit, a.args)?;
+            commands::ssh::run(ctx, global, a.ssh_port, a.forward_agent, lookup, &cmd).await
         }
         Command::Cat(a) => commands::cat::run(ctx, &a.units).await,
         Command::ListUnitFiles(a) => commands::list::list_unit_files(ctx, &a).await,

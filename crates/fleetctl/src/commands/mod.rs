@@ -12,6 +12,7 @@ pub mod list;
 pub mod maintenance;
 pub mod remote;
 pub mod rolling;
+pub mod ssh;
 pub mod submit;
 pub mod wait;
 

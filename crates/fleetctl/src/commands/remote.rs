@@ -1,19 +1,47 @@
-//! `status` and `journal`: run `systemctl status` / `journalctl` for a unit on the machine that
-//! runs it: directly when that machine is this one (same `/etc/machine-id`), otherwise over
-//! ssh to the machine's public IP, like fleet (`--tunnel`, `--ssh-username`, `--ssh-port`,
-//! `--strict-host-key-checking`, `--known-hosts-file`, `--ssh-timeout`). The ssh program is
-//! `ssh` unless `FLEETCTL_SSH_COMMAND` names another (as `GIT_SSH` does for git).
+//! `status` and `journal`: the unit's status and journal from the machine that runs it.
+//!
+//! Where that machine's fleetd serves its API over the network (it publishes the address,
+//! `MachineInfo::api`), fleetctl asks that fleetd ([`crate::driver::unit_api`]): over `https://`
+//! with the API driver's TLS files and client certificate, or plain `http://`. When the unit's
+//! machine is this one (same `/etc/machine-id`) and the API driver talks to a unix socket, that
+//! socket's fleetd is the one asked. No sshd is needed anywhere.
+//!
+//! Otherwise, and always with `--ssh`, fleet's way: `systemctl status` / `journalctl` run
+//! directly when the machine is this one, else over ssh to the machine's public IP (`--tunnel`,
+//! `--ssh-username`, `--ssh-port`, `--strict-host-key-checking`, `--known-hosts-file`,
+//! `--ssh-timeout`). The ssh program is `ssh` unless `FLEETCTL_SSH_COMMAND` names another (as
+//! `GIT_SSH` does for git).
+//!
+//! Exit status, as fleet's: `status` exits 0 when every unit is active, else 3 (systemctl's
+//! "not active"), or what systemctl or ssh exited with. `journal -f` ends when fleetd ends the
+//! stream or on Ctrl-C (SIGINT), which drops the connection and exits 0, as `journalctl -f`
+//! does.
 
 use anyhow::{Context, Result, bail};
 use fleet_core::{MachineId, MachineInfo, UnitName};
 use fleet_ops::Cluster;
+use fleet_ops::wire::UnitStatus;
+use fleet_registry::kv::TlsFiles;
+use std::io::Write;
 use std::process::ExitStatus;
+use std::time::Duration;
 use tokio::process::Command;
 
 use super::Ctx;
 use crate::cli::Global;
+use crate::driver::unit_api::{JournalQuery, UnitApi};
+use crate::driver::{self, Driver};
 
 const MACHINE_ID_FILE: &str = "/etc/machine-id";
+
+/// systemctl's exit status for a unit that is not active.
+pub const NOT_ACTIVE: u8 = 3;
+
+/// The command's exit status, decided by what it ran remotely (systemctl, ssh); what it ran
+/// has already said why, so fleetctl prints nothing more.
+#[derive(Debug, thiserror::Error)]
+#[error("exit status {0}")]
+pub struct Exit(pub u8);
 
 /// Where a command runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,23 +50,114 @@ pub enum Target {
     Ssh { ip: String },
 }
 
-fn local_machine() -> Option<String> {
-    std::fs::read_to_string(MACHINE_ID_FILE)
-        .ok()
-        .map(|s| s.trim().to_owned())
+/// How fleetctl reaches a unit's machine for its status and journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Ask the fleetd at this API endpoint.
+    Api(String),
+    /// Run systemctl/journalctl there (here, or over ssh).
+    Shell(Target),
 }
 
-fn target_of(machine: &MachineId, info: Option<&MachineInfo>) -> Result<Target> {
-    if local_machine().as_deref() == Some(machine.as_str()) {
-        return Ok(Target::Local);
+/// What [`route`] knows about this side.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Here {
+    /// This machine's `/etc/machine-id`, if it has one.
+    pub machine: Option<String>,
+    /// The API driver's endpoint when it is a unix socket (this machine's fleetd).
+    pub socket: Option<String>,
+    /// `--ssh`: fleet's way only.
+    pub ssh: bool,
+}
+
+impl Here {
+    /// This process's side: its machine ID, the driver's socket, `--ssh`.
+    pub fn of(global: &Global) -> Here {
+        let chosen = driver::select(global.driver, global.endpoint.as_deref());
+        let first = chosen.endpoint.split(',').next().unwrap_or("").trim();
+        let socket = (chosen.driver == Driver::Api
+            && (first.starts_with("unix://") || first.starts_with("file://")))
+        .then(|| first.to_owned());
+        Here {
+            machine: std::fs::read_to_string(MACHINE_ID_FILE)
+                .ok()
+                .map(|s| s.trim().to_owned()),
+            socket,
+            ssh: global.ssh,
+        }
+    }
+
+    fn is(&self, machine: &MachineId) -> bool {
+        self.machine.as_deref() == Some(machine.as_str())
+    }
+}
+
+/// How to reach `machine`: its fleetd's API unless `--ssh` (this machine's through the
+/// driver's socket, another's at the address it publishes), else systemctl here or over ssh.
+pub fn route(here: &Here, machine: &MachineId, info: Option<&MachineInfo>) -> Result<Route> {
+    if !here.ssh {
+        if here.is(machine)
+            && let Some(socket) = &here.socket
+        {
+            return Ok(Route::Api(socket.clone()));
+        }
+        if let Some(m) = info
+            && !m.api.is_empty()
+        {
+            return Ok(Route::Api(m.api.clone()));
+        }
+    }
+    if here.is(machine) {
+        return Ok(Route::Shell(Target::Local));
     }
     match info {
-        Some(m) if !m.public_ip.is_empty() => Ok(Target::Ssh {
+        Some(m) if !m.public_ip.is_empty() => Ok(Route::Shell(Target::Ssh {
             ip: m.public_ip.clone(),
-        }),
+        })),
         Some(_) => bail!("machine {machine} has no public IP to reach it at"),
         None => bail!("machine {machine} is not in the cluster any more"),
     }
+}
+
+/// The ssh argv up to and including the host: `ssh -p PORT -o ... -l USER -- IP`.
+pub fn ssh_argv(global: &Global, port: u16, ip: &str, forward_agent: bool) -> Vec<String> {
+    let ssh = std::env::var("FLEETCTL_SSH_COMMAND").unwrap_or_else(|_| "ssh".into());
+    let mut argv = vec![ssh, "-p".into(), port.to_string()];
+    let strict = if global.strict_host_key_checking {
+        "yes"
+    } else {
+        "no"
+    };
+    argv.push("-o".into());
+    argv.push(format!("StrictHostKeyChecking={strict}"));
+    let known = shellexpand_home(&global.known_hosts_file);
+    argv.push("-o".into());
+    argv.push(format!("UserKnownHostsFile={known}"));
+    argv.push("-o".into());
+    argv.push(format!(
+        "ConnectTimeout={}",
+        global.ssh_timeout.ceil() as u64
+    ));
+    if !global.tunnel.is_empty() {
+        let tunnel = if global.tunnel.contains(':') {
+            global.tunnel.clone()
+        } else {
+            format!("{}:22", global.tunnel)
+        };
+        argv.push("-J".into());
+        argv.push(format!("{}@{tunnel}", global.ssh_username));
+    }
+    if forward_agent {
+        argv.push("-A".into());
+    }
+    // The user goes with `-l` and the host after `--`: neither can be read as an option,
+    // whatever they hold (`cli::parse_ssh_username` refuses a leading `-` too). ssh reads no
+    // options after the host once `--` ended them.
+    argv.push("-l".into());
+    argv.push(global.ssh_username.clone());
+    argv.push("--".into());
+    argv.push(ip.to_owned());
+    argv
 }
 
 /// The argv that runs `command` on `target`.
@@ -51,39 +170,7 @@ pub fn command_line(
     match target {
         Target::Local => command.to_vec(),
         Target::Ssh { ip } => {
-            let ssh = std::env::var("FLEETCTL_SSH_COMMAND").unwrap_or_else(|_| "ssh".into());
-            let mut argv = vec![ssh, "-p".into(), port.to_string()];
-            let strict = if global.strict_host_key_checking {
-                "yes"
-            } else {
-                "no"
-            };
-            argv.push("-o".into());
-            argv.push(format!("StrictHostKeyChecking={strict}"));
-            let known = shellexpand_home(&global.known_hosts_file);
-            argv.push("-o".into());
-            argv.push(format!("UserKnownHostsFile={known}"));
-            argv.push("-o".into());
-            argv.push(format!(
-                "ConnectTimeout={}",
-                global.ssh_timeout.ceil() as u64
-            ));
-            if !global.tunnel.is_empty() {
-                let tunnel = if global.tunnel.contains(':') {
-                    global.tunnel.clone()
-                } else {
-                    format!("{}:22", global.tunnel)
-                };
-                argv.push("-J".into());
-                argv.push(format!("{}@{tunnel}", global.ssh_username));
-            }
-            // The user goes with `-l` and the host after `--`: neither can be read as an
-            // option, whatever they hold (`cli::parse_ssh_username` refuses a leading `-`
-            // too). ssh reads no options after the host once `--` ended them.
-            argv.push("-l".into());
-            argv.push(global.ssh_username.clone());
-            argv.push("--".into());
-            argv.push(ip.clone());
+            let mut argv = ssh_argv(global, port, ip, false);
             // The remote shell joins its arguments: quote each one.
             argv.extend(command.iter().map(|a| shell_quote(a)));
             argv
@@ -109,7 +196,8 @@ fn shell_quote(s: &str) -> String {
     }
 }
 
-async fn run(argv: &[String]) -> Result<ExitStatus> {
+/// Runs `argv` with this process's standard streams.
+pub async fn run(argv: &[String]) -> Result<ExitStatus> {
     let (program, args) = argv.split_first().expect("a command");
     Command::new(program)
         .args(args)
@@ -118,8 +206,18 @@ async fn run(argv: &[String]) -> Result<ExitStatus> {
         .with_context(|| format!("running {program}"))
 }
 
+/// A command's exit status as fleetctl's (killed by a signal: 128 + it, as shells say).
+pub fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code).unwrap_or(1),
+        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(1),
+        (None, None) => 1,
+    }
+}
+
 /// The machines that run `name` (every one for a global unit), with their legends' data.
-async fn machines_of<C: Cluster>(
+pub async fn machines_of<C: Cluster>(
     ctx: &Ctx<C>,
     name: &UnitName,
 ) -> Result<(bool, Vec<(MachineId, Option<MachineInfo>)>)> {
@@ -142,17 +240,54 @@ async fn machines_of<C: Cluster>(
     Ok((unit.global, machines))
 }
 
+/// How `status` and `journal` reach fleetds: the driver's TLS files and request timeout.
+#[derive(Debug, Clone)]
+pub struct Reach {
+    pub tls: TlsFiles,
+    pub timeout: Duration,
+}
+
+impl Reach {
+    pub fn of(global: &Global) -> Reach {
+        Reach {
+            tls: TlsFiles {
+                ca_file: global.ca_file.clone(),
+                cert_file: global.cert_file.clone(),
+                key_file: global.key_file.clone(),
+            },
+            // In range: `cli::parse_seconds` took at most a day.
+            timeout: Duration::from_secs_f64(global.request_timeout),
+        }
+    }
+
+    fn api(&self, endpoint: &str) -> Result<UnitApi> {
+        UnitApi::new(endpoint, &self.tls, self.timeout)
+            .with_context(|| "Unable to reach the unit's fleetd".to_owned())
+    }
+}
+
+/// Options of `fleetctl status`.
+#[derive(Debug, Clone)]
+pub struct StatusOptions {
+    pub port: u16,
+    /// `--output json`: the UnitStatus documents (the API only).
+    pub json: bool,
+}
+
 /// `fleetctl status UNIT...`
 pub async fn status<C: Cluster>(
     ctx: &mut Ctx<C>,
     global: &Global,
-    port: u16,
+    opts: &StatusOptions,
     args: &[String],
 ) -> Result<()> {
     let names = super::unit_names(args)?;
+    let here = Here::of(global);
+    let reach = Reach::of(global);
+    let mut documents = Vec::new();
     let mut first_failure = None;
     for (i, name) in names.iter().enumerate() {
-        if i > 0 {
+        if i > 0 && !opts.json {
             ctx.say("");
         }
         let (_, machines) = machines_of(ctx, name).await?;
@@ -160,19 +295,67 @@ pub async fn status<C: Cluster>(
             bail!("Unit {name} does not appear to be loaded.");
         }
         for (machine, info) in &machines {
-            let target = target_of(machine, info.as_ref())?;
-            let cmd: Vec<String> = ["systemctl", "status", "-l", "--no-pager", name.as_str()]
-                .map(String::from)
-                .to_vec();
-            let status = run(&command_line(global, port, &target, &cmd)).await?;
-            if !status.success() && first_failure.is_none() {
-                first_failure = Some(status.code().unwrap_or(1));
+            let code = match route(&here, machine, info.as_ref())? {
+                Route::Api(endpoint) => {
+                    let api = reach.api(&endpoint)?;
+                    let doc = api.status(name).await.with_context(|| {
+                        format!("Unable to get the status of {name} from {endpoint}")
+                    })?;
+                    let active = doc.properties.get("ActiveState").map(String::as_str);
+                    let code = if active == Some("active") {
+                        0
+                    } else {
+                        NOT_ACTIVE
+                    };
+                    if opts.json {
+                        documents.push(doc);
+                    } else {
+                        print_text(ctx, &doc);
+                    }
+                    code
+                }
+                Route::Shell(target) => {
+                    if opts.json {
+                        bail!(
+                            "status --output json needs the API of the unit's machine \
+                             ({machine} publishes none, or --ssh was given)"
+                        );
+                    }
+                    let cmd: Vec<String> =
+                        ["systemctl", "status", "-l", "--no-pager", name.as_str()]
+                            .map(String::from)
+                            .to_vec();
+                    // systemctl writes to this process's stdout: ours must be out first.
+                    if let Err(e) = ctx.out.flush() {
+                        ctx.write_failed.get_or_insert(e);
+                    }
+                    exit_code(run(&command_line(global, opts.port, &target, &cmd)).await?)
+                }
+            };
+            if code != 0 && first_failure.is_none() {
+                first_failure = Some(code);
             }
         }
     }
+    if opts.json {
+        let json = match documents.as_slice() {
+            [one] => serde_json::to_string_pretty(one),
+            many => serde_json::to_string_pretty(many),
+        }
+        .context("encoding the status documents")?;
+        ctx.say(json);
+    }
     match first_failure {
         None => Ok(()),
-        Some(code) => bail!("systemctl status exited with code {code}"),
+        Some(code) => Err(Exit(code).into()),
+    }
+}
+
+/// `text` as systemctl prints it, ending with one newline.
+fn print_text<C>(ctx: &mut Ctx<C>, doc: &UnitStatus) {
+    ctx.print(&doc.text);
+    if !doc.text.ends_with('\n') {
+        ctx.say("");
     }
 }
 
@@ -204,32 +387,82 @@ pub async fn journal<C: Cluster>(
     let Some((machine, info)) = machines.first() else {
         bail!("Unit {name} does not appear to be running.");
     };
-    let target = target_of(machine, info.as_ref())?;
-    let mut cmd: Vec<String> = Vec::new();
-    if opts.sudo {
-        cmd.push("sudo".into());
+    match route(&Here::of(global), machine, info.as_ref())? {
+        Route::Api(endpoint) => {
+            journal_over_api(ctx, &Reach::of(global), &endpoint, &name, opts).await
+        }
+        Route::Shell(target) => {
+            let mut cmd: Vec<String> = Vec::new();
+            if opts.sudo {
+                cmd.push("sudo".into());
+            }
+            cmd.extend(
+                [
+                    "journalctl",
+                    "--unit",
+                    name.as_str(),
+                    "--no-pager",
+                    "-n",
+                    &opts.lines.to_string(),
+                    "--output",
+                    &opts.output,
+                ]
+                .map(String::from),
+            );
+            if opts.follow {
+                cmd.push("-f".into());
+            }
+            match exit_code(run(&command_line(global, opts.port, &target, &cmd)).await?) {
+                0 => Ok(()),
+                code => Err(Exit(code).into()),
+            }
+        }
     }
-    cmd.extend(
-        [
-            "journalctl",
-            "--unit",
-            name.as_str(),
-            "--no-pager",
-            "-n",
-            &opts.lines.to_string(),
-            "--output",
-            &opts.output,
-        ]
-        .map(String::from),
-    );
-    if opts.follow {
-        cmd.push("-f".into());
+}
+
+/// Copies the journal fleetd streams to standard output as it arrives, until fleetd ends it
+/// or, following, until Ctrl-C.
+async fn journal_over_api<C: Cluster>(
+    ctx: &mut Ctx<C>,
+    reach: &Reach,
+    endpoint: &str,
+    name: &UnitName,
+    opts: &JournalOptions,
+) -> Result<()> {
+    if !crate::driver::unit_api::known_output(&opts.output) {
+        bail!(
+            "unknown journal output mode {:?} (expected one of: {})",
+            fleet_registry::input::shorten(&opts.output),
+            fleet_ops::wire::JOURNAL_OUTPUTS.join(", ")
+        );
     }
-    let status = run(&command_line(global, opts.port, &target, &cmd)).await?;
-    if !status.success() {
-        bail!("journalctl exited with code {}", status.code().unwrap_or(1));
+    let query = JournalQuery {
+        lines: opts.lines,
+        follow: opts.follow,
+        output: opts.output.clone(),
+    };
+    let failed = || format!("Unable to get the journal of {name} from {endpoint}");
+    let mut stream = reach
+        .api(endpoint)?
+        .journal(name, &query)
+        .await
+        .with_context(failed)?;
+    let copy = async {
+        while let Some(chunk) = stream.next_chunk().await? {
+            let written = ctx.out.write_all(&chunk).and_then(|()| ctx.out.flush());
+            if let Err(e) = written {
+                // The exit code comes from the failed write (`Ctx::finish`).
+                ctx.write_failed.get_or_insert(e);
+                break;
+            }
+        }
+        Ok::<_, fleet_ops::OpsError>(())
+    };
+    tokio::select! {
+        copied = copy => copied.with_context(failed),
+        // Dropping the stream closes the connection: fleetd stops following.
+        _ = tokio::signal::ctrl_c(), if opts.follow => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -242,6 +475,90 @@ mod tests {
         argv.extend_from_slice(args);
         argv.push("version");
         crate::cli::Cli::parse_from(argv).global
+    }
+
+    fn machine(id: &str, ip: &str, api: &str) -> (MachineId, MachineInfo) {
+        let id: MachineId = id.parse().unwrap();
+        let info = MachineInfo {
+            id: id.clone(),
+            public_ip: ip.into(),
+            metadata: Default::default(),
+            version: String::new(),
+            disable_engine: false,
+            api: api.into(),
+        };
+        (id, info)
+    }
+
+    const THIS: &str = "0123456789abcdef0123456789abcdef";
+    const OTHER: &str = "fedcba9876543210fedcba9876543210";
+
+    fn here(socket: Option<&str>, ssh: bool) -> Here {
+        Here {
+            machine: Some(THIS.into()),
+            socket: socket.map(str::to_owned),
+            ssh,
+        }
+    }
+
+    #[test]
+    fn asks_the_fleetd_at_the_address_the_units_machine_publishes() {
+        let (id, info) = machine(OTHER, "10.0.0.2", "https://10.0.0.2:49153");
+        assert_eq!(
+            route(
+                &here(Some("unix:///var/run/fleet.sock"), false),
+                &id,
+                Some(&info)
+            )
+            .unwrap(),
+            Route::Api("https://10.0.0.2:49153".into())
+        );
+    }
+
+    #[test]
+    fn asks_this_machines_fleetd_over_the_drivers_socket_when_the_unit_runs_here() {
+        let (id, info) = machine(THIS, "10.0.0.1", "https://10.0.0.1:49153");
+        assert_eq!(
+            route(
+                &here(Some("unix:///var/run/fleet.sock"), false),
+                &id,
+                Some(&info)
+            )
+            .unwrap(),
+            Route::Api("unix:///var/run/fleet.sock".into())
+        );
+        assert_eq!(
+            route(&here(None, false), &id, Some(&info)).unwrap(),
+            Route::Api("https://10.0.0.1:49153".into())
+        );
+    }
+
+    #[test]
+    fn falls_back_to_ssh_without_a_published_api_and_always_with_the_ssh_flag() {
+        let (id, bare) = machine(OTHER, "10.0.0.2", "");
+        let ssh = Route::Shell(Target::Ssh {
+            ip: "10.0.0.2".into(),
+        });
+        assert_eq!(route(&here(None, false), &id, Some(&bare)).unwrap(), ssh);
+        let (id, info) = machine(OTHER, "10.0.0.2", "https://10.0.0.2:49153");
+        assert_eq!(route(&here(None, true), &id, Some(&info)).unwrap(), ssh);
+        let (id, info) = machine(THIS, "10.0.0.1", "https://10.0.0.1:49153");
+        let sock = Some("unix:///var/run/fleet.sock");
+        assert_eq!(
+            route(&here(sock, true), &id, Some(&info)).unwrap(),
+            Route::Shell(Target::Local)
+        );
+        let e = route(&here(None, false), &OTHER.parse().unwrap(), None).unwrap_err();
+        assert!(e.to_string().contains("not in the cluster any more"), "{e}");
+    }
+
+    #[test]
+    fn the_drivers_endpoint_is_a_socket_only_for_the_api_driver_on_unix() {
+        let of = |args: &[&str]| Here::of(&global(args)).socket;
+        assert_eq!(of(&[]), Some("unix:///var/run/fleet.sock".into()));
+        assert_eq!(of(&["--endpoint", "https://10.0.0.1:1"]), None);
+        assert_eq!(of(&["--driver", "etcd", "--endpoint", "unix:///x"]), None);
+        assert!(Here::of(&global(&["--ssh"])).ssh);
     }
 
     #[test]

@@ -398,7 +398,7 @@ fn drain_path(machine: &MachineId) -> String {
     format!("/drains/{}", utf8_percent_encode(machine.as_str(), ESCAPED))
 }
 
-fn unit_path(name: &UnitName) -> String {
+pub(super) fn unit_path(name: &UnitName) -> String {
     format!("/units/{}", utf8_percent_encode(name.as_str(), ESCAPED))
 }
 

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use fleet_registry::kv::TlsFiles;
 use http::{Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use std::path::{Path, PathBuf};
@@ -150,6 +151,52 @@ impl Transport {
         let body = response.into_body().collect().await?.to_bytes();
         self.put_idle(sender);
         Ok(Answer { status, body })
+    }
+
+    /// Sends a `GET /fleet/v1<path_and_query>` on a connection of its own and returns the
+    /// answer as soon as its head arrives (within the request timeout), its body unread: a
+    /// journal followed for hours streams through it. Dropping the body closes the
+    /// connection, which is how a client leaves a stream.
+    pub async fn open(
+        &self,
+        path_and_query: &str,
+        accept: &str,
+    ) -> Result<(StatusCode, Incoming), OpsError> {
+        let uri = format!("{}/fleet/v1{path_and_query}", self.base);
+        let path = uri.split('?').next().unwrap_or(&uri);
+        let what = || format!("GET {path} at {}", self.shown);
+        let head = async {
+            let mut sender = self.connect().await?;
+            let request = Request::builder()
+                .method(Method::GET)
+                .uri(&uri)
+                .header(header::HOST, &self.host)
+                .header(header::ACCEPT, accept)
+                .body(Full::new(Bytes::new()))?;
+            let response = sender.send_request(request).await?;
+            Ok::<_, BoxError>((response.status(), response.into_body()))
+        };
+        match tokio::time::timeout(self.timeout, head).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(OpsError::Transport {
+                what: what(),
+                cause: chain(e.as_ref()).into(),
+            }),
+            Err(elapsed) => Err(OpsError::Transport {
+                what: format!("{} (request timeout {:?})", what(), self.timeout),
+                cause: Box::new(elapsed),
+            }),
+        }
+    }
+
+    /// The endpoint as given, for messages.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// The request timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     fn take_idle(&self) -> Option<SendRequest<Full<Bytes>>> {
