@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # make demo: a local fleet cluster (real etcd + 3 systemd machines in namespaces, fleetd in
-# each), units started through fleetctl and running, left up for you to play with.
+# each), units started through fleetctl and running, left up for you to play with. Every
+# fleetd serves its API on TCP with TLS (port 49153 of its machine's IP; certificates in
+# $dir/tls), so fleetctl on the host reaches it, and status and journal need no ssh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${1:-$root/target/demo}
@@ -13,11 +15,16 @@ if [ -f "$dir/cluster.json" ]; then
   "$bin/fleet-cluster" down --dir "$dir" >/dev/null || true
 fi
 "$bin/fleet-cluster" cleanup >/dev/null 2>&1 || true
-if ! "$bin/fleet-cluster" up --machines 3 --dir "$dir" --agent-ttl 5s >"$dir.up.log" 2>&1; then
+if ! "$bin/fleet-cluster" up --machines 3 --dir "$dir" --agent-ttl 5s --api-tls-port 49153 >"$dir.up.log" 2>&1; then
   cat "$dir.up.log"
   exit 1
 fi
 endpoint=$(sed -n 's/^etcd: *\(http[^ ]*\).*/\1/p' "$dir.up.log" | head -1)
+printed() { sed -n "s/^$1: *//p" "$dir.up.log" | head -1; }
+api=$(printed api)
+ca=$(printed ca)
+cert=$(printed cert)
+key=$(printed key)
 fleetctl() { "$bin/fleetctl" --driver etcd --endpoint "$endpoint" "$@"; }
 q() { printf '%q' "$1"; }  # one shell word, for the lines printed to paste
 
@@ -64,18 +71,26 @@ cat <<EOF
 
 The cluster is up and stays up. Use it:
 
-  export FLEETCTL_DRIVER=etcd FLEETCTL_ENDPOINT=$endpoint
+  export FLEETCTL_ENDPOINT=$api
+  export FLEETCTL_CA_FILE=$(q "$ca") FLEETCTL_CERT_FILE=$(q "$cert") FLEETCTL_KEY_FILE=$(q "$key")
   alias fleetctl=$(q "$bin/fleetctl")
   cd $(q "$dir/units")
   fleetctl list-units
   fleetctl cat hello.service
+  fleetctl status hello.service
+  fleetctl journal hello.service
   fleetctl stop hello.service; fleetctl start hello.service
   fleetctl destroy web@3.service
 
-Enter a machine (its own systemd, journal and network; no sshd, so the status of a unit is
-\`systemctl status hello.service\` in there, and fleetd's own log \`journalctl -u fleet\`,
-its warnings \`journalctl -u fleet -p warning\`). Inside, fleetctl needs no address: it talks
-to that machine's fleetd over /var/run/fleet.sock (\`$MACHINE_FLEETCTL list-units\`):
+fleetctl talks to the API of m1's fleetd over TLS ($api); status and journal
+ask the fleetd of the unit's own machine, at the address it publishes (\`fleetctl journal -f
+hello.service\` follows until Ctrl-C). Or over etcd: FLEETCTL_DRIVER=etcd FLEETCTL_ENDPOINT=$endpoint
+without the TLS files.
+
+Enter a machine (its own systemd, journal and network; no sshd: \`fleetctl ssh\` needs one),
+with fleetd's own log \`journalctl -u fleet\` and its warnings \`journalctl -u fleet -p warning\`.
+Inside, fleetctl needs no address: it talks to that machine's fleetd over /var/run/fleet.sock
+(\`$MACHINE_FLEETCTL list-units\`):
 $(grep -E '^ +m[0-9]+ ' "$dir.up.log" | sed 's/^ */  /')
 
 Tear it down:

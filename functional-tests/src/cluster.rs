@@ -379,6 +379,40 @@ impl Cluster {
         Ok(command)
     }
 
+    /// The authority and fleetctl's client certificate of the machines' TLS API listeners,
+    /// when they serve one ([`FleetdSpec::api_tls_port`]).
+    pub fn api_certs(&self) -> Option<crate::ApiCerts> {
+        self.api_tls_port()?;
+        crate::ApiCerts::ensure(&self.state.dir).ok()
+    }
+
+    fn api_tls_port(&self) -> Option<u16> {
+        self.state.fleetd.as_ref()?.api_tls_port
+    }
+
+    /// `https://<ip>:<port>`: where `machine`'s fleetd serves its TLS API listener.
+    pub fn api_url(&self, machine: &Machine) -> Result<String> {
+        let port = self
+            .api_tls_port()
+            .context("the cluster's fleetd serve no TLS API (FleetdSpec::api_tls_port)")?;
+        Ok(format!("https://{}:{port}", machine.ip()))
+    }
+
+    /// fleetctl on the host over the TLS API of [`Cluster::api_machine`]'s fleetd, with the
+    /// cluster's authority and client certificate (`FLEETCTL_CA_FILE`, `_CERT_FILE`,
+    /// `_KEY_FILE`), as a user off the cluster runs it.
+    pub fn fleetctl_tls_command(&self) -> Result<Command> {
+        let certs = self
+            .api_certs()
+            .context("the cluster's fleetd serve no TLS API (FleetdSpec::api_tls_port)")?;
+        let mut command = Command::new(self.fleetctl_path());
+        command
+            .env("FLEETCTL_DRIVER", "api")
+            .env("FLEETCTL_ENDPOINT", self.api_url(self.api_machine()?)?)
+            .envs(certs.fleetctl_env());
+        Ok(command)
+    }
+
     /// The machine whose fleetd the API driver talks to: the first one that is up and whose
     /// API answers (so a test that stops, freezes or cuts off one fleetd goes on through
     /// another, as a user would log in elsewhere), else the first one that is up, for

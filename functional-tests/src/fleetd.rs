@@ -32,6 +32,12 @@ pub struct FleetdSpec {
     /// More environment for fleetd (e.g. `FLEET_ETCD_KEY_PREFIX`, `RUST_LOG`); these win over
     /// the harness's own keys.
     pub env: BTreeMap<String, String>,
+    /// Serve the API also on TCP with TLS, at this port of the machine's IP, which fleetd
+    /// then publishes as its `https://` address: the harness makes the certificates
+    /// ([`crate::ApiCerts`]: the cluster's authority and fleetctl's client certificate in
+    /// `<run dir>/tls`, each machine's server certificate in its `/run/fleet/tls`).
+    #[serde(default)]
+    pub api_tls_port: Option<u16>,
 }
 
 impl Default for FleetdSpec {
@@ -41,6 +47,7 @@ impl Default for FleetdSpec {
             agent_ttl: "3s".to_owned(),
             metadata: "hostname={name}".to_owned(),
             env: BTreeMap::new(),
+            api_tls_port: None,
         }
     }
 }
@@ -49,6 +56,12 @@ impl FleetdSpec {
     /// Adds one environment variable for fleetd.
     pub fn with_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.insert(key.into(), value.into());
+        self
+    }
+
+    /// The same serving the API on TCP with TLS at `port` ([`FleetdSpec::api_tls_port`]).
+    pub fn with_api_tls(mut self, port: u16) -> Self {
+        self.api_tls_port = Some(port);
         self
     }
 
@@ -62,6 +75,13 @@ impl FleetdSpec {
             self.metadata.replace("{name}", machine_name),
         );
         env.insert("FLEET_AGENT_TTL".to_owned(), self.agent_ttl.clone());
+        if let Some(port) = self.api_tls_port {
+            let dir = crate::certs::MACHINE_DIR;
+            env.insert("FLEET_API_LISTEN".to_owned(), format!("tcp:{ip}:{port}"));
+            env.insert("FLEET_API_CAFILE".to_owned(), format!("{dir}/ca.pem"));
+            env.insert("FLEET_API_CERTFILE".to_owned(), format!("{dir}/server.pem"));
+            env.insert("FLEET_API_KEYFILE".to_owned(), format!("{dir}/server.key"));
+        }
         env.extend(self.env.clone());
         render_env(&env)
     }
@@ -139,5 +159,22 @@ mod tests {
              FLEET_METADATA=\"hostname=m2\"\nFLEET_PUBLIC_IP=\"10.251.3.12\"\n\
              RUST_LOG=\"debug warn\"\n"
         );
+    }
+
+    #[test]
+    fn a_tls_api_listens_on_the_machines_ip_with_its_certificates() {
+        let env = FleetdSpec::default().with_api_tls(49153).env_file(
+            "http://10.251.3.1:2379",
+            "m2",
+            Ipv4Addr::new(10, 251, 3, 12),
+        );
+        for line in [
+            "FLEET_API_LISTEN=\"tcp:10.251.3.12:49153\"",
+            "FLEET_API_CAFILE=\"/run/fleet/tls/ca.pem\"",
+            "FLEET_API_CERTFILE=\"/run/fleet/tls/server.pem\"",
+            "FLEET_API_KEYFILE=\"/run/fleet/tls/server.key\"",
+        ] {
+            assert!(env.lines().any(|l| l == line), "{line} in {env}");
+        }
     }
 }

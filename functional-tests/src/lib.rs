@@ -19,6 +19,7 @@
 //! that died without tearing down left behind. The harness only ever kills processes it
 //! started. Needs root. See `functional-tests/README.md`.
 
+mod certs;
 mod cgroup;
 mod cleanup;
 mod cluster;
@@ -33,6 +34,7 @@ mod registry;
 mod state;
 mod wait;
 
+pub use certs::ApiCerts;
 pub use cleanup::{cleanup_stale, leftovers};
 pub use cluster::{Cluster, ClusterSpec};
 pub use cmd::{OutputExt, Signal};

@@ -65,6 +65,10 @@ pub(crate) fn prepare(cluster: &ClusterState, index: u32) -> Result<MachineState
             stage.join("fleet").join("fleetd.env"),
             spec.env_file(&endpoint, &name, ip),
         )?;
+        if spec.api_tls_port.is_some() {
+            crate::certs::ApiCerts::ensure(&cluster.dir)?
+                .machine(&stage.join("fleet").join("tls"), ip)?;
+        }
     }
     Ok(MachineState {
         index,

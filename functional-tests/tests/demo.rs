@@ -1,4 +1,5 @@
-//! `make demo`'s promise: every command it prints works inside the demo. Runs
+//! `make demo`'s promise: every command it prints works inside the demo, `fleetctl status`
+//! and `fleetctl journal` from the host included (over each machine's TLS API). Runs
 //! `scripts/demo.sh` into a run directory of its own, then each printed command as a user
 //! would paste it (the "Use it" lines in one shell, each machine's nsenter line with the
 //! address-less fleetctl typed inside, the teardown line). Needs root.
@@ -83,10 +84,16 @@ fn every_command_the_demo_prints_works_in_the_demo() -> Result<()> {
 
     // The "Use it" lines, pasted into one shell in order, as a user would.
     let usage = block(&printed, "Use it:");
-    assert!(
-        usage.iter().any(|l| l.starts_with("fleetctl list-units")),
-        "{printed}"
-    );
+    for command in [
+        "fleetctl list-units",
+        "fleetctl status hello.service",
+        "fleetctl journal hello.service",
+    ] {
+        assert!(
+            usage.iter().any(|l| l.starts_with(command)),
+            "{command} in {printed}"
+        );
+    }
     let session = format!("set -e\nshopt -s expand_aliases\n{}\n", usage.join("\n"));
     let file = dir.join("usage.sh");
     std::fs::write(&file, &session)?;
@@ -95,6 +102,9 @@ fn every_command_the_demo_prints_works_in_the_demo() -> Result<()> {
         Command::new("bash").arg(&file).output()?,
     )?;
     assert!(listed.contains("Description=Hello World"), "{listed}");
+    // status and journal, from the host, through the TLS API of the unit's own fleetd.
+    assert!(listed.contains("Active: active (running)"), "{listed}");
+    assert!(listed.contains("Hello, world"), "{listed}");
 
     // Each machine's nsenter line, with a command typed into the shell it opens.
     let machines: Vec<&str> = printed

@@ -45,6 +45,11 @@ enum Command {
         /// etcd members; fleetd and fleetctl get every member's endpoint.
         #[arg(long, default_value_t = 1)]
         etcd_members: usize,
+        /// Serve every fleetd's API also on TCP with TLS at this port of its machine's IP
+        /// (certificates made into DIR/tls: the authority, and a client certificate for
+        /// fleetctl).
+        #[arg(long)]
+        api_tls_port: Option<u16>,
     },
     /// Show the cluster's machines and etcd.
     Status {
@@ -84,12 +89,14 @@ fn main() -> Result<()> {
             agent_ttl,
             env,
             etcd_members,
+            api_tls_port,
         } => {
             let bin_dir = bin_dir.unwrap_or_else(default_bin_dir);
             let fleetd = (!no_fleetd).then(|| FleetdSpec {
                 bin_dir: bin_dir.clone(),
                 agent_ttl,
                 env: env.into_iter().collect(),
+                api_tls_port,
                 ..FleetdSpec::default()
             });
             up(ClusterSpec {
@@ -149,6 +156,15 @@ fn print_usage(cluster: &Cluster) {
         quoted(&cluster.fleetctl_path().display().to_string()),
         cluster.etcd_endpoint()
     );
+    if let (Some(certs), Some(first)) = (cluster.api_certs(), cluster.machines().first()) {
+        // Each machine's fleetd serves the API at its own IP; any one of them will do.
+        if let Ok(url) = cluster.api_url(first) {
+            println!("api:       {url}");
+        }
+        println!("ca:        {}", certs.ca().display());
+        println!("cert:      {}", certs.client_cert().display());
+        println!("key:       {}", certs.client_key().display());
+    }
     println!();
     println!("machines (enter one with its nsenter line):");
     for m in cluster.machines() {

@@ -3,8 +3,8 @@
 //! Where that machine's fleetd serves its API over the network (it publishes the address,
 //! `MachineInfo::api`), fleetctl asks that fleetd ([`crate::driver::unit_api`]): over `https://`
 //! with the API driver's TLS files and client certificate, or plain `http://`. When the unit's
-//! machine is this one (same `/etc/machine-id`) and the API driver talks to a unix socket, that
-//! socket's fleetd is the one asked. No sshd is needed anywhere.
+//! machine is this one (same `/etc/machine-id`), the API driver's unix socket is asked, or
+//! with another driver systemctl and journalctl run here. No sshd is needed anywhere.
 //!
 //! Otherwise, and always with `--ssh`, fleet's way: `systemctl status` / `journalctl` run
 //! directly when the machine is this one, else over ssh to the machine's public IP (`--tunnel`,
@@ -92,23 +92,21 @@ impl Here {
     }
 }
 
-/// How to reach `machine`: its fleetd's API unless `--ssh` (this machine's through the
-/// driver's socket, another's at the address it publishes), else systemctl here or over ssh.
+/// How to reach `machine`. This one: its fleetd through the API driver's socket, else
+/// systemctl here (no network, no TLS files needed). Another: its fleetd at the address it
+/// publishes, else over ssh. `--ssh` takes fleet's way only.
 pub fn route(here: &Here, machine: &MachineId, info: Option<&MachineInfo>) -> Result<Route> {
-    if !here.ssh {
-        if here.is(machine)
-            && let Some(socket) = &here.socket
-        {
-            return Ok(Route::Api(socket.clone()));
-        }
-        if let Some(m) = info
-            && !m.api.is_empty()
-        {
-            return Ok(Route::Api(m.api.clone()));
-        }
-    }
     if here.is(machine) {
-        return Ok(Route::Shell(Target::Local));
+        return Ok(match &here.socket {
+            Some(socket) if !here.ssh => Route::Api(socket.clone()),
+            _ => Route::Shell(Target::Local),
+        });
+    }
+    if !here.ssh
+        && let Some(m) = info
+        && !m.api.is_empty()
+    {
+        return Ok(Route::Api(m.api.clone()));
     }
     match info {
         Some(m) if !m.public_ip.is_empty() => Ok(Route::Shell(Target::Ssh {
@@ -516,7 +514,8 @@ mod tests {
     }
 
     #[test]
-    fn asks_this_machines_fleetd_over_the_drivers_socket_when_the_unit_runs_here() {
+    fn asks_this_machines_fleetd_over_the_drivers_socket_or_runs_systemctl_when_the_unit_runs_here()
+    {
         let (id, info) = machine(THIS, "10.0.0.1", "https://10.0.0.1:49153");
         assert_eq!(
             route(
@@ -529,7 +528,7 @@ mod tests {
         );
         assert_eq!(
             route(&here(None, false), &id, Some(&info)).unwrap(),
-            Route::Api("https://10.0.0.1:49153".into())
+            Route::Shell(Target::Local)
         );
     }
 
