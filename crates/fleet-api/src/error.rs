@@ -2,13 +2,14 @@
 //! one. The response is always fleet's error entity with a JSON content type.
 
 use axum::response::{IntoResponse, Response};
-use fleet_core::{NameError, ParseError, RequirementError, StateError};
+use fleet_core::{MachineId, NameError, ParseError, RequirementError, StateError, UnitName};
 use fleet_ops::OpsError;
 use fleet_ops::convert::reason_of;
 use fleet_registry::RegistryError;
 use http::{HeaderValue, StatusCode, header};
 
 use crate::entity::{ErrorBody, ErrorEntity};
+use crate::inspect::InspectError;
 use crate::page::PageError;
 
 /// fleet's message while etcd cannot be reached; fleetctl shows it to users.
@@ -79,6 +80,30 @@ pub enum ApiError {
     PatchNoValue,
     #[error("invalid value: metadata values are one line of printable text")]
     PatchBadValue,
+    #[error("lines must be a whole number from 0 to {max}, got {0:?}", max = crate::inspect::MAX_LINES)]
+    BadLines(String),
+    #[error("follow must be true or false, got {0:?}")]
+    BadFollow(String),
+    #[error("output must be one of {modes}, got {0:?}", modes = fleet_ops::wire::JOURNAL_OUTPUTS.join(", "))]
+    BadOutput(String),
+    /// The unit is fleet's but placed nowhere: no machine has its status or journal.
+    #[error("unit {0} is not scheduled anywhere")]
+    NotScheduled(UnitName),
+    /// Only the fleetd of the unit's own machine answers for it.
+    #[error("unit {unit} is scheduled on {machines}, not on this one ({here})")]
+    ScheduledElsewhere {
+        unit: UnitName,
+        /// `machine A` or `machines A, B`.
+        machines: String,
+        here: MachineId,
+    },
+    /// This API was built without an inspector (only fleetd's has one).
+    #[error("unit status and journals are not served here")]
+    NotInspecting,
+    #[error("already streaming {0} journals; try again later")]
+    TooManyJournals(usize),
+    #[error("inspecting the unit failed: {0}")]
+    Inspect(#[from] InspectError),
     #[error(transparent)]
     Page(#[from] PageError),
     /// What fleet-ops refused or failed to do.
@@ -89,7 +114,14 @@ pub enum ApiError {
 impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::NoSuchPath | Self::UnitNotFound | Self::StateNotFound => StatusCode::NOT_FOUND,
+            Self::NoSuchPath
+            | Self::UnitNotFound
+            | Self::StateNotFound
+            | Self::NotScheduled(_)
+            | Self::ScheduledElsewhere { .. }
+            | Self::NotInspecting => StatusCode::NOT_FOUND,
+            Self::TooManyJournals(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Inspect(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NoMethodsHere | Self::WrongMethod(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::ContentTypeCount(_) | Self::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::DiscoveryNotGet
@@ -113,6 +145,9 @@ impl ApiError {
             | Self::PatchPath
             | Self::PatchNoValue
             | Self::PatchBadValue
+            | Self::BadLines(_)
+            | Self::BadFollow(_)
+            | Self::BadOutput(_)
             | Self::Page(_) => StatusCode::BAD_REQUEST,
             Self::NoDesiredState => StatusCode::CONFLICT,
             Self::Ops(e) => ops_status(e),

@@ -9,6 +9,7 @@
 pub mod discovery;
 pub mod entity;
 pub mod error;
+pub mod inspect;
 mod maintenance;
 pub mod ops;
 pub mod page;
@@ -16,6 +17,7 @@ pub mod routes;
 pub mod serve;
 
 pub use error::{ApiError, ETCD_UNREACHABLE};
+pub use inspect::{InspectError, Inspector};
 pub use page::{PageError, PageToken};
 pub use routes::{Api, PREFIXES, router};
 pub use serve::{Listener, serve};

@@ -27,6 +27,7 @@ use crate::maintenance;
 use crate::ops::metadata_changes;
 use crate::page::PageToken;
 
+mod inspect;
 mod writes;
 
 /// Prefixes the API answers under; fleet kept the pre-1.0 one as an alias.
@@ -41,6 +42,9 @@ pub struct Api<K> {
     cluster: RegistryCluster<K>,
     token_limit: u16,
     server: HeaderValue,
+    /// This machine's status and journal routes; None: not served
+    /// ([`ApiError::NotInspecting`]).
+    inspection: Option<inspect::Inspection>,
 }
 
 impl<K: Kv> Api<K> {
@@ -52,7 +56,19 @@ impl<K: Kv> Api<K> {
             token_limit,
             server: HeaderValue::from_str(&format!("fleetd/{version}"))
                 .unwrap_or_else(|_| HeaderValue::from_static("fleetd")),
+            inspection: None,
         }
+    }
+
+    /// Serves `GET /units/<name>/status` and `/journal` for the units scheduled on
+    /// `machine` (this fleetd's), through `inspector`.
+    pub fn with_inspector(
+        mut self,
+        machine: fleet_core::MachineId,
+        inspector: Arc<dyn crate::inspect::Inspector>,
+    ) -> Api<K> {
+        self.inspection = Some(inspect::Inspection::new(machine, inspector));
+        self
     }
 }
 
@@ -95,6 +111,8 @@ enum Route<'a> {
     Drains,
     Drain(&'a str),
     Explain(&'a str),
+    /// `/units/<name>/status` and `/units/<name>/journal`.
+    Inspect(&'a str, inspect::Aspect),
 }
 
 fn parse_path(path: &str) -> Option<Route<'_>> {
@@ -117,7 +135,8 @@ fn parse_path(path: &str) -> Option<Route<'_>> {
             .map(Route::Unit)
             .or_else(|| item("/state").map(Route::State))
             .or_else(|| item("/drains").map(Route::Drain))
-            .or_else(|| item("/explain").map(Route::Explain)),
+            .or_else(|| item("/explain").map(Route::Explain))
+            .or_else(|| inspect::parse(rest).map(|(name, a)| Route::Inspect(name, a))),
     }
 }
 
@@ -200,6 +219,9 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
             maintenance::drain(&api.cluster, machine, method, &parallel).await
         }
         (Route::Explain(unit), method) => maintenance::explain(&api.cluster, unit, method).await,
+        (Route::Inspect(unit, aspect), method) => {
+            inspect::handle(api, unit, aspect, method, &query).await
+        }
     }
 }
 
