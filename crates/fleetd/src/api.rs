@@ -175,15 +175,23 @@ fn derive_url(addr: std::net::SocketAddr, tls: bool, public_ip: &str) -> String 
     )
 }
 
-/// Serves the API on every listener, one task each, until `shutdown`. With `inspection`
-/// (this machine and its inspector) it serves the status and journal of its units.
+/// What the status and journal routes need: this machine, its inspector, and the units its
+/// agent refuses (`deny_units`).
+pub type Inspection = (
+    fleet_core::MachineId,
+    Arc<dyn fleet_api::Inspector>,
+    Vec<String>,
+);
+
+/// Serves the API on every listener, one task each, until `shutdown`. With `inspection` it
+/// serves the status and journal of this machine's units.
 pub fn spawn<K: Kv>(
     tasks: &mut JoinSet<Result<()>>,
     registry: Registry<K>,
     config: &ApiConfig,
     listeners: Vec<Listener>,
     version: &str,
-    inspection: Option<(fleet_core::MachineId, Arc<dyn fleet_api::Inspector>)>,
+    inspection: Option<Inspection>,
     shutdown: watch::Receiver<bool>,
 ) {
     if listeners.is_empty() {
@@ -191,8 +199,8 @@ pub fn spawn<K: Kv>(
         return;
     }
     let mut api = Api::new(registry, config.token_limit, version);
-    if let Some((machine, inspector)) = inspection {
-        api = api.with_inspector(machine, inspector);
+    if let Some((machine, inspector, deny_units)) = inspection {
+        api = api.with_inspector(machine, inspector).refusing(deny_units);
     }
     let router = fleet_api::router(api);
     for listener in listeners {

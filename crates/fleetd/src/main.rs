@@ -189,7 +189,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         &config.api,
         listeners,
         VERSION,
-        Some((machine.clone(), inspector)),
+        Some((machine.clone(), inspector, config.deny_units.clone())),
         shutdown_rx.clone(),
     );
     let keeper = PresenceKeeper {
