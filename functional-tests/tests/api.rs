@@ -583,3 +583,181 @@ fn fleetd_serves_the_sockets_systemd_passes() -> Result<()> {
     ensure!(socket.trim() == "socket:660", "fleet.sock is {socket:?}");
     finish(cluster)
 }
+
+/// GET `path` and read its body until it holds `wanted`, run `meanwhile`, then hang up, as
+/// `fleetctl journal -f` does when interrupted. Returns what was read.
+fn read_stream_until(
+    to: SocketAddr,
+    path: &str,
+    wanted: &str,
+    meanwhile: impl FnOnce() -> Result<()>,
+) -> Result<String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        use http_body_util::BodyExt;
+        let stream = tokio::net::TcpStream::connect(to).await?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        let conn = tokio::spawn(conn);
+        let req = hyper::Request::get(path)
+            .header("host", to.to_string())
+            .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+        let resp = tokio::time::timeout(TIMEOUT, send.send_request(req))
+            .await
+            .context("fleetd's API did not answer in time")??;
+        ensure!(resp.status() == 200, "GET {path}: {}", resp.status());
+        let content_type = resp.headers().get("content-type").cloned();
+        ensure!(
+            content_type.as_ref().and_then(|v| v.to_str().ok())
+                == Some("text/plain; charset=utf-8"),
+            "{content_type:?}"
+        );
+        let mut body = resp.into_body();
+        let mut text = String::new();
+        let reading = async {
+            while !text.contains(wanted) {
+                let Some(frame) = body.frame().await else {
+                    bail!("the stream ended before {wanted:?}: {text:?}");
+                };
+                if let Ok(data) = frame?.into_data() {
+                    text.push_str(&String::from_utf8_lossy(&data));
+                }
+            }
+            Ok(())
+        };
+        tokio::time::timeout(TIMEOUT, reading)
+            .await
+            .with_context(|| format!("no {wanted:?} streamed in time"))??;
+        meanwhile()?;
+        drop(body);
+        conn.abort();
+        Ok(text)
+    })
+}
+
+/// How many journalctl processes inside `machine` read `unit`'s journal.
+fn journalctls_of(machine: &Machine, unit: &str) -> Result<usize> {
+    let script = format!(
+        "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done \
+         | grep -c '^journalctl --unit={unit} ' || true"
+    );
+    Ok(machine.sh(&script)?.trim().parse().unwrap_or(0))
+}
+
+/// Issue 16 (fleet#1123): a unit's status and journal come from its own machine's fleetd,
+/// which each machine's presence names; any other machine's refuses with where it runs.
+/// A followed journal streams what the unit prints after the call, and its journalctl ends
+/// when the client hangs up.
+#[test]
+fn status_and_journal_are_served_by_the_units_own_machine() -> Result<()> {
+    let (cluster, _registry) = start(2, spec())?;
+    let (here, other) = (&cluster.machines()[0], &cluster.machines()[1]);
+    let (to, elsewhere) = (addr(here), addr(other));
+
+    // Each machine publishes its API's address: the wildcard listener at its public IP.
+    let body = wait_body(to, "/fleet/v1/machines?view=full", |b| {
+        b["machines"].as_array().is_some_and(|m| m.len() == 2)
+    })?;
+    for machine in cluster.machines() {
+        let entity = body["machines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["id"] == machine.id().as_str())
+            .with_context(|| format!("{} not listed: {body}", machine.name()))?;
+        let expected = format!("http://{}:{PORT}", machine.ip());
+        ensure!(entity["api"] == expected.as_str(), "{entity}");
+    }
+
+    let unit = "api-ticker.service";
+    let options = json!([
+        {"section": "Service", "name": "ExecStart",
+         "value": "/bin/sh -c 'while :; do echo tick; sleep 0.3; done'"},
+        {"section": "X-Fleet", "name": "MachineID", "value": here.id().as_str()},
+    ]);
+    let reply = call(
+        to,
+        "PUT",
+        &format!("/fleet/v1/units/{unit}"),
+        Some(json!({"desiredState": "launched", "options": options})),
+    )?;
+    ensure!(reply.status == 201, "{reply:?}");
+    wait_body(to, &format!("/fleet/v1/units/{unit}"), |b| {
+        b["currentState"] == "launched"
+    })?;
+
+    let status = call(
+        to,
+        "GET",
+        &format!("/fleet/v1/units/{unit}/status?lines=3"),
+        None,
+    )?;
+    ensure!(status.status == 200, "{status:?}");
+    let b = &status.body;
+    ensure!(
+        b["machineID"] == here.id().as_str() && b["name"] == unit,
+        "{b}"
+    );
+    let text = b["text"].as_str().unwrap_or_default();
+    ensure!(
+        text.contains(unit) && text.contains("active (running)"),
+        "{text}"
+    );
+    ensure!(b["properties"]["ActiveState"] == "active", "{b}");
+    ensure!(b["properties"]["Id"] == unit, "{b}");
+    let main_pid = here.main_pid(unit)?.context("no MainPID")?;
+    let pid = main_pid.to_string();
+    ensure!(b["properties"]["MainPID"].as_str() == Some(&pid), "{b}");
+
+    check_error(
+        &call(
+            elsewhere,
+            "GET",
+            &format!("/fleet/v1/units/{unit}/status"),
+            None,
+        )?,
+        404,
+        &format!(
+            "unit {unit} is scheduled on machine {}, not on this one ({})",
+            here.id(),
+            other.id()
+        ),
+    )?;
+    check_error(
+        &call(to, "GET", "/fleet/v1/units/sshd.service/journal", None)?,
+        404,
+        "unit does not exist",
+    )?;
+    check_error(
+        &call(
+            to,
+            "GET",
+            &format!("/fleet/v1/units/{unit}/journal?output=x"),
+            None,
+        )?,
+        400,
+        "output must be one of",
+    )?;
+
+    // Journal: the last lines, then a follow that sees lines printed after it started.
+    let path = format!("/fleet/v1/units/{unit}/journal?lines=2&output=cat");
+    // `--unit` also has systemd's own lines about the unit ("Started ...").
+    let last = read_stream_until(to, &path, "tick\n", || Ok(()))?;
+    ensure!(last.lines().count() <= 2, "{last:?}");
+    let path = format!("/fleet/v1/units/{unit}/journal?lines=0&follow=true&output=cat");
+    read_stream_until(to, &path, "tick\ntick\n", || {
+        let running = journalctls_of(here, unit)?;
+        ensure!(
+            running == 1,
+            "{running} journalctl processes while following"
+        );
+        Ok(())
+    })?;
+    wait_for_value(TIMEOUT, POLL, || {
+        (journalctls_of(here, unit).ok()? == 0).then_some(())
+    })
+    .context("journalctl still runs after the client hung up")?;
+    finish(cluster)
+}

@@ -11,6 +11,7 @@
 
 mod jobs;
 mod query;
+mod show;
 mod signals;
 
 use crate::manager::{

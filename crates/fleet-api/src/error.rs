@@ -97,6 +97,10 @@ pub enum ApiError {
         machines: String,
         here: MachineId,
     },
+    /// Scheduled here, but the agent refuses it (`deny_units`): systemd's unit of that name
+    /// is the host's.
+    #[error("unit {0} matches deny_units here: fleetd does not manage it on this machine")]
+    Refused(UnitName),
     /// This API was built without an inspector (only fleetd's has one).
     #[error("unit status and journals are not served here")]
     NotInspecting,
@@ -119,6 +123,7 @@ impl ApiError {
             | Self::StateNotFound
             | Self::NotScheduled(_)
             | Self::ScheduledElsewhere { .. }
+            | Self::Refused(_)
             | Self::NotInspecting => StatusCode::NOT_FOUND,
             Self::TooManyJournals(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Inspect(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -70,6 +70,16 @@ impl<K: Kv> Api<K> {
         self.inspection = Some(inspect::Inspection::new(machine, inspector));
         self
     }
+
+    /// The status and journal routes refuse units matching these globs (fleetd's
+    /// `deny_units`): the agent does not manage them here, so what systemd has under that
+    /// name is the host's, not fleet's. Takes effect with [`Api::with_inspector`].
+    pub fn refusing(mut self, deny_units: Vec<String>) -> Api<K> {
+        if let Some(i) = self.inspection.as_mut() {
+            i.deny_units = deny_units;
+        }
+        self
+    }
 }
 
 /// The API as an axum router (a tower service), ready to serve on any listener.

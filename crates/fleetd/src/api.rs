@@ -4,6 +4,9 @@
 //! socket; `api_listen` adds more either way. The API runs on its own tasks and reads the
 //! registry with its own requests, so it never waits on, or holds up, the agent or the
 //! engine; while etcd is away it answers 503.
+//!
+//! The address this machine publishes for its API (`MachineInfo::api`, issue 16) is
+//! `api_advertise`, or derived from the first TCP listener ([`advertised`]).
 
 use anyhow::{Context, Result, bail};
 use fleet_api::{Api, Listener};
@@ -11,11 +14,12 @@ use fleet_registry::Registry;
 use fleet_registry::kv::Kv;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use crate::config::{ApiConfig, ListenAddr};
+use crate::config::{Advertise, ApiConfig, ListenAddr};
 
 mod tls;
 
@@ -131,20 +135,74 @@ fn unix_socket(path: &Path) -> Result<Listener> {
     Ok(Listener::Unix(listener))
 }
 
-/// Serves the API on every listener, one task each, until `shutdown`.
+/// The URL this machine publishes for its API: `api_advertise`'s, or from the first TCP
+/// listener (`https://` when it serves TLS; its IP, or `public_ip` for a wildcard address);
+/// empty when there is none to publish.
+pub fn advertised(config: &ApiConfig, listeners: &[Listener], public_ip: &str) -> String {
+    match &config.advertise {
+        Advertise::Url(url) => url.clone(),
+        Advertise::Nothing => String::new(),
+        Advertise::Derived => {
+            let first_tcp = listeners.iter().find_map(|l| match l {
+                Listener::Tcp(t) => t.local_addr().ok().map(|a| (a, false)),
+                Listener::Tls(t, _) => t.local_addr().ok().map(|a| (a, true)),
+                Listener::Unix(_) => None,
+            });
+            match first_tcp {
+                Some((addr, tls)) => derive_url(addr, tls, public_ip),
+                None => String::new(),
+            }
+        }
+    }
+}
+
+/// `scheme://host:port` of a listener on `addr`; a wildcard address is reached at
+/// `public_ip` (empty if that is unknown too).
+fn derive_url(addr: std::net::SocketAddr, tls: bool, public_ip: &str) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    let host = if addr.ip().is_unspecified() {
+        match public_ip.parse::<std::net::IpAddr>() {
+            Ok(ip) => ip,
+            Err(_) => return String::new(),
+        }
+    } else {
+        addr.ip()
+    };
+    // SocketAddr's Display puts an IPv6 address in brackets.
+    format!(
+        "{scheme}://{}",
+        std::net::SocketAddr::new(host, addr.port())
+    )
+}
+
+/// What the status and journal routes need: this machine, its inspector, and the units its
+/// agent refuses (`deny_units`).
+pub type Inspection = (
+    fleet_core::MachineId,
+    Arc<dyn fleet_api::Inspector>,
+    Vec<String>,
+);
+
+/// Serves the API on every listener, one task each, until `shutdown`. With `inspection` it
+/// serves the status and journal of this machine's units.
 pub fn spawn<K: Kv>(
     tasks: &mut JoinSet<Result<()>>,
     registry: Registry<K>,
     config: &ApiConfig,
     listeners: Vec<Listener>,
     version: &str,
+    inspection: Option<Inspection>,
     shutdown: watch::Receiver<bool>,
 ) {
     if listeners.is_empty() {
         info!("fleet api not served: no listener");
         return;
     }
-    let router = fleet_api::router(Api::new(registry, config.token_limit, version));
+    let mut api = Api::new(registry, config.token_limit, version);
+    if let Some((machine, inspector, deny_units)) = inspection {
+        api = api.with_inspector(machine, inspector).refusing(deny_units);
+    }
+    let router = fleet_api::router(api);
     for listener in listeners {
         let router = router.clone();
         let shutdown = shutdown.clone();
@@ -173,7 +231,55 @@ mod tests {
             socket: Some(socket.to_path_buf()),
             listen: vec![],
             tls: None,
+            advertise: Advertise::Derived,
         }
+    }
+
+    #[test]
+    fn the_advertised_url_comes_from_the_listener_or_public_ip() {
+        let at = |a: &str, tls| derive_url(a.parse().unwrap(), tls, "10.0.0.9");
+        assert_eq!(at("127.0.0.1:8080", false), "http://127.0.0.1:8080");
+        assert_eq!(at("10.1.2.3:49153", true), "https://10.1.2.3:49153");
+        assert_eq!(at("0.0.0.0:49153", true), "https://10.0.0.9:49153");
+        assert_eq!(at("[::]:49153", true), "https://10.0.0.9:49153");
+        assert_eq!(at("[::1]:1", false), "http://[::1]:1");
+        assert_eq!(derive_url("0.0.0.0:1".parse().unwrap(), true, ""), "");
+        assert_eq!(
+            derive_url("[::]:443".parse().unwrap(), true, "fe80::1"),
+            "https://[fe80::1]:443"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_first_tcp_listener_is_advertised_unless_the_config_says_otherwise() {
+        let dir = temp_dir("advertise");
+        let mut cfg = config(&dir.join("fleet.sock"));
+        let none = listeners(&cfg, Activated::default()).unwrap();
+        assert_eq!(advertised(&cfg, &none, "10.0.0.9"), "");
+        drop(none);
+        cfg.listen = vec![
+            ListenAddr::Unix(dir.join("more.sock")),
+            ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
+            ListenAddr::Tcp("127.0.0.1:0".parse().unwrap()),
+        ];
+        let served = listeners(&cfg, Activated::default()).unwrap();
+        let Listener::Tcp(first) = &served[2] else {
+            panic!("{:?}", served[2]);
+        };
+        let port = first.local_addr().unwrap().port();
+        assert_eq!(
+            advertised(&cfg, &served, "10.0.0.9"),
+            format!("http://127.0.0.1:{port}")
+        );
+        cfg.advertise = Advertise::Url("https://fleet.example:443".into());
+        assert_eq!(
+            advertised(&cfg, &served, "10.0.0.9"),
+            "https://fleet.example:443"
+        );
+        cfg.advertise = Advertise::Nothing;
+        assert_eq!(advertised(&cfg, &served, "10.0.0.9"), "");
+        drop(served);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

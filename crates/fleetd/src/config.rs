@@ -14,7 +14,7 @@ mod file;
 mod units_dir;
 mod values;
 
-pub use api::{ApiConfig, ApiTlsFiles, ListenAddr};
+pub use api::{Advertise, ApiConfig, ApiTlsFiles, ListenAddr};
 
 use anyhow::{Result, anyhow, bail};
 use clap::parser::ValueSource;
@@ -393,6 +393,10 @@ pub const KEYS: &[Key] = &[
     Key::api(
         "api_allow_plain_tcp",
         "let api_listen take plain TCP on other than loopback addresses [default: false]",
+    ),
+    Key::api(
+        "api_advertise",
+        "URL other machines reach this API at, `https://HOST:PORT`, empty: none [default: from the first TCP listener]",
     ),
     // fleetd always watches; a periodic resync is there anyway (docs/agent.md).
     Key::ignored("disable_watches"),

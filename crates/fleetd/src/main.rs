@@ -7,6 +7,7 @@ mod api;
 mod cli;
 mod config;
 mod engine;
+mod inspect;
 mod logging;
 mod notify;
 mod public_ip;
@@ -149,7 +150,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         .public_ip
         .clone()
         .unwrap_or_else(|| public_ip::auto(&config.etcd_servers));
-    let info = MachineInfo {
+    let mut info = MachineInfo {
         id: machine.clone(),
         public_ip,
         metadata: config.metadata.clone(),
@@ -168,24 +169,29 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let listeners = api::listeners(&config.api, activated)?;
+    info.api = api::advertised(&config.api, &listeners, &info.public_ip);
+    debug!(api = %info.api, "api address for this machine's presence");
+    // Before the API: its status route reads unit properties through this connection.
+    let manager = SystemdManager::connect(SystemdConfig {
+        units_dir: config.units_directory.clone(),
+        ..SystemdConfig::default()
+    })
+    .await?;
     // Its own etcd connection: a client listing 10,000 units must not queue the agent's
     // lease renewals or the engine's writes behind its responses.
     let api_kv = EtcdKv::connect(&etcd)
         .await
         .context("connecting to etcd for the API")?;
+    let inspector = std::sync::Arc::new(inspect::SystemInspector::new(manager.clone()));
     api::spawn(
         &mut tasks,
         Registry::new(api_kv, &config.etcd_key_prefix),
         &config.api,
         listeners,
         VERSION,
+        Some((machine.clone(), inspector, config.deny_units.clone())),
         shutdown_rx.clone(),
     );
-    let manager = SystemdManager::connect(SystemdConfig {
-        units_dir: config.units_directory.clone(),
-        ..SystemdConfig::default()
-    })
-    .await?;
     let keeper = PresenceKeeper {
         registry: MachineRole::new(registry.clone(), machine.clone()),
         info,

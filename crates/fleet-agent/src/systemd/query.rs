@@ -9,7 +9,7 @@ use zbus::proxy::CacheProperties;
 use zbus_systemd::systemd1::{ServiceProxy, UnitProxy};
 
 /// The object path of `name`'s unit; systemd loads the unit on demand when it is asked.
-fn unit_path(name: &UnitName) -> zbus::OwnedObjectPath {
+pub(super) fn unit_path(name: &UnitName) -> zbus::OwnedObjectPath {
     zbus_systemd::bus_path_encode(
         &zbus::ObjectPath::from_static_str_unchecked("/org/freedesktop/systemd1/unit"),
         name.as_str(),

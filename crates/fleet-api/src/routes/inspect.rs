@@ -28,6 +28,8 @@ pub(crate) struct Inspection {
     pub(crate) inspector: Arc<dyn Inspector>,
     /// One permit per journal being streamed.
     pub(crate) journals: Arc<Semaphore>,
+    /// Globs of units this machine's agent refuses to manage (`deny_units`).
+    pub(crate) deny_units: Vec<String>,
 }
 
 impl Inspection {
@@ -36,6 +38,7 @@ impl Inspection {
             machine,
             inspector,
             journals: Arc::new(Semaphore::new(MAX_JOURNALS)),
+            deny_units: Vec::new(),
         }
     }
 }
@@ -81,6 +84,13 @@ pub(crate) async fn handle<K: Kv>(
     // A name that cannot name a unit names none.
     let name: UnitName = name.parse().map_err(|_| ApiError::UnitNotFound)?;
     scheduled_here(api, &inspection.machine, &name).await?;
+    if inspection
+        .deny_units
+        .iter()
+        .any(|g| fleet_core::glob_match(g, name.as_str()))
+    {
+        return Err(ApiError::Refused(name));
+    }
     match journal {
         None => {
             let report = inspection.inspector.status(&name, lines).await?;

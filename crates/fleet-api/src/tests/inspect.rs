@@ -300,6 +300,34 @@ async fn a_unit_that_is_unknown_unscheduled_or_elsewhere_is_404_and_runs_nothing
 }
 
 #[tokio::test]
+async fn a_unit_the_agent_refuses_here_is_404_and_runs_nothing() {
+    let kv = MemKv::new();
+    let registry = Registry::new(kv.clone(), "/fleet/");
+    let fake = FakeInspector::new();
+    let api = Api::new(registry.clone(), 100, VERSION)
+        .with_inspector(HERE.parse().unwrap(), Arc::new(fake.clone()))
+        .refusing(vec!["sshd.service".into(), "systemd-*".into()]);
+    let f = Fixture {
+        registry,
+        router: router(api),
+    };
+    scheduled(&f, "sshd.service", &[HERE]).await;
+    scheduled(&f, "systemd-logind.service", &[HERE]).await;
+    for unit in ["sshd.service", "systemd-logind.service"] {
+        for aspect in ["status", "journal"] {
+            assert_error(
+                &f.get(&format!("/fleet/v1/units/{unit}/{aspect}")).await,
+                StatusCode::NOT_FOUND,
+                &format!(
+                    "unit {unit} matches deny_units here: fleetd does not manage it on this machine"
+                ),
+            );
+        }
+    }
+    assert_eq!(fake.calls(), vec![]);
+}
+
+#[tokio::test]
 async fn status_and_journal_are_503_while_etcd_is_away_and_run_nothing() {
     let (f, kv, fake) = inspecting();
     scheduled(&f, "a.service", &[HERE]).await;

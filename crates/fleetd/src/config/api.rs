@@ -10,6 +10,11 @@
 //!   client certificate signed by the CA. Unix sockets stay plain: their file mode guards them.
 //! - `api_allow_plain_tcp`: plain TCP listeners serve anyone who can reach them, so without
 //!   TLS only loopback addresses are taken unless this is true.
+//! - `api_advertise`: the URL other machines' fleetctl reach this fleetd's API at
+//!   (`https://HOST:PORT` or `http://HOST:PORT`), published in this machine's presence for
+//!   `fleetctl status` and `journal` (issue 16). Unset: derived from the first TCP listener
+//!   (`https://` with TLS, the listener's IP, or `public_ip` for a wildcard address); empty:
+//!   none is published.
 
 use anyhow::{Result, anyhow};
 use std::collections::BTreeMap;
@@ -29,6 +34,19 @@ pub struct ApiConfig {
     pub listen: Vec<ListenAddr>,
     /// None: TCP listeners are plain.
     pub tls: Option<ApiTlsFiles>,
+    pub advertise: Advertise,
+}
+
+/// What this machine publishes as its API address (`MachineInfo::api`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Advertise {
+    /// From the first TCP listener (`api_advertise` unset).
+    #[default]
+    Derived,
+    /// `api_advertise=` (empty): no address is published.
+    Nothing,
+    /// `api_advertise`'s URL, checked: `http(s)://HOST:PORT`.
+    Url(String),
 }
 
 /// The PEM files of the API's TLS listeners.
@@ -94,12 +112,63 @@ pub fn build(raw: &BTreeMap<String, Raw>) -> Result<ApiConfig> {
             listen.push(addr);
         }
     }
+    let advertise = match raw.get("api_advertise") {
+        None => Advertise::Derived,
+        Some(r) if r.value.trim().is_empty() => Advertise::Nothing,
+        Some(r) => Advertise::Url(
+            advertise_url(r.value.trim()).map_err(|why| err("api_advertise", r, &why))?,
+        ),
+    };
     Ok(ApiConfig {
         token_limit,
         socket,
         listen,
         tls,
+        advertise,
     })
+}
+
+/// `http://HOST:PORT` or `https://HOST:PORT` (a trailing `/` is dropped): HOST a name or an
+/// IP address (IPv6 in brackets), PORT 1 to 65535, nothing after it. Clients add the API's
+/// paths to it, so a path, query or credentials would only mislead them.
+fn advertise_url(value: &str) -> Result<String, String> {
+    let value = value.strip_suffix('/').unwrap_or(value);
+    let Some((scheme, rest)) = value.split_once("://") else {
+        return Err("expected https://HOST:PORT or http://HOST:PORT".to_owned());
+    };
+    if scheme != "https" && scheme != "http" {
+        return Err(format!("scheme {scheme:?} is not https or http"));
+    }
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() => (host, port),
+        _ => return Err(format!("{rest:?} is not HOST:PORT")),
+    };
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && port.bytes().all(|b| b.is_ascii_digit()) => {}
+        _ => return Err(format!("port {port:?} is not a number from 1 to 65535")),
+    }
+    let host_ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        v6.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        host.parse::<std::net::Ipv4Addr>().is_ok() || is_dns_name(host)
+    };
+    if !host_ok {
+        return Err(format!("host {host:?} is no IP address or DNS name"));
+    }
+    Ok(value.to_owned())
+}
+
+/// Letters, digits, `-` and `.`, in labels of 1 to 63 bytes not starting or ending with `-`.
+fn is_dns_name(host: &str) -> bool {
+    host.len() <= 253
+        && host.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
 }
 
 /// `api_cafile`, `api_certfile` and `api_keyfile`: all three, or none. One or two alone would
@@ -232,6 +301,48 @@ mod tests {
             e.to_string().contains("missing api_certfile, api_keyfile"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn api_advertise_takes_an_http_or_https_url_of_host_and_port() {
+        let url = |v: &str| build(&raw(&[("api_advertise", v)])).map(|c| c.advertise);
+        assert_eq!(build(&raw(&[])).unwrap().advertise, Advertise::Derived);
+        assert_eq!(url("").unwrap(), Advertise::Nothing);
+        for (given, kept) in [
+            ("https://10.0.0.2:49153", "https://10.0.0.2:49153"),
+            ("http://127.0.0.1:8080/", "http://127.0.0.1:8080"),
+            ("https://[fe80::1]:443", "https://[fe80::1]:443"),
+            (
+                "https://node-1.example.com:49153",
+                "https://node-1.example.com:49153",
+            ),
+        ] {
+            assert_eq!(
+                url(given).unwrap(),
+                Advertise::Url(kept.to_owned()),
+                "{given}"
+            );
+        }
+    }
+
+    #[test]
+    fn api_advertise_refuses_what_is_no_such_url_and_says_why() {
+        for (value, why) in [
+            ("10.0.0.2:49153", "expected https://HOST:PORT"),
+            ("ftp://10.0.0.2:21", "scheme \"ftp\" is not https or http"),
+            ("https://10.0.0.2", "is not HOST:PORT"),
+            ("https://10.0.0.2:0", "port \"0\" is not a number"),
+            ("https://10.0.0.2:99999", "port \"99999\""),
+            ("https://10.0.0.2:80/fleet", "port \"80/fleet\""),
+            ("https://fe80::1:443", "host \"fe80::1\" is no IP address"),
+            ("https://user@host:443", "host \"user@host\""),
+            ("https://:443", "is not HOST:PORT"),
+        ] {
+            let e = build(&raw(&[("api_advertise", value)])).unwrap_err();
+            let e = e.to_string();
+            assert!(e.starts_with("invalid api_advertise"), "{value}: {e}");
+            assert!(e.contains(why), "{value}: {e}");
+        }
     }
 
     #[test]
