@@ -307,7 +307,17 @@ fn ssh_fallbacks(cluster: &Cluster, ticks: &[&str]) -> Result<()> {
     );
 
     // A machine whose fleetd serves no TCP API publishes none: fleetctl falls back to ssh.
-    let bare = machine_of(cluster, ticks[1])?;
+    // Not the one fleetctl talks to, whose TLS listener it keeps using.
+    let target = machine_of(cluster, ticks[2])?;
+    let talked_to = cluster.api_machine()?.name().to_owned();
+    let mut others = Vec::new();
+    for unit in &ticks[..2] {
+        let m = machine_of(cluster, unit)?;
+        if m.name() != talked_to {
+            others.push((*unit, m));
+        }
+    }
+    let (unit, bare) = *others.first().context("no unit off fleetctl's machine")?;
     bare.write_file("/run/fleet/no-api.env", "FLEET_API_LISTEN=\n")?;
     bare.write_file(
         "/run/systemd/system/fleet.service.d/no-api.conf",
@@ -315,7 +325,6 @@ fn ssh_fallbacks(cluster: &Cluster, ticks: &[&str]) -> Result<()> {
     )?;
     bare.systemctl_ok(&["daemon-reload"])?;
     bare.restart_fleetd()?;
-    let unit = ticks[1];
     let o = wait_for_value(TIMEOUT, POLL, || {
         let o = fleetctl(cluster, &["status", unit]).ok()?;
         text(&o).contains("fake ssh to").then_some(o)
@@ -330,7 +339,6 @@ fn ssh_fallbacks(cluster: &Cluster, ticks: &[&str]) -> Result<()> {
     );
 
     // fleetctl ssh: by machine ID prefix, by unit, with the remote command's exit status.
-    let target = machine_of(cluster, ticks[2])?;
     let prefix = &target.id().to_string()[..8];
     let o = fleetctl(cluster, &["ssh", prefix, "cat", "/etc/hostname"])?;
     ensure!(
