@@ -193,6 +193,44 @@ fn status_and_journal_come_from_each_units_own_fleetd_with_no_sshd_anywhere() ->
         text(&o)
     );
 
+    // Over etcd, inside the unit's machine: systemctl and journalctl run right there.
+    let o = here.exec(
+        "/opt/fleet/bin/fleetctl",
+        [
+            "--driver",
+            "etcd",
+            "--endpoint",
+            &cluster.etcd_endpoint(),
+            "status",
+            ticks[2],
+        ],
+    )?;
+    ensure!(
+        o.status.success() && text(&o).contains("Active: active (running)"),
+        "status over etcd inside {}: {}",
+        here.name(),
+        text(&o)
+    );
+    // journalctl's output modes pass through: `cat` is the bare message.
+    let o = fleetctl(
+        &cluster,
+        &["journal", "--output", "cat", "--lines", "3", ticks[2]],
+    )?;
+    ensure!(
+        o.status.success()
+            && String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .all(|l| l.starts_with("tick 3 ")),
+        "journal --output cat: {}",
+        text(&o)
+    );
+    let o = fleetctl(&cluster, &["journal", "--output", "nonsense", ticks[2]])?;
+    ensure!(
+        !o.status.success() && text(&o).contains("unknown journal output mode"),
+        "{}",
+        text(&o)
+    );
+
     // Errors are one line and a non-zero exit.
     let o = fleetctl(&cluster, &["status", "nope.service"])?;
     ensure!(
