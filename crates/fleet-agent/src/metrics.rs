@@ -325,8 +325,9 @@ impl Metrics {
     }
 }
 
-/// A [`UnitManager`] that times every call of `inner` and counts its errors.
-#[derive(Debug)]
+/// A [`UnitManager`] that times every call of `inner` and counts its errors; clones share
+/// the metrics (and the manager, when its clones do).
+#[derive(Debug, Clone)]
 pub struct Metered<M> {
     inner: M,
     metrics: Metrics,
