@@ -1,6 +1,8 @@
 //! The registry's metrics: every etcd request, counted and timed by operation, its errors by
-//! kind. Measured by a [`Hook`] around the store ([`Metrics::meter`]), so neither the registry
-//! nor its callers change: fleetd wraps each of its etcd connections once.
+//! kind. Measured by [`Metered`], a store that passes every request on to another
+//! ([`Metrics::meter`]), so neither the registry nor its callers change: fleetd wraps each of
+//! its etcd connections once. Not a [`crate::kv::Hooked`] store: that one copies every
+//! transaction to show it to its hook afterwards, and a batch of unit files can be megabytes.
 //!
 //! Names start from fleet's (`operation_count_total`, `operation_failed_count_total`,
 //! `operation_duration_seconds`, with fleet's `type` label); docs/operating.md lists them. The
@@ -15,7 +17,8 @@ use prometheus_client::registry::{Registry, Unit};
 use std::fmt::{self, Write};
 use std::time::Duration;
 
-use crate::kv::{Hook, Hooked, KvError, Outcome, Request};
+use crate::kv::{Kv, KvError, LeaseId, RangeResult, Revision, Txn, TxnResult, Watch};
+use tokio::time::Instant;
 
 /// One kind of etcd request, as the store's trait names them.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
@@ -29,17 +32,6 @@ pub enum Op {
 }
 
 impl Op {
-    fn of(request: Request<'_>) -> Op {
-        match request {
-            Request::Range { .. } => Op::Range,
-            Request::Txn(_) => Op::Txn,
-            Request::Grant => Op::Grant,
-            Request::KeepAlive(_) => Op::KeepAlive,
-            Request::Revoke(_) => Op::Revoke,
-            Request::Watch { .. } => Op::Watch,
-        }
-    }
-
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -170,10 +162,27 @@ impl Metrics {
     }
 
     /// `kv`, with every request counted and timed here.
-    pub fn meter<K>(&self, kv: K) -> Hooked<K, Metrics> {
-        Hooked {
+    pub fn meter<K: Kv>(&self, kv: K) -> Metered<K> {
+        Metered {
             inner: kv,
-            hook: self.clone(),
+            metrics: self.clone(),
+        }
+    }
+
+    fn record<T>(&self, op: Op, sent: Instant, res: &Result<T, KvError>) {
+        let labels = OpLabels { r#type: op };
+        self.operations.get_or_create(&labels).inc();
+        self.duration
+            .get_or_create(&labels)
+            .observe(sent.elapsed().as_secs_f64());
+        if let Err(e) = res {
+            self.failures.get_or_create(&labels).inc();
+            self.errors
+                .get_or_create(&ErrorLabels {
+                    r#type: op,
+                    error: ErrorKind::of(e),
+                })
+                .inc();
         }
     }
 
@@ -192,35 +201,71 @@ impl Metrics {
     }
 }
 
-impl Hook for Metrics {
-    async fn before(&self, _: Request<'_>) -> Result<(), KvError> {
-        Ok(())
+/// A store that counts and times every request of `inner`.
+#[derive(Debug, Clone)]
+pub struct Metered<K> {
+    inner: K,
+    metrics: Metrics,
+}
+
+impl<K: Kv> Kv for Metered<K> {
+    async fn range(
+        &self,
+        key: &str,
+        prefix: bool,
+        revision: Option<Revision>,
+    ) -> Result<RangeResult, KvError> {
+        let sent = Instant::now();
+        let res = self.inner.range(key, prefix, revision).await;
+        self.metrics.record(Op::Range, sent, &res);
+        res
     }
 
-    fn after(&self, request: Request<'_>, outcome: Outcome<'_>, took: Duration) {
-        let labels = OpLabels {
-            r#type: Op::of(request),
-        };
-        self.operations.get_or_create(&labels).inc();
-        self.duration
-            .get_or_create(&labels)
-            .observe(took.as_secs_f64());
-        if let Outcome::Failed(e) = outcome {
-            self.failures.get_or_create(&labels).inc();
-            self.errors
-                .get_or_create(&ErrorLabels {
-                    r#type: labels.r#type,
-                    error: ErrorKind::of(e),
-                })
-                .inc();
-        }
+    async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
+        let sent = Instant::now();
+        let res = self.inner.txn(txn).await;
+        self.metrics.record(Op::Txn, sent, &res);
+        res
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
+        let sent = Instant::now();
+        let res = self.inner.grant(ttl).await;
+        self.metrics.record(Op::Grant, sent, &res);
+        res
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<(), KvError> {
+        let sent = Instant::now();
+        let res = self.inner.keep_alive(lease).await;
+        self.metrics.record(Op::KeepAlive, sent, &res);
+        res
+    }
+
+    async fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {
+        let sent = Instant::now();
+        let res = self.inner.revoke(lease).await;
+        self.metrics.record(Op::Revoke, sent, &res);
+        res
+    }
+
+    async fn watch(
+        &self,
+        key: &str,
+        prefix: bool,
+        from_revision: Revision,
+    ) -> Result<Watch, KvError> {
+        let sent = Instant::now();
+        let res = self.inner.watch(key, prefix, from_revision).await;
+        self.metrics.record(Op::Watch, sent, &res);
+        res
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::{Kv, MemKv, Txn, TxnOp};
+    use crate::kv::{MemKv, TxnOp};
     use prometheus_client::encoding::text::encode;
 
     fn put(key: &str) -> Txn {
