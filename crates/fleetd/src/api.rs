@@ -193,12 +193,14 @@ pub fn spawn<K: Kv>(
     version: &str,
     inspection: Option<Inspection>,
     shutdown: watch::Receiver<bool>,
+    metrics: &crate::metrics::Metrics,
 ) {
     if listeners.is_empty() {
         info!("fleet api not served: no listener");
         return;
     }
-    let mut api = Api::new(registry, config.token_limit, version);
+    let mut api = Api::new(registry, config.token_limit, version)
+        .with_metrics(metrics.api.clone(), metrics.exposed.clone());
     if let Some((machine, inspector, deny_units)) = inspection {
         api = api.with_inspector(machine, inspector).refusing(deny_units);
     }
