@@ -185,16 +185,14 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         .await
         .context("connecting to etcd for the API")?;
     let inspector = std::sync::Arc::new(inspect::SystemInspector::new(manager.clone()));
-    api::spawn(
-        &mut tasks,
+    let served = api::build(
         Registry::new(metrics.registry.meter(api_kv), &config.etcd_key_prefix),
         &config.api,
-        listeners,
         VERSION,
         Some((machine.clone(), inspector, config.deny_units.clone())),
-        shutdown_rx.clone(),
         &metrics,
     );
+    api::spawn(&mut tasks, served, listeners, shutdown_rx.clone());
     let manager = metrics.agent.meter(
         SystemdManager::connect(SystemdConfig {
             units_dir: config.units_directory.clone(),
