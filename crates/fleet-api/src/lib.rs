@@ -11,6 +11,7 @@ pub mod entity;
 pub mod error;
 pub mod inspect;
 mod maintenance;
+pub mod metrics;
 pub mod ops;
 pub mod page;
 pub mod routes;
@@ -18,6 +19,7 @@ pub mod serve;
 
 pub use error::{ApiError, ETCD_UNREACHABLE};
 pub use inspect::{InspectError, Inspector};
+pub use metrics::Metrics;
 pub use page::{PageError, PageToken};
 pub use routes::{Api, PREFIXES, router};
 pub use serve::{Listener, serve};

@@ -183,24 +183,35 @@ pub type Inspection = (
     Vec<String>,
 );
 
-/// Serves the API on every listener, one task each, until `shutdown`. With `inspection` it
-/// serves the status and journal of this machine's units.
-pub fn spawn<K: Kv>(
-    tasks: &mut JoinSet<Result<()>>,
+/// The API fleetd serves: fleet's routes over `registry`, counted into `metrics` and serving
+/// them; with `inspection`, the status and journal of this machine's units.
+pub fn build<K: Kv>(
     registry: Registry<K>,
     config: &ApiConfig,
-    listeners: Vec<Listener>,
     version: &str,
     inspection: Option<Inspection>,
+    metrics: &crate::metrics::Metrics,
+) -> Api<K> {
+    let api = Api::new(registry, config.token_limit, version)
+        .with_metrics(metrics.api.clone(), metrics.exposed.clone());
+    match inspection {
+        Some((machine, inspector, deny_units)) => {
+            api.with_inspector(machine, inspector).refusing(deny_units)
+        }
+        None => api,
+    }
+}
+
+/// Serves `api` on every listener, one task each, until `shutdown`.
+pub fn spawn<K: Kv>(
+    tasks: &mut JoinSet<Result<()>>,
+    api: Api<K>,
+    listeners: Vec<Listener>,
     shutdown: watch::Receiver<bool>,
 ) {
     if listeners.is_empty() {
         info!("fleet api not served: no listener");
         return;
-    }
-    let mut api = Api::new(registry, config.token_limit, version);
-    if let Some((machine, inspector, deny_units)) = inspection {
-        api = api.with_inspector(machine, inspector).refusing(deny_units);
     }
     let router = fleet_api::router(api);
     for listener in listeners {

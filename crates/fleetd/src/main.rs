@@ -9,6 +9,7 @@ mod config;
 mod engine;
 mod inspect;
 mod logging;
+mod metrics;
 mod notify;
 mod public_ip;
 mod report;
@@ -144,8 +145,9 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         request_timeout: config.etcd_request_timeout,
         tls: config.tls(),
     };
+    let metrics = metrics::Metrics::new();
     let kv = EtcdKv::connect(&etcd).await.context("connecting to etcd")?;
-    let registry = Registry::new(kv, &config.etcd_key_prefix);
+    let registry = Registry::new(metrics.registry.meter(kv), &config.etcd_key_prefix);
     let public_ip = config
         .public_ip
         .clone()
@@ -172,7 +174,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     info.api = api::advertised(&config.api, &listeners, &info.public_ip);
     debug!(api = %info.api, "api address for this machine's presence");
     // Before the API: its status route reads unit properties through this connection.
-    let manager = SystemdManager::connect(SystemdConfig {
+    let systemd = SystemdManager::connect(SystemdConfig {
         units_dir: config.units_directory.clone(),
         ..SystemdConfig::default()
     })
@@ -182,16 +184,16 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let api_kv = EtcdKv::connect(&etcd)
         .await
         .context("connecting to etcd for the API")?;
-    let inspector = std::sync::Arc::new(inspect::SystemInspector::new(manager.clone()));
-    api::spawn(
-        &mut tasks,
-        Registry::new(api_kv, &config.etcd_key_prefix),
+    let inspector = std::sync::Arc::new(inspect::SystemInspector::new(systemd.clone()));
+    let api = api::build(
+        Registry::new(metrics.registry.meter(api_kv), &config.etcd_key_prefix),
         &config.api,
-        listeners,
         VERSION,
         Some((machine.clone(), inspector, config.deny_units.clone())),
-        shutdown_rx.clone(),
+        &metrics,
     );
+    api::spawn(&mut tasks, api, listeners, shutdown_rx.clone());
+    let manager = metrics.agent.meter(systemd);
     let keeper = PresenceKeeper {
         registry: MachineRole::new(registry.clone(), machine.clone()),
         info,
@@ -211,7 +213,8 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     agent_cfg.deny_units = config.deny_units.clone();
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
     let role = MachineRole::new(registry.clone(), machine.clone());
-    let agent = Agent::new(role, manager, agent_cfg, presence_rx);
+    let agent =
+        Agent::new(role, manager, agent_cfg, presence_rx).with_metrics(metrics.agent.clone());
     notify::spawn_status(notifier.clone(), agent.progress());
     {
         let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
@@ -236,6 +239,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
             &machine,
             &config,
             shutdown_rx.clone(),
+            &metrics,
         );
     }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
