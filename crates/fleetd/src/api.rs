@@ -183,8 +183,8 @@ pub type Inspection = (
     Vec<String>,
 );
 
-/// The API fleetd serves: fleet's routes over `registry`, counted into `metrics` and serving
-/// them; with `inspection`, the status and journal of this machine's units.
+/// fleetd's API over `registry`, counting into `metrics`; with `inspection` it serves the
+/// status and journal of this machine's units.
 pub fn build<K: Kv>(
     registry: Registry<K>,
     config: &ApiConfig,

@@ -185,14 +185,14 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         .await
         .context("connecting to etcd for the API")?;
     let inspector = std::sync::Arc::new(inspect::SystemInspector::new(systemd.clone()));
-    let api = api::build(
+    let served = api::build(
         Registry::new(metrics.registry.meter(api_kv), &config.etcd_key_prefix),
         &config.api,
         VERSION,
         Some((machine.clone(), inspector, config.deny_units.clone())),
         &metrics,
     );
-    api::spawn(&mut tasks, api, listeners, shutdown_rx.clone());
+    api::spawn(&mut tasks, served, listeners, shutdown_rx.clone());
     let manager = metrics.agent.meter(systemd);
     let keeper = PresenceKeeper {
         registry: MachineRole::new(registry.clone(), machine.clone()),
