@@ -710,6 +710,29 @@ fn status_and_journal_are_served_by_the_units_own_machine() -> Result<()> {
     let main_pid = here.main_pid(unit)?.context("no MainPID")?;
     let pid = main_pid.to_string();
     ensure!(b["properties"]["MainPID"].as_str() == Some(&pid), "{b}");
+    // Every property as `systemctl show` prints it (counters that move between the two
+    // reads aside; the machines' clocks are UTC, as fleetd prints timestamps).
+    const MOVING: [&str; 6] = [
+        "CPUUsageNSec",
+        "MemoryCurrent",
+        "MemoryAvailable",
+        "TasksCurrent",
+        "IOReadBytes",
+        "IOWriteBytes",
+    ];
+    let shown = here.systemctl_ok(&["show", unit])?;
+    let differ: Vec<String> = shown
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .filter(|(k, _)| !MOVING.contains(k))
+        .filter(|(k, v)| b["properties"][*k].as_str() != Some(*v))
+        .map(|(k, v)| format!("{k}: systemctl {v:?}, fleetd {}", b["properties"][k]))
+        .collect();
+    ensure!(
+        differ.is_empty(),
+        "properties differ:\n{}",
+        differ.join("\n")
+    );
 
     check_error(
         &call(

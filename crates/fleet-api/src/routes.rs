@@ -66,6 +66,18 @@ impl<K: Kv> Api<K> {
         }
     }
 
+    /// This API, counting its requests into `metrics` and serving `exposed` (every metric
+    /// of the process, `metrics` included) at `GET /metrics`.
+    pub fn with_metrics(
+        mut self,
+        metrics: Metrics,
+        exposed: Arc<prometheus_client::registry::Registry>,
+    ) -> Api<K> {
+        self.metrics = metrics;
+        self.exposed = Some(exposed);
+        self
+    }
+
     /// Serves `GET /units/<name>/status` and `/journal` for the units scheduled on
     /// `machine` (this fleetd's), through `inspector`.
     pub fn with_inspector(
@@ -84,18 +96,6 @@ impl<K: Kv> Api<K> {
         if let Some(i) = self.inspection.as_mut() {
             i.deny_units = deny_units;
         }
-        self
-    }
-
-    /// This API, counting its requests into `metrics` and serving `exposed` (every metric
-    /// of the process, `metrics` included) at `GET /metrics`.
-    pub fn with_metrics(
-        mut self,
-        metrics: Metrics,
-        exposed: Arc<prometheus_client::registry::Registry>,
-    ) -> Api<K> {
-        self.metrics = metrics;
-        self.exposed = Some(exposed);
         self
     }
 }

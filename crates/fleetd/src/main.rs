@@ -174,7 +174,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     info.api = api::advertised(&config.api, &listeners, &info.public_ip);
     debug!(api = %info.api, "api address for this machine's presence");
     // Before the API: its status route reads unit properties through this connection.
-    let manager = SystemdManager::connect(SystemdConfig {
+    let systemd = SystemdManager::connect(SystemdConfig {
         units_dir: config.units_directory.clone(),
         ..SystemdConfig::default()
     })
@@ -184,7 +184,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let api_kv = EtcdKv::connect(&etcd)
         .await
         .context("connecting to etcd for the API")?;
-    let inspector = std::sync::Arc::new(inspect::SystemInspector::new(manager.clone()));
+    let inspector = std::sync::Arc::new(inspect::SystemInspector::new(systemd.clone()));
     let served = api::build(
         Registry::new(metrics.registry.meter(api_kv), &config.etcd_key_prefix),
         &config.api,
@@ -193,13 +193,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         &metrics,
     );
     api::spawn(&mut tasks, served, listeners, shutdown_rx.clone());
-    let manager = metrics.agent.meter(
-        SystemdManager::connect(SystemdConfig {
-            units_dir: config.units_directory.clone(),
-            ..SystemdConfig::default()
-        })
-        .await?,
-    );
+    let manager = metrics.agent.meter(systemd);
     let keeper = PresenceKeeper {
         registry: MachineRole::new(registry.clone(), machine.clone()),
         info,

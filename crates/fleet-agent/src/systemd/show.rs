@@ -13,6 +13,12 @@ use std::collections::BTreeMap;
 use zbus::proxy::CacheProperties;
 use zbus::wire::Variant;
 
+mod forms;
+
+use forms::{
+    capabilities, mount_propagation, namespaces, numa_policy, signal_name, timespan, timestamp,
+};
+
 const UNIT_INTERFACE: &str = "org.freedesktop.systemd1.Unit";
 
 /// The interface of a unit type's own properties; a target has none of its own.
@@ -69,16 +75,13 @@ impl SystemdManager {
     }
 }
 
-/// `value` of property `name` as `systemctl show` prints it.
+/// `value` of property `name` as `systemctl show` prints it (systemd 252's
+/// `bus_print_property`, whose heuristics go by the property's name).
 pub(super) fn format_property(name: &str, value: &Variant<'_>) -> String {
     match value {
-        Variant::U64(v) if name.ends_with("Timestamp") => timestamp(*v),
-        Variant::U64(v) if name.ends_with("USec") => timespan(*v, 1),
-        Variant::U64(v) if name.ends_with("NSec") => match *v {
-            u64::MAX => "infinity".to_owned(),
-            v => timespan(v / 1000, 1),
-        },
-        Variant::U32(v) if name.ends_with("UMask") => format!("{v:04o}"),
+        Variant::U64(v) => format_u64(name, *v),
+        Variant::U32(v) => format_u32(name, *v),
+        Variant::I32(v) if name == "NUMAPolicy" => numa_policy(*v).to_owned(),
         Variant::Array(a) if name.starts_with("Exec") && !a.inner().is_empty() => a
             .inner()
             .iter()
@@ -87,6 +90,87 @@ pub(super) fn format_property(name: &str, value: &Variant<'_>) -> String {
             .join(" ; "),
         other => plain(other),
     }
+}
+
+const NOT_SET: &str = "[not set]";
+
+fn format_u64(name: &str, v: u64) -> String {
+    let is = |names: &[&str]| names.contains(&name);
+    const TIMESTAMPS: [&str; 4] = [
+        "NextElapseUSecRealtime",
+        "LastTriggerUSec",
+        "TimeUSec",
+        "RTCTimeUSec",
+    ];
+    if name.ends_with("Timestamp") || is(&TIMESTAMPS) {
+        return timestamp(v);
+    }
+    if name.contains("USec") {
+        return timespan(v, 1);
+    }
+    match name {
+        "CoredumpFilter" => return format!("0x{v:x}"),
+        "RestrictNamespaces" => return namespaces(v),
+        "MountFlags" => return mount_propagation(v).to_owned(),
+        "CapabilityBoundingSet" | "AmbientCapabilities" => return capabilities(v),
+        _ => {}
+    }
+    // systemd's "invalid" values of weights and shares, and its unset counters: all
+    // UINT64_MAX.
+    const UNSET: [&str; 10] = [
+        "CPUWeight",
+        "StartupCPUWeight",
+        "IOWeight",
+        "StartupIOWeight",
+        "CPUShares",
+        "StartupCPUShares",
+        "BlockIOWeight",
+        "StartupBlockIOWeight",
+        "MemoryCurrent",
+        "TasksCurrent",
+    ];
+    let unset = v == u64::MAX && (is(&UNSET) || name.ends_with("NSec"));
+    if unset {
+        return NOT_SET.to_owned();
+    }
+    const MEMORY: [&str; 8] = [
+        "DefaultMemoryLow",
+        "DefaultMemoryMin",
+        "MemoryLow",
+        "MemoryHigh",
+        "MemoryMax",
+        "MemorySwapMax",
+        "MemoryLimit",
+        "MemoryAvailable",
+    ];
+    let infinite = v == u64::MAX
+        && (is(&MEMORY)
+            || is(&["TasksMax", "DefaultTasksMax"])
+            || name.starts_with("Limit")
+            || name.starts_with("DefaultLimit"));
+    if infinite {
+        return "infinity".to_owned();
+    }
+    let no_data = [
+        "IPIngressBytes",
+        "IPIngressPackets",
+        "IPEgressBytes",
+        "IPEgressPackets",
+    ];
+    if v == u64::MAX && is(&no_data) {
+        return "[no data]".to_owned();
+    }
+    v.to_string()
+}
+
+fn format_u32(name: &str, v: u32) -> String {
+    if name.contains("UMask") || name.contains("Mode") {
+        return format!("{v:04o}");
+    }
+    if (name == "UID" || name == "GID") && v == u32::MAX {
+        return NOT_SET.to_owned();
+    }
+    v.to_string()
 }
 
 /// A value without a systemd-specific form.
@@ -99,7 +183,6 @@ fn plain(value: &Variant<'_>) -> String {
         Variant::I32(v) => v.to_string(),
         Variant::U32(v) => v.to_string(),
         Variant::I64(v) => v.to_string(),
-        Variant::U64(u64::MAX) => "infinity".to_owned(),
         Variant::U64(v) => v.to_string(),
         Variant::F64(v) => v.to_string(),
         Variant::Str(s) => s.as_str().to_owned(),
@@ -134,19 +217,19 @@ fn yes_no(v: bool) -> &'static str {
     if v { "yes" } else { "no" }
 }
 
-/// An `Exec*` entry, `(sasbttttuii)`: path, argv, ignore errors, start and stop times
-/// (realtime, monotonic), pid, exit code and status.
+/// An `Exec*` entry: `(sasbttttuii)` (path, argv, ignore errors, start and stop times as
+/// realtime and monotonic, pid, exit code and status), or an `Exec*Ex` one, `(sasasttttuii)`,
+/// with flags where the boolean was.
 fn exec_command(entry: &Variant<'_>) -> String {
     let s = match entry {
         Variant::Structure(s) => s,
         Variant::Variant(inner) => return exec_command(inner),
         other => return plain(other),
     };
-    let f = s.fields();
     let [
         Variant::Str(path),
         Variant::Array(argv),
-        Variant::Bool(ignore),
+        third,
         Variant::U64(start),
         _,
         Variant::U64(stop),
@@ -154,151 +237,49 @@ fn exec_command(entry: &Variant<'_>) -> String {
         Variant::U32(pid),
         Variant::I32(code),
         Variant::I32(status),
-    ] = f
+    ] = s.fields()
     else {
         return plain(entry);
+    };
+    let third = match third {
+        Variant::Bool(ignore) => format!("ignore_errors={}", yes_no(*ignore)),
+        flags @ Variant::Array(_) => format!("flags={}", plain(flags)),
+        _ => return plain(entry),
     };
     let argv: Vec<String> = argv.inner().iter().map(plain).collect();
     let when = |t: u64| match timestamp(t) {
         t if t.is_empty() => "n/a".to_owned(),
         t => t,
     };
+    // siginfo's CLD_* codes; an exit status is a number, anything else a signal.
     let code_name = match code {
         0 => "(null)".to_owned(),
         1 => "exited".to_owned(),
         2 => "killed".to_owned(),
         3 => "dumped".to_owned(),
+        4 => "trapped".to_owned(),
+        5 => "stopped".to_owned(),
+        6 => "continued".to_owned(),
         c => c.to_string(),
     };
+    let status = if *code == 1 {
+        status.to_string()
+    } else {
+        format!("{status}/{}", signal_name(*status))
+    };
     format!(
-        "{{ path={} ; argv[]={} ; ignore_errors={} ; start_time=[{}] ; stop_time=[{}] ; \
+        "{{ path={} ; argv[]={} ; {third} ; start_time=[{}] ; stop_time=[{}] ; \
          pid={pid} ; code={code_name} ; status={status} }}",
         path.as_str(),
         argv.join(" "),
-        yes_no(*ignore),
         when(*start),
         when(*stop),
     )
 }
 
-/// A realtime timestamp in microseconds as systemd prints it (`Tue 2026-12-01 18:54:30
-/// UTC`); empty when unset (0 or `UINT64_MAX`).
-pub(super) fn timestamp(usec: u64) -> String {
-    if usec == 0 || usec == u64::MAX {
-        return String::new();
-    }
-    let secs = usec / 1_000_000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    // 1970-01-01 was a Thursday.
-    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    let weekday = WEEKDAYS[(days.rem_euclid(7)) as usize];
-    format!(
-        "{weekday} {y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
-/// systemd's `format_timespan(usec, accuracy)`: `1min 30s`, `100ms`, `1.500000s`,
-/// `infinity`.
-pub(super) fn timespan(usec: u64, accuracy: u64) -> String {
-    const TABLE: [(&str, u64); 9] = [
-        ("y", 31_557_600_000_000),
-        ("month", 2_629_800_000_000),
-        ("w", 604_800_000_000),
-        ("d", 86_400_000_000),
-        ("h", 3_600_000_000),
-        ("min", 60_000_000),
-        ("s", 1_000_000),
-        ("ms", 1000),
-        ("us", 1),
-    ];
-    if usec == u64::MAX {
-        return "infinity".to_owned();
-    }
-    if usec == 0 {
-        return "0".to_owned();
-    }
-    let accuracy = accuracy.max(1);
-    let mut parts: Vec<String> = Vec::new();
-    let mut t = usec;
-    for (suffix, unit) in TABLE {
-        if t == 0 || t < accuracy {
-            break;
-        }
-        if t < unit {
-            continue;
-        }
-        let (a, mut b) = (t / unit, t % unit);
-        // Below a minute a remainder is shown as a fraction of this unit.
-        if t < 60_000_000 && b > 0 {
-            let mut digits = 0usize;
-            let mut cc = unit;
-            while cc > 1 {
-                digits += 1;
-                cc /= 10;
-            }
-            let mut cc = accuracy;
-            while cc > 1 {
-                b /= 10;
-                digits = digits.saturating_sub(1);
-                cc /= 10;
-            }
-            if digits > 0 {
-                parts.push(format!("{a}.{b:0digits$}{suffix}"));
-                break;
-            }
-        }
-        parts.push(format!("{a}{suffix}"));
-        t = b;
-    }
-    parts.join(" ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn formats_time_spans_as_systemctl_show() {
-        assert_eq!(timespan(90_000_000, 1), "1min 30s");
-        assert_eq!(timespan(100_000, 1), "100ms");
-        assert_eq!(timespan(1_500_000, 1), "1.500000s");
-        assert_eq!(timespan(0, 1), "0");
-        assert_eq!(timespan(u64::MAX, 1), "infinity");
-        assert_eq!(timespan(3_600_000_000 + 5_000_000, 1), "1h 5s");
-    }
-
-    #[test]
-    fn formats_timestamps_in_utc_and_leaves_unset_ones_empty() {
-        // 2026-12-01 18:54:30 UTC.
-        assert_eq!(
-            timestamp(1_796_151_270_000_000),
-            "Tue 2026-12-01 18:54:30 UTC"
-        );
-        assert_eq!(timestamp(0), "");
-        assert_eq!(
-            timestamp(86_400_000_000 * 59),
-            "Sun 1970-03-01 00:00:00 UTC"
-        );
-    }
 
     #[test]
     fn formats_values_by_type_and_name() {
@@ -307,6 +288,28 @@ mod tests {
         assert_eq!(p("CanStart", Variant::from(true)), "yes");
         assert_eq!(p("MainPID", Variant::from(42u32)), "42");
         assert_eq!(p("MemoryMax", Variant::from(u64::MAX)), "infinity");
+        assert_eq!(
+            p("IOReadBytes", Variant::from(u64::MAX)),
+            "18446744073709551615"
+        );
+        assert_eq!(p("CPUWeight", Variant::from(u64::MAX)), "[not set]");
+        assert_eq!(p("CPUUsageNSec", Variant::from(u64::MAX)), "[not set]");
+        assert_eq!(p("TimerSlackNSec", Variant::from(50_000u64)), "50000");
+        assert_eq!(p("IPEgressBytes", Variant::from(u64::MAX)), "[no data]");
+        assert_eq!(p("CoredumpFilter", Variant::from(51u64)), "0x33");
+        assert_eq!(p("RestrictNamespaces", Variant::from(0x7e02_0080u64)), "no");
+        assert_eq!(p("RestrictNamespaces", Variant::from(0u64)), "yes");
+        assert_eq!(
+            p("RestrictNamespaces", Variant::from(0x4000_0000u64)),
+            "net"
+        );
+        assert_eq!(
+            p("CapabilityBoundingSet", Variant::from(0b101u64)),
+            "cap_chown cap_dac_read_search"
+        );
+        assert_eq!(p("UID", Variant::from(u32::MAX)), "[not set]");
+        assert_eq!(p("RuntimeDirectoryMode", Variant::from(0o755u32)), "0755");
+        assert_eq!(p("NUMAPolicy", Variant::from(-1i32)), "n/a");
         assert_eq!(
             p("TimeoutStartUSec", Variant::from(90_000_000u64)),
             "1min 30s"
@@ -340,5 +343,24 @@ mod tests {
             "{ path=/bin/sh ; argv[]=/bin/sh -c echo hi ; ignore_errors=no ; \
              start_time=[n/a] ; stop_time=[n/a] ; pid=7 ; code=exited ; status=0 }"
         );
+        let running = (
+            "/bin/sleep",
+            vec!["/bin/sleep", "9"],
+            Vec::<String>::new(),
+            0u64,
+            0u64,
+            0u64,
+            0u64,
+            8u32,
+            0i32,
+            0i32,
+        );
+        assert_eq!(
+            format_property("ExecStartEx", &Variant::from(vec![running])),
+            "{ path=/bin/sleep ; argv[]=/bin/sleep 9 ; flags= ; \
+             start_time=[n/a] ; stop_time=[n/a] ; pid=8 ; code=(null) ; status=0/0 }"
+        );
+        assert_eq!(signal_name(15), "TERM");
+        assert_eq!(signal_name(64), "64");
     }
 }
