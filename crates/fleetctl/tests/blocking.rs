@@ -238,3 +238,42 @@ async fn a_rerun_start_or_stop_waits_for_the_state_it_promises() {
     let o = env.fleetctl(&["stop", "--no-block", "hello.service"]);
     assert_eq!((stdout(&o), stderr(&o)), (String::new(), String::new()));
 }
+
+/// On a terminal (a pseudo-terminal from `script`, bsdutils), a wait on several units shows
+/// its progress on stderr; the piped runs above show none (their stderr is exact).
+#[tokio::test]
+async fn on_a_terminal_a_wait_on_several_units_shows_its_progress() {
+    let env = Env::new("progress").await;
+    let mut cmd = Command::new("script");
+    // script runs one command line through $SHELL: fleetctl's path and endpoint go in the
+    // environment, not into the quoting.
+    cmd.args([
+        "-q",
+        "-e",
+        "-c",
+        "exec \"$FLEETCTL_BIN\" start --block-attempts 2 hello.service nowhere.service",
+        "/dev/null",
+    ])
+    .env("FLEETCTL_BIN", env!("CARGO_BIN_EXE_fleetctl"))
+    .env("SHELL", "/bin/bash")
+    .env("TERM", "xterm")
+    .stdin(Stdio::null())
+    .current_dir(&env.dir);
+    env.over.env(&mut cmd, &env.etcd.endpoint());
+    let o = cmd.output().unwrap();
+    let all = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{all}");
+    assert!(
+        // The line is cut at the terminal's width (80 columns here).
+        all.contains("] 0/2 units done, 0s; slowest: hello.service (not scheduled"),
+        "{all:?}"
+    );
+    assert!(
+        all.contains("0/2 units done, 1s"),
+        "the clock moves: {all:?}"
+    );
+    assert!(
+        all.contains("Timed out waiting for units: hello.service, nowhere.service"),
+        "{all:?}"
+    );
+}

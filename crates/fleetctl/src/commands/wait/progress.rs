@@ -125,8 +125,8 @@ impl Progress {
     /// Redraws the line: `done` units of the total, and its text.
     pub fn show(&self, done: usize, text: String) {
         if let Some(bar) = &self.bar {
-            bar.set_position(done as u64);
             bar.set_message(text);
+            bar.set_position(done as u64);
         }
     }
 
