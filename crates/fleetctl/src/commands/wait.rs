@@ -254,15 +254,56 @@ fn interrupted_text(goals: &BTreeMap<UnitName, Goal>) -> Vec<String> {
                 "To undo: `fleetctl stop {args}` (keeps it loaded) or `fleetctl destroy {args}` \
                  (removes it)."
             ),
+            // Loaded by `load` (undone by unload) or by `stop` (undone by start).
             DesiredState::Loaded => format!(
-                "To undo: `fleetctl unload {args}` or `fleetctl destroy {args}` (removes it)."
+                "To change it: `fleetctl start {args}`, `fleetctl unload {args}`, or \
+                 `fleetctl destroy {args}` (removes it)."
             ),
-            DesiredState::Inactive => {
-                format!("To undo: `fleetctl start {args}`; `fleetctl destroy {args}` removes it.")
-            }
+            DesiredState::Inactive => format!(
+                "To change it: `fleetctl start {args}`, or `fleetctl destroy {args}` (removes \
+                 it)."
+            ),
         });
     }
     lines
+}
+
+/// What a wait has said, and where it says more.
+struct Said<'a, C> {
+    ctx: &'a mut Ctx<C>,
+    progress: &'a Progress,
+    failures: &'a mut Vec<String>,
+    /// The reason last told for each unit: a changed reason is told again.
+    told_unscheduled: &'a mut BTreeMap<UnitName, String>,
+}
+
+impl<C> Said<'_, C> {
+    /// Takes the units that reached their goal or failed out of `goals`, printing the first
+    /// (with the progress line out of the way) and keeping the second for the end; tells
+    /// each pending unit's unscheduled reason when it is new.
+    fn report(&mut self, snap: &WaitView, goals: &mut BTreeMap<UnitName, Goal>) {
+        goals.retain(|name, goal| match judge(snap, name, *goal, false) {
+            Verdict::Pending => true,
+            Verdict::Reached(line) => {
+                self.progress.suspend(|| self.ctx.say(line));
+                false
+            }
+            Verdict::Failed(line) => {
+                self.failures.push(line);
+                false
+            }
+        });
+        for name in goals.keys() {
+            let Some(reason) = snap.units.get(name).and_then(|u| u.unscheduled.as_ref()) else {
+                continue;
+            };
+            if self.told_unscheduled.get(name) != Some(reason) {
+                self.told_unscheduled.insert(name.clone(), reason.clone());
+                let line = format!("Unit {name} cannot be scheduled yet: {reason}");
+                self.progress.suspend(|| self.ctx.warn(line));
+            }
+        }
+    }
 }
 
 /// The progress line is redrawn this often, for its clock, while nothing changes.
@@ -311,33 +352,18 @@ async fn wait_until<C: Cluster>(
     let names: BTreeSet<UnitName> = goals.keys().cloned().collect();
     let mut view = cluster.watch(names.clone()).await?;
     let mut failures = Vec::new();
-    // The reason last told for each unit: a changed reason is told again.
-    let mut told_unscheduled: BTreeMap<UnitName, String> = BTreeMap::new();
+    let mut told_unscheduled = BTreeMap::new();
     let mut tick = tokio::time::interval_at(start + TICK, TICK);
     tokio::pin!(interrupt);
     loop {
         let snap = view.view();
-        goals.retain(|name, goal| match judge(snap, name, *goal, false) {
-            Verdict::Pending => true,
-            Verdict::Reached(line) => {
-                progress.suspend(|| ctx.say(line));
-                false
-            }
-            Verdict::Failed(line) => {
-                failures.push(line);
-                false
-            }
-        });
-        for name in goals.keys() {
-            let Some(reason) = snap.units.get(name).and_then(|u| u.unscheduled.as_ref()) else {
-                continue;
-            };
-            if told_unscheduled.get(name) != Some(reason) {
-                told_unscheduled.insert(name.clone(), reason.clone());
-                progress
-                    .suspend(|| ctx.warn(format!("Unit {name} cannot be scheduled yet: {reason}")));
-            }
-        }
+        let mut said = Said {
+            ctx: &mut *ctx,
+            progress: &progress,
+            failures: &mut failures,
+            told_unscheduled: &mut told_unscheduled,
+        };
+        said.report(snap, &mut goals);
         if goals.is_empty() {
             break;
         }
@@ -535,8 +561,8 @@ mod tests {
                  `fleetctl destroy w.service` (removes it).",
                 "Unit old.service stays in the cluster with desired state loaded: the cluster \
                  goes on working towards it.",
-                "To undo: `fleetctl unload old.service` or `fleetctl destroy old.service` \
-                 (removes it).",
+                "To change it: `fleetctl start old.service`, `fleetctl unload old.service`, \
+                 or `fleetctl destroy old.service` (removes it).",
             ]
         );
     }
