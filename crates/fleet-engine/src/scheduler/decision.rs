@@ -6,6 +6,7 @@
 
 use fleet_core::{DesiredState, MachineId, RequirementError, UnitHash, UnitName};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// One change to the registry, with the reason for it.
@@ -84,7 +85,7 @@ impl DecisionKind {
 
 /// Why a machine cannot run a unit: one `[X-Fleet]` rule it fails. Serialized (for
 /// [`explain`](crate::explain)) as `{"rule": "<kebab-case variant>", <fields>}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "rule", rename_all = "kebab-case")]
 pub enum Violation {
     /// `MachineID=` names another machine.
@@ -300,16 +301,25 @@ impl fmt::Display for Reason {
 /// counted together. Largest group first; among equals, the group of the first machine in ID
 /// order first.
 fn group_rejections(rejections: &[(MachineId, Violation)]) -> Vec<(&Violation, Vec<&MachineId>)> {
-    let mut groups: Vec<(&Violation, Vec<&MachineId>)> = Vec::new();
-    for (machine, violation) in rejections {
-        match groups.iter_mut().find(|(v, _)| *v == violation) {
-            Some((_, machines)) => machines.push(machine),
-            None => groups.push((violation, vec![machine])),
-        }
+    // By violation (a map: thousands of machines may each fail differently), with the
+    // position of the group's first machine.
+    let mut by_violation: BTreeMap<&Violation, (usize, Vec<&MachineId>)> = BTreeMap::new();
+    for (i, (machine, violation)) in rejections.iter().enumerate() {
+        by_violation
+            .entry(violation)
+            .or_insert_with(|| (i, Vec::new()))
+            .1
+            .push(machine);
     }
-    // A stable sort keeps first-seen order among groups of one size.
-    groups.sort_by_key(|(_, machines)| std::cmp::Reverse(machines.len()));
+    let mut groups: Vec<(usize, &Violation, Vec<&MachineId>)> = by_violation
+        .into_iter()
+        .map(|(violation, (first, machines))| (first, violation, machines))
+        .collect();
+    groups.sort_by_key(|(first, _, machines)| (std::cmp::Reverse(machines.len()), *first));
     groups
+        .into_iter()
+        .map(|(_, v, machines)| (v, machines))
+        .collect()
 }
 
 /// `no machine able to run unit: 3 machines lack tier=api; 1 machine (4f1e2a10) runs a
