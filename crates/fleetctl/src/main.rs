@@ -51,6 +51,8 @@ fn main() -> ExitCode {
             e.downcast_ref::<commands::remote::Exit>()
                 .map_or(1, |x| x.0),
         ),
+        // Ctrl-C during a blocking wait: what stays was said; a shell's status for SIGINT.
+        Err(e) if e.downcast_ref::<commands::wait::Interrupted>().is_some() => ExitCode::from(130),
         Err(e) => {
             eprintln!("{e:#}");
             ExitCode::FAILURE
