@@ -5,8 +5,8 @@
 //!
 //! Dynamic metadata wins over the machine's configured metadata (fleetd's `metadata=`) and
 //! the scheduler acts on it at once (docs/api.md, "PATCH /machines"). Only dynamic values can
-//! be removed: `unset-metadata` of a key the machine's configuration sets leaves that value,
-//! and fails saying so.
+//! be removed: after `unset-metadata` of a key the machine's configuration also sets, the
+//! configured value shows again, and a warning says so.
 
 use anyhow::{Context, Result, bail};
 use fleet_core::{MachineId, MachineInfo};
@@ -114,7 +114,7 @@ pub async fn set<C: Cluster>(ctx: &mut Ctx<C>, arg: &str, args: &[String]) -> Re
     Ok(())
 }
 
-/// `fleetctl unset-metadata MACHINE key...`: removes the dynamic values; fails naming the
+/// `fleetctl unset-metadata MACHINE key...`: removes the dynamic values, and warns about the
 /// keys the machine still shows (its configured metadata).
 pub async fn unset<C: Cluster>(ctx: &mut Ctx<C>, arg: &str, args: &[String]) -> Result<()> {
     let keys = parse_keys(args)?;
@@ -132,19 +132,18 @@ pub async fn unset<C: Cluster>(ctx: &mut Ctx<C>, arg: &str, args: &[String]) -> 
         .with_context(|| format!("unsetting metadata of machine {machine}"))?;
     let listed: Vec<&str> = keys.iter().map(MetadataKey::as_str).collect();
     ctx.say(format!("Machine {machine}: unset {}", listed.join(", ")));
-    let Some(after) = shown(ctx, &machine).await? else {
-        return Ok(());
-    };
-    let kept: Vec<String> = keys
-        .iter()
-        .filter_map(|k| after.get(k.as_str()).map(|v| format!("{k}={v}")))
-        .collect();
-    if !kept.is_empty() {
-        bail!(
-            "machine {machine} still has {}: its fleetd's configured metadata, which only its \
-             configuration changes (unset-metadata removes what set-metadata set)",
-            kept.join(", ")
-        );
+    if let Some(after) = shown(ctx, &machine).await? {
+        let kept: Vec<String> = keys
+            .iter()
+            .filter_map(|k| after.get(k.as_str()).map(|v| format!("{k}={v}")))
+            .collect();
+        if !kept.is_empty() {
+            ctx.warn(format!(
+                "Warning: machine {machine} still has {}: its fleetd's configured metadata \
+                 (unset-metadata removes only what set-metadata set)",
+                kept.join(", ")
+            ));
+        }
     }
     Ok(())
 }
