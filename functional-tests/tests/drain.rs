@@ -5,7 +5,8 @@
 //!
 //! "Never two copies" is checked at every etcd revision (the replay of the registry's
 //! history): no unit ever has a schedule entry, or a published state that may be running, on
-//! two machines at once.
+//! two machines at once. And in systemd's own journals: each unit's run on the drained machine
+//! was stopped, its process gone, before it was started (once) on another.
 
 use anyhow::{Context, Result, ensure};
 use fleet_functional_tests::{Cluster, FleetdSpec, wait_for};
@@ -74,6 +75,26 @@ fn drain_moves_every_unit_it_can_one_at_a_time_never_two_copies_and_names_the_pi
     let pinned_path = write_units(&dir, &pinned)?;
     fleetctl_ok(&cluster, &["start", &pinned_path["pinned.service"]])?;
 
+    // What runs on the drained machine before: each run must end there before the unit's new
+    // run starts elsewhere (systemd's own journal, below).
+    let source = cluster.machine_by_id(&drained)?;
+    let names: Vec<String> = texts.keys().cloned().collect();
+    let runs_before: BTreeMap<String, (String, String)> = support::units_on(source, &names)?
+        .into_iter()
+        .filter(|(_, v)| v.is_active())
+        .map(|(unit, v)| (unit, v.identity()))
+        .collect();
+    ensure!(
+        runs_before.len() == before,
+        "{before} units scheduled on {drained}, {} running: {runs_before:?}",
+        runs_before.len()
+    );
+    let cursors = cluster
+        .machines()
+        .iter()
+        .map(|m| Ok((m.id().to_string(), support::journal_cursor(m)?)))
+        .collect::<Result<BTreeMap<String, String>>>()?;
+
     let run = fleetctl(&cluster, &["drain", &drained])?;
     ensure!(!run.success, "a pinned unit must fail the drain: {run:?}");
     ensure!(
@@ -125,6 +146,8 @@ fn drain_moves_every_unit_it_can_one_at_a_time_never_two_copies_and_names_the_pi
         "pinned.service on {pinned_on:?}"
     );
 
+    never_two_runs(&cluster, &drained, &runs_before, &cursors)?;
+
     let checked = replay(&registry, from, |rev, state| {
         for (unit, machines) in copies(state) {
             ensure!(
@@ -147,6 +170,75 @@ fn drain_moves_every_unit_it_can_one_at_a_time_never_two_copies_and_names_the_pi
         );
     }
     support::finish(cluster)
+}
+
+/// systemd's side of "never two copies": each unit that ran on `drained` was stopped there
+/// (its old run is over: the process is gone) before systemd on its new machine started it, by
+/// the journals' clocks; and it started there exactly once.
+fn never_two_runs(
+    cluster: &Cluster,
+    drained: &str,
+    runs_before: &BTreeMap<String, (String, String)>,
+    cursors: &BTreeMap<String, String>,
+) -> Result<()> {
+    let source = cluster.machine_by_id(drained)?;
+    let source_jobs = support::timed_jobs_after(source, "drain-*", &cursors[drained])?;
+    let names: Vec<String> = runs_before.keys().cloned().collect();
+    let now = support::units_on(source, &names)?;
+    for (unit, (pid, invocation)) in runs_before {
+        let stopped = source_jobs
+            .iter()
+            .filter(|j| &j.unit == unit && j.message.starts_with("Stopped "))
+            .map(|j| j.at)
+            .max()
+            .with_context(|| format!("no stop of {unit} on {drained}: {source_jobs:?}"))?;
+        ensure!(
+            !now[unit].is_active() && now[unit].identity() != (pid.clone(), invocation.clone()),
+            "{unit}'s run {pid}/{invocation} is still there on {drained}: {:?}",
+            now[unit]
+        );
+        ensure!(
+            !source
+                .exec("test", ["-d", &format!("/proc/{pid}")])?
+                .status
+                .success(),
+            "{unit}'s old process {pid} is still alive on {drained}"
+        );
+        let mut starts = Vec::new();
+        for machine in cluster
+            .machines()
+            .iter()
+            .filter(|m| m.id().as_str() != drained)
+        {
+            let jobs = support::timed_jobs_after(machine, unit, &cursors[machine.id().as_str()])?;
+            let views = support::units_on(machine, std::slice::from_ref(unit))?;
+            // A simple service logs only "Started"; others "Starting" first.
+            let first = jobs
+                .iter()
+                .filter(|j| j.message.starts_with("Starting ") || j.message.starts_with("Started "))
+                .map(|j| j.at)
+                .min();
+            for _ in jobs.iter().filter(|j| j.message.starts_with("Started ")) {
+                let at = first.unwrap_or_default();
+                starts.push((machine.name().to_owned(), at, views[unit].clone()));
+            }
+        }
+        ensure!(
+            starts.len() == 1,
+            "{unit} started {} times after the drain began: {starts:?}",
+            starts.len()
+        );
+        let (machine, started, view) = &starts[0];
+        ensure!(
+            *started > stopped,
+            "{unit} started on {machine} at {started} before its stop on {drained} at {stopped}"
+        );
+        ensure!(
+            view.is_active() && view.main_pid != "0",
+            "{unit} on {machine}: {view:?}"
+        );
+    }
+    Ok(())
 }
 
 /// Waits until `fleetctl explain <unit>` prints every one of `want`; returns what it printed.
