@@ -18,6 +18,12 @@ const UNITS_FAILED: &str = "Error retrieving list of units from repository";
 const MACHINES_FAILED: &str =
     "Error retrieving list of active machines (etcd unhealthy, lost quorum, or unreachable)";
 
+/// Each table's columns without `--fields`: fleet's defaults (cli.rs's help names them; a test
+/// below holds the two together).
+const UNIT_FILES_DEFAULT: &str = "unit,hash,dstate,state,target";
+const UNITS_DEFAULT: &str = "unit,machine,active,sub";
+const MACHINES_DEFAULT: &str = "machine,ip,metadata";
+
 /// The `--fields` of a table, or the refusal of one with `--output json`.
 fn fields_arg(listing: &Listing, fields: Option<&str>, default: &str) -> Result<Option<String>> {
     match (listing.output, fields) {
@@ -77,11 +83,8 @@ async fn legends<C: Cluster>(
 }
 
 pub async fn list_unit_files<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnitFiles) -> Result<()> {
-    let Some(mut fields_arg) = fields_arg(
-        &args.listing,
-        args.fields.as_deref(),
-        "unit,hash,dstate,state,target",
-    )?
+    let Some(mut fields_arg) =
+        fields_arg(&args.listing, args.fields.as_deref(), UNIT_FILES_DEFAULT)?
     else {
         let listing = ctx.cluster.units(None).await.context(UNITS_FAILED)?;
         return print_json(ctx, &output::UnitFiles::of(&listing));
@@ -130,12 +133,7 @@ pub async fn list_unit_files<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnitFiles)
 }
 
 pub async fn list_units<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnits) -> Result<()> {
-    let Some(fields_arg) = fields_arg(
-        &args.listing,
-        args.fields.as_deref(),
-        "unit,machine,active,sub",
-    )?
-    else {
+    let Some(fields_arg) = fields_arg(&args.listing, args.fields.as_deref(), UNITS_DEFAULT)? else {
         let listing = ctx
             .cluster
             .states(&StateFilter::default())
@@ -183,8 +181,7 @@ pub async fn list_units<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnits) -> Resul
 }
 
 pub async fn list_machines<C: Cluster>(ctx: &mut Ctx<C>, args: &ListMachines) -> Result<()> {
-    let Some(fields_arg) =
-        fields_arg(&args.listing, args.fields.as_deref(), "machine,ip,metadata")?
+    let Some(fields_arg) = fields_arg(&args.listing, args.fields.as_deref(), MACHINES_DEFAULT)?
     else {
         let listing = ctx.cluster.machines().await.context(MACHINES_FAILED)?;
         return print_json(ctx, &output::Machines::of(&listing));
@@ -236,4 +233,31 @@ pub async fn list_machines<C: Cluster>(ctx: &mut Ctx<C>, args: &ListMachines) ->
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn each_tables_help_names_the_columns_it_prints_by_default() {
+        let cli = crate::cli::Cli::command();
+        for (command, default) in [
+            ("list-unit-files", UNIT_FILES_DEFAULT),
+            ("list-units", UNITS_DEFAULT),
+            ("list-machines", MACHINES_DEFAULT),
+        ] {
+            let sub = cli.find_subcommand(command).expect(command);
+            let fields = sub
+                .get_arguments()
+                .find(|a| a.get_id() == "fields")
+                .expect("--fields");
+            let help = fields.get_help().expect("help").to_string();
+            assert!(
+                help.contains(&format!("[default: {default}]")),
+                "{command}: {help}"
+            );
+        }
+    }
 }
