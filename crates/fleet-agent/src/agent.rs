@@ -23,6 +23,7 @@ use crate::desired::Desired;
 use crate::executor::{self, Outcome};
 use crate::ledger::Ledger;
 use crate::manager::{Change, UnitManager, UnitSource};
+use crate::metrics::Metrics;
 use crate::plan::{self, TaskKind, UnitFileState};
 use crate::revivals::{self, Revivals};
 
@@ -105,6 +106,7 @@ pub struct Agent<K, M> {
     /// Whether the last publish got every state out.
     publish_complete: bool,
     progress: watch::Sender<Progress>,
+    metrics: Metrics,
 }
 
 impl<K: Kv, M: UnitManager> Agent<K, M> {
@@ -133,7 +135,14 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             ledger: Ledger::load(cfg_restarts_dir),
             publish_complete: true,
             progress: watch::Sender::new(Progress::default()),
+            metrics: Metrics::default(),
         }
+    }
+
+    /// This agent, counting into `metrics` (fleetd's registered families).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Agent<K, M> {
+        self.metrics = metrics;
+        self
     }
 
     /// Follows the agent's [`Progress`] (taken before [`Agent::run`], which consumes it).
@@ -425,6 +434,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
 
     /// Plans and executes until nothing is left to do (bounded), then publishes states.
     async fn reconcile(&mut self) {
+        let started = Instant::now();
         for _ in 0..3 {
             let outcome = self.plan_and_execute().await;
             let reloaded = outcome.reloaded;
@@ -437,6 +447,8 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
         }
         self.publish_complete = self.publish().await;
+        self.metrics.units(&self.current.units);
+        self.metrics.passed(started.elapsed());
     }
 
     async fn plan_and_execute(&mut self) -> PassOutcome {
@@ -474,6 +486,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         debug!(tasks = tasks.len(), "executing plan");
         let hashes = desired.hashes();
         let outcome = executor::execute(&self.manager, tasks, &hashes, &self.files).await;
+        for (kind, result) in &outcome.results {
+            self.metrics.task(*kind, *result);
+        }
         self.ledger
             .record_started(&desired.units, &planned, &outcome);
         for unit in touched {

@@ -16,6 +16,7 @@ use std::fmt;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::manager::{JobOutcome, MainExit, ManagerError, UnitManager};
+use crate::metrics::TaskResult;
 use crate::plan::{Task, TaskKind};
 use crate::revivals;
 
@@ -60,6 +61,8 @@ impl fmt::Display for Failure {
 pub struct Outcome {
     pub failed: BTreeMap<UnitName, TaskError>,
     pub executed: usize,
+    /// How every task of the plan ended, for the metrics.
+    pub results: Vec<(TaskKind, TaskResult)>,
 }
 
 /// Executes `tasks` (already sorted by kind); `files` holds the desired file of every unit to
@@ -77,14 +80,21 @@ pub async fn execute<M: UnitManager>(
     }
     for (kind, tasks) in by_kind {
         let failed: BTreeSet<UnitName> = outcome.failed.keys().cloned().collect();
+        let planned = tasks.len();
         let runnable: Vec<Task> = tasks
             .into_iter()
             .filter(|t| kind == TaskKind::ReloadUnitFiles || !failed.contains(&t.unit))
             .collect();
+        let skipped = planned - runnable.len();
+        outcome
+            .results
+            .extend(std::iter::repeat_n((kind, TaskResult::Skipped), skipped));
         if kind == TaskKind::ReloadUnitFiles {
             if let Some(task) = runnable.into_iter().next() {
                 outcome.executed += 1;
-                if let Err(e) = run_task(manager, &task, desired_hash, files).await {
+                let res = run_task(manager, &task, desired_hash, files).await;
+                outcome.results.push((kind, result_of(&res)));
+                if let Err(e) = res {
                     // A failed reload leaves every loaded unit in doubt: retry them all later.
                     warn!(error = %e, "daemon-reload failed");
                     outcome.failed.insert(task.unit.clone(), e);
@@ -102,12 +112,20 @@ pub async fn execute<M: UnitManager>(
             .await;
         for (unit, res) in results {
             outcome.executed += 1;
+            outcome.results.push((kind, result_of(&res)));
             if let Err(e) = res {
                 outcome.failed.insert(unit, e);
             }
         }
     }
     outcome
+}
+
+fn result_of(res: &Result<(), TaskError>) -> TaskResult {
+    match res {
+        Ok(()) => TaskResult::Succeeded,
+        Err(_) => TaskResult::Failed,
+    }
 }
 
 async fn run_task<M: UnitManager>(

@@ -21,6 +21,7 @@ pub mod executor;
 pub mod fake;
 mod ledger;
 pub mod manager;
+pub mod metrics;
 pub mod plan;
 pub mod presence;
 mod revivals;
@@ -34,6 +35,7 @@ pub use manager::{
     BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, MainExit,
     ManagerError, UnitDetails, UnitFileError, UnitManager, UnitSource,
 };
+pub use metrics::{Metered, Metrics};
 pub use plan::{CurrentUnit, DesiredUnit, Reason, Target, Task, TaskKind, UnitFileState, plan};
 pub use presence::PresenceKeeper;
 pub use systemd::{SystemdConfig, SystemdManager};

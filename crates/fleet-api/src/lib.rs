@@ -10,12 +10,14 @@ pub mod discovery;
 pub mod entity;
 pub mod error;
 mod maintenance;
+pub mod metrics;
 pub mod ops;
 pub mod page;
 pub mod routes;
 pub mod serve;
 
 pub use error::{ApiError, ETCD_UNREACHABLE};
+pub use metrics::Metrics;
 pub use page::{PageError, PageToken};
 pub use routes::{Api, PREFIXES, router};
 pub use serve::{Listener, serve};

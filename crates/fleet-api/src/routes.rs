@@ -24,6 +24,7 @@ use crate::discovery;
 use crate::entity;
 use crate::error::{ApiError, json_response};
 use crate::maintenance;
+use crate::metrics::{self, Metrics};
 use crate::ops::metadata_changes;
 use crate::page::PageToken;
 
@@ -41,6 +42,9 @@ pub struct Api<K> {
     cluster: RegistryCluster<K>,
     token_limit: u16,
     server: HeaderValue,
+    metrics: Metrics,
+    /// What `GET /metrics` serves; without it, that path is a 404.
+    exposed: Option<Arc<prometheus_client::registry::Registry>>,
 }
 
 impl<K: Kv> Api<K> {
@@ -52,7 +56,21 @@ impl<K: Kv> Api<K> {
             token_limit,
             server: HeaderValue::from_str(&format!("fleetd/{version}"))
                 .unwrap_or_else(|_| HeaderValue::from_static("fleetd")),
+            metrics: Metrics::default(),
+            exposed: None,
         }
+    }
+
+    /// This API, counting its requests into `metrics` and serving `exposed` (every metric
+    /// of the process, `metrics` included) at `GET /metrics`.
+    pub fn with_metrics(
+        mut self,
+        metrics: Metrics,
+        exposed: Arc<prometheus_client::registry::Registry>,
+    ) -> Api<K> {
+        self.metrics = metrics;
+        self.exposed = Some(exposed);
+        self
     }
 }
 
@@ -64,10 +82,20 @@ pub fn router<K: Kv>(api: Api<K>) -> Router {
 }
 
 async fn dispatch<K: Kv>(State(api): State<Arc<Api<K>>>, req: Request) -> Response {
+    let started = tokio::time::Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    let template = template_of(&path);
     let full = is_full(req.uri().query().unwrap_or(""));
-    let mut resp = match route(&api, req).await {
+    let answer = match (&api.exposed, path == metrics::PATH) {
+        (Some(exposed), true) => match method {
+            Method::GET => Ok(metrics::exposition(exposed, req.headers())),
+            _ => Err(ApiError::WrongMethod("GET")),
+        },
+        (None, true) => Err(ApiError::NoSuchPath),
+        (_, false) => route(&api, req).await,
+    };
+    let mut resp = match answer {
         Ok(resp) => resp,
         Err(e) => {
             if e.status().is_server_error() {
@@ -77,6 +105,8 @@ async fn dispatch<K: Kv>(State(api): State<Arc<Api<K>>>, req: Request) -> Respon
         }
     };
     debug!(method = %method, path = %path, status = resp.status().as_u16(), "api request");
+    api.metrics
+        .answered(template, &method, resp.status(), started.elapsed());
     resp.headers_mut()
         .insert(header::SERVER, api.server.clone());
     resp
@@ -95,6 +125,34 @@ enum Route<'a> {
     Drains,
     Drain(&'a str),
     Explain(&'a str),
+}
+
+impl Route<'_> {
+    /// The route's template, for the metrics: a resource's name is never a label value.
+    fn template(&self) -> &'static str {
+        match self {
+            Route::Root => "/",
+            Route::Discovery => "/discovery",
+            Route::Machines => "/machines",
+            Route::Units => "/units",
+            Route::Unit(_) => "/units/{name}",
+            Route::States => "/state",
+            Route::State(_) => "/state/{name}",
+            Route::Drains => "/drains",
+            Route::Drain(_) => "/drains/{machine}",
+            Route::Explain(_) => "/explain/{name}",
+        }
+    }
+}
+
+/// The template of the route `path` (not yet decoded) names: `other` when none, so that
+/// probing random paths makes one series.
+fn template_of(path: &str) -> &'static str {
+    if path == metrics::PATH {
+        return metrics::PATH;
+    }
+    let decoded = percent_decode_str(path).decode_utf8_lossy();
+    parse_path(&decoded).map_or("other", |r| r.template())
 }
 
 fn parse_path(path: &str) -> Option<Route<'_>> {

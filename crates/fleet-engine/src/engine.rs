@@ -8,6 +8,7 @@
 mod leading;
 
 use crate::disruption::DisruptionConfig;
+use crate::metrics::Metrics;
 use fleet_core::MachineId;
 use fleet_registry::kv::Kv;
 use fleet_registry::{EngineRole, Leadership, Registry};
@@ -16,7 +17,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 /// How an engine behaves.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// This machine: the value of the leader key while we lead.
     pub machine: MachineId,
@@ -29,6 +30,8 @@ pub struct EngineConfig {
     pub lease_ttl: Duration,
     /// When the units of vanished machines may move (see [`crate::disruption`]).
     pub disruption: DisruptionConfig,
+    /// Where the loop counts what it does (detached unless [`EngineConfig::with_metrics`]).
+    pub metrics: Metrics,
 }
 
 impl EngineConfig {
@@ -46,7 +49,14 @@ impl EngineConfig {
             reconcile_interval,
             lease_ttl: reconcile_interval * 5,
             disruption: DisruptionConfig::for_ttl(Self::DEFAULT_AGENT_TTL),
+            metrics: Metrics::default(),
         }
+    }
+
+    /// This configuration, counting into `metrics` (fleetd's registered families).
+    pub fn with_metrics(mut self, metrics: Metrics) -> EngineConfig {
+        self.metrics = metrics;
+        self
     }
 }
 
@@ -100,9 +110,11 @@ async fn lead<K: Kv>(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Flow {
     info!(machine = %cfg.machine, "engine leadership acquired");
+    cfg.metrics.leading(true);
     let flow = leading::Leading::new(registry.clone(), leadership.clone(), cfg)
         .run(shutdown)
         .await;
+    cfg.metrics.leading(false);
     if flow == Flow::Shutdown {
         resign(leadership, cfg).await;
     }

@@ -6,11 +6,13 @@
 
 mod disruption;
 mod engine;
+pub mod metrics;
 pub mod scheduler;
 mod unreadable;
 
 pub use disruption::{Assessment, Disruption, DisruptionConfig, Hold};
 pub use engine::{EngineConfig, run};
+pub use metrics::Metrics;
 
 pub use scheduler::{
     Decision, DecisionKind, DrainStatus, Explanation, MachineVerdict, Plan, Reason, Rejection,

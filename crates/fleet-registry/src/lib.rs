@@ -16,6 +16,7 @@ mod leader;
 mod live;
 mod machine;
 mod metadata;
+pub mod metrics;
 mod per_machine;
 mod read;
 mod records;

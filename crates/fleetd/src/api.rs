@@ -139,12 +139,15 @@ pub fn spawn<K: Kv>(
     listeners: Vec<Listener>,
     version: &str,
     shutdown: watch::Receiver<bool>,
+    metrics: &crate::metrics::Metrics,
 ) {
     if listeners.is_empty() {
         info!("fleet api not served: no listener");
         return;
     }
-    let router = fleet_api::router(Api::new(registry, config.token_limit, version));
+    let api = Api::new(registry, config.token_limit, version)
+        .with_metrics(metrics.api.clone(), metrics.exposed.clone());
+    let router = fleet_api::router(api);
     for listener in listeners {
         let router = router.clone();
         let shutdown = shutdown.clone();

@@ -3,21 +3,23 @@
 use fleet_core::MachineId;
 use fleet_engine::{DisruptionConfig, EngineConfig};
 use fleet_registry::Registry;
-use fleet_registry::kv::EtcdKv;
+use fleet_registry::kv::Kv;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::config::Config;
 
-pub fn spawn(
+pub fn spawn<K: Kv>(
     tasks: &mut JoinSet<anyhow::Result<()>>,
-    registry: Registry<EtcdKv>,
+    registry: Registry<K>,
     machine: &MachineId,
     config: &Config,
     shutdown: watch::Receiver<bool>,
+    metrics: &crate::metrics::Metrics,
 ) {
-    let mut cfg = EngineConfig::new(machine.clone(), config.engine_reconcile_interval);
+    let mut cfg = EngineConfig::new(machine.clone(), config.engine_reconcile_interval)
+        .with_metrics(metrics.engine.clone());
     cfg.disruption = DisruptionConfig {
         threshold: config.engine_disruption_threshold,
         grace: config.engine_disruption_grace,

@@ -8,6 +8,7 @@ mod cli;
 mod config;
 mod engine;
 mod logging;
+mod metrics;
 mod notify;
 mod public_ip;
 mod report;
@@ -143,8 +144,9 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         request_timeout: config.etcd_request_timeout,
         tls: config.tls(),
     };
+    let metrics = metrics::Metrics::new();
     let kv = EtcdKv::connect(&etcd).await.context("connecting to etcd")?;
-    let registry = Registry::new(kv, &config.etcd_key_prefix);
+    let registry = Registry::new(metrics.registry.meter(kv), &config.etcd_key_prefix);
     let public_ip = config
         .public_ip
         .clone()
@@ -175,17 +177,20 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         .context("connecting to etcd for the API")?;
     api::spawn(
         &mut tasks,
-        Registry::new(api_kv, &config.etcd_key_prefix),
+        Registry::new(metrics.registry.meter(api_kv), &config.etcd_key_prefix),
         &config.api,
         listeners,
         VERSION,
         shutdown_rx.clone(),
+        &metrics,
     );
-    let manager = SystemdManager::connect(SystemdConfig {
-        units_dir: config.units_directory.clone(),
-        ..SystemdConfig::default()
-    })
-    .await?;
+    let manager = metrics.agent.meter(
+        SystemdManager::connect(SystemdConfig {
+            units_dir: config.units_directory.clone(),
+            ..SystemdConfig::default()
+        })
+        .await?,
+    );
     let keeper = PresenceKeeper {
         registry: MachineRole::new(registry.clone(), machine.clone()),
         info,
@@ -205,7 +210,8 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     agent_cfg.deny_units = config.deny_units.clone();
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
     let role = MachineRole::new(registry.clone(), machine.clone());
-    let agent = Agent::new(role, manager, agent_cfg, presence_rx);
+    let agent =
+        Agent::new(role, manager, agent_cfg, presence_rx).with_metrics(metrics.agent.clone());
     notify::spawn_status(notifier.clone(), agent.progress());
     {
         let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
@@ -230,6 +236,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
             &machine,
             &config,
             shutdown_rx.clone(),
+            &metrics,
         );
     }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -23,6 +23,7 @@ use tracing::{Instrument, debug, debug_span, info, warn};
 
 use super::{EngineConfig, Flow, stop_requested};
 use crate::disruption::{Assessment, Disruption, Hold};
+use crate::metrics::{Failure, Metrics};
 use crate::scheduler::{Decision, DecisionKind, plan_holding};
 
 /// The shortest re-check period honoured (a zero interval would spin).
@@ -54,6 +55,7 @@ pub(super) struct Leading<K> {
     notice: Option<Option<String>>,
     /// The hold last logged, to log a change once.
     logged_hold: Option<Hold>,
+    metrics: Metrics,
 }
 
 /// Aborts the lease keeper when leading ends, however it ends.
@@ -78,6 +80,7 @@ impl<K: Kv> Leading<K> {
             recheck: None,
             notice: None,
             logged_hold: None,
+            metrics: cfg.metrics.clone(),
         }
     }
 
@@ -146,8 +149,15 @@ impl<K: Kv> Leading<K> {
     /// Plans on the view (reading it first if there is none), writes the decisions fenced,
     /// records them in the view, then logs them.
     async fn pass(&mut self) -> Result<(), RegistryError> {
+        let started = Instant::now();
         if self.view.is_none() {
-            self.view = Some(LiveView::start(self.registry.clone()).await?);
+            match LiveView::start(self.registry.clone()).await {
+                Ok(view) => self.view = Some(view),
+                Err(err) => {
+                    self.metrics.failed(Failure::of(&err), None);
+                    return Err(err);
+                }
+            }
         }
         let view = self.view.as_mut().expect("just read");
         let assessment = self.disruption.assess(Instant::now(), view.snapshot());
@@ -163,8 +173,10 @@ impl<K: Kv> Leading<K> {
             // Some of the writes may have landed: only a fresh read knows.
             self.view = None;
             self.notice = None;
+            self.metrics.failed(Failure::of(&err), Some(&plan));
             return Err(err);
         }
+        self.metrics.reconciled(&plan, started.elapsed());
         view.record_writes(&writes);
         self.notice = Some(notice);
         self.recheck = assessment.recheck;

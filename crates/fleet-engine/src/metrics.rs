@@ -1,0 +1,295 @@
+//! The engine's metrics: leadership, reconcile rounds (passes) and their duration, the tasks
+//! (decisions) written, and what scheduling decided for units (placed, waiting, moved).
+//!
+//! Names start from fleet's (`leader_start_time`, `task_count_total`, `reconcile_count_total`,
+//! ...); docs/operating.md lists them. [`outcome`] is pure: which decisions count as a
+//! placement, a move or a unit left waiting is decided here, on the plan, not in the loop.
+
+use fleet_registry::RegistryError;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use std::fmt::{self, Write};
+use std::time::{Duration, SystemTime};
+
+use crate::scheduler::{Decision, DecisionKind, Plan, Reason};
+
+/// What a decision did for its unit, as `scheduling_decisions_total` counts it.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum Outcome {
+    /// Scheduled where it was on no machine before.
+    Placed,
+    /// Cannot be placed now (its reason is published).
+    Waiting,
+    /// Scheduled on another machine than the one it leaves (gone, drained, rules violated).
+    Moved,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Placed => "placed",
+            Outcome::Waiting => "waiting",
+            Outcome::Moved => "moved",
+        }
+    }
+}
+
+/// A decision's kind, as fleet's `type` label of the task counters.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum TaskType {
+    Moving,
+    Unschedule,
+    Update,
+    Schedule,
+    Unschedulable,
+    ClearUnschedulable,
+    MoveOver,
+}
+
+impl TaskType {
+    fn of(kind: &DecisionKind) -> TaskType {
+        match kind {
+            DecisionKind::Moving { .. } => TaskType::Moving,
+            DecisionKind::Unschedule { .. } => TaskType::Unschedule,
+            DecisionKind::Update { .. } => TaskType::Update,
+            DecisionKind::Schedule { .. } => TaskType::Schedule,
+            DecisionKind::Unschedulable { .. } => TaskType::Unschedulable,
+            DecisionKind::ClearUnschedulable { .. } => TaskType::ClearUnschedulable,
+            DecisionKind::MoveOver { .. } => TaskType::MoveOver,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskType::Moving => "moving",
+            TaskType::Unschedule => "unschedule",
+            TaskType::Update => "update",
+            TaskType::Schedule => "schedule",
+            TaskType::Unschedulable => "unschedulable",
+            TaskType::ClearUnschedulable => "clear_unschedulable",
+            TaskType::MoveOver => "move_over",
+        }
+    }
+}
+
+/// Why a reconcile round failed.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum Failure {
+    /// A fenced write was refused: another engine leads.
+    LostLeadership,
+    /// etcd could not be read or written.
+    Registry,
+}
+
+impl Failure {
+    pub(crate) fn of(err: &RegistryError) -> Failure {
+        if let RegistryError::LostLeadership = err {
+            Failure::LostLeadership
+        } else {
+            Failure::Registry
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::LostLeadership => "lost_leadership",
+            Failure::Registry => "registry",
+        }
+    }
+}
+
+macro_rules! label_value {
+    ($($t:ty),*) => {$(
+        impl EncodeLabelValue for $t {
+            fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+                encoder.write_str(self.as_str())
+            }
+        }
+    )*};
+}
+label_value!(Outcome, TaskType, Failure);
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabels {
+    r#type: TaskType,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    r#type: Failure,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: Outcome,
+}
+
+/// What a placement decision did for its unit; `None` for the other decisions. A Schedule is a
+/// move when the same plan takes the unit off a machine, or when it lands a unit leaving a
+/// drained machine.
+pub fn outcome(decision: &Decision, plan: &Plan) -> Option<Outcome> {
+    match &decision.kind {
+        DecisionKind::Schedule { unit, .. } => {
+            let leaves = plan
+                .decisions
+                .iter()
+                .any(|d| matches!(&d.kind, DecisionKind::Unschedule { unit: u, .. } if u == unit));
+            match leaves || matches!(decision.reason, Reason::Drained { .. }) {
+                true => Some(Outcome::Moved),
+                false => Some(Outcome::Placed),
+            }
+        }
+        DecisionKind::Unschedulable { .. } => Some(Outcome::Waiting),
+        DecisionKind::Moving { .. }
+        | DecisionKind::Unschedule { .. }
+        | DecisionKind::Update { .. }
+        | DecisionKind::ClearUnschedulable { .. }
+        | DecisionKind::MoveOver { .. } => None,
+    }
+}
+
+/// The engine's metric families; clones share them. [`Metrics::default`] is detached (tests,
+/// the bench): it counts, and nobody serves it.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    leader: Gauge,
+    leader_start_time: Gauge,
+    tasks: Family<TaskLabels, Counter>,
+    task_failures: Family<TaskLabels, Counter>,
+    reconciles: Counter,
+    reconcile_failures: Family<FailureLabels, Counter>,
+    reconcile_duration: Histogram,
+    decisions: Family<OutcomeLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            leader: Gauge::default(),
+            leader_start_time: Gauge::default(),
+            tasks: Family::default(),
+            task_failures: Family::default(),
+            reconciles: Counter::default(),
+            reconcile_failures: Family::default(),
+            // 1 ms to about 65 s: a pass over 10,000 units takes seconds.
+            reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            decisions: Family::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// New families, registered in `registry` (fleetd gives the `fleet_engine` one).
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let m = Metrics::default();
+        registry.register(
+            "leader",
+            "1 while this fleetd's engine leads the cluster, else 0",
+            m.leader.clone(),
+        );
+        registry.register(
+            "leader_start_time",
+            "When this fleetd last became the engine leader, in seconds since the epoch",
+            m.leader_start_time.clone(),
+        );
+        registry.register(
+            "task_count",
+            "Decisions (schedule tasks) written, by type",
+            m.tasks.clone(),
+        );
+        registry.register(
+            "task_failure_count",
+            "Decisions whose fenced write failed, by type",
+            m.task_failures.clone(),
+        );
+        registry.register(
+            "reconcile_count",
+            "Reconcile rounds (engine passes) that completed",
+            m.reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_failure_count",
+            "Reconcile rounds that failed, by type",
+            m.reconcile_failures.clone(),
+        );
+        registry.register_with_unit(
+            "reconcile_duration",
+            "Time each reconcile round took",
+            Unit::Seconds,
+            m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "scheduling_decisions",
+            "What scheduling decided for units, by outcome: placed, waiting or moved",
+            m.decisions.clone(),
+        );
+        m
+    }
+
+    pub(crate) fn leading(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+        if leading {
+            let since = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default();
+            self.leader_start_time
+                .set(i64::try_from(since.as_secs()).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// A pass whose writes landed.
+    pub(crate) fn reconciled(&self, plan: &Plan, took: Duration) {
+        self.reconciles.inc();
+        self.reconcile_duration.observe(took.as_secs_f64());
+        for d in &plan.decisions {
+            self.tasks
+                .get_or_create(&TaskLabels {
+                    r#type: TaskType::of(&d.kind),
+                })
+                .inc();
+            if let Some(outcome) = outcome(d, plan) {
+                self.decisions
+                    .get_or_create(&OutcomeLabels { outcome })
+                    .inc();
+            }
+        }
+    }
+
+    /// A pass that failed; `plan` when it failed writing that plan.
+    pub(crate) fn failed(&self, why: Failure, plan: Option<&Plan>) {
+        self.reconcile_failures
+            .get_or_create(&FailureLabels { r#type: why })
+            .inc();
+        for d in plan.map(|p| &p.decisions[..]).unwrap_or_default() {
+            self.task_failures
+                .get_or_create(&TaskLabels {
+                    r#type: TaskType::of(&d.kind),
+                })
+                .inc();
+        }
+    }
+
+    /// 1 while leading (for tests).
+    pub fn is_leader(&self) -> bool {
+        self.leader.get() == 1
+    }
+
+    /// Completed reconcile rounds so far (for tests).
+    pub fn reconcile_count(&self) -> u64 {
+        self.reconciles.get()
+    }
+
+    /// Decisions of `outcome` so far (for tests).
+    pub fn decisions(&self, outcome: Outcome) -> u64 {
+        self.decisions
+            .get_or_create(&OutcomeLabels { outcome })
+            .get()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,129 @@
+use super::*;
+use crate::EngineConfig;
+use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
+use fleet_registry::kv::MemKv;
+use fleet_registry::{MachineRole, Registry, UnitsRole};
+use std::collections::BTreeMap;
+use tokio::sync::watch;
+
+fn machine(s: &str) -> MachineId {
+    s.parse().unwrap()
+}
+
+fn unit(s: &str) -> UnitName {
+    s.parse().unwrap()
+}
+
+fn schedule(name: &str, on: &str, reason: Reason) -> Decision {
+    Decision {
+        kind: DecisionKind::Schedule {
+            unit: unit(name),
+            machine: machine(on),
+            hash: UnitHash::of_bytes(b"x"),
+            desired: DesiredState::Launched,
+            restart: 0,
+            no_restart: false,
+            placement: 0,
+        },
+        reason,
+    }
+}
+
+fn plan_of(decisions: Vec<Decision>) -> Plan {
+    Plan {
+        decisions,
+        waiting: Default::default(),
+    }
+}
+
+#[test]
+fn a_schedule_is_a_placement_unless_the_unit_leaves_another_machine() {
+    let fresh = schedule(
+        "a.service",
+        "m1",
+        Reason::NotScheduled {
+            desired: DesiredState::Launched,
+        },
+    );
+    let gone = Decision {
+        kind: DecisionKind::Unschedule {
+            unit: unit("b.service"),
+            machine: machine("m2"),
+        },
+        reason: Reason::MachineGone {
+            machine: machine("m2"),
+        },
+    };
+    let moved = schedule(
+        "b.service",
+        "m1",
+        Reason::NotScheduled {
+            desired: DesiredState::Launched,
+        },
+    );
+    let drained = schedule(
+        "c.service",
+        "m1",
+        Reason::Drained {
+            machine: machine("m3"),
+        },
+    );
+    let stuck = Decision {
+        kind: DecisionKind::Unschedulable {
+            unit: unit("d.service"),
+        },
+        reason: Reason::NoMachines,
+    };
+    let plan = plan_of(vec![
+        gone.clone(),
+        fresh.clone(),
+        moved.clone(),
+        drained.clone(),
+        stuck.clone(),
+    ]);
+    assert_eq!(outcome(&fresh, &plan), Some(Outcome::Placed));
+    assert_eq!(outcome(&moved, &plan), Some(Outcome::Moved));
+    assert_eq!(outcome(&drained, &plan), Some(Outcome::Moved));
+    assert_eq!(outcome(&stuck, &plan), Some(Outcome::Waiting));
+    assert_eq!(outcome(&gone, &plan), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_counts_its_passes_and_the_units_it_placed() {
+    let reg = Registry::new(MemKv::new(), "/metrics-test/");
+    let info = MachineInfo {
+        id: machine("m1"),
+        public_ip: String::new(),
+        metadata: BTreeMap::new(),
+        version: "test".into(),
+        disable_engine: false,
+        api: String::new(),
+    };
+    MachineRole::new(reg.clone(), machine("m1"))
+        .register(&info, Duration::from_secs(3600), None)
+        .await
+        .unwrap();
+    let file = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n").unwrap();
+    for name in ["a.service", "b.service"] {
+        UnitsRole::new(reg.clone())
+            .create_unit(&unit(name), &file, DesiredState::Launched)
+            .await
+            .unwrap();
+    }
+    let metrics = Metrics::default();
+    let cfg =
+        EngineConfig::new(machine("m1"), Duration::from_secs(2)).with_metrics(metrics.clone());
+    let (stop, shutdown) = watch::channel(false);
+    let engine = tokio::spawn(crate::run(reg.clone(), cfg, shutdown));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while metrics.decisions(Outcome::Placed) < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "units not placed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(metrics.is_leader());
+    assert!(metrics.reconcile_count() >= 1);
+    assert_eq!(metrics.decisions(Outcome::Moved), 0);
+    stop.send(true).unwrap();
+    engine.await.unwrap();
+    assert!(!metrics.is_leader(), "a resigned engine is no leader");
+}
