@@ -46,6 +46,8 @@ fn main() -> ExitCode {
         // The reader went away (`fleetctl list-units | head`): stop quietly with the status
         // a shell gives a command killed by SIGPIPE, as `cat` and `ls` end.
         Err(e) if e.downcast_ref::<BrokenPipe>().is_some() => ExitCode::from(141),
+        // Ctrl-C during a blocking wait: what stays was said; a shell's status for SIGINT.
+        Err(e) if e.downcast_ref::<commands::wait::Interrupted>().is_some() => ExitCode::from(130),
         Err(e) => {
             eprintln!("{e:#}");
             ExitCode::FAILURE
