@@ -10,10 +10,12 @@ pub mod destroy;
 pub mod lifecycle;
 pub mod list;
 pub mod maintenance;
+pub mod metadata;
 pub mod remote;
 pub mod rolling;
 pub mod ssh;
 pub mod submit;
+pub mod version;
 pub mod wait;
 
 use anyhow::{Result, bail};
