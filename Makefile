@@ -45,7 +45,7 @@ test: build
 FLEETCTL_SUITES := agent bad_input disruption drain remote replace scheduling
 test-api:
 	FLEET_TEST_DRIVER=api $(CARGO) test -p fleet-functional-tests $(addprefix --test ,$(FLEETCTL_SUITES)) -- --test-threads=4
-	FLEETCTL_TEST_DRIVER=api $(CARGO) test -p fleetctl --test cli --test bad_input
+	FLEETCTL_TEST_DRIVER=api $(CARGO) test -p fleetctl --test cli --test bad_input --test blocking
 
 # The long fault-injection variants alone (50 units with 20 kills of fleetd, 100 rounds of
 # racing clients, and the ~5 min chaos soak of functional-tests/tests/chaos.rs).

@@ -306,7 +306,7 @@ fn explain_says_why_of_a_placed_unit_metadata_a_conflicts_clash_and_a_drained_ma
         &[
             "Unit meta.service: waiting",
             "Rules: MachineMetadata=nothing=here",
-            "machine metadata does not satisfy \"nothing\"",
+            "machine metadata lacks nothing=here",
         ],
     )?;
     explained(

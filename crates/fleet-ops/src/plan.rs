@@ -49,8 +49,8 @@ pub struct Request {
 pub struct Needs {
     /// Replaced units, in argument order: where they run now.
     pub placements: Vec<UnitName>,
-    /// Kept units that will be raised and waited for, one per file hash: their files tell
-    /// global units (no single machine to wait on).
+    /// Kept units that will be waited for (raised, or already at the target), one per file
+    /// hash: their files tell global units (no single machine to wait on).
     pub files: BTreeMap<UnitHash, Unit>,
 }
 
@@ -75,14 +75,17 @@ pub struct Step {
 /// What follows a unit's write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Then {
-    /// Already at or past the target and kept: nothing changed, nothing to say.
+    /// Kept and nothing to wait for (past the target, a global unit at it, or not waited
+    /// for): nothing changed, nothing to say.
     Nothing,
     /// Changed, and not waited for: it was triggered.
     Triggered,
     /// Changed, and global: it is said to be in its state at once, as there is no one
     /// machine to wait on (fleet's behaviour).
     Global,
-    /// Changed: wait until it reaches the target on its machine.
+    /// Wait until it reaches the target on its machine: changed, or kept at the target (a
+    /// blocking command waits for the state it promises whether or not it wrote anything;
+    /// fleet returned at once).
     Wait,
 }
 
@@ -92,7 +95,7 @@ pub fn needs(prepared: &[Prepared], request: Request) -> Needs {
     for p in prepared {
         match &p.action {
             Action::Replace { .. } => needs.placements.push(p.name.clone()),
-            Action::Keep(unit) if request.wait && raises(unit, request) => {
+            Action::Keep(unit) if request.wait && unit.desired <= request.target => {
                 needs.files.entry(unit.hash).or_insert_with(|| unit.clone());
             }
             Action::Create(_) | Action::Keep(_) => {}
@@ -103,7 +106,8 @@ pub fn needs(prepared: &[Prepared], request: Request) -> Needs {
 
 /// The steps of a `load` or `start`, in argument order. A unit changes when it is created,
 /// replaced, or kept below the target (then raised); a kept unit is never lowered (unlike
-/// fleet, `load` does not stop a launched unit, fleet #1428).
+/// fleet, `load` does not stop a launched unit, fleet #1428). A non-global unit kept at the
+/// target is waited for like a changed one.
 pub fn decide(prepared: Vec<Prepared>, view: &View, request: Request) -> Vec<Step> {
     prepared
         .into_iter()
@@ -119,7 +123,9 @@ pub fn decide(prepared: Vec<Prepared>, view: &View, request: Request) -> Vec<Ste
                 Action::Create(_) | Action::Replace { .. } => true,
                 Action::Keep(unit) => raises(unit, request),
             };
+            let at_target = matches!(&action, Action::Keep(u) if u.desired == request.target);
             let then = match (changed, request.wait, global) {
+                (false, true, false) if at_target => Then::Wait,
                 (false, _, _) => Then::Nothing,
                 (true, false, _) => Then::Triggered,
                 (true, true, true) => Then::Global,

@@ -92,7 +92,7 @@ pub struct Global {
     /// Print debug logs.
     #[arg(long, global = true, env = "FLEETCTL_DEBUG")]
     pub debug: bool,
-    /// Print the version and exit.
+    /// Print fleetctl's version and exit (`fleetctl version` also asks the cluster).
     #[arg(short = 'v', long)]
     pub version: bool,
 }
@@ -197,15 +197,28 @@ pub enum Command {
     Drain(DrainArgs),
     /// Make a drained machine schedulable again (no unit moves back by itself).
     Undrain(MachineArg),
+    /// Set a machine's metadata (`key=value`, over its configured metadata); the scheduler
+    /// acts on it at once.
+    SetMetadata(SetMetadataArgs),
+    /// Remove metadata that set-metadata set on a machine.
+    UnsetMetadata(UnsetMetadataArgs),
     /// Say why a unit runs where it does, or why it runs nowhere, machine by machine.
     Explain(ExplainArgs),
-    /// Print the version and exit.
-    Version,
+    /// Print fleetctl's version and the versions the cluster's fleetds publish (fleetctl's
+    /// alone, with a warning, when the cluster cannot be reached).
+    Version(VersionArgs),
     /// Print a shell completion script (`source <(fleetctl completion bash)`).
     Completion(CompletionArgs),
     /// Write fleetctl's man pages (fleetctl.1 and one per command) into a directory.
     #[command(hide = true)]
     Man(ManArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct VersionArgs {
+    /// Output format: text, or json (one document; docs/operating.md, "JSON output").
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub output: Format,
 }
 
 #[derive(Debug, Args)]
@@ -319,12 +332,23 @@ pub struct Cat {
 /// Options common to every listing.
 #[derive(Debug, Args)]
 pub struct Listing {
-    /// Do not print the header line.
+    /// Do not print the header line (no effect with --output=json).
     #[arg(long)]
     pub no_legend: bool,
-    /// Do not shorten machine IDs and hashes.
+    /// Do not shorten machine IDs and hashes (JSON always has them in full).
     #[arg(short = 'l', long, alias = "l")]
     pub full: bool,
+    /// Output format: text (fleet's table), or json (one document of the API's full-view
+    /// entities; --fields is refused with it). docs/operating.md, "JSON output".
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub output: Format,
+}
+
+/// How a listing or `version` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Args)]
@@ -333,8 +357,9 @@ pub struct ListUnitFiles {
     pub listing: Listing,
     /// Columns to print, comma-separated, from: desc, dstate, global, hash, reason, state,
     /// target, unit (`reason`: why the engine cannot place the unit yet).
-    #[arg(long, default_value = "unit,hash,dstate,state,target")]
-    pub fields: String,
+    /// [default: unit,hash,dstate,state,target]
+    #[arg(long)]
+    pub fields: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -343,8 +368,9 @@ pub struct ListUnits {
     pub listing: Listing,
     /// Columns to print, comma-separated, from: active, hash, load, machine, pending, sub,
     /// unit (`pending` says `restart` where the running process predates its unit file).
-    #[arg(long, default_value = "unit,machine,active,sub")]
-    pub fields: String,
+    /// [default: unit,machine,active,sub]
+    #[arg(long)]
+    pub fields: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -352,9 +378,9 @@ pub struct ListMachines {
     #[command(flatten)]
     pub listing: Listing,
     /// Columns to print, comma-separated, from: drained, ip, machine, metadata (`drained`:
-    /// how many moves at a time, or `-`).
-    #[arg(long, default_value = "machine,ip,metadata")]
-    pub fields: String,
+    /// how many moves at a time, or `-`). [default: machine,ip,metadata]
+    #[arg(long)]
+    pub fields: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -376,6 +402,24 @@ pub struct DrainArgs {
 pub struct MachineArg {
     /// The machine: its ID or a unique prefix of a live machine's ID.
     pub machine: String,
+}
+
+#[derive(Debug, Args)]
+pub struct SetMetadataArgs {
+    /// The machine: its ID or a unique prefix of a live machine's ID.
+    pub machine: String,
+    /// `key=value` pairs (key: letters, digits, `_`, `.`, `-`; value: no whitespace or `=`).
+    #[arg(value_name = "KEY=VALUE")]
+    pub pairs: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct UnsetMetadataArgs {
+    /// The machine: its ID or a unique prefix of a live machine's ID.
+    pub machine: String,
+    /// The keys to remove.
+    #[arg(value_name = "KEY")]
+    pub keys: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -9,4 +9,5 @@ pub mod commands;
 pub mod completion;
 pub mod driver;
 pub mod local;
+pub mod output;
 mod table;

@@ -46,6 +46,8 @@ fn main() -> ExitCode {
         // The reader went away (`fleetctl list-units | head`): stop quietly with the status
         // a shell gives a command killed by SIGPIPE, as `cat` and `ls` end.
         Err(e) if e.downcast_ref::<BrokenPipe>().is_some() => ExitCode::from(141),
+        // Ctrl-C during a blocking wait: what stays was said; a shell's status for SIGINT.
+        Err(e) if e.downcast_ref::<commands::wait::Interrupted>().is_some() => ExitCode::from(130),
         Err(e) => {
             eprintln!("{e:#}");
             ExitCode::FAILURE
@@ -120,8 +122,13 @@ async fn activate<C: Cluster>(ctx: &mut Ctx<C>, a: cli::Activate, verb: Verb) ->
 }
 
 async fn run(cli: Cli) -> Result<()> {
+    if cli.global.version {
+        use std::io::Write;
+        let mut out = std::io::stdout();
+        let res = writeln!(out, "fleetctl version {VERSION}").and_then(|()| out.flush());
+        return written(res);
+    }
     let command = match cli.command {
-        _ if cli.global.version => Command::Version,
         Some(c) => c,
         None => {
             use clap::CommandFactory;
@@ -129,13 +136,15 @@ async fn run(cli: Cli) -> Result<()> {
             return Ok(());
         }
     };
-    if let Command::Version = command {
-        use std::io::Write;
-        let mut out = std::io::stdout();
-        let res = writeln!(out, "fleetctl version {VERSION}").and_then(|()| out.flush());
-        return written(res);
-    }
     match command {
+        Command::Version(a) => {
+            let machines = cluster_machines(&cli.global)
+                .await
+                .map_err(|e| format!("{e:#}"));
+            let mut ctx = local_ctx();
+            commands::version::print(&mut ctx, VERSION, machines, a.output)?;
+            return written(ctx.finish());
+        }
         Command::Completion(a) => {
             let mut out = std::io::stdout();
             fleetctl::completion::write_completion(a.shell, &mut out);
@@ -160,6 +169,29 @@ async fn run(cli: Cli) -> Result<()> {
             let registry = connect_etcd(&global, &chosen.endpoint).await?;
             run_on(RegistryCluster::new(registry), &global, command).await
         }
+    }
+}
+
+/// The live machines, over the driver the flags choose.
+async fn cluster_machines(global: &cli::Global) -> Result<Vec<fleet_core::MachineInfo>> {
+    let chosen = driver::select(global.driver, global.endpoint.as_deref());
+    let listing = match chosen.driver {
+        Driver::Api => connect_api(global, &chosen.endpoint)?.machines().await?,
+        Driver::Etcd => {
+            let registry = connect_etcd(global, &chosen.endpoint).await?;
+            RegistryCluster::new(registry).machines().await?
+        }
+    };
+    Ok(listing.machines)
+}
+
+/// Somewhere to print for a command that needs no cluster.
+fn local_ctx() -> Ctx<()> {
+    Ctx {
+        cluster: (),
+        out: Box::new(std::io::stdout()),
+        err: Box::new(std::io::stderr()),
+        write_failed: None,
     }
 }
 
@@ -232,10 +264,12 @@ async fn execute<C: Cluster>(
             commands::maintenance::drain(ctx, &a.machine, opts).await
         }
         Command::Undrain(a) => commands::maintenance::undrain(ctx, &a.machine).await,
+        Command::SetMetadata(a) => commands::metadata::set(ctx, &a.machine, &a.pairs).await,
+        Command::UnsetMetadata(a) => commands::metadata::unset(ctx, &a.machine, &a.keys).await,
         Command::Explain(a) => {
             commands::maintenance::explain(ctx, &a.unit, a.output == "json").await
         }
-        Command::Version | Command::Completion(_) | Command::Man(_) => {
+        Command::Version(_) | Command::Completion(_) | Command::Man(_) => {
             unreachable!("handled above")
         }
     }

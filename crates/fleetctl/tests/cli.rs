@@ -521,7 +521,10 @@ async fn version_and_env_endpoint_work() {
     ok(&o);
     assert_eq!(
         stdout(&o),
-        format!("fleetctl version {}\n", env!("CARGO_PKG_VERSION"))
+        format!(
+            "fleetctl version {}\nfleetd: no machine registered\n",
+            env!("CARGO_PKG_VERSION")
+        )
     );
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fleetctl"));
     cmd.arg("list-machines");

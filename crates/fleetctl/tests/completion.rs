@@ -10,6 +10,29 @@ fn fleetctl(args: &[&str]) -> std::process::Output {
         .expect("fleetctl runs")
 }
 
+/// What bash completes for `fleetctl <word><TAB>` with `script` loaded (it calls the
+/// registered function with the words, as bash does), one candidate a line.
+fn bash_completes(script: &std::path::Path, word: &str) -> String {
+    let line = format!("fleetctl {word}");
+    let probe = format!(
+        "set -e; source {}; complete -p fleetctl; \
+         COMP_WORDS=(fleetctl {word}); COMP_CWORD=1; COMP_LINE='{line}'; COMP_POINT={}; \
+         _fleetctl fleetctl {word} fleetctl; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        script.display(),
+        line.len()
+    );
+    let bash = Command::new("bash")
+        .args(["--noprofile", "--norc", "-c", &probe])
+        .output()
+        .expect("bash runs");
+    assert!(bash.status.success(), "{bash:?}");
+    let stdout = String::from_utf8_lossy(&bash.stdout).into_owned();
+    // The first line is `complete -p`'s: the function is registered for fleetctl.
+    let (registered, candidates) = stdout.split_once('\n').unwrap_or_default();
+    assert!(registered.ends_with(" fleetctl"), "{stdout}");
+    candidates.to_owned()
+}
+
 #[test]
 fn the_bash_completion_script_loads_and_completes_commands() {
     let out = fleetctl(&["completion", "bash"]);
@@ -18,21 +41,13 @@ fn the_bash_completion_script_loads_and_completes_commands() {
     std::fs::create_dir_all(&dir).unwrap();
     let script = dir.join("fleetctl.bash");
     std::fs::write(&script, &out.stdout).unwrap();
-    // What bash does on `fleetctl list-u<TAB>`: call the registered function with the words.
-    let probe = format!(
-        "set -e; source {}; complete -p fleetctl; \
-         COMP_WORDS=(fleetctl list-u); COMP_CWORD=1; COMP_LINE='fleetctl list-u'; COMP_POINT=15; \
-         _fleetctl fleetctl list-u fleetctl; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
-        script.display()
-    );
-    let bash = Command::new("bash")
-        .args(["--noprofile", "--norc", "-c", &probe])
-        .output()
-        .expect("bash runs");
-    let stdout = String::from_utf8_lossy(&bash.stdout);
-    assert!(bash.status.success(), "{bash:?}");
+    let stdout = bash_completes(&script, "list-u");
     assert!(stdout.contains("list-units"), "{stdout}");
     assert!(stdout.contains("list-unit-files"), "{stdout}");
+    let stdout = bash_completes(&script, "set-m");
+    assert_eq!(stdout, "set-metadata\n");
+    let stdout = bash_completes(&script, "vers");
+    assert_eq!(stdout, "version\n");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

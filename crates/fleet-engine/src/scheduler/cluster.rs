@@ -356,8 +356,10 @@ impl<'s> Cluster<'s> {
         let metadata = self.machines.get(machine).map(|m| &m.metadata);
         reqs.metadata.iter().find_map(|(key, accepted)| {
             let have = metadata.and_then(|md| md.get(key));
-            (!have.is_some_and(|v| accepted.contains(v)))
-                .then(|| Violation::MetadataMismatch { key: key.clone() })
+            (!have.is_some_and(|v| accepted.contains(v))).then(|| Violation::MetadataMismatch {
+                key: key.clone(),
+                accepted: accepted.clone(),
+            })
         })
     }
 

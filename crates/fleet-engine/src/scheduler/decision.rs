@@ -1,8 +1,12 @@
 //! What the scheduler tells the engine to write, and why. Every decision carries a typed
 //! [`Reason`]; its `Display` is what the engine logs and what `P/unscheduled/<name>` shows.
+//! The texts a user reads (the unscheduled reasons, which fleetctl prints while it waits and
+//! the API serves) group the machines that fail a unit alike and name a machine by its short
+//! ID, so that they stay one readable line at 50 machines.
 
 use fleet_core::{DesiredState, MachineId, RequirementError, UnitHash, UnitName};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// One change to the registry, with the reason for it.
@@ -81,13 +85,18 @@ impl DecisionKind {
 
 /// Why a machine cannot run a unit: one `[X-Fleet]` rule it fails. Serialized (for
 /// [`explain`](crate::explain)) as `{"rule": "<kebab-case variant>", <fields>}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "rule", rename_all = "kebab-case")]
 pub enum Violation {
     /// `MachineID=` names another machine.
     MachineIdMismatch { wanted: String },
-    /// `MachineMetadata=`: the machine lacks `key` or has none of its accepted values.
-    MetadataMismatch { key: String },
+    /// `MachineMetadata=`: the machine lacks `key` or has none of its `accepted` values.
+    MetadataMismatch {
+        key: String,
+        /// The values of `key` the unit accepts (any one will do).
+        #[serde(default)]
+        accepted: Vec<String>,
+    },
     /// `MachineOf=`: the peer is not on this machine.
     PeerNotHere { peer: String },
     /// `MachineOf=`: the peer would leave this machine with a unit this one replaces.
@@ -102,14 +111,33 @@ pub enum Violation {
     Drained,
 }
 
+/// `key=a or key=b`, as a unit's `MachineMetadata=` lines accept them (`key` alone if none).
+struct Wanted<'a> {
+    key: &'a str,
+    accepted: &'a [String],
+}
+
+impl fmt::Display for Wanted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.accepted.is_empty() {
+            return f.write_str(self.key);
+        }
+        for (i, value) in self.accepted.iter().enumerate() {
+            let sep = if i == 0 { "" } else { " or " };
+            write!(f, "{sep}{}={value}", self.key)?;
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::MachineIdMismatch { wanted } => {
                 write!(f, "machine ID does not match required {wanted:?}")
             }
-            Self::MetadataMismatch { key } => {
-                write!(f, "machine metadata does not satisfy {key:?}")
+            Self::MetadataMismatch { key, accepted } => {
+                write!(f, "machine metadata lacks {}", Wanted { key, accepted })
             }
             Self::PeerNotHere { peer } => {
                 write!(f, "required peer unit {peer} is not scheduled here")
@@ -196,9 +224,6 @@ pub enum Reason {
     MoveOver { machine: MachineId },
 }
 
-/// How many machines a [`Reason::NoMachineAble`] names before summarising the rest.
-const REJECTIONS_SHOWN: usize = 5;
-
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -240,6 +265,7 @@ impl fmt::Display for Reason {
             Self::InvalidRequirements { error } => write!(f, "invalid [X-Fleet] options: {error}"),
             Self::NoMachines => f.write_str("zero machines available"),
             Self::WaitingForPreviousCopy { machine } => {
+                let machine = machine.short();
                 write!(f, "waiting for the previous copy on {machine} to stop")
             }
             Self::PeerNotScheduled { peer } => {
@@ -254,13 +280,14 @@ impl fmt::Display for Reason {
                 machine,
                 rejections,
             } if rejections.is_empty() => {
+                let machine = machine.short();
                 write!(f, "stays on drained machine {machine}: no other machine")
             }
             Self::CannotLeaveDrained {
                 machine,
                 rejections,
             } => {
-                write!(f, "stays on drained machine {machine}: ")?;
+                write!(f, "stays on drained machine {}: ", machine.short())?;
                 write_rejections(f, rejections)
             }
             Self::MoveOver { machine } => {
@@ -270,17 +297,103 @@ impl fmt::Display for Reason {
     }
 }
 
+/// Rejections grouped by violation: machines that fail a unit for the same reason are
+/// counted together. Largest group first; among equals, the group of the first machine in ID
+/// order first.
+fn group_rejections(rejections: &[(MachineId, Violation)]) -> Vec<(&Violation, Vec<&MachineId>)> {
+    // By violation (a map: thousands of machines may each fail differently), with the
+    // position of the group's first machine.
+    let mut by_violation: BTreeMap<&Violation, (usize, Vec<&MachineId>)> = BTreeMap::new();
+    for (i, (machine, violation)) in rejections.iter().enumerate() {
+        by_violation
+            .entry(violation)
+            .or_insert_with(|| (i, Vec::new()))
+            .1
+            .push(machine);
+    }
+    let mut groups: Vec<(usize, &Violation, Vec<&MachineId>)> = by_violation
+        .into_iter()
+        .map(|(violation, (first, machines))| (first, violation, machines))
+        .collect();
+    groups.sort_by_key(|(first, _, machines)| (std::cmp::Reverse(machines.len()), *first));
+    groups
+        .into_iter()
+        .map(|(_, v, machines)| (v, machines))
+        .collect()
+}
+
+/// `no machine able to run unit: 3 machines lack tier=api; 1 machine (4f1e2a10) runs a
+/// conflicting web@1.service`: one clause per group of machines failing the same rule, at most
+/// [`GROUPS_SHOWN`]. A small group's machines are named (short IDs, as list-machines shows
+/// them) when the groups differ, so that the reader can tell which machine is which; the
+/// per-machine detail is `fleetctl explain`'s.
 fn write_rejections(
     f: &mut fmt::Formatter<'_>,
     rejections: &[(MachineId, Violation)],
 ) -> fmt::Result {
     f.write_str("no machine able to run unit")?;
-    for (i, (machine, violation)) in rejections.iter().take(REJECTIONS_SHOWN).enumerate() {
+    let groups = group_rejections(rejections);
+    let named = groups.len() > 1;
+    for (i, (violation, machines)) in groups.iter().take(GROUPS_SHOWN).enumerate() {
         let sep = if i == 0 { ": " } else { "; " };
-        write!(f, "{sep}{machine}: {violation}")?;
+        f.write_str(sep)?;
+        let names = (named && machines.len() <= NAMED_UP_TO).then_some(machines.as_slice());
+        write_group(f, violation, machines.len(), names)?;
     }
-    if rejections.len() > REJECTIONS_SHOWN {
-        write!(f, "; and {} more", rejections.len() - REJECTIONS_SHOWN)?;
+    let rest: usize = groups.iter().skip(GROUPS_SHOWN).map(|(_, m)| m.len()).sum();
+    if rest > 0 {
+        let machines = if rest == 1 { "machine" } else { "machines" };
+        write!(f, "; {rest} more {machines} for other reasons")?;
     }
     Ok(())
+}
+
+/// How many groups of a [`Reason::NoMachineAble`] are said before summarising the rest.
+const GROUPS_SHOWN: usize = 4;
+
+/// A group of at most this many machines is named.
+const NAMED_UP_TO: usize = 3;
+
+/// One group: `3 machines lack tier=api`, `1 machine (4f1e2a10) is drained`.
+fn write_group(
+    f: &mut fmt::Formatter<'_>,
+    violation: &Violation,
+    n: usize,
+    names: Option<&[&MachineId]>,
+) -> fmt::Result {
+    let one = n == 1;
+    // The verb agrees with the count: (singular, plural).
+    let verb = |singular: &'static str, plural: &'static str| if one { singular } else { plural };
+    write!(f, "{n} {}", verb("machine", "machines"))?;
+    if let Some(names) = names {
+        let short: Vec<&str> = names.iter().map(|m| m.short()).collect();
+        write!(f, " ({})", short.join(", "))?;
+    }
+    match violation {
+        Violation::MachineIdMismatch { wanted } => {
+            write!(f, " {} not MachineID={wanted}", verb("is", "are"))
+        }
+        Violation::MetadataMismatch { key, accepted } => {
+            write!(f, " {} {}", verb("lacks", "lack"), Wanted { key, accepted })
+        }
+        Violation::PeerNotHere { peer } => {
+            write!(f, " {} not run its peer {peer}", verb("does", "do"))
+        }
+        Violation::PeerReplaced { peer } => write!(
+            f,
+            " would lose its peer {peer} along with a unit it replaces"
+        ),
+        Violation::ConflictsWith { unit } => {
+            write!(f, " {} a conflicting {unit}", verb("runs", "run"))
+        }
+        Violation::ReplacedBy { unit } => {
+            write!(f, " {} {unit}, which replaces it", verb("runs", "run"))
+        }
+        Violation::WouldReplace { unit } => write!(
+            f,
+            " {} {unit}, which a global unit never displaces",
+            verb("runs", "run")
+        ),
+        Violation::Drained => write!(f, " {} drained", verb("is", "are")),
+    }
 }

@@ -583,9 +583,7 @@ fn says_why_no_machine_matches_machine_id() {
     let w = two_machines().unit("a.service", Launched, "MachineID=m9");
     assert_eq!(
         lines(&w.plan()),
-        ["unschedulable a.service: no machine able to run unit: \
-          m1: machine ID does not match required \"m9\"; \
-          m2: machine ID does not match required \"m9\""]
+        ["unschedulable a.service: no machine able to run unit: 2 machines are not MachineID=m9"]
     );
 }
 
@@ -652,9 +650,9 @@ fn moves_a_unit_when_its_machine_metadata_changes() {
         w.settle(),
         [
             "unschedule a.service from m1: target machine m1 unable to run unit: \
-             machine metadata does not satisfy \"role\"",
+             machine metadata lacks role=web",
             "schedule a.service on m2 (launched): target machine m1 unable to run unit: \
-             machine metadata does not satisfy \"role\"",
+             machine metadata lacks role=web",
         ]
     );
 }
@@ -797,7 +795,7 @@ fn conflict_globs_match_unit_names() {
         [
             "schedule web@1.service on m1 (launched): target state launched and unit not scheduled",
             "unschedulable web@2.service: no machine able to run unit: \
-             m1: conflicts with unit web@1.service scheduled here",
+             1 machine runs a conflicting web@1.service",
         ]
     );
 }
@@ -823,16 +821,76 @@ fn of_two_conflicting_units_on_one_machine_the_first_in_name_order_stays() {
 }
 
 #[test]
-fn shortens_the_reason_when_many_machines_refuse() {
+fn counts_the_machines_that_refuse_a_unit_for_the_same_reason() {
     let mut w = World::new();
     for i in 1..=7 {
         w = w.machine(&format!("m{i}"), &[]);
     }
-    let w = w.unit("a.service", Launched, "MachineMetadata=role=x");
-    let reason = w.plan()[0].reason.to_string();
-    assert!(
-        reason.ends_with("m5: machine metadata does not satisfy \"role\"; and 2 more"),
-        "{reason}"
+    let w = w.unit(
+        "a.service",
+        Launched,
+        "MachineMetadata=role=x;MachineMetadata=role=y",
+    );
+    assert_eq!(
+        w.plan()[0].reason.to_string(),
+        "no machine able to run unit: 7 machines lack role=x or role=y"
+    );
+}
+
+/// The reason the plan publishes for `unit`, which it cannot place.
+fn unschedulable_reason_of(w: &World, unit: &str) -> String {
+    let d = w
+        .plan()
+        .into_iter()
+        .find(|d| matches!(&d.kind, DecisionKind::Unschedulable { unit: u } if u.as_str() == unit));
+    d.expect("the unit is unschedulable").reason.to_string()
+}
+
+/// A 32-character machine ID made of `c`.
+fn long_id(c: char) -> String {
+    c.to_string().repeat(32)
+}
+
+#[test]
+fn names_the_machines_of_small_groups_by_short_id_when_the_reasons_differ() {
+    let mut w = World::new();
+    for c in ['a', 'b', 'c', 'd', 'e'] {
+        w = w.machine(&long_id(c), &[]);
+    }
+    let w = w
+        .machine(&long_id('b'), &[("tier", "api")])
+        .unit("web@1.service", Launched, "")
+        .entry("web@1.service", &long_id('b'))
+        .unit(
+            "web@2.service",
+            Launched,
+            "MachineMetadata=tier=api;Conflicts=web@*",
+        );
+    assert_eq!(
+        unschedulable_reason_of(&w, "web@2.service"),
+        "no machine able to run unit: 4 machines lack tier=api; \
+         1 machine (bbbbbbbb) runs a conflicting web@1.service"
+    );
+}
+
+#[test]
+fn summarises_the_groups_past_the_fourth() {
+    let mut w = World::new();
+    for (i, c) in ['a', 'b', 'c', 'd', 'e', 'f'].into_iter().enumerate() {
+        let unit = format!("web@{i}.service");
+        w = w
+            .machine(&long_id(c), &[])
+            .unit(&unit, Launched, "")
+            .entry(&unit, &long_id(c));
+    }
+    let w = w.unit("web@9.service", Launched, "Conflicts=web@*");
+    assert_eq!(
+        unschedulable_reason_of(&w, "web@9.service"),
+        "no machine able to run unit: 1 machine (aaaaaaaa) runs a conflicting web@0.service; \
+         1 machine (bbbbbbbb) runs a conflicting web@1.service; \
+         1 machine (cccccccc) runs a conflicting web@2.service; \
+         1 machine (dddddddd) runs a conflicting web@3.service; \
+         2 more machines for other reasons"
     );
 }
 
@@ -871,7 +929,7 @@ fn a_replaced_unit_with_nowhere_else_to_go_is_unschedulable() {
             "unschedule old.service from m1: replaced by unit new.service on machine m1",
             "schedule new.service on m1 (launched): target state launched and unit not scheduled",
             "unschedulable old.service: no machine able to run unit: \
-             m1: unit new.service scheduled here replaces it",
+             1 machine runs new.service, which replaces it",
         ]
     );
 }
@@ -951,8 +1009,7 @@ fn of_two_conflicting_globals_the_first_in_name_order_wins_even_when_it_comes_la
     assert_eq!(w.placement(), placed(&[("a.service", &["m1", "m2"])]));
     assert_eq!(
         w.snap.unscheduled[&name("b.service")],
-        "no machine able to run unit: m1: conflicts with unit a.service scheduled here; \
-         m2: conflicts with unit a.service scheduled here"
+        "no machine able to run unit: 2 machines run a conflicting a.service"
     );
 }
 
@@ -1000,8 +1057,7 @@ fn a_global_unit_matching_no_machine_gets_a_reason_and_loses_it_when_one_joins()
     );
     assert_eq!(
         w.settle(),
-        ["unschedulable g.service: no machine able to run unit: \
-          m1: machine metadata does not satisfy \"role\""]
+        ["unschedulable g.service: no machine able to run unit: 1 machine lacks role=gpu"]
     );
     let mut w = w.machine("m2", &[("role", "gpu")]);
     assert_eq!(
@@ -1085,7 +1141,7 @@ fn a_unit_does_not_displace_a_unit_its_own_peers_need() {
     assert_eq!(
         lines(&w.plan()),
         ["unschedulable c.service: no machine able to run unit: \
-          m1: required peer unit b.service would leave with a unit it replaces here"]
+          1 machine would lose its peer b.service along with a unit it replaces"]
     );
 }
 

@@ -64,7 +64,7 @@ fn pairs(list: &[(&str, Then)]) -> Vec<(String, Then)> {
 }
 
 #[test]
-fn created_and_replaced_units_are_waited_for_and_kept_ones_at_the_target_are_left_alone() {
+fn created_replaced_and_kept_units_at_the_target_are_all_waited_for() {
     let prepared = vec![
         create("a.service", PLAIN),
         replace("b.service", PLAIN, "[Service]\nExecStart=/bin/true\n"),
@@ -76,9 +76,25 @@ fn created_and_replaced_units_are_waited_for_and_kept_ones_at_the_target_are_lef
         pairs(&[
             ("a.service", Then::Wait),
             ("b.service", Then::Wait),
-            ("c.service", Then::Nothing),
+            ("c.service", Then::Wait),
         ])
     );
+}
+
+#[test]
+fn a_kept_global_unit_at_the_target_is_not_waited_for_as_there_is_no_one_machine() {
+    let prepared = vec![keep("g.service", GLOBAL, DesiredState::Launched)];
+    let wanted = needs(&prepared, START);
+    assert!(
+        wanted.files.contains_key(&file(GLOBAL).hash()),
+        "{wanted:?}"
+    );
+    let view = View {
+        placed: BTreeMap::new(),
+        files: BTreeMap::from([(file(GLOBAL).hash(), file(GLOBAL))]),
+    };
+    let steps = decide(prepared, &view, START);
+    assert_eq!(thens(&steps), pairs(&[("g.service", Then::Nothing)]));
 }
 
 #[test]

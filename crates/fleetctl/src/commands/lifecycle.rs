@@ -3,7 +3,9 @@
 //! `--no-block`.
 //!
 //! Unlike fleet, `load` never stops a launched unit (fleet #1428): it only raises a unit's
-//! desired state; `stop` is the command that stops.
+//! desired state; `stop` is the command that stops. Unlike fleet, a blocking command waits
+//! for the state it promises even when the unit already had that desired state (fleet
+//! returned at once, silently, although the unit was not running).
 
 use anyhow::Result;
 use fleet_core::{DesiredState, MachineId, UnitName};
@@ -211,6 +213,7 @@ async fn change_state<C: Cluster>(
         .collect()
         .await;
     let mut goals = BTreeMap::new();
+    let mut unchanged = BTreeSet::new();
     let mut failures = Vec::new();
     for (name, res) in results {
         match res {
@@ -221,11 +224,22 @@ async fn change_state<C: Cluster>(
             Ok(Some(_)) => {
                 goals.insert(name, Goal::of(target));
             }
+            Ok(None) if block != Block::No => {
+                unchanged.insert(name);
+            }
             Ok(None) => {}
             Err(e) => failures.push((name, e)),
         }
     }
     fail_if_any(ctx, "Error changing state of", failures)?;
+    // Already there, nothing written: a blocking command still waits for the state it
+    // promises (a unit stopped in the registry may still be running somewhere).
+    if !unchanged.is_empty() {
+        let units = cluster.units(Some(&unchanged)).await?;
+        for unit in units.units.into_iter().filter(|u| !u.global) {
+            goals.insert(unit.status.name, Goal::of(target));
+        }
+    }
     wait_for(ctx, &cluster, goals, block).await
 }
 

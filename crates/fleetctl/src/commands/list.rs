@@ -1,19 +1,47 @@
 //! `list-unit-files`, `list-units` and `list-machines`: one consistent read each (and the
-//! live machines when a column shows their legends), rendered as fleet's tables. A value the registry cannot read is left out with a warning on stderr
-//! that names its key; the table of everything else still prints.
+//! live machines when a column shows their legends), rendered as fleet's tables. A value the
+//! registry cannot read is left out with a warning on stderr that names its key; the table of
+//! everything else still prints. With `--output json`, one document of the API's full-view
+//! entities instead ([`crate::output`]), which carries those warnings itself: stderr stays
+//! quiet, `--no-legend` and `--full` change nothing, and `--fields` is refused.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use fleet_core::{MachineId, MachineInfo, UnitHash};
 use fleet_ops::{Cluster, StateFilter};
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Ctx, machine_legend, machines_by_id, parse_fields};
-use crate::cli::{ListMachines, ListUnitFiles, ListUnits, Listing};
-use crate::table;
+use crate::cli::{Format, ListMachines, ListUnitFiles, ListUnits, Listing};
+use crate::{output, table};
 
 const UNITS_FAILED: &str = "Error retrieving list of units from repository";
 const MACHINES_FAILED: &str =
     "Error retrieving list of active machines (etcd unhealthy, lost quorum, or unreachable)";
+
+/// Each table's columns without `--fields`: fleet's defaults (cli.rs's help names them; a test
+/// below holds the two together).
+const UNIT_FILES_DEFAULT: &str = "unit,hash,dstate,state,target";
+const UNITS_DEFAULT: &str = "unit,machine,active,sub";
+const MACHINES_DEFAULT: &str = "machine,ip,metadata";
+
+/// The `--fields` of a table, or the refusal of one with `--output json`.
+fn fields_arg(listing: &Listing, fields: Option<&str>, default: &str) -> Result<Option<String>> {
+    match (listing.output, fields) {
+        (Format::Json, Some(_)) => bail!(
+            "--fields chooses the columns of a table; --output=json prints every field \
+             (docs/operating.md, \"JSON output\")"
+        ),
+        (Format::Json, None) => Ok(None),
+        (Format::Text, f) => Ok(Some(f.unwrap_or(default).to_owned())),
+    }
+}
+
+/// Prints one JSON document.
+fn print_json<C, T: serde::Serialize>(ctx: &mut Ctx<C>, doc: &T) -> Result<()> {
+    let text = output::render(doc).context("encoding the listing as JSON")?;
+    ctx.print(&text);
+    Ok(())
+}
 
 fn print<C>(ctx: &mut Ctx<C>, listing: &Listing, fields: &[&str], rows: Vec<Vec<String>>) {
     let mut all = Vec::with_capacity(rows.len() + 1);
@@ -55,7 +83,12 @@ async fn legends<C: Cluster>(
 }
 
 pub async fn list_unit_files<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnitFiles) -> Result<()> {
-    let mut fields_arg = args.fields.clone();
+    let Some(mut fields_arg) =
+        fields_arg(&args.listing, args.fields.as_deref(), UNIT_FILES_DEFAULT)?
+    else {
+        let listing = ctx.cluster.units(None).await.context(UNITS_FAILED)?;
+        return print_json(ctx, &output::UnitFiles::of(&listing));
+    };
     if fields_arg.split(',').any(|f| f.trim() == "tmachine") {
         ctx.warn("WARNING: The \"tmachine\" field is deprecated. Use \"target\" instead");
         fields_arg = fields_arg.replace("tmachine", "target");
@@ -100,8 +133,16 @@ pub async fn list_unit_files<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnitFiles)
 }
 
 pub async fn list_units<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnits) -> Result<()> {
+    let Some(fields_arg) = fields_arg(&args.listing, args.fields.as_deref(), UNITS_DEFAULT)? else {
+        let listing = ctx
+            .cluster
+            .states(&StateFilter::default())
+            .await
+            .context(UNITS_FAILED)?;
+        return print_json(ctx, &output::Units::of(&listing));
+    };
     let fields = parse_fields(
-        &args.fields,
+        &fields_arg,
         &[
             "active", "hash", "load", "machine", "pending", "sub", "unit",
         ],
@@ -140,7 +181,12 @@ pub async fn list_units<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnits) -> Resul
 }
 
 pub async fn list_machines<C: Cluster>(ctx: &mut Ctx<C>, args: &ListMachines) -> Result<()> {
-    let fields = parse_fields(&args.fields, &["drained", "ip", "machine", "metadata"])?;
+    let Some(fields_arg) = fields_arg(&args.listing, args.fields.as_deref(), MACHINES_DEFAULT)?
+    else {
+        let listing = ctx.cluster.machines().await.context(MACHINES_FAILED)?;
+        return print_json(ctx, &output::Machines::of(&listing));
+    };
+    let fields = parse_fields(&fields_arg, &["drained", "ip", "machine", "metadata"])?;
     let listing = ctx.cluster.machines().await.context(MACHINES_FAILED)?;
     warn_skipped(ctx, listing.skipped);
     let by_id: BTreeMap<MachineId, _> = BTreeMap::new();
@@ -187,4 +233,31 @@ pub async fn list_machines<C: Cluster>(ctx: &mut Ctx<C>, args: &ListMachines) ->
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn each_tables_help_names_the_columns_it_prints_by_default() {
+        let cli = crate::cli::Cli::command();
+        for (command, default) in [
+            ("list-unit-files", UNIT_FILES_DEFAULT),
+            ("list-units", UNITS_DEFAULT),
+            ("list-machines", MACHINES_DEFAULT),
+        ] {
+            let sub = cli.find_subcommand(command).expect(command);
+            let fields = sub
+                .get_arguments()
+                .find(|a| a.get_id() == "fields")
+                .expect("--fields");
+            let help = fields.get_help().expect("help").to_string();
+            assert!(
+                help.contains(&format!("[default: {default}]")),
+                "{command}: {help}"
+            );
+        }
+    }
 }

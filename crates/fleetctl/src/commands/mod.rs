@@ -10,9 +10,11 @@ pub mod destroy;
 pub mod lifecycle;
 pub mod list;
 pub mod maintenance;
+pub mod metadata;
 pub mod remote;
 pub mod rolling;
 pub mod submit;
+pub mod version;
 pub mod wait;
 
 use anyhow::{Result, bail};

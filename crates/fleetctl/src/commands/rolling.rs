@@ -47,6 +47,9 @@ pub async fn run<C: Cluster>(
             goals.insert(name, Goal::of(unit.desired));
         }
         if let Err(e) = wait_for(ctx, &cluster, goals, block).await {
+            if e.downcast_ref::<super::wait::Interrupted>().is_some() {
+                return Err(e);
+            }
             remaining.retain(|n| !names.iter().any(|m| m.as_str() == n));
             bail!(
                 "{e:#}\nRolling replace stopped; not replaced yet: {}",

@@ -2,16 +2,26 @@
 //! the cluster's [`Cluster::watch`] of the waited-for units: a view of them, current again each
 //! time it may have changed (the etcd side follows a watch instead of re-reading a whole
 //! snapshot: 0.42 s for one blocking start at 10,000 units before; the API side polls). Each
-//! unit is reported as it arrives.
+//! unit is reported as it arrives, and an unscheduled unit's reason each time it changes.
+//!
+//! Ctrl-C ends the wait, not what was asked: the units keep the desired state the command
+//! wrote, and fleetctl says so, says how to undo it, and exits 130 ([`Interrupted`]). On a
+//! terminal a wait on several units shows a progress line on stderr ([`progress`]); piped, the
+//! output is the same bytes as without it.
 
 use anyhow::{Result, bail};
 use fleet_core::{ActiveState, DesiredState, LoadState, UnitName};
 use fleet_ops::{Changes, Cluster, StateView, WaitView};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
 use super::{Ctx, machine_legend};
+
+mod progress;
+
+use progress::{Progress, Stage};
 
 /// One attempt of fleet's `--block-attempts` lasts this long.
 pub const ATTEMPT: Duration = Duration::from_secs(2);
@@ -164,44 +174,206 @@ fn judge_restart(snap: &WaitView, name: &UnitName, generation: u64, full: bool) 
     Verdict::Reached(format!("Unit {name} restarted on {}", legends.join(", ")))
 }
 
+/// Where a pending unit stands, for the progress line.
+fn stage(snap: &WaitView, name: &UnitName, goal: Goal) -> Stage {
+    let Some(unit) = snap.units.get(name) else {
+        return Stage::Underway;
+    };
+    if goal == Goal::Inactive {
+        return Stage::Underway;
+    }
+    if unit.unscheduled.is_some() {
+        return Stage::CannotSchedule;
+    }
+    let Some(machine) = unit.machines.first() else {
+        return Stage::NotScheduled;
+    };
+    match snap.states.get(name).and_then(|s| s.get(machine)) {
+        Some(state) if state.hash == Some(unit.hash) => Stage::Underway,
+        Some(_) | None => Stage::WaitingForMachine,
+    }
+}
+
+/// The wait was interrupted (Ctrl-C); what was written stays, and the user was told so.
+/// fleetctl exits 130, as a shell reports a command ended by SIGINT.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// How many units an interruption's lines name before `and N more`.
+const NAMED_ON_INTERRUPT: usize = 5;
+
+/// What an interrupted wait tells: the units still pending stay in the cluster with the
+/// desired state this command gave them, the cluster goes on working towards it, and how to
+/// undo it. One paragraph per desired state.
+fn interrupted_text(goals: &BTreeMap<UnitName, Goal>) -> Vec<String> {
+    let mut by_state: BTreeMap<DesiredState, Vec<&UnitName>> = BTreeMap::new();
+    for (name, goal) in goals {
+        let state = match goal {
+            Goal::Launched | Goal::Restarted(_) => DesiredState::Launched,
+            Goal::Loaded => DesiredState::Loaded,
+            Goal::Inactive => DesiredState::Inactive,
+        };
+        by_state.entry(state).or_default().push(name);
+    }
+    let mut lines = vec!["Interrupted: stopped waiting; what was asked stays asked.".to_owned()];
+    for (state, names) in by_state.iter().rev() {
+        let many = names.len() > NAMED_ON_INTERRUPT;
+        let mut listed: Vec<String> = names
+            .iter()
+            .take(NAMED_ON_INTERRUPT)
+            .map(|n| n.to_string())
+            .collect();
+        let args = if many {
+            "UNIT...".to_owned()
+        } else {
+            listed.join(" ")
+        };
+        if many {
+            listed.push(format!("and {} more", names.len() - NAMED_ON_INTERRUPT));
+        }
+        let (unit, stays) = if names.len() == 1 {
+            ("Unit", "stays")
+        } else {
+            ("Units", "stay")
+        };
+        lines.push(format!(
+            "{unit} {} {stays} in the cluster with desired state {state}: the cluster goes on \
+             working towards it.",
+            listed.join(", ")
+        ));
+        lines.push(match state {
+            DesiredState::Launched => format!(
+                "To undo: `fleetctl stop {args}` (keeps it loaded) or `fleetctl destroy {args}` \
+                 (removes it)."
+            ),
+            // Loaded by `load` (undone by unload) or by `stop` (undone by start).
+            DesiredState::Loaded => format!(
+                "To change it: `fleetctl start {args}`, `fleetctl unload {args}`, or \
+                 `fleetctl destroy {args}` (removes it)."
+            ),
+            DesiredState::Inactive => format!(
+                "To change it: `fleetctl start {args}`, or `fleetctl destroy {args}` (removes \
+                 it)."
+            ),
+        });
+    }
+    lines
+}
+
+/// What a wait has said, and where it says more.
+struct Said<'a, C> {
+    ctx: &'a mut Ctx<C>,
+    progress: &'a Progress,
+    failures: &'a mut Vec<String>,
+    /// The reason last told for each unit: a changed reason is told again.
+    told_unscheduled: &'a mut BTreeMap<UnitName, String>,
+}
+
+impl<C> Said<'_, C> {
+    /// Takes the units that reached their goal or failed out of `goals`, printing the first
+    /// (with the progress line out of the way) and keeping the second for the end; tells
+    /// each pending unit's unscheduled reason when it is new.
+    fn report(&mut self, snap: &WaitView, goals: &mut BTreeMap<UnitName, Goal>) {
+        goals.retain(|name, goal| match judge(snap, name, *goal, false) {
+            Verdict::Pending => true,
+            Verdict::Reached(line) => {
+                self.progress.suspend(|| self.ctx.say(line));
+                false
+            }
+            Verdict::Failed(line) => {
+                self.failures.push(line);
+                false
+            }
+        });
+        for name in goals.keys() {
+            let Some(reason) = snap.units.get(name).and_then(|u| u.unscheduled.as_ref()) else {
+                continue;
+            };
+            if self.told_unscheduled.get(name) != Some(reason) {
+                self.told_unscheduled.insert(name.clone(), reason.clone());
+                let line = format!("Unit {name} cannot be scheduled yet: {reason}");
+                self.progress.suspend(|| self.ctx.warn(line));
+            }
+        }
+    }
+}
+
+/// The progress line is redrawn this often, for its clock, while nothing changes.
+const TICK: Duration = Duration::from_secs(1);
+
 /// Waits until every unit in `goals` reaches its goal, printing each as it arrives. Fails if a
-/// unit fails or the block attempts run out.
+/// unit fails or the block attempts run out; on Ctrl-C says what stays and fails with
+/// [`Interrupted`]. On a terminal, a wait on several units draws a progress line on stderr.
 pub async fn wait_for<C: Cluster>(
     ctx: &mut Ctx<C>,
     cluster: &C,
-    mut goals: BTreeMap<UnitName, Goal>,
+    goals: BTreeMap<UnitName, Goal>,
     block: Block,
 ) -> Result<()> {
     if block == Block::No || goals.is_empty() {
         return Ok(());
     }
-    let deadline = block.deadline(Instant::now());
+    // SIGINT is caught from here on (not while writing: Ctrl-C then ends fleetctl as
+    // before). Without a handler (it could not be installed) Ctrl-C ends fleetctl too.
+    let mut sigint = signal(SignalKind::interrupt()).ok();
+    let interrupt = async move {
+        match sigint.as_mut() {
+            Some(s) => drop(s.recv().await),
+            None => std::future::pending().await,
+        }
+    };
+    let progress = Progress::on_terminal(goals.len());
+    wait_until(ctx, cluster, goals, block, interrupt, progress).await
+}
+
+/// [`wait_for`], interrupted when `interrupt` completes, drawing `progress`.
+async fn wait_until<C: Cluster>(
+    ctx: &mut Ctx<C>,
+    cluster: &C,
+    mut goals: BTreeMap<UnitName, Goal>,
+    block: Block,
+    interrupt: impl Future<Output = ()>,
+    progress: Progress,
+) -> Result<()> {
+    if block == Block::No || goals.is_empty() {
+        return Ok(());
+    }
+    let start = Instant::now();
+    let deadline = block.deadline(start);
+    let total = goals.len();
     let names: BTreeSet<UnitName> = goals.keys().cloned().collect();
     let mut view = cluster.watch(names.clone()).await?;
     let mut failures = Vec::new();
-    let mut told_unscheduled = BTreeSet::new();
+    let mut told_unscheduled = BTreeMap::new();
+    let mut tick = tokio::time::interval_at(start + TICK, TICK);
+    tokio::pin!(interrupt);
     loop {
         let snap = view.view();
-        goals.retain(|name, goal| match judge(snap, name, *goal, false) {
-            Verdict::Pending => true,
-            Verdict::Reached(line) => {
-                ctx.say(line);
-                false
-            }
-            Verdict::Failed(line) => {
-                failures.push(line);
-                false
-            }
-        });
-        for name in goals.keys() {
-            if let Some(reason) = snap.units.get(name).and_then(|u| u.unscheduled.as_ref())
-                && told_unscheduled.insert(name.clone())
-            {
-                ctx.warn(format!("Unit {name} cannot be scheduled yet: {reason}"));
-            }
-        }
+        let mut said = Said {
+            ctx: &mut *ctx,
+            progress: &progress,
+            failures: &mut failures,
+            told_unscheduled: &mut told_unscheduled,
+        };
+        said.report(snap, &mut goals);
         if goals.is_empty() {
             break;
+        }
+        if progress.is_shown() {
+            let pending: Vec<(UnitName, Stage)> = goals
+                .iter()
+                .map(|(name, goal)| (name.clone(), stage(snap, name, *goal)))
+                .collect();
+            let done = total - goals.len();
+            progress.show(done, progress::line(done, total, start.elapsed(), &pending));
         }
         let timeout = async {
             match deadline {
@@ -221,8 +393,20 @@ pub async fn wait_for<C: Cluster>(
                 failures.push(format!("Timed out waiting for units: {}", names.join(", ")));
                 break;
             }
+            () = &mut interrupt => {
+                progress.clear();
+                for f in &failures {
+                    ctx.warn(f);
+                }
+                for line in interrupted_text(&goals) {
+                    ctx.warn(line);
+                }
+                return Err(Interrupted.into());
+            }
+            _ = tick.tick(), if progress.is_shown() => {}
         }
     }
+    progress.clear();
     match failures.len() {
         0 => Ok(()),
         1 => bail!("{}", failures[0]),
@@ -358,6 +542,206 @@ mod tests {
         assert_eq!(
             said(judge(&v, &name(), Goal::Inactive, false)),
             Ok("Unit w.service inactive".into())
+        );
+    }
+
+    #[test]
+    fn an_interruption_says_what_stays_and_how_to_undo_it() {
+        let goals = BTreeMap::from([
+            (name(), Goal::Launched),
+            ("old.service".parse().unwrap(), Goal::Loaded),
+        ]);
+        assert_eq!(
+            interrupted_text(&goals),
+            [
+                "Interrupted: stopped waiting; what was asked stays asked.",
+                "Unit w.service stays in the cluster with desired state launched: the cluster \
+                 goes on working towards it.",
+                "To undo: `fleetctl stop w.service` (keeps it loaded) or \
+                 `fleetctl destroy w.service` (removes it).",
+                "Unit old.service stays in the cluster with desired state loaded: the cluster \
+                 goes on working towards it.",
+                "To change it: `fleetctl start old.service`, `fleetctl unload old.service`, \
+                 or `fleetctl destroy old.service` (removes it).",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_interruption_of_a_wait_on_many_units_names_a_few() {
+        let goals: BTreeMap<UnitName, Goal> = (0..7)
+            .map(|i| (format!("u{i}.service").parse().unwrap(), Goal::Restarted(2)))
+            .collect();
+        let text = interrupted_text(&goals);
+        assert_eq!(
+            text[1],
+            "Units u0.service, u1.service, u2.service, u3.service, u4.service, and 2 more stay \
+             in the cluster with desired state launched: the cluster goes on working towards it."
+        );
+        assert!(
+            text[2].contains("`fleetctl destroy UNIT...`"),
+            "{}",
+            text[2]
+        );
+    }
+
+    #[test]
+    fn a_pending_unit_stands_where_the_view_says() {
+        let mut v = view(&[]);
+        assert_eq!(stage(&v, &name(), Goal::Launched), Stage::NotScheduled);
+        v.units.get_mut(&name()).unwrap().unscheduled = Some("no".into());
+        assert_eq!(stage(&v, &name(), Goal::Launched), Stage::CannotSchedule);
+        let mut v = view(&['a']);
+        assert_eq!(stage(&v, &name(), Goal::Launched), Stage::WaitingForMachine);
+        publish(&mut v, 'a', b"old", "active", 0);
+        assert_eq!(stage(&v, &name(), Goal::Launched), Stage::WaitingForMachine);
+        publish(&mut v, 'a', b"new", "activating", 0);
+        assert_eq!(stage(&v, &name(), Goal::Launched), Stage::Underway);
+    }
+
+    /// A writer whose bytes the test reads afterwards.
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Buf {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    type Mem = fleet_ops::etcd::RegistryCluster<fleet_registry::kv::MemKv>;
+
+    /// A cluster on the in-memory registry with `w.service` desired launched, placed nowhere,
+    /// the engine's `reason` published for it; and a context printing into buffers.
+    async fn waiting_unit(reason: &str) -> (Ctx<Mem>, Buf, Buf) {
+        use fleet_registry::kv::{Kv, Txn, TxnOp};
+        let registry = fleet_registry::Registry::new(fleet_registry::kv::MemKv::new(), "/t/");
+        let cluster = fleet_ops::etcd::RegistryCluster::new(registry.clone());
+        let req = fleet_ops::PutRequest {
+            name: name(),
+            file: Some(fleet_core::UnitFile::parse(b"[Service]\nExecStart=/bin/true\n").unwrap()),
+            desired: Some(DesiredState::Launched),
+            how: fleet_ops::ReplaceHow::default(),
+        };
+        cluster.put(req).await.unwrap();
+        let put = TxnOp::Put {
+            key: registry.keys().unscheduled(&name()),
+            value: reason.as_bytes().to_vec(),
+            lease: None,
+        };
+        let txn = Txn {
+            success: vec![put],
+            ..Txn::default()
+        };
+        registry.raw_kv().txn(txn).await.unwrap();
+        let (out, err) = (Buf::default(), Buf::default());
+        let ctx = Ctx {
+            cluster,
+            out: Box::new(out.clone()),
+            err: Box::new(err.clone()),
+            write_failed: None,
+        };
+        (ctx, out, err)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ctrl_c_ends_the_wait_saying_the_unit_stays_launched() {
+        let (mut ctx, out, err) =
+            waiting_unit("no machine able to run unit: 3 machines lack a=b").await;
+        let cluster = ctx.cluster.clone();
+        let goals = BTreeMap::from([(name(), Goal::Launched)]);
+        let interrupt = tokio::time::sleep(Duration::from_secs(600));
+        let res = wait_until(
+            &mut ctx,
+            &cluster,
+            goals,
+            Block::Forever,
+            interrupt,
+            Progress::hidden(),
+        )
+        .await;
+        let e = res.unwrap_err();
+        assert!(e.downcast_ref::<Interrupted>().is_some(), "{e:#}");
+        assert_eq!(out.text(), "");
+        let err = err.text();
+        assert!(
+            err.starts_with(
+                "Unit w.service cannot be scheduled yet: no machine able to run unit: \
+                 3 machines lack a=b\nInterrupted: "
+            ),
+            "{err}"
+        );
+        assert!(
+            err.contains("Unit w.service stays in the cluster with desired state launched"),
+            "{err}"
+        );
+        assert!(err.contains("`fleetctl destroy w.service`"), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_progress_line_counts_the_units_and_keeps_its_clock_while_nothing_changes() {
+        let (mut ctx, out, _err) = waiting_unit("zero machines available").await;
+        let cluster = ctx.cluster.clone();
+        let goals = BTreeMap::from([
+            (name(), Goal::Launched),
+            ("gone.service".parse().unwrap(), Goal::Inactive),
+        ]);
+        let progress = Progress::offscreen(2);
+        let bar = progress.handle();
+        let interrupt = tokio::time::sleep(Duration::from_millis(3500));
+        let res = wait_until(
+            &mut ctx,
+            &cluster,
+            goals,
+            Block::Forever,
+            interrupt,
+            progress,
+        )
+        .await;
+        assert!(res.unwrap_err().downcast_ref::<Interrupted>().is_some());
+        assert_eq!(out.text(), "Unit gone.service inactive\n");
+        // Cleared when the wait ended (the bar then counts as finished: 2 of 2).
+        assert_eq!(
+            bar.shown().map(|(_, text)| text),
+            Some("1/2 units done, 3s; slowest: w.service (cannot be scheduled)".into())
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_out_of_attempts_fails_naming_the_unit_after_saying_why() {
+        let (mut ctx, _out, err) = waiting_unit("zero machines available").await;
+        let cluster = ctx.cluster.clone();
+        let goals = BTreeMap::from([(name(), Goal::Launched)]);
+        let started = Instant::now();
+        let never = std::future::pending();
+        let res = wait_until(
+            &mut ctx,
+            &cluster,
+            goals,
+            Block::Attempts(3),
+            never,
+            Progress::hidden(),
+        )
+        .await;
+        assert_eq!(started.elapsed(), ATTEMPT * 3);
+        assert_eq!(
+            format!("{:#}", res.unwrap_err()),
+            "Timed out waiting for units: w.service"
+        );
+        assert_eq!(
+            err.text(),
+            "Unit w.service cannot be scheduled yet: zero machines available\n"
         );
     }
 

@@ -35,7 +35,7 @@ fn a_placed_unit_is_explained_by_the_rules_that_placed_it_and_stays() {
     );
     assert_eq!(
         table(&e),
-        ["m1*: -", "m2: machine metadata does not satisfy \"tier\"",]
+        ["m1*: -", "m2: machine metadata lacks tier=web",]
     );
 }
 
@@ -51,8 +51,8 @@ fn a_unit_waiting_on_metadata_names_the_key_each_machine_lacks() {
     assert_eq!(
         table(&e),
         [
-            "m1: machine metadata does not satisfy \"tier\"",
-            "m2: machine metadata does not satisfy \"tier\"",
+            "m1: machine metadata lacks tier=web",
+            "m2: machine metadata lacks tier=web",
         ]
     );
     assert!(
@@ -62,7 +62,10 @@ fn a_unit_waiting_on_metadata_names_the_key_each_machine_lacks() {
     );
     assert_eq!(
         e.machines[0].rejected.as_ref().unwrap().violation,
-        Violation::MetadataMismatch { key: "tier".into() }
+        Violation::MetadataMismatch {
+            key: "tier".into(),
+            accepted: vec!["web".into()]
+        }
     );
 }
 
@@ -81,7 +84,7 @@ fn a_conflicts_clash_names_the_unit_it_conflicts_with() {
     );
     assert_eq!(
         e.summary,
-        "no machine able to run unit: m1: conflicts with unit a.service scheduled here"
+        "no machine able to run unit: 1 machine runs a conflicting a.service"
     );
 }
 
@@ -100,7 +103,7 @@ fn a_drained_machine_is_named_for_placed_and_waiting_units() {
     let p = explained(&w, "p.service");
     assert_eq!(
         p.summary,
-        "stays on drained machine m1: no machine able to run unit: m2: machine ID does not match required \"m1\""
+        "stays on drained machine m1: no machine able to run unit: 1 machine is not MachineID=m1"
     );
     let waiting = explained(&w, "w.service");
     assert_eq!(waiting.status, Status::Waiting);

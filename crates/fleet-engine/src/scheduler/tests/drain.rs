@@ -138,7 +138,7 @@ fn a_pinned_unit_stays_with_a_reason_that_names_the_drain() {
     assert_eq!(
         lines(&w.plan()),
         [
-            "unschedulable p.service: stays on drained machine m1: no machine able to run unit: m2: machine ID does not match required \"m1\"",
+            "unschedulable p.service: stays on drained machine m1: no machine able to run unit: 1 machine is not MachineID=m1",
         ]
     );
 }
