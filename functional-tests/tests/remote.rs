@@ -9,7 +9,8 @@
 
 use anyhow::{Context, Result, ensure};
 use fleet_functional_tests::{
-    Cluster, ClusterSpec, FleetdSpec, Machine, cleanup_stale, leftovers, wait_for, wait_for_value,
+    Cluster, ClusterSpec, FleetdSpec, Machine, ProcId, Signal, cleanup_stale, leftovers, wait_for,
+    wait_for_value,
 };
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -306,10 +307,11 @@ fn follow_until_interrupted(cluster: &Cluster, unit: &str) -> Result<()> {
             Some(_) => {}
         }
     }
-    let interrupted = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()?;
-    ensure!(interrupted.success(), "kill -INT fleetctl");
+    // bash's builtin kill (ProcId::signal): /bin/kill is procps', which `make deps` does not
+    // install.
+    ProcId::of(child.id())?
+        .signal(Signal::Int)
+        .context("SIGINT to fleetctl journal -f")?;
     let status = wait_for_value(TIMEOUT, POLL, || child.try_wait().ok().flatten())
         .context("journal -f did not exit after SIGINT")?;
     ensure!(
