@@ -796,7 +796,11 @@ async fn reports_its_progress_once_reconciled_counting_units_and_failing_ones() 
 async fn a_unit_that_keeps_dying_is_restarted_with_backoff_not_in_a_hot_loop() {
     let w = World::new().await;
     let crashy = name("crashy.service");
-    let _agent = w.start_agent();
+    // Windows grow by up to 3x with jitter; a cap below `until`'s 20 s keeps every restart
+    // of the test within its wait (with the default 60 s cap the fourth window may be 27 s).
+    let mut cfg = AgentConfig::new(w.machine.clone());
+    cfg.backoff_max = Duration::from_secs(8);
+    let _agent = w.start_agent_with(cfg);
     w.schedule(
         "crashy.service",
         &file("/bin/crashy"),
