@@ -41,6 +41,7 @@ impl TestRegistry {
                 endpoints: endpoint.split(',').map(str::to_owned).collect(),
                 request_timeout: Duration::from_secs(2),
                 tls: Default::default(),
+                auth: None,
             }))
             .with_context(|| format!("cannot connect to etcd at {endpoint}"))?;
         Ok(TestRegistry {

@@ -93,6 +93,7 @@ async fn serve_api(
         endpoints: vec![etcd.to_owned()],
         request_timeout: Duration::from_secs(5),
         tls: TlsFiles::default(),
+        auth: None,
     };
     let kv = EtcdKv::connect(&config)
         .await

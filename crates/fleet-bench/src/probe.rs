@@ -118,6 +118,7 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
         endpoints: vec![args.etcd.clone()],
         request_timeout: Duration::from_secs(2),
         tls: TlsFiles::default(),
+        auth: None,
     })
     .await?;
     let registry = Registry::new(

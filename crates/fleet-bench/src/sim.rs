@@ -183,6 +183,7 @@ impl Sim {
             endpoints: vec![etcd.endpoint()],
             request_timeout: spec.request_timeout,
             tls: TlsFiles::default(),
+            auth: None,
         };
         let mut kvs = Vec::new();
         for _ in 0..spec.connections.max(1) {

@@ -18,6 +18,7 @@ mod machine;
 mod metadata;
 pub mod metrics;
 mod per_machine;
+pub mod rbac;
 mod read;
 mod records;
 mod registry;

@@ -59,6 +59,8 @@ pub enum ErrorKind {
     Compacted,
     LeaseNotFound,
     Refused,
+    PermissionDenied,
+    AuthFailed,
     Config,
 }
 
@@ -70,6 +72,8 @@ impl ErrorKind {
             KvError::Compacted { .. } => ErrorKind::Compacted,
             KvError::LeaseNotFound(_) => ErrorKind::LeaseNotFound,
             KvError::Refused(_) => ErrorKind::Refused,
+            KvError::PermissionDenied { .. } => ErrorKind::PermissionDenied,
+            KvError::AuthFailed { .. } => ErrorKind::AuthFailed,
             KvError::Config(_) => ErrorKind::Config,
         }
     }
@@ -82,6 +86,8 @@ impl ErrorKind {
             ErrorKind::Compacted => "compacted",
             ErrorKind::LeaseNotFound => "lease_not_found",
             ErrorKind::Refused => "refused",
+            ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::AuthFailed => "auth_failed",
             ErrorKind::Config => "config",
         }
     }

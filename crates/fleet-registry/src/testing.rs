@@ -131,6 +131,7 @@ impl TestEtcd {
                 .tls
                 .as_ref()
                 .map_or_else(TlsFiles::default, |t| t.client.clone()),
+            auth: None,
         }
     }
 
@@ -620,6 +621,7 @@ mod tests {
         let cfg = EtcdConfig {
             request_timeout: Duration::from_secs(2),
             tls,
+            auth: None,
             ..etcd.config()
         };
         let kv = EtcdKv::connect(&cfg).await?;
@@ -672,6 +674,7 @@ mod tests {
             endpoints: vec![etcd.endpoint().replace("127.0.0.1", "[::ffff:127.0.0.1]")],
             request_timeout: Duration::from_secs(2),
             tls: certs.client_files(),
+            auth: None,
         };
         let kv = EtcdKv::connect(&cfg).await.unwrap();
         let err = kv.range("k", false, None).await.unwrap_err();
@@ -735,6 +738,7 @@ mod tests {
             endpoints: vec![etcd.endpoint().replace("https://", "http://")],
             request_timeout: Duration::from_secs(2),
             tls: TlsFiles::default(),
+            auth: None,
         };
         let kv = EtcdKv::connect(&cfg).await.unwrap();
         assert!(kv.range("k", false, None).await.is_err());

@@ -868,6 +868,7 @@ mod etcd_only {
             endpoints: vec![endpoint.to_owned()],
             request_timeout: SHORT,
             tls: TlsFiles::default(),
+            auth: None,
         };
         EtcdKv::connect(&cfg).await.unwrap()
     }

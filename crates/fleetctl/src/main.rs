@@ -100,6 +100,7 @@ async fn connect_etcd(global: &cli::Global, endpoint: &str) -> Result<Registry<E
             .collect(),
         request_timeout: request_timeout(global),
         tls: tls_files(global),
+        auth: None,
     };
     fleet_registry::input::check_endpoints(&config.endpoints, &config.tls)
         .and_then(|()| fleet_registry::input::check_prefix(&global.etcd_key_prefix))

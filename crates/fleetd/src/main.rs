@@ -144,6 +144,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         endpoints: config.etcd_servers.clone(),
         request_timeout: config.etcd_request_timeout,
         tls: config.tls(),
+        auth: None,
     };
     let metrics = metrics::Metrics::new();
     let kv = EtcdKv::connect(&etcd).await.context("connecting to etcd")?;

@@ -40,6 +40,25 @@ pub struct EtcdConfig {
     pub endpoints: Vec<String>,
     pub request_timeout: std::time::Duration,
     pub tls: TlsFiles,
+    /// etcd's username/password authentication (issue 17): `None` connects anonymously
+    /// (or as the TLS client certificate's CN, when etcd maps certificates to users).
+    pub auth: Option<EtcdAuth>,
+}
+
+/// An etcd user and its password. `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdAuth {
+    pub username: String,
+    pub password: String,
+}
+
+impl fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdAuth")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
 }
 
 /// HTTP/2 pings while a stream (a watch) is open, so a silently vanished server breaks the
@@ -555,6 +574,7 @@ mod tests {
             endpoints: endpoints.iter().map(|e| (*e).to_owned()).collect(),
             request_timeout: Duration::from_secs(1),
             tls,
+            auth: None,
         }
     }
 

@@ -214,6 +214,15 @@ pub enum KvError {
     LeaseNotFound(LeaseId),
     #[error("etcd refused the request: {0}")]
     Refused(String),
+    /// etcd's RBAC refused the request (`etcdserver: permission denied`): `user` is the etcd
+    /// user we authenticated as (empty when anonymous or by certificate), `what` the request
+    /// in words with its first key ("write /_coreos.com/fleet/schedule/m1/a.service").
+    #[error("etcd user '{user}' may not {what} (refused by etcd's RBAC: permission denied)")]
+    PermissionDenied { user: String, what: String },
+    /// etcd refused the credentials (wrong username or password, or auth not enabled for a
+    /// user that does not exist).
+    #[error("etcd refused the credentials of user '{user}': {detail}")]
+    AuthFailed { user: String, detail: String },
     #[error("invalid etcd configuration: {0}")]
     Config(String),
 }

@@ -74,6 +74,7 @@ impl TestEtcdCluster {
             endpoints,
             request_timeout: REQUEST_TIMEOUT,
             tls: TlsFiles::default(),
+            auth: None,
         }
     }
 

@@ -1,0 +1,320 @@
+//! Least privilege in etcd (issue 17): the etcd RBAC roles of the registry's role handles,
+//! and the administration that creates them.
+//!
+//! Each role handle of this crate ([`UnitsRole`](crate::UnitsRole), [`MachineRole`](crate::MachineRole),
+//! [`EngineRole`](crate::EngineRole)) writes only its own keys; this module states the same
+//! thing as etcd permissions, so that etcd refuses what the code would never send. The key
+//! layout makes every permission a prefix or one key (docs/registry.md, Roles).
+//!
+//! - [`viewer`]: reads everything under the prefix (fleetctl's listings, the API's GETs).
+//! - [`operator`]: the viewer's reads, and writes units, files, file references, dynamic
+//!   metadata and drain marks; never a schedule, a state, a presence or the leader key.
+//! - [`engine`]: reads everything, writes schedules, unscheduled reasons, `engine/` (the
+//!   leader key, the disruption notice) and moves.
+//! - [`machine`] (one per machine ID `M`): writes `machine/M` and `unit-state/M/`, reads
+//!   `schedule/M/` and the unit files. Nothing else: a host's credentials cannot touch another
+//!   machine's keys, a unit, or the leader key.
+//!
+//! A host's etcd user holds [`host_roles`]: its machine role, plus the engine role on an
+//! engine-capable host, plus the viewer or operator role when its API serves reads or writes.
+//!
+//! The plan is pure ([`RoleSpec::permits`] answers what a role may do to a key, the check the
+//! fake RBAC of tests uses); [`Admin`] applies it to a real etcd as its root user.
+
+use fleet_core::MachineId;
+
+use crate::keys::Keys;
+use crate::kv::EtcdConfig;
+use crate::kv::KvError;
+
+/// The role of read-only users: every read, no write.
+pub const ROLE_VIEWER: &str = "fleet-viewer";
+/// The role of fleetctl's operators (and of fleetd hosts whose API takes writes).
+pub const ROLE_OPERATOR: &str = "fleet-operator";
+/// The role of engine-capable fleetd hosts.
+pub const ROLE_ENGINE: &str = "fleet-engine";
+/// etcd's own superuser role, which `auth enable` requires a `root` user to hold.
+pub const ROLE_ROOT: &str = "root";
+
+/// The etcd role of machine `m`: `fleet-machine-<m>`.
+pub fn machine_role_name(m: &MachineId) -> String {
+    format!("fleet-machine-{m}")
+}
+
+/// The etcd user issued to the fleetd of machine `m`: `fleet-host-<m>`.
+pub fn host_user_name(m: &MachineId) -> String {
+    format!("fleet-host-{m}")
+}
+
+/// What a permission allows, as etcd's `READ`, `WRITE`, `READWRITE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+    ReadWrite,
+}
+
+impl Access {
+    /// Whether a permission of this kind covers an access of kind `wanted`.
+    pub fn covers(self, wanted: Access) -> bool {
+        match (self, wanted) {
+            (Access::ReadWrite, _) => true,
+            (a, b) => a == b,
+        }
+    }
+}
+
+/// One etcd permission: `key` alone, or every key starting with `key` when `prefix`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permission {
+    pub access: Access,
+    pub key: String,
+    pub prefix: bool,
+}
+
+impl Permission {
+    fn prefix(access: Access, key: String) -> Permission {
+        Permission {
+            access,
+            key,
+            prefix: true,
+        }
+    }
+
+    fn key(access: Access, key: String) -> Permission {
+        Permission {
+            access,
+            key,
+            prefix: false,
+        }
+    }
+
+    /// Whether this permission allows `wanted` on `key`.
+    pub fn permits(&self, wanted: Access, key: &str) -> bool {
+        self.access.covers(wanted)
+            && if self.prefix {
+                key.starts_with(&self.key)
+            } else {
+                key == self.key
+            }
+    }
+}
+
+/// An etcd role: its name and exactly its permissions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleSpec {
+    pub name: String,
+    pub permissions: Vec<Permission>,
+}
+
+impl RoleSpec {
+    /// Whether the role allows `wanted` on `key` (a read of a prefix is allowed only when one
+    /// permission covers the whole prefix, as etcd checks ranges).
+    pub fn permits(&self, wanted: Access, key: &str) -> bool {
+        self.permissions.iter().any(|p| p.permits(wanted, key))
+    }
+}
+
+/// Every read under the prefix.
+pub fn viewer(keys: &Keys) -> RoleSpec {
+    RoleSpec {
+        name: ROLE_VIEWER.to_owned(),
+        permissions: vec![Permission::prefix(Access::Read, keys.prefix().to_owned())],
+    }
+}
+
+/// The viewer's reads; writes of units, files, file references, dynamic metadata, drains.
+pub fn operator(keys: &Keys) -> RoleSpec {
+    let mut permissions = viewer(keys).permissions;
+    for prefix in [
+        keys.units(),
+        keys.files(),
+        keys.all_file_refs(),
+        keys.metadata_all(),
+        keys.drains(),
+    ] {
+        permissions.push(Permission::prefix(Access::ReadWrite, prefix));
+    }
+    RoleSpec {
+        name: ROLE_OPERATOR.to_owned(),
+        permissions,
+    }
+}
+
+/// Every read; writes of schedules, unscheduled reasons, `engine/` (leader, disruption), moves.
+pub fn engine(keys: &Keys) -> RoleSpec {
+    let mut permissions = viewer(keys).permissions;
+    for prefix in [
+        keys.schedules(),
+        keys.unscheduled_all(),
+        format!("{}engine/", keys.prefix()),
+        keys.moves(),
+    ] {
+        permissions.push(Permission::prefix(Access::ReadWrite, prefix));
+    }
+    RoleSpec {
+        name: ROLE_ENGINE.to_owned(),
+        permissions,
+    }
+}
+
+/// Machine `m`'s own keys: its presence and its unit states (read-write), its schedule and
+/// the unit files (read).
+pub fn machine(keys: &Keys, m: &MachineId) -> RoleSpec {
+    RoleSpec {
+        name: machine_role_name(m),
+        permissions: vec![
+            Permission::key(Access::ReadWrite, keys.machine(m)),
+            // TODO(helper A): `keys.machine_states(m)` once the state key is machine-first.
+            Permission::prefix(
+                Access::ReadWrite,
+                format!("{}unit-state/{m}/", keys.prefix()),
+            ),
+            Permission::prefix(Access::Read, keys.machine_schedule(m)),
+            Permission::prefix(Access::Read, keys.files()),
+        ],
+    }
+}
+
+/// What a fleetd host's API may do in etcd on its clients' behalf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiGrant {
+    /// The host's API cannot read or write the registry (its requests get 403).
+    None,
+    /// Viewer: the API serves reads.
+    Read,
+    /// Operator: the API serves reads and writes.
+    Write,
+}
+
+/// The roles of one fleetd host's etcd user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostGrant {
+    pub machine: MachineId,
+    /// An engine-capable host (`disable_engine` unset) gets [`engine`].
+    pub engine: bool,
+    pub api: ApiGrant,
+}
+
+/// The roles of a host's user, its machine role first.
+pub fn host_roles(keys: &Keys, grant: &HostGrant) -> Vec<RoleSpec> {
+    let mut roles = vec![machine(keys, &grant.machine)];
+    if grant.engine {
+        roles.push(engine(keys));
+    }
+    match grant.api {
+        ApiGrant::None => {}
+        ApiGrant::Read => roles.push(viewer(keys)),
+        ApiGrant::Write => roles.push(operator(keys)),
+    }
+    roles
+}
+
+/// An etcd user as [`Admin::users`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserInfo {
+    pub name: String,
+    pub roles: Vec<String>,
+}
+
+/// etcd's user and role administration, done as etcd's `root` user (or anonymously on an
+/// etcd whose auth is not enabled yet). Every call is idempotent: running a setup twice
+/// changes nothing the second time.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    // TODO(helper B): the etcd-client connection (one client is enough: no failover needed
+    // for administration, but try the endpoints in order on connect).
+    _private: (),
+}
+
+impl Admin {
+    /// Connects (and authenticates, with `cfg.auth`).
+    pub async fn connect(cfg: &EtcdConfig) -> Result<Admin, KvError> {
+        let _ = cfg;
+        todo!("helper B")
+    }
+
+    /// Creates `spec.name` if missing and makes its permissions exactly `spec.permissions`
+    /// (grants the missing ones, revokes the others).
+    pub async fn ensure_role(&self, spec: &RoleSpec) -> Result<(), KvError> {
+        let _ = spec;
+        todo!("helper B")
+    }
+
+    /// Creates user `name` if missing (with `password`; a user that exists gets it set when
+    /// `password` is given) and grants it `roles` (roles it holds beyond them are revoked).
+    pub async fn ensure_user(
+        &self,
+        name: &str,
+        password: Option<&str>,
+        roles: &[String],
+    ) -> Result<(), KvError> {
+        let _ = (name, password, roles);
+        todo!("helper B")
+    }
+
+    /// Deletes user `name`; a missing user is not an error.
+    pub async fn remove_user(&self, name: &str) -> Result<(), KvError> {
+        let _ = name;
+        todo!("helper B")
+    }
+
+    /// Deletes role `name`; a missing role is not an error.
+    pub async fn remove_role(&self, name: &str) -> Result<(), KvError> {
+        let _ = name;
+        todo!("helper B")
+    }
+
+    /// The users and their roles.
+    pub async fn users(&self) -> Result<Vec<UserInfo>, KvError> {
+        todo!("helper B")
+    }
+
+    /// Makes sure user `root` exists with `root_password` and role `root`, then enables
+    /// authentication (a no-op when it is on already).
+    pub async fn enable_auth(&self, root_password: &str) -> Result<(), KvError> {
+        let _ = root_password;
+        todo!("helper B")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(s: &str) -> MachineId {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_machine_role_reaches_its_own_keys_and_no_other_machines() {
+        let keys = Keys::new("/p/");
+        let role = machine(&keys, &m("m1"));
+        assert!(role.permits(Access::Write, "/p/machine/m1"));
+        assert!(!role.permits(Access::Write, "/p/machine/m10"));
+        assert!(role.permits(Access::Write, "/p/unit-state/m1/a.service"));
+        assert!(!role.permits(Access::Write, "/p/unit-state/m2/a.service"));
+        assert!(role.permits(Access::Read, "/p/schedule/m1/a.service"));
+        assert!(!role.permits(Access::Write, "/p/schedule/m1/a.service"));
+        assert!(!role.permits(Access::Read, "/p/schedule/m2/a.service"));
+        assert!(!role.permits(Access::Write, "/p/unit/a.service"));
+        assert!(!role.permits(Access::Write, "/p/engine/leader"));
+    }
+
+    #[test]
+    fn an_operator_writes_units_but_never_a_schedule_a_state_or_a_presence() {
+        let keys = Keys::new("/p/");
+        let role = operator(&keys);
+        assert!(role.permits(Access::Write, "/p/unit/a.service"));
+        assert!(role.permits(Access::Read, "/p/schedule/m1/a.service"));
+        for key in [
+            "/p/schedule/m1/a.service",
+            "/p/unit-state/m1/a.service",
+            "/p/machine/m1",
+            "/p/engine/leader",
+        ] {
+            assert!(!role.permits(Access::Write, key), "{key}");
+        }
+        assert!(!viewer(&keys).permits(Access::Write, "/p/unit/a.service"));
+    }
+}
