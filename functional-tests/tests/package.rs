@@ -4,7 +4,8 @@
 //! machine's tmpfs, never the host. The machine has no harness-made fleetd: everything it
 //! runs of fleet comes from the package (docs/deploy.md).
 //!
-//! Both tests share one pair of packages (the same files as versions `-1` and `-2`, the
+//! `make install` is checked on its own first, into a staging directory. The package tests
+//! share one pair of packages (the same files as versions `-1` and `-2`, the
 //! second standing for a rebuilt package), built once per run, gzip-compressed to be quick.
 
 mod support;
@@ -127,6 +128,87 @@ fn the_package_builds_states_its_dependencies_and_lintian_reports_no_error() -> 
             "no {path} in the package: {contents}"
         );
     }
+    Ok(())
+}
+
+/// `make TARGET DESTDIR=dest PREFIX=/opt/fleet-test` of the debug binaries.
+fn make_install(target: &str, dest: &Path) -> Result<String> {
+    let out = Command::new("make")
+        .arg("--no-print-directory")
+        .arg("-C")
+        .arg(workspace())
+        .arg(target)
+        .arg(format!("DESTDIR={}", dest.display()))
+        .arg("PREFIX=/opt/fleet-test")
+        .arg("SYSCONFDIR=/opt/fleet-test/etc")
+        .arg(format!(
+            "BIN_DIR={}",
+            fleet_functional_tests::default_bin_dir().display()
+        ))
+        .output()
+        .context("cannot run make")?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    out.checked()
+        .with_context(|| format!("make {target}: {stderr}"))
+}
+
+/// Every file below `dir`, relative to it.
+fn files_below(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(rel) = path.strip_prefix(dir) {
+                out.push(rel.display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn make_install_puts_the_files_under_prefix_with_their_paths_and_uninstall_takes_them_back()
+-> Result<()> {
+    let dest =
+        fleet_functional_tests::functional_dir().join(format!("install-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dest);
+    make_install("install", &dest)?;
+    let root = dest.join("opt/fleet-test");
+    let files = files_below(&root);
+    for file in [
+        "bin/fleetd",
+        "bin/fleetctl",
+        "lib/systemd/system/fleet.service",
+        "lib/systemd/system/fleet.socket",
+        "etc/fleet/fleet.conf.sample",
+        "share/man/man8/fleetd.8.gz",
+        "share/man/man1/fleetctl.1.gz",
+        "share/man/man1/fleetctl-list-units.1.gz",
+        "share/bash-completion/completions/fleetd",
+        "share/zsh/site-functions/_fleetctl",
+        "share/fish/vendor_completions.d/fleetctl.fish",
+    ] {
+        ensure!(files.iter().any(|f| f == file), "no {file} in {files:?}");
+    }
+    let unit = std::fs::read_to_string(root.join("lib/systemd/system/fleet.service"))?;
+    ensure!(
+        unit.contains("ExecStart=/opt/fleet-test/bin/fleetd\n"),
+        "{unit}"
+    );
+    ensure!(
+        unit.contains("EnvironmentFile=-/opt/fleet-test/etc/fleet/fleetd.env"),
+        "{unit}"
+    );
+    let sample = std::fs::read_to_string(root.join("etc/fleet/fleet.conf.sample"))?;
+    ensure!(sample.contains("#etcd_servers="), "{sample}");
+    make_install("uninstall", &dest)?;
+    let left = files_below(&dest);
+    ensure!(left.is_empty(), "make uninstall left {left:?}");
+    std::fs::remove_dir_all(&dest)?;
     Ok(())
 }
 
