@@ -11,12 +11,14 @@
 
 mod api;
 mod file;
+mod sample;
 mod units_dir;
 mod values;
 
 pub use api::{
     Advertise, ApiConfig, ApiTlsFiles, DEFAULT_SOCKET_GROUP, ListenAddr, SocketAccess, SocketGroup,
 };
+pub use sample::sample;
 
 use anyhow::{Result, anyhow, bail};
 use clap::parser::ValueSource;
