@@ -10,11 +10,13 @@ use std::time::Duration;
 mod etcd;
 mod hooked;
 mod mem;
+mod rbac;
 
 pub(crate) use etcd::admin::Grant;
 pub use etcd::{EtcdAuth, EtcdConfig, EtcdKv, TlsFiles};
 pub use hooked::{Hook, Hooked, Outcome, Request};
 pub use mem::MemKv;
+pub use rbac::Rbac;
 
 /// Keys in the first page of a prefix read on etcd; later pages ask for as many keys as make
 /// about 4 MiB at the sizes seen so far. Big reads come in pages so that no response holds a
