@@ -324,3 +324,17 @@ async fn a_user_without_root_cannot_administer_and_is_told_so() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_restarted_etcd_forgets_its_tokens_and_clients_log_in_again() {
+    let mut etcd = TestEtcd::start_auth().await;
+    let user = kv(&etcd.issue_user("ivan", &[open_role()]).await).await;
+    user.txn(put("/open/a", "1")).await.expect("logged in");
+    // Simple tokens live in the member's memory only.
+    etcd.restart().await;
+    user.txn(put("/open/a", "2"))
+        .await
+        .expect("a write after the restart");
+    let read = user.range("/open/a", false, None).await.expect("a read");
+    assert_eq!(read.kvs[0].value, b"2");
+}
