@@ -4,7 +4,7 @@
 //!
 //! What they prove (docs/security.md, Proof): a host's credentials reach its own keys and
 //! nothing else (not another machine's schedule, states, presence or lease, not a unit, not
-//! the leader key); an agent-only host cannot campaign; the operator never writes a
+//! the leader key), and does its own work; an agent-only host cannot campaign; the operator never writes a
 //! schedule, a state or a presence; the viewer writes nothing. Every refusal is
 //! `PermissionDenied` and leaves the registry as it was (read back as root).
 //!
@@ -213,8 +213,8 @@ async fn a_host_cannot_write_another_machines_keys_nor_a_unit_nor_the_leader<S: 
         ("put m2's schedule", put(k.schedule(&m2, &a))),
         ("put its own schedule", put(k.schedule(&m1, &a))),
         ("delete m2's schedule", delete(k.schedule(&m2, &a))),
-        ("put m2's state", put(k.state(&a, &m2))),
-        ("delete m2's state", delete(k.state(&a, &m2))),
+        ("put m2's state", put(k.state(&m2, &a))),
+        ("delete m2's state", delete(k.state(&m2, &a))),
         ("put m2's presence", put(k.machine(&m2))),
         ("delete m2's presence", delete(k.machine(&m2))),
         ("put a unit", put(k.unit(&a))),
@@ -252,8 +252,28 @@ async fn a_host_does_its_own_work<S: Side>(side: S) {
     assert_eq!(schedule.items.len(), 1);
     let hash = schedule.items[0].hash;
     assert!(me.file(&hash).await.expect("read a file").is_some());
-    // Its states: see `a_host_publishes_its_own_states` (needs the machine-first state key).
     me.unregister(&presence).await.expect("unregister");
+}
+
+async fn a_host_publishes_reads_and_withdraws_its_own_states<S: Side>(side: S) {
+    populated(&side).await;
+    let host = side.user("fleet-host-m1", agent_host("m1")).await;
+    let me = MachineRole::new(host.clone(), machine("m1"));
+    let presence = me.register(&info("m1"), TTL, None).await.expect("register");
+    me.publish_state(&presence, &state("a.service", "m1"))
+        .await
+        .expect("publish its state");
+    let published = me.published_states().await.expect("read its states");
+    assert_eq!(published.items, vec![state("a.service", "m1")]);
+    me.remove_state(&name("a.service"))
+        .await
+        .expect("withdraw its state");
+    // m2's state, which it could not touch, is still there.
+    let root_states = MachineRole::new(side.root(), machine("m2"))
+        .published_states()
+        .await
+        .unwrap();
+    assert_eq!(root_states.items, vec![state("a.service", "m2")]);
 }
 
 async fn an_agent_only_host_cannot_campaign<S: Side>(side: S) {
@@ -309,7 +329,7 @@ async fn the_operator_writes_units_but_no_schedule_state_or_presence<S: Side>(si
     let (a, m1) = (name("a.service"), machine("m1"));
     for (tried, txn) in [
         ("put a schedule", put(k.schedule(&m1, &a))),
-        ("put a state", put(k.state(&a, &m1))),
+        ("put a state", put(k.state(&m1, &a))),
         ("put a presence", put(k.machine(&m1))),
         ("put the leader key", put(k.leader())),
     ] {
@@ -373,6 +393,7 @@ contract!(
     a_host_cannot_write_another_machines_keys_nor_a_unit_nor_the_leader,
     a_host_cannot_revoke_another_machines_lease,
     a_host_does_its_own_work,
+    a_host_publishes_reads_and_withdraws_its_own_states,
     an_agent_only_host_cannot_campaign,
     an_engine_host_campaigns_and_schedules,
     the_operator_writes_units_but_no_schedule_state_or_presence,
