@@ -75,7 +75,7 @@ async fn a_user_reads_and_writes_what_its_roles_allow_and_is_refused_the_rest() 
     assert!(!err.is_transient());
     let err = user.range("/secret/", true, None).await.unwrap_err();
     assert!(
-        matches!(&err, KvError::PermissionDenied { what, .. } if what == "read the keys under /secret/"),
+        matches!(&err, KvError::PermissionDenied { what, .. } if what == "read prefix /secret/"),
         "{err:?}"
     );
     // Nothing was written: root reads the key absent.
@@ -185,7 +185,7 @@ async fn a_watch_refused_by_rbac_is_permission_denied_not_a_broken_watch() {
     let user = kv(&etcd.issue_user("dave", &[open_role()]).await).await;
     let err = user.watch("/secret/", true, 1).await.unwrap_err();
     assert!(
-        matches!(&err, KvError::PermissionDenied { what, .. } if what == "watch the keys under /secret/"),
+        matches!(&err, KvError::PermissionDenied { what, .. } if what == "watch prefix /secret/"),
         "{err:?}"
     );
     user.watch("/open/", true, 1)

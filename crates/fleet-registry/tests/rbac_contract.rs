@@ -157,10 +157,36 @@ fn delete(key: String) -> Txn {
     }
 }
 
+/// A refusal of `user`; for a transaction of one op on `key`, both sides name it alike.
 fn assert_denied_kv<T: std::fmt::Debug>(result: Result<T, KvError>, user: &str, tried: &str) {
     match result {
         Err(KvError::PermissionDenied { user: who, .. }) if who == user => {}
         other => panic!("{tried}: expected a refusal for {user}, got {other:?}"),
+    }
+}
+
+/// What a refusal of a one-op transaction says: `write KEY` or `delete KEY`.
+fn what_of(txn: &Txn) -> String {
+    match &txn.success[..] {
+        [TxnOp::Put { key, .. }] => format!("write {key}"),
+        [TxnOp::Delete { key, .. }] => format!("delete {key}"),
+        other => panic!("not a one-op transaction: {other:?}"),
+    }
+}
+
+fn assert_denied_txn(
+    result: Result<fleet_registry::kv::TxnResult, KvError>,
+    user: &str,
+    txn: &Txn,
+) {
+    match result {
+        Err(KvError::PermissionDenied { user: who, what }) if who == user => {
+            assert_eq!(what, what_of(txn));
+        }
+        other => panic!(
+            "{}: expected a refusal for {user}, got {other:?}",
+            what_of(txn)
+        ),
     }
 }
 
@@ -210,19 +236,19 @@ async fn a_host_cannot_write_another_machines_keys_nor_a_unit_nor_the_leader<S: 
     let k = keys();
     let (a, m1, m2) = (name("a.service"), machine("m1"), machine("m2"));
     let tries = [
-        ("put m2's schedule", put(k.schedule(&m2, &a))),
-        ("put its own schedule", put(k.schedule(&m1, &a))),
-        ("delete m2's schedule", delete(k.schedule(&m2, &a))),
-        ("put m2's state", put(k.state(&m2, &a))),
-        ("delete m2's state", delete(k.state(&m2, &a))),
-        ("put m2's presence", put(k.machine(&m2))),
-        ("delete m2's presence", delete(k.machine(&m2))),
-        ("put a unit", put(k.unit(&a))),
-        ("delete a unit", delete(k.unit(&a))),
-        ("put the leader key", put(k.leader())),
+        put(k.schedule(&m2, &a)),    // put m2's schedule
+        put(k.schedule(&m1, &a)),    // put its own schedule
+        delete(k.schedule(&m2, &a)), // delete m2's schedule
+        put(k.state(&m2, &a)),       // put m2's state
+        delete(k.state(&m2, &a)),    // delete m2's state
+        put(k.machine(&m2)),         // put m2's presence
+        delete(k.machine(&m2)),      // delete m2's presence
+        put(k.unit(&a)),             // put a unit
+        delete(k.unit(&a)),          // delete a unit
+        put(k.leader()),             // put the leader key
     ];
-    for (tried, txn) in tries {
-        assert_denied_kv(kv.txn(txn).await, "fleet-host-m1", tried);
+    for txn in tries {
+        assert_denied_txn(kv.txn(txn.clone()).await, "fleet-host-m1", &txn);
     }
     assert_eq!(everything(&side.root()).await, before);
 }
@@ -327,13 +353,13 @@ async fn the_operator_writes_units_but_no_schedule_state_or_presence<S: Side>(si
     let before = everything(&side.root()).await;
     let k = keys();
     let (a, m1) = (name("a.service"), machine("m1"));
-    for (tried, txn) in [
-        ("put a schedule", put(k.schedule(&m1, &a))),
-        ("put a state", put(k.state(&m1, &a))),
-        ("put a presence", put(k.machine(&m1))),
-        ("put the leader key", put(k.leader())),
+    for txn in [
+        put(k.schedule(&m1, &a)), // put a schedule
+        put(k.state(&m1, &a)),    // put a state
+        put(k.machine(&m1)),      // put a presence
+        put(k.leader()),          // put the leader key
     ] {
-        assert_denied_kv(op.raw_kv().txn(txn).await, "fleet-operator", tried);
+        assert_denied_txn(op.raw_kv().txn(txn.clone()).await, "fleet-operator", &txn);
     }
     assert_eq!(everything(&side.root()).await, before);
 }
