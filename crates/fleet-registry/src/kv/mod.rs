@@ -12,7 +12,7 @@ mod hooked;
 mod mem;
 mod rbac;
 
-pub use etcd::{EtcdConfig, EtcdKv, TlsFiles};
+pub use etcd::{EtcdAuth, EtcdConfig, EtcdKv, TlsFiles};
 pub use hooked::{Hook, Hooked, Outcome, Request};
 pub use mem::MemKv;
 pub use rbac::Rbac;
