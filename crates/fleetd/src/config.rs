@@ -11,10 +11,12 @@
 
 mod api;
 mod file;
+mod sample;
 mod units_dir;
 mod values;
 
 pub use api::{Advertise, ApiConfig, ApiTlsFiles, ListenAddr};
+pub use sample::sample;
 
 use anyhow::{Result, anyhow, bail};
 use clap::parser::ValueSource;
