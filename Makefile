@@ -42,6 +42,8 @@ test: build
 # (functional-tests/README.md, "fleetctl's two drivers"; ~2 min). Then fleetctl's end-to-end
 # suites over fleet-api served by the test on a unix socket over the same etcd
 # (crates/fleetctl/tests/over/mod.rs; ~15 s).
+# The API's own functional suites (api, api_roles, remote, metrics, doc_clients) speak to
+# fleetd's API whatever the driver, so `make test`'s cargo test runs them once.
 FLEETCTL_SUITES := agent bad_input disruption drain remote replace scheduling
 test-api:
 	FLEET_TEST_DRIVER=api $(CARGO) test -p fleet-functional-tests $(addprefix --test ,$(FLEETCTL_SUITES)) -- --test-threads=4

@@ -4,7 +4,12 @@
 //! its IP. fleetd requires a client certificate of the same authority.
 //!
 //! A second authority (`other-ca.pem`) signs nothing a machine trusts or serves: a client
-//! that trusts it must refuse every machine.
+//! that trusts it must refuse every machine, and a client certificate it signs
+//! ([`ApiCerts::foreign_client`]) is refused by every machine.
+//!
+//! fleetctl's client certificate is `CN=fleet functional client` ([`CLIENT_CN`]), which the
+//! harness gives the API's admin role; [`ApiCerts::client`] issues more, with any CN and O
+//! values, for the role tests.
 
 use anyhow::{Context, Result, bail};
 use std::net::Ipv4Addr;
@@ -13,6 +18,9 @@ use std::process::{Command, Stdio};
 
 /// The directory of a cluster's authority, below its run directory.
 pub const DIR: &str = "tls";
+
+/// The CN of fleetctl's client certificate.
+pub const CLIENT_CN: &str = "fleet functional client";
 
 /// Where a machine's files go inside it (its stage's `fleet/` is its `/run/fleet`).
 pub const MACHINE_DIR: &str = "/run/fleet/tls";
@@ -34,7 +42,8 @@ impl ApiCerts {
                 .with_context(|| format!("cannot create {}", certs.dir.display()))?;
             certs.authority("ca")?;
             certs.authority("other-ca")?;
-            certs.leaf(&certs.dir, "client", "clientAuth", None)?;
+            let subject = format!("/CN={CLIENT_CN}");
+            certs.leaf(&certs.dir, "client", &subject, "ca", "clientAuth", None)?;
         }
         Ok(certs)
     }
@@ -66,10 +75,40 @@ impl ApiCerts {
         ]
     }
 
+    /// A client certificate of the cluster's authority with subject `CN=<cn>` and one `O`
+    /// per `orgs`, as `<name>.pem`/`<name>.key` in the authority's directory (made once):
+    /// its paths, certificate first.
+    pub fn client(&self, name: &str, cn: &str, orgs: &[&str]) -> Result<(PathBuf, PathBuf)> {
+        self.issued(name, cn, orgs, "ca")
+    }
+
+    /// The same, signed by the other authority, which no machine trusts.
+    pub fn foreign_client(&self, name: &str, cn: &str) -> Result<(PathBuf, PathBuf)> {
+        self.issued(name, cn, &[], "other-ca")
+    }
+
+    fn issued(&self, name: &str, cn: &str, orgs: &[&str], ca: &str) -> Result<(PathBuf, PathBuf)> {
+        let (pem, key) = (
+            self.dir.join(format!("{name}.pem")),
+            self.dir.join(format!("{name}.key")),
+        );
+        if !pem.is_file() {
+            let subject: String = orgs
+                .iter()
+                .map(|o| format!("/O={o}"))
+                .chain([format!("/CN={cn}")])
+                .collect();
+            self.leaf(&self.dir, name, &subject, ca, "clientAuth", None)?;
+        }
+        Ok((pem, key))
+    }
+
     /// Writes `server.pem`/`server.key` for `ip` and the authority's `ca.pem` into `dir`.
     pub fn machine(&self, dir: &Path, ip: Ipv4Addr) -> Result<()> {
         std::fs::create_dir_all(dir)?;
-        self.leaf(dir, "server", "serverAuth", Some(&format!("IP:{ip}")))?;
+        let san = format!("IP:{ip}");
+        let subject = "/CN=fleet functional server";
+        self.leaf(dir, "server", subject, "ca", "serverAuth", Some(&san))?;
         std::fs::copy(self.ca(), dir.join("ca.pem"))?;
         Ok(())
     }
@@ -104,13 +143,21 @@ impl ApiCerts {
         )
     }
 
-    /// `<dir>/<name>.pem` and `.key`, signed by the authority.
-    fn leaf(&self, dir: &Path, name: &str, usage: &str, san: Option<&str>) -> Result<()> {
+    /// `<dir>/<name>.pem` and `.key` with `subject` (openssl's `/CN=…/O=…`), signed by the
+    /// authority `ca` (`ca` or `other-ca`).
+    fn leaf(
+        &self,
+        dir: &Path,
+        name: &str,
+        subject: &str,
+        ca: &str,
+        usage: &str,
+        san: Option<&str>,
+    ) -> Result<()> {
         let key = dir.join(format!("{name}.key"));
         let csr = dir.join(format!("{name}.csr"));
         let pem = dir.join(format!("{name}.pem"));
         let ext = dir.join(format!("{name}.ext"));
-        let subject = format!("/CN=fleet functional {name}");
         openssl(
             dir,
             &[
@@ -125,7 +172,7 @@ impl ApiCerts {
                 "-out",
                 &csr.display().to_string(),
                 "-subj",
-                &subject,
+                subject,
             ],
         )?;
         let mut extensions = format!(
@@ -144,9 +191,9 @@ impl ApiCerts {
                 "-in",
                 &csr.display().to_string(),
                 "-CA",
-                &self.ca().display().to_string(),
+                &self.dir.join(format!("{ca}.pem")).display().to_string(),
                 "-CAkey",
-                &self.dir.join("ca.key").display().to_string(),
+                &self.dir.join(format!("{ca}.key")).display().to_string(),
                 "-set_serial",
                 &serial(),
                 "-out",

@@ -81,6 +81,9 @@ impl FleetdSpec {
             env.insert("FLEET_API_CAFILE".to_owned(), format!("{dir}/ca.pem"));
             env.insert("FLEET_API_CERTFILE".to_owned(), format!("{dir}/server.pem"));
             env.insert("FLEET_API_KEYFILE".to_owned(), format!("{dir}/server.key"));
+            // fleetctl's certificate may do everything (the role tests add their own).
+            let admin = format!("CN={}", crate::certs::CLIENT_CN);
+            env.insert("FLEET_API_ADMINS".to_owned(), admin);
         }
         env.extend(self.env.clone());
         render_env(&env)
@@ -173,6 +176,7 @@ mod tests {
             "FLEET_API_CAFILE=\"/run/fleet/tls/ca.pem\"",
             "FLEET_API_CERTFILE=\"/run/fleet/tls/server.pem\"",
             "FLEET_API_KEYFILE=\"/run/fleet/tls/server.key\"",
+            "FLEET_API_ADMINS=\"CN=fleet functional client\"",
         ] {
             assert!(env.lines().any(|l| l == line), "{line} in {env}");
         }

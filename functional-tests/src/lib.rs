@@ -34,7 +34,7 @@ mod registry;
 mod state;
 mod wait;
 
-pub use certs::ApiCerts;
+pub use certs::{ApiCerts, CLIENT_CN};
 pub use cleanup::{cleanup_stale, leftovers};
 pub use cluster::{Cluster, ClusterSpec};
 pub use cmd::{OutputExt, Signal};

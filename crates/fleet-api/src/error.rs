@@ -6,6 +6,7 @@ use fleet_core::{MachineId, NameError, ParseError, RequirementError, StateError,
 use fleet_ops::OpsError;
 use fleet_ops::convert::reason_of;
 use fleet_registry::RegistryError;
+use fleet_registry::kv::KvError;
 use http::{HeaderValue, StatusCode, header};
 
 use crate::entity::{ErrorBody, ErrorEntity};
@@ -110,6 +111,15 @@ pub enum ApiError {
     Inspect(#[from] InspectError),
     #[error(transparent)]
     Page(#[from] PageError),
+    /// The client's role does not permit the request (authz.rs).
+    #[error("role {role} may not {action}")]
+    Forbidden {
+        role: crate::authz::Role,
+        action: crate::authz::Action,
+    },
+    /// A client certificate of the CA that no role entry names (its subject).
+    #[error("certificate {0} has no role in fleetd's configuration")]
+    NoRole(String),
     /// What fleet-ops refused or failed to do.
     #[error(transparent)]
     Ops(#[from] OpsError),
@@ -155,6 +165,7 @@ impl ApiError {
             | Self::BadOutput(_)
             | Self::Page(_) => StatusCode::BAD_REQUEST,
             Self::NoDesiredState => StatusCode::CONFLICT,
+            Self::Forbidden { .. } | Self::NoRole(_) => StatusCode::FORBIDDEN,
             Self::Ops(e) => ops_status(e),
         }
     }
@@ -196,6 +207,10 @@ fn ops_status(e: &OpsError) -> StatusCode {
         | OpsError::NoOptions(_)
         | OpsError::ReplaceLowers { .. } => StatusCode::CONFLICT,
         OpsError::Registry(e) if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+        OpsError::Registry(RegistryError::Kv {
+            cause: KvError::PermissionDenied { .. },
+            ..
+        }) => StatusCode::FORBIDDEN,
         OpsError::Registry(RegistryError::Conflict(_)) => StatusCode::CONFLICT,
         OpsError::Registry(RegistryError::TooManyChanges { .. }) => StatusCode::BAD_REQUEST,
         OpsError::Registry(_) | OpsError::Transport { .. } => StatusCode::INTERNAL_SERVER_ERROR,
@@ -222,6 +237,11 @@ fn ops_message(e: &OpsError) -> String {
         OpsError::Conflict(name) => RegistryError::Conflict(name.clone()).to_string(),
         // fleet's wording, which fleetctl prints; the etcd error goes to the log.
         OpsError::Registry(e) if e.is_transient() => ETCD_UNREACHABLE.to_owned(),
+        // Not the client's role: etcd's RBAC refused fleetd's own user (docs/security.md).
+        OpsError::Registry(RegistryError::Kv {
+            cause: KvError::PermissionDenied { user, what },
+            ..
+        }) => format!("fleetd's etcd user '{user}' may not {what} (refused by etcd's RBAC)"),
         other => other.to_string(),
     }
 }

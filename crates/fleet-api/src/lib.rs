@@ -6,6 +6,7 @@
 //! call goes through [`ops`]. [`serve::serve`] runs it on a listener. Listeners, their
 //! permissions and socket activation belong to fleetd.
 
+pub mod authz;
 pub mod discovery;
 pub mod entity;
 pub mod error;

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use percent_encoding::percent_decode_str;
 use std::sync::Arc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use fleet_core::UnitName;
 use fleet_ops::convert;
@@ -20,6 +20,7 @@ use fleet_registry::Registry;
 use fleet_registry::kv::Kv;
 use std::collections::BTreeSet;
 
+use crate::authz::{self, Action, Peer, Principal, Refusal, Role, Roles};
 use crate::discovery;
 use crate::entity;
 use crate::error::{ApiError, json_response};
@@ -30,6 +31,8 @@ use crate::page::PageToken;
 
 mod inspect;
 mod writes;
+
+pub(crate) use inspect::Aspect;
 
 /// Prefixes the API answers under; fleet kept the pre-1.0 one as an alias.
 pub const PREFIXES: [&str; 2] = ["/fleet/v1", "/v1-alpha"];
@@ -49,6 +52,9 @@ pub struct Api<K> {
     metrics: Metrics,
     /// What `GET /metrics` serves; without it, that path is a 404.
     exposed: Option<Arc<prometheus_client::registry::Registry>>,
+    /// The roles of client certificates; None: certificates are not checked (every client
+    /// is admin), the default of a library caller. fleetd always sets them.
+    roles: Option<Roles>,
 }
 
 impl<K: Kv> Api<K> {
@@ -63,7 +69,16 @@ impl<K: Kv> Api<K> {
             inspection: None,
             metrics: Metrics::default(),
             exposed: None,
+            roles: None,
         }
+    }
+
+    /// Requests over TLS get the role `roles` gives their client certificate, and are
+    /// refused (403) what it does not permit (docs/security.md); the unix socket and plain
+    /// TCP stay admin.
+    pub fn with_roles(mut self, roles: Roles) -> Api<K> {
+        self.roles = Some(roles);
+        self
     }
 
     /// This API, counting its requests into `metrics` and serving `exposed` (every metric
@@ -113,13 +128,16 @@ async fn dispatch<K: Kv>(State(api): State<Arc<Api<K>>>, req: Request) -> Respon
     let path = req.uri().path().to_owned();
     let template = template_of(&path);
     let full = is_full(req.uri().query().unwrap_or(""));
-    let answer = match (&api.exposed, path == metrics::PATH) {
-        (Some(exposed), true) => match method {
-            Method::GET => Ok(metrics::exposition(exposed, req.headers())),
-            _ => Err(ApiError::WrongMethod("GET")),
+    let answer = match authorize(&api, req).await {
+        Err(e) => Err(e),
+        Ok(req) => match (&api.exposed, path == metrics::PATH) {
+            (Some(exposed), true) => match method {
+                Method::GET => Ok(metrics::exposition(exposed, req.headers())),
+                _ => Err(ApiError::WrongMethod("GET")),
+            },
+            (None, true) => Err(ApiError::NoSuchPath),
+            (_, false) => route(&api, req).await,
         },
-        (None, true) => Err(ApiError::NoSuchPath),
-        (_, false) => route(&api, req).await,
     };
     let mut resp = match answer {
         Ok(resp) => resp,
@@ -138,9 +156,44 @@ async fn dispatch<K: Kv>(State(api): State<Arc<Api<K>>>, req: Request) -> Respon
     resp
 }
 
+/// The request, with its [`Principal`] among its extensions, if its client may do what it
+/// asks; else the refusal (403). Decided before any handler runs, so a refused request
+/// reads and writes nothing. A `PUT` of a unit is read here (its body names its action) and
+/// handed on whole.
+async fn authorize<K>(api: &Api<K>, req: Request) -> Result<Request, ApiError> {
+    let principal = Principal::of(req.extensions().get::<Peer>(), api.roles.as_ref());
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let (mut parts, body) = req.into_parts();
+    let (body, read) = if principal.role.is_some() && authz::needs_body(&parts.method, &query) {
+        let bytes = axum::body::to_bytes(body, MAX_BODY)
+            .await
+            .map_err(ApiError::ReadBody)?;
+        (axum::body::Body::from(bytes.clone()), Some(bytes))
+    } else {
+        (body, None)
+    };
+    let action = authz::action_of(&parts.method, parts.uri.path(), &query, read.as_deref());
+    if let Err(refusal) = authz::decide(&principal, action) {
+        info!(
+            client = %principal.shown(),
+            role = principal.role.map(Role::as_str),
+            action = action.map(Action::phrase),
+            method = %parts.method,
+            path = %parts.uri.path(),
+            "api request refused"
+        );
+        return Err(match refusal {
+            Refusal::NoRole(subject) => ApiError::NoRole(subject),
+            Refusal::Forbidden { role, action } => ApiError::Forbidden { role, action },
+        });
+    }
+    parts.extensions.insert(principal);
+    Ok(Request::from_parts(parts, body))
+}
+
 /// Which resource a path names (already percent-decoded).
 #[derive(Debug, PartialEq, Eq)]
-enum Route<'a> {
+pub(crate) enum Route<'a> {
     Root,
     Discovery,
     Machines,
@@ -185,7 +238,7 @@ fn template_of(path: &str) -> &'static str {
     parse_path(&decoded).map_or("other", |r| r.template())
 }
 
-fn parse_path(path: &str) -> Option<Route<'_>> {
+pub(crate) fn parse_path(path: &str) -> Option<Route<'_>> {
     if path == "/" {
         return Some(Route::Root);
     }
@@ -445,7 +498,7 @@ fn first(query: &str, key: &str) -> Option<String> {
 
 /// Every value of `key` in a URL query, decoded as Go's `url.ParseQuery` does (`+` is a
 /// space). A token's `=` padding may come unescaped: only the first `=` splits.
-fn query_values(query: &str, key: &str) -> Vec<String> {
+pub(crate) fn query_values(query: &str, key: &str) -> Vec<String> {
     let decode = |s: &str| {
         percent_decode_str(&s.replace('+', " "))
             .decode_utf8_lossy()

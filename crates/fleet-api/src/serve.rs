@@ -4,7 +4,9 @@
 //! requests costs only this task's time, never the agent's or the engine's. A listener holds
 //! at most [`MAX_CONNECTIONS`] connections (more wait in the kernel's backlog), and a client
 //! gets [`HEADER_TIMEOUT`] for its TLS handshake and again to send a request's headers, so
-//! idle or slow clients cannot take every file descriptor fleetd has.
+//! idle or slow clients cannot take every file descriptor fleetd has. Each request carries
+//! the [`Peer`] its connection came from (a TLS client certificate's subject), which the
+//! router's authorization reads.
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -16,6 +18,8 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
+
+use crate::authz::{CertSubject, Peer};
 
 /// A listening socket the API is served on.
 pub enum Listener {
@@ -113,13 +117,16 @@ async fn accept(listener: &Listener) -> std::io::Result<Conn> {
 
 async fn serve_connection(conn: Conn, router: Router) {
     match conn {
-        Conn::Tcp(s) => serve_io(s, router).await,
-        Conn::Unix(s) => serve_io(s, router).await,
+        Conn::Tcp(s) => serve_io(s, router, Peer::Plain).await,
+        Conn::Unix(s) => serve_io(s, router, Peer::Local).await,
         Conn::Tls(s, acceptor) => {
             // A client without a certificate the acceptor trusts ends here (the handshake
             // fails), before any request reaches the router.
             match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(s)).await {
-                Ok(Ok(tls)) => serve_io(tls, router).await,
+                Ok(Ok(tls)) => {
+                    let peer = Peer::Certificate(client_subject(&tls));
+                    serve_io(tls, router, peer).await
+                }
                 Ok(Err(e)) => debug!(error = %e, "api tls handshake failed"),
                 Err(_) => debug!("api tls handshake timed out"),
             }
@@ -127,11 +134,21 @@ async fn serve_connection(conn: Conn, router: Router) {
     }
 }
 
-async fn serve_io<S>(stream: S, router: Router)
+/// The subject of the client's certificate (the first of its chain, which the handshake
+/// verified); `None` when there is none to read (an acceptor that asks for none).
+fn client_subject(
+    tls: &tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+) -> Option<CertSubject> {
+    let leaf = tls.get_ref().1.peer_certificates()?.first()?;
+    CertSubject::from_der(leaf.as_ref())
+}
+
+/// Serves one connection; every request carries `peer` ([`crate::authz`] decides on it).
+async fn serve_io<S>(stream: S, router: Router, peer: Peer)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = TowerToHyperService::new(router);
+    let service = TowerToHyperService::new(router.layer(axum::Extension(peer)));
     let res = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)

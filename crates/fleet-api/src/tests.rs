@@ -913,3 +913,4 @@ async fn options_of_interleaved_sections_are_one_unit_file_and_trailing_blanks_a
 
 mod extensions;
 mod inspect;
+mod roles;

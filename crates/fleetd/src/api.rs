@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use crate::config::{Advertise, ApiConfig, ListenAddr};
+use crate::config::{Advertise, ApiConfig, ListenAddr, SocketAccess, SocketGroup};
 
 mod tls;
 
@@ -71,6 +71,7 @@ pub fn listeners(config: &ApiConfig, activated: Activated) -> Result<Vec<Listene
         Some(a) => Listener::Tls(l, a.clone()),
         None => Listener::Tcp(l),
     };
+    let access = socket_access(&config.socket_access)?;
     let mut out = Vec::new();
     for socket in activated.listeners {
         out.push(match socket {
@@ -89,7 +90,7 @@ pub fn listeners(config: &ApiConfig, activated: Activated) -> Result<Vec<Listene
     {
         // The default socket is a convenience: a host where it cannot be made (not root, a
         // read-only /var/run) still runs its units, so this is a warning, not a failure.
-        match unix_socket(path) {
+        match unix_socket(path, access) {
             Ok(l) => out.push(l),
             Err(e) => {
                 warn!(socket = %path.display(), error = %format!("{e:#}"), "fleet api default socket not served")
@@ -98,7 +99,7 @@ pub fn listeners(config: &ApiConfig, activated: Activated) -> Result<Vec<Listene
     }
     for addr in &config.listen {
         out.push(match addr {
-            ListenAddr::Unix(path) => unix_socket(path)?,
+            ListenAddr::Unix(path) => unix_socket(path, access)?,
             ListenAddr::Tcp(a) => tcp(std::net::TcpListener::bind(a)
                 .and_then(|l| {
                     l.set_nonblocking(true)?;
@@ -110,9 +111,43 @@ pub fn listeners(config: &ApiConfig, activated: Activated) -> Result<Vec<Listene
     Ok(out)
 }
 
-/// A unix socket at `path`, mode 0660 (its group may use the API, as with fleet's
-/// `fleet.socket`). A stale socket from an earlier fleetd is replaced; any other file is not.
-fn unix_socket(path: &Path) -> Result<Listener> {
+/// The group (None: leave it) and mode of the unix sockets fleetd makes. The default group
+/// is fleet's, `fleet`, when the host has it; else the socket keeps fleetd's own group (root's).
+fn socket_access(access: &SocketAccess) -> Result<(Option<u32>, u32)> {
+    let gid = match &access.group {
+        SocketGroup::Gid(gid) => Some(*gid),
+        SocketGroup::Name(name) => Some(
+            group_id(name)?
+                .with_context(|| format!("api_socket_group: no group {name:?} in /etc/group"))?,
+        ),
+        SocketGroup::Default => {
+            let gid = group_id(crate::config::DEFAULT_SOCKET_GROUP).unwrap_or(None);
+            if gid.is_none() {
+                info!(
+                    group = crate::config::DEFAULT_SOCKET_GROUP,
+                    "no such group: the api's unix sockets keep fleetd's own group"
+                );
+            }
+            gid
+        }
+    };
+    Ok((gid, access.mode))
+}
+
+/// The ID of group `name` in /etc/group (fleetd reads no other group database).
+fn group_id(name: &str) -> Result<Option<u32>> {
+    let groups = std::fs::read_to_string("/etc/group").context("reading /etc/group")?;
+    Ok(groups.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        (fields.next()? == name).then_some(())?;
+        fields.nth(1)?.parse().ok()
+    }))
+}
+
+/// A unix socket at `path`, with `access`'s group (if any) and mode (fleet's `fleet.socket`
+/// is root:fleet 0660: that group may use the API). A stale socket from an earlier fleetd is
+/// replaced; any other file is not.
+fn unix_socket(path: &Path, (gid, mode): (Option<u32>, u32)) -> Result<Listener> {
     use std::os::unix::fs::FileTypeExt;
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
@@ -130,7 +165,11 @@ fn unix_socket(path: &Path) -> Result<Listener> {
     }
     let listener = tokio::net::UnixListener::bind(path)
         .with_context(|| format!("listening on {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+    if let Some(gid) = gid {
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .with_context(|| format!("setting the group of {} to {gid}", path.display()))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("setting the mode of {}", path.display()))?;
     Ok(Listener::Unix(listener))
 }
@@ -192,8 +231,18 @@ pub fn build<K: Kv>(
     inspection: Option<Inspection>,
     metrics: &crate::metrics::Metrics,
 ) -> Api<K> {
-    let api = Api::new(registry, config.token_limit, version)
+    let mut api = Api::new(registry, config.token_limit, version)
         .with_metrics(metrics.api.clone(), metrics.exposed.clone());
+    // With TLS, a certificate has the role the config gives it, and none by default; the
+    // unix socket and plain TCP (only without TLS) are admin.
+    if config.tls.is_some() {
+        if config.roles.is_empty() {
+            warn!(
+                "api_admins, api_operators and api_viewers are empty: every request over tls is refused"
+            );
+        }
+        api = api.with_roles(config.roles.clone());
+    }
     match inspection {
         Some((machine, inspector, deny_units)) => {
             api.with_inspector(machine, inspector).refusing(deny_units)
@@ -243,6 +292,8 @@ mod tests {
             listen: vec![],
             tls: None,
             advertise: Advertise::Derived,
+            roles: Default::default(),
+            socket_access: SocketAccess::default(),
         }
     }
 
@@ -311,8 +362,41 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o660);
         // A socket someone serves is not taken over.
-        assert!(unix_socket(&path).is_err());
+        assert!(unix_socket(&path, (None, 0o660)).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn sockets_get_the_configured_group_and_mode() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = temp_dir("access");
+        let mut cfg = config(&dir.join("fleet.sock"));
+        // The test's own group: one any user may give its files.
+        let own_gid = std::fs::metadata("/proc/self").unwrap().gid();
+        cfg.socket_access = SocketAccess {
+            group: SocketGroup::Gid(own_gid),
+            mode: 0o600,
+        };
+        cfg.listen = vec![ListenAddr::Unix(dir.join("more.sock"))];
+        let served = listeners(&cfg, Activated::default()).unwrap();
+        assert_eq!(served.len(), 2);
+        for name in ["fleet.sock", "more.sock"] {
+            let meta = std::fs::metadata(dir.join(name)).unwrap();
+            assert_eq!(meta.permissions().mode() & 0o777, 0o600, "{name}");
+            assert_eq!(meta.gid(), own_gid, "{name}");
+        }
+        drop(served);
+        // A group that does not exist stops fleetd, naming the key.
+        cfg.socket_access.group = SocketGroup::Name("no-such-group-fleet-test".into());
+        let e = listeners(&cfg, Activated::default()).unwrap_err();
+        assert!(format!("{e:#}").contains("api_socket_group"), "{e:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn groups_are_found_by_name_in_etc_group() {
+        assert_eq!(group_id("root").unwrap(), Some(0));
+        assert_eq!(group_id("no-such-group-fleet-test").unwrap(), None);
     }
 
     #[tokio::test]
@@ -361,7 +445,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("fleet.sock");
         std::fs::write(&path, "not a socket").unwrap();
-        assert!(unix_socket(&path).is_err());
+        assert!(unix_socket(&path, (None, 0o660)).is_err());
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "not a socket");
         std::fs::remove_dir_all(&dir).unwrap();
     }

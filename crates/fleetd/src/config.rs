@@ -15,7 +15,9 @@ mod sample;
 mod units_dir;
 mod values;
 
-pub use api::{Advertise, ApiConfig, ApiTlsFiles, ListenAddr};
+pub use api::{
+    Advertise, ApiConfig, ApiTlsFiles, DEFAULT_SOCKET_GROUP, ListenAddr, SocketAccess, SocketGroup,
+};
 pub use sample::sample;
 
 use anyhow::{Result, anyhow, bail};
@@ -399,6 +401,26 @@ pub const KEYS: &[Key] = &[
     Key::api(
         "api_advertise",
         "URL other machines reach this API at, `https://HOST:PORT`, empty: none [default: from the first TCP listener]",
+    ),
+    Key::api(
+        "api_admins",
+        "client certificate subjects (`CN=name` or `O=group`, comma-separated) with the API's admin role",
+    ),
+    Key::api(
+        "api_operators",
+        "client certificate subjects with the API's operator role (every read and change of units)",
+    ),
+    Key::api(
+        "api_viewers",
+        "client certificate subjects with the API's viewer role (every read)",
+    ),
+    Key::api(
+        "api_socket_group",
+        "group (name or number) of the API's unix sockets fleetd makes [default: fleet if it exists]",
+    ),
+    Key::api(
+        "api_socket_mode",
+        "octal mode of the API's unix sockets fleetd makes [default: 0660]",
     ),
     // fleetd always watches; a periodic resync is there anyway (docs/agent.md).
     Key::ignored("disable_watches"),

@@ -118,7 +118,7 @@ impl Transport {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => Err(OpsError::Transport {
                 what: what(),
-                cause: chain(e.as_ref()).into(),
+                cause: explained(chain(e.as_ref())).into(),
             }),
             Err(elapsed) => Err(OpsError::Transport {
                 what: format!("{} (request timeout {:?})", what(), self.timeout),
@@ -180,7 +180,7 @@ impl Transport {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => Err(OpsError::Transport {
                 what: what(),
-                cause: chain(e.as_ref()).into(),
+                cause: explained(chain(e.as_ref())).into(),
             }),
             Err(elapsed) => Err(OpsError::Transport {
                 what: format!("{} (request timeout {:?})", what(), self.timeout),
@@ -243,6 +243,32 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         next = err.source();
     }
     parts.join(": ")
+}
+
+/// TLS alerts a server sends when it refuses the client's certificate (none, or one it does
+/// not trust). With TLS 1.3 they arrive with the first answer, after the client's side of
+/// the handshake is done, so the error alone does not say who refused what.
+const CERT_REFUSALS: [&str; 7] = [
+    "CertificateRequired",
+    "BadCertificate",
+    "UnknownCA",
+    "CertificateUnknown",
+    "UnsupportedCertificate",
+    "CertificateExpired",
+    "AccessDenied",
+];
+
+/// The cause of a failed exchange, saying so when the server refused the client certificate.
+fn explained(cause: String) -> String {
+    let refused = cause
+        .split("received fatal alert: ")
+        .skip(1)
+        .any(|rest| CERT_REFUSALS.iter().any(|a| rest.starts_with(a)));
+    if refused {
+        format!("the server refused the client certificate (--cert-file, --key-file): {cause}")
+    } else {
+        cause
+    }
 }
 
 async fn handshake<S>(io: S) -> Result<SendRequest<Full<Bytes>>, BoxError>
@@ -442,6 +468,20 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, EndpointError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_certificate_alert_from_the_server_says_the_client_certificate_was_refused() {
+        let refused = super::explained(
+            "connection error: received fatal alert: CertificateRequired".to_owned(),
+        );
+        assert!(
+            refused.starts_with("the server refused the client certificate"),
+            "{refused}"
+        );
+        assert!(refused.ends_with("CertificateRequired"), "{refused}");
+        let other = "invalid peer certificate: UnknownIssuer".to_owned();
+        assert_eq!(super::explained(other.clone()), other);
+    }
+
     use super::*;
 
     fn parse(endpoint: &str) -> Result<Transport, EndpointError> {

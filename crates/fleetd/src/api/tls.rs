@@ -83,10 +83,18 @@ mod tests {
 
     /// fleetd's API on a TLS listener of 127.0.0.1 over an empty registry; its address.
     async fn serve(certs: &TestCerts) -> std::net::SocketAddr {
+        serve_api(
+            certs,
+            Api::new(Registry::new(MemKv::new(), "/t/"), 100, "0"),
+        )
+        .await
+    }
+
+    async fn serve_api(certs: &TestCerts, api: Api<MemKv>) -> std::net::SocketAddr {
         let listener = tokio::net::TcpListener::bind((LOCALHOST, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let acceptor = acceptor(&files(certs)).unwrap();
-        let router = fleet_api::router(Api::new(Registry::new(MemKv::new(), "/t/"), 100, "0"));
+        let router = fleet_api::router(api);
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             fleet_api::serve(Listener::Tls(listener, acceptor), router, shutdown).await;
@@ -123,13 +131,26 @@ mod tests {
         addr: std::net::SocketAddr,
         client: TlsConnector,
     ) -> Result<String, String> {
+        let request = "GET /fleet/v1/machines HTTP/1.1\r\nHost: fleet\r\nConnection: close\r\n\r\n";
+        let answer = exchange(addr, client, request).await?;
+        match answer.lines().next() {
+            Some(status) if !status.is_empty() => Ok(status.to_owned()),
+            _ => Err("no answer".into()),
+        }
+    }
+
+    /// The whole answer to `request`, or why there was none.
+    async fn exchange(
+        addr: std::net::SocketAddr,
+        client: TlsConnector,
+        request: &str,
+    ) -> Result<String, String> {
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let name = ServerName::IpAddress(LOCALHOST.into());
         let mut tls = client
             .connect(name, tcp)
             .await
             .map_err(|e| format!("handshake: {e}"))?;
-        let request = "GET /fleet/v1/machines HTTP/1.1\r\nHost: fleet\r\nConnection: close\r\n\r\n";
         tls.write_all(request.as_bytes())
             .await
             .map_err(|e| format!("write: {e}"))?;
@@ -137,11 +158,55 @@ mod tests {
         tls.read_to_end(&mut answer)
             .await
             .map_err(|e| format!("read: {e}"))?;
-        let answer = String::from_utf8_lossy(&answer);
-        match answer.lines().next() {
-            Some(status) if !status.is_empty() => Ok(status.to_owned()),
-            _ => Err("no answer".into()),
-        }
+        Ok(String::from_utf8_lossy(&answer).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_gets_the_role_its_subject_has() {
+        use fleet_api::authz::{Role, Roles, Subject};
+        let certs = TestCerts::generate(&[LOCALHOST]);
+        let registry = Registry::new(MemKv::new(), "/t/");
+        // TestCerts' client certificate is `CN=fleet test client`.
+        let viewer = Roles::new([(Subject::Cn("fleet test client".into()), Role::Viewer)]);
+        let api = Api::new(registry.clone(), 100, "0").with_roles(viewer.unwrap());
+        let addr = serve_api(&certs, api).await;
+        let identity = (certs.client_cert(), certs.client_key());
+        let client = || client(&certs.ca(), Some((&identity.0, &identity.1)));
+        assert_eq!(
+            get_machines(addr, client()).await.unwrap(),
+            "HTTP/1.1 200 OK"
+        );
+        let body = r#"{"desiredState":"launched","options":[{"section":"Service","name":"ExecStart","value":"/bin/true"}]}"#;
+        let put = format!(
+            "PUT /fleet/v1/units/a.service HTTP/1.1\r\nHost: fleet\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let answer = exchange(addr, client(), &put).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 403 Forbidden"), "{answer}");
+        assert!(
+            answer
+                .ends_with(r#"{"error":{"code":403,"message":"role viewer may not start units"}}"#),
+            "{answer}"
+        );
+        assert!(registry.units().await.unwrap().items.is_empty());
+
+        // With roles that do not name it, the same certificate may do nothing.
+        let api = Api::new(registry.clone(), 100, "0").with_roles(Roles::default());
+        let addr = serve_api(&certs, api).await;
+        let answer = exchange(
+            addr,
+            client(),
+            "GET /fleet/v1/units HTTP/1.1\r\nHost: fleet\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 403 Forbidden"), "{answer}");
+        assert!(
+            answer
+                .contains("certificate CN=fleet test client has no role in fleetd's configuration"),
+            "{answer}"
+        );
     }
 
     #[tokio::test]

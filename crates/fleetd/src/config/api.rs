@@ -15,6 +15,14 @@
 //!   `fleetctl status` and `journal` (issue 16). Unset: derived from the first TCP listener
 //!   (`https://` with TLS, the listener's IP, or `public_ip` for a wildcard address); empty:
 //!   none is published.
+//! - `api_admins`, `api_operators`, `api_viewers` (issue 17): comma-separated subjects,
+//!   `CN=<name>` or `O=<group>`, whose TLS client certificates hold that role
+//!   (`fleet_api::authz`). They need TLS; a subject in two roles stops fleetd. With TLS and
+//!   none of them, no certificate has a role: every request over TCP is refused (403).
+//! - `api_socket_group`, `api_socket_mode`: the group (name or number; default `fleet` when
+//!   that group exists, else the socket keeps fleetd's own, root's) and mode (octal, default
+//!   0660) of the unix sockets fleetd makes. Sockets systemd passes keep the `.socket` unit's
+//!   `SocketGroup=`/`SocketMode=`.
 
 use anyhow::{Result, anyhow};
 use std::collections::BTreeMap;
@@ -22,9 +30,23 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::Raw;
+use fleet_api::authz::{Role, Roles, RolesError, Subject};
 use fleet_registry::input::shorten;
 
 pub const DEFAULT_SOCKET: &str = "/var/run/fleet.sock";
+
+/// The group of the unix sockets when `api_socket_group` is unset, if it exists (fleet's).
+pub const DEFAULT_SOCKET_GROUP: &str = "fleet";
+
+/// The mode of the unix sockets when `api_socket_mode` is unset.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
+
+/// The role keys, in the order a role's refusal names them.
+const ROLE_KEYS: [(&str, Role); 3] = [
+    ("api_admins", Role::Admin),
+    ("api_operators", Role::Operator),
+    ("api_viewers", Role::Viewer),
+];
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ApiConfig {
@@ -35,6 +57,37 @@ pub struct ApiConfig {
     /// None: TCP listeners are plain.
     pub tls: Option<ApiTlsFiles>,
     pub advertise: Advertise,
+    /// Client certificate subjects and their roles (empty: none has one).
+    pub roles: Roles,
+    /// The unix sockets' owner group and mode.
+    pub socket_access: SocketAccess,
+}
+
+/// Who may use the unix sockets fleetd makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketAccess {
+    pub group: SocketGroup,
+    pub mode: u32,
+}
+
+impl Default for SocketAccess {
+    fn default() -> Self {
+        SocketAccess {
+            group: SocketGroup::Default,
+            mode: DEFAULT_SOCKET_MODE,
+        }
+    }
+}
+
+/// `api_socket_group`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SocketGroup {
+    /// Unset: [`DEFAULT_SOCKET_GROUP`] if the host has it, else left as made (fleetd's).
+    #[default]
+    Default,
+    /// A group name, which must exist.
+    Name(String),
+    Gid(u32),
 }
 
 /// What this machine publishes as its API address (`MachineInfo::api`).
@@ -119,13 +172,65 @@ pub fn build(raw: &BTreeMap<String, Raw>) -> Result<ApiConfig> {
             advertise_url(r.value.trim()).map_err(|why| err("api_advertise", r, &why))?,
         ),
     };
+    let roles = roles(raw)?;
+    if !roles.is_empty() && tls.is_none() {
+        return Err(anyhow!(
+            "api_admins, api_operators and api_viewers give roles to TLS client certificates: \
+             they need api_cafile, api_certfile and api_keyfile"
+        ));
+    }
+    let socket_access = SocketAccess {
+        group: match raw.get("api_socket_group") {
+            None => SocketGroup::Default,
+            Some(r) => socket_group(r.value.trim())
+                .ok_or_else(|| err("api_socket_group", r, "expected a group name or number"))?,
+        },
+        mode: match raw.get("api_socket_mode") {
+            None => DEFAULT_SOCKET_MODE,
+            Some(r) => u32::from_str_radix(r.value.trim(), 8)
+                .ok()
+                .filter(|m| *m <= 0o777)
+                .ok_or_else(|| err("api_socket_mode", r, "expected an octal mode like 0660"))?,
+        },
+    };
     Ok(ApiConfig {
         token_limit,
         socket,
         listen,
         tls,
         advertise,
+        roles,
+        socket_access,
     })
+}
+
+/// The role keys' subjects; an entry that is no subject names its key.
+fn roles(raw: &BTreeMap<String, Raw>) -> Result<Roles> {
+    let mut entries = Vec::new();
+    for (key, role) in ROLE_KEYS {
+        let Some(r) = raw.get(key) else { continue };
+        for item in r.value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let subject: Subject = item
+                .parse()
+                .map_err(|e: RolesError| anyhow!("invalid {key} ({}): {e}", r.source))?;
+            entries.push((subject, role));
+        }
+    }
+    Roles::new(entries).map_err(|e| anyhow!("invalid api roles: {e}"))
+}
+
+/// A group name as `groupadd` takes them, or a number.
+fn socket_group(value: &str) -> Option<SocketGroup> {
+    if let Ok(gid) = value.parse::<u32>() {
+        return Some(SocketGroup::Gid(gid));
+    }
+    let mut chars = value.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let rest_ok = value.len() <= 32
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    (first_ok && rest_ok).then(|| SocketGroup::Name(value.to_owned()))
 }
 
 /// `http://HOST:PORT` or `https://HOST:PORT` (a trailing `/` is dropped): HOST a name or an
@@ -342,6 +447,104 @@ mod tests {
             let e = e.to_string();
             assert!(e.starts_with("invalid api_advertise"), "{value}: {e}");
             assert!(e.contains(why), "{value}: {e}");
+        }
+    }
+
+    const TLS: [(&str, &str); 3] = [
+        ("api_cafile", "/etc/fleet/ca.pem"),
+        ("api_certfile", "/etc/fleet/api.pem"),
+        ("api_keyfile", "/etc/fleet/api.key"),
+    ];
+
+    fn with_tls(pairs: &[(&'static str, &'static str)]) -> BTreeMap<String, Raw> {
+        let mut all = TLS.to_vec();
+        all.extend_from_slice(pairs);
+        raw(&all)
+    }
+
+    #[test]
+    fn role_keys_give_subjects_their_roles() {
+        let c = build(&with_tls(&[
+            ("api_admins", "CN=root, O=ops"),
+            ("api_operators", "CN=ci"),
+            ("api_viewers", " O=dev ,CN=dash,"),
+        ]))
+        .unwrap();
+        let expected = Roles::new([
+            (Subject::Cn("root".into()), Role::Admin),
+            (Subject::O("ops".into()), Role::Admin),
+            (Subject::Cn("ci".into()), Role::Operator),
+            (Subject::O("dev".into()), Role::Viewer),
+            (Subject::Cn("dash".into()), Role::Viewer),
+        ])
+        .unwrap();
+        assert_eq!(c.roles, expected);
+        assert!(build(&with_tls(&[])).unwrap().roles.is_empty());
+    }
+
+    #[test]
+    fn a_malformed_role_entry_stops_fleetd_naming_its_key() {
+        for (key, value) in [
+            ("api_admins", "root"),
+            ("api_operators", "OU=ops"),
+            ("api_viewers", "CN="),
+        ] {
+            let e = build(&with_tls(&[(key, value)])).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("invalid {key} (test)")), "{e}");
+            assert!(e.contains("is not CN=<name> or O=<group>"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_subject_in_two_roles_is_an_error() {
+        let e = build(&with_tls(&[
+            ("api_admins", "CN=bob"),
+            ("api_viewers", "O=dev, CN=bob"),
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid api roles: CN=bob is given two roles, viewer and admin"
+        );
+    }
+
+    #[test]
+    fn roles_without_tls_are_an_error() {
+        let e = build(&raw(&[("api_viewers", "CN=bob")])).unwrap_err();
+        assert!(e.to_string().contains("they need api_cafile"), "{e}");
+    }
+
+    #[test]
+    fn the_socket_group_and_mode_default_to_fleet_and_0660() {
+        let c = build(&raw(&[])).unwrap();
+        assert_eq!(c.socket_access, SocketAccess::default());
+        assert_eq!(c.socket_access.mode, 0o660);
+        assert_eq!(c.socket_access.group, SocketGroup::Default);
+        let c = build(&raw(&[
+            ("api_socket_group", "fleet-users"),
+            ("api_socket_mode", "0600"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.socket_access.group,
+            SocketGroup::Name("fleet-users".into())
+        );
+        assert_eq!(c.socket_access.mode, 0o600);
+        let c = build(&raw(&[("api_socket_group", "1000")])).unwrap();
+        assert_eq!(c.socket_access.group, SocketGroup::Gid(1000));
+        for (key, value) in [
+            ("api_socket_group", ""),
+            ("api_socket_group", "bad group"),
+            ("api_socket_group", "-x"),
+            ("api_socket_mode", "0999"),
+            ("api_socket_mode", "1777"),
+            ("api_socket_mode", "rw"),
+        ] {
+            let e = build(&raw(&[(key, value)])).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("invalid {key}")),
+                "{key}={value}: {e}"
+            );
         }
     }
 

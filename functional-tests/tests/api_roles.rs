@@ -1,0 +1,298 @@
+//! Who may do what over fleetd's TLS API (issue 17, docs/security.md "The API: certificates
+//! and roles"), on a machine whose fleetd maps client certificates to roles: a viewer reads
+//! (200) and is refused every write (403 naming its role and the action); an operator starts
+//! and stops a unit, which runs and then stops; a certificate of the CA that no role names is
+//! refused everything; no certificate, or one of another CA, is refused at the handshake.
+//! After each refusal the registry's units, files, schedules, metadata and drains are as
+//! before. Needs root.
+
+mod support;
+
+use anyhow::{Context, Result, ensure};
+use fleet_functional_tests::{ApiCerts, Cluster, FleetdSpec, wait_for};
+use fleet_registry::Keys;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::sync::Arc;
+use support::{POLL, PREFIX, TIMEOUT, dump, finish, sleeper, start};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
+
+const PORT: u16 = 49154;
+const UNIT: &str = "roles.service";
+
+/// A client certificate and its key.
+type Identity = (PathBuf, PathBuf);
+
+/// The answer to one request, or how the connection failed (the handshake refused).
+type Exchange = std::result::Result<(u16, Value), String>;
+
+/// One HTTPS request from the host to `addr`, trusting the cluster's CA and presenting
+/// `identity` if any.
+fn https(
+    ca: &Path,
+    addr: SocketAddr,
+    identity: Option<&Identity>,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Exchange> {
+    let provider = Arc::new(crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca)? {
+        roots.add(cert?)?;
+    }
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => builder.with_client_auth_cert(
+            CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?,
+            PrivateKeyDer::from_pem_file(key)?,
+        )?,
+    };
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: fleet\r\nConnection: close\r\n");
+    if !body.is_empty() {
+        request.push_str("Content-Type: application/json\r\n");
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok(rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let name = ServerName::IpAddress(addr.ip().into());
+        let connector = TlsConnector::from(Arc::new(config));
+        let mut tls = connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+        tls.write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let mut raw = Vec::new();
+        tls.read_to_end(&mut raw)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let (head, rest) = text
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| format!("no answer: {text:?}"))?;
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("no status in {head:?}"))?;
+        let value = serde_json::from_str(rest).unwrap_or(Value::Null);
+        Ok((status, value))
+    }))
+}
+
+/// fleetctl over the TLS API as the holder of `identity`.
+fn fleetctl_as(cluster: &Cluster, identity: &Identity, args: &[&str]) -> Result<Output> {
+    Ok(cluster
+        .fleetctl_tls_command()?
+        .env("FLEETCTL_CERT_FILE", &identity.0)
+        .env("FLEETCTL_KEY_FILE", &identity.1)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()?)
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// What the API's writes could change: units, files, schedules, metadata, drains.
+fn writable(registry: &fleet_functional_tests::TestRegistry) -> Result<BTreeMap<String, Vec<u8>>> {
+    let keys = Keys::new(PREFIX);
+    let mut all = BTreeMap::new();
+    for prefix in [
+        keys.units(),
+        keys.files(),
+        keys.schedules(),
+        keys.metadata_all(),
+        keys.drains(),
+    ] {
+        all.extend(dump(registry, &prefix)?.1);
+    }
+    Ok(all)
+}
+
+fn error_entity(code: u16, message: &str) -> Value {
+    json!({"error": {"code": code, "message": message}})
+}
+
+#[test]
+fn roles_decide_what_each_certificate_may_do_and_refusals_write_nothing() -> Result<()> {
+    let spec = FleetdSpec::default()
+        .with_api_tls(PORT)
+        .with_env("FLEET_API_OPERATORS", "CN=olga")
+        .with_env("FLEET_API_VIEWERS", "O=watchers, CN=vera");
+    let (cluster, registry) = start(1, spec)?;
+    let machine = &cluster.machines()[0];
+    let addr = SocketAddr::from((machine.ip(), PORT));
+    let certs: ApiCerts = cluster.api_certs().context("no certificates")?;
+    let ca = certs.ca();
+    let viewer = certs.client("vera", "vera", &[])?;
+    let watcher = certs.client("watcher", "wanda", &["watchers"])?;
+    let operator = certs.client("olga", "olga", &[])?;
+    let nobody = certs.client("bob", "bob", &[])?;
+    let foreign = certs.foreign_client("foreign-olga", "olga")?;
+    let admin = (certs.client_cert(), certs.client_key());
+
+    // The admin (fleetctl's certificate) submits the unit.
+    let units = cluster.dir().join("units");
+    std::fs::create_dir_all(&units)?;
+    std::fs::write(units.join(UNIT), sleeper(3600))?;
+    let file = units.join(UNIT).display().to_string();
+    let o = fleetctl_as(&cluster, &admin, &["submit", &file])?;
+    ensure!(o.status.success(), "submit as admin: {}", text(&o));
+    let before = writable(&registry)?;
+    let unchanged = |what: &str| -> Result<()> {
+        ensure!(
+            writable(&registry)? == before,
+            "{what} changed the registry"
+        );
+        Ok(())
+    };
+
+    // A viewer, by CN or by group, reads...
+    for who in [&viewer, &watcher] {
+        for path in [
+            "/fleet/v1/units",
+            "/fleet/v1/state",
+            "/fleet/v1/machines",
+            "/metrics",
+        ] {
+            let (status, _) =
+                https(&ca, addr, Some(who), "GET", path, None)?.map_err(anyhow::Error::msg)?;
+            ensure!(status == 200, "viewer GET {path}: {status}");
+        }
+    }
+    let (status, unit) = https(
+        &ca,
+        addr,
+        Some(&viewer),
+        "GET",
+        &format!("/fleet/v1/units/{UNIT}"),
+        None,
+    )?
+    .map_err(anyhow::Error::msg)?;
+    ensure!(status == 200 && unit["name"] == UNIT, "{status} {unit}");
+    // ...and every write is a 403 naming the role and the action, and writes nothing.
+    let unit_path = format!("/fleet/v1/units/{UNIT}");
+    let patch =
+        json!([{"op": "add", "path": format!("/{}/metadata/x", machine.id()), "value": "y"}]);
+    for (method, path, body, action) in [
+        (
+            "PUT",
+            unit_path.as_str(),
+            Some(json!({"desiredState": "launched"})),
+            "start units",
+        ),
+        ("DELETE", unit_path.as_str(), None, "destroy units"),
+        (
+            "PATCH",
+            "/fleet/v1/machines",
+            Some(patch),
+            "change machine metadata",
+        ),
+    ] {
+        for who in [&viewer, &watcher] {
+            let answer = https(&ca, addr, Some(who), method, path, body.as_ref())?
+                .map_err(anyhow::Error::msg)?;
+            let refusal = error_entity(403, &format!("role viewer may not {action}"));
+            ensure!(
+                answer == (403, refusal),
+                "viewer {method} {path}: {answer:?}"
+            );
+            unchanged(&format!("a viewer's {method} {path}"))?;
+        }
+    }
+    // fleetctl as a viewer lists, and cannot start: it says why and exits 1.
+    let o = fleetctl_as(&cluster, &viewer, &["list-unit-files", "--no-legend"])?;
+    ensure!(
+        o.status.success() && text(&o).contains(UNIT),
+        "list as viewer: {}",
+        text(&o)
+    );
+    let o = fleetctl_as(&cluster, &viewer, &["start", "--no-block", UNIT])?;
+    ensure!(
+        o.status.code() == Some(1) && text(&o).contains("role viewer may not start units"),
+        "start as viewer: {}",
+        text(&o)
+    );
+    unchanged("fleetctl start as a viewer")?;
+
+    // A certificate of the CA that no role names may do nothing, not even read.
+    for (method, body) in [
+        ("GET", None),
+        ("PUT", Some(json!({"desiredState": "launched"}))),
+    ] {
+        let answer = https(&ca, addr, Some(&nobody), method, &unit_path, body.as_ref())?
+            .map_err(anyhow::Error::msg)?;
+        let refusal = error_entity(
+            403,
+            "certificate CN=bob has no role in fleetd's configuration",
+        );
+        ensure!(answer == (403, refusal), "no role {method}: {answer:?}");
+    }
+    unchanged("a certificate with no role")?;
+
+    // No certificate, or one of another CA (with an operator's CN): refused at the handshake.
+    for (who, what) in [
+        (None, "no certificate"),
+        (Some(&foreign), "another CA's certificate"),
+    ] {
+        let answer = https(
+            &ca,
+            addr,
+            who,
+            "PUT",
+            &unit_path,
+            Some(&json!({"desiredState": "launched"})),
+        )?;
+        ensure!(answer.is_err(), "{what}: {answer:?}");
+    }
+    let o = fleetctl_as(&cluster, &foreign, &["start", "--no-block", UNIT])?;
+    ensure!(
+        !o.status.success() && text(&o).contains("the server refused the client certificate"),
+        "fleetctl with another CA's certificate: {}",
+        text(&o)
+    );
+    unchanged("clients refused at the handshake")?;
+
+    // An operator starts the unit, which runs, and stops it, which stops it.
+    let o = fleetctl_as(&cluster, &operator, &["start", UNIT])?;
+    ensure!(o.status.success(), "start as operator: {}", text(&o));
+    wait_for(TIMEOUT, POLL, || {
+        machine
+            .systemctl(["is-active", UNIT])
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "active")
+    })
+    .context("the operator's unit never ran")?;
+    let o = fleetctl_as(&cluster, &operator, &["stop", UNIT])?;
+    ensure!(o.status.success(), "stop as operator: {}", text(&o));
+    wait_for(TIMEOUT, POLL, || {
+        machine
+            .systemctl(["is-active", UNIT])
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() != "active")
+    })
+    .context("the operator's stop never stopped the unit")?;
+    finish(cluster)
+}
