@@ -335,4 +335,49 @@ mod tests {
         assert_ne!(now.lease(), w.first.lease());
         assert_eq!(w.machine_lease().await, Some(now.lease().0));
     }
+
+    /// Issue 17: registering, keeping the lease, resuming it after a restart and revoking it
+    /// need nothing beyond the machine's own etcd role.
+    #[tokio::test(start_paused = true)]
+    async fn the_presence_keeper_needs_nothing_beyond_its_machine_role() {
+        let m1: fleet_core::MachineId = "m1".parse().unwrap();
+        let kv = MemKv::new();
+        let keys = fleet_registry::Keys::new("/t/");
+        let role = fleet_registry::rbac::machine(&keys, &m1);
+        let host = fleet_registry::kv::Rbac::new(kv.clone(), "fleet-host-m1", vec![role]);
+        let lease_file = std::env::temp_dir().join(format!(
+            "fleet-agent-presence-rbac-test-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&lease_file);
+        let keeper = || PresenceKeeper {
+            registry: MachineRole::new(Registry::new(host.clone(), "/t/"), m1.clone()),
+            info: MachineInfo {
+                id: m1.clone(),
+                public_ip: String::new(),
+                metadata: Default::default(),
+                version: "test".into(),
+                disable_engine: true,
+                api: String::new(),
+            },
+            ttl: TTL,
+            lease_file: lease_file.clone(),
+        };
+        let first = keeper().register().await.unwrap();
+        let (tx, _rx) = watch::channel(Some(first));
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let kept = tokio::spawn(keeper().keep(first, tx, shutdown_rx));
+        tokio::time::sleep(TTL * 5).await;
+        shutdown.send(true).unwrap();
+        kept.await.unwrap().unwrap();
+        let again = keeper().register().await.unwrap();
+        assert!(
+            again.resumed(),
+            "the saved lease was kept alive and resumed"
+        );
+        keeper().registry.unregister(&again).await.unwrap();
+        let left = kv.range("/t/", true, None).await.unwrap();
+        assert!(left.kvs.is_empty(), "gone with the lease");
+        let _ = std::fs::remove_file(&lease_file);
+    }
 }

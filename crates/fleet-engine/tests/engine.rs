@@ -3,9 +3,11 @@
 
 use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
 use fleet_engine::{DisruptionConfig, EngineConfig};
-use fleet_registry::kv::{Compare, Hook, Hooked, Kv, KvError, LeaseId, MemKv, Request, Txn, TxnOp};
+use fleet_registry::kv::{
+    Compare, Hook, Hooked, Kv, KvError, LeaseId, MemKv, Outcome, Rbac, Request, Txn, TxnOp,
+};
 use fleet_registry::testing::TestEtcd;
-use fleet_registry::{MachineRole, Presence, Registry, UnitStateRecord, UnitsRole};
+use fleet_registry::{MachineRole, Presence, Registry, UnitStateRecord, UnitsRole, rbac};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
@@ -797,4 +799,72 @@ async fn a_leader_reads_the_registry_again_after_its_watch_breaks() {
     .await;
     assert!(leader_is(&reg, Some("a")).await);
     a.shutdown().await;
+}
+
+/// Records what the fake RBAC refused.
+#[derive(Debug, Clone, Default)]
+struct Refusals(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Hook for Refusals {
+    async fn before(&self, _: Request<'_>) -> Result<(), KvError> {
+        Ok(())
+    }
+
+    fn after(&self, _: Request<'_>, outcome: Outcome<'_>, _: Duration) {
+        if let Outcome::Failed(e @ KvError::PermissionDenied { .. }) = outcome {
+            self.0.lock().unwrap().push(e.to_string());
+        }
+    }
+}
+
+/// Issue 17: the engine's whole job (election, scheduling, an unplaceable unit's reason,
+/// rescheduling off a vanished machine, resigning) on an etcd user holding only the engine
+/// role refuses nothing: `rbac::engine` is enough.
+#[tokio::test(start_paused = true)]
+async fn the_engine_needs_nothing_beyond_the_engine_role() {
+    let kv = MemKv::new();
+    let reg = Registry::new(kv.clone(), PREFIX);
+    let refusals = Refusals::default();
+    let engine_kv = Hooked {
+        inner: Rbac::new(kv, "fleet-host-a", vec![rbac::engine(reg.keys())]),
+        hook: refusals.clone(),
+    };
+    let engine_reg = Registry::new(engine_kv, PREFIX);
+    let m1 = join(&reg, "m1").await;
+    join(&reg, "m2").await;
+    submit(&reg, "a.service").await;
+    let pinned = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n[X-Fleet]\nMachineID=nope\n");
+    UnitsRole::new(reg.clone())
+        .create_unit(
+            &name("pinned.service"),
+            &pinned.unwrap(),
+            DesiredState::Launched,
+        )
+        .await
+        .unwrap();
+    let a = start(&engine_reg, "a", MEM);
+    eventually(MEM.prompt, "a scheduled", || async {
+        schedule(&reg).await.contains_key("a.service")
+    })
+    .await;
+    eventually(MEM.prompt, "pinned's reason", || async {
+        reg.snapshot()
+            .await
+            .unwrap()
+            .unscheduled
+            .contains_key(&name("pinned.service"))
+    })
+    .await;
+    let first = schedule(&reg).await["a.service"][0].clone();
+    if first == "m1" {
+        leave(&reg, &m1).await;
+        let settle = DisruptionConfig::for_ttl(MEM.agent_ttl).settle;
+        eventually(settle + MEM.prompt, "a moved to m2", || async {
+            schedule(&reg).await.get("a.service") == Some(&vec!["m2".to_owned()])
+        })
+        .await;
+    }
+    a.shutdown().await;
+    assert!(leader_is(&reg, None).await, "resigned");
+    assert_eq!(*refusals.0.lock().unwrap(), Vec::<String>::new());
 }

@@ -3,7 +3,7 @@
 
 use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
 use fleet_registry::kv::{
-    Hook, Hooked, Kv, KvError, LeaseId, MemKv, RANGE_PAGE, Request, Txn, TxnOp,
+    Hook, Hooked, Kv, KvError, LeaseId, MemKv, RANGE_PAGE, Rbac, Request, Txn, TxnOp,
 };
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{
@@ -913,3 +913,62 @@ contract!(
     live_view_skips_unreadable_values_until_they_are_repaired,
     a_committed_destroy_or_replace_succeeds_when_collecting_its_file_fails,
 );
+
+// ---- issue 17: each role handle on the fake RBAC store holding only its role -------------------
+
+/// The store as an etcd user holding only `role` sees it.
+fn as_role(kv: &MemKv, role: fleet_registry::rbac::RoleSpec) -> Registry<Rbac<MemKv>> {
+    Registry::new(Rbac::new(kv.clone(), role.name.clone(), vec![role]), PREFIX)
+}
+
+/// fleetctl's writes (submit, start, restart, replace, drain, metadata, destroy) need nothing
+/// beyond `rbac::operator`, and its listings nothing beyond `rbac::viewer`.
+#[tokio::test(start_paused = true)]
+async fn the_units_role_needs_only_the_operator_role_and_listings_only_the_viewer_role() {
+    let kv = MemKv::new();
+    let keys = Keys::new(PREFIX);
+    let admin = Registry::new(kv.clone(), PREFIX);
+    MachineRole::new(admin.clone(), machine("m1"))
+        .register(&info("m1"), Duration::from_secs(60), None)
+        .await
+        .unwrap();
+    let ops = UnitsRole::new(as_role(&kv, fleet_registry::rbac::operator(&keys)));
+    let a = name("a.service");
+    ops.create_unit(&a, &file("/bin/a"), DesiredState::Loaded)
+        .await
+        .unwrap();
+    let unit = ops.unit(&a).await.unwrap().unwrap();
+    let unit = ops
+        .set_desired(&unit, DesiredState::Launched)
+        .await
+        .unwrap();
+    let unit = ops.request_restart(&unit).await.unwrap();
+    let unit = ops
+        .replace_unit(&unit, &file("/bin/a2"), DesiredState::Launched)
+        .await
+        .unwrap();
+    ops.drain(&machine("m1"), 1).await.unwrap();
+    ops.undrain(&machine("m1")).await.unwrap();
+    ops.change_metadata(&[fleet_registry::MetadataChange::Set {
+        machine: machine("m1"),
+        key: "tier".parse().unwrap(),
+        value: "web".into(),
+    }])
+    .await
+    .unwrap();
+    ops.destroy_unit(&unit).await.unwrap();
+
+    let view = as_role(&kv, fleet_registry::rbac::viewer(&keys));
+    view.units().await.unwrap();
+    view.machines().await.unwrap();
+    view.unit_states().await.unwrap();
+    view.snapshot().await.unwrap();
+    view.drains().await.unwrap();
+    view.dynamic_metadata().await.unwrap();
+    view.leader().await.unwrap();
+    let refused = UnitsRole::new(view)
+        .create_unit(&name("b.service"), &file("/bin/b"), DesiredState::Loaded)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("may not write"), "{refused}");
+}

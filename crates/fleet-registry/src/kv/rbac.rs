@@ -24,7 +24,7 @@
 //! A refusal's `what` is the operation and the first refused key, in the order etcd checks:
 //! `read <key>`, `read prefix <key>`, `write <key>`, `delete <key>`, `delete prefix <key>`,
 //! `watch prefix <key>`, `revoke lease <id> (write <key>)`. Real etcd only says "permission
-//! denied"; [`EtcdKv`](super::EtcdKv) words the request the same way from what it sent.
+//! denied", without the key: a test that runs on both sides compares the refusal, not `what`.
 //!
 //! To find a lease's keys on revoke, the wrapper reads the whole inner store (as a superuser
 //! would): meant for tests on [`MemKv`](super::MemKv), not for production.
