@@ -11,7 +11,7 @@ mod etcd;
 mod hooked;
 mod mem;
 
-pub use etcd::{EtcdConfig, EtcdKv, TlsFiles};
+pub use etcd::{EtcdAuth, EtcdConfig, EtcdKv, TlsFiles};
 pub use hooked::{Hook, Hooked, Outcome, Request};
 pub use mem::MemKv;
 
