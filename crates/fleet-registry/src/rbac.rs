@@ -24,8 +24,9 @@
 use fleet_core::MachineId;
 
 use crate::keys::Keys;
-use crate::kv::EtcdConfig;
-use crate::kv::KvError;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use crate::kv::{EtcdAuth, EtcdConfig, EtcdKv, Grant, KvError};
 
 /// The role of read-only users: every read, no write.
 pub const ROLE_VIEWER: &str = "fleet-viewer";
@@ -219,76 +220,138 @@ pub struct UserInfo {
 
 /// etcd's user and role administration, done as etcd's `root` user (or anonymously on an
 /// etcd whose auth is not enabled yet). Every call is idempotent: running a setup twice
-/// changes nothing the second time.
+/// changes nothing the second time. It reaches etcd as [`EtcdKv`] does (the same TLS,
+/// credentials, members and failover); its errors are [`KvError`]s, a refusal naming what
+/// was asked ("etcd user 'fleet-viewer' may not add role fleet-operator").
 #[derive(Debug, Clone)]
 pub struct Admin {
-    // TODO(helper B): the etcd-client connection (one client is enough: no failover needed
-    // for administration, but try the endpoints in order on connect).
-    _private: (),
+    cfg: EtcdConfig,
+    /// Replaced by a client logged in as `root` once [`Admin::enable_auth`] turned
+    /// authentication on under a configuration without a user.
+    kv: Arc<RwLock<EtcdKv>>,
 }
 
+/// etcd's superuser.
+pub const ROOT_USER: &str = "root";
+
 impl Admin {
-    /// Connects (and authenticates, with `cfg.auth`).
+    /// Prepares the connection (lazily, as [`EtcdKv::connect`]: a down etcd is an error of
+    /// the first call), logging in with `cfg.auth` on first use.
     pub async fn connect(cfg: &EtcdConfig) -> Result<Admin, KvError> {
-        let _ = cfg;
-        Err(KvError::Config(
-            "etcd administration: not written yet (helper B)".to_owned(),
-        ))
+        Ok(Admin {
+            cfg: cfg.clone(),
+            kv: Arc::new(RwLock::new(EtcdKv::connect(cfg).await?)),
+        })
+    }
+
+    fn kv(&self) -> EtcdKv {
+        self.kv
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Creates `spec.name` if missing and makes its permissions exactly `spec.permissions`
     /// (grants the missing ones, revokes the others).
     pub async fn ensure_role(&self, spec: &RoleSpec) -> Result<(), KvError> {
-        let _ = spec;
-        Err(KvError::Config(
-            "etcd administration: not written yet (helper B)".to_owned(),
-        ))
+        let name = spec.name.as_str();
+        let held = match self.kv().role_grants(name).await? {
+            Some(held) => held,
+            None => {
+                self.kv().role_add(name).await?;
+                Vec::new()
+            }
+        };
+        let wanted: Vec<Grant> = spec.permissions.iter().map(Grant::from).collect();
+        // A permission on the same range with another access is replaced by the grant (etcd
+        // keeps one per range), so revoke only ranges not wanted at all.
+        for grant in held.iter().filter(|h| {
+            !wanted
+                .iter()
+                .any(|w| w.key == h.key && w.range_end == h.range_end)
+        }) {
+            self.kv().role_revoke(name, grant).await?;
+        }
+        for grant in wanted.iter().filter(|w| !held.contains(w)) {
+            self.kv().role_grant(name, grant).await?;
+        }
+        Ok(())
     }
 
     /// Creates user `name` if missing (with `password`; a user that exists gets it set when
     /// `password` is given) and grants it `roles` (roles it holds beyond them are revoked).
+    /// Without a password a new user can log in only by TLS certificate.
     pub async fn ensure_user(
         &self,
         name: &str,
         password: Option<&str>,
         roles: &[String],
     ) -> Result<(), KvError> {
-        let _ = (name, password, roles);
-        Err(KvError::Config(
-            "etcd administration: not written yet (helper B)".to_owned(),
-        ))
+        let held = match self.kv().user_roles(name).await? {
+            Some(held) => {
+                if let Some(password) = password {
+                    self.kv().user_password(name, password).await?;
+                }
+                held
+            }
+            None => {
+                self.kv().user_add(name, password).await?;
+                Vec::new()
+            }
+        };
+        for role in held.iter().filter(|r| !roles.contains(r)) {
+            self.kv().user_revoke(name, role).await?;
+        }
+        for role in roles.iter().filter(|r| !held.contains(r)) {
+            self.kv().user_grant(name, role).await?;
+        }
+        Ok(())
     }
 
     /// Deletes user `name`; a missing user is not an error.
     pub async fn remove_user(&self, name: &str) -> Result<(), KvError> {
-        let _ = name;
-        Err(KvError::Config(
-            "etcd administration: not written yet (helper B)".to_owned(),
-        ))
+        self.kv().user_delete(name).await
     }
 
     /// Deletes role `name`; a missing role is not an error.
     pub async fn remove_role(&self, name: &str) -> Result<(), KvError> {
-        let _ = name;
-        Err(KvError::Config(
-            "etcd administration: not written yet (helper B)".to_owned(),
-        ))
+        self.kv().role_delete(name).await
     }
 
-    /// The users and their roles.
+    /// The users and their roles, by name.
     pub async fn users(&self) -> Result<Vec<UserInfo>, KvError> {
-        Err(KvError::Config(
-            "etcd administration: not written yet (helper B)".to_owned(),
-        ))
+        let mut users = Vec::new();
+        for name in self.kv().user_names().await? {
+            // A user deleted between the listing and this read is gone: skip it.
+            if let Some(roles) = self.kv().user_roles(&name).await? {
+                users.push(UserInfo { name, roles });
+            }
+        }
+        users.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(users)
     }
 
     /// Makes sure user `root` exists with `root_password` and role `root`, then enables
-    /// authentication (a no-op when it is on already).
+    /// authentication (a no-op when it is on already). Later calls of this `Admin` log in
+    /// as `root` if its configuration named no user.
     pub async fn enable_auth(&self, root_password: &str) -> Result<(), KvError> {
-        let _ = root_password;
-        Err(KvError::Config(
-            "etcd administration: not written yet (helper B)".to_owned(),
-        ))
+        self.ensure_user(ROOT_USER, Some(root_password), &[ROLE_ROOT.to_owned()])
+            .await?;
+        self.kv().auth_enable().await?;
+        if self.cfg.auth.is_none() {
+            let root = EtcdConfig {
+                auth: Some(EtcdAuth {
+                    username: ROOT_USER.to_owned(),
+                    password: root_password.to_owned(),
+                }),
+                ..self.cfg.clone()
+            };
+            let kv = EtcdKv::connect(&root).await?;
+            *self.kv.write().unwrap_or_else(PoisonError::into_inner) = kv;
+        } else {
+            self.kv().login_again().await;
+        }
+        Ok(())
     }
 }
 

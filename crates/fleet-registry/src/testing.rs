@@ -29,7 +29,8 @@ use tracing::debug;
 
 use fleet_core::{MachineId, UnitName};
 
-use crate::kv::{EtcdConfig, EtcdKv, Kv, Revision, TlsFiles, Txn, TxnOp};
+use crate::kv::{EtcdAuth, EtcdConfig, EtcdKv, Kv, Revision, TlsFiles, Txn, TxnOp};
+use crate::rbac::{Admin, ROOT_USER, RoleSpec};
 use crate::records::ScheduleEntry;
 use crate::registry::{Registry, delete, encode, put};
 
@@ -59,7 +60,21 @@ pub struct TestEtcd {
     peer_port: u16,
     /// With TLS: the certificates it serves and trusts.
     tls: Option<ServerTls>,
+    /// With etcd's authentication: how it was asked for, and whether it is on yet.
+    auth: Option<AuthSetup>,
 }
+
+/// A test etcd's authentication (etcd's simple tokens).
+#[derive(Debug, Clone, Copy)]
+struct AuthSetup {
+    /// `--auth-token-ttl`: how long an unused token lives (etcd's default is 300 s).
+    token_ttl: Option<Duration>,
+    /// Turned on by [`Admin::enable_auth`] once the server answered.
+    enabled: bool,
+}
+
+/// The password of user `root` on a test etcd with authentication.
+pub const ROOT_PASSWORD: &str = "fleet-test-root-password";
 
 /// The files a TLS test etcd runs with, and those its clients get.
 #[derive(Debug, Clone)]
@@ -73,7 +88,51 @@ struct ServerTls {
 impl TestEtcd {
     /// Starts a server and waits until it answers a read. Panics if it cannot.
     pub async fn start() -> TestEtcd {
-        TestEtcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), None).await
+        TestEtcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), None, None).await
+    }
+
+    /// Starts a server with etcd's authentication on: user `root` (password
+    /// [`ROOT_PASSWORD`]) holds role `root`, and [`config`](Self::config) logs in as it.
+    /// [`issue_user`](Self::issue_user) makes users with fleet's roles.
+    pub async fn start_auth() -> TestEtcd {
+        TestEtcd::start_auth_with(None).await
+    }
+
+    /// [`start_auth`](Self::start_auth) with tokens that expire after `token_ttl` unused
+    /// (whole seconds), to prove clients log in again.
+    pub async fn start_auth_token_ttl(token_ttl: Duration) -> TestEtcd {
+        TestEtcd::start_auth_with(Some(token_ttl)).await
+    }
+
+    async fn start_auth_with(token_ttl: Option<Duration>) -> TestEtcd {
+        let auth = AuthSetup {
+            token_ttl,
+            enabled: false,
+        };
+        let mut etcd = TestEtcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), None, Some(auth)).await;
+        enable_auth(&etcd.config()).await;
+        if let Some(auth) = &mut etcd.auth {
+            auth.enabled = true;
+        }
+        etcd
+    }
+
+    /// Creates (or updates) `roles` and user `name` holding exactly them, with a password of
+    /// its own, and returns a client configuration that logs in as it. Needs
+    /// [`start_auth`](Self::start_auth).
+    pub async fn issue_user(&self, name: &str, roles: &[RoleSpec]) -> EtcdConfig {
+        assert!(
+            self.auth.is_some(),
+            "issue_user needs a server started with auth"
+        );
+        issue_user(&self.config(), name, roles).await
+    }
+
+    /// etcd's administration as `root` (or anonymously without auth).
+    pub async fn admin(&self) -> Admin {
+        Admin::connect(&self.config())
+            .await
+            .expect("a loopback etcd config is valid")
     }
 
     /// Starts a server for clients on `https://<host>:<port>` with `certs`' server
@@ -87,10 +146,10 @@ impl TestEtcd {
             key: certs.server_key(),
             client: certs.client_files(),
         };
-        TestEtcd::start_on(host, Some(tls)).await
+        TestEtcd::start_on(host, Some(tls), None).await
     }
 
-    async fn start_on(host: IpAddr, tls: Option<ServerTls>) -> TestEtcd {
+    async fn start_on(host: IpAddr, tls: Option<ServerTls>, auth: Option<AuthSetup>) -> TestEtcd {
         let mut last_log = String::new();
         for attempt in 1..=START_ATTEMPTS {
             let (client_port, peer_port) = free_ports();
@@ -101,6 +160,7 @@ impl TestEtcd {
                 client_port,
                 peer_port,
                 tls: tls.clone(),
+                auth,
             };
             etcd.spawn();
             if etcd.wait_ready().await {
@@ -122,7 +182,8 @@ impl TestEtcd {
         format!("{scheme}://{host}:{}", self.client_port)
     }
 
-    /// A client configuration for this server (with TLS: its CA and a client certificate).
+    /// A client configuration for this server (with TLS: its CA and a client certificate;
+    /// with auth: user `root`).
     pub fn config(&self) -> EtcdConfig {
         EtcdConfig {
             endpoints: vec![self.endpoint()],
@@ -131,7 +192,15 @@ impl TestEtcd {
                 .tls
                 .as_ref()
                 .map_or_else(TlsFiles::default, |t| t.client.clone()),
+            auth: self.auth.map(|_| root_auth()),
+        }
+    }
+
+    /// [`config`](Self::config) without credentials.
+    pub fn anonymous_config(&self) -> EtcdConfig {
+        EtcdConfig {
             auth: None,
+            ..self.config()
         }
     }
 
@@ -220,6 +289,9 @@ impl TestEtcd {
             token: None,
         };
         let mut command = etcd_command(&member, log);
+        if let Some(ttl) = self.auth.and_then(|a| a.token_ttl) {
+            command.arg(format!("--auth-token-ttl={}", ttl.as_secs().max(1)));
+        }
         if let Some(tls) = &self.tls {
             command
                 .arg(format!("--cert-file={}", tls.cert.display()))
@@ -255,6 +327,49 @@ impl TestEtcd {
             sleep(Duration::from_millis(20)).await;
         }
         false
+    }
+}
+
+/// User `root` with [`ROOT_PASSWORD`].
+pub(crate) fn root_auth() -> EtcdAuth {
+    EtcdAuth {
+        username: ROOT_USER.to_owned(),
+        password: ROOT_PASSWORD.to_owned(),
+    }
+}
+
+/// Turns authentication on through `cfg` (root's credentials, used anonymously while auth is
+/// off).
+pub(crate) async fn enable_auth(cfg: &EtcdConfig) {
+    let admin = Admin::connect(cfg)
+        .await
+        .expect("a loopback etcd config is valid");
+    if let Err(err) = admin.enable_auth(ROOT_PASSWORD).await {
+        panic!("enabling auth on test etcd: {err}");
+    }
+}
+
+/// See [`TestEtcd::issue_user`]; `root` is root's configuration.
+pub(crate) async fn issue_user(root: &EtcdConfig, name: &str, roles: &[RoleSpec]) -> EtcdConfig {
+    let admin = Admin::connect(root)
+        .await
+        .expect("a loopback etcd config is valid");
+    for role in roles {
+        if let Err(err) = admin.ensure_role(role).await {
+            panic!("creating role {} on test etcd: {err}", role.name);
+        }
+    }
+    let password = format!("{name}-{:08x}", rand::rng().random::<u32>());
+    let names: Vec<String> = roles.iter().map(|r| r.name.clone()).collect();
+    if let Err(err) = admin.ensure_user(name, Some(&password), &names).await {
+        panic!("creating user {name} on test etcd: {err}");
+    }
+    EtcdConfig {
+        auth: Some(EtcdAuth {
+            username: name.to_owned(),
+            password,
+        }),
+        ..root.clone()
     }
 }
 

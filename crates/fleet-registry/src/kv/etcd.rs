@@ -7,8 +7,10 @@
 //! etcd-client's types stay inside this module and its children ([`convert`], [`failover`]
 //! and [`watch`]).
 
+pub(crate) mod admin;
 mod convert;
 mod failover;
+mod login;
 mod watch;
 
 use std::fmt;
@@ -23,8 +25,9 @@ use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, Tls
 use tracing::debug;
 
 use super::{Kv, KvError, LeaseId, RANGE_PAGE, RangeResult, Revision, Txn, TxnResult, Watch};
-use convert::Failure;
+use convert::{Failure, Request};
 use failover::{Call, Member, Members};
+use login::Login;
 
 /// TLS client files.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -73,6 +76,8 @@ pub struct EtcdKv {
     members: Arc<Members>,
     /// The configured endpoints as one comma-separated string, for error messages.
     endpoints: Arc<str>,
+    /// The etcd user calls authenticate as, empty without credentials: for refusals.
+    user: Arc<str>,
     request_timeout: Duration,
     /// Said after a connection the server closed or a TLS alert it sent: over TLS without a
     /// client certificate, the likely reason is a server requiring one (it ends the handshake
@@ -97,6 +102,9 @@ impl EtcdKv {
     /// Prepares a client for `cfg.endpoints`. Connecting is lazy: this fails only on a bad
     /// configuration (no endpoints, a malformed URL, unreadable TLS files); an unreachable
     /// cluster shows up as [`KvError::Unavailable`] or [`KvError::Timeout`] on the first call.
+    /// With `cfg.auth`, each member's client logs in on its first call (see [`login`]):
+    /// refused credentials are [`KvError::AuthFailed`] then, and refusals of etcd's RBAC
+    /// [`KvError::PermissionDenied`].
     pub async fn connect(cfg: &EtcdConfig) -> Result<EtcdKv, KvError> {
         if cfg.endpoints.is_empty() {
             return Err(KvError::Config("no etcd endpoints configured".to_owned()));
@@ -115,7 +123,10 @@ impl EtcdKv {
             // A member cut off from the others then refuses every request at once ("no
             // leader", before handling it: safe to repeat elsewhere) and ends its watches,
             // instead of stalling them until the deadline.
-            .with_require_leader(true);
+            .with_require_leader(true)
+            // etcd's simple tokens expire (`--auth-token-ttl`, 300 s unused by default) and
+            // die with a restart: a call refused for its token logs in again, once.
+            .with_auto_token_refresh(true);
         if let Some(tls) = tls_options(&cfg.endpoints, &cfg.tls)? {
             options = options.with_tls(tls);
         }
@@ -137,6 +148,10 @@ impl EtcdKv {
             members.push(Member {
                 endpoint: endpoint.clone(),
                 client,
+                login: cfg
+                    .auth
+                    .as_ref()
+                    .map(|a| Login::new(a.username.clone(), a.password.clone())),
             });
         }
         debug!(endpoints = %endpoints, timeout = ?cfg.request_timeout, "etcd client ready");
@@ -144,6 +159,7 @@ impl EtcdKv {
         Ok(EtcdKv {
             members: Arc::new(Members::new(members)),
             endpoints,
+            user: cfg.auth.as_ref().map_or("", |a| a.username.as_str()).into(),
             request_timeout: cfg.request_timeout,
             closed_hint: (https && cfg.tls.cert_file.is_none()).then_some(NO_CLIENT_CERT_HINT),
         })
@@ -166,7 +182,7 @@ impl EtcdKv {
         let res = self
             .read(|c| async move { kv_client(&c).compact(revision, None).await })
             .await;
-        res.map(drop).map_err(|f| self.error(f, None))
+        res.map(drop).map_err(|f| self.error(f, Request::Compact))
     }
 
     /// Runs a call that may be repeated on another member, under the request deadline.
@@ -212,10 +228,9 @@ impl EtcdKv {
         self.members.call(kind, deadline, call).await
     }
 
-    /// The error callers see; `lease` is the one a "lease not found" refers to, if any.
-    /// Compaction is handled where a revision was asked for (ranges, watches); anywhere else
-    /// it is a refusal.
-    fn error(&self, failure: Failure, lease: Option<LeaseId>) -> KvError {
+    /// The error callers see for a failed `request`. Compaction is handled where a revision
+    /// was asked for (ranges, watches); anywhere else it is a refusal.
+    fn error(&self, failure: Failure, request: Request<'_>) -> KvError {
         match failure {
             Failure::NotSent(detail) | Failure::NoLeader(detail) | Failure::Unreachable(detail) => {
                 KvError::Unavailable {
@@ -231,9 +246,17 @@ impl EtcdKv {
             }
             Failure::Timeout => KvError::Timeout(self.request_timeout, self.endpoints.to_string()),
             Failure::Compacted(msg) => KvError::Refused(msg),
-            Failure::LeaseNotFound(msg) => match lease {
+            Failure::LeaseNotFound(msg) => match request.lease() {
                 Some(lease) => KvError::LeaseNotFound(lease),
                 None => KvError::Refused(msg),
+            },
+            Failure::PermissionDenied => KvError::PermissionDenied {
+                user: self.user.to_string(),
+                what: request.describe(),
+            },
+            Failure::AuthFailed(detail) => KvError::AuthFailed {
+                user: self.user.to_string(),
+                detail,
             },
             Failure::Refused(msg) => KvError::Refused(msg),
         }
@@ -273,20 +296,21 @@ impl Kv for EtcdKv {
                         compacted: compacted.unwrap_or(requested + 1),
                     });
                 }
-                Paged::First(f) | Paged::Later(f) => return Err(self.error(f, None)),
+                Paged::First(f) | Paged::Later(f) => {
+                    return Err(self.error(f, Request::Range { key, prefix }));
+                }
             }
         }
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
-        let lease = convert::first_lease(&txn);
         let put = |c: Client| {
             let txn = convert::txn(txn.clone());
             async move { kv_client(&c).txn(txn).await }
         };
         match self.write(put).await {
             Ok(resp) => Ok(convert::txn_result(&resp)),
-            Err(f) => Err(self.error(f, lease)),
+            Err(f) => Err(self.error(f, Request::Txn(&txn))),
         }
     }
 
@@ -297,7 +321,7 @@ impl Kv for EtcdKv {
             .await
         {
             Ok(resp) => Ok(LeaseId(resp.id())),
-            Err(f) => Err(self.error(f, None)),
+            Err(f) => Err(self.error(f, Request::Grant)),
         }
     }
 
@@ -308,7 +332,7 @@ impl Kv for EtcdKv {
         let ping = |c: Client| async move { c.lease_client().keep_alive(lease.0).await };
         match self.read(ping).await {
             Ok(_) => Ok(()),
-            Err(f) => Err(self.error(f, Some(lease))),
+            Err(f) => Err(self.error(f, Request::KeepAlive(lease))),
         }
     }
 
@@ -316,7 +340,7 @@ impl Kv for EtcdKv {
         let revoke = |c: Client| async move { c.lease_client().revoke(lease.0).await };
         match self.read(revoke).await {
             Ok(_) | Err(Failure::LeaseNotFound(_)) => Ok(()),
-            Err(f) => Err(self.error(f, None)),
+            Err(f) => Err(self.error(f, Request::Revoke(lease))),
         }
     }
 

@@ -10,10 +10,13 @@ use std::time::Duration;
 mod etcd;
 mod hooked;
 mod mem;
+mod rbac;
 
+pub(crate) use etcd::admin::Grant;
 pub use etcd::{EtcdAuth, EtcdConfig, EtcdKv, TlsFiles};
 pub use hooked::{Hook, Hooked, Outcome, Request};
 pub use mem::MemKv;
+pub use rbac::Rbac;
 
 /// Keys in the first page of a prefix read on etcd; later pages ask for as many keys as make
 /// about 4 MiB at the sizes seen so far. Big reads come in pages so that no response holds a
@@ -217,14 +220,34 @@ pub enum KvError {
     /// etcd's RBAC refused the request (`etcdserver: permission denied`): `user` is the etcd
     /// user we authenticated as (empty when anonymous or by certificate), `what` the request
     /// in words with its first key ("write /_coreos.com/fleet/schedule/m1/a.service").
-    #[error("etcd user '{user}' may not {what} (refused by etcd's RBAC: permission denied)")]
+    #[error(
+        "{} may not {what} (refused by etcd's RBAC: permission denied)",
+        who(user)
+    )]
     PermissionDenied { user: String, what: String },
     /// etcd refused the credentials (wrong username or password, or auth not enabled for a
     /// user that does not exist).
-    #[error("etcd refused the credentials of user '{user}': {detail}")]
+    #[error("{}", auth_failed(user, detail))]
     AuthFailed { user: String, detail: String },
     #[error("invalid etcd configuration: {0}")]
     Config(String),
+}
+
+/// The etcd identity a refusal is about.
+fn who(user: &str) -> String {
+    if user.is_empty() {
+        "this client (no etcd user configured; etcd may know it by its TLS certificate)".to_owned()
+    } else {
+        format!("etcd user '{user}'")
+    }
+}
+
+fn auth_failed(user: &str, detail: &str) -> String {
+    if user.is_empty() {
+        format!("etcd requires a user and password and none is configured ({detail})")
+    } else {
+        format!("etcd refused the credentials of user '{user}' ({detail})")
+    }
 }
 
 impl KvError {

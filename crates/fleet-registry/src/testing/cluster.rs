@@ -12,14 +12,20 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use super::{EtcdMember, READY_WITHIN, REQUEST_TIMEOUT, etcd_binary, etcd_command, unique_dir};
+use super::{
+    EtcdMember, READY_WITHIN, REQUEST_TIMEOUT, enable_auth, etcd_binary, etcd_command, issue_user,
+    root_auth, unique_dir,
+};
 use crate::kv::{EtcdConfig, EtcdKv, Kv, TlsFiles};
+use crate::rbac::RoleSpec;
 
 /// A running multi-member etcd. Dropping it kills every member and deletes the data.
 #[derive(Debug)]
 pub struct TestEtcdCluster {
     dir: PathBuf,
     members: Vec<TestMember>,
+    /// Whether etcd's authentication is on (see [`TestEtcdCluster::start_auth`]).
+    auth: bool,
 }
 
 #[derive(Debug)]
@@ -47,6 +53,7 @@ impl TestEtcdCluster {
         let mut cluster = TestEtcdCluster {
             dir: unique_dir("etcd-cluster"),
             members,
+            auth: false,
         };
         for i in 0..size {
             cluster.spawn(i);
@@ -55,6 +62,23 @@ impl TestEtcdCluster {
             cluster.wait_ready(i).await;
         }
         cluster
+    }
+
+    /// [`start`](Self::start), then authentication on as in
+    /// [`TestEtcd::start_auth`](super::TestEtcd::start_auth): clients log in as `root`.
+    pub async fn start_auth(size: usize) -> TestEtcdCluster {
+        let mut cluster = TestEtcdCluster::start(size).await;
+        cluster.auth = true;
+        // Root's credentials are used anonymously while auth is still off.
+        enable_auth(&cluster.config_for(cluster.endpoints())).await;
+        cluster
+    }
+
+    /// A user holding exactly `roles`, as [`TestEtcd::issue_user`](super::TestEtcd::issue_user),
+    /// for every member.
+    pub async fn issue_user(&self, name: &str, roles: &[RoleSpec]) -> EtcdConfig {
+        assert!(self.auth, "issue_user needs a cluster started with auth");
+        issue_user(&self.config_for(self.endpoints()), name, roles).await
     }
 
     /// Every member's client URL, in member order.
@@ -74,7 +98,7 @@ impl TestEtcdCluster {
             endpoints,
             request_timeout: REQUEST_TIMEOUT,
             tls: TlsFiles::default(),
-            auth: None,
+            auth: self.auth.then(root_auth),
         }
     }
 

@@ -18,11 +18,14 @@ use crate::kv::{
 mod code {
     pub const CANCELLED: i32 = 1;
     pub const UNKNOWN: i32 = 2;
+    pub const INVALID_ARGUMENT: i32 = 3;
     pub const DEADLINE_EXCEEDED: i32 = 4;
     pub const NOT_FOUND: i32 = 5;
+    pub const PERMISSION_DENIED: i32 = 7;
     pub const INTERNAL: i32 = 13;
     pub const OUT_OF_RANGE: i32 = 11;
     pub const UNAVAILABLE: i32 = 14;
+    pub const UNAUTHENTICATED: i32 = 16;
 }
 
 /// What went wrong with one call, before the caller adds its context (endpoints, revision,
@@ -43,6 +46,12 @@ pub(super) enum Failure {
     Compacted(String),
     /// "requested lease not found", or a keep-alive answered with TTL 0.
     LeaseNotFound(String),
+    /// "etcdserver: permission denied": etcd's RBAC refused the request (before applying
+    /// it). The request it refused is the caller's to name.
+    PermissionDenied,
+    /// etcd refused the credentials ("authentication failed"), or wants some and got none
+    /// ("user name is empty", "invalid auth token" that a new login did not cure).
+    AuthFailed(String),
     /// The server answered and said no.
     Refused(String),
 }
@@ -75,6 +84,14 @@ impl Failure {
                     code::NOT_FOUND if message.contains("lease not found") => {
                         Failure::LeaseNotFound(message.to_owned())
                     }
+                    code::PERMISSION_DENIED => Failure::PermissionDenied,
+                    // The election and lock services of etcd lose the status code of the
+                    // refusals they pass on, not the message.
+                    code::UNKNOWN if message == PERMISSION_DENIED => Failure::PermissionDenied,
+                    code::UNAUTHENTICATED => Failure::AuthFailed(message.to_owned()),
+                    code::INVALID_ARGUMENT | code::UNKNOWN if auth_refusal(message) => {
+                        Failure::AuthFailed(message.to_owned())
+                    }
                     _ => Failure::Refused(message.to_owned()),
                 }
             }
@@ -87,6 +104,103 @@ impl Failure {
             | EtcdError::WatchError(_) => Failure::Unreachable(chain(err)),
             other => Failure::Refused(other.to_string()),
         }
+    }
+}
+
+/// What etcd says when its RBAC refuses a request.
+const PERMISSION_DENIED: &str = "etcdserver: permission denied";
+
+/// Whether etcd's message refuses the credentials, or their absence.
+fn auth_refusal(message: &str) -> bool {
+    [
+        "authentication failed",
+        "user name is empty",
+        "invalid auth token",
+    ]
+    .iter()
+    .any(|s| message.contains(s))
+}
+
+/// The request a call made, in words for a refusal of etcd's RBAC ("write
+/// /_coreos.com/fleet/schedule/m1/a.service"), and the lease a "lease not found" is about.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Request<'a> {
+    Range {
+        key: &'a str,
+        prefix: bool,
+    },
+    Txn(&'a Txn),
+    Grant,
+    KeepAlive(LeaseId),
+    Revoke(LeaseId),
+    Watch {
+        key: &'a str,
+        prefix: bool,
+    },
+    Compact,
+    /// User and role administration: what it was doing ("add role fleet-viewer").
+    Admin(&'a str),
+}
+
+impl Request<'_> {
+    /// What the request asked for, with its first key.
+    pub(super) fn describe(&self) -> String {
+        match *self {
+            Request::Range { key, prefix: false } => format!("read {key}"),
+            Request::Range { key, prefix: true } => format!("read the keys under {key}"),
+            Request::Watch { key, prefix: false } => format!("watch {key}"),
+            Request::Watch { key, prefix: true } => format!("watch the keys under {key}"),
+            Request::Txn(txn) => describe_txn(txn),
+            Request::Grant => "grant a lease".to_owned(),
+            Request::KeepAlive(lease) => format!("keep lease {:x} alive", lease.0),
+            Request::Revoke(lease) => format!("revoke lease {:x} (deleting its keys)", lease.0),
+            Request::Compact => "compact the history".to_owned(),
+            Request::Admin(what) => what.to_owned(),
+        }
+    }
+
+    /// The lease a "lease not found" refers to, if any.
+    pub(super) fn lease(&self) -> Option<LeaseId> {
+        match *self {
+            Request::KeepAlive(lease) => Some(lease),
+            Request::Txn(txn) => first_lease(txn),
+            Request::Range { .. }
+            | Request::Grant
+            | Request::Revoke(_)
+            | Request::Watch { .. }
+            | Request::Compact
+            | Request::Admin(_) => None,
+        }
+    }
+}
+
+/// A transaction by its first written key (etcd refuses it whole if any key is denied),
+/// or its first read one.
+fn describe_txn(txn: &Txn) -> String {
+    let ops = || txn.success.iter().chain(&txn.failure);
+    let writes: Vec<&str> = ops()
+        .filter_map(|op| match op {
+            TxnOp::Put { key, .. } | TxnOp::Delete { key, .. } => Some(key.as_str()),
+            TxnOp::Get { .. } => None,
+        })
+        .collect();
+    let reads = ops()
+        .filter_map(|op| match op {
+            TxnOp::Get { key, .. } => Some(key.as_str()),
+            TxnOp::Put { .. } | TxnOp::Delete { .. } => None,
+        })
+        .chain(txn.compares.iter().map(|c| c.key.as_str()));
+    match writes.as_slice() {
+        [] => reads.into_iter().next().map_or_else(
+            || "run a transaction".to_owned(),
+            |key| format!("read {key}"),
+        ),
+        [key] => format!("write {key}"),
+        [key, rest @ ..] => format!(
+            "write {key} (and {} other key{} in the same transaction)",
+            rest.len(),
+            if rest.len() == 1 { "" } else { "s" }
+        ),
     }
 }
 
@@ -258,6 +372,65 @@ mod tests {
         };
         assert_eq!(first_lease(&txn), Some(LeaseId(7)));
         assert_eq!(first_lease(&Txn::default()), None);
+    }
+
+    fn status(code: tonic::Code, message: &str) -> EtcdError {
+        EtcdError::GRpcStatus(tonic::Status::new(code, message))
+    }
+
+    #[test]
+    fn sorts_refusals_of_rbac_and_of_credentials() {
+        use tonic::Code;
+        let denied = status(Code::PermissionDenied, "etcdserver: permission denied");
+        assert_eq!(Failure::classify(&denied), Failure::PermissionDenied);
+        let via_election = status(Code::Unknown, "etcdserver: permission denied");
+        assert_eq!(Failure::classify(&via_election), Failure::PermissionDenied);
+        for (code, message) in [
+            (
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+            ),
+            (Code::InvalidArgument, "etcdserver: user name is empty"),
+            (Code::Unauthenticated, "etcdserver: invalid auth token"),
+        ] {
+            let failure = Failure::classify(&status(code, message));
+            assert_eq!(
+                failure,
+                Failure::AuthFailed(message.to_owned()),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_a_transaction_by_its_first_written_key() {
+        let put = |key: &str| TxnOp::Put {
+            key: key.into(),
+            value: vec![],
+            lease: None,
+        };
+        let one = Txn {
+            compares: vec![Compare::absent("/p/engine/leader")],
+            success: vec![put("/p/schedule/m2/a.service")],
+            failure: vec![],
+        };
+        assert_eq!(
+            Request::Txn(&one).describe(),
+            "write /p/schedule/m2/a.service"
+        );
+        let three = Txn {
+            success: vec![put("/p/unit/a"), put("/p/unit/b"), put("/p/unit/c")],
+            ..Txn::default()
+        };
+        assert_eq!(
+            Request::Txn(&three).describe(),
+            "write /p/unit/a (and 2 other keys in the same transaction)"
+        );
+        let read = Txn {
+            compares: vec![Compare::absent("/p/x")],
+            ..Txn::default()
+        };
+        assert_eq!(Request::Txn(&read).describe(), "read /p/x");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::convert::Failure;
+use super::login::{Login, no_user};
 
 /// The kinds of call, by what a failure and a success of one mean. etcd's Go client makes the
 /// same split for repeats (`repeatable` and `nonRepeatable`).
@@ -103,7 +104,13 @@ pub(super) fn verdict(call: Call, failure: &Failure) -> Verdict {
         Failure::Unreachable(_) => Verdict::MoveOn,
         // A hung member uses the whole deadline; the next call goes elsewhere.
         Failure::Timeout => Verdict::MoveOn,
-        Failure::Compacted(_) | Failure::LeaseNotFound(_) | Failure::Refused(_) => Verdict::Stay,
+        // A refusal of RBAC or of the credentials is the cluster's answer, the same on every
+        // member: never a reason to try another.
+        Failure::Compacted(_)
+        | Failure::LeaseNotFound(_)
+        | Failure::PermissionDenied
+        | Failure::AuthFailed(_)
+        | Failure::Refused(_) => Verdict::Stay,
     }
 }
 
@@ -123,6 +130,51 @@ pub(super) struct Members {
 pub(super) struct Member {
     pub(super) endpoint: String,
     pub(super) client: Client,
+    /// With credentials: this member's login (see [`Login`]).
+    pub(super) login: Option<Login>,
+}
+
+impl Member {
+    /// Runs `call` on this member's client, logged in first when there are credentials.
+    /// A member that had auth off when this client logged in, and has it on now, refuses
+    /// an anonymous call before handling it: logged in again, the call is repeated once.
+    pub(super) async fn run<T, F, Fut>(&self, call: &F) -> Result<T, Failure>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let Some(login) = &self.login else {
+            return call(self.client.clone())
+                .await
+                .map_err(|e| Failure::classify(&e));
+        };
+        login
+            .ensure(&self.client)
+            .await
+            .map_err(|e| login_failure(&e))?;
+        match call(self.client.clone()).await {
+            Err(e) if no_user(&e) => {
+                login.forget().await;
+                login
+                    .ensure(&self.client)
+                    .await
+                    .map_err(|e| login_failure(&e))?;
+                call(self.client.clone())
+                    .await
+                    .map_err(|e| Failure::classify(&e))
+            }
+            answer => answer.map_err(|e| Failure::classify(&e)),
+        }
+    }
+}
+
+/// A failed login: the call itself was never sent, so a lost connection counts as a member
+/// without a leader (up, nothing applied) and the call may go to the next member.
+fn login_failure(err: &etcd_client::Error) -> Failure {
+    match Failure::classify(err) {
+        Failure::Unreachable(detail) => Failure::NoLeader(format!("authenticating: {detail}")),
+        other => other,
+    }
 }
 
 impl Members {
@@ -211,13 +263,13 @@ impl Members {
     {
         let count = self.len();
         let hedge = hedge_delay(deadline.saturating_duration_since(Instant::now()));
+        let call = &call;
         let attempt = |index: usize| {
-            let client = self.get(index).client.clone();
-            let answer = tokio::time::timeout_at(deadline, call(client));
+            let answer = tokio::time::timeout_at(deadline, self.get(index).run(call));
             async move {
                 let result = match answer.await {
                     Ok(Ok(value)) => Ok(value),
-                    Ok(Err(e)) => Err(Failure::classify(&e)),
+                    Ok(Err(failure)) => Err(failure),
                     Err(_) => Err(Failure::Timeout),
                 };
                 (index, result)
@@ -299,13 +351,13 @@ impl Members {
                 }
             }
             let index = self.current();
-            let client = self.get(index).client.clone();
-            let failure = match tokio::time::timeout_at(deadline, call(client)).await {
+            let failure = match tokio::time::timeout_at(deadline, self.get(index).run(&call)).await
+            {
                 Ok(Ok(value)) => {
                     self.settle(index, Call::Write);
                     return Ok(value);
                 }
-                Ok(Err(e)) => Failure::classify(&e),
+                Ok(Err(failure)) => failure,
                 Err(_) => Failure::Timeout,
             };
             let verdict = verdict(Call::Write, &failure);
@@ -348,9 +400,11 @@ impl Members {
                         d.as_str()
                     }
                     Failure::Timeout => "timed out",
-                    Failure::Compacted(d) | Failure::LeaseNotFound(d) | Failure::Refused(d) => {
-                        d.as_str()
-                    }
+                    Failure::PermissionDenied => "permission denied",
+                    Failure::Compacted(d)
+                    | Failure::LeaseNotFound(d)
+                    | Failure::AuthFailed(d)
+                    | Failure::Refused(d) => d.as_str(),
                 };
                 format!("{}: {what}", self.get(*index).endpoint)
             })
@@ -366,10 +420,16 @@ impl Members {
 }
 
 /// A linearizable read of one key, counted only: it answers once the member has a live
-/// leader (see [`failover::Members`]).
+/// leader (see [`failover::Members`]). A user who may not read that key is refused only
+/// after etcd's linearizable read barrier (etcd 3.4 checks a range's permission after it),
+/// so that refusal proves a live leader too.
 async fn probe(client: Client) -> Result<(), etcd_client::Error> {
     let options = GetOptions::new().with_count_only();
-    client.kv_client().get("\0", Some(options)).await.map(drop)
+    match client.kv_client().get("\0", Some(options)).await {
+        Ok(_) => Ok(()),
+        Err(e) if Failure::classify(&e) == Failure::PermissionDenied => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
@@ -385,6 +445,8 @@ mod tests {
             Failure::Compacted("compacted".into()),
             Failure::LeaseNotFound("lease not found".into()),
             Failure::Refused("too many operations".into()),
+            Failure::PermissionDenied,
+            Failure::AuthFailed("etcdserver: authentication failed".into()),
         ]
     }
 

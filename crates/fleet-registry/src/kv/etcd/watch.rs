@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{Instrument, debug};
 
-use super::{Call, EtcdKv, convert};
+use super::{Call, EtcdKv, Failure, Request, convert};
 use crate::kv::{KvError, Revision, Watch, WatchMessage};
 
 /// Messages buffered between the stream and a slow consumer; beyond that the task waits, and
@@ -34,23 +34,40 @@ pub(super) async fn start(
     let setup = |client: Client| {
         let options = options.clone();
         async move {
-            let mut stream = super::watch_client(&client)
-                .watch(key, Some(options))
-                .await?;
-            let first = stream.message().await?;
-            Ok((stream, first))
+            let open = || async {
+                let mut stream = super::watch_client(&client)
+                    .watch(key, Some(options.clone()))
+                    .await?;
+                let first = stream.message().await?;
+                Ok::<_, etcd_client::Error>((stream, first))
+            };
+            let opened = open().await?;
+            if !opened.1.as_ref().is_some_and(denied) {
+                return Ok(opened);
+            }
+            // etcd checks a watch's permission with the token its stream was opened with,
+            // and answers an expired token as a refusal (no "invalid auth token" for
+            // etcd-client to refresh on): log in again and ask once more.
+            client.refresh_token().await?;
+            open().await
         }
     };
+    let request = Request::Watch { key, prefix };
     let (stream, first) = kv
         .watch_on_any(setup)
         .await
-        .map_err(|f| kv.error(f, None))?;
+        .map_err(|f| kv.error(f, request))?;
     let Some(first) = first else {
         return Err(KvError::Unavailable {
             endpoints: kv.endpoints.to_string(),
             detail: "the watch stream closed before etcd acknowledged it".to_owned(),
         });
     };
+    if denied(&first) {
+        // A refusal is final: no watch to forward, and a caller that re-watched after a
+        // `Broken` would ask again forever.
+        return Err(kv.error(Failure::PermissionDenied, request));
+    }
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
     debug!(
         key,
@@ -61,6 +78,12 @@ pub(super) async fn start(
     );
     tokio::spawn(forward(stream, first, tx, key.to_owned()).in_current_span());
     Ok(Watch { rx })
+}
+
+/// Whether etcd refused to create the watch for lack of permission (it says so in a
+/// `created` and `canceled` response, not in a gRPC status).
+fn denied(resp: &WatchResponse) -> bool {
+    resp.canceled() && resp.cancel_reason().contains("permission denied")
 }
 
 /// What to do with one response of the stream.
