@@ -4,17 +4,26 @@
 //!
 //! It decides nothing itself ([`crate::scheduler`] does) and owns no etcd call
 //! (`fleet_registry` does). This loop is the one that retries, so it is the one that logs.
+//!
+//! A campaign etcd refuses (this host's etcd user lacks the engine role, or its credentials
+//! are refused) will not succeed by being repeated soon: it is logged once as an error and
+//! retried on the project's backoff up to [`REFUSED_RETRY_MAX`], so an agent-only host that
+//! runs an engine by mistake neither spins nor stops; the rest of fleetd goes on.
 
 mod leading;
 
 use crate::disruption::DisruptionConfig;
 use crate::metrics::Metrics;
 use fleet_core::MachineId;
-use fleet_registry::kv::Kv;
-use fleet_registry::{EngineRole, Leadership, Registry};
+use fleet_core::backoff::Backoff;
+use fleet_registry::kv::{Kv, KvError};
+use fleet_registry::{EngineRole, Leadership, Registry, RegistryError};
 use std::time::Duration;
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
+
+/// The longest pause between campaigns that etcd refused.
+pub const REFUSED_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// How an engine behaves.
 #[derive(Debug, Clone)]
@@ -78,8 +87,9 @@ pub async fn run<K: Kv>(
     mut shutdown: watch::Receiver<bool>,
 ) {
     info!(machine = %cfg.machine, lease_ttl = ?cfg.lease_ttl, "engine started");
+    let mut refused = Refused::new(cfg.reconcile_interval);
     while !stopping(&shutdown) {
-        if campaign_once(&registry, &cfg, &mut shutdown).await == Flow::Shutdown {
+        if campaign_once(&registry, &cfg, &mut refused, &mut shutdown).await == Flow::Shutdown {
             break;
         }
     }
@@ -90,16 +100,82 @@ pub async fn run<K: Kv>(
 async fn campaign_once<K: Kv>(
     registry: &Registry<K>,
     cfg: &EngineConfig,
+    refused: &mut Refused,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Flow {
     let role = EngineRole::new(registry.clone());
-    match role.campaign(&cfg.machine, cfg.lease_ttl).await {
+    let outcome = role.campaign(&cfg.machine, cfg.lease_ttl).await;
+    if outcome.is_ok() {
+        refused.permitted();
+    }
+    match outcome {
         Ok(Some(leadership)) => lead(registry, leadership, cfg, shutdown).await,
         Ok(None) => follow(registry, cfg, shutdown).await,
+        Err(err) if is_refusal(&err) => {
+            let delay = refused.next_delay();
+            if refused.first() {
+                error!(error = %err, retry_in = ?delay, "this host's etcd user may not campaign for engine leadership; retrying slowly");
+            } else {
+                debug!(error = %err, retry_in = ?delay, "engine campaign refused again");
+            }
+            pause(delay, shutdown).await
+        }
         Err(err) => {
             warn!(error = %err, "engine campaign failed; retrying");
             pause(cfg.reconcile_interval, shutdown).await
         }
+    }
+}
+
+/// Whether etcd refused the campaign itself (RBAC, credentials) rather than failing it.
+fn is_refusal(err: &RegistryError) -> bool {
+    matches!(
+        err,
+        RegistryError::Kv {
+            cause: KvError::PermissionDenied { .. } | KvError::AuthFailed { .. },
+            ..
+        }
+    )
+}
+
+/// Campaigns etcd refused in a row: how long to wait before the next, and whether the
+/// refusal was logged already.
+#[derive(Debug)]
+struct Refused {
+    backoff: Backoff,
+    /// Refusals since the last permitted campaign.
+    count: u32,
+}
+
+impl Refused {
+    fn new(min: Duration) -> Refused {
+        Refused {
+            backoff: Backoff::new(min, REFUSED_RETRY_MAX),
+            count: 0,
+        }
+    }
+
+    /// Counts a refusal and returns the pause before the next campaign.
+    fn next_delay(&mut self) -> Duration {
+        self.count += 1;
+        self.backoff.next_delay()
+    }
+
+    /// Whether the refusal just counted is the first in a row (the one logged).
+    fn first(&self) -> bool {
+        self.count == 1
+    }
+
+    /// A campaign went through: say so if refusals came before, and start over.
+    fn permitted(&mut self) {
+        if self.count > 0 {
+            info!(
+                refusals = self.count,
+                "engine campaign permitted again by etcd"
+            );
+        }
+        self.count = 0;
+        self.backoff.reset();
     }
 }
 
@@ -179,4 +255,45 @@ async fn stop_requested(shutdown: &mut watch::Receiver<bool>) {
 
 fn stopping(shutdown: &watch::Receiver<bool>) -> bool {
     *shutdown.borrow() || shutdown.has_changed().is_err()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_logged_once_per_run_of_refusals_and_backs_off_to_the_max() {
+        let mut refused = Refused::new(Duration::from_secs(2));
+        let delays: Vec<Duration> = (0..40).map(|_| refused.next_delay()).collect();
+        assert!(!refused.first());
+        assert!(delays.iter().all(|d| *d <= REFUSED_RETRY_MAX));
+        assert!(
+            delays.iter().any(|d| *d > Duration::from_secs(20)),
+            "{delays:?}"
+        );
+        refused.permitted();
+        refused.next_delay();
+        assert!(refused.first(), "a new run of refusals is logged again");
+    }
+
+    #[test]
+    fn only_refusals_of_etcd_count_as_refusals() {
+        let kv = |cause| RegistryError::Kv {
+            op: "claiming engine leadership",
+            cause,
+        };
+        assert!(is_refusal(&kv(KvError::PermissionDenied {
+            user: "u".into(),
+            what: "write /k".into(),
+        })));
+        assert!(is_refusal(&kv(KvError::AuthFailed {
+            user: "u".into(),
+            detail: "authentication failed".into(),
+        })));
+        assert!(!is_refusal(&kv(KvError::Timeout(
+            Duration::from_secs(1),
+            "e".into()
+        ))));
+        assert!(!is_refusal(&RegistryError::LostLeadership));
+    }
 }

@@ -11,7 +11,7 @@ pub mod scheduler;
 mod unreadable;
 
 pub use disruption::{Assessment, Disruption, DisruptionConfig, Hold};
-pub use engine::{EngineConfig, run};
+pub use engine::{EngineConfig, REFUSED_RETRY_MAX, run};
 pub use metrics::Metrics;
 
 pub use scheduler::{

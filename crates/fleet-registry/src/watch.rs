@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, warn};
 
-use crate::kv::{Kv, Revision, WatchMessage};
+use crate::kv::{Kv, KvError, Revision, WatchMessage};
 
 /// A background watch of one prefix. `changed()` returns once something may have changed
 /// since the last call. Dropping it stops the watch.
@@ -48,11 +48,26 @@ async fn run<K: Kv>(kv: K, prefix: String, mut from: Revision, tx: watch::Sender
     // Jittered: every agent's watch breaks at the same moment when etcd goes away, and must
     // not come back at the same moment.
     let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    // A refusal (etcd's RBAC, the credentials) lasts until an administrator acts: said once
+    // per run of refusals, where an outage is the caller's to report.
+    let mut refused = false;
     loop {
         let mut w = match kv.watch(&prefix, true, from).await {
-            Ok(w) => w,
+            Ok(w) => {
+                refused = false;
+                w
+            }
             Err(err) => {
-                debug!(prefix = %prefix, error = %err, "watch could not start; retrying");
+                let refusal = matches!(
+                    err,
+                    KvError::PermissionDenied { .. } | KvError::AuthFailed { .. }
+                );
+                if refusal && !refused {
+                    warn!(prefix = %prefix, error = %err, "etcd refused a watch; retrying slowly");
+                } else {
+                    debug!(prefix = %prefix, error = %err, "watch could not start; retrying");
+                }
+                refused = refusal;
                 tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }

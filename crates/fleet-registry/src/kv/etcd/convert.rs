@@ -137,6 +137,7 @@ pub(super) enum Request<'a> {
         key: &'a str,
         prefix: bool,
     },
+    #[cfg(feature = "test-etcd")]
     Compact,
     /// User and role administration: what it was doing ("add role fleet-viewer").
     Admin(&'a str),
@@ -154,6 +155,7 @@ impl Request<'_> {
             Request::Grant => "grant a lease".to_owned(),
             Request::KeepAlive(lease) => format!("keep lease {:x} alive", lease.0),
             Request::Revoke(lease) => format!("revoke lease {:x} (deleting its keys)", lease.0),
+            #[cfg(feature = "test-etcd")]
             Request::Compact => "compact the history".to_owned(),
             Request::Admin(what) => what.to_owned(),
         }
@@ -168,8 +170,9 @@ impl Request<'_> {
             | Request::Grant
             | Request::Revoke(_)
             | Request::Watch { .. }
-            | Request::Compact
             | Request::Admin(_) => None,
+            #[cfg(feature = "test-etcd")]
+            Request::Compact => None,
         }
     }
 }
