@@ -113,44 +113,38 @@ pub(crate) fn setup(state: &ClusterState) -> Result<()> {
     )
 }
 
-/// Issues machine `id` its user (`--engine` when `engine`; its API may write), with the
-/// password in `stage_fleet/etcd-password`; returns fleetd's environment lines for it.
+/// Issues machine `id` its user (when `full`, engine-capable and its API may write; else its
+/// machine role only), with the password in `stage_fleet/etcd-password`; returns fleetd's
+/// environment lines for it.
 pub(crate) fn add_host(
     state: &ClusterState,
     id: &MachineId,
     stage_fleet: &Path,
-    engine: bool,
+    full: bool,
 ) -> Result<String> {
     let path = stage_fleet.join("etcd-password");
     write_password(&path, &format!("host-{id}"))?;
-    grant(state, id, &path, engine)?;
+    grant(state, id, &path, full)?;
     let user = fleet_registry::rbac::host_user_name(id);
     Ok(format!(
         "FLEET_ETCD_USERNAME=\"{user}\"\nFLEET_ETCD_PASSWORD_FILE=\"{MACHINE_PASSWORD_FILE}\"\n"
     ))
 }
 
-/// Gives machine `id` the engine role, or takes it away, keeping its password.
-pub fn set_engine_role(state: &ClusterState, id: &MachineId, engine: bool) -> Result<()> {
+/// Gives machine `id` the engine role and its API the operator's (`full`), or its machine
+/// role only, keeping its password.
+pub fn set_full_roles(state: &ClusterState, id: &MachineId, full: bool) -> Result<()> {
     let stage = crate::machine::stage_dir(state, &machine_name(state, id)?).join("fleet");
-    grant(state, id, &stage.join("etcd-password"), engine)
+    grant(state, id, &stage.join("etcd-password"), full)
 }
 
-/// `fleetctl auth add-host` as root: the host's roles and user, its API allowed to write.
-fn grant(state: &ClusterState, id: &MachineId, password: &Path, engine: bool) -> Result<()> {
+/// `fleetctl auth add-host` as root: the host's roles and user.
+fn grant(state: &ClusterState, id: &MachineId, password: &Path, full: bool) -> Result<()> {
     let path = password.display().to_string();
     let id = id.to_string();
-    let mut args = vec![
-        "auth",
-        "add-host",
-        &id,
-        "--host-password-file",
-        &path,
-        "--api",
-        "write",
-    ];
-    if engine {
-        args.push("--engine");
+    let mut args = vec!["auth", "add-host", &id, "--host-password-file", &path];
+    if full {
+        args.extend(["--engine", "--api", "write"]);
     }
     fleetctl(state, Some(ROOT), &args)
 }

@@ -46,9 +46,10 @@ pub struct FleetdSpec {
 /// Who gets which etcd roles in a cluster with etcd's auth on.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EtcdAuthSpec {
-    /// Machine indexes (1 for `m1`) whose host user has no engine role, although their
-    /// fleetd runs an engine: it must never lead.
-    pub no_engine_role: Vec<u32>,
+    /// Machine indexes (1 for `m1`) whose host user holds its machine role only: no engine
+    /// role (although their fleetd runs an engine: it must never lead), no role for its API.
+    /// The others' users are engine-capable and their API may write.
+    pub machine_only: Vec<u32>,
 }
 
 impl Default for FleetdSpec {

@@ -63,13 +63,9 @@ pub(crate) fn prepare(cluster: &ClusterState, index: u32) -> Result<MachineState
         std::fs::write(stage.join("system").join(fleetd::UNIT), fleetd::unit_file())?;
         let mut env = spec.env_file(&endpoint, &name, ip);
         if let Some(auth) = &spec.etcd_auth {
-            let engine = !auth.no_engine_role.contains(&index);
-            env.push_str(&crate::auth::add_host(
-                cluster,
-                &id,
-                &stage.join("fleet"),
-                engine,
-            )?);
+            let full = !auth.machine_only.contains(&index);
+            let fleet = stage.join("fleet");
+            env.push_str(&crate::auth::add_host(cluster, &id, &fleet, full)?);
         }
         std::fs::write(stage.join("fleet").join("fleetd.env"), env)?;
         if spec.api_tls_port.is_some() {
