@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use fleet_core::{DesiredState, MachineId, UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::{EtcdConfig, EtcdKv, Kv, Revision, Txn, TxnOp};
 use fleet_registry::{
-    CreateOutcome, DEFAULT_PREFIX, Registry, ScheduleEntry, UnitStateRecord, UnitsRole,
+    CreateOutcome, DEFAULT_PREFIX, Key, Registry, ScheduleEntry, UnitStateRecord, UnitsRole,
 };
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -156,11 +156,10 @@ impl TestRegistry {
             .context("listing unit states")?;
         let mut out = BTreeMap::new();
         for kv in res.kvs {
-            let rest = &kv.key[base.len()..];
-            let (unit, machine) = rest
-                .split_once('/')
-                .with_context(|| format!("malformed state key {}", kv.key))?;
-            out.insert((unit.to_owned(), machine.to_owned()), kv.mod_revision);
+            let Some(Key::State { machine, unit }) = Key::parse(keys, &kv.key) else {
+                bail!("malformed state key {}", kv.key);
+            };
+            out.insert((unit.to_string(), machine.to_string()), kv.mod_revision);
         }
         Ok(out)
     }

@@ -819,7 +819,7 @@ fn a_corrupt_registry_value_is_skipped_with_a_warning_and_destroy_removes_it() -
     let keys = registry.registry().keys();
     let evil_unit = format!("{PREFIX}unit/evil1.service");
     let evil_schedule = keys.schedule(m1.id(), &"evil3.service".parse()?);
-    let evil_state = keys.state(&"evil4.service".parse()?, m1.id());
+    let evil_state = keys.state(m1.id(), &"evil4.service".parse()?);
     for key in [&evil_unit, &file_key, &evil_schedule, &evil_state] {
         registry.put_raw(key, b"{not json")?;
     }

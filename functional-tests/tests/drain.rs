@@ -10,6 +10,7 @@
 
 use anyhow::{Context, Result, ensure};
 use fleet_functional_tests::{Cluster, FleetdSpec, wait_for};
+use fleet_registry::{Key, Keys};
 use std::collections::{BTreeMap, BTreeSet};
 mod support;
 use support::{
@@ -19,24 +20,23 @@ use support::{
 /// The machines where each unit has a schedule entry or a state that may be running.
 fn copies(state: &BTreeMap<String, Vec<u8>>) -> BTreeMap<String, BTreeSet<String>> {
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let schedule = format!("{PREFIX}schedule/");
-    let states = format!("{PREFIX}state/");
+    let keys = Keys::new(PREFIX);
     for (key, value) in state {
-        if let Some((machine, unit)) = key.strip_prefix(&schedule).and_then(|r| r.split_once('/')) {
-            out.entry(unit.to_owned())
-                .or_default()
-                .insert(machine.to_owned());
-        } else if let Some((unit, machine)) =
-            key.strip_prefix(&states).and_then(|r| r.split_once('/'))
-        {
-            let record: serde_json::Value = serde_json::from_slice(value).unwrap_or_default();
-            let active = record["systemd"]["active"].as_str().unwrap_or("");
-            if !matches!(active, "inactive" | "failed") {
-                out.entry(unit.to_owned())
-                    .or_default()
-                    .insert(machine.to_owned());
+        let (machine, unit) = match Key::parse(&keys, key) {
+            Some(Key::Schedule { machine, unit }) => (machine, unit),
+            Some(Key::State { machine, unit }) => {
+                let record: serde_json::Value = serde_json::from_slice(value).unwrap_or_default();
+                let active = record["systemd"]["active"].as_str().unwrap_or("");
+                if matches!(active, "inactive" | "failed") {
+                    continue;
+                }
+                (machine, unit)
             }
-        }
+            _ => continue,
+        };
+        out.entry(unit.to_string())
+            .or_default()
+            .insert(machine.to_string());
     }
     out
 }

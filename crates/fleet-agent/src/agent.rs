@@ -277,7 +277,40 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         };
         self.log_boot_decisions();
         self.adopt_published_states().await;
+        self.remove_legacy_states().await;
         Some(revision)
+    }
+
+    /// After an upgrade in place, the resumed lease still carries the previous fleetd's
+    /// old-layout state keys (`P/state/<unit>/<M>`), which nothing reads any more: delete
+    /// those of the units this machine knows (its schedule, its units directory, systemd's).
+    /// Best effort: a refusal (etcd auth enabled before the upgrade) leaves them to the lease.
+    async fn remove_legacy_states(&self) {
+        let Some(presence) = *self.presence.borrow() else {
+            return;
+        };
+        if !presence.resumed() {
+            return;
+        }
+        let names: Vec<UnitName> = self
+            .desired
+            .iter()
+            .flat_map(|d| d.keys())
+            .chain(self.current.units.keys())
+            .cloned()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        match self.registry.remove_legacy_states(&names).await {
+            Ok(0) => {}
+            Ok(deleted) => info!(
+                deleted,
+                "deleted old-layout unit states of the resumed lease"
+            ),
+            Err(e) => {
+                info!(error = %e, "old-layout unit states not deleted; they go with the lease")
+            }
+        }
     }
 
     /// systemd's state of the scheduled units without a file here, which the preload could

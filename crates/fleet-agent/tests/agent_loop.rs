@@ -4,8 +4,9 @@
 use fleet_agent::fake::{Call, Op};
 use fleet_agent::{Agent, AgentConfig, FakeManager};
 use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
-use fleet_registry::kv::{Hook, Hooked, Kv, KvError, MemKv, Request, Txn};
-use fleet_registry::{MachineRole, Presence, Registry, ScheduleEntry, UnitsRole};
+use fleet_registry::kv::{Hook, Hooked, Kv, KvError, MemKv, Outcome, Rbac, Request, Txn, TxnOp};
+use fleet_registry::{MachineRole, Presence, Registry, ScheduleEntry, UnitsRole, rbac};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -748,7 +749,7 @@ async fn a_new_lease_after_the_old_one_expired_republishes_states_and_restarts_n
     tx.send(Some(again)).unwrap();
 
     w.until_published("web.service", "active").await;
-    let key = w.registry.keys().state(&name("web.service"), &w.machine);
+    let key = w.registry.keys().state(&w.machine, &name("web.service"));
     let state = w.kv.range(&key, false, None).await.unwrap();
     assert_eq!(
         state.kvs[0].lease,
@@ -839,4 +840,117 @@ async fn a_unit_that_keeps_dying_is_restarted_with_backoff_not_in_a_hot_loop() {
     tokio::time::sleep(Duration::from_secs(200)).await;
     let again = crash_and_wait_restart().await;
     assert!(again < Duration::from_millis(100), "restart took {again:?}");
+}
+
+/// Counts the requests the fake RBAC refused.
+#[derive(Debug, Clone, Default)]
+struct Refusals(Arc<Mutex<Vec<String>>>);
+
+impl Hook for Refusals {
+    async fn before(&self, _: Request<'_>) -> Result<(), KvError> {
+        Ok(())
+    }
+
+    fn after(&self, _: Request<'_>, outcome: Outcome<'_>, _: Duration) {
+        if let Outcome::Failed(e @ KvError::PermissionDenied { .. }) = outcome {
+            self.0.lock().unwrap().push(e.to_string());
+        }
+    }
+}
+
+/// Issue 17: the agent's whole life (boot, load, start, publish, stop, remove) on an
+/// etcd user holding only its machine role refuses nothing: the plan of `rbac::machine` is
+/// enough, and the agent reads no other machine's keys.
+#[tokio::test(start_paused = true)]
+async fn the_agent_needs_nothing_beyond_its_machine_role() {
+    let w = World::new().await;
+    let role = rbac::machine(w.registry.keys(), &w.machine);
+    let refusals = Refusals::default();
+    let kv = Hooked {
+        inner: Rbac::new(w.kv.clone(), "fleet-host-m1", vec![role]),
+        hook: refusals.clone(),
+    };
+    let _agent = w.start_agent_on(
+        Registry::new(kv, "/t/"),
+        AgentConfig::new(w.machine.clone()),
+    );
+    w.schedule("web.service", &file("/bin/web"), DesiredState::Launched)
+        .await;
+    w.schedule("db.service", &file("/bin/db"), DesiredState::Loaded)
+        .await;
+    w.until_published("web.service", "active").await;
+    w.until_published("db.service", "inactive").await;
+    w.unschedule("web.service").await;
+    for _ in 0..2000 {
+        if w.published("web.service").await.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        w.published("web.service").await.is_none(),
+        "state withdrawn"
+    );
+    assert_eq!(*refusals.0.lock().unwrap(), Vec::<String>::new());
+}
+
+/// Issue 17's schema change: a fleetd upgraded in place resumes its old lease, whose
+/// old-layout state keys (`P/state/<unit>/<M>`) nothing reads any more; the agent deletes those
+/// of the units it knows at boot, exact keys only, and leaves every other key alone.
+#[tokio::test(start_paused = true)]
+async fn an_upgraded_agent_on_its_resumed_lease_deletes_its_old_layout_states() {
+    let w = World::new().await;
+    let info = MachineInfo {
+        id: w.machine.clone(),
+        public_ip: String::new(),
+        metadata: Default::default(),
+        version: "test".into(),
+        disable_engine: true,
+        api: String::new(),
+    };
+    let resumed = w
+        .role()
+        .register(&info, TTL, Some(w.presence.lease()))
+        .await
+        .unwrap();
+    assert!(resumed.resumed());
+    let keys = w.registry.keys().clone();
+    let m2: MachineId = "m2".parse().unwrap();
+    let ours = keys.legacy_state(&name("web.service"), &w.machine);
+    let unknown = keys.legacy_state(&name("other.service"), &w.machine);
+    let foreign = keys.legacy_state(&name("web.service"), &m2);
+    for key in [&ours, &unknown, &foreign] {
+        let put = TxnOp::Put {
+            key: key.clone(),
+            value: b"{}".to_vec(),
+            lease: Some(resumed.lease()),
+        };
+        w.kv.txn(Txn {
+            success: vec![put],
+            ..Txn::default()
+        })
+        .await
+        .unwrap();
+    }
+    w.schedule("web.service", &file("/bin/web"), DesiredState::Launched)
+        .await;
+    let (_tx, rx) = watch::channel(Some(resumed));
+    let agent = Agent::new(
+        w.role(),
+        w.fake.clone(),
+        AgentConfig::new(w.machine.clone()),
+        rx,
+    );
+    let _task = tokio::spawn(agent.run(w.shutdown.subscribe()));
+    w.until_published("web.service", "active").await;
+    let left = |key: String| {
+        let kv = w.kv.clone();
+        async move { !kv.range(&key, false, None).await.unwrap().kvs.is_empty() }
+    };
+    assert!(!left(ours).await, "the old key of a scheduled unit is gone");
+    assert!(
+        left(unknown).await,
+        "a unit it does not know is not guessed at"
+    );
+    assert!(left(foreign).await, "another machine's key is not touched");
 }

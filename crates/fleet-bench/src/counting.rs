@@ -8,6 +8,7 @@
 use fleet_registry::kv::{
     Hook, Hooked, Kv, KvError, Outcome, Request, Txn, TxnOp, Watch, WatchMessage,
 };
+use fleet_registry::{Keys, Kind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -97,18 +98,18 @@ impl Class {
         }
     }
 
+    /// The class of `key`, from the registry's own parser of the schema.
     fn of(key: &str, prefix: &str) -> Class {
-        let rest = key.strip_prefix(prefix).unwrap_or(key);
-        match rest.split('/').next().unwrap_or_default() {
-            "unit" => Class::Unit,
-            "schedule" => Class::Schedule,
-            "state" => Class::State,
-            "machine" => Class::Machine,
-            "engine" => Class::Engine,
-            "unscheduled" => Class::Unscheduled,
-            "file" => Class::File,
-            "file-ref" => Class::FileRef,
-            _ => Class::Other,
+        match Keys::new(prefix).kind(key) {
+            Some(Kind::Unit) => Class::Unit,
+            Some(Kind::Schedule) => Class::Schedule,
+            Some(Kind::State) => Class::State,
+            Some(Kind::Machine) => Class::Machine,
+            Some(Kind::Engine) => Class::Engine,
+            Some(Kind::Unscheduled) => Class::Unscheduled,
+            Some(Kind::File) => Class::File,
+            Some(Kind::FileRef) => Class::FileRef,
+            Some(Kind::Metadata | Kind::Drain | Kind::Moving) | None => Class::Other,
         }
     }
 }
@@ -325,10 +326,10 @@ mod tests {
     async fn counts_the_events_its_watches_deliver() {
         let counters = Counters::new();
         let kv = counting(MemKv::new(), PREFIX, vec![counters.clone()]);
-        let mut watch = kv.watch("/p/state/", true, 1).await.unwrap();
+        let mut watch = kv.watch("/p/unit-state/", true, 1).await.unwrap();
         let txn = Txn {
             compares: vec![],
-            success: vec![put("/p/state/a/m1"), put("/p/state/b/m1")],
+            success: vec![put("/p/unit-state/m1/a"), put("/p/unit-state/m1/b")],
             failure: vec![],
         };
         kv.txn(txn).await.unwrap();

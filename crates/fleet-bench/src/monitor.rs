@@ -4,8 +4,8 @@
 //! the cluster's.
 
 use anyhow::{Context, Result, bail};
-use fleet_registry::UnitStateRecord;
 use fleet_registry::kv::{EtcdKv, EventKind, Kv, WatchMessage};
+use fleet_registry::{Key, Keys, UnitStateRecord};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -65,14 +65,10 @@ impl View {
             .count()
     }
 
-    fn apply(&mut self, key: &str, value: Option<&[u8]>, prefix: &str) {
-        let Some(rest) = key.strip_prefix(prefix) else {
-            return;
-        };
-        let mut parts = rest.split('/');
-        match (parts.next(), parts.next(), parts.next()) {
-            (Some("schedule"), Some(machine), Some(unit)) => {
-                let (unit, machine) = (unit.to_owned(), machine.to_owned());
+    fn apply(&mut self, key: &str, value: Option<&[u8]>, keys: &Keys) {
+        match Key::parse(keys, key) {
+            Some(Key::Schedule { machine, unit }) => {
+                let (unit, machine) = (unit.to_string(), machine.to_string());
                 self.update(&unit.clone(), |v| match value {
                     Some(_) => {
                         v.scheduled.insert(unit, machine);
@@ -83,11 +79,11 @@ impl View {
                     None => {}
                 });
             }
-            (Some("state"), Some(unit), Some(machine)) => {
+            Some(Key::State { machine, unit }) => {
                 let active = value
                     .and_then(|v| serde_json::from_slice::<UnitStateRecord>(v).ok())
                     .is_some_and(|r| r.systemd.active_state() == fleet_core::ActiveState::Active);
-                let (unit, machine) = (unit.to_owned(), machine.to_owned());
+                let (unit, machine) = (unit.to_string(), machine.to_string());
                 self.update(&unit.clone(), |v| {
                     let set = v.active.entry(unit).or_default();
                     if active {
@@ -113,13 +109,13 @@ impl Monitor {
     pub async fn start(kv: EtcdKv, prefix: &str) -> Result<Monitor> {
         let view = Arc::new(Mutex::new(View::default()));
         let mut tasks = Vec::new();
-        for part in ["schedule/", "state/"] {
-            let key = format!("{prefix}{part}");
+        let keys = Keys::new(prefix);
+        for key in [keys.schedules(), keys.states()] {
             let current = kv.range(&key, true, None).await.context("monitor read")?;
             {
                 let mut v = lock(&view);
                 for kv in &current.kvs {
-                    v.apply(&kv.key, Some(&kv.value), prefix);
+                    v.apply(&kv.key, Some(&kv.value), &keys);
                 }
             }
             let watch = kv
@@ -127,7 +123,7 @@ impl Monitor {
                 .await
                 .context("monitor watch")?;
             tasks.push(tokio::spawn(
-                follow(watch, view.clone(), prefix.to_owned()).in_current_span(),
+                follow(watch, view.clone(), keys.clone()).in_current_span(),
             ));
         }
         Ok(Monitor { view, tasks })
@@ -171,14 +167,14 @@ fn lock(view: &Mutex<View>) -> MutexGuard<'_, View> {
     view.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-async fn follow(mut watch: fleet_registry::kv::Watch, view: Arc<Mutex<View>>, prefix: String) {
+async fn follow(mut watch: fleet_registry::kv::Watch, view: Arc<Mutex<View>>, keys: Keys) {
     while let Some(message) = watch.rx.recv().await {
         match message {
             WatchMessage::Events { events, .. } => {
                 let mut v = lock(&view);
                 for e in &events {
                     let value = (e.kind == EventKind::Put).then_some(e.kv.value.as_slice());
-                    v.apply(&e.kv.key, value, &prefix);
+                    v.apply(&e.kv.key, value, &keys);
                 }
             }
             WatchMessage::Compacted { .. } | WatchMessage::Broken => break,

@@ -300,7 +300,9 @@ async fn listings_skip_unreadable_values_and_say_so<K: Kv>(reg: Registry<K>) {
     // The page path reads the page's files one by one: the same warnings.
     let (page, _) = c.units_page(None, 0, 10).await.unwrap();
     assert_eq!(page.skipped.len(), 2, "{:?}", page.skipped);
-    let state = format!("{PREFIX}state/evil.service/m1");
+    let state = reg
+        .keys()
+        .state(&"m1".parse().unwrap(), &name("evil.service"));
     put_raw(&reg, &state, "not json").await;
     let states = c.states(&StateFilter::default()).await.unwrap();
     assert!(states.states.is_empty());

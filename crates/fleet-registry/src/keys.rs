@@ -11,7 +11,7 @@
 //! | `P/file-ref/<hash>/<name>`        | empty (GC reference index)    | none       |
 //! | `P/schedule/<machine>/<name>`     | [`ScheduleEntry`] JSON        | none       |
 //! | `P/machine/<machine>`             | `MachineInfo` JSON            | machine's  |
-//! | `P/state/<name>/<machine>`        | [`UnitStateRecord`] JSON      | machine's  |
+//! | `P/unit-state/<machine>/<name>`   | [`UnitStateRecord`] JSON      | machine's  |
 //! | `P/engine/leader`                 | leader's machine ID           | leader's   |
 //! | `P/engine/disruption`             | why rescheduling is held      | none       |
 //! | `P/unscheduled/<name>`            | why the engine cannot place it| none       |
@@ -44,9 +44,10 @@ pub enum Key {
         unit: UnitName,
     },
     Machine(MachineId),
+    /// Machine first, so that one machine's states are one prefix (one etcd permission).
     State {
-        unit: UnitName,
         machine: MachineId,
+        unit: UnitName,
     },
     Leader,
     Disruption,
@@ -107,10 +108,10 @@ impl Key {
                 }
             }
             Kind::State => {
-                let (unit, machine) = pair()?;
+                let (machine, unit) = pair()?;
                 Key::State {
-                    unit: unit.parse().ok()?,
                     machine: machine.parse().ok()?,
+                    unit: unit.parse().ok()?,
                 }
             }
             Kind::Metadata => {
@@ -136,7 +137,7 @@ impl Key {
             Key::FileRef { hash, unit } => keys.file_ref(hash, unit),
             Key::Schedule { machine, unit } => keys.schedule(machine, unit),
             Key::Machine(machine) => keys.machine(machine),
-            Key::State { unit, machine } => keys.state(unit, machine),
+            Key::State { machine, unit } => keys.state(machine, unit),
             Key::Leader => keys.leader(),
             Key::Disruption => keys.disruption(),
             Key::Unscheduled(unit) => keys.unscheduled(unit),
@@ -234,15 +235,24 @@ impl Keys {
         format!("{}machine/{machine}", self.prefix)
     }
 
+    /// Every machine's published unit states.
     pub fn states(&self) -> String {
-        format!("{}state/", self.prefix)
+        format!("{}unit-state/", self.prefix)
     }
 
-    pub fn unit_states(&self, name: &UnitName) -> String {
-        format!("{}state/{name}/", self.prefix)
+    /// The states machine `machine` publishes: the prefix its etcd role may write.
+    pub fn machine_states(&self, machine: &MachineId) -> String {
+        format!("{}unit-state/{machine}/", self.prefix)
     }
 
-    pub fn state(&self, name: &UnitName, machine: &MachineId) -> String {
+    pub fn state(&self, machine: &MachineId, name: &UnitName) -> String {
+        format!("{}unit-state/{machine}/{name}", self.prefix)
+    }
+
+    /// The state key of the layout before issue 17 (`P/state/<name>/<machine>`): not read any
+    /// more, only deleted by an upgraded agent that took over its old lease (docs/registry.md,
+    /// Schema changes).
+    pub fn legacy_state(&self, name: &UnitName, machine: &MachineId) -> String {
         format!("{}state/{name}/{machine}", self.prefix)
     }
 
@@ -306,7 +316,7 @@ impl Keys {
             "file-ref" => Kind::FileRef,
             "schedule" => Kind::Schedule,
             "machine" => Kind::Machine,
-            "state" => Kind::State,
+            "unit-state" => Kind::State,
             "engine" => Kind::Engine,
             "unscheduled" => Kind::Unscheduled,
             "metadata" => Kind::Metadata,
@@ -351,8 +361,8 @@ mod tests {
             },
             Key::Machine(m.clone()),
             Key::State {
-                unit: u.clone(),
                 machine: m,
+                unit: u.clone(),
             },
             Key::Leader,
             Key::Disruption,
@@ -382,7 +392,8 @@ mod tests {
         let (m, u): (MachineId, UnitName) = ("m1".parse().unwrap(), "a.service".parse().unwrap());
         assert_eq!(k.unit(&u), "/p/unit/a.service");
         assert_eq!(k.schedule(&m, &u), "/p/schedule/m1/a.service");
-        assert_eq!(k.state(&u, &m), "/p/state/a.service/m1");
+        assert_eq!(k.state(&m, &u), "/p/unit-state/m1/a.service");
+        assert_eq!(k.machine_states(&m), "/p/unit-state/m1/");
         assert_eq!(
             Key::parse(&k, &k.schedule(&m, &u)),
             Some(Key::Schedule {
@@ -391,12 +402,15 @@ mod tests {
             })
         );
         assert_eq!(
-            Key::parse(&k, &k.state(&u, &m)),
+            Key::parse(&k, &k.state(&m, &u)),
             Some(Key::State {
-                unit: u,
-                machine: m
+                machine: m.clone(),
+                unit: u.clone()
             })
         );
+        // The old layout names nothing (it is not read any more).
+        assert_eq!(Key::parse(&k, &k.legacy_state(&u, &m)), None);
+        assert_eq!(k.kind(&k.legacy_state(&u, &m)), None);
     }
 
     #[test]
@@ -408,6 +422,8 @@ mod tests {
             ("/p/machine/a/b", Some(Kind::Machine)),
             ("/p/schedule/m1", Some(Kind::Schedule)),
             ("/p/schedule/m1/not a unit", Some(Kind::Schedule)),
+            ("/p/unit-state/m1", Some(Kind::State)),
+            ("/p/unit-state/a.service/not a machine", Some(Kind::State)),
             ("/p/file-ref/nothex/a.service", Some(Kind::FileRef)),
             ("/p/engine/other", Some(Kind::Engine)),
             ("/p/drain/a/b", Some(Kind::Drain)),

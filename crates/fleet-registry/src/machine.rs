@@ -1,5 +1,5 @@
 //! The role of one machine: its presence (`P/machine/<id>` on its lease) and the unit states
-//! it publishes (`P/state/<unit>/<id>`, on the same lease), written by that machine's fleetd;
+//! it publishes (`P/unit-state/<id>/<unit>`, on the same lease), written by that machine's fleetd;
 //! and the reads its agent needs: its own schedule (`P/schedule/<id>/`) and unit files.
 //!
 //! A handle is made for one [`MachineId`] and builds every key it writes from it: a record
@@ -10,7 +10,9 @@ use fleet_core::{MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
 use std::time::Duration;
 
 use crate::error::{RegistryError, Result};
-use crate::kv::{CmpOp, CmpTarget, Compare, Kv, LeaseId, Revision, Txn, TxnOp};
+use crate::kv::{
+    CmpOp, CmpTarget, Compare, Kv, LeaseId, MAX_TXN_OPS, Revision, Txn, TxnOp, TxnOpResponse,
+};
 use crate::read::Listing;
 use crate::records::{ScheduleEntry, UnitStateRecord};
 use crate::registry::{Registry, delete, encode};
@@ -86,9 +88,7 @@ impl<K: Kv> MachineRole<K> {
 
     /// The readable states this machine has published (under any lease still alive).
     pub async fn published_states(&self) -> Result<Listing<Vec<UnitStateRecord>>> {
-        let mut listing = self.registry.unit_states().await?;
-        listing.items.retain(|s| s.machine == self.machine);
-        Ok(listing)
+        self.registry.machine_states(&self.machine).await
     }
 
     // ---- presence -------------------------------------------------------------------------
@@ -192,7 +192,7 @@ impl<K: Kv> MachineRole<K> {
         let txn = Txn {
             compares: vec![],
             success: vec![TxnOp::Put {
-                key: self.registry.keys().state(&state.name, &self.machine),
+                key: self.registry.keys().state(&self.machine, &state.name),
                 value: encode(state),
                 lease: Some(presence.lease),
             }],
@@ -202,11 +202,43 @@ impl<K: Kv> MachineRole<K> {
         Ok(())
     }
 
+    /// Deletes this machine's state keys of the layout before issue 17
+    /// (`P/state/<unit>/<id>`) for `names`: a fleetd upgraded in place resumes its old lease,
+    /// which would keep them alive forever. Exact keys only, no range read (the machine's etcd
+    /// role reads no other machine's keys). How many existed.
+    pub async fn remove_legacy_states(&self, names: &[UnitName]) -> Result<i64> {
+        let keys = self.registry.keys();
+        let mut deleted = 0;
+        for chunk in names.chunks(MAX_TXN_OPS) {
+            let txn = Txn {
+                compares: vec![],
+                success: chunk
+                    .iter()
+                    .map(|name| delete(keys.legacy_state(name, &self.machine)))
+                    .collect(),
+                failure: vec![],
+            };
+            let res = self
+                .registry
+                .txn(txn, "removing old-layout unit states")
+                .await?;
+            deleted += res
+                .responses
+                .iter()
+                .map(|r| match r {
+                    TxnOpResponse::Delete(n) => *n,
+                    TxnOpResponse::Put | TxnOpResponse::Get(_) => 0,
+                })
+                .sum::<i64>();
+        }
+        Ok(deleted)
+    }
+
     /// Withdraws the state of `name` on this machine (only this machine's entry).
     pub async fn remove_state(&self, name: &UnitName) -> Result<()> {
         let txn = Txn {
             compares: vec![],
-            success: vec![delete(self.registry.keys().state(name, &self.machine))],
+            success: vec![delete(self.registry.keys().state(&self.machine, name))],
             failure: vec![],
         };
         self.registry.txn(txn, "removing unit state").await?;

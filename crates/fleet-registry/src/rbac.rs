@@ -166,11 +166,7 @@ pub fn machine(keys: &Keys, m: &MachineId) -> RoleSpec {
         name: machine_role_name(m),
         permissions: vec![
             Permission::key(Access::ReadWrite, keys.machine(m)),
-            // TODO(helper A): `keys.machine_states(m)` once the state key is machine-first.
-            Permission::prefix(
-                Access::ReadWrite,
-                format!("{}unit-state/{m}/", keys.prefix()),
-            ),
+            Permission::prefix(Access::ReadWrite, keys.machine_states(m)),
             Permission::prefix(Access::Read, keys.machine_schedule(m)),
             Permission::prefix(Access::Read, keys.files()),
         ],

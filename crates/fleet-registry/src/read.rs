@@ -99,7 +99,7 @@ pub(crate) fn schedule_entry(keys: &Keys, kv: &KeyValue) -> Result<ScheduleEntry
 
 pub(crate) fn state(keys: &Keys, kv: &KeyValue) -> Result<UnitStateRecord, Skipped> {
     let s: UnitStateRecord = json(keys, kv)?;
-    let own = keys.state(&s.name, &s.machine);
+    let own = keys.state(&s.machine, &s.name);
     at_own_key(keys, kv, s, own)
 }
 

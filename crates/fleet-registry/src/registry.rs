@@ -18,7 +18,6 @@ use crate::kv::{KeyValue, Kv, MAX_TXN_OPS, Revision, Txn, TxnOp, TxnOpResponse, 
 use crate::metadata;
 use crate::read::{self, Listing};
 use crate::records::{ScheduleEntry, Unit, UnitStateRecord};
-use crate::watch::WatchHints;
 
 /// The registry: one etcd (or fake) and one key prefix.
 #[derive(Debug, Clone)]
@@ -221,13 +220,38 @@ impl<K: Kv> Registry<K> {
         })
     }
 
-    /// Every readable published unit state, sorted by unit then machine.
+    /// Every readable published unit state, sorted by unit then machine (the keys are
+    /// machine-first; the order callers print and compare in is the unit's).
     pub async fn unit_states(&self) -> Result<Listing<Vec<UnitStateRecord>>> {
+        let mut listing = self
+            .states_under(&self.keys.states(), "listing unit states")
+            .await?;
+        listing
+            .items
+            .sort_by(|a, b| (&a.name, &a.machine).cmp(&(&b.name, &b.machine)));
+        Ok(listing)
+    }
+
+    /// The readable states `machine` publishes, sorted by unit: one prefix, the one its
+    /// etcd role may read.
+    pub async fn machine_states(
+        &self,
+        machine: &MachineId,
+    ) -> Result<Listing<Vec<UnitStateRecord>>> {
+        self.states_under(&self.keys.machine_states(machine), "listing machine states")
+            .await
+    }
+
+    async fn states_under(
+        &self,
+        prefix: &str,
+        op: &'static str,
+    ) -> Result<Listing<Vec<UnitStateRecord>>> {
         let res = self
             .kv
-            .range(&self.keys.states(), true, None)
+            .range(prefix, true, None)
             .await
-            .map_err(RegistryError::kv("listing unit states"))?;
+            .map_err(RegistryError::kv(op))?;
         let mut skipped = Vec::new();
         let items = read::all(&res.kvs, |kv| read::state(&self.keys, kv), &mut skipped);
         Ok(Listing {
@@ -235,11 +259,5 @@ impl<K: Kv> Registry<K> {
             items,
             skipped,
         })
-    }
-
-    /// A watch that wakes on every change of a published state of `unit` from revision
-    /// `from` on (what a waiter for that unit re-reads on).
-    pub fn watch_unit_states(&self, unit: &UnitName, from: Revision) -> WatchHints {
-        WatchHints::start(self.kv.clone(), self.keys.unit_states(unit), from)
     }
 }

@@ -7,8 +7,8 @@ use fleet_registry::kv::{
 };
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{
-    CreateOutcome, EngineRole, EngineWrite, Key, LiveView, MachineRole, Registry, RegistryError,
-    ScheduleEntry, UnitStateRecord, UnitsRole,
+    CreateOutcome, EngineRole, EngineWrite, Key, Keys, LiveView, MachineRole, Registry,
+    RegistryError, ScheduleEntry, UnitStateRecord, UnitsRole,
 };
 use std::time::Duration;
 
@@ -622,7 +622,10 @@ fn corrupt_keys(p: &str) -> Vec<(String, &'static str)> {
             r#"{"name":"a.service","hash":"0000000000000000000000000000000000000000","desired":"launched"}"#,
         ),
         (format!("{p}schedule/m1/evil3.service"), "{"),
-        (format!("{p}state/evil4.service/m1"), "[]"),
+        (
+            Keys::new(p).state(&machine("m1"), &name("evil4.service")),
+            "[]",
+        ),
         (format!("{p}machine/m9"), "\u{1}"),
         (
             format!("{p}file/1111111111111111111111111111111111111111"),

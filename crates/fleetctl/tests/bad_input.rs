@@ -675,7 +675,8 @@ async fn a_corrupt_registry_value_is_skipped_with_a_warning_and_destroy_removes_
     let kv: EtcdKv = env.etcd.kv().await;
     let prefix = fleet_registry::DEFAULT_PREFIX;
     let evil = format!("{prefix}unit/evil1.service");
-    let state = format!("{prefix}state/evil2.service/m1");
+    let state = fleet_registry::Keys::new(prefix)
+        .state(&"m1".parse().unwrap(), &"evil2.service".parse().unwrap());
     for key in [&evil, &state] {
         let put = fleet_registry::kv::TxnOp::Put {
             key: key.clone(),

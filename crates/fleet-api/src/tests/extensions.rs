@@ -108,15 +108,14 @@ async fn the_full_view_of_states_and_machines_adds_generations_versions_and_the_
         .await
         .body;
     assert_eq!(fleet["states"].as_array().unwrap().len(), 1, "{fleet}");
-    put_raw(&f, "/fleet/state/evil.service/m1", "not json").await;
+    let evil = f
+        .registry
+        .keys()
+        .state(&"m1".parse().unwrap(), &"evil.service".parse().unwrap());
+    put_raw(&f, &evil, "not json").await;
     let states = f.get("/fleet/v1/state?view=full").await.body;
     let skipped = states["skipped"].as_array().unwrap();
-    assert!(
-        skipped[0]
-            .as_str()
-            .unwrap()
-            .contains("/fleet/state/evil.service/m1")
-    );
+    assert!(skipped[0].as_str().unwrap().contains(&evil));
     assert!(f.get("/fleet/v1/state").await.body.get("skipped").is_none());
 }
 

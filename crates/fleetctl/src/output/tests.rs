@@ -137,7 +137,7 @@ fn units() -> Units {
     };
     Units::of(&StateListing {
         states: vec![state],
-        skipped: vec!["/_coreos.com/fleet/state/b.service/m1: not JSON".into()],
+        skipped: vec!["/_coreos.com/fleet/unit-state/m1/b.service: not JSON".into()],
     })
 }
 
