@@ -126,7 +126,7 @@ fn a_host_cannot_write_another_machines_keys_a_unit_or_the_leader_key(
     let unit: UnitName = "auth-a.service".parse()?;
     for key in [
         keys.schedule(&m1, &unit),
-        keys.state(&unit, &m1),
+        keys.state(&m1, &unit),
         keys.machine(&m1),
         keys.unit(&unit),
         keys.leader(),
