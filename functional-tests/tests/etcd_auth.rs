@@ -4,13 +4,14 @@
 //! would cost a minute each): start, replace, destroy and reschedule on machine loss work; a
 //! viewer lists but cannot start, and the error says why; a host's credentials cannot write
 //! another machine's keys, a unit or the leader key; a host without the engine role never
-//! leads, even when every engine host is gone (and leads once given the role).
+//! leads, even when every engine host is gone (and leads once given the role); root lists the
+//! users, reruns the setup and retires a host.
 
 mod support;
 
 use anyhow::{Context, Result, bail, ensure};
 use fleet_core::{MachineId, UnitName};
-use fleet_functional_tests::auth::VIEWER;
+use fleet_functional_tests::auth::{OPERATOR, ROOT, VIEWER};
 use fleet_functional_tests::{
     Cluster, ClusterSpec, EtcdAuthSpec, FleetdSpec, OutputExt, TestRegistry, cleanup_stale,
     wait_for,
@@ -46,7 +47,8 @@ fn with_etcd_auth_on_the_cluster_works_and_each_credential_is_confined() -> Resu
     a_host_cannot_write_another_machines_keys_a_unit_or_the_leader_key(&cluster, &root)?;
     start_replace_and_destroy_work_as_the_operator(&cluster, &dir)?;
     a_unit_moves_off_a_lost_machine(&cluster, &dir)?;
-    a_host_without_the_engine_role_never_leads(&cluster, &root)
+    a_host_without_the_engine_role_never_leads(&cluster, &root)?;
+    root_lists_the_users_reruns_setup_and_retires_a_host(&cluster)
 }
 
 fn tempdir(cluster: &Cluster) -> Result<std::path::PathBuf> {
@@ -197,6 +199,35 @@ fn a_host_without_the_engine_role_never_leads(
         log.contains("engine campaign permitted again by etcd"),
         "m3's log after the grant: {log}"
     );
+    Ok(())
+}
+
+/// `auth list` names every user with its roles; `auth setup` again changes nothing and
+/// succeeds; `auth remove-host` retires m3's user, whose credentials are then refused.
+fn root_lists_the_users_reruns_setup_and_retires_a_host(cluster: &Cluster) -> Result<()> {
+    let m3 = cluster.machine("m3")?.id().clone();
+    let host = fleet_registry::rbac::host_user_name(&m3);
+    let list = cluster.fleetctl_as(ROOT, ["auth", "list"])?.checked()?;
+    for line in [
+        format!("{OPERATOR}\tfleet-operator"),
+        format!("{VIEWER}\tfleet-viewer"),
+    ] {
+        ensure!(list.lines().any(|l| l == line), "{line:?} in {list}");
+    }
+    ensure!(list.contains(&host), "{host} in {list}");
+    let again = cluster.fleetctl_as(ROOT, ["auth", "setup"])?.checked()?;
+    ensure!(again.lines().count() == 3, "setup again: {again}");
+    cluster
+        .fleetctl_as(ROOT, ["auth", "remove-host", m3.as_str()])?
+        .checked()?;
+    let list = cluster.fleetctl_as(ROOT, ["auth", "list"])?.checked()?;
+    ensure!(!list.contains(&host), "{host} still in {list}");
+    let retired = TestRegistry::connect_as(&cluster.etcd_endpoint(), PREFIX, Some(host_auth(&m3)))?;
+    let e = match retired.machine_ids() {
+        Ok(ids) => bail!("a removed host's user still reads: {ids:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(e.contains("refused the credentials"), "{e}");
     Ok(())
 }
 
