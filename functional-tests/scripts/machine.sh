@@ -15,6 +15,9 @@
 #   FT_CGROUPS   space-separated cgroup directories made for this machine, one per hierarchy
 #   FT_TARGET    the unit systemd boots
 #   FT_BIN_DIR   optional: host directory mounted read-only at /opt/fleet/bin
+#   FT_WRITABLE_ROOT  optional, 1: the machine's root is an overlay over the host's root with a
+#                tmpfs on top (writes stay in the machine's memory), for tests that install
+#                packages with dpkg; else the host's root, read-only
 #
 # Safety: nothing here may change the host. Every mount happens in the new, private mount
 # namespace, and `init` refuses to exec systemd unless /tmp is a fresh tmpfs, because systemd's
@@ -49,6 +52,30 @@ keep_unit() {
     esac
 }
 
+# The machine's own root: an overlay whose lower layer is the host's root filesystem (that
+# mount alone, read through) and whose upper layer is a tmpfs, made the root with pivot_root.
+# Whatever the machine writes (dpkg's database, /etc, /usr) lands in the tmpfs and dies with
+# the machine's mount namespace; the host's files are never written. The old root stays
+# mounted at /.host-root until `drop_host_root`: the binds below still read from it.
+writable_root() {
+    mount -t tmpfs -o mode=0755 tmpfs-root /mnt
+    mkdir /mnt/upper /mnt/work /mnt/root
+    mount -t overlay -o lowerdir=/,upperdir=/mnt/upper,workdir=/mnt/work overlay-root /mnt/root
+    local dir
+    for dir in dev proc sys; do
+        mount --rbind "/$dir" "/mnt/root/$dir"
+    done
+    mkdir /mnt/root/.host-root
+    cd /mnt/root
+    pivot_root . .host-root
+    cd /
+}
+
+drop_host_root() {
+    umount -l /.host-root
+    rmdir /.host-root
+}
+
 mask_os_units() {
     local dir path name
     for dir in /etc/systemd/system /lib/systemd/system /usr/lib/systemd/system; do
@@ -78,6 +105,10 @@ init() {
     local stage=/proc/self/fd/3
     if [[ -n ${FT_BIN_DIR:-} ]]; then
         exec 4<"$FT_BIN_DIR"
+    fi
+    local writable=${FT_WRITABLE_ROOT:-}
+    if [[ $writable == 1 ]]; then
+        writable_root
     fi
 
     # Host mounts below the directories the machine gets fresh must go first, in this private
@@ -130,11 +161,16 @@ init() {
     # either: /dev/kmsg is the host's, and every machine would copy the host's dmesg.
     printf '[Journal]\nStorage=volatile\nReadKMsg=no\n' >/run/systemd/journald.conf.d/fleet-test.conf
 
-    # Last: from here on the machine cannot write to the host's root filesystem at all. Per-mount
+    # Last: from here on the machine cannot write to the host's root filesystem at all (the
+    # writable root writes to its tmpfs only, the host's root goes from view). Per-mount
     # flags (bind remounts), so the host's own mounts stay read-write. /sys and /proc/sys hold
     # host-wide kernel settings; the cgroup mounts below /sys/fs/cgroup are separate mounts and
     # stay writable, as the machine's systemd needs.
-    mount -o remount,bind,ro /
+    if [[ $writable == 1 ]]; then
+        drop_host_root
+    else
+        mount -o remount,bind,ro /
+    fi
     mount -o remount,bind,ro /sys
     mount --bind /proc/sys /proc/sys
     mount -o remount,bind,ro /proc/sys

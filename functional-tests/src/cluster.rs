@@ -32,6 +32,10 @@ pub struct ClusterSpec {
     /// etcd members (0 means 1). fleetd and fleetctl get every member's endpoint, member 0
     /// first.
     pub etcd_members: usize,
+    /// Give every machine a root it can write to: an overlay over the host's root with a
+    /// tmpfs on top, in the machine's mount namespace (scripts/machine.sh, `writable_root`),
+    /// e.g. to install a package with dpkg. Default: the host's root, read-only.
+    pub writable_root: bool,
 }
 
 impl ClusterSpec {
@@ -117,6 +121,7 @@ impl Cluster {
             subnet: None,
             bin_dir,
             fleetd: spec.fleetd.clone(),
+            writable_root: spec.writable_root,
             etcd: EtcdState {
                 client_port: etcd::free_port()?,
                 peer_port: etcd::free_port()?,

@@ -118,6 +118,9 @@ pub(crate) fn spawn(cluster: &ClusterState, machine: &MachineState) -> Result<(C
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
+    if cluster.writable_root {
+        command.env("FT_WRITABLE_ROOT", "1");
+    }
     // Bare machines see it too: tests run programs of their own build inside.
     if cluster.bin_dir.is_dir() {
         command.env("FT_BIN_DIR", &cluster.bin_dir);
@@ -345,7 +348,8 @@ impl Machine {
     }
 
     /// Writes a file inside the machine (creating its directory), e.g. a unit in
-    /// /run/systemd/system. Only the machine's tmpfs mounts (/run, /tmp, ...) are writable.
+    /// /run/systemd/system. Only the machine's tmpfs mounts (/run, /tmp, ...) are writable,
+    /// and the whole root of a cluster with `writable_root` ([`crate::ClusterSpec`]).
     pub fn write_file(&self, path: &str, contents: impl AsRef<[u8]>) -> Result<()> {
         let host = self.host_path(path)?;
         if let Some(dir) = host.parent() {

@@ -148,6 +148,9 @@ pub struct ClusterState {
     /// Where fleetctl (and fleetd, when run) come from.
     pub bin_dir: PathBuf,
     pub fleetd: Option<FleetdSpec>,
+    /// Machines get an overlay root they can write to (`ClusterSpec::writable_root`).
+    #[serde(default)]
+    pub writable_root: bool,
     pub etcd: EtcdState,
     pub machines: Vec<MachineState>,
 }

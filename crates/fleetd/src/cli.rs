@@ -1,6 +1,7 @@
 //! fleetd's command line: `--config`, `--version`, `--set key=value`, and one flag per
 //! configuration key (`--agent-ttl 3s` sets `agent_ttl`; each also read from
-//! `FLEET_<KEY>`, declared in `config::KEYS`), which override the file.
+//! `FLEET_<KEY>`, declared in `config::KEYS`), which override the file; and the hidden
+//! `--generate` of `make install` (`generate.rs`).
 
 use clap::Parser;
 use std::path::PathBuf;
@@ -27,6 +28,10 @@ pub struct Cli {
     /// The configuration keys, as flags and environment variables.
     #[command(flatten)]
     pub given: Given,
+    /// Print a file `make install` ships (the sample configuration, the man page, a shell
+    /// completion), generated from these definitions, and exit.
+    #[arg(long, value_name = "WHAT", hide = true)]
+    pub generate: Option<crate::generate::What>,
     /// `fleetd version` is accepted as in fleet.
     #[arg(hide = true)]
     pub positional: Vec<String>,

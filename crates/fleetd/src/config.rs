@@ -12,10 +12,12 @@
 mod api;
 mod etcd_auth;
 mod file;
+mod sample;
 mod units_dir;
 mod values;
 
 pub use api::{Advertise, ApiConfig, ApiTlsFiles, ListenAddr};
+pub use sample::sample;
 
 use anyhow::{Result, anyhow, bail};
 use clap::parser::ValueSource;

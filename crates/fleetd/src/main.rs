@@ -7,6 +7,7 @@ mod api;
 mod cli;
 mod config;
 mod engine;
+mod generate;
 mod inspect;
 mod logging;
 mod metrics;
@@ -35,6 +36,15 @@ fn main() -> ExitCode {
     if cli.print_version || cli.positional == ["version"] {
         println!("fleetd version {VERSION}");
         return ExitCode::SUCCESS;
+    }
+    if let Some(what) = cli.generate {
+        return match generate::write(what, &mut std::io::stdout().lock()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fleetd: cannot write {what:?}: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     if !cli.positional.is_empty() {
         eprintln!("fleetd takes no arguments. Did you mean to invoke fleetctl instead?");

@@ -105,6 +105,7 @@ fn main() -> Result<()> {
                 bin_dir: Some(bin_dir),
                 dir: Some(dir),
                 etcd_members,
+                ..ClusterSpec::default()
             })
         }
         Command::Status { dir } => status(&dir),
