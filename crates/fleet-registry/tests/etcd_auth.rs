@@ -75,7 +75,7 @@ async fn a_user_reads_and_writes_what_its_roles_allow_and_is_refused_the_rest() 
     assert!(!err.is_transient());
     let err = user.range("/secret/", true, None).await.unwrap_err();
     assert!(
-        matches!(&err, KvError::PermissionDenied { what, .. } if what == "read the keys under /secret/"),
+        matches!(&err, KvError::PermissionDenied { what, .. } if what == "read prefix /secret/"),
         "{err:?}"
     );
     // Nothing was written: root reads the key absent.
@@ -185,7 +185,7 @@ async fn a_watch_refused_by_rbac_is_permission_denied_not_a_broken_watch() {
     let user = kv(&etcd.issue_user("dave", &[open_role()]).await).await;
     let err = user.watch("/secret/", true, 1).await.unwrap_err();
     assert!(
-        matches!(&err, KvError::PermissionDenied { what, .. } if what == "watch the keys under /secret/"),
+        matches!(&err, KvError::PermissionDenied { what, .. } if what == "watch prefix /secret/"),
         "{err:?}"
     );
     user.watch("/open/", true, 1)
@@ -323,4 +323,18 @@ async fn a_user_without_root_cannot_administer_and_is_told_so() {
         text.starts_with("etcd user 'hank' may not ") && text.contains("role fleet-viewer"),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn a_restarted_etcd_forgets_its_tokens_and_clients_log_in_again() {
+    let mut etcd = TestEtcd::start_auth().await;
+    let user = kv(&etcd.issue_user("ivan", &[open_role()]).await).await;
+    user.txn(put("/open/a", "1")).await.expect("logged in");
+    // Simple tokens live in the member's memory only.
+    etcd.restart().await;
+    user.txn(put("/open/a", "2"))
+        .await
+        .expect("a write after the restart");
+    let read = user.range("/open/a", false, None).await.expect("a read");
+    assert_eq!(read.kvs[0].value, b"2");
 }

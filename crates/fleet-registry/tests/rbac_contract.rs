@@ -4,7 +4,7 @@
 //!
 //! What they prove (docs/security.md, Proof): a host's credentials reach its own keys and
 //! nothing else (not another machine's schedule, states, presence or lease, not a unit, not
-//! the leader key); an agent-only host cannot campaign; the operator never writes a
+//! the leader key), and does its own work; an agent-only host cannot campaign; the operator never writes a
 //! schedule, a state or a presence; the viewer writes nothing. Every refusal is
 //! `PermissionDenied` and leaves the registry as it was (read back as root).
 //!
@@ -157,10 +157,36 @@ fn delete(key: String) -> Txn {
     }
 }
 
+/// A refusal of `user`; for a transaction of one op on `key`, both sides name it alike.
 fn assert_denied_kv<T: std::fmt::Debug>(result: Result<T, KvError>, user: &str, tried: &str) {
     match result {
         Err(KvError::PermissionDenied { user: who, .. }) if who == user => {}
         other => panic!("{tried}: expected a refusal for {user}, got {other:?}"),
+    }
+}
+
+/// What a refusal of a one-op transaction says: `write KEY` or `delete KEY`.
+fn what_of(txn: &Txn) -> String {
+    match &txn.success[..] {
+        [TxnOp::Put { key, .. }] => format!("write {key}"),
+        [TxnOp::Delete { key, .. }] => format!("delete {key}"),
+        other => panic!("not a one-op transaction: {other:?}"),
+    }
+}
+
+fn assert_denied_txn(
+    result: Result<fleet_registry::kv::TxnResult, KvError>,
+    user: &str,
+    txn: &Txn,
+) {
+    match result {
+        Err(KvError::PermissionDenied { user: who, what }) if who == user => {
+            assert_eq!(what, what_of(txn));
+        }
+        other => panic!(
+            "{}: expected a refusal for {user}, got {other:?}",
+            what_of(txn)
+        ),
     }
 }
 
@@ -210,19 +236,19 @@ async fn a_host_cannot_write_another_machines_keys_nor_a_unit_nor_the_leader<S: 
     let k = keys();
     let (a, m1, m2) = (name("a.service"), machine("m1"), machine("m2"));
     let tries = [
-        ("put m2's schedule", put(k.schedule(&m2, &a))),
-        ("put its own schedule", put(k.schedule(&m1, &a))),
-        ("delete m2's schedule", delete(k.schedule(&m2, &a))),
-        ("put m2's state", put(k.state(&a, &m2))),
-        ("delete m2's state", delete(k.state(&a, &m2))),
-        ("put m2's presence", put(k.machine(&m2))),
-        ("delete m2's presence", delete(k.machine(&m2))),
-        ("put a unit", put(k.unit(&a))),
-        ("delete a unit", delete(k.unit(&a))),
-        ("put the leader key", put(k.leader())),
+        put(k.schedule(&m2, &a)),    // put m2's schedule
+        put(k.schedule(&m1, &a)),    // put its own schedule
+        delete(k.schedule(&m2, &a)), // delete m2's schedule
+        put(k.state(&m2, &a)),       // put m2's state
+        delete(k.state(&m2, &a)),    // delete m2's state
+        put(k.machine(&m2)),         // put m2's presence
+        delete(k.machine(&m2)),      // delete m2's presence
+        put(k.unit(&a)),             // put a unit
+        delete(k.unit(&a)),          // delete a unit
+        put(k.leader()),             // put the leader key
     ];
-    for (tried, txn) in tries {
-        assert_denied_kv(kv.txn(txn).await, "fleet-host-m1", tried);
+    for txn in tries {
+        assert_denied_txn(kv.txn(txn.clone()).await, "fleet-host-m1", &txn);
     }
     assert_eq!(everything(&side.root()).await, before);
 }
@@ -252,8 +278,28 @@ async fn a_host_does_its_own_work<S: Side>(side: S) {
     assert_eq!(schedule.items.len(), 1);
     let hash = schedule.items[0].hash;
     assert!(me.file(&hash).await.expect("read a file").is_some());
-    // Its states: see `a_host_publishes_its_own_states` (needs the machine-first state key).
     me.unregister(&presence).await.expect("unregister");
+}
+
+async fn a_host_publishes_reads_and_withdraws_its_own_states<S: Side>(side: S) {
+    populated(&side).await;
+    let host = side.user("fleet-host-m1", agent_host("m1")).await;
+    let me = MachineRole::new(host.clone(), machine("m1"));
+    let presence = me.register(&info("m1"), TTL, None).await.expect("register");
+    me.publish_state(&presence, &state("a.service", "m1"))
+        .await
+        .expect("publish its state");
+    let published = me.published_states().await.expect("read its states");
+    assert_eq!(published.items, vec![state("a.service", "m1")]);
+    me.remove_state(&name("a.service"))
+        .await
+        .expect("withdraw its state");
+    // m2's state, which it could not touch, is still there.
+    let root_states = MachineRole::new(side.root(), machine("m2"))
+        .published_states()
+        .await
+        .unwrap();
+    assert_eq!(root_states.items, vec![state("a.service", "m2")]);
 }
 
 async fn an_agent_only_host_cannot_campaign<S: Side>(side: S) {
@@ -307,13 +353,13 @@ async fn the_operator_writes_units_but_no_schedule_state_or_presence<S: Side>(si
     let before = everything(&side.root()).await;
     let k = keys();
     let (a, m1) = (name("a.service"), machine("m1"));
-    for (tried, txn) in [
-        ("put a schedule", put(k.schedule(&m1, &a))),
-        ("put a state", put(k.state(&a, &m1))),
-        ("put a presence", put(k.machine(&m1))),
-        ("put the leader key", put(k.leader())),
+    for txn in [
+        put(k.schedule(&m1, &a)), // put a schedule
+        put(k.state(&m1, &a)),    // put a state
+        put(k.machine(&m1)),      // put a presence
+        put(k.leader()),          // put the leader key
     ] {
-        assert_denied_kv(op.raw_kv().txn(txn).await, "fleet-operator", tried);
+        assert_denied_txn(op.raw_kv().txn(txn.clone()).await, "fleet-operator", &txn);
     }
     assert_eq!(everything(&side.root()).await, before);
 }
@@ -373,6 +419,7 @@ contract!(
     a_host_cannot_write_another_machines_keys_nor_a_unit_nor_the_leader,
     a_host_cannot_revoke_another_machines_lease,
     a_host_does_its_own_work,
+    a_host_publishes_reads_and_withdraws_its_own_states,
     an_agent_only_host_cannot_campaign,
     an_engine_host_campaigns_and_schedules,
     the_operator_writes_units_but_no_schedule_state_or_presence,

@@ -148,13 +148,13 @@ impl Request<'_> {
     pub(super) fn describe(&self) -> String {
         match *self {
             Request::Range { key, prefix: false } => format!("read {key}"),
-            Request::Range { key, prefix: true } => format!("read the keys under {key}"),
+            Request::Range { key, prefix: true } => format!("read prefix {key}"),
             Request::Watch { key, prefix: false } => format!("watch {key}"),
-            Request::Watch { key, prefix: true } => format!("watch the keys under {key}"),
+            Request::Watch { key, prefix: true } => format!("watch prefix {key}"),
             Request::Txn(txn) => describe_txn(txn),
             Request::Grant => "grant a lease".to_owned(),
-            Request::KeepAlive(lease) => format!("keep lease {:x} alive", lease.0),
-            Request::Revoke(lease) => format!("revoke lease {:x} (deleting its keys)", lease.0),
+            Request::KeepAlive(lease) => format!("keep lease {} alive", lease.0),
+            Request::Revoke(lease) => format!("revoke lease {}", lease.0),
             #[cfg(feature = "test-etcd")]
             Request::Compact => "compact the history".to_owned(),
             Request::Admin(what) => what.to_owned(),
@@ -177,13 +177,16 @@ impl Request<'_> {
     }
 }
 
-/// A transaction by its first written key (etcd refuses it whole if any key is denied),
-/// or its first read one.
+/// A transaction by its first written key (etcd refuses it whole if any key is denied, and
+/// does not say which), or its first read one. The words are those of the fake RBAC store
+/// (`kv::Rbac`), which knows the refused key: the same for a transaction of one key.
 fn describe_txn(txn: &Txn) -> String {
     let ops = || txn.success.iter().chain(&txn.failure);
-    let writes: Vec<&str> = ops()
+    let writes: Vec<String> = ops()
         .filter_map(|op| match op {
-            TxnOp::Put { key, .. } | TxnOp::Delete { key, .. } => Some(key.as_str()),
+            TxnOp::Put { key, .. } => Some(format!("write {key}")),
+            TxnOp::Delete { key, prefix: false } => Some(format!("delete {key}")),
+            TxnOp::Delete { key, prefix: true } => Some(format!("delete prefix {key}")),
             TxnOp::Get { .. } => None,
         })
         .collect();
@@ -198,9 +201,9 @@ fn describe_txn(txn: &Txn) -> String {
             || "run a transaction".to_owned(),
             |key| format!("read {key}"),
         ),
-        [key] => format!("write {key}"),
-        [key, rest @ ..] => format!(
-            "write {key} (and {} other key{} in the same transaction)",
+        [write] => write.clone(),
+        [write, rest @ ..] => format!(
+            "{write} (or one of {} other key{} in the same transaction)",
             rest.len(),
             if rest.len() == 1 { "" } else { "s" }
         ),
@@ -427,7 +430,7 @@ mod tests {
         };
         assert_eq!(
             Request::Txn(&three).describe(),
-            "write /p/unit/a (and 2 other keys in the same transaction)"
+            "write /p/unit/a (or one of 2 other keys in the same transaction)"
         );
         let read = Txn {
             compares: vec![Compare::absent("/p/x")],
