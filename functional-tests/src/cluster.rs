@@ -157,6 +157,9 @@ impl Cluster {
             }
             cluster.state.save()?;
         }
+        if cluster.etcd_auth() {
+            crate::auth::setup(&cluster.state)?;
+        }
         cluster.boot_machines(spec.machines)?;
         Ok(cluster)
     }
@@ -337,6 +340,38 @@ impl Cluster {
         self.state.bin_dir.join("fleetctl")
     }
 
+    /// Whether etcd's auth is on ([`FleetdSpec::etcd_auth`]).
+    pub fn etcd_auth(&self) -> bool {
+        self.state
+            .fleetd
+            .as_ref()
+            .is_some_and(|f| f.etcd_auth.is_some())
+    }
+
+    /// `user`'s credentials when etcd's auth is on (`crate::auth`'s users), else none.
+    pub fn etcd_credentials(&self, user: &str) -> Result<Option<fleet_registry::kv::EtcdAuth>> {
+        if !self.etcd_auth() {
+            return Ok(None);
+        }
+        crate::auth::credentials(&self.state.dir, user).map(Some)
+    }
+
+    /// fleetctl on the host as etcd user `user` over the etcd driver (etcd's auth on).
+    pub fn fleetctl_as<I, S>(&self, user: &str, args: I) -> Result<Output>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        let mut command = Command::new(self.fleetctl_path());
+        command
+            .envs(Driver::Etcd.env(&self.etcd_endpoint(), Path::new("")))
+            .envs(crate::auth::fleetctl_env(&self.state.dir, user))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("cannot run {}", self.fleetctl_path().display()))
+    }
+
     /// The driver [`Cluster::fleetctl`] uses.
     pub fn driver(&self) -> Driver {
         self.driver
@@ -381,6 +416,13 @@ impl Cluster {
         };
         let mut command = Command::new(self.fleetctl_path());
         command.envs(driver.env(&self.etcd_endpoint(), &socket));
+        // Over etcd with auth on, as the operator; over the API, as the machine's fleetd.
+        if self.etcd_auth() && driver == Driver::Etcd {
+            command.envs(crate::auth::fleetctl_env(
+                &self.state.dir,
+                crate::auth::OPERATOR,
+            ));
+        }
         Ok(command)
     }
 

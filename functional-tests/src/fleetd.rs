@@ -38,6 +38,18 @@ pub struct FleetdSpec {
     /// `<run dir>/tls`, each machine's server certificate in its `/run/fleet/tls`).
     #[serde(default)]
     pub api_tls_port: Option<u16>,
+    /// etcd with authentication on (`crate::auth`): each fleetd runs as its own host user.
+    #[serde(default)]
+    pub etcd_auth: Option<EtcdAuthSpec>,
+}
+
+/// Who gets which etcd roles in a cluster with etcd's auth on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EtcdAuthSpec {
+    /// Machine indexes (1 for `m1`) whose host user holds its machine role only: no engine
+    /// role (although their fleetd runs an engine: it must never lead), no role for its API.
+    /// The others' users are engine-capable and their API may write.
+    pub machine_only: Vec<u32>,
 }
 
 impl Default for FleetdSpec {
@@ -48,6 +60,7 @@ impl Default for FleetdSpec {
             metadata: "hostname={name}".to_owned(),
             env: BTreeMap::new(),
             api_tls_port: None,
+            etcd_auth: None,
         }
     }
 }
@@ -62,6 +75,12 @@ impl FleetdSpec {
     /// The same serving the API on TCP with TLS at `port` ([`FleetdSpec::api_tls_port`]).
     pub fn with_api_tls(mut self, port: u16) -> Self {
         self.api_tls_port = Some(port);
+        self
+    }
+
+    /// The same with etcd's auth on ([`FleetdSpec::etcd_auth`]).
+    pub fn with_etcd_auth(mut self, auth: EtcdAuthSpec) -> Self {
+        self.etcd_auth = Some(auth);
         self
     }
 

@@ -19,6 +19,7 @@
 //! that died without tearing down left behind. The harness only ever kills processes it
 //! started. Needs root. See `functional-tests/README.md`.
 
+pub mod auth;
 mod certs;
 mod cgroup;
 mod cleanup;
@@ -39,7 +40,9 @@ pub use cleanup::{cleanup_stale, leftovers};
 pub use cluster::{Cluster, ClusterSpec};
 pub use cmd::{OutputExt, Signal};
 pub use driver::{DRIVER_VAR, Driver, inside_machine_args};
-pub use fleetd::{ENV_FILE as FLEETD_ENV_FILE, FleetdSpec, MACHINE_BIN_DIR, UNIT as FLEETD_UNIT};
+pub use fleetd::{
+    ENV_FILE as FLEETD_ENV_FILE, EtcdAuthSpec, FleetdSpec, MACHINE_BIN_DIR, UNIT as FLEETD_UNIT,
+};
 pub use machine::Machine;
 pub use proc::ProcId;
 pub use registry::TestRegistry;

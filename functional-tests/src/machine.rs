@@ -61,10 +61,13 @@ pub(crate) fn prepare(cluster: &ClusterState, index: u32) -> Result<MachineState
             .etcd_endpoint()
             .context("fleetd needs etcd's endpoint")?;
         std::fs::write(stage.join("system").join(fleetd::UNIT), fleetd::unit_file())?;
-        std::fs::write(
-            stage.join("fleet").join("fleetd.env"),
-            spec.env_file(&endpoint, &name, ip),
-        )?;
+        let mut env = spec.env_file(&endpoint, &name, ip);
+        if let Some(auth) = &spec.etcd_auth {
+            let full = !auth.machine_only.contains(&index);
+            let fleet = stage.join("fleet");
+            env.push_str(&crate::auth::add_host(cluster, &id, &fleet, full)?);
+        }
+        std::fs::write(stage.join("fleet").join("fleetd.env"), env)?;
         if spec.api_tls_port.is_some() {
             crate::certs::ApiCerts::ensure(&cluster.dir)?
                 .machine(&stage.join("fleet").join("tls"), ip)?;

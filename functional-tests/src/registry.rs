@@ -24,12 +24,23 @@ pub struct TestRegistry {
 
 impl TestRegistry {
     /// A client of the cluster's etcd, under fleet's default key prefix.
+    /// With etcd's auth on, as etcd's root (the test sees and may write everything).
     pub fn of(cluster: &Cluster) -> Result<TestRegistry> {
-        TestRegistry::connect(&cluster.etcd_endpoint(), DEFAULT_PREFIX)
+        let root = cluster.etcd_credentials(crate::auth::ROOT)?;
+        TestRegistry::connect_as(&cluster.etcd_endpoint(), DEFAULT_PREFIX, root)
     }
 
     /// A client of `endpoint` (one URL, or several comma-separated).
     pub fn connect(endpoint: &str, prefix: &str) -> Result<TestRegistry> {
+        TestRegistry::connect_as(endpoint, prefix, None)
+    }
+
+    /// The same as etcd user `auth` (none: anonymously).
+    pub fn connect_as(
+        endpoint: &str,
+        prefix: &str,
+        auth: Option<fleet_registry::kv::EtcdAuth>,
+    ) -> Result<TestRegistry> {
         // One worker thread: etcd-client's connection tasks keep running between calls.
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -41,7 +52,7 @@ impl TestRegistry {
                 endpoints: endpoint.split(',').map(str::to_owned).collect(),
                 request_timeout: Duration::from_secs(2),
                 tls: Default::default(),
-                auth: None,
+                auth,
             }))
             .with_context(|| format!("cannot connect to etcd at {endpoint}"))?;
         Ok(TestRegistry {

@@ -59,6 +59,13 @@ pub struct Global {
         visible_alias = "etcd-keyfile"
     )]
     pub key_file: Option<std::path::PathBuf>,
+    /// etcd user to authenticate as, with --driver=etcd; its password comes from
+    /// --password-file or the variable FLEETCTL_PASSWORD (never from the command line).
+    #[arg(long, global = true, env = "FLEETCTL_USERNAME")]
+    pub username: Option<String>,
+    /// File whose first line is --username's password.
+    #[arg(long, global = true, env = "FLEETCTL_PASSWORD_FILE")]
+    pub password_file: Option<std::path::PathBuf>,
     /// How fleetctl reaches the cluster: `api` (fleetd's HTTP API) or `etcd` (the registry
     /// directly). [default: api; etcd when the endpoint's port is 2379 or 4001]
     #[arg(long, global = true, env = "FLEETCTL_DRIVER", value_parser = parse_driver)]
@@ -213,6 +220,9 @@ pub enum Command {
     UnsetMetadata(UnsetMetadataArgs),
     /// Say why a unit runs where it does, or why it runs nowhere, machine by machine.
     Explain(ExplainArgs),
+    /// Create and list fleet's etcd roles and users (as etcd's root user, --driver=etcd only).
+    #[command(subcommand)]
+    Auth(AuthCommand),
     /// Print fleetctl's version and the versions the cluster's fleetds publish (fleetctl's
     /// alone, with a warning, when the cluster cannot be reached).
     Version(VersionArgs),
@@ -465,4 +475,71 @@ pub struct ExplainArgs {
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub output: String,
     pub unit: String,
+}
+
+/// `fleetctl auth ...`: etcd's RBAC for fleet (docs/security.md, "Setting it up").
+#[derive(Debug, Subcommand)]
+pub enum AuthCommand {
+    /// Create the roles fleet-viewer, fleet-operator and fleet-engine for --etcd-key-prefix,
+    /// the users asked for, and (with --enable) the root user, then turn etcd's auth on.
+    Setup(AuthSetup),
+    /// Issue a machine its own etcd user, fleet-host-MACHINE, with role fleet-machine-MACHINE
+    /// (and fleet-engine with --engine, and a role for its API with --api).
+    AddHost(AuthAddHost),
+    /// Remove a machine's user and role.
+    RemoveHost(AuthRemoveHost),
+    /// List etcd's users and their roles.
+    List,
+}
+
+#[derive(Debug, Args)]
+pub struct AuthSetup {
+    /// Create the user root (password from --root-password-file) and turn etcd's auth on.
+    #[arg(long, requires = "root_password_file")]
+    pub enable: bool,
+    /// File whose first line is the root user's password.
+    #[arg(long, value_name = "FILE", requires = "enable")]
+    pub root_password_file: Option<std::path::PathBuf>,
+    /// Create (or update) an operator user of this name, with role fleet-operator.
+    #[arg(long, value_name = "NAME", requires = "operator_password_file")]
+    pub operator: Option<String>,
+    /// File whose first line is the operator's password.
+    #[arg(long, value_name = "FILE", requires = "operator")]
+    pub operator_password_file: Option<std::path::PathBuf>,
+    /// Create (or update) a read-only user of this name, with role fleet-viewer.
+    #[arg(long, value_name = "NAME", requires = "viewer_password_file")]
+    pub viewer: Option<String>,
+    /// File whose first line is the viewer's password.
+    #[arg(long, value_name = "FILE", requires = "viewer")]
+    pub viewer_password_file: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct AuthAddHost {
+    /// The machine's ID (its /etc/machine-id).
+    pub machine: String,
+    /// File whose first line is the host user's password (give fleetd the same file as
+    /// etcd_password_file). Not --password-file: that one is root's, to run this as.
+    #[arg(long, value_name = "FILE")]
+    pub host_password_file: std::path::PathBuf,
+    /// The host runs an engine (disable_engine unset): it may write schedules and lead.
+    #[arg(long)]
+    pub engine: bool,
+    /// What the host's API may do in etcd for its clients: read, write (and read), or none.
+    #[arg(long, value_enum, default_value_t = ApiAccess::None)]
+    pub api: ApiAccess,
+}
+
+/// `--api` of `auth add-host`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ApiAccess {
+    None,
+    Read,
+    Write,
+}
+
+#[derive(Debug, Args)]
+pub struct AuthRemoveHost {
+    /// The machine's ID.
+    pub machine: String,
 }

@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod commands;
 pub mod completion;
+pub mod credentials;
 pub mod driver;
 pub mod local;
 pub mod output;

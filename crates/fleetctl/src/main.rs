@@ -91,7 +91,14 @@ fn connect_api(global: &cli::Global, endpoint: &str) -> Result<HttpCluster> {
         .map_err(|e| anyhow::anyhow!("Unable to initialize client: {e}"))
 }
 
-async fn connect_etcd(global: &cli::Global, endpoint: &str) -> Result<Registry<EtcdKv>> {
+/// The etcd driver's settings: the endpoints, the TLS files and the credentials, checked.
+fn etcd_config(global: &cli::Global, endpoint: &str) -> Result<EtcdConfig> {
+    let auth = fleetctl::credentials::etcd_auth(
+        global.username.as_deref(),
+        global.password_file.as_deref(),
+        std::env::var("FLEETCTL_PASSWORD").ok(),
+    )
+    .map_err(|e| anyhow::anyhow!("Unable to initialize client: {e:#}"))?;
     let config = EtcdConfig {
         endpoints: endpoint
             .split(',')
@@ -100,11 +107,16 @@ async fn connect_etcd(global: &cli::Global, endpoint: &str) -> Result<Registry<E
             .collect(),
         request_timeout: request_timeout(global),
         tls: tls_files(global),
-        auth: None,
+        auth,
     };
     fleet_registry::input::check_endpoints(&config.endpoints, &config.tls)
         .and_then(|()| fleet_registry::input::check_prefix(&global.etcd_key_prefix))
         .map_err(|e| anyhow::anyhow!("Unable to initialize client: {e}"))?;
+    Ok(config)
+}
+
+async fn connect_etcd(global: &cli::Global, endpoint: &str) -> Result<Registry<EtcdKv>> {
+    let config = etcd_config(global, endpoint)?;
     let kv = EtcdKv::connect(&config)
         .await
         .map_err(|e| anyhow::anyhow!("Unable to initialize client: {e}"))?;
@@ -166,8 +178,12 @@ async fn run(cli: Cli) -> Result<()> {
     let global = cli.global;
     let chosen = driver::select(global.driver, global.endpoint.as_deref());
     tracing::debug!(driver = ?chosen.driver, endpoint = %chosen.endpoint, "reaching the cluster");
+    if let Command::Auth(a) = command {
+        return auth(&global, &chosen, a).await;
+    }
     match chosen.driver {
         Driver::Api => {
+            no_credentials_over_api(&global)?;
             let cluster = connect_api(&global, &chosen.endpoint)?;
             run_on(cluster, &global, command).await
         }
@@ -176,6 +192,52 @@ async fn run(cli: Cli) -> Result<()> {
             run_on(RegistryCluster::new(registry), &global, command).await
         }
     }
+}
+
+/// etcd's credentials mean nothing to fleet's API (it takes client certificates): refused
+/// rather than dropped, so that nobody believes a command ran as the user named.
+fn no_credentials_over_api(global: &cli::Global) -> Result<()> {
+    let given = global.username.is_some() || global.password_file.is_some();
+    if given {
+        anyhow::bail!(
+            "--username and --password-file are etcd's credentials, for --driver=etcd; \
+             fleet's API authenticates clients by certificate (--cert-file, --key-file)"
+        );
+    }
+    Ok(())
+}
+
+/// `fleetctl auth ...`: parse and read the password files, then administer etcd as the
+/// user of the flags (root, once auth is on).
+async fn auth(global: &cli::Global, chosen: &driver::Selection, a: cli::AuthCommand) -> Result<()> {
+    use commands::auth::{self as cmd, Secret, SetupPasswords};
+    let keys = fleet_registry::Keys::new(&global.etcd_key_prefix);
+    let steps = match &a {
+        cli::AuthCommand::Setup(s) => Some(cmd::setup(&keys, s, SetupPasswords::read(s)?)?),
+        cli::AuthCommand::AddHost(h) => {
+            let password = Secret(fleetctl::credentials::read_password(&h.host_password_file)?);
+            Some(cmd::add_host(&keys, h, password)?)
+        }
+        cli::AuthCommand::RemoveHost(h) => Some(cmd::remove_host(&h.machine)?),
+        cli::AuthCommand::List => None,
+    };
+    if chosen.driver == Driver::Api {
+        anyhow::bail!(
+            "fleetctl auth administers etcd's users and roles: use --driver=etcd (and \
+             --endpoint of etcd); fleet's API has no user administration"
+        );
+    }
+    let config = etcd_config(global, &chosen.endpoint)?;
+    let admin = fleet_registry::rbac::Admin::connect(&config)
+        .await
+        .map_err(|e| anyhow::anyhow!("Unable to initialize client: {e}"))?;
+    let mut ctx = local_ctx();
+    let outcome = match steps {
+        Some(steps) => cmd::apply(&mut ctx, &admin, &steps).await,
+        None => cmd::list(&mut ctx, &admin).await,
+    };
+    let output = ctx.finish();
+    outcome.and_then(|()| written(output))
 }
 
 /// The live machines, over the driver the flags choose.
@@ -285,7 +347,7 @@ async fn execute<C: Cluster>(
         Command::Explain(a) => {
             commands::maintenance::explain(ctx, &a.unit, a.output == "json").await
         }
-        Command::Version(_) | Command::Completion(_) | Command::Man(_) => {
+        Command::Version(_) | Command::Completion(_) | Command::Man(_) | Command::Auth(_) => {
             unreachable!("handled above")
         }
     }

@@ -10,6 +10,7 @@
 //! returned by [`build`] so that fleetd warns about it, naming the key.
 
 mod api;
+mod etcd_auth;
 mod file;
 mod sample;
 mod units_dir;
@@ -25,7 +26,7 @@ use clap::parser::ValueSource;
 use clap::{Arg, ArgMatches, Command};
 use fleet_registry::DEFAULT_PREFIX;
 use fleet_registry::input::shorten;
-use fleet_registry::kv::TlsFiles;
+use fleet_registry::kv::{EtcdAuth, TlsFiles};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -44,6 +45,8 @@ pub struct Config {
     pub etcd_certfile: Option<PathBuf>,
     pub etcd_keyfile: Option<PathBuf>,
     pub etcd_request_timeout: Duration,
+    /// `etcd_username` and its password (`config/etcd_auth.rs`); `Debug` hides the password.
+    pub etcd_auth: Option<EtcdAuth>,
     pub public_ip: Option<String>,
     pub metadata: BTreeMap<String, String>,
     pub agent_ttl: Duration,
@@ -94,6 +97,17 @@ pub struct Ignored {
     pub source: String,
 }
 
+/// What fleetd warns about once logging is up: the configuration works, but is not as meant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Warning {
+    Ignored(Ignored),
+    /// `etcd_password` is in a config file others may read (`etcd_password_file` is not).
+    PasswordReadable {
+        path: PathBuf,
+        mode: u32,
+    },
+}
+
 /// One configuration key: `agent_ttl` is the flag `--agent-ttl`, the variable
 /// `FLEET_AGENT_TTL` and the file line `agent_ttl=...`.
 #[derive(Debug)]
@@ -117,6 +131,8 @@ enum Kind {
     /// The API's: read together by `config/api.rs` (`api_listen` depends on
     /// `api_allow_plain_tcp`).
     Api,
+    /// etcd's user and password: read together by `config/etcd_auth.rs`.
+    EtcdAuth,
     /// fleet has it; fleetd accepts it, does nothing with it and warns.
     Ignored,
 }
@@ -154,6 +170,15 @@ impl Key {
         }
     }
 
+    const fn etcd_auth(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            default: None,
+            help,
+            kind: Kind::EtcdAuth,
+        }
+    }
+
     const fn ignored(name: &'static str) -> Self {
         Self {
             name,
@@ -182,6 +207,8 @@ impl Key {
             });
         match self.kind {
             Kind::Value(_) | Kind::Api => arg,
+            // `--help` would show a password given in the environment.
+            Kind::EtcdAuth => arg.hide_env_values(true),
             Kind::Switch(_) => arg.num_args(0..=1).default_missing_value("true"),
             Kind::Ignored => arg.hide(true),
         }
@@ -237,6 +264,18 @@ pub const KEYS: &[Key] = &[
         c.etcd_keyfile = non_empty_path(v);
         Ok(())
     }),
+    Key::etcd_auth(
+        "etcd_username",
+        "etcd user to authenticate as (with etcd_password_file or etcd_password)",
+    ),
+    Key::etcd_auth(
+        "etcd_password_file",
+        "file whose first line is etcd_username's password (keep it mode 0600)",
+    ),
+    Key::etcd_auth(
+        "etcd_password",
+        "etcd_username's password (fleet's key; prefer etcd_password_file)",
+    ),
     Key::value(
         "public_ip",
         None,
@@ -426,8 +465,6 @@ pub const KEYS: &[Key] = &[
     Key::ignored("disable_watches"),
     Key::ignored("verify_units"),
     Key::ignored("authorized_keys_file"),
-    Key::ignored("etcd_username"),
-    Key::ignored("etcd_password"),
     Key::ignored("systemd_user"),
     Key::ignored("enable_grpc"),
 ];
@@ -504,17 +541,21 @@ pub fn load(
     file: Option<&Path>,
     given: &Given,
     set: &[String],
-    ignored: &mut Vec<Ignored>,
+    warnings: &mut Vec<Warning>,
 ) -> Result<Config> {
     let mut raw = load_file(file)?;
+    let path = file.unwrap_or(Path::new(file::DEFAULT_CONFIG_FILE));
+    if let Some((path, mode)) = etcd_auth::exposed(&raw, path) {
+        warnings.push(Warning::PasswordReadable { path, mode });
+    }
     raw.extend(given.0.clone());
     raw.extend(from_set(set)?);
-    build(&raw, ignored)
+    build(&raw, warnings)
 }
 
-/// Builds the configuration from the layered raw values; `ignored` receives the keys given
+/// Builds the configuration from the layered raw values; `warnings` receives the keys given
 /// that fleetd does nothing with.
-pub fn build(raw: &BTreeMap<String, Raw>, ignored: &mut Vec<Ignored>) -> Result<Config> {
+pub fn build(raw: &BTreeMap<String, Raw>, warnings: &mut Vec<Warning>) -> Result<Config> {
     if let Some((k, r)) = raw.iter().find(|(k, _)| key(k).is_none()) {
         bail!("unknown config key {:?} ({})", shorten(k), r.source);
     }
@@ -534,14 +575,15 @@ pub fn build(raw: &BTreeMap<String, Raw>, ignored: &mut Vec<Ignored>) -> Result<
             Kind::Value(set) | Kind::Switch(set) => {
                 set(&mut config, &r.value).map_err(|why| invalid(key.name, r, why))?;
             }
-            Kind::Api => {}
-            Kind::Ignored => ignored.push(Ignored {
+            Kind::Api | Kind::EtcdAuth => {}
+            Kind::Ignored => warnings.push(Warning::Ignored(Ignored {
                 key: key.name,
                 source: r.source.clone(),
-            }),
+            })),
         }
     }
     config.api = api::build(raw)?;
+    config.etcd_auth = etcd_auth::build(raw)?;
     // The one default that follows another key: two TTLs (docs/engine.md, *Vanished machines*).
     if !raw.contains_key("engine_disruption_grace") {
         config.engine_disruption_grace = 2 * config.agent_ttl;
@@ -807,7 +849,13 @@ mod tests {
         let mut layers = given.0;
         layers.extend(raw(&[("enable_grpc", "true")]));
         build(&layers, &mut ignored).unwrap();
-        let keys: Vec<_> = ignored.iter().map(|i| (i.key, i.source.as_str())).collect();
+        let keys: Vec<_> = ignored
+            .iter()
+            .filter_map(|w| match w {
+                Warning::Ignored(i) => Some((i.key, i.source.as_str())),
+                Warning::PasswordReadable { .. } => None,
+            })
+            .collect();
         assert_eq!(
             keys,
             [

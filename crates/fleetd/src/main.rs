@@ -59,8 +59,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut ignored = Vec::new();
-    let config = match config::load(cli.config.as_deref(), &cli.given, &cli.set, &mut ignored) {
+    let mut warnings = Vec::new();
+    let config = match config::load(cli.config.as_deref(), &cli.given, &cli.set, &mut warnings) {
         Ok(c) => c,
         Err(e) => {
             let prefix = logging::stderr_error_prefix();
@@ -79,8 +79,17 @@ fn main() -> ExitCode {
         warn!(error = %e, "journald unreachable; logging to stderr");
     }
     debug!(?output, filter, "logging");
-    for i in ignored {
-        warn!(key = i.key, source = %i.source, "config key accepted but ignored");
+    for w in warnings {
+        match w {
+            config::Warning::Ignored(i) => {
+                warn!(key = i.key, source = %i.source, "config key accepted but ignored");
+            }
+            config::Warning::PasswordReadable { path, mode } => warn!(
+                path = %path.display(),
+                mode = format_args!("{mode:04o}"),
+                "etcd_password is in a config file others can read; use etcd_password_file"
+            ),
+        }
     }
     // Blocking threads only run short file operations of the units directory. tokio's
     // default of 512 let a 1,000-unit start spawn ~40, each with its own malloc arena that
@@ -154,7 +163,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         endpoints: config.etcd_servers.clone(),
         request_timeout: config.etcd_request_timeout,
         tls: config.tls(),
-        auth: None,
+        auth: config.etcd_auth.clone(),
     };
     let metrics = metrics::Metrics::new();
     let kv = EtcdKv::connect(&etcd).await.context("connecting to etcd")?;

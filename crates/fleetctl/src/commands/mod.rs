@@ -5,6 +5,7 @@
 //! same bytes printed, over the etcd driver and over fleet's API. Messages are fleetctl's;
 //! what an operation does to the registry is fleet-ops's.
 
+pub mod auth;
 pub mod cat;
 pub mod destroy;
 pub mod lifecycle;

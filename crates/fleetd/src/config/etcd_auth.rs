@@ -1,0 +1,211 @@
+//! etcd's username and password (issue 17): `etcd_username` with `etcd_password_file`
+//! (preferred: a file of mode 0600 read once at startup) or `etcd_password` (fleet's key; in a
+//! config file that others can read, [`exposed`] says so). Read together, as the API's keys
+//! are, because each makes sense only with the other.
+//!
+//! A username needs exactly one password key, and a password needs a username; each refusal
+//! names the keys. The password itself is never shown: not in an error, not in `Debug`.
+
+use anyhow::{Result, anyhow};
+use fleet_registry::kv::EtcdAuth;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::Raw;
+use fleet_registry::input::shorten;
+
+/// The largest password file read: a password, not a document.
+const MAX_PASSWORD_BYTES: u64 = 4096;
+
+/// `etcd_username` and its password, or `None` (anonymous, or the TLS certificate's user).
+pub fn build(raw: &BTreeMap<String, Raw>) -> Result<Option<EtcdAuth>> {
+    let given = |k: &str| raw.get(k).filter(|r| !r.value.is_empty());
+    let (user, password, file) = (
+        given("etcd_username"),
+        given("etcd_password"),
+        given("etcd_password_file"),
+    );
+    let password = match (password, file) {
+        (Some(p), Some(f)) => {
+            return Err(anyhow!(
+                "etcd_password ({}) and etcd_password_file ({}) are both given: give one \
+                 (etcd_password_file preferred)",
+                p.source,
+                f.source
+            ));
+        }
+        (Some(p), None) => Some(p.value.clone()),
+        (None, Some(f)) => Some(read_password(Path::new(&f.value)).map_err(|why| {
+            anyhow!(
+                "invalid etcd_password_file {:?} ({}): {why}",
+                shorten(&f.value),
+                f.source
+            )
+        })?),
+        (None, None) => None,
+    };
+    match (user, password) {
+        (None, None) => Ok(None),
+        (Some(u), Some(password)) => Ok(Some(EtcdAuth {
+            username: u.value.clone(),
+            password,
+        })),
+        (Some(u), None) => Err(anyhow!(
+            "etcd_username {:?} ({}) needs etcd_password_file or etcd_password",
+            shorten(&u.value),
+            u.source
+        )),
+        (None, Some(_)) => Err(anyhow!(
+            "etcd_password_file or etcd_password is given without etcd_username"
+        )),
+    }
+}
+
+/// The password in `path`: its first line, without the line end (`echo pw > file` works).
+pub fn read_password(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_PASSWORD_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot be read: {e}"))?;
+    if bytes.len() as u64 > MAX_PASSWORD_BYTES {
+        return Err(format!("is larger than {MAX_PASSWORD_BYTES} bytes"));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_owned())?;
+    let line = text.lines().next().unwrap_or_default();
+    if line.is_empty() {
+        return Err("holds no password (its first line is empty)".to_owned());
+    }
+    Ok(line.to_owned())
+}
+
+/// The config file that gives `etcd_password` while others may read it, with its mode:
+/// anyone on the host could then use fleetd's etcd user.
+pub fn exposed(file: &BTreeMap<String, Raw>, path: &Path) -> Option<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    file.get("etcd_password")?;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o004 != 0).then(|| (path.to_path_buf(), mode))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(pairs: &[(&str, &str)]) -> BTreeMap<String, Raw> {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                let source = format!("src-{k}");
+                (
+                    k.to_string(),
+                    Raw {
+                        value: v.to_string(),
+                        source,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn scratch(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("fleetd-auth-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn no_username_and_no_password_is_anonymous() {
+        assert_eq!(build(&raw(&[])).unwrap(), None);
+        assert_eq!(build(&raw(&[("etcd_username", "")])).unwrap(), None);
+    }
+
+    #[test]
+    fn a_password_file_gives_its_first_line_without_the_newline() {
+        let dir = scratch("file");
+        let path = dir.join("pw");
+        std::fs::write(&path, "s3cret\n").unwrap();
+        let given = raw(&[
+            ("etcd_username", "fleet-host-m1"),
+            ("etcd_password_file", path.to_str().unwrap()),
+        ]);
+        let auth = build(&given).unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(auth.username, "fleet-host-m1");
+        assert_eq!(auth.password, "s3cret");
+    }
+
+    #[test]
+    fn a_username_without_a_password_is_refused_naming_the_keys() {
+        let e = build(&raw(&[("etcd_username", "u")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("etcd_username \"u\" (src-etcd_username) needs etcd_password_file"),
+            "{e}"
+        );
+        let e = build(&raw(&[("etcd_password", "pw")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("without etcd_username"), "{e}");
+        assert!(!e.contains("pw\""), "{e}");
+    }
+
+    #[test]
+    fn both_password_keys_are_refused_without_showing_the_password() {
+        let e = build(&raw(&[
+            ("etcd_username", "u"),
+            ("etcd_password", "hunter2"),
+            ("etcd_password_file", "/nonexistent"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("etcd_password (src-etcd_password) and etcd_password_file"),
+            "{e}"
+        );
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn an_unreadable_or_empty_password_file_is_refused_naming_it() {
+        let e = build(&raw(&[
+            ("etcd_username", "u"),
+            ("etcd_password_file", "/nonexistent/pw"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("invalid etcd_password_file \"/nonexistent/pw\"") && e.contains("read"),
+            "{e}"
+        );
+        let dir = scratch("empty");
+        let path = dir.join("pw");
+        std::fs::write(&path, "\n").unwrap();
+        let e = build(&raw(&[
+            ("etcd_username", "u"),
+            ("etcd_password_file", path.to_str().unwrap()),
+        ]))
+        .unwrap_err()
+        .to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(e.contains("holds no password"), "{e}");
+    }
+
+    #[test]
+    fn a_password_in_a_world_readable_config_file_is_exposed_and_one_in_a_private_file_is_not() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch("exposed");
+        let path = dir.join("fleet.conf");
+        std::fs::write(&path, "etcd_password=x\n").unwrap();
+        let file = raw(&[("etcd_password", "x")]);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let open = exposed(&file, &path);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let closed = exposed(&file, &path);
+        let without = exposed(&raw(&[("etcd_username", "u")]), &path);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(open, Some((path, 0o644)));
+        assert_eq!((closed, without), (None, None));
+    }
+}
