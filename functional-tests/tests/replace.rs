@@ -1331,8 +1331,10 @@ fn a_failing_unit_replaced_by_a_working_version_starts_at_once_not_after_its_ret
     )?;
     assert!(!out.success, "{out:?}");
     assert!(out.stderr.contains("failed to start"), "{out:?}");
-    // Failures at 0, 1, 3, 7 and 15 s: after the fifth the next retry is 16 s away.
-    wait_for(Duration::from_secs(40), POLL, || {
+    // Five failures: the retry delays are jittered (each drawn from [1 s, 3 x the last],
+    // capped at 60 s), so the fifth comes after ~20 s on average but may take up to ~100 s;
+    // after it the next retry is likely well beyond the 8 s the mend below may take.
+    wait_for(Duration::from_secs(150), POLL, || {
         job_events(m, "mend.service", since)
             .is_ok_and(|e| e.iter().filter(|(_, id)| id == MSG_FAILED).count() >= 5)
     })
