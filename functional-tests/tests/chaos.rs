@@ -438,7 +438,16 @@ impl Soak<'_> {
         if let Some(end) = self.record.windows.iter().map(|w| w.to).max() {
             std::thread::sleep(end.saturating_duration_since(Instant::now()));
         }
-        record::control(self.cluster, seen)
+        // The control's stop must be one no user operation excuses: a unit operated on within
+        // the checker's slack of now is not taken for it (its stop would be excused).
+        let recent: BTreeSet<String> = self
+            .record
+            .ops
+            .iter()
+            .filter(|op| op.at + 2 * check::SLACK >= Instant::now())
+            .map(|op| op.unit.clone())
+            .collect();
+        record::control(self.cluster, seen, &recent)
     }
 
     /// Prints the faults, the operations and what the recorders saw.

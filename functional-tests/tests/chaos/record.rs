@@ -153,14 +153,19 @@ pub fn watch_schedules(
 /// machine behind fleet's back (a transient unit of the same name, which fleetd leaves
 /// alone), seen by the poller, then stopped behind fleet's back too. The checker must report
 /// both: two copies at once, and a stop without a reason. Returns that copy.
-pub fn control(cluster: &Cluster, seen: &Mutex<Seen>) -> Result<Control> {
+/// A unit in `avoid` (operated on just before, so its stop could be excused) is taken only
+/// when no other runs.
+pub fn control(cluster: &Cluster, seen: &Mutex<Seen>, avoid: &BTreeSet<String>) -> Result<Control> {
     let lock = || seen.lock().unwrap_or_else(|e| e.into_inner());
     let (unit, running_on) = {
         let seen = lock();
+        let up = |r: &&RunRecord| cluster.machine(&r.machine).is_ok_and(Machine::is_up);
         let run = seen
             .open
             .values()
-            .find(|r| cluster.machine(&r.machine).is_ok_and(Machine::is_up))
+            .filter(up)
+            .find(|r| !avoid.contains(&r.unit))
+            .or_else(|| seen.open.values().find(up))
             .context("no unit running for the control")?;
         (run.unit.clone(), run.machine.clone())
     };
