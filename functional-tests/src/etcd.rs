@@ -16,7 +16,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// How long a fresh or restarted etcd may take to answer `/health`.
-const HEALTH_TIMEOUT: Duration = Duration::from_secs(15);
+/// Generous: a member of several waits for an election, and on a loaded 2-core CI machine
+/// (other clusters booting, fsyncs queued) that can take many seconds.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// Member `index`'s data directory: `etcd/`, `etcd-e<i>/`.
 pub fn member_data_dir(state: &ClusterState, index: usize) -> PathBuf {
@@ -95,10 +97,13 @@ pub fn spawn(state: &ClusterState, index: usize) -> Result<(Child, ProcId)> {
             "--initial-cluster-token",
             &state.bridge,
             "--logger=zap",
-            // Fast elections: a leader ~0.1 s after start or after the leader died (1.2 s by
-            // default).
-            "--heartbeat-interval=10",
-            "--election-timeout=100",
+            // Fast elections: a leader ~0.5 s after start or after the leader died (1.2 s by
+            // default). Not faster: with 10/100 ms, a loaded CI machine (fsync stalls, starved
+            // CPU) kept a 3-member cluster electing for over 15 s (CI, 2026-12-02). Pre-vote
+            // keeps a member that fell behind from deposing a working leader.
+            "--heartbeat-interval=50",
+            "--election-timeout=500",
+            "--pre-vote",
         ])
         .current_dir(&state.dir)
         .stdin(Stdio::null())
@@ -128,9 +133,25 @@ pub fn wait_healthy(state: &ClusterState, index: usize, child: &mut Child) -> Re
     if let Err(e) = healthy {
         let _ = process.kill_and_wait(Duration::from_secs(5));
         let _ = child.wait();
-        return Err(e).context(format!("etcd not healthy; see {}", log.display()));
+        return Err(e).context(format!(
+            "etcd not healthy; see {}; it ends with:\n{}",
+            log.display(),
+            log_tail(&log, 12)
+        ));
     }
     Ok(())
+}
+
+/// The last `lines` lines of an etcd log (each cut to 300 characters), for an error message:
+/// CI keeps the test's output, not the cluster's files.
+fn log_tail(log: &std::path::Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..]
+        .iter()
+        .map(|l| l.chars().take(300).collect::<String>())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `GET /health` answers `{"health":"true"}`. Plain HTTP/1.0 over a socket: no client library

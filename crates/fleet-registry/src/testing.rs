@@ -40,7 +40,7 @@ pub use cluster::TestEtcdCluster;
 /// The etcd binary; `$FLEET_TEST_ETCD` overrides it.
 const DEFAULT_ETCD: &str = "etcd";
 /// How long a fresh server may take to answer (it is ~0.1 s with these timings).
-const READY_WITHIN: Duration = Duration::from_secs(20);
+const READY_WITHIN: Duration = Duration::from_secs(45);
 /// Ports are found by binding port 0 and released before etcd binds them; another process
 /// may take one in between, so a failed start is retried on new ports.
 const START_ATTEMPTS: u32 = 5;
@@ -489,8 +489,13 @@ pub(crate) fn etcd_command(member: &EtcdMember<'_>, log: File) -> Command {
         .arg(format!("--initial-cluster={initial_cluster}"))
         .arg("--initial-cluster-state=new")
         .args(["--logger=zap", "--log-outputs=stderr"])
-        // Fast elections (the harness's timings), at most one TTL's worth of leaderless time.
-        .args(["--heartbeat-interval=10", "--election-timeout=100"])
+        // Fast elections (the harness's timings, functional-tests/src/etcd.rs), at most one
+        // TTL's worth of leaderless time; 10/100 ms kept electing on a loaded CI machine.
+        .args([
+            "--heartbeat-interval=50",
+            "--election-timeout=500",
+            "--pre-vote",
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
