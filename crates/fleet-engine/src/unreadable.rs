@@ -68,7 +68,8 @@ impl Unreadable {
                     | Key::Disruption
                     | Key::Unscheduled(_)
                     | Key::Metadata { .. }
-                    | Key::Moving(_),
+                    | Key::Moving(_)
+                    | Key::Placement { .. },
                 )
                 | None => {}
             }

@@ -18,6 +18,7 @@
 //! | `P/metadata/<machine>/<key>`      | dynamic metadata value        | none       |
 //! | `P/drain/<machine>`               | [`DrainRecord`] JSON          | none       |
 //! | `P/moving/<name>`                 | [`MoveRecord`] JSON           | none       |
+//! | `P/placement/<name>/<machine>`    | empty (the schedule by unit)  | none       |
 //!
 //! [`UnitRecord`]: crate::UnitRecord
 //! [`ScheduleEntry`]: crate::ScheduleEntry
@@ -58,6 +59,13 @@ pub enum Key {
     },
     Drain(MachineId),
     Moving(UnitName),
+    /// The schedule's mirror by unit: `unit` is scheduled to `machine`. Written by the engine
+    /// in the transaction that writes or deletes the schedule entry, so a reader that waits for
+    /// a few units reads only their keys.
+    Placement {
+        unit: UnitName,
+        machine: MachineId,
+    },
 }
 
 /// The part of the schema a key is under, read from its first segment alone: a key of a
@@ -79,6 +87,8 @@ pub enum Kind {
     Drain,
     /// `moving/<name>`: written by the engine while it moves a unit off a drained machine.
     Moving,
+    /// `placement/<name>/<machine>`: the schedule by unit, written by the engine.
+    Placement,
 }
 
 impl Key {
@@ -114,6 +124,13 @@ impl Key {
                     unit: unit.parse().ok()?,
                 }
             }
+            Kind::Placement => {
+                let (unit, machine) = pair()?;
+                Key::Placement {
+                    unit: unit.parse().ok()?,
+                    machine: machine.parse().ok()?,
+                }
+            }
             Kind::Metadata => {
                 let (machine, key) = pair()?;
                 Key::Metadata {
@@ -144,6 +161,7 @@ impl Key {
             Key::Metadata { machine, key } => keys.metadata(machine, key.as_str()),
             Key::Drain(machine) => keys.drain(machine),
             Key::Moving(unit) => keys.moving(unit),
+            Key::Placement { unit, machine } => keys.placement(unit, machine),
         }
     }
 
@@ -160,6 +178,7 @@ impl Key {
             Key::Metadata { .. } => Kind::Metadata,
             Key::Drain(_) => Kind::Drain,
             Key::Moving(_) => Kind::Moving,
+            Key::Placement { .. } => Kind::Placement,
         }
     }
 }
@@ -294,6 +313,20 @@ impl Keys {
         format!("{}moving/{name}", self.prefix)
     }
 
+    /// The schedule by unit: every unit's placements.
+    pub fn placements(&self) -> String {
+        format!("{}placement/", self.prefix)
+    }
+
+    /// The machines unit `name` is scheduled to (one key each).
+    pub fn unit_placements(&self, name: &UnitName) -> String {
+        format!("{}placement/{name}/", self.prefix)
+    }
+
+    pub fn placement(&self, name: &UnitName, machine: &MachineId) -> String {
+        format!("{}placement/{name}/{machine}", self.prefix)
+    }
+
     pub fn unscheduled_all(&self) -> String {
         format!("{}unscheduled/", self.prefix)
     }
@@ -322,6 +355,7 @@ impl Keys {
             "metadata" => Kind::Metadata,
             "drain" => Kind::Drain,
             "moving" => Kind::Moving,
+            "placement" => Kind::Placement,
             _ => return None,
         };
         Some((kind, rest))
@@ -368,7 +402,11 @@ mod tests {
             Key::Disruption,
             Key::Unscheduled(u.clone()),
             Key::Drain("m3".parse().unwrap()),
-            Key::Moving(u),
+            Key::Moving(u.clone()),
+            Key::Placement {
+                unit: u,
+                machine: "m4".parse().unwrap(),
+            },
             Key::Metadata {
                 machine: "m2".parse().unwrap(),
                 key: "tier".parse().unwrap(),

@@ -229,7 +229,8 @@ impl<K: Kv> LiveView<K> {
                 touched.files = true;
                 return touched;
             }
-            Kind::FileRef | Kind::Engine => return touched,
+            // Placements mirror the schedule, whose own events the view applies.
+            Kind::FileRef | Kind::Engine | Kind::Placement => return touched,
             Kind::Unit => &mut touched.units,
             // Dynamic metadata and a drain change what a machine offers, as a new machine
             // record does.

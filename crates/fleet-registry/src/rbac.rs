@@ -142,11 +142,13 @@ pub fn operator(keys: &Keys) -> RoleSpec {
     }
 }
 
-/// Every read; writes of schedules, unscheduled reasons, `engine/` (leader, disruption), moves.
+/// Every read; writes of schedules (and their mirror by unit, placements), unscheduled
+/// reasons, `engine/` (leader, disruption), moves.
 pub fn engine(keys: &Keys) -> RoleSpec {
     let mut permissions = viewer(keys).permissions;
     for prefix in [
         keys.schedules(),
+        keys.placements(),
         keys.unscheduled_all(),
         format!("{}engine/", keys.prefix()),
         keys.moves(),

@@ -97,7 +97,8 @@ impl Snapshot {
             Kind::Moving => read::moving(keys, kv).map(|m| {
                 self.moving.insert(m.unit.clone(), m);
             }),
-            Kind::File | Kind::FileRef | Kind::Engine => return None,
+            // Placements mirror the schedule, which the snapshot holds already.
+            Kind::File | Kind::FileRef | Kind::Engine | Kind::Placement => return None,
         };
         let s = inserted.err()?;
         let key = s.key.clone();
@@ -137,7 +138,14 @@ impl Snapshot {
             Some(Key::Moving(unit)) => {
                 self.moving.remove(&unit);
             }
-            Some(Key::File(_) | Key::FileRef { .. } | Key::Leader | Key::Disruption) | None => {}
+            Some(
+                Key::File(_)
+                | Key::FileRef { .. }
+                | Key::Leader
+                | Key::Disruption
+                | Key::Placement { .. },
+            )
+            | None => {}
         }
     }
 }
