@@ -160,6 +160,7 @@ async fn blocking_start(reg: &Registry<Hooked<MemKv, Meter>>) -> (usize, usize) 
 async fn a_blocking_start_of_one_unit_reads_the_same_at_10_and_at_10000_units() {
     let small = blocking_start(&registry_of(10).await).await;
     let large = blocking_start(&registry_of(10_000).await).await;
+    println!("(requests, bytes read): {small:?} at 10 units, {large:?} at 10,000");
     assert_eq!(
         small, large,
         "(requests, bytes read) at 10 and at 10,000 units"
