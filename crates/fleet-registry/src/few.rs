@@ -224,6 +224,9 @@ pub struct UnitsView<K> {
     names: BTreeSet<UnitName>,
     snapshot: Snapshot,
     watch: Option<crate::kv::Watch>,
+    /// A change concerned the units and they were not read again yet (the read that would
+    /// have was cancelled, or failed): the next [`UnitsView::changed`] reads them first.
+    stale: bool,
 }
 
 impl<K: Kv> UnitsView<K> {
@@ -234,6 +237,7 @@ impl<K: Kv> UnitsView<K> {
             names,
             snapshot,
             watch: None,
+            stale: false,
         };
         view.watch().await?;
         Ok(view)
@@ -248,8 +252,14 @@ impl<K: Kv> UnitsView<K> {
     }
 
     /// Returns once the units' keys were read again after a change that may concern them
-    /// (the snapshot may still be the same: the caller compares).
+    /// (the snapshot may still be the same: the caller compares). Cancel-safe: a change
+    /// received by a call that was dropped (a `select!` on a timer) is read by the next.
     pub async fn changed(&mut self) -> Result<()> {
+        if self.stale {
+            self.snapshot = self.registry.units_snapshot(&self.names).await?;
+            self.stale = false;
+            return Ok(());
+        }
         loop {
             let message = match &mut self.watch {
                 Some(watch) => watch.rx.recv().await,
@@ -265,7 +275,9 @@ impl<K: Kv> UnitsView<K> {
                     {
                         continue;
                     }
+                    self.stale = true;
                     self.snapshot = self.registry.units_snapshot(&self.names).await?;
+                    self.stale = false;
                     return Ok(());
                 }
                 Some(
@@ -295,5 +307,165 @@ impl<K: Kv> UnitsView<K> {
             .map_err(RegistryError::kv("watching units"))?;
         self.watch = Some(watch);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::MemKv;
+    use crate::registry::{encode, put};
+    use crate::{MachineRole, ScheduleEntry, UnitsRole};
+    use fleet_core::{MachineInfo, SystemdState, UnitFile};
+    use std::time::Duration;
+
+    fn name(s: &str) -> UnitName {
+        s.parse().unwrap()
+    }
+
+    fn machine(s: &str) -> MachineId {
+        s.parse().unwrap()
+    }
+
+    /// Units `a` (launched, on m1), `b` (inactive, unscheduled, m2 still reports it) and
+    /// `c` (launched, on m2); every machine reports what it runs.
+    async fn registry() -> Registry<MemKv> {
+        let reg = Registry::new(MemKv::new(), "/few-test/");
+        let file = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n").unwrap();
+        let units = UnitsRole::new(reg.clone());
+        for (n, desired) in [
+            ("a.service", DesiredState::Launched),
+            ("b.service", DesiredState::Inactive),
+            ("c.service", DesiredState::Launched),
+        ] {
+            units.create_unit(&name(n), &file, desired).await.unwrap();
+        }
+        let keys = reg.keys();
+        let mut ops = Vec::new();
+        for (n, m) in [("a.service", "m1"), ("c.service", "m2")] {
+            let entry = ScheduleEntry {
+                name: name(n),
+                machine: machine(m),
+                hash: file.hash(),
+                desired: DesiredState::Launched,
+                restart: 0,
+                no_restart: false,
+                placement: 0,
+            };
+            ops.push(put(
+                keys.schedule(&entry.machine, &entry.name),
+                encode(&entry),
+            ));
+            ops.push(put(keys.placement(&entry.name, &entry.machine), Vec::new()));
+        }
+        let txn = Txn {
+            compares: vec![],
+            success: ops,
+            failure: vec![],
+        };
+        reg.kv().txn(txn).await.unwrap();
+        for (m, running) in [
+            ("m1", &["a.service"][..]),
+            ("m2", &["b.service", "c.service"]),
+        ] {
+            let info = MachineInfo {
+                id: machine(m),
+                public_ip: String::new(),
+                metadata: Default::default(),
+                version: "test".into(),
+                disable_engine: false,
+                api: String::new(),
+            };
+            let role = MachineRole::new(reg.clone(), machine(m));
+            let presence = role
+                .register(&info, Duration::from_secs(3600), None)
+                .await
+                .unwrap();
+            for n in running {
+                let state = UnitStateRecord {
+                    name: name(n),
+                    machine: machine(m),
+                    hash: Some(file.hash()),
+                    systemd: SystemdState {
+                        load: "loaded".into(),
+                        active: "active".into(),
+                        sub: "running".into(),
+                    },
+                    drop_ins: vec![],
+                    restart: 0,
+                    restart_pending: false,
+                };
+                role.publish_state(&presence, &state).await.unwrap();
+            }
+        }
+        reg
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_few_units_read_as_the_whole_snapshot_has_them() {
+        let reg = registry().await;
+        let full = reg.snapshot().await.unwrap();
+        let names = BTreeSet::from([name("a.service"), name("b.service"), name("gone.service")]);
+        let few = reg.units_snapshot(&names).await.unwrap();
+        for n in &names {
+            assert_eq!(few.units.get(n), full.units.get(n), "{n}");
+            assert_eq!(few.schedule.get(n), full.schedule.get(n), "{n}");
+            assert_eq!(few.states.get(n), full.states.get(n), "{n}");
+            assert_eq!(few.unscheduled.get(n), full.unscheduled.get(n), "{n}");
+        }
+        assert!(
+            few.states.contains_key(&name("b.service")),
+            "an inactive unit's state on a machine it is no longer placed on"
+        );
+        assert!(!few.units.contains_key(&name("c.service")));
+        assert!(!few.states.contains_key(&name("c.service")));
+        assert!(few.machines.contains_key(&machine("m1")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_states_of_a_unit_are_read_on_every_machine() {
+        let reg = registry().await;
+        let listing = reg
+            .states_of(&BTreeSet::from([name("b.service"), name("c.service")]))
+            .await
+            .unwrap();
+        let found: Vec<(String, String)> = listing
+            .items
+            .iter()
+            .map(|s| (s.name.to_string(), s.machine.to_string()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("b.service".to_owned(), "m2".to_owned()),
+                ("c.service".to_owned(), "m2".to_owned())
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_units_view_wakes_on_its_units_changes_only() {
+        let reg = registry().await;
+        let mut view = UnitsView::start(reg.clone(), BTreeSet::from([name("a.service")]))
+            .await
+            .unwrap();
+        let file = UnitFile::parse(b"[Service]\nExecStart=/bin/false\n").unwrap();
+        let units = UnitsRole::new(reg.clone());
+        units
+            .create_unit(&name("other.service"), &file, DesiredState::Launched)
+            .await
+            .unwrap();
+        let woken = tokio::time::timeout(Duration::from_secs(1), view.changed()).await;
+        assert!(woken.is_err(), "woken by another unit");
+        let a = units.unit(&name("a.service")).await.unwrap().unwrap();
+        units.set_desired(&a, DesiredState::Loaded).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(1), view.changed())
+            .await
+            .expect("woken by its unit")
+            .unwrap();
+        assert_eq!(
+            view.snapshot().units[&name("a.service")].desired(),
+            DesiredState::Loaded
+        );
     }
 }
