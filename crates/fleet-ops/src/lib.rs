@@ -37,8 +37,8 @@ use std::collections::BTreeSet;
 use std::future::Future;
 
 /// How many creates [`Cluster::create_many`]'s default sends at once (the API driver: one
-/// request each, on as many kept-alive connections).
-pub const CREATES_IN_FLIGHT: usize = 32;
+/// request each, on as many kept-alive connections; fleetd writes concurrent ones together).
+pub const CREATES_IN_FLIGHT: usize = 128;
 
 /// What [`Cluster::create_many`] says of each unit, in the order asked.
 pub type Created = Vec<(UnitName, Result<PutOutcome, OpsError>)>;
