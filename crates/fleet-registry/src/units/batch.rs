@@ -108,7 +108,7 @@ impl<K: Kv> UnitsRole<K> {
         let txn = Txn {
             compares: records
                 .iter()
-                .map(|r| Compare::absent(&keys.unit(&r.name)))
+                .map(|r| Compare::absent(keys.unit(&r.name)))
                 .collect(),
             success,
             failure: vec![],

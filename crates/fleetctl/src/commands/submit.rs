@@ -360,9 +360,7 @@ pub async fn apply<C: Cluster>(
     }
     let created = cluster.create_many(creates).await;
     for (i, (name, res)) in created_at.into_iter().zip(created) {
-        let res = res
-            .map(|outcome| outcome_status(outcome))
-            .map_err(Into::into);
+        let res = res.map(outcome_status).map_err(Into::into);
         results[i] = Some((name, res));
     }
     let others: Vec<(usize, UnitName, Result<UnitStatus>)> = futures::stream::iter(others)
