@@ -44,6 +44,8 @@ const MAX_BODY: usize = 4 * 1024 * 1024;
 #[derive(Debug)]
 pub struct Api<K> {
     cluster: RegistryCluster<K>,
+    /// Concurrent `PUT ?expect=absent` creates, written together ([`crate::group`]).
+    creates: crate::group::Creates,
     token_limit: u16,
     server: HeaderValue,
     /// This machine's status and journal routes; None: not served
@@ -63,6 +65,7 @@ impl<K: Kv> Api<K> {
         assert!(token_limit > 0, "token_limit is validated by the config");
         Api {
             cluster: RegistryCluster::new(registry),
+            creates: crate::group::Creates::new(),
             token_limit,
             server: HeaderValue::from_str(&format!("fleetd/{version}"))
                 .unwrap_or_else(|_| HeaderValue::from_static("fleetd")),

@@ -12,11 +12,13 @@
 //! cost a whole snapshot per unit. Nothing here logs an error: callers decide what a failure
 //! means; only what was written is logged, at debug.
 
+mod create;
 mod listing;
 mod maintenance;
 pub mod views;
 mod watch;
 
+pub use create::BATCHES_IN_FLIGHT;
 pub use watch::RegistryChanges;
 
 use fleet_core::{DesiredState, MachineId, UnitFile, UnitName};
@@ -268,6 +270,10 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
             }
         }
         Err(OpsError::Conflict(req.name))
+    }
+
+    async fn create_many(&self, reqs: Vec<PutRequest>) -> crate::Created {
+        self.create_all(reqs).await
     }
 
     async fn set_state(

@@ -45,5 +45,5 @@ pub use records::{
 };
 pub use registry::Registry;
 pub use snapshot::Snapshot;
-pub use units::{CreateOutcome, UnitsRole};
+pub use units::{CreateOutcome, NewUnit, UnitsRole, batches};
 pub use watch::WatchHints;
