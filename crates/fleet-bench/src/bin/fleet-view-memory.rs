@@ -1,7 +1,8 @@
 //! `fleet-view-memory --units N`: what the engine's view ([`LiveView`]) of a converged
 //! registry keeps on the heap, in bytes per unit, as the `huge` scenario reports it.
 //!
-//! The registry is an in-memory store holding what a converged cluster holds: N instances of
+//! The registry is an in-memory store holding what a converged cluster holds: the machines'
+//! records (their few KiB are counted in, spread over the units), N instances of
 //! `--templates` templates, each with its unit record, its schedule entry on one of
 //! `--machines` machines and the state its agent published there (loaded, active, running).
 //! The view is read from it as the engine leader reads it; every byte it allocates and does
@@ -12,7 +13,7 @@
 //! It prints one line of `key=value` pairs for the scenario to read.
 
 use anyhow::{Context, Result};
-use fleet_core::{DesiredState, MachineId, SystemdState, UnitFile, UnitName};
+use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
 use fleet_registry::kv::{Kv, MemKv, Txn, TxnOp};
 use fleet_registry::{
     DEFAULT_PREFIX, Keys, LiveView, MAX_TXN_OPS, Registry, ReplaceState, ScheduleEntry, UnitRecord,
@@ -20,6 +21,7 @@ use fleet_registry::{
 };
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use std::alloc::System;
+use std::collections::BTreeMap;
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -105,6 +107,20 @@ async fn fill(kv: &MemKv, units: usize, machines: usize, templates: usize) -> Re
         .collect();
     for file in &files {
         ops.push(put(keys.file(&file.hash()), file.canonical().into_bytes()));
+    }
+    for i in 0..machines {
+        let info = MachineInfo {
+            id: machine_id(i),
+            public_ip: format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+            metadata: BTreeMap::from([("sim".to_owned(), "yes".to_owned())]),
+            version: "bench".to_owned(),
+            disable_engine: false,
+            api: String::new(),
+        };
+        ops.push(put(keys.machine(&info.id), json(&info)));
+        if ops.len() >= MAX_TXN_OPS {
+            write(kv, std::mem::take(&mut ops)).await?;
+        }
     }
     for i in 0..units {
         let name = huge_unit(i, templates);
@@ -203,11 +219,16 @@ async fn measure(units: usize, machines: usize, templates: usize) -> Result<()> 
         snap.units.len(),
         snap.states.len()
     );
+    anyhow::ensure!(
+        snap.machines.len() == machines,
+        "the view holds {} machines, not {machines}",
+        snap.machines.len()
+    );
     let parts = [
-        ("units", kept_by(|| snap.units.clone())),
-        ("schedule", kept_by(|| snap.schedule.clone())),
-        ("states", kept_by(|| snap.states.clone())),
-        ("snapshot", kept_by(|| snap.clone())),
+        ("units_map", kept_by(|| snap.units.clone())),
+        ("schedule_map", kept_by(|| snap.schedule.clone())),
+        ("states_map", kept_by(|| snap.states.clone())),
+        ("snapshot_clone", kept_by(|| snap.clone())),
     ]
     .map(|(name, kept)| {
         let per_unit = kept.with_malloc() as f64 / units.max(1) as f64;
