@@ -9,6 +9,8 @@
 //!   100 ms once it is back (whether agents reconnect in lockstep);
 //! - `api`: the scale simulation with 10,000 units: a blocking `fleetctl start` and
 //!   `fleetctl list-units`, over the API next to over etcd;
+//! - `huge` (`make bench-huge`, not part of `make bench`): a million instances of 100
+//!   templates on 5,000 simulated machines, etcd's db size and the engine's view per unit;
 //! - `agent-probe` (internal): run by `one-agent` inside a machine.
 //!
 //! It measures; it never asserts the targets (they are reported as met or missed).
@@ -16,6 +18,7 @@
 mod api;
 mod counting;
 mod e2e;
+mod huge;
 mod metered;
 mod metrics;
 mod monitor;
@@ -123,6 +126,21 @@ enum Scenario {
         #[arg(long, default_value_t = 5)]
         window_secs: u64,
     },
+    /// A million units (instances of 100 templates) on 5,000 simulated machines.
+    Huge {
+        #[arg(long, default_value_t = 5000)]
+        machines: usize,
+        #[arg(long, default_value_t = 1_000_000)]
+        units: usize,
+        #[arg(long, default_value_t = 100)]
+        templates: usize,
+        /// etcd's `--quota-backend-bytes` (etcd's default is 2 GiB).
+        #[arg(long, default_value_t = 8 << 30)]
+        quota_bytes: u64,
+        /// How long to wait for every unit before reporting how far it got.
+        #[arg(long, default_value_t = 1800)]
+        within_secs: u64,
+    },
     /// Records how long the whole `make bench` took (its last step).
     #[command(hide = true)]
     Total {
@@ -203,6 +221,22 @@ fn main() -> Result<()> {
                 "reconnect",
                 runtime()?.block_on(reconnect::run(machines, outage, window))?,
             )
+        }
+        Scenario::Huge {
+            machines,
+            units,
+            templates,
+            quota_bytes,
+            within_secs,
+        } => {
+            let spec = huge::HugeSpec {
+                machines,
+                units,
+                templates: templates.max(1),
+                quota_bytes,
+                within: Duration::from_secs(within_secs),
+            };
+            ("huge", runtime()?.block_on(huge::run(spec))?)
         }
         Scenario::Total { secs } => ("total", report::total(Duration::from_secs(secs))),
         Scenario::AgentProbe(args) => return runtime()?.block_on(probe::run(args)),

@@ -51,6 +51,9 @@ pub struct SimSpec {
     /// Per-request etcd deadline. fleetd's default is 1 s; one process simulating a
     /// thousand machines on two cores is more loaded than any one fleetd, hence more here.
     pub request_timeout: Duration,
+    /// More flags for the simulation's own etcd (the `huge` scenario's quota and
+    /// `--max-txn-ops`); fleet's own code runs with etcd's defaults.
+    pub etcd_args: Vec<String>,
 }
 
 impl SimSpec {
@@ -63,6 +66,7 @@ impl SimSpec {
             resync: Duration::from_secs(60),
             engine_interval: EngineConfig::DEFAULT_RECONCILE_INTERVAL,
             request_timeout: Duration::from_secs(5),
+            etcd_args: Vec::new(),
         }
     }
 }
@@ -178,7 +182,7 @@ impl Sim {
     /// Starts etcd, registers every machine, starts every agent and the engines, and waits
     /// until every agent watches its schedule and an engine leads.
     pub async fn start(spec: SimSpec) -> Result<Sim> {
-        let etcd = TestEtcd::start().await;
+        let etcd = TestEtcd::start_with_args(&spec.etcd_args).await;
         let config = EtcdConfig {
             endpoints: vec![etcd.endpoint()],
             request_timeout: spec.request_timeout,

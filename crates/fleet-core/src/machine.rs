@@ -4,12 +4,14 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// A machine's ID: 1 to 64 ASCII letters, digits, `-` or `_` (systemd's machine IDs are 32
-/// lowercase hex digits). Safe to use as an etcd key segment.
+/// lowercase hex digits). Safe to use as an etcd key segment. Clones share the text: the
+/// engine's view names a machine in every schedule entry and state of its units.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct MachineId(String);
+pub struct MachineId(Arc<str>);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MachineIdError {
@@ -33,7 +35,7 @@ impl MachineId {
 
     /// fleet's `MachineID=` match: the full ID or its 8-character short form.
     pub fn matches(&self, wanted: &str) -> bool {
-        wanted == self.0 || (wanted.len() == 8 && wanted == self.short())
+        wanted == &*self.0 || (wanted.len() == 8 && wanted == self.short())
     }
 }
 
@@ -52,7 +54,7 @@ impl FromStr for MachineId {
         {
             return Err(MachineIdError::InvalidChar(c));
         }
-        Ok(Self(s.to_owned()))
+        Ok(Self(Arc::from(s)))
     }
 }
 
@@ -65,7 +67,7 @@ impl TryFrom<String> for MachineId {
 
 impl From<MachineId> for String {
     fn from(m: MachineId) -> String {
-        m.0
+        m.0.to_string()
     }
 }
 

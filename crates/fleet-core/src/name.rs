@@ -9,6 +9,7 @@ use crate::quote::{quote, quote_char};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// Longest accepted unit name, as in fleet (`unit name exceeds maximum length (256)`).
 pub const MAX_NAME_LEN: usize = 256;
@@ -138,11 +139,13 @@ pub enum NameError {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct UnitName {
-    name: String,
-    /// Byte offset of the final `.`.
-    dot: usize,
+    /// Shared by every clone: the engine's view holds each name in several maps, and a
+    /// million units made the copies count (docs/benchmarks.md, "A million units").
+    name: Arc<str>,
+    /// Byte offset of the final `.` (names are at most [`MAX_NAME_LEN`] bytes).
+    dot: u16,
     /// Byte offset of the first `@`, if any.
-    at: Option<usize>,
+    at: Option<u16>,
     unit_type: UnitType,
 }
 
@@ -187,13 +190,13 @@ impl UnitName {
 
     /// The name without its type suffix (`%N`): `web@1` for `web@1.service`.
     pub fn stem(&self) -> &str {
-        &self.name[..self.dot]
+        &self.name[..self.dot as usize]
     }
 
     /// The part before `@`, or the stem when there is no `@` (`%p`).
     pub fn prefix(&self) -> &str {
         match self.at {
-            Some(at) => &self.name[..at],
+            Some(at) => &self.name[..at as usize],
             None => self.stem(),
         }
     }
@@ -201,7 +204,7 @@ impl UnitName {
     /// The instance between `@` and the suffix (`%i`); empty for templates and plain units.
     pub fn instance(&self) -> &str {
         match self.at {
-            Some(at) => &self.name[at + 1..self.dot],
+            Some(at) => &self.name[at as usize + 1..self.dot as usize],
             None => "",
         }
     }
@@ -278,10 +281,12 @@ impl FromStr for UnitName {
         if dot == 0 {
             return Err(NameError::Reserved(name.to_owned()));
         }
+        // Both fit: the name is at most MAX_NAME_LEN bytes.
+        let offset = |i: usize| u16::try_from(i).expect("a unit name is short");
         Ok(UnitName {
-            name: name.to_owned(),
-            dot,
-            at,
+            name: Arc::from(name),
+            dot: offset(dot),
+            at: at.map(offset),
             unit_type,
         })
     }
@@ -296,7 +301,7 @@ impl TryFrom<String> for UnitName {
 
 impl From<UnitName> for String {
     fn from(n: UnitName) -> String {
-        n.name
+        n.name.to_string()
     }
 }
 

@@ -57,14 +57,33 @@ impl Snapshot {
         Cow::Owned(machines)
     }
 
-    pub(crate) fn insert_schedule(&mut self, e: ScheduleEntry) {
+    /// `name` as the unit map holds it, so that the schedule's and the states' copies share
+    /// its text (a clone of a name shares it; one decoded from another record does not).
+    fn shared_name(&self, name: &mut UnitName) {
+        if let Some((known, _)) = self.units.get_key_value(name) {
+            *name = known.clone();
+        }
+    }
+
+    /// `machine` as the machine map holds it (see [`shared_name`](Self::shared_name)).
+    fn shared_machine(&self, machine: &mut MachineId) {
+        if let Some((known, _)) = self.machines.get_key_value(machine) {
+            *machine = known.clone();
+        }
+    }
+
+    pub(crate) fn insert_schedule(&mut self, mut e: ScheduleEntry) {
+        self.shared_name(&mut e.name);
+        self.shared_machine(&mut e.machine);
         self.schedule
             .entry(e.name.clone())
             .or_default()
             .insert(e.machine.clone(), e);
     }
 
-    fn insert_state(&mut self, s: UnitStateRecord) {
+    fn insert_state(&mut self, mut s: UnitStateRecord) {
+        self.shared_name(&mut s.name);
+        self.shared_machine(&mut s.machine);
         self.states
             .entry(s.name.clone())
             .or_default()
@@ -205,5 +224,98 @@ impl<K: Kv> Registry<K> {
             .await
             .map_err(RegistryError::kv("reading snapshot"))?
             .kvs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::UnitRecord;
+    use fleet_core::{DesiredState, SystemdState, UnitFile};
+
+    fn kv(key: String, value: Vec<u8>) -> KeyValue {
+        KeyValue {
+            key,
+            value,
+            create_revision: 1,
+            mod_revision: 1,
+            version: 1,
+            lease: 0,
+        }
+    }
+
+    fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
+        serde_json::to_vec(value).unwrap()
+    }
+
+    #[test]
+    fn schedule_and_states_share_the_text_of_names_and_machines() {
+        let keys = Keys::new("/fleet/");
+        let name: UnitName = "web@1.service".parse().unwrap();
+        let machine: MachineId = "m1".parse().unwrap();
+        let hash = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n")
+            .unwrap()
+            .hash();
+        let info = MachineInfo {
+            id: machine.clone(),
+            public_ip: "10.0.0.1".to_owned(),
+            metadata: BTreeMap::new(),
+            version: "1".to_owned(),
+            disable_engine: false,
+            api: String::new(),
+        };
+        let record = UnitRecord {
+            name: name.clone(),
+            hash,
+            desired: DesiredState::Launched,
+            restart: 0,
+            replace: Default::default(),
+        };
+        let entry = ScheduleEntry {
+            name: name.clone(),
+            machine: machine.clone(),
+            hash,
+            desired: DesiredState::Launched,
+            restart: 0,
+            no_restart: false,
+            placement: 0,
+        };
+        let state = UnitStateRecord {
+            name: name.clone(),
+            machine: machine.clone(),
+            hash: Some(hash),
+            systemd: SystemdState::not_found(),
+            drop_ins: Vec::new(),
+            restart: 0,
+            restart_pending: false,
+        };
+        let mut snap = Snapshot::default();
+        for (key, value) in [
+            (keys.unit(&name), json(&record)),
+            (keys.machine(&machine), json(&info)),
+            (keys.schedule(&machine, &name), json(&entry)),
+            (keys.state(&machine, &name), json(&state)),
+        ] {
+            assert!(snap.insert(&keys, &kv(key, value)).is_none());
+        }
+        let text = |n: &UnitName| n.as_str().as_ptr();
+        let (unit_key, unit) = snap.units.first_key_value().unwrap();
+        let (machine_key, _) = snap.machines.first_key_value().unwrap();
+        let (schedule_key, on) = snap.schedule.first_key_value().unwrap();
+        let (state_key, states) = snap.states.first_key_value().unwrap();
+        let (entry, state) = (&on[&machine], &states[&machine]);
+        for n in [
+            unit.name(),
+            schedule_key,
+            &entry.name,
+            state_key,
+            &state.name,
+        ] {
+            assert_eq!(text(n), text(unit_key), "{n} has a copy of its own");
+        }
+        let (on_key, _) = on.iter().next().unwrap();
+        for m in [on_key, &entry.machine, &state.machine] {
+            assert_eq!(m.as_str().as_ptr(), machine_key.as_str().as_ptr());
+        }
     }
 }

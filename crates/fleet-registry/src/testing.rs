@@ -62,6 +62,8 @@ pub struct TestEtcd {
     tls: Option<ServerTls>,
     /// With etcd's authentication: how it was asked for, and whether it is on yet.
     auth: Option<AuthSetup>,
+    /// More server flags, e.g. a benchmark's `--quota-backend-bytes` and `--max-txn-ops`.
+    extra_args: Vec<String>,
 }
 
 /// A test etcd's authentication (etcd's simple tokens).
@@ -88,7 +90,13 @@ struct ServerTls {
 impl TestEtcd {
     /// Starts a server and waits until it answers a read. Panics if it cannot.
     pub async fn start() -> TestEtcd {
-        TestEtcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), None, None).await
+        TestEtcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), None, None, &[]).await
+    }
+
+    /// [`start`](Self::start) with more server flags (`--quota-backend-bytes=...`): for a
+    /// benchmark's own etcd; fleet itself must work with etcd's defaults.
+    pub async fn start_with_args(args: &[String]) -> TestEtcd {
+        TestEtcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), None, None, args).await
     }
 
     /// Starts a server with etcd's authentication on: user `root` (password
@@ -109,7 +117,8 @@ impl TestEtcd {
             token_ttl,
             enabled: false,
         };
-        let mut etcd = TestEtcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), None, Some(auth)).await;
+        let mut etcd =
+            TestEtcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), None, Some(auth), &[]).await;
         enable_auth(&etcd.config()).await;
         if let Some(auth) = &mut etcd.auth {
             auth.enabled = true;
@@ -146,10 +155,15 @@ impl TestEtcd {
             key: certs.server_key(),
             client: certs.client_files(),
         };
-        TestEtcd::start_on(host, Some(tls), None).await
+        TestEtcd::start_on(host, Some(tls), None, &[]).await
     }
 
-    async fn start_on(host: IpAddr, tls: Option<ServerTls>, auth: Option<AuthSetup>) -> TestEtcd {
+    async fn start_on(
+        host: IpAddr,
+        tls: Option<ServerTls>,
+        auth: Option<AuthSetup>,
+        extra_args: &[String],
+    ) -> TestEtcd {
         let mut last_log = String::new();
         for attempt in 1..=START_ATTEMPTS {
             let (client_port, peer_port) = free_ports();
@@ -161,6 +175,7 @@ impl TestEtcd {
                 peer_port,
                 tls: tls.clone(),
                 auth,
+                extra_args: extra_args.to_vec(),
             };
             etcd.spawn();
             if etcd.wait_ready().await {
@@ -289,6 +304,7 @@ impl TestEtcd {
             token: None,
         };
         let mut command = etcd_command(&member, log);
+        command.args(&self.extra_args);
         if let Some(ttl) = self.auth.and_then(|a| a.token_ttl) {
             command.arg(format!("--auth-token-ttl={}", ttl.as_secs().max(1)));
         }

@@ -1,0 +1,358 @@
+//! Scenario `huge` (`make bench-huge`, issue 19): instances of 100 templates on 5,000
+//! simulated machines, one million by default, on the scale scenario's simulation (real
+//! agents and engines on a fake systemd, one real etcd). The units are created through
+//! fleetctl's own submit path with the arguments a shell makes of
+//! `fleetctl start --no-block dir/huge-{00..99}@{0..9999}.service`.
+//!
+//! Measures when every unit was written, scheduled and reported launched; the bench's peak
+//! memory (VmHWM: agents, engines and the benchmark's own watch, in one process); etcd's db
+//! size, memory and keys; and the engine's view in bytes per unit, read by
+//! `fleet-view-memory` (a binary of its own, whose allocator counts) from an in-memory
+//! registry of the same units before the simulation starts.
+//!
+//! Only this scenario's etcd gets a larger `--quota-backend-bytes` (etcd's default, 2 GiB,
+//! is not enough for a million units' records and their history); `--max-txn-ops` stays at
+//! etcd's default of 128, the limit fleetd's own transactions keep to.
+
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+use crate::report::{self, Table, secs, verdict};
+use crate::scale::process_cpu;
+use crate::sim::{Sim, SimSpec};
+
+/// The issue's target: every unit launched within ten minutes.
+const TARGET: Duration = Duration::from_secs(600);
+/// The most the view is measured at (an in-memory store of every record, plus the view).
+const VIEW_UNITS: usize = 100_000;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct HugeSpec {
+    pub machines: usize,
+    pub units: usize,
+    pub templates: usize,
+    /// etcd's `--quota-backend-bytes`.
+    pub quota_bytes: u64,
+    /// How long to wait for convergence before reporting what was reached.
+    pub within: Duration,
+}
+
+/// Instance `i`: `huge-TT@N.service`, of template `i % templates` (as `fleet-view-memory`
+/// names them).
+pub fn unit_arg(dir: &Path, i: usize, templates: usize) -> String {
+    let name = format!("huge-{:02}@{}.service", i % templates, i / templates);
+    dir.join(name).to_string_lossy().into_owned()
+}
+
+/// The text of template `t` (as `fleet-view-memory` writes it).
+pub fn template_text(t: usize) -> String {
+    format!(
+        "[Unit]\nDescription=fleet huge bench template {t}, instance %i\n\n\
+         [Service]\nExecStart=/bin/sleep infinity\n"
+    )
+}
+
+/// The engine view's memory, as `fleet-view-memory` prints it (`key=value` pairs).
+#[derive(Debug, Clone, Default)]
+struct ViewMemory {
+    units: usize,
+    bytes_per_unit: f64,
+    with_malloc_per_unit: f64,
+    allocations_per_unit: f64,
+    /// Per-unit bytes of the units, schedule and states maps, and of a clone of the whole
+    /// snapshot.
+    parts: Vec<(String, f64)>,
+}
+
+fn view_memory(units: usize, machines: usize, templates: usize) -> Result<ViewMemory> {
+    let bin = std::env::current_exe()?
+        .parent()
+        .context("this binary has no directory")?
+        .join("fleet-view-memory");
+    let out = std::process::Command::new(&bin)
+        .args(["--units", &units.to_string()])
+        .args(["--machines", &machines.to_string()])
+        .args(["--templates", &templates.to_string()])
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "fleet-view-memory failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let pairs: Vec<(&str, f64)> = text
+        .split_whitespace()
+        .filter_map(|p| p.split_once('='))
+        .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
+        .collect();
+    let get = |key: &str| pairs.iter().find(|(k, _)| *k == key).map_or(0.0, |p| p.1);
+    Ok(ViewMemory {
+        units,
+        bytes_per_unit: get("bytes_per_unit"),
+        with_malloc_per_unit: get("with_malloc_per_unit"),
+        allocations_per_unit: get("allocations_per_unit"),
+        parts: ["units_map", "schedule_map", "states_map", "snapshot_clone"]
+            .iter()
+            .map(|k| ((*k).to_owned(), get(k)))
+            .collect(),
+    })
+}
+
+/// This process's peak resident memory (VmHWM), MiB.
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|l| l.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The 1-minute load average.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+/// How far the run got.
+#[derive(Debug)]
+struct Reached {
+    prepared_in: Duration,
+    written_in: Duration,
+    /// Each `None` if not reached within the spec's limit.
+    scheduled_in: Option<Duration>,
+    launched_in: Option<Duration>,
+    /// What was reached at the end.
+    scheduled: usize,
+    launched: usize,
+    bench_cpu: f64,
+    etcd_cpu: f64,
+    load_at_end: String,
+}
+
+/// Runs the scenario; returns its Markdown section.
+pub async fn run(spec: HugeSpec) -> Result<String> {
+    let wall = SystemTime::now();
+    let started = Instant::now();
+    let view_units = spec.units.min(VIEW_UNITS);
+    println!("huge: measuring the engine's view at {view_units} units");
+    let view = view_memory(view_units, spec.machines, spec.templates)?;
+    println!(
+        "huge: the view keeps {:.0} bytes per unit ({:.0} with malloc's headers)",
+        view.bytes_per_unit, view.with_malloc_per_unit
+    );
+    let mut sim_spec = SimSpec::new(spec.machines);
+    sim_spec.etcd_args = vec![format!("--quota-backend-bytes={}", spec.quota_bytes)];
+    println!("huge: starting {} simulated machines", spec.machines);
+    let sim = Sim::start(sim_spec).await?;
+    let dir = report::work_dir().join("huge");
+    let args = write_templates(&dir, &spec)?;
+    let before = Metrics::fetch(&sim.etcd_endpoint())?;
+    let cpu = process_cpu();
+    println!("huge: starting {} units", spec.units);
+    let t0 = Instant::now();
+    let prepared_in = submit(&sim, &args).await?;
+    drop(args);
+    let written_in = t0.elapsed();
+    println!(
+        "huge: {} units prepared in {}, written in {}",
+        spec.units,
+        secs(prepared_in),
+        secs(written_in)
+    );
+    let units = spec.units;
+    let wait = |what: &'static str, done: fn(&crate::monitor::View, usize) -> bool| {
+        let sim = &sim;
+        async move {
+            let res = sim
+                .monitor
+                .wait(t0, spec.within, what, |v| done(v, units))
+                .await;
+            match res {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    println!("huge: {e:#}");
+                    None
+                }
+            }
+        }
+    };
+    let scheduled_in = wait("every unit scheduled", |v, n| v.scheduled() >= n).await;
+    if let Some(d) = scheduled_in {
+        println!("huge: every unit scheduled in {}", secs(d));
+    }
+    let launched_in = match scheduled_in {
+        Some(_) => wait("every unit launched", |v, n| v.launched() >= n).await,
+        None => None,
+    };
+    if let Some(d) = launched_in {
+        println!("huge: every unit launched in {}", secs(d));
+    }
+    let after = Metrics::fetch(&sim.etcd_endpoint())?;
+    let (scheduled, launched) = sim.monitor.with(|v| (v.scheduled(), v.launched()));
+    let reached = Reached {
+        prepared_in,
+        written_in,
+        scheduled_in,
+        launched_in,
+        scheduled,
+        launched,
+        bench_cpu: process_cpu() - cpu,
+        etcd_cpu: after.sum("process_cpu_seconds_total", &[])
+            - before.sum("process_cpu_seconds_total", &[]),
+        load_at_end: load_average(),
+    };
+    let peak = peak_rss_mib();
+    sim.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut out = report::provenance(wall, started.elapsed())
+        .replace("(part of `make bench`)", "(`make bench-huge`)");
+    out.push('\n');
+    out.push_str(&render(&spec, &reached, peak, &view, &after));
+    Ok(out)
+}
+
+/// `fleetctl start --no-block ARGS` as [`Sim::submit`] does it, timing its two halves:
+/// returns how long resolving the arguments (reading the files and the registry) took.
+async fn submit(sim: &Sim, args: &[String]) -> Result<Duration> {
+    use fleet_ops::etcd::RegistryCluster;
+    use fleetctl::commands::Ctx;
+    use fleetctl::commands::submit::{self, Verb};
+    let cluster = RegistryCluster::new(sim.client.clone());
+    let mut ctx = Ctx {
+        cluster: cluster.clone(),
+        out: Box::new(std::io::sink()),
+        err: Box::new(std::io::sink()),
+        write_failed: None,
+    };
+    let t0 = Instant::now();
+    let prepared = submit::prepare(&mut ctx, args, false, Verb::Start).await?;
+    let prepared_in = t0.elapsed();
+    let how = fleet_ops::ReplaceHow::default();
+    let results = submit::apply(&cluster, prepared, fleet_core::DesiredState::Launched, &how).await;
+    for (name, res) in results {
+        res.with_context(|| format!("creating {name}"))?;
+    }
+    Ok(prepared_in)
+}
+
+/// Writes the templates where a user keeps them; returns the instance arguments.
+fn write_templates(dir: &PathBuf, spec: &HugeSpec) -> Result<Vec<String>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for t in 0..spec.templates {
+        let path = dir.join(format!("huge-{t:02}@.service"));
+        std::fs::write(&path, template_text(t))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok((0..spec.units)
+        .map(|i| unit_arg(dir, i, spec.templates))
+        .collect())
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.0} MiB", bytes / (1024.0 * 1024.0))
+}
+
+fn render(spec: &HugeSpec, r: &Reached, peak: f64, view: &ViewMemory, etcd: &Metrics) -> String {
+    let mut t = Table::new(&["figure", "measured", "target", ""]);
+    let reached = |d: Option<Duration>, n: usize| match d {
+        Some(d) => secs(d),
+        None => format!("not within {} ({n} of {})", secs(spec.within), spec.units),
+    };
+    t.row(vec![
+        format!("{} units written (fleetctl's submit path)", spec.units),
+        format!(
+            "{} (of which resolving the arguments {})",
+            secs(r.written_in),
+            secs(r.prepared_in)
+        ),
+        String::new(),
+        String::new(),
+    ]);
+    t.row(vec![
+        "every unit scheduled".into(),
+        reached(r.scheduled_in, r.scheduled),
+        String::new(),
+        String::new(),
+    ]);
+    let met = r.launched_in.is_some_and(|d| d < TARGET) && spec.units >= 1_000_000;
+    t.row(vec![
+        "every unit reported launched".into(),
+        reached(r.launched_in, r.launched),
+        format!("1,000,000 units in < {}", secs(TARGET)),
+        verdict(met).into(),
+    ]);
+    t.row(vec![
+        "bench peak memory (VmHWM: agents, engines, its watch)".into(),
+        format!("{peak:.0} MiB"),
+        String::new(),
+        String::new(),
+    ]);
+    t.row(vec![
+        format!("engine view per unit (at {} units)", view.units),
+        format!(
+            "{:.0} B asked for, {:.0} B with malloc's headers ({:.1} allocations)",
+            view.bytes_per_unit, view.with_malloc_per_unit, view.allocations_per_unit
+        ),
+        String::new(),
+        String::new(),
+    ]);
+    let parts: Vec<String> = view
+        .parts
+        .iter()
+        .map(|(k, v)| format!("{k} {v:.0} B"))
+        .collect();
+    t.row(vec![
+        "of which (with headers)".into(),
+        parts.join(", "),
+        String::new(),
+        String::new(),
+    ]);
+    t.row(vec![
+        "engine view at 1,000,000 units (per unit × 10⁶)".into(),
+        mib(view.with_malloc_per_unit * 1e6),
+        String::new(),
+        String::new(),
+    ]);
+    t.row(vec![
+        "etcd db size (in use)".into(),
+        format!(
+            "{} ({})",
+            mib(etcd.sum("etcd_mvcc_db_total_size_in_bytes", &[])),
+            mib(etcd.sum("etcd_mvcc_db_total_size_in_use_in_bytes", &[]))
+        ),
+        format!("quota {}", mib(spec.quota_bytes as f64)),
+        String::new(),
+    ]);
+    t.row(vec![
+        "etcd keys, memory".into(),
+        format!(
+            "{:.0} keys, {} resident",
+            etcd.sum("etcd_debugging_mvcc_keys_total", &[]),
+            mib(etcd.sum("process_resident_memory_bytes", &[]))
+        ),
+        String::new(),
+        String::new(),
+    ]);
+    t.row(vec![
+        "CPU: bench, etcd (during the run)".into(),
+        format!("{:.0} s, {:.0} s", r.bench_cpu, r.etcd_cpu),
+        String::new(),
+        String::new(),
+    ]);
+    let mut s = t.render();
+    s.push_str(&format!(
+        "\n{} machines, {} templates; etcd `--quota-backend-bytes={}`, `--max-txn-ops` at its \
+         default (128). Load average at the end: {} (the machine is shared).\n",
+        spec.machines, spec.templates, spec.quota_bytes, r.load_at_end
+    ));
+    s
+}
