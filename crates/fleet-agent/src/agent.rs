@@ -613,8 +613,20 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     /// A unit whose source cannot be read is held too, this pass: fail closed.
     async fn foreign(&mut self, desired: &Desired) -> Vec<UnitName> {
         let mut foreign = Vec::new();
-        for name in desired.unowned(&self.current.units) {
-            match self.manager.source(&name).await {
+        // One call per unit without a file of ours: asked 32 at a time, not one after
+        // another (a pass with 3,000 new units made 3,000 serial round trips to systemd).
+        let manager = &self.manager;
+        let sources: Vec<(UnitName, Result<UnitSource, _>)> =
+            futures::stream::iter(desired.unowned(&self.current.units))
+                .map(|name| async move {
+                    let source = manager.source(&name).await;
+                    (name, source)
+                })
+                .buffered(FILE_FETCHES)
+                .collect()
+                .await;
+        for (name, source) in sources {
+            match source {
                 Ok(UnitSource::NoFile | UnitSource::UnitsDir) => continue,
                 Ok(UnitSource::Foreign { fragment }) => {
                     if self.denied.insert(name.clone()) {
