@@ -112,7 +112,7 @@ impl Current {
         let names: Vec<UnitName> = self.hashes.keys().cloned().collect();
         let details: Vec<(UnitName, Result<_, ManagerError>)> = futures::stream::iter(names)
             .map(|name| async move {
-                let d = manager.details(&name).await;
+                let d = manager.reload_facts(&name).await;
                 (name, d)
             })
             .buffer_unordered(32)

@@ -1,7 +1,8 @@
-//! Runs a plan's tasks on a [`UnitManager`], in the order the planner sorted them, keeping the
-//! promises of [`crate::manager`]: a unit's stop job is awaited before its file is removed or
-//! rewritten, one daemon-reload serves the whole batch, and a failing unit fails alone (its
-//! later tasks in this plan are skipped, the other units go on).
+//! Runs a plan's tasks on a [`UnitManager`], each unit's in the order the planner sorted them,
+//! keeping the promises of [`crate::manager`]: a unit's stop job is awaited before its file is
+//! removed or rewritten, one daemon-reload serves the whole batch, and a failing unit fails
+//! alone (its later tasks in this plan are skipped, the other units go on). Units do not wait
+//! for each other, except for the one reload when a start needs it (see [`execute`]).
 //!
 //! Each task logs one line, when it is over, with its result: `task completed` (info) or
 //! `task failed` (warn). A start that failed carries what systemd says of the unit (its
@@ -11,13 +12,13 @@
 
 use fleet_core::{UnitFile, UnitHash, UnitName};
 use futures::StreamExt;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::manager::{JobOutcome, MainExit, ManagerError, UnitManager};
 use crate::metrics::TaskResult;
-use crate::plan::{Task, TaskKind};
+use crate::plan::{Reason, Task, TaskKind, reload_rank};
 use crate::revivals;
 
 /// How many units' tasks of one kind run at once (each may hold a D-Bus job; the real
@@ -65,60 +66,220 @@ pub struct Outcome {
     pub results: Vec<(TaskKind, TaskResult)>,
 }
 
+/// One unit's tasks of a plan, in order: those before the plan's reload (`Unload`, `Load`)
+/// and those after it (`Stop`, `Start`, `Restart`).
+#[derive(Debug, Default)]
+struct Chain {
+    before: Vec<Task>,
+    after: Vec<Task>,
+    /// A running unit replaced by a new version of its file that starts again: its stop is
+    /// awaited, then the new file is written over the old one, which stays linked. Disabling,
+    /// resetting and relinking it (three more calls into systemd, each serialised in PID 1)
+    /// would only undo what the load redoes.
+    swap: bool,
+}
+
+/// How one unit's chain ended.
+struct ChainEnd {
+    unit: UnitName,
+    results: Vec<(TaskKind, TaskResult)>,
+    error: Option<TaskError>,
+}
+
 /// Executes `tasks` (already sorted by kind); `files` holds the desired file of every unit to
 /// load, by hash; `desired_hash` maps units to load to their hash.
+///
+/// Each unit's tasks run in order, as one chain, and the chains of different units run
+/// concurrently ([`CONCURRENCY`] at once): no unit waits for another's stop. The only
+/// barrier is the plan's one daemon-reload, and only when a start needs it: every chain
+/// runs its tasks before the reload, then the reload runs once, then the tasks after it. A
+/// reload that only forgets removed units (`UnitFileRemoved`) holds nothing back: it runs
+/// once every chain is over.
 pub async fn execute<M: UnitManager>(
     manager: &M,
     tasks: Vec<Task>,
     desired_hash: &BTreeMap<UnitName, UnitHash>,
     files: &BTreeMap<UnitHash, UnitFile>,
 ) -> Outcome {
-    let mut outcome = Outcome::default();
-    let mut by_kind: BTreeMap<TaskKind, Vec<Task>> = BTreeMap::new();
+    let mut reload = None;
+    let mut chains: BTreeMap<UnitName, Chain> = BTreeMap::new();
     for t in tasks {
-        by_kind.entry(t.kind).or_default().push(t);
-    }
-    for (kind, tasks) in by_kind {
-        let failed: BTreeSet<UnitName> = outcome.failed.keys().cloned().collect();
-        let planned = tasks.len();
-        let runnable: Vec<Task> = tasks
-            .into_iter()
-            .filter(|t| kind == TaskKind::ReloadUnitFiles || !failed.contains(&t.unit))
-            .collect();
-        let skipped = planned - runnable.len();
-        outcome
-            .results
-            .extend(std::iter::repeat_n((kind, TaskResult::Skipped), skipped));
-        if kind == TaskKind::ReloadUnitFiles {
-            if let Some(task) = runnable.into_iter().next() {
-                outcome.executed += 1;
-                let res = run_task(manager, &task, desired_hash, files).await;
-                outcome.results.push((kind, result_of(&res)));
-                if let Err(e) = res {
-                    // A failed reload leaves every loaded unit in doubt: retry them all later.
-                    warn!(error = %e, "daemon-reload failed");
-                    outcome.failed.insert(task.unit.clone(), e);
-                }
+        match t.kind {
+            TaskKind::ReloadUnitFiles => {
+                reload.get_or_insert(t);
             }
+            TaskKind::Unload | TaskKind::Load => {
+                chains.entry(t.unit.clone()).or_default().before.push(t)
+            }
+            TaskKind::Stop | TaskKind::Start | TaskKind::Restart => {
+                chains.entry(t.unit.clone()).or_default().after.push(t)
+            }
+        }
+    }
+    for chain in chains.values_mut() {
+        chain.swap = is_swap(chain);
+    }
+    let written: Vec<UnitName> = chains
+        .iter()
+        .filter(|(_, c)| !c.before.is_empty())
+        .map(|(unit, _)| unit.clone())
+        .collect();
+    let ctx = Ctx {
+        manager,
+        desired_hash,
+        files,
+    };
+    let mut outcome = Outcome::default();
+    let barrier = reload
+        .as_ref()
+        .is_some_and(|r| r.reason != Reason::UnitFileRemoved);
+    if !barrier {
+        let whole = chains.into_iter().map(|(unit, mut c)| {
+            c.before.append(&mut c.after);
+            (unit, c)
+        });
+        run_chains(&ctx, whole.collect(), &mut outcome).await;
+        if let Some(task) = reload {
+            run_reload(&ctx, task, &written, &mut outcome).await;
+        }
+        return outcome;
+    }
+    let mut after = BTreeMap::new();
+    let before = chains
+        .into_iter()
+        .map(|(unit, mut c)| {
+            after.insert(unit.clone(), std::mem::take(&mut c.after));
+            (unit, c)
+        })
+        .collect();
+    run_chains(&ctx, before, &mut outcome).await;
+    if let Some(task) = reload {
+        run_reload(&ctx, task, &written, &mut outcome).await;
+    }
+    let after = after
+        .into_iter()
+        .filter(|(_, tasks)| !tasks.is_empty())
+        .filter_map(|(unit, tasks)| {
+            if outcome.failed.contains_key(&unit) {
+                let skipped = tasks.iter().map(|t| (t.kind, TaskResult::Skipped));
+                outcome.results.extend(skipped);
+                return None;
+            }
+            let chain = Chain {
+                before: tasks,
+                ..Chain::default()
+            };
+            Some((unit, chain))
+        })
+        .collect();
+    run_chains(&ctx, after, &mut outcome).await;
+    outcome
+}
+
+/// What every task of a run needs.
+struct Ctx<'a, M> {
+    manager: &'a M,
+    desired_hash: &'a BTreeMap<UnitName, UnitHash>,
+    files: &'a BTreeMap<UnitHash, UnitFile>,
+}
+
+/// Whether `chain` replaces a unit's file and starts it again (see [`Chain::swap`]).
+fn is_swap(chain: &Chain) -> bool {
+    let unloads_for_new_hash = chain
+        .before
+        .iter()
+        .any(|t| t.kind == TaskKind::Unload && matches!(t.reason, Reason::HashDiffers { .. }));
+    let loads = chain.before.iter().any(|t| t.kind == TaskKind::Load);
+    let starts = chain.after.iter().any(|t| t.kind == TaskKind::Start);
+    unloads_for_new_hash && loads && starts
+}
+
+/// Runs each chain's `before` tasks in order, the chains concurrently.
+async fn run_chains<M: UnitManager>(
+    ctx: &Ctx<'_, M>,
+    chains: Vec<(UnitName, Chain)>,
+    outcome: &mut Outcome,
+) {
+    let ends: Vec<ChainEnd> = futures::stream::iter(chains)
+        .map(|(unit, chain)| run_chain(ctx, unit, chain))
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    for end in ends {
+        outcome.executed += end
+            .results
+            .iter()
+            .filter(|(_, r)| *r != TaskResult::Skipped)
+            .count();
+        outcome.results.extend(end.results);
+        if let Some(e) = end.error {
+            outcome.failed.insert(end.unit, e);
+        }
+    }
+}
+
+/// One unit's tasks, in order; after a failure the rest are skipped.
+async fn run_chain<M: UnitManager>(ctx: &Ctx<'_, M>, unit: UnitName, chain: Chain) -> ChainEnd {
+    let mut end = ChainEnd {
+        unit,
+        results: Vec::with_capacity(chain.before.len()),
+        error: None,
+    };
+    for task in &chain.before {
+        if end.error.is_some() {
+            end.results.push((task.kind, TaskResult::Skipped));
             continue;
         }
-        let results: Vec<(UnitName, Result<(), TaskError>)> = futures::stream::iter(runnable)
-            .map(|task| async move {
-                let res = run_task(manager, &task, desired_hash, files).await;
-                (task.unit, res)
-            })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
-        for (unit, res) in results {
-            outcome.executed += 1;
-            outcome.results.push((kind, result_of(&res)));
-            if let Err(e) = res {
-                outcome.failed.insert(unit, e);
-            }
-        }
+        let res = run_task(ctx, task, chain.swap).await;
+        end.results.push((task.kind, result_of(&res)));
+        end.error = res.err();
     }
-    outcome
+    end
+}
+
+/// Whether systemd still holds an old definition of a unit whose file this plan wrote or
+/// removed. A stopped unit is garbage-collected, so a start loads its new file on demand and
+/// the reload (global, 0.2-0.7 s with a few hundred units) would only repeat that: one
+/// property read per unit tells. A read that fails counts as stale (reload, fail safe).
+async fn any_stale<M: UnitManager>(ctx: &Ctx<'_, M>, units: &[UnitName]) -> bool {
+    let manager = ctx.manager;
+    let stale: Vec<bool> = futures::stream::iter(units.to_vec())
+        .map(|unit| async move {
+            match manager.reload_facts(&unit).await {
+                Ok(facts) => facts.need_daemon_reload,
+                Err(_) => true,
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    stale.into_iter().any(|s| s)
+}
+
+/// The plan's reload, unless it was planned only for files this plan wrote or removed and
+/// systemd holds none of those units stale (then it is skipped).
+async fn run_reload<M: UnitManager>(
+    ctx: &Ctx<'_, M>,
+    task: Task,
+    written: &[UnitName],
+    outcome: &mut Outcome,
+) {
+    if reload_rank(&task.reason) <= 1 && !any_stale(ctx, written).await {
+        debug!(
+            units = written.len(),
+            "daemon-reload not needed: no unit holds an old file"
+        );
+        outcome.results.push((task.kind, TaskResult::Skipped));
+        return;
+    }
+    outcome.executed += 1;
+    let res = run_task(ctx, &task, false).await;
+    outcome.results.push((task.kind, result_of(&res)));
+    if let Err(e) = res {
+        // A failed reload leaves every loaded unit in doubt: retry them all later.
+        warn!(error = %e, "daemon-reload failed");
+        outcome.failed.insert(task.unit.clone(), e);
+    }
 }
 
 fn result_of(res: &Result<(), TaskError>) -> TaskResult {
@@ -129,11 +290,11 @@ fn result_of(res: &Result<(), TaskError>) -> TaskResult {
 }
 
 async fn run_task<M: UnitManager>(
-    manager: &M,
+    ctx: &Ctx<'_, M>,
     task: &Task,
-    desired_hash: &BTreeMap<UnitName, UnitHash>,
-    files: &BTreeMap<UnitHash, UnitFile>,
+    swap: bool,
 ) -> Result<(), TaskError> {
+    let manager = ctx.manager;
     let span = info_span!("task", unit = %task.unit, kind = %task.kind);
     async {
         debug!(reason = %task.reason, "executing task");
@@ -142,7 +303,7 @@ async fn run_task<M: UnitManager>(
             true => Some(failure(manager, &task.unit).await),
             false => None,
         };
-        let res = run_task_inner(manager, task, desired_hash, files).await;
+        let res = run_task_inner(ctx, task, swap).await;
         match (&res, died) {
             (Ok(()), Some(died)) => warn!(
                 reason = %task.reason,
@@ -167,11 +328,11 @@ async fn run_task<M: UnitManager>(
 }
 
 async fn run_task_inner<M: UnitManager>(
-    manager: &M,
+    ctx: &Ctx<'_, M>,
     task: &Task,
-    desired_hash: &BTreeMap<UnitName, UnitHash>,
-    files: &BTreeMap<UnitHash, UnitFile>,
+    swap: bool,
 ) -> Result<(), TaskError> {
+    let (manager, desired_hash, files) = (ctx.manager, ctx.desired_hash, ctx.files);
     let kind = task.kind;
     let unit = &task.unit;
     let mgr = |e| TaskError::Manager(kind, e);
@@ -182,7 +343,11 @@ async fn run_task_inner<M: UnitManager>(
             if !out.is_success() && out != JobOutcome::Failed {
                 return Err(TaskError::Job(kind, out, Failure::default()));
             }
-            manager.uninstall(unit).await.map_err(mgr)
+            match swap {
+                // The load that follows writes the new file over this one.
+                true => Ok(()),
+                false => manager.uninstall(unit).await.map_err(mgr),
+            }
         }
         TaskKind::Load => {
             let hash = desired_hash
@@ -238,10 +403,10 @@ async fn failure<M: UnitManager>(manager: &M, unit: &UnitName) -> Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake::{FakeJob, FakeManager};
+    use crate::fake::{Call, FakeJob, FakeManager};
     use crate::manager::JobKind;
-    use crate::plan::Reason;
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
     use tracing_subscriber::layer::SubscriberExt;
 
     fn name(s: &str) -> UnitName {
@@ -288,7 +453,8 @@ mod tests {
         };
         let tasks = vec![
             task(TaskKind::Load, Reason::FileMissing),
-            task(TaskKind::ReloadUnitFiles, Reason::UnitFileChanged),
+            // A reload that is run whatever the files (a new unit's own needs none).
+            task(TaskKind::ReloadUnitFiles, Reason::NeedDaemonReload),
             task(TaskKind::Start, Reason::LaunchAfterLoad),
         ];
         let lines = Lines::default();
@@ -355,5 +521,167 @@ mod tests {
         assert!(failed[0].contains("result=\"exit-code\""), "{failed:?}");
         assert!(failed[0].contains("exit=\"exit status 1\""), "{failed:?}");
         assert_eq!(log.len(), 3, "one line per task: {log:#?}");
+    }
+    fn hashes_of(units: &[UnitName], file: &UnitFile) -> BTreeMap<UnitName, UnitHash> {
+        units.iter().map(|u| (u.clone(), file.hash())).collect()
+    }
+
+    /// The plan of replacing every unit of `units` (running `old`) by `new`.
+    fn replace_plan(units: &[UnitName], old: &UnitFile, new: &UnitFile) -> Vec<Task> {
+        let reason = Reason::HashDiffers {
+            current: old.hash(),
+            desired: new.hash(),
+        };
+        let mut tasks = Vec::new();
+        for kind in [TaskKind::Unload, TaskKind::Load] {
+            tasks.extend(units.iter().map(|u| Task {
+                kind,
+                unit: u.clone(),
+                reason: reason.clone(),
+            }));
+        }
+        tasks.push(Task {
+            kind: TaskKind::ReloadUnitFiles,
+            unit: units[0].clone(),
+            reason: Reason::UnitFileChanged,
+        });
+        tasks.extend(units.iter().map(|u| Task {
+            kind: TaskKind::Start,
+            unit: u.clone(),
+            reason: Reason::LaunchAfterLoad,
+        }));
+        tasks
+    }
+
+    #[tokio::test]
+    async fn replacing_300_units_costs_one_reload_and_keeps_their_links() {
+        let fake = FakeManager::new();
+        let old = UnitFile::parse(b"[Service]\nExecStart=/bin/sleep 1\n").unwrap();
+        let new = UnitFile::parse(b"[Service]\nExecStart=/bin/sleep 2\n").unwrap();
+        let units: Vec<UnitName> = (0..300)
+            .map(|i| name(&format!("u{i:03}.service")))
+            .collect();
+        for u in &units {
+            fake.put_unit(u, &old, true);
+        }
+        fake.take_calls();
+        let files = BTreeMap::from([(new.hash(), new.clone())]);
+        let tasks = replace_plan(&units, &old, &new);
+        let outcome = execute(&fake, tasks, &hashes_of(&units, &new), &files).await;
+        assert!(outcome.failed.is_empty(), "{:?}", outcome.failed);
+        let calls = fake.calls();
+        let reloads: Vec<usize> = (0..calls.len())
+            .filter(|i| calls[*i] == Call::Reload)
+            .collect();
+        assert_eq!(reloads.len(), 1, "one daemon-reload for the batch");
+        assert!(
+            !calls.iter().any(|c| matches!(c, Call::Uninstall(_))),
+            "a replaced file is written over, not unlinked and relinked"
+        );
+        let at = |c: &Call| calls.iter().position(|x| x == c).unwrap();
+        for u in &units {
+            let (stop, install) = (
+                at(&Call::Stop(u.clone())),
+                at(&Call::Install(u.clone(), new.hash())),
+            );
+            let start = at(&Call::Start(u.clone()));
+            assert!(
+                stop < install && install < reloads[0] && reloads[0] < start,
+                "{u}"
+            );
+            assert!(fake.is_linked(u));
+            assert_eq!(
+                fake.running_hash(u),
+                Some(new.hash()),
+                "{u} runs the new file"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_unit_starts_without_waiting_for_an_unrelated_stop() {
+        let fake = FakeManager::new().with_job_timeout(Duration::from_secs(100));
+        let file = UnitFile::parse(b"[Service]\nExecStart=/bin/sleep infinity\n").unwrap();
+        let (gone, new) = (name("gone.service"), name("new.service"));
+        fake.put_unit(&gone, &file, true);
+        fake.set_job(JobKind::Stop, &gone, FakeJob::NeverEnds);
+        let tasks = vec![
+            Task {
+                kind: TaskKind::Unload,
+                unit: gone.clone(),
+                reason: Reason::NotScheduledHere,
+            },
+            Task {
+                kind: TaskKind::Load,
+                unit: new.clone(),
+                reason: Reason::FileMissing,
+            },
+            Task {
+                kind: TaskKind::ReloadUnitFiles,
+                unit: gone.clone(),
+                reason: Reason::UnitFileRemoved,
+            },
+            Task {
+                kind: TaskKind::Start,
+                unit: new.clone(),
+                reason: Reason::LaunchAfterLoad,
+            },
+        ];
+        let hashes = BTreeMap::from([(new.clone(), file.hash())]);
+        let files = BTreeMap::from([(file.hash(), file.clone())]);
+        let run = {
+            let fake = fake.clone();
+            tokio::spawn(async move { execute(&fake, tasks, &hashes, &files).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!run.is_finished(), "the stop of gone.service still runs");
+        assert!(
+            fake.calls().contains(&Call::Start(new.clone())),
+            "{:?}",
+            fake.calls()
+        );
+        assert_eq!(fake.state(&new).active, "active");
+        let outcome = run.await.unwrap();
+        assert_eq!(outcome.failed.keys().collect::<Vec<_>>(), vec![&gone]);
+        // The failed stop left gone.service's file and definition as they were: nothing stale.
+        assert!(!fake.calls().contains(&Call::Reload), "{:?}", fake.calls());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stops_of_many_units_are_issued_without_awaiting_each_other() {
+        let fake = FakeManager::new().with_job_timeout(Duration::from_secs(100));
+        let file = UnitFile::parse(b"[Service]\nExecStart=/bin/sleep infinity\n").unwrap();
+        let units: Vec<UnitName> = (0..10).map(|i| name(&format!("u{i}.service"))).collect();
+        for u in &units {
+            fake.put_unit(u, &file, true);
+            fake.set_job(JobKind::Stop, u, FakeJob::NeverEnds);
+        }
+        let tasks = units
+            .iter()
+            .map(|u| Task {
+                kind: TaskKind::Unload,
+                unit: u.clone(),
+                reason: Reason::NotScheduledHere,
+            })
+            .collect();
+        let run = {
+            let fake = fake.clone();
+            tokio::spawn(
+                async move { execute(&fake, tasks, &BTreeMap::new(), &BTreeMap::new()).await },
+            )
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let stops = fake
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Stop(_)))
+            .count();
+        assert_eq!(
+            stops,
+            units.len(),
+            "every stop is queued while none has ended"
+        );
+        let outcome = run.await.unwrap();
+        assert_eq!(outcome.failed.len(), units.len());
     }
 }

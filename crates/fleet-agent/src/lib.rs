@@ -33,7 +33,7 @@ pub use agent::{Agent, AgentConfig, Progress};
 pub use fake::FakeManager;
 pub use manager::{
     BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, MainExit,
-    ManagerError, UnitDetails, UnitFileError, UnitManager, UnitSource,
+    ManagerError, ReloadFacts, UnitDetails, UnitFileError, UnitManager, UnitSource,
 };
 pub use metrics::{Metered, Metrics};
 pub use plan::{CurrentUnit, DesiredUnit, Reason, Target, Task, TaskKind, UnitFileState, plan};

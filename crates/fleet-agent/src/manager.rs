@@ -16,17 +16,20 @@
 //!   `ExecStopPost=` against a file that is gone, and a replacement's `ExecStartPre=` could run
 //!   before the old `ExecStopPost=` finished (fleet's issue #1000). If the stop fails or times
 //!   out, keep the file and skip the unit's remaining tasks of the plan; the next pass retries.
+//!   A replaced unit that starts again (`Unload` for a new hash, `Load`, `Start`) keeps its
+//!   link: after the awaited stop, the `Load` writes the new file over the old one.
 //! - `Load`: [`UnitManager::install`] with the desired [`UnitFile`] (whose hash is the desired
 //!   hash).
 //! - `ReloadUnitFiles`: [`UnitManager::reload`], once, after every `Unload` and `Load` of the
 //!   plan has finished and before any `Stop` or `Start`: systemd reloads globally, so batching
 //!   500 replaced units costs one reload, and a start queued before the reload would run the
-//!   old definition.
+//!   old definition. A reload only for removed units (`UnitFileRemoved`) may come last.
 //! - `Stop` / `Start`: [`UnitManager::stop`] / [`UnitManager::start`]; the outcome says whether
 //!   the job succeeded (a failed start is `Ok(JobOutcome::Failed)`, not an error).
 //!
-//! Tasks of one kind for different units may run concurrently; the real adapter caps the D-Bus
-//! calls in flight itself. Two tasks for the same unit must not run concurrently.
+//! Tasks for different units may run concurrently, whatever their kinds, except across the
+//! reload a start needs; the real adapter caps the D-Bus calls in flight itself. Two tasks
+//! for the same unit must not run concurrently.
 //!
 //! # State the agent must keep itself
 //!
@@ -107,6 +110,23 @@ pub trait UnitManager: Send + Sync {
         &self,
         name: &UnitName,
     ) -> impl Future<Output = Result<UnitDetails, ManagerError>> + Send;
+
+    /// Of [`UnitManager::details`], only what a daemon-reload may change and
+    /// [`UnitManager::status`] does not report: the drop-ins and `NeedDaemonReload`. The agent
+    /// reads them of every unit with a file after each reload, so the real adapter reads just
+    /// these two properties (rather than a dozen).
+    fn reload_facts(
+        &self,
+        name: &UnitName,
+    ) -> impl Future<Output = Result<ReloadFacts, ManagerError>> + Send {
+        async move {
+            let d = self.details(name).await?;
+            Ok(ReloadFacts {
+                drop_in_paths: d.drop_in_paths,
+                need_daemon_reload: d.need_daemon_reload,
+            })
+        }
+    }
 
     /// Where systemd's definition of `name` comes from: fleet's units directory, an operator's
     /// file of the same name elsewhere (which fleet must never stop, replace or relink), or no
@@ -281,6 +301,15 @@ pub struct UnitDetails {
     pub result: Option<String>,
     /// How a service's last main process ended; `None` before one did, or not a service.
     pub main_exit: Option<MainExit>,
+}
+
+/// What [`UnitManager::reload_facts`] reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadFacts {
+    /// Drop-ins in effect (only current after a daemon-reload).
+    pub drop_in_paths: Vec<PathBuf>,
+    /// The file or drop-ins changed since systemd loaded them.
+    pub need_daemon_reload: bool,
 }
 
 /// How a service's main process ended: systemd's `ExecMainCode` (a `CLD_*` code) and

@@ -19,7 +19,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::manager::{
-    ChangeReceiver, InstalledUnit, JobOutcome, ManagerError, UnitDetails, UnitManager, UnitSource,
+    ChangeReceiver, InstalledUnit, JobOutcome, ManagerError, ReloadFacts, UnitDetails, UnitManager,
+    UnitSource,
 };
 use crate::plan::{CurrentUnit, TaskKind, UnitFileState};
 use fleet_core::SystemdState;
@@ -381,6 +382,11 @@ impl<M: UnitManager> UnitManager for Metered<M> {
 
     async fn details(&self, name: &UnitName) -> Result<UnitDetails, ManagerError> {
         self.call(Call::Details, self.inner.details(name)).await
+    }
+
+    async fn reload_facts(&self, name: &UnitName) -> Result<ReloadFacts, ManagerError> {
+        self.call(Call::Details, self.inner.reload_facts(name))
+            .await
     }
 
     async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {

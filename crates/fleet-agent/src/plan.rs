@@ -140,6 +140,17 @@ pub enum Reason {
     },
 }
 
+/// How much a reason for the reload weighs: 0 for forgetting removed units (no start needs
+/// it), 1 for files this plan writes (needed only if systemd still holds the old version once
+/// they are written), 2 for a definition systemd holds stale whatever this plan writes.
+pub fn reload_rank(reason: &Reason) -> u8 {
+    match reason {
+        Reason::UnitFileRemoved => 0,
+        Reason::UnitFileChanged => 1,
+        _ => 2,
+    }
+}
+
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -256,12 +267,19 @@ impl Plan {
         });
     }
 
+    /// The plan's one reload is named after the first unit that needs it for the weightiest
+    /// reason ([`reload_rank`]): the executor holds starts back only for a reload that a start
+    /// may need, and checks whether files written this pass left systemd anything stale.
     fn need_reload(&mut self, unit: &UnitName, reason: Reason) {
-        self.reload.get_or_insert_with(|| Task {
+        let task = Task {
             kind: TaskKind::ReloadUnitFiles,
             unit: unit.clone(),
             reason,
-        });
+        };
+        match &self.reload {
+            Some(r) if reload_rank(&r.reason) >= reload_rank(&task.reason) => {}
+            Some(_) | None => self.reload = Some(task),
+        }
     }
 
     fn undesired_unit(&mut self, name: &UnitName, view: &View<'_>) {

@@ -16,9 +16,9 @@ mod signals;
 
 use crate::manager::{
     BusError, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, ManagerError,
-    STATUS_BATCH, UnitDetails, UnitManager, UnitSource,
+    ReloadFacts, STATUS_BATCH, UnitDetails, UnitManager, UnitSource,
 };
-use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR, UnitsDir};
+use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR, UnitsDir, Written};
 use fleet_core::{SystemdState, UnitFile, UnitName};
 use jobs::{JobWaiters, Registered};
 use std::collections::BTreeMap;
@@ -222,6 +222,28 @@ impl SystemdManager {
     }
 }
 
+impl SystemdManager {
+    /// `DisableUnitFiles([name], runtime)`: its runtime link and enablement go.
+    async fn disable(&self, name: &UnitName) -> Result<(), ManagerError> {
+        let _permit = self.permit().await;
+        let disabled = self
+            .inner
+            .manager
+            .disable_unit_files(vec![name.to_string()], true)
+            .await
+            .map_err(bus_error);
+        match disabled {
+            Ok(_) => Ok(()),
+            // Nothing linked under that name: nothing to disable.
+            Err(e) if e.is_no_such_unit() => Ok(()),
+            Err(source) => {
+                let unit = name.clone();
+                Err(ManagerError::Disable { unit, source })
+            }
+        }
+    }
+}
+
 impl UnitManager for SystemdManager {
     async fn installed(&self) -> Result<Vec<InstalledUnit>, ManagerError> {
         let dir = self.inner.dir.clone();
@@ -230,7 +252,12 @@ impl UnitManager for SystemdManager {
 
     async fn install(&self, name: &UnitName, file: &UnitFile) -> Result<(), ManagerError> {
         let (dir, write_name, write_file) = (self.inner.dir.clone(), name.clone(), file.clone());
-        blocking(move || dir.write(&write_name, &write_file)).await?;
+        let written = blocking(move || dir.write(&write_name, &write_file)).await?;
+        // A replaced file keeps its link (a replace stops the unit and writes over it), but
+        // the old file's runtime enablement goes: the new one is enabled again if it asks.
+        if written == (Written::Replaced { had_install: true }) {
+            self.disable(name).await?;
+        }
         if let Err(error) = self.link(name, file).await {
             // Without its link the file would look loaded to the next pass; remove it so the
             // whole load is retried. If that fails too, the pass after sees `NotLinked`.
@@ -242,23 +269,9 @@ impl UnitManager for SystemdManager {
     }
 
     async fn uninstall(&self, name: &UnitName) -> Result<(), ManagerError> {
+        self.disable(name).await?;
         {
             let _permit = self.permit().await;
-            let disabled = self
-                .inner
-                .manager
-                .disable_unit_files(vec![name.to_string()], true)
-                .await
-                .map_err(bus_error);
-            match disabled {
-                Ok(_) => {}
-                // Nothing linked under that name: nothing to disable.
-                Err(e) if e.is_no_such_unit() => {}
-                Err(source) => {
-                    let unit = name.clone();
-                    return Err(ManagerError::Disable { unit, source });
-                }
-            }
             let reset = self
                 .inner
                 .manager
@@ -309,6 +322,15 @@ impl UnitManager for SystemdManager {
 
     async fn details(&self, name: &UnitName) -> Result<UnitDetails, ManagerError> {
         self.read_details(name)
+            .await
+            .map_err(|e| ManagerError::Details {
+                unit: name.clone(),
+                source: bus_error(e),
+            })
+    }
+
+    async fn reload_facts(&self, name: &UnitName) -> Result<ReloadFacts, ManagerError> {
+        self.read_reload_facts(name)
             .await
             .map_err(|e| ManagerError::Details {
                 unit: name.clone(),

@@ -76,7 +76,9 @@ pub enum Written {
     /// The file already had this content; left alone so its mtime does not make systemd think
     /// the unit needs a daemon-reload.
     Unchanged,
-    Replaced,
+    /// Written; `had_install` when the file it replaced had an `[Install]` section (whose
+    /// runtime enablement the new file may not want).
+    Replaced { had_install: bool },
 }
 
 /// Why a directory entry is skipped.
@@ -218,12 +220,12 @@ impl UnitsDir {
     pub fn write(&self, name: &UnitName, file: &UnitFile) -> Result<Written, ManagerError> {
         let path = self.file_path(name);
         let text = file.canonical();
-        match fs::read(&path) {
+        let had_install = match fs::read(&path) {
             Ok(existing) if existing == text.as_bytes() => return Ok(Written::Unchanged),
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Ok(existing) => UnitFile::parse(&existing).is_ok_and(|f| f.has_section("Install")),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
             Err(source) => return Err(ManagerError::WriteUnitFile { path, source }),
-        }
+        };
         let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
         let temp = self
             .path
@@ -234,7 +236,7 @@ impl UnitsDir {
             let _ = fs::remove_file(&temp);
             return Err(ManagerError::WriteUnitFile { path, source });
         }
-        Ok(Written::Replaced)
+        Ok(Written::Replaced { had_install })
     }
 
     /// Removes the unit's file; a missing file is fine.
@@ -397,7 +399,7 @@ mod tests {
         let file = unit("[Service]\n  ExecStart = /bin/true  \n");
         assert_eq!(
             dir.write(&name("a.service"), &file).unwrap(),
-            Written::Replaced
+            Written::Replaced { had_install: false }
         );
         let path = dir.file_path(&name("a.service"));
         assert_eq!(fs::read_to_string(&path).unwrap(), file.canonical());
@@ -425,11 +427,24 @@ mod tests {
         let other = unit("[Service]\nExecStart=/bin/false\n");
         assert_eq!(
             dir.write(&name("a.service"), &other).unwrap(),
-            Written::Replaced
+            Written::Replaced { had_install: false }
         );
         assert_eq!(
             *dir.list().unwrap()[0].content.as_ref().unwrap(),
             other.hash()
+        );
+    }
+
+    #[test]
+    fn says_when_the_file_it_replaced_had_an_install_section() {
+        let scratch = Scratch::new("install");
+        let dir = scratch.open();
+        let enabled = unit("[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=a.target\n");
+        dir.write(&name("a.service"), &enabled).unwrap();
+        let plain = unit("[Service]\nExecStart=/bin/false\n");
+        assert_eq!(
+            dir.write(&name("a.service"), &plain).unwrap(),
+            Written::Replaced { had_install: true }
         );
     }
 

@@ -16,6 +16,8 @@ use crate::real::{
 };
 use crate::report::{self, Table, ms, percentile, secs, verdict};
 use crate::scale::fmt_map;
+use crate::sim::unit_text;
+use crate::timeline::{self, Timeline};
 
 /// Bound on any one blocking fleetctl command (2 s per attempt).
 const BLOCK_ATTEMPTS: &str = "60";
@@ -31,8 +33,12 @@ struct E2e {
     start: Duration,
     spread: Vec<(String, usize, usize)>,
     replace: Duration,
+    replace_timeline: Vec<Timeline>,
     destroy_cmd: Duration,
     destroy_all: Duration,
+    destroy_timeline: Vec<Timeline>,
+    /// systemd alone starting the same units, per machine in parallel: until all active.
+    baseline: Duration,
     rss: [Vec<f64>; 3],
     idle: Duration,
     idle_cpu: Vec<f64>,
@@ -102,7 +108,9 @@ fn measure(
 
     write_units(&dir, 0..units, 2)?;
     let flags = ["--replace", "--block-attempts", BLOCK_ATTEMPTS];
-    let replace = fleetctl_timed(cluster, &command("start", &flags, &paths))?;
+    let (replace, replace_timeline) = timeline::record(cluster.machines(), || {
+        fleetctl_timed(cluster, &command("start", &flags, &paths))
+    })?;
     let current: usize = spread_of(cluster, 2)?.iter().map(|s| s.2).sum();
     ensure!(
         current == units,
@@ -110,14 +118,22 @@ fn measure(
     );
     println!("e2e: {units} units replaced in {}", secs(replace));
 
-    let t0 = Instant::now();
-    let destroy_cmd = fleetctl_timed(cluster, &command("destroy", &[], &paths))?;
-    wait_for(Duration::from_secs(120), Duration::from_millis(20), || {
-        registry.unit_states().is_ok_and(|s| s.is_empty())
-            && spread_of(cluster, 2).is_ok_and(|s| s.iter().all(|m| m.1 == 0))
-    })?;
-    let destroy_all = t0.elapsed();
+    let ((destroy_cmd, destroy_all), destroy_timeline) =
+        timeline::record(cluster.machines(), || {
+            let t0 = Instant::now();
+            let cmd = fleetctl_timed(cluster, &command("destroy", &[], &paths))?;
+            wait_for(Duration::from_secs(120), Duration::from_millis(20), || {
+                registry.unit_states().is_ok_and(|s| s.is_empty())
+                    && spread_of(cluster, 2).is_ok_and(|s| s.iter().all(|m| m.1 == 0))
+            })?;
+            Ok((cmd, t0.elapsed()))
+        })?;
     println!("e2e: destroyed in {}", secs(destroy_all));
+    let baseline = systemd_baseline(cluster, units / cluster.machines().len())?;
+    println!(
+        "e2e: systemd alone started {units} units in {}",
+        secs(baseline)
+    );
     let rss_after = rss_all(cluster)?;
     Ok(E2e {
         runs,
@@ -128,8 +144,11 @@ fn measure(
         start,
         spread,
         replace,
+        replace_timeline,
         destroy_cmd,
         destroy_all,
+        destroy_timeline,
+        baseline,
         rss: [rss_empty, rss_full, rss_after],
         idle,
         idle_cpu,
@@ -169,17 +188,34 @@ fn render(r: &E2e) -> String {
         "< 3 s".into(),
         verdict(r.start < Duration::from_secs(3)).into(),
     ]);
+    let per_machine = units / r.spread.len().max(1);
+    t.row(vec![
+        format!(
+            "systemd alone: `systemctl start` of the same {per_machine} units in each machine \
+             (all machines at once) until all active"
+        ),
+        secs(r.baseline),
+        String::new(),
+        String::new(),
+    ]);
+    let ratio = r.start.as_secs_f64() / r.baseline.as_secs_f64().max(1e-3);
+    t.row(vec![
+        format!("fleet's start of {units} units next to systemd alone"),
+        format!("{ratio:.2}×"),
+        "≤ 1.5×".into(),
+        verdict(ratio <= 1.5).into(),
+    ]);
     t.row(vec![
         format!("`fleetctl start --replace` of {units} changed units until all run the new file"),
         secs(r.replace),
-        String::new(),
-        String::new(),
+        "≤ 1.5 s".into(),
+        verdict(r.replace <= Duration::from_millis(1500)).into(),
     ]);
     t.row(vec![
         format!("`fleetctl destroy` of {units} units: command / until stopped everywhere"),
         format!("{} / {}", secs(r.destroy_cmd), secs(r.destroy_all)),
-        String::new(),
-        String::new(),
+        "≤ 1 s until stopped".into(),
+        verdict(r.destroy_all <= Duration::from_secs(1)).into(),
     ]);
     let [empty, full, after] = &r.rss;
     t.row(vec![
@@ -204,7 +240,59 @@ fn render(r: &E2e) -> String {
         r.idle.as_secs(),
         fmt_map(&r.idle_etcd)
     ));
+    out.push_str(&timelines("replace", &r.spread, &r.replace_timeline));
+    out.push_str(&timelines("destroy", &r.spread, &r.destroy_timeline));
     out
+}
+
+/// Each machine's timeline of one command, from `dbus-monitor` inside the machine (seconds
+/// since the command started), with fleetd's calls to systemd.
+fn timelines(what: &str, spread: &[(String, usize, usize)], timelines: &[Timeline]) -> String {
+    let mut out = format!(
+        "\nTimeline of the {what} (dbus-monitor in each machine, seconds since fleetctl started):\n\n"
+    );
+    for ((machine, _, _), t) in spread.iter().zip(timelines) {
+        out.push_str(&format!("- {machine}: {t}; calls: {}\n", fmt_map(&t.calls)));
+    }
+    out
+}
+
+/// systemd alone, for comparison: `per_machine` units like the bench's, written into
+/// `/run/systemd/system` of every machine, then one `systemctl start` of all of them in each
+/// machine, the machines at once; how long until every machine's command returned (systemctl
+/// waits for every job). The units are stopped and removed afterwards.
+fn systemd_baseline(cluster: &Cluster, per_machine: usize) -> Result<Duration> {
+    let names: Vec<String> = (0..per_machine)
+        .map(|i| format!("base-{i:05}.service"))
+        .collect();
+    for m in cluster.machines() {
+        for (i, name) in names.iter().enumerate() {
+            m.write_file(&format!("/run/systemd/system/{name}"), unit_text(i, 1))?;
+        }
+        m.systemctl_ok(&["daemon-reload"])?;
+    }
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = cluster
+            .machines()
+            .iter()
+            .map(|m| {
+                let mut args = vec!["start"];
+                args.extend(names.iter().map(String::as_str));
+                s.spawn(move || m.systemctl_ok(&args).map(|_| ()))
+            })
+            .collect();
+        runs.into_iter()
+            .try_for_each(|r| r.join().expect("systemctl thread panicked"))
+    })?;
+    let took = t0.elapsed();
+    for m in cluster.machines() {
+        let mut args = vec!["stop"];
+        args.extend(names.iter().map(String::as_str));
+        m.systemctl_ok(&args)?;
+        m.sh("rm -f /run/systemd/system/base-*.service && systemctl daemon-reload")?;
+    }
+    Ok(took)
 }
 
 /// `fleetctl <verb> <flags> <paths>`.

@@ -2,7 +2,7 @@
 //! its own section of `docs/benchmarks.md`:
 //!
 //! - `e2e`: a real 3-machine cluster (real etcd, systemd, release fleetd/fleetctl);
-//! - `one-agent`: 1,000 units on one real machine, its idle D-Bus traffic and pass time;
+//! - `one-agent`: 3,000 units on one real machine, its idle D-Bus traffic and pass time;
 //! - `scale`: 1,000 simulated machines (real agents and engines, fake systemd), 10,000 units;
 //! - `plot`: convergence time over a grid of units and machines, drawn as an SVG;
 //! - `reconnect`: 1,000 simulated machines, etcd killed and restarted: the requests per
@@ -30,6 +30,7 @@ mod reconnect;
 mod report;
 mod scale;
 mod sim;
+mod timeline;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -81,7 +82,7 @@ enum Scenario {
     },
     /// One agent, many units, real systemd.
     OneAgent {
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 3000)]
         units: usize,
         #[arg(long, default_value_t = 60)]
         idle_secs: u64,

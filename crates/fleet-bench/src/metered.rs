@@ -3,7 +3,8 @@
 //! count is the agent's passes; the log of call start times lets a probe cut time into passes.
 
 use fleet_agent::{
-    ChangeReceiver, InstalledUnit, JobOutcome, ManagerError, UnitDetails, UnitManager, UnitSource,
+    ChangeReceiver, InstalledUnit, JobOutcome, ManagerError, ReloadFacts, UnitDetails, UnitManager,
+    UnitSource,
 };
 use fleet_core::{SystemdState, UnitFile, UnitName};
 use std::collections::BTreeMap;
@@ -131,6 +132,11 @@ impl<M: UnitManager> UnitManager for MeteredManager<M> {
 
     async fn details(&self, name: &UnitName) -> Result<UnitDetails, ManagerError> {
         self.metered(Call::Details, self.inner.details(name)).await
+    }
+
+    async fn reload_facts(&self, name: &UnitName) -> Result<ReloadFacts, ManagerError> {
+        self.metered(Call::Details, self.inner.reload_facts(name))
+            .await
     }
 
     async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {

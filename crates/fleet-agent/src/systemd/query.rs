@@ -1,7 +1,7 @@
 //! Reading unit states in batches and per-unit properties.
 
 use super::{SystemdManager, bus_error};
-use crate::manager::{MainExit, ManagerError, UnitDetails};
+use crate::manager::{MainExit, ManagerError, ReloadFacts, UnitDetails};
 use fleet_core::{SystemdState, UnitName, UnitType};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -76,6 +76,16 @@ impl SystemdManager {
             .cache_properties(CacheProperties::No)
             .build()
             .await
+    }
+
+    pub(super) async fn read_reload_facts(&self, name: &UnitName) -> zbus::Result<ReloadFacts> {
+        let _permit = self.permit().await;
+        let unit = self.unit_proxy(name).await?;
+        let drop_ins = unit.drop_in_paths().await?;
+        Ok(ReloadFacts {
+            drop_in_paths: drop_ins.into_iter().map(PathBuf::from).collect(),
+            need_daemon_reload: unit.need_daemon_reload().await?,
+        })
     }
 
     pub(super) async fn read_details(&self, name: &UnitName) -> zbus::Result<UnitDetails> {
