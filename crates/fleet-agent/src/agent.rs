@@ -27,6 +27,9 @@ use crate::metrics::Metrics;
 use crate::plan::{self, TaskKind, UnitFileState};
 use crate::revivals::{self, Revivals};
 
+mod resync;
+use resync::Resync;
+
 /// Unit files read from etcd at once. One request per file, sequential, made an agent given
 /// 1,000 units wait for 1,000 round trips before it could plan (docs/benchmarks.md, item 3).
 const FILE_FETCHES: usize = 32;
@@ -39,7 +42,8 @@ const RECONNECT_MAX: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub machine: MachineId,
-    /// Safety net: re-read everything this often even without hints.
+    /// Safety net: re-read everything at least this often even without hints (the first
+    /// time at a random phase of it, then after 90–100 % of it: see `agent/resync.rs`).
     pub resync_interval: Duration,
     /// Unit name globs the agent refuses to manage (they would take over the host).
     pub deny_units: Vec<String>,
@@ -159,8 +163,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             return;
         };
         let mut hints = self.registry.watch_schedule(revision + 1);
-        let mut resync = tokio::time::interval(self.cfg.resync_interval);
-        resync.reset();
+        // Jittered, so that agents started together do not resync together.
+        let mut resync = Resync::new(self.cfg.resync_interval);
+        let mut resync_at = Instant::now() + resync.next_delay();
         let mut presence = self.presence.clone();
         let mut pass = 0u64;
         let mut publish_backoff = self.reconnect_backoff();
@@ -213,7 +218,10 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 },
                 // The safety net re-reads the schedule and systemd's states (one batched call);
                 // per-unit details (drop-ins) change only with a reload, which systemd signals.
-                _ = resync.tick() => schedule = true,
+                () = tokio::time::sleep_until(resync_at) => {
+                    schedule = true;
+                    resync_at = Instant::now() + resync.next_delay();
+                }
                 _ = sleep_until(retry_at) => {}
                 Ok(()) = presence.changed() => {}
             }
