@@ -256,11 +256,7 @@ fn choose(c: &Cluster<'_>, unit: &UnitName) -> Result<MachineId, Reason> {
         return Err(Reason::PeerNotScheduled { peer: peer.clone() });
     }
     let avoided = c.avoided(unit);
-    let least = c
-        .machines
-        .keys()
-        .min_by_key(|m| (Some(*m) == avoided, c.load(m), *m));
-    if let Some(m) = least
+    if let Some(m) = c.least_loaded(avoided)
         && place_violation(c, unit, m).is_none()
     {
         return Ok(m.clone());
