@@ -272,6 +272,11 @@ impl<'s> Cluster<'s> {
             .unwrap_or(false)
     }
 
+    /// Whether the plan has `unit` on `machine`.
+    pub fn has(&self, unit: &UnitName, machine: &MachineId) -> bool {
+        self.at.get(unit).is_some_and(|ms| ms.contains(machine))
+    }
+
     /// The units on `machine`, in name order.
     pub fn units_on(&self, machine: &MachineId) -> impl Iterator<Item = &UnitName> {
         self.on.get(machine).into_iter().flatten()
