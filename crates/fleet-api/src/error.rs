@@ -207,6 +207,7 @@ fn ops_status(e: &OpsError) -> StatusCode {
         | OpsError::NoOptions(_)
         | OpsError::ReplaceLowers { .. } => StatusCode::CONFLICT,
         OpsError::Registry(e) if e.is_transient() => StatusCode::SERVICE_UNAVAILABLE,
+        OpsError::NotWritten { .. } => StatusCode::SERVICE_UNAVAILABLE,
         OpsError::Registry(RegistryError::Kv {
             cause: KvError::PermissionDenied { .. },
             ..

@@ -10,6 +10,7 @@ pub mod authz;
 pub mod discovery;
 pub mod entity;
 pub mod error;
+mod group;
 pub mod inspect;
 mod maintenance;
 pub mod metrics;

@@ -44,6 +44,8 @@ const MAX_BODY: usize = 4 * 1024 * 1024;
 #[derive(Debug)]
 pub struct Api<K> {
     cluster: RegistryCluster<K>,
+    /// Concurrent `PUT ?expect=absent` creates, written together ([`crate::group`]).
+    creates: crate::group::Creates,
     token_limit: u16,
     server: HeaderValue,
     /// This machine's status and journal routes; None: not served
@@ -63,6 +65,7 @@ impl<K: Kv> Api<K> {
         assert!(token_limit > 0, "token_limit is validated by the config");
         Api {
             cluster: RegistryCluster::new(registry),
+            creates: crate::group::Creates::new(),
             token_limit,
             server: HeaderValue::from_str(&format!("fleetd/{version}"))
                 .unwrap_or_else(|_| HeaderValue::from_static("fleetd")),
@@ -416,7 +419,14 @@ async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, Api
     } else {
         first(&query.raw, wire::UNIT_NAME).into_iter().collect()
     };
-    let listing = api.cluster.states(&StateFilter::default()).await?;
+    // Named units: only their keys (issue 19), so a blocking start polling over the API
+    // costs the same at 100,000 units as at 10.
+    let named: BTreeSet<UnitName> = units.iter().filter_map(|u| u.parse().ok()).collect();
+    let listing = if units.is_empty() {
+        api.cluster.states(&StateFilter::default()).await?
+    } else {
+        api.cluster.states_of(&named).await?
+    };
     // fleet's filters are exact strings: one that is no valid name matches nothing.
     let states = listing
         .states

@@ -1,8 +1,13 @@
-//! Scenario `api` (issue 15): what fleetctl's two drivers cost a user at scale. On the scale
-//! simulation (real etcd, real agents and engines on the fake systemd) with 10,000 units
-//! launched, it times a blocking `fleetctl start` of one new unit and a `fleetctl
-//! list-units`, each over `--driver etcd` (straight to etcd) and over `--driver api` (through
-//! fleet's API on a unix socket), alternating the two so that both see the same load.
+//! Scenario `api` (issues 15 and 19): what fleetctl's two drivers cost a user at scale. On
+//! the scale simulation (real etcd, real agents and engines on the fake systemd) it times,
+//! over `--driver etcd` (straight to etcd) and over `--driver api` (through fleet's API on a
+//! unix socket):
+//! - one command starting U instances of a submitted template
+//!   (`fleetctl start --no-block 'e@{1..U}.service'`), until it returns (written): the etcd
+//!   driver's first, on an empty registry; once every unit runs, the API driver's U more
+//!   last (on a registry holding U already);
+//! - with U units launched, a blocking `fleetctl start` of one new unit, `list-units` and
+//!   `list-unit-files`, the drivers alternating so that both see the same load.
 //!
 //! The API is fleetd's own: `fleet_api::router` served by `fleet_api::serve` on a unix
 //! socket, on its own etcd connection, as fleetd's `api` module runs it. It runs in this
@@ -18,7 +23,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::report::{self, Table, ms, percentile, secs};
-use crate::scale::converge;
+use crate::scale::CONVERGE_WITHIN;
 use crate::sim::{Sim, SimSpec, unit_text};
 
 /// fleetd's default `token_limit`.
@@ -42,11 +47,15 @@ impl Driver {
     }
 }
 
-/// What the scenario measured: per driver, each run's latency of each command.
+/// What the scenario measured: per driver, each run's latency of each command, and the one
+/// start of every unit.
 #[derive(Debug, Default)]
 struct Latencies {
+    start_all: [Duration; 2],
+    launched_in: Duration,
     start: [Vec<Duration>; 2],
     list: [Vec<Duration>; 2],
+    list_files: [Vec<Duration>; 2],
 }
 
 /// The fleetctl arguments that select `driver`.
@@ -68,8 +77,6 @@ pub async fn run(machines: usize, units: usize, runs: usize, fleetctl: &Path) ->
     let started = Instant::now();
     println!("api: starting {machines} simulated machines");
     let sim = Sim::start(SimSpec::new(machines)).await?;
-    let c = converge(&sim, units).await?;
-    println!("api: {units} units launched in {}", secs(c.launched_in));
     let dir = report::work_dir().join("api");
     std::fs::create_dir_all(&dir)?;
     let socket = dir.join("fleet.sock");
@@ -133,6 +140,31 @@ async fn fleetctl_run(fleetctl: &Path, args: &[String]) -> Result<(Duration, Str
     Ok((took, String::from_utf8_lossy(&out.stdout).into_owned()))
 }
 
+/// `fleetctl submit` of a template named `prefix@.service` in `dir`, then one `fleetctl start
+/// --no-block 'prefix@{1..units}.service'` run from elsewhere (so the registry's template is
+/// the content): how long the start took to return, everything written.
+async fn start_all(
+    fleetctl: &Path,
+    global: &[String],
+    dir: &Path,
+    prefix: &str,
+    units: usize,
+) -> Result<Duration> {
+    let template = dir.join(format!("{prefix}@.service"));
+    std::fs::write(&template, unit_text(0, 1))?;
+    let mut submit = global.to_vec();
+    submit.extend(["submit".into(), template.to_string_lossy().into_owned()]);
+    fleetctl_run(fleetctl, &submit).await?;
+    let mut start = global.to_vec();
+    start.extend([
+        "start".into(),
+        "--no-block".into(),
+        format!("{prefix}@{{1..{units}}}.service"),
+    ]);
+    let (took, _) = fleetctl_run(fleetctl, &start).await?;
+    Ok(took)
+}
+
 async fn measure(
     sim: &Sim,
     fleetctl: &Path,
@@ -143,6 +175,20 @@ async fn measure(
 ) -> Result<Latencies> {
     let etcd = sim.etcd_endpoint();
     let mut got = Latencies::default();
+    let t0 = Instant::now();
+    let etcd_args = driver_args(Driver::Etcd, &etcd, socket);
+    got.start_all[Driver::Etcd as usize] = start_all(fleetctl, &etcd_args, dir, "e", units).await?;
+    println!(
+        "api: {units} units started over etcd in {}",
+        secs(got.start_all[Driver::Etcd as usize])
+    );
+    got.launched_in = sim
+        .monitor
+        .wait(t0, CONVERGE_WITHIN, "every unit launched", |v| {
+            v.launched() >= units
+        })
+        .await?;
+    println!("api: {units} units launched in {}", secs(got.launched_in));
     for run in 0..runs {
         // Alternate which driver goes first, so neither always meets a warmer etcd.
         let order = if run % 2 == 0 {
@@ -162,32 +208,54 @@ async fn measure(
             let (took, _) = fleetctl_run(fleetctl, &start).await?;
             got.start[d].push(took);
 
-            let mut list = global.clone();
-            list.extend(["list-units".into(), "--no-legend".into()]);
-            let (took, listed) = fleetctl_run(fleetctl, &list).await?;
-            got.list[d].push(took);
-            listings.push(listed);
+            for (command, samples) in [
+                ("list-units", &mut got.list[d]),
+                ("list-unit-files", &mut got.list_files[d]),
+            ] {
+                let mut list = global.clone();
+                list.extend([command.into(), "--no-legend".into()]);
+                let (took, listed) = fleetctl_run(fleetctl, &list).await?;
+                samples.push(took);
+                listings.push((command, listed));
+            }
 
             let mut destroy = global;
             destroy.extend(["destroy".into(), path.to_string_lossy().into_owned()]);
             fleetctl_run(fleetctl, &destroy).await?;
         }
-        for listed in &listings {
+        for (command, listed) in &listings {
             let rows = listed.lines().count();
             ensure!(
                 rows > units,
-                "list-units showed {rows} rows for {units}+ units"
+                "{command} showed {rows} rows for {units}+ units"
             );
         }
     }
+    let api_args = driver_args(Driver::Api, &etcd, socket);
+    got.start_all[Driver::Api as usize] = start_all(fleetctl, &api_args, dir, "a", units).await?;
+    println!(
+        "api: {units} more units started over the API in {}",
+        secs(got.start_all[Driver::Api as usize])
+    );
     Ok(got)
 }
 
 fn render(machines: usize, units: usize, runs: usize, got: &Latencies) -> String {
     let mut t = Table::new(&["command", "driver", "median", "p90", "max"]);
+    for driver in Driver::ALL {
+        let took = ms(got.start_all[driver as usize]);
+        t.row(vec![
+            format!("`fleetctl start --no-block 'e@{{1..{units}}}.service'` (once)"),
+            format!("`--driver {}`", driver.name()),
+            took.clone(),
+            took.clone(),
+            took,
+        ]);
+    }
     let rows = [
         ("blocking `fleetctl start` of one unit", &got.start),
         ("`fleetctl list-units`", &got.list),
+        ("`fleetctl list-unit-files`", &got.list_files),
     ];
     for (what, samples) in rows {
         for driver in Driver::ALL {
@@ -203,9 +271,13 @@ fn render(machines: usize, units: usize, runs: usize, got: &Latencies) -> String
         }
     }
     format!(
-        "\n{units} units launched on {machines} simulated machines; {runs} runs of each \
-         command per driver, the drivers alternating. The API is fleetd's router on a unix \
-         socket (`token_limit` {TOKEN_LIMIT}), on its own etcd connection.\n\n{}",
+        "\n{units} instances of one template started by one `fleetctl start` over etcd \
+         (launched on {machines} simulated machines {} after it began); then {runs} runs of \
+         each other command per driver, the drivers alternating; last, {units} more \
+         instances started by one command over the API (on a registry holding {units}). The \
+         API is fleetd's router on a unix socket (`token_limit` {TOKEN_LIMIT}), on its own \
+         etcd connection.\n\n{}",
+        secs(got.launched_in),
         t.render()
     )
 }

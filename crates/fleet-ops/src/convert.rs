@@ -280,7 +280,9 @@ pub fn reason_of(e: &OpsError) -> Option<Reason> {
         OpsError::ReplaceLowers { .. } => Reason::ReplaceLowers,
         OpsError::Invalid { .. } => Reason::Invalid,
         OpsError::Registry(_) => Reason::Registry,
-        OpsError::Api { .. } | OpsError::Transport { .. } => return None,
+        OpsError::Api { .. } | OpsError::Transport { .. } | OpsError::NotWritten { .. } => {
+            return None;
+        }
     })
 }
 

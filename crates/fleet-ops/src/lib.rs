@@ -32,8 +32,16 @@ pub use model::{
 
 use fleet_core::{MachineId, UnitName};
 use fleet_registry::MetadataChange;
+use futures::StreamExt;
 use std::collections::BTreeSet;
 use std::future::Future;
+
+/// How many creates [`Cluster::create_many`]'s default sends at once (the API driver: one
+/// request each, on as many kept-alive connections; fleetd writes concurrent ones together).
+pub const CREATES_IN_FLIGHT: usize = 128;
+
+/// What [`Cluster::create_many`] says of each unit, in the order asked.
+pub type Created = Vec<(UnitName, Result<PutOutcome, OpsError>)>;
 
 /// Every operation fleetctl and the API perform. Reads return consistent views (one etcd
 /// revision on the etcd side); writes decide from what they read and are conditional, retrying
@@ -84,6 +92,23 @@ pub trait Cluster: Clone + Send + Sync + 'static {
             let current = self.unit(&req.name).await?;
             expect.check(&req, current.map(|u| u.status.hash))?;
             self.put(req).await
+        }
+    }
+
+    /// Many creates at once: each of `reqs` as [`Cluster::put_if`] with [`Expect::Absent`]
+    /// would do it, results in the order asked. This default sends [`CREATES_IN_FLIGHT`] at
+    /// a time; the etcd side writes many units per transaction and stops starting new ones
+    /// after a transaction fails (the units not written then say [`OpsError::NotWritten`]).
+    fn create_many(&self, reqs: Vec<PutRequest>) -> impl Future<Output = Created> + Send {
+        async move {
+            futures::stream::iter(reqs)
+                .map(|req| async move {
+                    let name = req.name.clone();
+                    (name, self.put_if(req, Expect::Absent).await)
+                })
+                .buffered(CREATES_IN_FLIGHT)
+                .collect()
+                .await
         }
     }
 

@@ -735,6 +735,142 @@ async fn put_if_refuses_a_unit_changed_since_the_caller_read_it<K: Kv>(reg: Regi
     assert!(matches!(same, Ok(PutOutcome::Unchanged(_))), "{same:?}");
 }
 
+/// Counts the transactions that write several units, fails the `fail_at`th of them (from 1)
+/// as an unreachable etcd would, and records the largest compare and branch counts seen.
+#[derive(Clone, Default)]
+struct Batches {
+    seen: Arc<AtomicUsize>,
+    most_ops: Arc<AtomicUsize>,
+    fail_at: usize,
+}
+
+impl Hook for Batches {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        let Request::Txn(txn) = request else {
+            return Ok(());
+        };
+        let ops = txn
+            .compares
+            .len()
+            .max(txn.success.len())
+            .max(txn.failure.len());
+        self.most_ops.fetch_max(ops, Ordering::SeqCst);
+        if txn.compares.len() > 1 && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at {
+            return Err(KvError::Unavailable {
+                endpoints: "test".into(),
+                detail: "down for this one".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn instances(count: usize) -> Vec<PutRequest> {
+    (0..count)
+        .map(|i| {
+            create(
+                &format!("t@{i}.service"),
+                file("/bin/t"),
+                Some(DesiredState::Launched),
+            )
+        })
+        .collect()
+}
+
+async fn create_many_writes_many_units_per_transaction_within_128_ops<K: Kv>(reg: Registry<K>) {
+    let hook = Batches::default();
+    let kv = Hooked {
+        inner: reg.raw_kv().clone(),
+        hook: hook.clone(),
+    };
+    let c = RegistryCluster::new(Registry::new(kv, PREFIX));
+    let mut reqs = instances(1000);
+    // One bad request is refused on its own, as a single put refuses it.
+    reqs.insert(
+        10,
+        create("t@.service", file("/bin/t"), Some(DesiredState::Launched)),
+    );
+    let created = c.create_many(reqs).await;
+
+    assert_eq!(created.len(), 1001);
+    assert!(
+        matches!(created[10].1, Err(OpsError::ActivateTemplate(_))),
+        "{:?}",
+        created[10]
+    );
+    for (name, res) in created.iter().filter(|(n, _)| n.as_str() != "t@.service") {
+        assert!(matches!(res, Ok(PutOutcome::Created(_))), "{name}: {res:?}");
+        let unit = reg.unit(name).await.unwrap().unwrap();
+        assert_eq!(unit.desired(), DesiredState::Launched);
+    }
+    assert_eq!(hook.seen.load(Ordering::SeqCst), 1000_usize.div_ceil(63));
+    assert!(hook.most_ops.load(Ordering::SeqCst) <= fleet_registry::MAX_TXN_OPS);
+
+    // Again, with one unit replaced meanwhile by other content: the rest are unchanged, it
+    // is a conflict (another client's content is theirs to keep).
+    let other = reg.unit(&name("t@500.service")).await.unwrap().unwrap();
+    UnitsRole::new(reg.clone())
+        .replace_unit(&other, &file("/bin/other"), DesiredState::Launched)
+        .await
+        .unwrap();
+    let again = c.create_many(instances(1000)).await;
+    for (name, res) in &again {
+        if name.as_str() == "t@500.service" {
+            assert!(matches!(res, Err(OpsError::Conflict(_))), "{res:?}");
+        } else {
+            assert!(
+                matches!(res, Ok(PutOutcome::Unchanged(_))),
+                "{name}: {res:?}"
+            );
+        }
+    }
+}
+
+async fn create_many_stops_at_a_failed_transaction_and_again_writes_the_rest<K: Kv>(
+    reg: Registry<K>,
+) {
+    let hook = Batches {
+        fail_at: 3,
+        ..Batches::default()
+    };
+    let kv = Hooked {
+        inner: reg.raw_kv().clone(),
+        hook,
+    };
+    let c = RegistryCluster::new(Registry::new(kv, PREFIX));
+    let created = c.create_many(instances(1000)).await;
+
+    let mut written = 0;
+    let mut failed = Vec::new();
+    for (name, res) in &created {
+        let there = reg.unit(name).await.unwrap().is_some();
+        match res {
+            Ok(PutOutcome::Created(_)) => {
+                assert!(there, "{name} said created");
+                written += 1;
+            }
+            Err(OpsError::NotWritten { .. }) => assert!(!there, "{name} said not written"),
+            Err(e) => {
+                assert!(!there, "{name} failed but was written");
+                failed.push(e.to_string());
+            }
+            Ok(other) => panic!("{name}: {other:?}"),
+        }
+    }
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0].contains("down for this one"), "{failed:?}");
+    // The batches before the failed one are written; no new batch starts after it.
+    assert!(written >= 2 * 63, "{written}");
+    let in_flight = fleet_ops::etcd::BATCHES_IN_FLIGHT;
+    assert!(written <= (2 + in_flight) * 63, "{written}");
+
+    let again = c.create_many(instances(1000)).await;
+    assert!(again.iter().all(|(_, res)| res.is_ok()), "{again:?}");
+    for (name, _) in &again {
+        assert!(reg.unit(name).await.unwrap().is_some(), "{name}");
+    }
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -777,4 +913,6 @@ contract!(
     writes_retry_a_concurrent_change_five_times_then_conflict,
     put_if_refuses_to_write_over_another_clients_write,
     put_if_refuses_a_unit_changed_since_the_caller_read_it,
+    create_many_writes_many_units_per_transaction_within_128_ops,
+    create_many_stops_at_a_failed_transaction_and_again_writes_the_rest,
 );

@@ -9,6 +9,7 @@
 
 mod drain;
 mod error;
+mod few;
 pub mod input;
 pub mod keys;
 pub mod kv;
@@ -29,6 +30,7 @@ mod units;
 mod watch;
 
 pub use error::{RegistryError, Result};
+pub use few::{UnitsView, concerns};
 pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind};
 pub use kv::MAX_TXN_OPS;
 pub use leader::{EngineRole, EngineWrite, Fence, Leadership};
@@ -43,5 +45,5 @@ pub use records::{
 };
 pub use registry::Registry;
 pub use snapshot::Snapshot;
-pub use units::{CreateOutcome, UnitsRole};
+pub use units::{CreateOutcome, NewUnit, UnitsRole, batches};
 pub use watch::{Delta, WatchHints};

@@ -20,6 +20,10 @@ use crate::records::{ReplaceState, Unit, UnitRecord};
 use crate::registry::{Registry, delete, encode, put};
 use crate::watch::WatchHints;
 
+mod batch;
+
+pub use batch::{NewUnit, batches};
+
 /// What `create_unit` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CreateOutcome {

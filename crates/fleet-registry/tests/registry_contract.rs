@@ -7,8 +7,8 @@ use fleet_registry::kv::{
 };
 use fleet_registry::testing::TestEtcd;
 use fleet_registry::{
-    CreateOutcome, EngineRole, EngineWrite, Key, Keys, LiveView, MachineRole, Registry,
-    RegistryError, ScheduleEntry, UnitStateRecord, UnitsRole,
+    CreateOutcome, EngineRole, EngineWrite, Key, Keys, LiveView, MachineRole, NewUnit, Registry,
+    RegistryError, ScheduleEntry, UnitStateRecord, UnitsRole, batches,
 };
 use std::time::Duration;
 
@@ -868,6 +868,53 @@ async fn a_committed_destroy_or_replace_succeeds_when_collecting_its_file_fails<
     assert!(keys(&reg).await.is_empty());
 }
 
+/// A batch of creates is one transaction within etcd's default `--max-txn-ops` (the etcd run
+/// checks that etcd takes each one), and a batch over a unit that exists writes none of it.
+async fn creates_units_in_batches_etcd_takes_and_none_over_an_existing_one<K: Kv>(
+    reg: Registry<K>,
+) {
+    let f = file("/bin/true");
+    let g = file("/bin/false");
+    let names: Vec<UnitName> = (0..200)
+        .map(|i| name(&format!("b@{i:03}.service")))
+        .collect();
+    let units: Vec<NewUnit<'_>> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| NewUnit {
+            name: n,
+            file: if i % 50 == 0 { &g } else { &f },
+            desired: DesiredState::Launched,
+        })
+        .collect();
+    let ranges = batches(&units);
+    assert!(ranges.len() >= 4, "{ranges:?}");
+    for range in &ranges[1..] {
+        let created = writer(&reg).create_batch(&units[range.clone()]).await;
+        assert_eq!(created.unwrap().unwrap().len(), range.len());
+    }
+    for n in &names[ranges[1].start..] {
+        let unit = reg.unit(n).await.unwrap().unwrap();
+        assert_eq!(unit.desired(), DesiredState::Launched);
+        assert!(reg.unit_file(&unit).await.is_ok(), "{n}");
+    }
+
+    // The first batch again, with one unit that exists now: nothing of it is written.
+    let mut again: Vec<NewUnit<'_>> = units[ranges[0].clone()].to_vec();
+    again.pop();
+    again.push(units[ranges[1].start]);
+    let before = keys(&reg).await;
+    assert_eq!(writer(&reg).create_batch(&again).await.unwrap(), None);
+    assert_eq!(keys(&reg).await, before);
+
+    let too_many: Vec<NewUnit<'_>> = units[..64].to_vec();
+    let refused = writer(&reg).create_batch(&too_many).await.unwrap_err();
+    assert!(
+        matches!(refused, RegistryError::TooManyChanges { .. }),
+        "{refused}"
+    );
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -912,6 +959,7 @@ contract!(
     destroys_an_unreadable_unit_record_with_its_references,
     live_view_skips_unreadable_values_until_they_are_repaired,
     a_committed_destroy_or_replace_succeeds_when_collecting_its_file_fails,
+    creates_units_in_batches_etcd_takes_and_none_over_an_existing_one,
 );
 
 // ---- issue 17: each role handle on the fake RBAC store holding only its role -------------------

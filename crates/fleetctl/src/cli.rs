@@ -174,6 +174,20 @@ fn parse_tunnel(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
+impl Command {
+    /// The unit arguments of a command that acts on many units, where `{N..M}` ranges are
+    /// expanded ([`crate::ranges`]).
+    pub fn many_units_mut(&mut self) -> Option<&mut Vec<String>> {
+        match self {
+            Command::Submit(a) => Some(&mut a.units),
+            Command::Load(a) | Command::Start(a) => Some(&mut a.units),
+            Command::Stop(a) | Command::Unload(a) | Command::Restart(a) => Some(&mut a.units),
+            Command::Destroy(a) => Some(&mut a.units),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Upload one or more units to the cluster without starting them.

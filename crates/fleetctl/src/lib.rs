@@ -11,4 +11,5 @@ pub mod credentials;
 pub mod driver;
 pub mod local;
 pub mod output;
+pub mod ranges;
 mod table;

@@ -289,8 +289,11 @@ fn written(output: std::io::Result<()>) -> Result<()> {
 async fn execute<C: Cluster>(
     ctx: &mut Ctx<C>,
     global: &cli::Global,
-    command: Command,
+    mut command: Command,
 ) -> Result<()> {
+    if let Some(units) = command.many_units_mut() {
+        *units = fleetctl::ranges::expand(units)?;
+    }
     match command {
         Command::Submit(a) => commands::submit::run(ctx, &a.units, a.replace).await,
         Command::Load(a) => activate(ctx, a, Verb::Load).await,

@@ -99,6 +99,9 @@ pub(super) async fn put_unit<K: Kv>(
         how,
     };
     let outcome = match expect {
+        Some(Expect::Absent) if req.file.is_some() && req.how == ReplaceHow::default() => {
+            api.creates.create(&api.cluster, req).await?
+        }
         Some(expect) => api.cluster.put_if(req, expect).await?,
         None => api.cluster.put(req).await?,
     };

@@ -456,3 +456,35 @@ async fn expect_makes_a_put_conditional_on_what_the_client_read() {
     let bad = f.put(&format!("{path}&expect=xyz"), body("/bin/c")).await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
 }
+
+/// fleetctl's start of many new units sends its `expect=absent` creates concurrently; fleetd
+/// writes them together (many units per etcd transaction), and each request still gets its
+/// own answer, a refusal included.
+#[tokio::test]
+async fn concurrent_creates_are_written_together_and_each_gets_its_answer() {
+    let (f, _) = fixture(100);
+    let before = f.revision().await;
+    let put = |name: String| {
+        let f = &f;
+        async move {
+            let path = format!("/fleet/v1/units/{name}?view=full&expect=absent");
+            let body = json!({"desiredState": "launched", "options": options("/bin/t")});
+            (name, f.put(&path, body).await)
+        }
+    };
+    let mut names: Vec<String> = (0..200).map(|i| format!("t@{i}.service")).collect();
+    names.insert(100, "t@.service".into());
+    let answers = futures::future::join_all(names.into_iter().map(put)).await;
+
+    for (name, answer) in &answers {
+        if name == "t@.service" {
+            assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+            assert_eq!(answer.body["error"]["reason"], "activateTemplate");
+        } else {
+            assert_eq!(answer.body["outcome"], "created", "{name}: {answer:?}");
+            assert!(f.unit(name).await.is_some(), "{name}");
+        }
+    }
+    let revisions = f.revision().await - before;
+    assert!(revisions < 50, "200 creates took {revisions} revisions");
+}

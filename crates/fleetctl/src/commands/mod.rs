@@ -139,23 +139,40 @@ pub fn parse_fields<'a>(fields: &'a str, valid: &[&str]) -> Result<Vec<&'a str>>
 }
 
 /// Turns per-unit failures into the command's result: one failure is the error itself; with
-/// several, each is printed and the error counts them.
+/// several, each is printed and the error counts them. Units a many-unit create did not write
+/// because an earlier write failed ([`fleet_ops::OpsError::NotWritten`]) are said in one line,
+/// not one each: 100,000 lines would hide the error that stopped them.
 pub fn fail_if_any<C>(
     ctx: &mut Ctx<C>,
     what: &str,
     failures: Vec<(UnitName, anyhow::Error)>,
 ) -> Result<()> {
-    match failures.len() {
-        0 => Ok(()),
-        1 => {
+    let (unwritten, failures): (Vec<_>, Vec<_>) = failures.into_iter().partition(|(_, e)| {
+        matches!(
+            e.downcast_ref::<fleet_ops::OpsError>(),
+            Some(fleet_ops::OpsError::NotWritten { .. })
+        )
+    });
+    if !unwritten.is_empty() {
+        let first = &unwritten[0].0;
+        let last = &unwritten[unwritten.len() - 1].0;
+        ctx.warn(format!(
+            "{} units were not written ({first} ... {last}): writing stopped at the first \
+             failure; the same command again writes what is missing",
+            unwritten.len()
+        ));
+    }
+    match (failures.len(), unwritten.len()) {
+        (0, 0) => Ok(()),
+        (1, 0) => {
             let (name, e) = failures.into_iter().next().expect("one failure");
             Err(e.context(format!("{what} {name}")))
         }
-        n => {
+        (n, u) => {
             for (name, e) in &failures {
                 ctx.warn(format!("{what} {name}: {e:#}"));
             }
-            bail!("{what} {n} units")
+            bail!("{what} {} units", n + u)
         }
     }
 }

@@ -1,6 +1,9 @@
 //! Getting units into the registry (`submit`, and the first step of `load`/`start`):
 //! resolve every argument to content, decide create / replace / keep, and only when every
-//! argument is valid write them all, each with one [`Cluster::put`].
+//! argument is valid write them all: the new units together ([`Cluster::create_many`], many
+//! per etcd transaction), each replaced one with its own conditional put. A write that fails
+//! midway leaves what was written before it; the command says how many were not written, and
+//! running it again writes only those (docs/guarantees.md).
 
 use anyhow::{Context, Result, anyhow, bail};
 use fleet_core::{DesiredState, Requirements, UnitFile, UnitHash, UnitName};
@@ -326,25 +329,67 @@ fn check_requirements<C>(ctx: &mut Ctx<C>, name: &UnitName, file: &UnitFile) -> 
     Ok(())
 }
 
-/// Writes every prepared action, concurrently, and returns the resulting units in argument
-/// order. New units get `desired`; replaced ones the higher of theirs and `desired`.
+/// Writes every prepared action and returns the resulting units in argument order. New units
+/// get `desired`, written together ([`Cluster::create_many`]: many per etcd transaction, or
+/// many requests in flight over the API); replaced ones, concurrently, the higher of theirs
+/// and `desired`.
 pub async fn apply<C: Cluster>(
     cluster: &C,
     prepared: Vec<Prepared>,
     desired: DesiredState,
     how: &ReplaceHow,
 ) -> Vec<(UnitName, Result<UnitStatus>)> {
-    futures::stream::iter(prepared)
-        .map(|p| {
+    let mut results: Vec<Option<(UnitName, Result<UnitStatus>)>> = Vec::new();
+    let mut creates = Vec::new();
+    let mut created_at = Vec::new();
+    let mut others = Vec::new();
+    for (i, p) in prepared.into_iter().enumerate() {
+        results.push(None);
+        match p.action {
+            Action::Create(file) => {
+                created_at.push(i);
+                creates.push(PutRequest {
+                    name: p.name,
+                    file: Some(file),
+                    desired: Some(desired),
+                    how: ReplaceHow::default(),
+                });
+            }
+            action => others.push((i, p.name, action)),
+        }
+    }
+    let created = cluster.create_many(creates).await;
+    for (i, (name, res)) in created_at.into_iter().zip(created) {
+        let res = res.map(outcome_status).map_err(Into::into);
+        results[i] = Some((name, res));
+    }
+    let others: Vec<(usize, UnitName, Result<UnitStatus>)> = futures::stream::iter(others)
+        .map(|(i, name, action)| {
             let cluster = cluster.clone();
             async move {
-                let res = apply_one(&cluster, &p.name, p.action, desired, *how).await;
-                (p.name, res)
+                let res = apply_one(&cluster, &name, action, desired, *how).await;
+                (i, name, res)
             }
         })
         .buffered(32)
         .collect()
-        .await
+        .await;
+    for (i, name, res) in others {
+        results[i] = Some((name, res));
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every action has its result"))
+        .collect()
+}
+
+fn outcome_status(outcome: PutOutcome) -> UnitStatus {
+    match outcome {
+        PutOutcome::Created(unit)
+        | PutOutcome::Replaced(unit)
+        | PutOutcome::StateChanged(unit)
+        | PutOutcome::Unchanged(unit) => unit.status,
+    }
 }
 
 async fn apply_one<C: Cluster>(
@@ -369,12 +414,7 @@ async fn apply_one<C: Cluster>(
         desired: Some(desired),
         how,
     };
-    Ok(match cluster.put_if(req, expect).await? {
-        PutOutcome::Created(unit)
-        | PutOutcome::Replaced(unit)
-        | PutOutcome::StateChanged(unit)
-        | PutOutcome::Unchanged(unit) => unit.status,
-    })
+    Ok(outcome_status(cluster.put_if(req, expect).await?))
 }
 
 /// `fleetctl submit [--replace] UNIT...`

@@ -1,6 +1,7 @@
 //! HTTP/1.1 requests to fleetd's API over a unix socket, TCP or TLS (hyper's client; no
-//! HTTP written by hand). One idle connection is kept and reused while it is fresh, so a
-//! listing of many pages or a poll does not connect for each request.
+//! HTTP written by hand). Idle connections are kept (up to one per request in flight) and
+//! reused while fresh, so a listing of many pages, a poll, or 100,000 creates sent 32 at a
+//! time do not connect for each request.
 //!
 //! The endpoint is fleet's: `unix:///path` (or `file:///path`), `http://host[:port][/base]`
 //! or `https://host[:port][/base]`. Only the first of comma-separated endpoints is used,
@@ -30,6 +31,11 @@ use fleet_ops::OpsError;
 /// 30 s, and a request sent as it closes one would fail.
 const REUSE_WITHIN: Duration = Duration::from_secs(10);
 
+/// Kept-alive connections held for reuse: as many as requests a command sends at once
+/// (`fleet_ops::CREATES_IN_FLIGHT`), so 100,000 creates reuse 32 connections instead of
+/// opening one per request.
+const IDLE_KEPT: usize = fleet_ops::CREATES_IN_FLIGHT;
+
 /// The `Host` of requests over a unix socket (fleet's client sends the same).
 const UNIX_HOST: &str = "domain-sock";
 
@@ -53,7 +59,7 @@ pub struct Transport {
     /// The endpoint's path, before `/fleet/v1` (empty, or `/base` without a trailing `/`).
     base: String,
     timeout: Duration,
-    idle: Mutex<Option<(SendRequest<Full<Bytes>>, Instant)>>,
+    idle: Mutex<Vec<(SendRequest<Full<Bytes>>, Instant)>>,
 }
 
 enum Target {
@@ -98,7 +104,7 @@ impl Transport {
             host,
             base,
             timeout,
-            idle: Mutex::new(None),
+            idle: Mutex::new(Vec::new()),
         })
     }
 
@@ -200,15 +206,20 @@ impl Transport {
     }
 
     fn take_idle(&self) -> Option<SendRequest<Full<Bytes>>> {
-        let (sender, since) = self.idle.lock().ok()?.take()?;
-        (since.elapsed() < REUSE_WITHIN && sender.is_ready()).then_some(sender)
+        let mut idle = self.idle.lock().ok()?;
+        while let Some((sender, since)) = idle.pop() {
+            if since.elapsed() < REUSE_WITHIN && sender.is_ready() {
+                return Some(sender);
+            }
+        }
+        None
     }
 
     fn put_idle(&self, sender: SendRequest<Full<Bytes>>) {
         if let Ok(mut idle) = self.idle.lock()
-            && idle.is_none()
+            && idle.len() < IDLE_KEPT
         {
-            *idle = Some((sender, Instant::now()));
+            idle.push((sender, Instant::now()));
         }
     }
 

@@ -1,0 +1,126 @@
+//! [`Cluster::create_many`] over the registry: many units per transaction
+//! ([`UnitsRole::create_batch`], within etcd's default `--max-txn-ops`), several
+//! transactions in flight. Each unit is decided as a single create would be
+//! ([`decide::decide_put`] on no existing unit), so a bad request is refused the same way.
+//!
+//! What a failure leaves: a batch is all or nothing, and once one fails no new batch starts.
+//! The batches before it (and those already in flight) are written, the failed one and every
+//! later one are not: the first unit of the failed batch carries the error, the rest say
+//! [`OpsError::NotWritten`]. Creating the same units again writes only those missing. A
+//! batch that finds one of its units already there writes nothing; its units are then
+//! created one by one, which decides what the existing one means, as a single create does.
+
+use fleet_core::{DesiredState, UnitFile, UnitName};
+use fleet_registry::kv::Kv;
+use fleet_registry::{NewUnit, Unit, batches};
+use futures::StreamExt;
+use std::ops::Range;
+use std::sync::Mutex;
+
+use super::{RegistryCluster, views};
+use crate::decide::{self, PutPlan};
+use crate::model::{Expect, PutOutcome, PutRequest};
+use crate::{Cluster, Created, OpsError};
+
+/// How many batch transactions are in flight at once.
+pub const BATCHES_IN_FLIGHT: usize = 8;
+
+/// What became of one batch.
+enum Batch {
+    Written(Vec<Unit>),
+    /// A unit of it exists: nothing written.
+    Collided,
+    Failed(OpsError),
+    /// Not sent: an earlier batch failed on this unit.
+    Stopped(UnitName),
+}
+
+impl<K: Kv> RegistryCluster<K> {
+    pub(super) async fn create_all(&self, reqs: Vec<PutRequest>) -> Created {
+        let mut results: Vec<Option<Result<PutOutcome, OpsError>>> = Vec::new();
+        let mut planned: Vec<(usize, UnitFile, DesiredState)> = Vec::new();
+        for (i, req) in reqs.iter().enumerate() {
+            match decide::decide_put(req, None) {
+                Ok(PutPlan::Create { file, desired }) => {
+                    planned.push((i, file, desired));
+                    results.push(None);
+                }
+                Ok(_) => unreachable!("a put with no unit is a create"),
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        let units: Vec<NewUnit<'_>> = planned
+            .iter()
+            .map(|(i, file, desired)| NewUnit {
+                name: &reqs[*i].name,
+                file,
+                desired: *desired,
+            })
+            .collect();
+        let failed: Mutex<Option<UnitName>> = Mutex::new(None);
+        let written: Vec<(Range<usize>, Batch)> = futures::stream::iter(batches(&units))
+            .map(|range| {
+                let (units, failed) = (&units, &failed);
+                async move {
+                    let batch = self.write_batch(&units[range.clone()], failed).await;
+                    (range, batch)
+                }
+            })
+            .buffered(BATCHES_IN_FLIGHT)
+            .collect()
+            .await;
+        for (range, batch) in written {
+            let planned = &planned[range.clone()];
+            match batch {
+                Batch::Written(written) => {
+                    for ((i, file, _), unit) in planned.iter().zip(written) {
+                        let view = views::written_view(&unit, file);
+                        results[*i] = Some(Ok(PutOutcome::Created(view)));
+                    }
+                }
+                Batch::Collided => {
+                    for (i, _, _) in planned {
+                        let req = reqs[*i].clone();
+                        results[*i] = Some(self.put_if(req, Expect::Absent).await);
+                    }
+                }
+                Batch::Failed(e) => {
+                    let with = units[range.start].name.clone();
+                    results[planned[0].0] = Some(Err(e));
+                    for (i, _, _) in &planned[1..] {
+                        let with = with.clone();
+                        results[*i] = Some(Err(OpsError::NotWritten { with }));
+                    }
+                }
+                Batch::Stopped(with) => {
+                    for (i, _, _) in planned {
+                        let with = with.clone();
+                        results[*i] = Some(Err(OpsError::NotWritten { with }));
+                    }
+                }
+            }
+        }
+        reqs.into_iter()
+            .zip(results)
+            .map(|(req, res)| (req.name, res.expect("every unit has its result")))
+            .collect()
+    }
+
+    /// One batch, unless an earlier one failed (`failed` names its first unit).
+    async fn write_batch(&self, units: &[NewUnit<'_>], failed: &Mutex<Option<UnitName>>) -> Batch {
+        let stopped = failed.lock().map(|f| f.clone()).unwrap_or_default();
+        if let Some(with) = stopped {
+            return Batch::Stopped(with);
+        }
+        match self.units.create_batch(units).await {
+            Ok(Some(written)) => Batch::Written(written),
+            Ok(None) => Batch::Collided,
+            Err(e) => {
+                if let Ok(mut f) = failed.lock() {
+                    f.get_or_insert_with(|| units[0].name.clone());
+                }
+                Batch::Failed(e.into())
+            }
+        }
+    }
+}
