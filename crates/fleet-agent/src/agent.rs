@@ -7,9 +7,11 @@
 //! units stay as they are. It never touches a unit outside its units directory.
 
 use fleet_core::{ActiveState, Backoff, MachineId, UnitFile, UnitHash, UnitName, glob_match};
+use fleet_registry::kv::Event;
 use fleet_registry::kv::{Kv, LeaseId, Revision};
 use fleet_registry::{
-    MachineRole, Presence, RegistryError, ScheduleEntry, Skipped, UnitStateRecord,
+    Delta, MachineRole, Presence, RegistryError, ScheduleChange, ScheduleEntry, Skipped,
+    UnitStateRecord,
 };
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,6 +29,9 @@ use crate::metrics::{Metrics, TaskResult};
 use crate::plan::{self, TaskKind, UnitFileState};
 use crate::revivals::{self, Revivals};
 
+mod resync;
+use resync::Resync;
+
 /// Unit files read from etcd at once. One request per file, sequential, made an agent given
 /// 1,000 units wait for 1,000 round trips before it could plan (docs/benchmarks.md, item 3).
 const FILE_FETCHES: usize = 32;
@@ -39,7 +44,8 @@ const RECONNECT_MAX: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub machine: MachineId,
-    /// Safety net: re-read everything this often even without hints.
+    /// Safety net: re-read everything at least this often even without hints (the first
+    /// time at a random phase of it, then after 90–100 % of it: see `agent/resync.rs`).
     pub resync_interval: Duration,
     /// Unit name globs the agent refuses to manage (they would take over the host).
     pub deny_units: Vec<String>,
@@ -91,6 +97,11 @@ pub struct Agent<K, M> {
     presence: watch::Receiver<Option<Presence>>,
     /// This machine's schedule; `None` until read once (fail closed).
     desired: Option<BTreeMap<UnitName, ScheduleEntry>>,
+    /// The revision `desired` is the schedule at: watch events up to it are in it already.
+    schedule_revision: Revision,
+    /// Events were applied but a file they need could not be read: the next change re-reads
+    /// everything, as it would after a failed full read.
+    schedule_stale: bool,
     files: BTreeMap<UnitHash, UnitFile>,
     current: Current,
     published: BTreeMap<UnitName, UnitStateRecord>,
@@ -124,6 +135,8 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             cfg,
             presence,
             desired: None,
+            schedule_revision: 0,
+            schedule_stale: false,
             files: BTreeMap::new(),
             current: Current::default(),
             published: BTreeMap::new(),
@@ -159,8 +172,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             return;
         };
         let mut hints = self.registry.watch_schedule(revision + 1);
-        let mut resync = tokio::time::interval(self.cfg.resync_interval);
-        resync.reset();
+        // Jittered, so that agents started together do not resync together.
+        let mut resync = Resync::new(self.cfg.resync_interval);
+        let mut resync_at = Instant::now() + resync.next_delay();
         let mut presence = self.presence.clone();
         let mut pass = 0u64;
         let mut publish_backoff = self.reconnect_backoff();
@@ -194,14 +208,15 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 .chain(publish_retry)
                 .chain(self.revivals.next_close(Instant::now()))
                 .min();
-            let mut schedule = false;
+            // What to read of the schedule: nothing, the watch's events, or all of it.
+            let mut schedule = None;
             let mut details = false;
             tokio::select! {
                 _ = shutdown.changed() => {
                     info!("agent stopping; units keep running");
                     return;
                 }
-                Some(_) = hints.changed() => schedule = true,
+                Some(_) = hints.changed() => schedule = Some(hints.take()),
                 change = changes.recv() => match change {
                     Some(change) => details = matches!(change, Change::Resync),
                     // The D-Bus connection is gone; fleetd exits and is restarted, and the
@@ -213,11 +228,16 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 },
                 // The safety net re-reads the schedule and systemd's states (one batched call);
                 // per-unit details (drop-ins) change only with a reload, which systemd signals.
-                _ = resync.tick() => schedule = true,
+                () = tokio::time::sleep_until(resync_at) => {
+                    schedule = Some(Delta::Gap);
+                    resync_at = Instant::now() + resync.next_delay();
+                }
                 _ = sleep_until(retry_at) => {}
                 Ok(()) = presence.changed() => {}
             }
-            if schedule && let Err(e) = self.read_schedule().await {
+            if let Some(delta) = schedule
+                && let Err(e) = self.follow_schedule(delta).await
+            {
                 warn!(error = %e, "reading schedule failed; keeping the last one");
             }
             self.refresh_current(details).await;
@@ -396,7 +416,93 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 .retain(|name| old.get(name) == desired.get(name));
         }
         self.files.retain(|h, _| wanted.contains(h));
-        let missing: Vec<UnitHash> = wanted
+        self.fetch_files(wanted).await?;
+        self.desired = Some(desired);
+        self.schedule_revision = revision;
+        self.schedule_stale = false;
+        Ok(revision)
+    }
+
+    /// Brings the schedule up to date: applies the watch's events when it kept them all,
+    /// re-reads the whole schedule otherwise. A pass then costs what changed, not every
+    /// unit scheduled here (with 1,000 units each change re-read all 1,000 entries).
+    async fn follow_schedule(&mut self, delta: Delta) -> Result<(), RegistryError> {
+        match delta {
+            Delta::Events(events) if self.desired.is_some() && !self.schedule_stale => {
+                match self.apply_schedule_events(&events).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => self.read_schedule().await.map(|_| ()),
+                    Err(e) => {
+                        self.schedule_stale = true;
+                        Err(e)
+                    }
+                }
+            }
+            Delta::Events(_) | Delta::Gap => self.read_schedule().await.map(|_| ()),
+        }
+    }
+
+    /// Applies schedule events newer than the schedule held; false (nothing applied) when
+    /// one cannot be read as an entry of ours: only a full read says what to skip.
+    async fn apply_schedule_events(&mut self, events: &[Event]) -> Result<bool, RegistryError> {
+        let fresh: Vec<(Revision, ScheduleChange)> = events
+            .iter()
+            .filter(|e| e.kv.mod_revision > self.schedule_revision)
+            .map(|e| (e.kv.mod_revision, self.registry.schedule_change(e)))
+            .collect();
+        if fresh
+            .iter()
+            .any(|(_, c)| matches!(c, ScheduleChange::Unreadable))
+        {
+            return Ok(false);
+        }
+        let mut changed = BTreeSet::new();
+        let mut dropped_hash = false;
+        let mut new_hashes = BTreeSet::new();
+        for (revision, change) in fresh {
+            self.schedule_revision = self.schedule_revision.max(revision);
+            let (name, entry) = match change {
+                ScheduleChange::Put(e) if self.is_denied(&e.name) => {
+                    if self.denied.insert(e.name.clone()) {
+                        warn!(unit = %e.name, "refusing to manage unit: it matches deny_units");
+                    }
+                    (e.name, None)
+                }
+                ScheduleChange::Put(e) => (e.name.clone(), Some(e)),
+                ScheduleChange::Removed(name) => (name, None),
+                ScheduleChange::Unreadable => unreachable!("refused above"),
+            };
+            let desired = self.desired.get_or_insert_with(BTreeMap::new);
+            let old = match entry {
+                Some(e) => {
+                    new_hashes.insert(e.hash);
+                    desired.insert(name.clone(), e)
+                }
+                None => desired.remove(&name),
+            };
+            if old.as_ref() != desired.get(&name) {
+                dropped_hash |=
+                    old.is_some_and(|o| desired.get(&name).map(|e| e.hash) != Some(o.hash));
+                changed.insert(name);
+            }
+        }
+        self.backoff.retain(|name, _| !changed.contains(name));
+        self.revivals.retain(|name| !changed.contains(name));
+        if dropped_hash {
+            let wanted: BTreeSet<UnitHash> = self
+                .desired
+                .iter()
+                .flat_map(|d| d.values().map(|e| e.hash))
+                .collect();
+            self.files.retain(|h, _| wanted.contains(h));
+        }
+        self.fetch_files(new_hashes).await?;
+        Ok(true)
+    }
+
+    /// Reads the files of `hashes` not held yet, [`FILE_FETCHES`] at a time.
+    async fn fetch_files(&mut self, hashes: BTreeSet<UnitHash>) -> Result<(), RegistryError> {
+        let missing: Vec<UnitHash> = hashes
             .into_iter()
             .filter(|h| !self.files.contains_key(h))
             .collect();
@@ -420,8 +526,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 Err(e) => return Err(e),
             }
         }
-        self.desired = Some(desired);
-        Ok(revision)
+        Ok(())
     }
 
     /// Warns once about each unreadable schedule entry (a unit this machine then does not

@@ -957,3 +957,58 @@ async fn an_upgraded_agent_on_its_resumed_lease_deletes_its_old_layout_states() 
     );
     assert!(left(foreign).await, "another machine's key is not touched");
 }
+
+/// Counts range reads of this machine's schedule.
+#[derive(Debug, Clone, Default)]
+struct ScheduleReads(Arc<Mutex<usize>>);
+
+impl Hook for ScheduleReads {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        if let Request::Range { key, .. } = request
+            && key.starts_with("/t/schedule/")
+        {
+            *self.0.lock().unwrap() += 1;
+        }
+        Ok(())
+    }
+}
+
+/// With many units here, each new one used to re-read the whole schedule (a thousand
+/// units scheduled one by one read a million entries): the watch's events are applied
+/// instead, and only the boot reads the schedule.
+#[tokio::test(start_paused = true)]
+async fn schedule_changes_are_applied_from_the_watch_without_rereading_the_schedule() {
+    let w = World::new().await;
+    let kv = Hooked {
+        inner: w.kv.clone(),
+        hook: ScheduleReads::default(),
+    };
+    let _agent = w.start_agent_on(
+        Registry::new(kv.clone(), "/t/"),
+        AgentConfig::new(w.machine.clone()),
+    );
+    w.until("the boot's read", || *kv.hook.0.lock().unwrap() == 1)
+        .await;
+    for i in 0..20 {
+        let f = file(&format!("/bin/sleep {i}"));
+        w.schedule(&format!("u{i}.service"), &f, DesiredState::Launched)
+            .await;
+        w.until_published(&format!("u{i}.service"), "active").await;
+    }
+    w.unschedule("u3.service").await;
+    w.until("u3 stopped", || {
+        w.fake.state(&name("u3.service")).active == "inactive"
+    })
+    .await;
+    w.entry("u4.service", &file("/bin/sleep 4"), 1, false).await;
+    w.until("u4 restarted", || {
+        w.fake
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Start(n) if n.as_str() == "u4.service"))
+            .count()
+            == 2
+    })
+    .await;
+    assert_eq!(*kv.hook.0.lock().unwrap(), 1, "schedule reads");
+}

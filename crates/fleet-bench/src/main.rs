@@ -3,8 +3,9 @@
 //!
 //! - `e2e`: a real 3-machine cluster (real etcd, systemd, release fleetd/fleetctl);
 //! - `one-agent`: 3,000 units on one real machine, its idle D-Bus traffic and pass time;
-//! - `scale`: 1,000 simulated machines (real agents and engines, fake systemd), 10,000 units;
-//! - `plot`: convergence time over a grid of units and machines, drawn as an SVG;
+//! - `scale`: 5,000 simulated machines (real agents and engines, fake systemd), 100,000 units;
+//! - `plot`: convergence time over a grid of units and machines, drawn as an SVG, and how
+//!   the time per unit grows (issue 19: linear within 1.3×);
 //! - `reconnect`: 1,000 simulated machines, etcd killed and restarted: the requests per
 //!   100 ms once it is back (whether agents reconnect in lockstep);
 //! - `api`: the scale simulation with 10,000 units: a blocking `fleetctl start` and
@@ -91,9 +92,10 @@ enum Scenario {
     },
     /// Simulated machines (real agents and engines on a fake systemd), real etcd.
     Scale {
-        #[arg(long, default_value_t = 1000)]
+        /// Issue 19's size: 100,000 units on 5,000 machines.
+        #[arg(long, default_value_t = 5000)]
         machines: usize,
-        #[arg(long, default_value_t = 10_000)]
+        #[arg(long, default_value_t = 100_000)]
         units: usize,
         /// At least the agents' 60 s resync, so the window holds one resync of each.
         #[arg(long, default_value_t = 60)]
@@ -110,9 +112,10 @@ enum Scenario {
     },
     /// Convergence time over a grid of machines and units, as docs/bench-scale.svg.
     Plot {
-        #[arg(long, value_delimiter = ',', default_value = "100,300,1000")]
+        /// Issue 19's linearity: from 1,000 to 100,000 units at 100 and at 5,000 machines.
+        #[arg(long, value_delimiter = ',', default_value = "100,5000")]
         machines: Vec<usize>,
-        #[arg(long, value_delimiter = ',', default_value = "1000,3000,10000")]
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
         units: Vec<usize>,
     },
     /// Simulated machines reconnecting after an etcd outage: requests per 100 ms once etcd

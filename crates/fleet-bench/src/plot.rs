@@ -1,6 +1,8 @@
 //! Scenario 4: how the time to converge grows with units and machines. Runs the scale
 //! simulation's convergence for every (N, U) of a grid, each on a fresh etcd, and draws the
 //! result as an SVG (`docs/bench-scale.svg`) by hand: a few lines, circles and labels.
+//! Issue 19's linearity figure comes from the same grid: for each machine count, the time
+//! per unit at the largest size against the smallest, within 1.3×.
 
 use anyhow::Result;
 use std::fmt::Write as _;
@@ -19,13 +21,22 @@ pub async fn run(machines: &[usize], units: &[usize]) -> Result<String> {
     let wall = SystemTime::now();
     let started = Instant::now();
     let mut results = Vec::new();
+    let mut missed = Vec::new();
     for &n in machines {
         for &u in units {
             println!("plot: {n} machines, {u} units");
             let sim = Sim::start(SimSpec::new(n)).await?;
             let c = scale::converge(&sim, u).await;
             sim.stop().await;
-            let c = c?;
+            // One point that does not converge in time must not lose the others.
+            let c = match c {
+                Ok(c) => c,
+                Err(e) => {
+                    println!("plot: {n} machines, {u} units: {e:#}");
+                    missed.push((n, u));
+                    continue;
+                }
+            };
             println!(
                 "plot: {n} machines, {u} units: launched in {}",
                 secs(c.launched_in)
@@ -46,6 +57,7 @@ pub async fn run(machines: &[usize], units: &[usize]) -> Result<String> {
         "units",
         "all scheduled",
         "all launched",
+        "per unit",
         "writes / unit",
         "requests / unit",
         "agent watch events / decision",
@@ -56,6 +68,7 @@ pub async fn run(machines: &[usize], units: &[usize]) -> Result<String> {
             c.units.to_string(),
             secs(c.scheduled_in),
             secs(c.launched_in),
+            format!("{:.3} ms", per_unit_ms(c)),
             format!("{:.2}", c.roles.writes() as f64 / c.units as f64),
             format!("{:.2}", c.roles.requests() as f64 / c.units as f64),
             format!(
@@ -65,7 +78,56 @@ pub async fn run(machines: &[usize], units: &[usize]) -> Result<String> {
         ]);
     }
     out.push_str(&t.render());
+    for (n, u) in &missed {
+        out.push_str(&format!(
+            "\n{n} machines, {u} units: not all launched within {} s.\n",
+            scale::CONVERGE_WITHIN.as_secs()
+        ));
+    }
+    out.push_str("\nLinear growth (issue 19): time per unit launched at the largest size against the smallest, for each machine count.\n\n");
+    out.push_str(&linearity(&results, machines, &missed).render());
     Ok(out)
+}
+
+/// The time to "all launched" per unit, in milliseconds.
+fn per_unit_ms(c: &Converged) -> f64 {
+    c.launched_in.as_secs_f64() * 1000.0 / c.units.max(1) as f64
+}
+
+/// The largest time per unit over the smallest, at most 1.3 wanted.
+const LINEAR_WITHIN: f64 = 1.3;
+
+/// For each machine count: time per unit at its smallest and largest unit count.
+fn linearity(results: &[Converged], machines: &[usize], missed: &[(usize, usize)]) -> Table {
+    let mut t = Table::new(&[
+        "machines",
+        "units",
+        "per unit",
+        "largest / smallest",
+        "target",
+        "",
+    ]);
+    for &n in machines {
+        let mut line: Vec<&Converged> = results.iter().filter(|c| c.machines == n).collect();
+        line.sort_by_key(|c| c.units);
+        let (Some(small), Some(large)) = (line.first(), line.last()) else {
+            continue;
+        };
+        if line.len() < 2 {
+            continue;
+        }
+        let failed = missed.iter().any(|(m, _)| *m == n);
+        let ratio = per_unit_ms(large) / per_unit_ms(small).max(1e-9);
+        t.row(vec![
+            n.to_string(),
+            format!("{} → {}", small.units, large.units),
+            format!("{:.3} → {:.3} ms", per_unit_ms(small), per_unit_ms(large)),
+            format!("{ratio:.2}×"),
+            format!("≤ {LINEAR_WITHIN}×"),
+            report::verdict(!failed && ratio <= LINEAR_WITHIN).into(),
+        ]);
+    }
+    t
 }
 
 const W: f64 = 720.0;
@@ -229,6 +291,14 @@ mod tests {
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert_eq!(svg.matches("<circle").count(), 3);
         assert!(svg.contains("300 machines"));
+    }
+
+    #[test]
+    fn linearity_compares_the_largest_size_per_unit_with_the_smallest() {
+        let results = vec![fake(100, 1000, 1.0), fake(100, 100_000, 120.0)];
+        let t = linearity(&results, &[100], &[]).render();
+        assert!(t.contains("1.20×"), "{t}");
+        assert!(t.contains("1000 → 100000"), "{t}");
     }
 
     #[test]

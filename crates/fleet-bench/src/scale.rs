@@ -196,7 +196,9 @@ async fn one_start(
     let roles = Roles::now(sim);
     let metrics = Metrics::fetch(&sim.etcd_endpoint())?;
     let t0 = Instant::now();
+    // fleetctl's default driver is the API (as fleet's); the simulation has only etcd.
     let out = tokio::process::Command::new(fleetctl)
+        .args(["--driver", "etcd"])
         .arg("--endpoint")
         .arg(sim.etcd_endpoint())
         .args(["start", "--block-attempts", "30"])
@@ -306,15 +308,48 @@ struct Idle {
     window: Duration,
     roles: Roles,
     etcd: BTreeMap<String, u64>,
+    /// The agents' schedule reads (their periodic resyncs) in each second of the window.
+    resyncs_per_second: Vec<u64>,
 }
 
-/// Requests per minute while nothing changes.
-async fn idle(sim: &Sim, window: Duration) -> Result<(Roles, BTreeMap<String, u64>)> {
+impl Idle {
+    /// The busiest second's share of the window's resync reads (1.0: all in one second, as
+    /// in lockstep; 1/60 when spread evenly over a minute).
+    fn busiest_share(&self) -> f64 {
+        let total: u64 = self.resyncs_per_second.iter().sum();
+        let busiest = self.resyncs_per_second.iter().max().copied().unwrap_or(0);
+        busiest as f64 / total.max(1) as f64
+    }
+}
+
+/// What the roles do while nothing changes, with the agents' schedule reads counted per
+/// second (sampled every 100 ms).
+async fn idle(sim: &Sim, window: Duration) -> Result<Idle> {
     let roles = Roles::now(sim);
     let metrics = Metrics::fetch(&sim.etcd_endpoint())?;
-    tokio::time::sleep(window).await;
+    let reads = |sim: &Sim| {
+        sim.roles
+            .agents
+            .tally()
+            .requests(Method::Range, Class::Schedule)
+    };
+    let t0 = Instant::now();
+    let mut per_second = vec![0u64; window.as_secs().max(1) as usize];
+    let mut last = reads(sim);
+    while t0.elapsed() < window {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = reads(sim);
+        let second = (t0.elapsed().as_secs() as usize).min(per_second.len() - 1);
+        per_second[second] += now - last;
+        last = now;
+    }
     let etcd = received_between(&metrics, &Metrics::fetch(&sim.etcd_endpoint())?);
-    Ok((roles.since(sim), etcd))
+    Ok(Idle {
+        window,
+        roles: roles.since(sim),
+        etcd,
+        resyncs_per_second: per_second,
+    })
 }
 
 /// Runs the whole scenario; returns the Markdown section.
@@ -342,15 +377,24 @@ pub async fn run(
     );
     let rss = process_rss_mib();
     println!("scale: idle for {}", secs(idle_window));
-    let (idle_roles, idle_etcd) = idle(&sim, idle_window).await?;
-    let dir = report::work_dir();
-    let one = one_start(&sim, fleetctl, &dir).await?;
+    let idle = idle(&sim, idle_window).await?;
     println!(
-        "scale: one fleetctl start took {}, uninvolved agents woken: {}",
-        ms(one.latency),
-        one.woken
+        "scale: idle; the busiest second held {:.1} % of the agents' resync reads",
+        idle.busiest_share() * 100.0
     );
-    let loss = lose_tenth(&mut sim, units + 1).await?;
+    let dir = report::work_dir();
+    // A failed probe (fleetctl's reads at this size) is a figure, not the end of the run.
+    let one = one_start(&sim, fleetctl, &dir).await;
+    match &one {
+        Ok(one) => println!(
+            "scale: one fleetctl start took {}, uninvolved agents woken: {}",
+            ms(one.latency),
+            one.woken
+        ),
+        Err(e) => println!("scale: one fleetctl start failed: {e:#}"),
+    }
+    // The probe's unit runs too, when the probe got it started.
+    let loss = lose_tenth(&mut sim, units + usize::from(one.is_ok())).await?;
     println!(
         "scale: lost {} machines ({} units): rescheduled in {}, running again in {}",
         loss.killed,
@@ -360,11 +404,6 @@ pub async fn run(
     );
     sim.stop().await;
     let mut out = report::provenance(wall, started.elapsed());
-    let idle = Idle {
-        window: idle_window,
-        roles: idle_roles,
-        etcd: idle_etcd,
-    };
     out.push('\n');
     out.push_str(&render::render(&c, rss, &idle, &one, &loss));
     Ok(out)

@@ -35,7 +35,7 @@ pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind};
 pub use kv::MAX_TXN_OPS;
 pub use leader::{EngineRole, EngineWrite, Fence, Leadership};
 pub use live::{LiveView, Touched};
-pub use machine::{MachineRole, Presence};
+pub use machine::{MachineRole, Presence, ScheduleChange};
 pub use metadata::{DynamicMetadata, MetadataChange, MetadataKey, MetadataKeyError, apply_dynamic};
 pub use per_machine::PerMachine;
 pub use read::{Listing, Skipped};
@@ -46,4 +46,4 @@ pub use records::{
 pub use registry::Registry;
 pub use snapshot::Snapshot;
 pub use units::{CreateOutcome, NewUnit, UnitsRole, batches};
-pub use watch::WatchHints;
+pub use watch::{Delta, WatchHints};

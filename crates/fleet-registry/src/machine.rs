@@ -10,10 +10,12 @@ use fleet_core::{MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
 use std::time::Duration;
 
 use crate::error::{RegistryError, Result};
+use crate::keys::Key;
 use crate::kv::{
-    CmpOp, CmpTarget, Compare, Kv, LeaseId, MAX_TXN_OPS, Revision, Txn, TxnOp, TxnOpResponse,
+    CmpOp, CmpTarget, Compare, Event, EventKind, Kv, LeaseId, MAX_TXN_OPS, Revision, Txn, TxnOp,
+    TxnOpResponse,
 };
-use crate::read::Listing;
+use crate::read::{self, Listing};
 use crate::records::{ScheduleEntry, UnitStateRecord};
 use crate::registry::{Registry, delete, encode};
 use crate::watch::WatchHints;
@@ -37,6 +39,18 @@ impl Presence {
     pub fn resumed(&self) -> bool {
         self.resumed
     }
+}
+
+/// One change of a machine's schedule, as its watch delivered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleChange {
+    /// The entry was written (created or changed).
+    Put(ScheduleEntry),
+    /// The unit's entry was deleted.
+    Removed(UnitName),
+    /// A value or key that does not read as this machine's entry: re-read the schedule,
+    /// which says what to skip.
+    Unreadable,
 }
 
 /// Writes one machine's presence and unit states, and reads its schedule.
@@ -75,10 +89,29 @@ impl<K: Kv> MachineRole<K> {
     }
 
     /// A watch that wakes on every change of this machine's schedule from revision `from` on
-    /// (usually the revision just read + 1).
+    /// (usually the revision just read + 1), keeping the events: read each with
+    /// [`schedule_change`](Self::schedule_change).
     pub fn watch_schedule(&self, from: Revision) -> WatchHints {
         let prefix = self.registry.keys().machine_schedule(&self.machine);
-        WatchHints::start(self.registry.kv().clone(), prefix, from)
+        WatchHints::with_events(self.registry.kv().clone(), prefix, from)
+    }
+
+    /// What one event of [`watch_schedule`](Self::watch_schedule) did to this machine's
+    /// schedule.
+    pub fn schedule_change(&self, event: &Event) -> ScheduleChange {
+        let keys = self.registry.keys();
+        match event.kind {
+            EventKind::Put => match read::schedule_entry(keys, &event.kv) {
+                Ok(entry) if entry.machine == self.machine => ScheduleChange::Put(entry),
+                Ok(_) | Err(_) => ScheduleChange::Unreadable,
+            },
+            EventKind::Delete => match Key::parse(keys, &event.kv.key) {
+                Some(Key::Schedule { machine, unit }) if machine == self.machine => {
+                    ScheduleChange::Removed(unit)
+                }
+                Some(_) | None => ScheduleChange::Unreadable,
+            },
+        }
     }
 
     /// See [`Registry::file`].

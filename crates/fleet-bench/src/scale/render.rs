@@ -12,10 +12,10 @@ pub(super) fn render(
     c: &Converged,
     rss: f64,
     idle: &Idle,
-    one: &Uninvolved,
+    one: &anyhow::Result<Uninvolved>,
     loss: &Loss,
 ) -> String {
-    let mut s = figures(c, rss, one, loss).render();
+    let mut s = figures(c, rss, idle, one, loss).render();
     s.push_str(
         "\netcd requests per unit started, by role and kind (during the convergence; \
          `presence` is fleetd's lease keep-alive, proportional to machines × time, not units):\n\n",
@@ -37,7 +37,13 @@ fn target(t: &mut Table, figure: String, measured: String, goal: &str, met: bool
     t.row(vec![figure, measured, goal.into(), verdict(met).into()]);
 }
 
-fn figures(c: &Converged, rss: f64, one: &Uninvolved, loss: &Loss) -> Table {
+fn figures(
+    c: &Converged,
+    rss: f64,
+    idle: &Idle,
+    one: &anyhow::Result<Uninvolved>,
+    loss: &Loss,
+) -> Table {
     let (u, n) = (c.units, c.machines);
     let mut t = Table::new(&["figure", "measured", "target", ""]);
     row(
@@ -53,6 +59,20 @@ fn figures(c: &Converged, rss: f64, one: &Uninvolved, loss: &Loss) -> Table {
         "of which fleetctl writing the units".into(),
         secs(c.submitted_in),
     );
+    let since = |d: Duration| secs(d.saturating_sub(c.submitted_in));
+    row(
+        &mut t,
+        "from the last unit written: all scheduled / all reported launched".into(),
+        format!("{} / {}", since(c.scheduled_in), since(c.launched_in)),
+    );
+    row(
+        &mut t,
+        "time per unit launched (all launched / units)".into(),
+        format!(
+            "{:.3} ms",
+            c.launched_in.as_secs_f64() * 1000.0 / u.max(1) as f64
+        ),
+    );
     let writes = c.roles.writes();
     let what = "etcd writes (put/delete ops) per unit started".to_owned();
     let small = (writes as f64) < 10.0 * u as f64;
@@ -64,17 +84,27 @@ fn figures(c: &Converged, rss: f64, one: &Uninvolved, loss: &Loss) -> Table {
     let measured = format!("{ratio:.2} ({events} events / {} decisions)", c.decisions);
     let what = "agent watch events per scheduling decision".to_owned();
     target(&mut t, what, measured, "1", events <= c.decisions);
-    let measured = format!(
-        "{} (watch events to them: {}; involved machine found: {})",
-        one.woken,
-        one.stray_events,
-        one.involved.is_some()
-    );
-    let nothing = one.woken == 0 && one.stray_events == 0 && one.involved.is_some();
-    let what = "uninvolved agents woken by one `fleetctl start`".to_owned();
-    target(&mut t, what, measured, "0", nothing);
-    let what = "`fleetctl start` of one unit at this scale (blocking until active)".to_owned();
-    row(&mut t, what, ms(one.latency));
+    match one {
+        Ok(one) => {
+            let measured = format!(
+                "{} (watch events to them: {}; involved machine found: {})",
+                one.woken,
+                one.stray_events,
+                one.involved.is_some()
+            );
+            let nothing = one.woken == 0 && one.stray_events == 0 && one.involved.is_some();
+            let what = "uninvolved agents woken by one `fleetctl start`".to_owned();
+            target(&mut t, what, measured, "0", nothing);
+            let what =
+                "`fleetctl start` of one unit at this scale (blocking until active)".to_owned();
+            row(&mut t, what, ms(one.latency));
+        }
+        Err(e) => {
+            let what = "`fleetctl start` of one unit at this scale (blocking until active)";
+            let measured = format!("failed: {}", one_line(&format!("{e:#}")));
+            target(&mut t, what.into(), measured, "succeeds", false);
+        }
+    }
     let what = format!(
         "lose {} machines ({} units): all rescheduled / running elsewhere",
         loss.killed, loss.affected
@@ -84,7 +114,24 @@ fn figures(c: &Converged, rss: f64, one: &Uninvolved, loss: &Loss) -> Table {
         secs(loss.rescheduled_in),
         secs(loss.recovered_in)
     );
-    row(&mut t, what, measured);
+    let quick = loss.recovered_in < Duration::from_secs(10);
+    target(&mut t, what, measured, "running elsewhere < 10 s", quick);
+    let share = idle.busiest_share();
+    let what = "idle: the busiest second's share of the agents' resync reads".to_owned();
+    let total: u64 = idle.resyncs_per_second.iter().sum();
+    let measured = format!(
+        "{:.1} % ({} of {total} reads in {} s; even spread {:.1} %)",
+        share * 100.0,
+        idle.resyncs_per_second.iter().max().copied().unwrap_or(0),
+        idle.window.as_secs(),
+        100.0 / idle.resyncs_per_second.len().max(1) as f64
+    );
+    // Spread over the minute: no second with more than 5 % of them (lockstep was ~100 %).
+    target(&mut t, what, measured, "spread (≤ 5 %)", share <= 0.05);
+    let leader = idle.roles.engines.method(Method::Range);
+    let what = "idle: the engines' range reads per minute (watch only)".to_owned();
+    let per_min = leader as f64 * 60.0 / idle.window.as_secs_f64().max(1.0);
+    target(&mut t, what, format!("{per_min:.0}"), "0", leader == 0);
     let what = "bench process RSS (1 process = all agents, engines, fake systemds)".to_owned();
     let per_machine = rss * 1024.0 / n as f64;
     row(
@@ -137,7 +184,7 @@ fn breakdown(c: &Converged) -> Table {
     t
 }
 
-fn notes(c: &Converged, idle: &Idle, one: &Uninvolved, loss: &Loss) -> String {
+fn notes(c: &Converged, idle: &Idle, one: &anyhow::Result<Uninvolved>, loss: &Loss) -> String {
     let mib = |b: u64| b as f64 / 1048576.0;
     let mut s = format!(
         "\netcd's own count of requests received during the convergence (its /metrics): {}\n",
@@ -164,16 +211,23 @@ fn notes(c: &Converged, idle: &Idle, one: &Uninvolved, loss: &Loss) -> String {
         r.presence.total() as f64 * per_min,
         fmt_map(&idle.etcd)
     ));
+    if let Ok(one) = one {
+        s.push_str(&format!(
+            "\nOne `fleetctl start` at this scale: the involved agent made {} requests ({}); \
+             the engines {} ({}); {} other agents ran their periodic 60 s resync inside the \
+             window (not caused by the start); etcd saw {} in all.\n",
+            one.involved_tally.total(),
+            one.involved_tally,
+            one.roles.engines.total(),
+            one.roles.engines,
+            one.resyncs,
+            fmt_map(&one.etcd)
+        ));
+    }
+    let seconds: Vec<String> = idle.resyncs_per_second.iter().map(u64::to_string).collect();
     s.push_str(&format!(
-        "\nOne `fleetctl start` at this scale: the involved agent made {} requests ({}); \
-         the engines {} ({}); {} other agents ran their periodic 60 s resync inside the \
-         window (not caused by the start); etcd saw {} in all.\n",
-        one.involved_tally.total(),
-        one.involved_tally,
-        one.roles.engines.total(),
-        one.roles.engines,
-        one.resyncs,
-        fmt_map(&one.etcd)
+        "\nAgents' schedule reads (periodic resyncs) in each idle second: {}\n",
+        seconds.join(" ")
     ));
     s.push_str(&format!(
         "\nMachine loss: {} requests by the engines, {} by the agents until recovered.\n",
@@ -181,6 +235,15 @@ fn notes(c: &Converged, idle: &Idle, one: &Uninvolved, loss: &Loss) -> String {
         loss.roles.agents.total()
     ));
     s
+}
+
+/// An error's text on one table line, at most 200 characters.
+fn one_line(text: &str) -> String {
+    let flat = text.replace(['\n', '|'], " ");
+    match flat.char_indices().nth(200) {
+        Some((at, _)) => format!("{}…", &flat[..at]),
+        None => flat,
+    }
 }
 
 /// `Range 12, Txn 3`, or `nothing`.
