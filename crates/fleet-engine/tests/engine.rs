@@ -669,6 +669,73 @@ async fn moves_a_lost_machines_units_no_faster_than_the_move_rate() {
     e.shutdown().await;
 }
 
+/// Unit -> machines its placements name (`P/placement/<name>/<machine>`).
+async fn placements<K: Kv>(reg: &Registry<K>) -> BTreeMap<String, Vec<String>> {
+    let res = reg
+        .raw_kv()
+        .range(&reg.keys().placements(), true, None)
+        .await
+        .unwrap();
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for kv in res.kvs {
+        let rest = kv.key.strip_prefix(&reg.keys().placements()).unwrap();
+        let (unit, machine) = rest.split_once('/').unwrap();
+        out.entry(unit.to_owned())
+            .or_default()
+            .push(machine.to_owned());
+    }
+    out
+}
+
+/// Issue 19: the placement mirror follows the schedule (written and deleted with it), and a
+/// new leader repairs what it finds wrong in it.
+async fn placements_follow_the_schedule_and_a_new_leader_repairs_them<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    join(&reg, "m1").await;
+    submit(&reg, "a.service").await;
+    submit(&reg, "b.service").await;
+    let a = start(&reg, "a", t);
+    eventually(t.prompt, "both scheduled", || async {
+        schedule(&reg).await.len() == 2
+    })
+    .await;
+    assert_eq!(placements(&reg).await, schedule(&reg).await);
+    a.shutdown().await;
+    let edit = Txn {
+        compares: vec![],
+        success: vec![
+            TxnOp::Delete {
+                key: reg.keys().placement(&name("a.service"), &machine("m1")),
+                prefix: false,
+            },
+            TxnOp::Put {
+                key: reg.keys().placement(&name("gone.service"), &machine("m9")),
+                value: vec![],
+                lease: None,
+            },
+        ],
+        failure: vec![],
+    };
+    reg.raw_kv().txn(edit).await.unwrap();
+    let b = start(&reg, "b", t);
+    eventually(t.prompt, "placements repaired", || async {
+        placements(&reg).await == schedule(&reg).await
+    })
+    .await;
+    let units = UnitsRole::new(reg.clone());
+    let unit = units.unit(&name("b.service")).await.unwrap().unwrap();
+    units.destroy_unit(&unit).await.unwrap();
+    eventually(t.prompt, "b unscheduled with its placement", || async {
+        !placements(&reg).await.contains_key("b.service")
+            && !schedule(&reg).await.contains_key("b.service")
+    })
+    .await;
+    assert_eq!(placements(&reg).await, schedule(&reg).await);
+    b.shutdown().await;
+}
+
 macro_rules! on_both {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -707,6 +774,7 @@ on_both!(
     schedules_more_units_than_one_transaction_holds,
     moves_a_replaced_unit_only_once_its_previous_copy_has_stopped,
     drains_a_machine_one_move_at_a_time_across_a_leader_change,
+    placements_follow_the_schedule_and_a_new_leader_repairs_them,
 );
 
 // ---- MemKv only: what only the fake can count or cut ------------------------------------------

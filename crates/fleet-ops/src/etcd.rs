@@ -55,6 +55,16 @@ impl<K: Kv> RegistryCluster<K> {
         &self.registry
     }
 
+    /// The states of `names` on every machine (the API's `GET /state?unitName=…`): reads only
+    /// their keys, however many other units the registry holds.
+    pub async fn states_of(&self, names: &BTreeSet<UnitName>) -> Result<StateListing, OpsError> {
+        let states = self.registry.states_of(names).await?;
+        Ok(StateListing {
+            states: states.items.iter().map(views::state_view).collect(),
+            skipped: states.skipped.iter().map(ToString::to_string).collect(),
+        })
+    }
+
     /// The unit's record and file, read again while a concurrent replace collects the file
     /// between the two reads.
     async fn unit_with_file(&self, name: &UnitName) -> Result<Option<(Unit, UnitFile)>, OpsError> {
@@ -73,7 +83,10 @@ impl<K: Kv> RegistryCluster<K> {
 
     /// Where `name` runs now (its first scheduled machine), for `--reschedule`.
     async fn placed(&self, name: &UnitName) -> Result<Option<MachineId>, OpsError> {
-        let snap = self.registry.snapshot().await?;
+        let snap = self
+            .registry
+            .units_snapshot(&BTreeSet::from([name.clone()]))
+            .await?;
         Ok(snap
             .schedule
             .get(name)
@@ -184,19 +197,21 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     }
 
     async fn unit(&self, name: &UnitName) -> Result<Option<UnitView>, OpsError> {
-        // The record alone first: a missing unit costs no snapshot, and one that cannot be
-        // read is an error naming its key (a snapshot would leave it out as absent).
-        if self.registry.unit(name).await?.is_none() {
-            return Ok(None);
-        }
+        let names = BTreeSet::from([name.clone()]);
         for _ in 0..ATTEMPTS {
-            let snap = self.registry.snapshot().await?;
+            // Only this unit's keys (issue 19): the same cost at 100,000 units as at 10.
+            let snap = self.registry.units_snapshot(&names).await?;
+            // A record that cannot be read is an error naming its key, not an absent unit.
+            let key = self.registry.keys().unit(name);
+            if let Some(skipped) = snap.skipped.get(&key) {
+                return Err(RegistryError::from(skipped.clone()).into());
+            }
             let Some(unit) = snap.units.get(name) else {
                 return Ok(None);
             };
             match self.registry.unit_file(unit).await {
                 Ok(file) => return Ok(Some(views::unit_view(&snap, unit, &file))),
-                // Collected by a replace since the snapshot: read again, as a client would.
+                // Collected by a replace since the read: read again, as a client would.
                 Err(RegistryError::FileMissing { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -205,7 +220,15 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     }
 
     async fn states(&self, filter: &StateFilter) -> Result<StateListing, OpsError> {
-        let states = self.registry.unit_states().await?;
+        let states = match (&filter.unit, &filter.machine) {
+            (Some(unit), _) => {
+                self.registry
+                    .states_of(&BTreeSet::from([unit.clone()]))
+                    .await?
+            }
+            (None, Some(machine)) => self.registry.machine_states(machine).await?,
+            (None, None) => self.registry.unit_states().await?,
+        };
         Ok(StateListing {
             states: states
                 .items

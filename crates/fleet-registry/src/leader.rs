@@ -6,16 +6,20 @@
 //! holding it) cannot schedule anything. This module decides nothing about scheduling.
 
 use fleet_core::{MachineId, UnitName};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tracing::debug;
 
 use crate::error::{RegistryError, Result};
+use crate::keys::Keys;
 use crate::kv::{
-    CmpOp, CmpTarget, Compare, Kv, KvError, LeaseId, MAX_TXN_OPS, Revision, Txn, TxnOp,
+    CmpOp, CmpTarget, Compare, KeyValue, Kv, KvError, LeaseId, MAX_TXN_OPS, Revision, Txn, TxnOp,
     TxnOpResponse,
 };
+use crate::per_machine::PerMachine;
 use crate::records::{MoveRecord, ScheduleEntry};
 use crate::registry::{Registry, encode};
+use crate::snapshot::Snapshot;
 use crate::watch::WatchHints;
 
 /// Guards an engine write: it applies only while `key` still holds `value` (our leadership).
@@ -256,70 +260,135 @@ impl<K: Kv> Leadership<K> {
     }
 
     /// Applies `writes` in order, fenced by this leadership, in transactions of at most
-    /// [`MAX_TXN_OPS`] operations. Returns the revision of the last one (`None` if there was
-    /// nothing to write). `LostLeadership` if a fence failed: that transaction and every
-    /// later one wrote nothing, earlier ones stay (callers order writes so that any prefix is
-    /// safe, removals first).
+    /// [`MAX_TXN_OPS`] operations (a schedule write is two: the entry and its placement, kept
+    /// in one transaction). Returns the revision of the last one (`None` if there was nothing
+    /// to write). `LostLeadership` if a fence failed: that transaction and every later one
+    /// wrote nothing, earlier ones stay (callers order writes so that any prefix is safe,
+    /// removals first).
     pub async fn write(&self, writes: &[EngineWrite]) -> Result<Option<Revision>> {
+        let mut ops = Vec::with_capacity(MAX_TXN_OPS);
         let mut revision = None;
-        for chunk in writes.chunks(MAX_TXN_OPS) {
-            let txn = Txn {
-                compares: self.compares(),
-                success: chunk.iter().map(|w| self.op(w)).collect(),
-                failure: vec![],
-            };
-            let res = self.registry.txn(txn, "writing engine decisions").await?;
-            if !res.succeeded {
-                return Err(RegistryError::LostLeadership);
+        for write in writes {
+            let before = ops.len();
+            self.ops(write, &mut ops);
+            if ops.len() > MAX_TXN_OPS {
+                let rest = ops.split_off(before);
+                revision = Some(self.fenced(std::mem::replace(&mut ops, rest)).await?);
             }
-            revision = Some(res.revision);
+        }
+        if !ops.is_empty() {
+            revision = Some(self.fenced(ops).await?);
         }
         Ok(revision)
     }
 
-    fn op(&self, write: &EngineWrite) -> TxnOp {
+    /// Repairs the placement mirror from the schedule in `snapshot` (a new leader's view):
+    /// writes the placements missing for its entries, deletes those without an entry
+    /// (written before the mirror existed, or by a registry edited by hand). One paged read of
+    /// `P/placement/` and, when everything is in order, nothing written. Returns how many
+    /// placements were written or deleted.
+    pub async fn repair_placements(&self, snapshot: &Snapshot) -> Result<usize> {
         let keys = self.registry.keys();
+        let read = self
+            .registry
+            .kv()
+            .range(&keys.placements(), true, None)
+            .await
+            .map_err(RegistryError::kv("reading placements"))?;
+        let ops = placement_repairs(keys, &snapshot.schedule, &read.kvs);
+        let repaired = ops.len();
+        for chunk in ops.chunks(MAX_TXN_OPS) {
+            self.fenced(chunk.to_vec()).await?;
+        }
+        Ok(repaired)
+    }
+
+    /// Sends `ops` in one transaction fenced by this leadership.
+    async fn fenced(&self, ops: Vec<TxnOp>) -> Result<Revision> {
+        let txn = Txn {
+            compares: self.compares(),
+            success: ops,
+            failure: vec![],
+        };
+        let res = self.registry.txn(txn, "writing engine decisions").await?;
+        if !res.succeeded {
+            return Err(RegistryError::LostLeadership);
+        }
+        Ok(res.revision)
+    }
+
+    /// The operations of `write`, pushed onto `ops`.
+    fn ops(&self, write: &EngineWrite, ops: &mut Vec<TxnOp>) {
+        let keys = self.registry.keys();
+        let delete = |key| TxnOp::Delete { key, prefix: false };
         match write {
-            EngineWrite::Schedule(entry) => TxnOp::Put {
-                key: keys.schedule(&entry.machine, &entry.name),
-                value: encode(entry),
-                lease: None,
-            },
-            EngineWrite::Unschedule { machine, unit } => TxnOp::Delete {
-                key: keys.schedule(machine, unit),
-                prefix: false,
-            },
-            EngineWrite::Unschedulable { unit, reason } => TxnOp::Put {
+            EngineWrite::Schedule(entry) => {
+                ops.push(TxnOp::Put {
+                    key: keys.schedule(&entry.machine, &entry.name),
+                    value: encode(entry),
+                    lease: None,
+                });
+                ops.push(placement_put(keys, &entry.name, &entry.machine));
+            }
+            EngineWrite::Unschedule { machine, unit } => {
+                ops.push(delete(keys.schedule(machine, unit)));
+                ops.push(delete(keys.placement(unit, machine)));
+            }
+            EngineWrite::Unschedulable { unit, reason } => ops.push(TxnOp::Put {
                 key: keys.unscheduled(unit),
                 value: reason.as_bytes().to_vec(),
                 lease: None,
-            },
-            EngineWrite::ClearUnschedulable { unit } => TxnOp::Delete {
-                key: keys.unscheduled(unit),
-                prefix: false,
-            },
+            }),
+            EngineWrite::ClearUnschedulable { unit } => ops.push(delete(keys.unscheduled(unit))),
             EngineWrite::Disruption {
                 notice: Some(notice),
-            } => TxnOp::Put {
+            } => ops.push(TxnOp::Put {
                 key: keys.disruption(),
                 value: notice.as_bytes().to_vec(),
                 lease: None,
-            },
-            EngineWrite::Disruption { notice: None } => TxnOp::Delete {
-                key: keys.disruption(),
-                prefix: false,
-            },
-            EngineWrite::Moving(record) => TxnOp::Put {
+            }),
+            EngineWrite::Disruption { notice: None } => ops.push(delete(keys.disruption())),
+            EngineWrite::Moving(record) => ops.push(TxnOp::Put {
                 key: keys.moving(&record.unit),
                 value: encode(record),
                 lease: None,
-            },
-            EngineWrite::Moved { unit } => TxnOp::Delete {
-                key: keys.moving(unit),
-                prefix: false,
-            },
+            }),
+            EngineWrite::Moved { unit } => ops.push(delete(keys.moving(unit))),
         }
     }
+}
+
+fn placement_put(keys: &Keys, unit: &UnitName, machine: &MachineId) -> TxnOp {
+    TxnOp::Put {
+        key: keys.placement(unit, machine),
+        value: Vec::new(),
+        lease: None,
+    }
+}
+
+/// What makes the placements `stored` mirror `schedule` exactly: puts of the missing ones,
+/// deletes of the others (an unparsable placement key is deleted too: only the engine
+/// writes there).
+fn placement_repairs(
+    keys: &Keys,
+    schedule: &BTreeMap<UnitName, PerMachine<ScheduleEntry>>,
+    stored: &[KeyValue],
+) -> Vec<TxnOp> {
+    let mut present: BTreeSet<&str> = stored.iter().map(|kv| kv.key.as_str()).collect();
+    let mut ops = Vec::new();
+    for (unit, machines) in schedule {
+        for machine in machines.keys() {
+            let key = keys.placement(unit, machine);
+            if !present.remove(key.as_str()) {
+                ops.push(placement_put(keys, unit, machine));
+            }
+        }
+    }
+    ops.extend(present.into_iter().map(|key| TxnOp::Delete {
+        key: key.to_owned(),
+        prefix: false,
+    }));
+    ops
 }
 
 #[cfg(test)]
@@ -529,8 +598,9 @@ mod tests {
         let last = a.write(&writes).await.unwrap().unwrap();
         assert_eq!(
             last - before,
-            3,
-            "301 writes take three transactions of at most 128"
+            5,
+            "301 writes are 601 operations (a schedule and its placement each): five \
+             transactions of at most 128, no schedule split from its placement"
         );
         assert_eq!(schedule_keys(&reg).await.len(), 300);
         let snap = reg.snapshot().await.unwrap();
@@ -547,6 +617,129 @@ mod tests {
         assert!(snap.unscheduled.is_empty());
         assert_eq!(schedule_keys(&reg).await.len(), 299);
         assert_eq!(a.write(&[]).await.unwrap(), None);
+    }
+
+    async fn placement_keys(reg: &Registry<MemKv>) -> Vec<String> {
+        let res = reg
+            .kv()
+            .range(&reg.keys().placements(), true, None)
+            .await
+            .unwrap();
+        res.kvs.into_iter().map(|kv| kv.key).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_and_deletes_a_placement_in_the_transaction_of_its_schedule_entry() {
+        let reg = registry();
+        let a = campaigner(&reg)
+            .campaign(&machine("a"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
+        let before = reg.kv().range("/", true, None).await.unwrap().revision;
+        let written = a
+            .write(&[EngineWrite::Schedule(entry("x.service", "m1"))])
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(written, before + 1, "one transaction");
+        let placed = reg
+            .kv()
+            .range(
+                &reg.keys().unit_placements(&"x.service".parse().unwrap()),
+                true,
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(placed.kvs.len(), 1);
+        assert_eq!(placed.kvs[0].key, "/leader-test/placement/x.service/m1");
+        assert!(placed.kvs[0].value.is_empty());
+        assert_eq!(placed.kvs[0].mod_revision, written);
+        a.write(&[EngineWrite::Unschedule {
+            machine: machine("m1"),
+            unit: "x.service".parse().unwrap(),
+        }])
+        .await
+        .unwrap();
+        assert!(placement_keys(&reg).await.is_empty());
+        assert!(schedule_keys(&reg).await.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_leader_repairs_missing_and_stale_placements_and_then_writes_nothing() {
+        let reg = registry();
+        let a = campaigner(&reg)
+            .campaign(&machine("a"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
+        a.write(&[
+            EngineWrite::Schedule(entry("kept.service", "m1")),
+            EngineWrite::Schedule(entry("lost.service", "m2")),
+        ])
+        .await
+        .unwrap();
+        // As a registry written before the mirror existed, and one edited by hand: a
+        // schedule entry without its placement, a placement without its entry.
+        let edit = Txn {
+            compares: vec![],
+            success: vec![
+                TxnOp::Delete {
+                    key: reg
+                        .keys()
+                        .placement(&"lost.service".parse().unwrap(), &machine("m2")),
+                    prefix: false,
+                },
+                placement_put(
+                    reg.keys(),
+                    &"stale.service".parse().unwrap(),
+                    &machine("m3"),
+                ),
+            ],
+            failure: vec![],
+        };
+        reg.kv().txn(edit).await.unwrap();
+        let snap = reg.snapshot().await.unwrap();
+        assert_eq!(a.repair_placements(&snap).await.unwrap(), 2);
+        assert_eq!(
+            placement_keys(&reg).await,
+            [
+                "/leader-test/placement/kept.service/m1",
+                "/leader-test/placement/lost.service/m2"
+            ]
+        );
+        let revision = reg.kv().range("/", true, None).await.unwrap().revision;
+        assert_eq!(a.repair_placements(&snap).await.unwrap(), 0);
+        let after = reg.kv().range("/", true, None).await.unwrap().revision;
+        assert_eq!(after, revision, "nothing to repair writes nothing");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deposed_leader_repairs_nothing() {
+        let reg = registry();
+        let a = campaigner(&reg)
+            .campaign(&machine("a"), TTL)
+            .await
+            .unwrap()
+            .unwrap();
+        a.write(&[EngineWrite::Schedule(entry("x.service", "m1"))])
+            .await
+            .unwrap();
+        let snap = reg.snapshot().await.unwrap();
+        let stale = Txn {
+            compares: vec![],
+            success: vec![TxnOp::Delete {
+                key: reg.keys().placements(),
+                prefix: true,
+            }],
+            failure: vec![],
+        };
+        reg.kv().txn(stale).await.unwrap();
+        a.clone().resign().await.unwrap();
+        let refused = a.repair_placements(&snap).await;
+        assert!(matches!(refused, Err(RegistryError::LostLeadership)));
+        assert!(placement_keys(&reg).await.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

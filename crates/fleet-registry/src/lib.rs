@@ -9,6 +9,7 @@
 
 mod drain;
 mod error;
+mod few;
 pub mod input;
 pub mod keys;
 pub mod kv;
@@ -29,6 +30,7 @@ mod units;
 mod watch;
 
 pub use error::{RegistryError, Result};
+pub use few::{UnitsView, concerns};
 pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind};
 pub use kv::MAX_TXN_OPS;
 pub use leader::{EngineRole, EngineWrite, Fence, Leadership};

@@ -389,14 +389,20 @@ impl<K: Kv> Registry<K> {
         delete_entries: &[(MachineId, UnitName)],
     ) -> crate::Result<Revision> {
         let keys = self.keys();
+        // With their placements, as the engine writes them.
         let mut ops: Vec<TxnOp> = put_entries
             .iter()
-            .map(|e| put(keys.schedule(&e.machine, &e.name), encode(e)))
+            .flat_map(|e| {
+                [
+                    put(keys.schedule(&e.machine, &e.name), encode(e)),
+                    put(keys.placement(&e.name, &e.machine), Vec::new()),
+                ]
+            })
             .collect();
         ops.extend(
             delete_entries
                 .iter()
-                .map(|(m, n)| delete(keys.schedule(m, n))),
+                .flat_map(|(m, n)| [delete(keys.schedule(m, n)), delete(keys.placement(n, m))]),
         );
         let txn = Txn {
             compares: vec![],

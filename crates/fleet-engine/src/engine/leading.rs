@@ -10,6 +10,9 @@
 //! Before each plan, [`Disruption`] says which units of vanished machines must stay (a
 //! settle, a mass vanishing, the move rate); the leader publishes why rescheduling is held
 //! at `P/engine/disruption`, in the same fenced writes, and passes again when a hold ends.
+//!
+//! At takeover the leader makes the placement mirror (`P/placement/<name>/<machine>`) match
+//! its view's schedule once; every schedule write after that carries its placement.
 
 use fleet_registry::kv::Kv;
 use fleet_registry::{
@@ -55,6 +58,9 @@ pub(super) struct Leading<K> {
     notice: Option<Option<String>>,
     /// The hold last logged, to log a change once.
     logged_hold: Option<Hold>,
+    /// Whether this leadership has made the placement mirror match its view's schedule (once,
+    /// at takeover: from then on every schedule write carries its placement).
+    placements_repaired: bool,
     metrics: Metrics,
 }
 
@@ -80,6 +86,7 @@ impl<K: Kv> Leading<K> {
             recheck: None,
             notice: None,
             logged_hold: None,
+            placements_repaired: false,
             metrics: cfg.metrics.clone(),
         }
     }
@@ -160,6 +167,18 @@ impl<K: Kv> Leading<K> {
             }
         }
         let view = self.view.as_mut().expect("just read");
+        if !self.placements_repaired {
+            // A previous leader may predate the mirror, or have been cut off mid-batch.
+            match self.leadership.repair_placements(view.snapshot()).await {
+                Ok(0) => {}
+                Ok(repaired) => info!(repaired, "placement mirror repaired from the schedule"),
+                Err(err) => {
+                    self.metrics.failed(Failure::of(&err), None);
+                    return Err(err);
+                }
+            }
+            self.placements_repaired = true;
+        }
         let assessment = self.disruption.assess(Instant::now(), view.snapshot());
         let plan = plan_holding(view.snapshot(), view.files(), &assessment.held);
         let mut writes: Vec<EngineWrite> = plan.decisions.iter().map(write_of).collect();

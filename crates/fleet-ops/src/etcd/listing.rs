@@ -1,5 +1,6 @@
-//! Listing units: one snapshot, and the files of the units listed only (a page of 100 reads
-//! 100 files, not every file), each read once however many units share it.
+//! Listing units: one snapshot (of only the named units' keys when a few are named), and the
+//! files of the units listed only (a page of 100 reads 100 files, not every file), each read
+//! once however many units share it.
 
 use fleet_core::{UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::Kv;
@@ -14,6 +15,11 @@ use crate::model::UnitListing;
 /// Above this many files, a listing reads every file at the snapshot's revision in one range
 /// instead of one read per file.
 const FILES_READ_ONE_BY_ONE: usize = 64;
+
+/// Up to this many names, a listing of named units reads only their keys
+/// ([`Registry::units_snapshot`](fleet_registry::Registry::units_snapshot)), so its cost does
+/// not grow with the registry; more read one snapshot of everything.
+const FEW_UNITS: usize = 1_000;
 
 /// How many file reads are in flight at once.
 const CONCURRENT_READS: usize = 32;
@@ -48,7 +54,11 @@ impl<K: Kv> RegistryCluster<K> {
     ) -> Result<(UnitListing, bool), OpsError> {
         let mut attempt = 1;
         loop {
-            let snap = self.registry.snapshot().await?;
+            let few = names.filter(|n| n.len() <= FEW_UNITS);
+            let snap = match few {
+                Some(names) => self.registry.units_snapshot(names).await?,
+                None => self.registry.snapshot().await?,
+            };
             let selected: Vec<&Unit> = snap
                 .units
                 .values()
@@ -61,7 +71,7 @@ impl<K: Kv> RegistryCluster<K> {
                 .take(take.unwrap_or(usize::MAX))
                 .collect();
             let hashes: BTreeSet<UnitHash> = page.iter().map(|u| u.hash()).collect();
-            let files = self.files_at(&snap, &hashes).await?;
+            let files = self.files_at(&snap, &hashes, few.is_some()).await?;
             if files.missing && attempt < ATTEMPTS {
                 attempt += 1;
                 continue;
@@ -80,14 +90,15 @@ impl<K: Kv> RegistryCluster<K> {
         }
     }
 
-    /// The files of `hashes`: one by one (concurrently) for a few, else every file at the
-    /// snapshot's revision.
+    /// The files of `hashes`: one by one (concurrently) for a few or for the units of a
+    /// `partial` snapshot (of a few units), else every file at the snapshot's revision.
     async fn files_at(
         &self,
         snap: &Snapshot,
         hashes: &BTreeSet<UnitHash>,
+        partial: bool,
     ) -> Result<Files, OpsError> {
-        if hashes.len() > FILES_READ_ONE_BY_ONE {
+        if hashes.len() > FILES_READ_ONE_BY_ONE && !partial {
             // Read at the snapshot's revision: every file a unit of it names is there.
             let all = self.registry.files(Some(snap.revision)).await?;
             let keys: BTreeSet<String> = hashes

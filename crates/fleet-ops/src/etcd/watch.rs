@@ -1,13 +1,14 @@
-//! [`Changes`] over the registry: a [`LiveView`] without files follows every change under the
-//! prefix, and the wait view of the watched units is rebuilt from it after each one. A watch
-//! that ends (etcd away for a moment, a compaction) is started again, reading everything.
+//! [`Changes`] over the registry: a [`UnitsView`] reads only the watched units' keys, follows
+//! one watch from that read's revision, and reads their keys again after each change that
+//! concerns them; the wait view is rebuilt from it. A blocking start of one unit reads what it
+//! reads at 10 units at 100,000 (issue 19): before, it read everything once (0.42 s at 10,000
+//! units, and over etcd's 4 MiB message limit at 100,000).
 
 use fleet_core::UnitName;
-use fleet_registry::LiveView;
 use fleet_registry::Registry;
+use fleet_registry::UnitsView;
 use fleet_registry::kv::Kv;
 use std::collections::BTreeSet;
-use tracing::debug;
 
 use super::views;
 use crate::OpsError;
@@ -15,9 +16,7 @@ use crate::model::{Changes, WaitView};
 
 #[derive(Debug)]
 pub struct RegistryChanges<K> {
-    registry: Registry<K>,
-    live: LiveView<K>,
-    names: BTreeSet<UnitName>,
+    units: UnitsView<K>,
     view: WaitView,
 }
 
@@ -26,14 +25,9 @@ impl<K: Kv> RegistryChanges<K> {
         registry: Registry<K>,
         names: BTreeSet<UnitName>,
     ) -> Result<RegistryChanges<K>, OpsError> {
-        let live = LiveView::start_without_files(registry.clone()).await?;
-        let view = views::wait_view(live.snapshot(), &names);
-        Ok(RegistryChanges {
-            registry,
-            live,
-            names,
-            view,
-        })
+        let units = UnitsView::start(registry, names).await?;
+        let view = views::wait_view(units.snapshot(), units.names());
+        Ok(RegistryChanges { units, view })
     }
 }
 
@@ -42,15 +36,12 @@ impl<K: Kv> Changes for RegistryChanges<K> {
         &self.view
     }
 
-    /// Returns once the watched units, their states or the machines changed: changes to
+    /// Returns once the watched units, their states or their machines changed: changes to
     /// other units wake nothing.
     async fn changed(&mut self) -> Result<(), OpsError> {
         loop {
-            if let Err(e) = self.live.changed().await {
-                debug!(error = %e, "registry watch ended; reading the registry again");
-                self.live = LiveView::start_without_files(self.registry.clone()).await?;
-            }
-            let next = views::wait_view(self.live.snapshot(), &self.names);
+            self.units.changed().await?;
+            let next = views::wait_view(self.units.snapshot(), self.units.names());
             if next != self.view {
                 self.view = next;
                 return Ok(());
@@ -59,6 +50,6 @@ impl<K: Kv> Changes for RegistryChanges<K> {
     }
 
     fn names(&self) -> &BTreeSet<UnitName> {
-        &self.names
+        self.units.names()
     }
 }

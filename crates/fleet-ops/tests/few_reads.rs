@@ -1,0 +1,168 @@
+//! Issue 19: what a blocking `fleetctl start` of one unit reads (the start's write, the wait's
+//! read and watch, the API's `GET /units/<name>` and `GET /state?unitName=…`) does not grow
+//! with the registry: the same requests and the same bytes at 10 units as at 10,000, counted
+//! by a hook on the in-memory store.
+
+use fleet_core::{DesiredState, MachineInfo, UnitFile, UnitName};
+use fleet_ops::model::Changes;
+use fleet_ops::{Cluster, RegistryCluster, StateChange, StateFilter};
+use fleet_registry::kv::{Hook, Hooked, KvError, MemKv, Outcome, Request, TxnOpResponse};
+use fleet_registry::testing::machine_running;
+use fleet_registry::{Registry, ScheduleEntry, UnitsRole};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+const PREFIX: &str = "/few-reads/";
+const MACHINES: usize = 10;
+
+/// Counts requests, and the bytes of the keys and values they read.
+#[derive(Debug, Clone, Default)]
+struct Meter {
+    requests: Arc<AtomicUsize>,
+    bytes: Arc<AtomicUsize>,
+}
+
+impl Meter {
+    fn take(&self) -> (usize, usize) {
+        (
+            self.requests.swap(0, Ordering::SeqCst),
+            self.bytes.swap(0, Ordering::SeqCst),
+        )
+    }
+}
+
+impl Hook for Meter {
+    async fn before(&self, _: Request<'_>) -> Result<(), KvError> {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn after(&self, _: Request<'_>, outcome: Outcome<'_>, _: Duration) {
+        let kvs: Vec<&fleet_registry::kv::KeyValue> = match outcome {
+            Outcome::Range(r) => r.kvs.iter().collect(),
+            Outcome::Txn(r) => r
+                .responses
+                .iter()
+                .flat_map(|r| match r {
+                    TxnOpResponse::Get(kvs) => kvs.iter().collect(),
+                    TxnOpResponse::Put | TxnOpResponse::Delete(_) => Vec::new(),
+                })
+                .collect(),
+            Outcome::Done | Outcome::Failed(_) => Vec::new(),
+        };
+        let bytes: usize = kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
+        self.bytes.fetch_add(bytes, Ordering::SeqCst);
+    }
+}
+
+fn name(s: &str) -> UnitName {
+    s.parse().unwrap()
+}
+
+fn target() -> UnitName {
+    name("target.service")
+}
+
+/// `others` units and the target, scheduled round-robin on [`MACHINES`] machines that report
+/// each of them running; the target is desired `loaded`, the others `launched`.
+async fn registry_of(others: usize) -> Registry<Hooked<MemKv, Meter>> {
+    let kv = Hooked {
+        inner: MemKv::new(),
+        hook: Meter::default(),
+    };
+    let reg = Registry::new(kv, PREFIX);
+    let file = UnitFile::parse(b"[Service]\nExecStart=/bin/sleep 1000\n").unwrap();
+    let units = UnitsRole::new(reg.clone());
+    let mut names: Vec<UnitName> = (0..others)
+        .map(|i| name(&format!("u{i:05}.service")))
+        .collect();
+    names.push(target());
+    for n in &names {
+        let desired = if *n == target() {
+            DesiredState::Loaded
+        } else {
+            DesiredState::Launched
+        };
+        units.create_unit(n, &file, desired).await.unwrap();
+    }
+    let machine = |i: usize| format!("m{}", i % MACHINES).parse().unwrap();
+    let entries: Vec<ScheduleEntry> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| ScheduleEntry {
+            name: n.clone(),
+            machine: machine(i),
+            hash: file.hash(),
+            desired: DesiredState::Launched,
+            restart: 0,
+            no_restart: false,
+            placement: 0,
+        })
+        .collect();
+    for chunk in entries.chunks(64) {
+        reg.write_schedule(chunk, &[]).await.unwrap();
+    }
+    for m in 0..MACHINES {
+        let info = MachineInfo {
+            id: machine(m),
+            public_ip: format!("10.0.0.{m}"),
+            metadata: Default::default(),
+            version: "test".into(),
+            disable_engine: false,
+            api: String::new(),
+        };
+        let running: Vec<_> = entries
+            .iter()
+            .filter(|e| e.machine == info.id)
+            .map(|e| (e.name.clone(), e.hash, true))
+            .collect();
+        machine_running(&reg, &info, Duration::from_secs(3600), &running).await;
+    }
+    reg
+}
+
+/// The requests and bytes of one blocking start of the target, and of the API's reads of it.
+async fn blocking_start(reg: &Registry<Hooked<MemKv, Meter>>) -> (usize, usize) {
+    let meter = reg.raw_kv().hook.clone();
+    meter.take();
+    let c = RegistryCluster::new(reg.clone());
+    let names = BTreeSet::from([target()]);
+    c.set_state(&target(), StateChange::Raise(DesiredState::Launched))
+        .await
+        .unwrap();
+    let changes = c.watch(names.clone()).await.unwrap();
+    let status = &changes.view().units[&target()];
+    assert_eq!(status.desired, DesiredState::Launched);
+    assert_eq!(
+        status.machines.len(),
+        1,
+        "the target's machine, found by placement"
+    );
+    assert_eq!(changes.view().states[&target()].len(), 1);
+    let view = c.unit(&target()).await.unwrap().unwrap();
+    assert_eq!(view.current, DesiredState::Launched);
+    let states = c
+        .states(&StateFilter {
+            machine: None,
+            unit: Some(target()),
+        })
+        .await
+        .unwrap();
+    assert_eq!(states.states.len(), 1);
+    assert_eq!(c.units(Some(&names)).await.unwrap().units.len(), 1);
+    drop(changes);
+    meter.take()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_blocking_start_of_one_unit_reads_the_same_at_10_and_at_10000_units() {
+    let small = blocking_start(&registry_of(10).await).await;
+    let large = blocking_start(&registry_of(10_000).await).await;
+    println!("(requests, bytes read): {small:?} at 10 units, {large:?} at 10,000");
+    assert_eq!(
+        small, large,
+        "(requests, bytes read) at 10 and at 10,000 units"
+    );
+}
