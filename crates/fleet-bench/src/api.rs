@@ -58,6 +58,11 @@ struct Latencies {
     list_files: [Vec<Duration>; 2],
 }
 
+/// fleetctl's `--request-timeout` here: its default (3 s) failed a listing's request on a
+/// debug build at load average 20 (a page is a snapshot of the registry); the command's
+/// time is what is measured, not one request's.
+const REQUEST_TIMEOUT: &str = "60";
+
 /// The fleetctl arguments that select `driver`.
 fn driver_args(driver: Driver, etcd: &str, socket: &Path) -> Vec<String> {
     let endpoint = match driver {
@@ -69,6 +74,8 @@ fn driver_args(driver: Driver, etcd: &str, socket: &Path) -> Vec<String> {
         driver.name().into(),
         "--endpoint".into(),
         endpoint,
+        "--request-timeout".into(),
+        REQUEST_TIMEOUT.into(),
     ]
 }
 
@@ -291,11 +298,25 @@ mod tests {
         let socket = Path::new("/b/fleet.sock");
         assert_eq!(
             driver_args(Driver::Api, "http://127.0.0.1:2379", socket),
-            ["--driver", "api", "--endpoint", "unix:///b/fleet.sock"]
+            [
+                "--driver",
+                "api",
+                "--endpoint",
+                "unix:///b/fleet.sock",
+                "--request-timeout",
+                "60"
+            ]
         );
         assert_eq!(
             driver_args(Driver::Etcd, "http://127.0.0.1:2379", socket),
-            ["--driver", "etcd", "--endpoint", "http://127.0.0.1:2379"]
+            [
+                "--driver",
+                "etcd",
+                "--endpoint",
+                "http://127.0.0.1:2379",
+                "--request-timeout",
+                "60"
+            ]
         );
     }
 }
