@@ -424,13 +424,13 @@ mod tests {
         EngineRole::new(reg.clone())
     }
 
-    async fn schedule_keys(reg: &Registry<MemKv>) -> Vec<String> {
-        let res = reg
-            .kv()
-            .range(&reg.keys().schedules(), true, None)
-            .await
-            .unwrap();
+    async fn keys_under(reg: &Registry<MemKv>, prefix: &str) -> Vec<String> {
+        let res = reg.kv().range(prefix, true, None).await.unwrap();
         res.kvs.into_iter().map(|kv| kv.key).collect()
+    }
+
+    async fn schedule_keys(reg: &Registry<MemKv>) -> Vec<String> {
+        keys_under(reg, &reg.keys().schedules()).await
     }
 
     #[tokio::test(start_paused = true)]
@@ -620,12 +620,7 @@ mod tests {
     }
 
     async fn placement_keys(reg: &Registry<MemKv>) -> Vec<String> {
-        let res = reg
-            .kv()
-            .range(&reg.keys().placements(), true, None)
-            .await
-            .unwrap();
-        res.kvs.into_iter().map(|kv| kv.key).collect()
+        keys_under(reg, &reg.keys().placements()).await
     }
 
     #[tokio::test(start_paused = true)]
