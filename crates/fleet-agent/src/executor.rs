@@ -466,6 +466,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[ignore = "log capture: tracing drops events of a thread-scoped subscriber while other tests log on other threads; make test runs it with --test-threads=1"]
     async fn each_task_logs_one_line_with_its_result() {
         let (outcome, log) = load_and_start("web.service", JobOutcome::Done).await;
         assert!(outcome.failed.is_empty(), "{outcome:?}");
@@ -478,6 +479,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[ignore = "log capture: tracing drops events of a thread-scoped subscriber while other tests log on other threads; make test runs it with --test-threads=1"]
     async fn restarting_a_unit_that_died_warns_once_with_why_it_died() {
         let fake = FakeManager::new();
         let unit = name("crashy.service");
@@ -508,6 +510,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[ignore = "log capture: tracing drops events of a thread-scoped subscriber while other tests log on other threads; make test runs it with --test-threads=1"]
     async fn a_failed_start_carries_systemds_result_and_exit_status() {
         let (outcome, log) = load_and_start("bad.service", JobOutcome::Failed).await;
         let error = outcome.failed[&name("bad.service")].to_string();
