@@ -99,8 +99,13 @@ pub struct Agent<K, M> {
     desired: Option<BTreeMap<UnitName, ScheduleEntry>>,
     /// The revision `desired` is the schedule at: watch events up to it are in it already.
     schedule_revision: Revision,
-    /// Events were applied but a file they need could not be read: the next change re-reads
-    /// everything, as it would after a failed full read.
+    /// The next change re-reads everything instead of applying the watch's events: events
+    /// were applied but a file they need could not be read, or this machine's lease was in
+    /// doubt (a failed renewal, a new lease) since the last full read. In that case the watch
+    /// may be late. After a partition heals, etcd's buffered responses arrive one by one. The
+    /// first of them can say "start U here" while a later one says "U moved elsewhere". Applied
+    /// one response at a time, they made an agent start a unit that already ran on another
+    /// machine, and then stop it (the chaos soak, seed 1796183104550035049).
     schedule_stale: bool,
     files: BTreeMap<UnitHash, UnitFile>,
     current: Current,
@@ -216,7 +221,14 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     info!("agent stopping; units keep running");
                     return;
                 }
-                Some(_) = hints.changed() => schedule = Some(hints.take()),
+                Some(_) = hints.changed() => {
+                    // News of the lease that came with the events counts before them.
+                    if presence.has_changed().unwrap_or(false) {
+                        presence.borrow_and_update();
+                        self.schedule_stale = true;
+                    }
+                    schedule = Some(hints.take());
+                }
                 change = changes.recv() => match change {
                     Some(change) => details = matches!(change, Change::Resync),
                     // The D-Bus connection is gone; fleetd exits and is restarted, and the
@@ -233,7 +245,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     resync_at = Instant::now() + resync.next_delay();
                 }
                 _ = sleep_until(retry_at) => {}
-                Ok(()) = presence.changed() => {}
+                Ok(()) = presence.changed() => self.schedule_stale = true,
             }
             if let Some(delta) = schedule
                 && let Err(e) = self.follow_schedule(delta).await

@@ -10,6 +10,11 @@
 //!
 //! fleetd runs one keeper beside its agent, which gets every new presence from it; the bench
 //! runs one per simulated machine. It never touches units: losing the lease stops nothing.
+//!
+//! The first failed renewal of a run of failures is news too: the keeper sends the same
+//! presence again. The agent takes any presence news to mean that the watch of its schedule
+//! may be late (a partition, a frozen etcd), so that it re-reads the schedule instead of
+//! applying the events one response at a time as they trickle in (see `Agent::run`).
 
 use fleet_core::{Backoff, MachineInfo};
 use fleet_registry::kv::{Kv, KvError, LeaseId};
@@ -102,8 +107,9 @@ impl<K: Kv> PresenceKeeper<K> {
         }
     }
 
-    /// Keeps `presence` alive until shutdown, publishing every new presence on `tx`. It
-    /// returns an error only when registering again finds the machine ID taken.
+    /// Keeps `presence` alive until shutdown, publishing every new presence on `tx`, and the
+    /// same one again at the first failed renewal of a run of failures (the lease in doubt).
+    /// It returns an error only when registering again finds the machine ID taken.
     pub async fn keep(
         self,
         presence: Presence,
@@ -150,6 +156,10 @@ impl<K: Kv> PresenceKeeper<K> {
                 }
                 Err(e) => {
                     failures += 1;
+                    if failures == 1 {
+                        // Not a new lease, but news: see the module doc.
+                        tx.send_modify(|_| {});
+                    }
                     warn!(
                         error = %e,
                         failures,
@@ -313,6 +323,29 @@ mod tests {
         );
         assert_eq!(w.machine_lease().await, Some(w.first.lease().0));
         assert_eq!(*w.presence.borrow(), Some(w.first));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_failed_renewal_of_a_run_is_news_on_the_presence_channel() {
+        // Renewals sent from 0.5 s to 2.5 s fail after 100 ms: one run of failures, announced
+        // once, with the same lease.
+        let mut w = keep_with(ms(500)..ms(2500), ms(100)).await;
+        tokio::time::sleep(ms(900)).await;
+        assert!(
+            !w.presence.has_changed().unwrap(),
+            "no news while renewals succeed"
+        );
+        tokio::time::sleep(ms(300)).await;
+        assert!(
+            w.presence.has_changed().unwrap(),
+            "the failure at 1.1 s is news"
+        );
+        assert_eq!(*w.presence.borrow_and_update(), Some(w.first));
+        tokio::time::sleep(ms(4000)).await;
+        assert!(
+            !w.presence.has_changed().unwrap(),
+            "the later failures of the same run and the recovery are not"
+        );
     }
 
     #[tokio::test(start_paused = true)]

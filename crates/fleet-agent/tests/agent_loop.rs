@@ -1012,3 +1012,46 @@ async fn schedule_changes_are_applied_from_the_watch_without_rereading_the_sched
     .await;
     assert_eq!(*kv.hook.0.lock().unwrap(), 1, "schedule reads");
 }
+
+/// After a partition heals, etcd's buffered watch responses arrive one by one, and the first
+/// ones may be long out of date ("start U here", then "U moved elsewhere"). Any news of the
+/// lease (a failed renewal, a new lease) makes the next change a full read of the schedule,
+/// so that the agent acts on the schedule as it is now, not on each step of the backlog.
+#[tokio::test(start_paused = true)]
+async fn news_of_the_lease_makes_the_next_change_a_full_read_of_the_schedule() {
+    let w = World::new().await;
+    let kv = Hooked {
+        inner: w.kv.clone(),
+        hook: ScheduleReads::default(),
+    };
+    let (tx, presence) = watch::channel(Some(w.presence));
+    let role = MachineRole::new(Registry::new(kv.clone(), "/t/"), w.machine.clone());
+    let agent = Agent::new(
+        role,
+        w.fake.clone(),
+        AgentConfig::new(w.machine.clone()),
+        presence,
+    );
+    let _task = tokio::spawn(agent.run(w.shutdown.subscribe()));
+    let reads = || *kv.hook.0.lock().unwrap();
+    w.until("the boot's read", || reads() == 1).await;
+    let f = file("/bin/sleep 1");
+    w.schedule("a.service", &f, DesiredState::Launched).await;
+    w.until_published("a.service", "active").await;
+    assert_eq!(reads(), 1, "an ordinary change is applied from the watch");
+
+    // A failed renewal: the keeper sends the same presence again.
+    tx.send_modify(|_| {});
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    w.schedule("b.service", &f, DesiredState::Launched).await;
+    w.until_published("b.service", "active").await;
+    assert_eq!(reads(), 2, "the change after the news re-read the schedule");
+
+    w.schedule("c.service", &f, DesiredState::Launched).await;
+    w.until_published("c.service", "active").await;
+    assert_eq!(
+        reads(),
+        2,
+        "and the next one is applied from the watch again"
+    );
+}
