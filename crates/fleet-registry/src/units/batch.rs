@@ -12,14 +12,20 @@
 //! nothing and says so; the caller then creates those units one by one (the per-unit path
 //! decides what an existing unit means). Nothing here runs transactions concurrently: the
 //! caller chooses how many are in flight.
+//!
+//! A batch whose answer is lost (a timeout, a connection that broke mid-request) may or may
+//! not have been applied. Its records are then read back ([`settle`]): all of them there as
+//! written, at one revision, is success; none of them there is safe to send again (the
+//! absent compares make a resend harmless); anything else is a collision. The first 100,000
+//! -unit run failed on one such timeout while etcd also served 5,000 agents (issue 19).
 
 use fleet_core::{DesiredState, UnitFile, UnitHash, UnitName};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use tracing::debug;
 
 use crate::error::{RegistryError, Result};
-use crate::kv::{Compare, Kv, MAX_TXN_OPS, Txn};
+use crate::kv::{Compare, Kv, KvError, MAX_TXN_OPS, Revision, Txn, TxnResult};
 use crate::records::{ReplaceState, Unit, UnitRecord};
 use crate::registry::{encode, put};
 
@@ -31,6 +37,39 @@ pub struct NewUnit<'a> {
     pub name: &'a UnitName,
     pub file: &'a UnitFile,
     pub desired: DesiredState,
+}
+
+/// How often a batch is sent at most: a lost answer whose read-back finds none of the batch's
+/// units is sent again, twice at most.
+const SENDS: usize = 3;
+
+/// What reading back a batch whose answer was lost found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Every record as the batch wrote it, all at this revision: the batch was applied.
+    Applied(Revision),
+    /// None of the batch's units exists: it was not applied.
+    Absent,
+    /// Some exist, or differ from what the batch wrote: someone else wrote them (or changed
+    /// them since). The per-unit path decides, as for a collision.
+    Other,
+}
+
+/// Decides what became of a batch of `records` from the units found under their names.
+pub fn settle(records: &[UnitRecord], found: &BTreeMap<UnitName, Unit>) -> Settled {
+    if records.iter().all(|r| !found.contains_key(&r.name)) {
+        return Settled::Absent;
+    }
+    let mut revisions = records.iter().map(|r| {
+        found
+            .get(&r.name)
+            .filter(|u| u.record == *r)
+            .map(|u| u.mod_revision)
+    });
+    match revisions.next().flatten() {
+        Some(rev) if revisions.all(|other| other == Some(rev)) => Settled::Applied(rev),
+        _ => Settled::Other,
+    }
 }
 
 /// Operations a batch of `units` units with `files` distinct files puts in its success branch.
@@ -113,16 +152,10 @@ impl<K: Kv> UnitsRole<K> {
             success,
             failure: vec![],
         };
-        let res = self.registry.txn(txn, "creating units").await?;
-        if !res.succeeded {
-            debug!(
-                units = units.len(),
-                "a unit of the batch exists; nothing written"
-            );
+        let Some(mod_revision) = self.send_batch(txn, &records).await? else {
             return Ok(None);
-        }
+        };
         debug!(units = units.len(), files = files.len(), "created units");
-        let mod_revision = res.revision;
         Ok(Some(
             records
                 .into_iter()
@@ -132,6 +165,59 @@ impl<K: Kv> UnitsRole<K> {
                 })
                 .collect(),
         ))
+    }
+}
+
+impl<K: Kv> UnitsRole<K> {
+    /// Sends a batch's transaction, [`SENDS`] times at most while its answer is lost and the
+    /// read-back finds nothing written. The revision it was applied at, or `None` when a unit
+    /// of it exists (nothing written by this batch).
+    async fn send_batch(&self, txn: Txn, records: &[UnitRecord]) -> Result<Option<Revision>> {
+        let mut sent = 0;
+        loop {
+            sent += 1;
+            let lost = match self.registry.kv().txn(txn.clone()).await {
+                Ok(TxnResult {
+                    succeeded,
+                    revision,
+                    ..
+                }) => {
+                    if !succeeded {
+                        debug!(
+                            units = records.len(),
+                            "a unit of the batch exists; nothing written"
+                        );
+                    }
+                    return Ok(succeeded.then_some(revision));
+                }
+                Err(e) if e.is_transient() => e,
+                Err(e) => return Err(RegistryError::kv("creating units")(e)),
+            };
+            // The error stands if the read-back fails too, or after the last send.
+            match self.read_back(records, &lost).await {
+                Some(Settled::Applied(revision)) => return Ok(Some(revision)),
+                Some(Settled::Other) => return Ok(None),
+                Some(Settled::Absent) if sent < SENDS => {
+                    debug!(
+                        units = records.len(),
+                        sent,
+                        "nothing of a batch whose answer was lost was written; sending it again"
+                    );
+                }
+                Some(Settled::Absent) | None => {
+                    return Err(RegistryError::kv("creating units")(lost));
+                }
+            }
+        }
+    }
+
+    /// Reads back the units of a batch whose answer was lost; `None` if that read fails.
+    async fn read_back(&self, records: &[UnitRecord], lost: &KvError) -> Option<Settled> {
+        let names: BTreeSet<UnitName> = records.iter().map(|r| r.name.clone()).collect();
+        let found = self.registry.units_named(&names).await.ok()?;
+        let settled = settle(records, &found);
+        debug!(units = records.len(), error = %lost, ?settled, "read back a batch whose answer was lost");
+        Some(settled)
     }
 }
 
@@ -215,5 +301,136 @@ mod tests {
     #[test]
     fn no_units_make_no_batch() {
         assert!(batches(&[]).is_empty());
+    }
+
+    fn record(i: usize, exec: &str) -> UnitRecord {
+        UnitRecord {
+            name: name(i),
+            hash: file(exec).hash(),
+            desired: DesiredState::Launched,
+            restart: 0,
+            replace: ReplaceState::default(),
+        }
+    }
+
+    fn found(units: &[(UnitRecord, Revision)]) -> BTreeMap<UnitName, Unit> {
+        units
+            .iter()
+            .map(|(record, mod_revision)| {
+                let unit = Unit {
+                    record: record.clone(),
+                    mod_revision: *mod_revision,
+                };
+                (record.name.clone(), unit)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_lost_batch_was_applied_only_if_every_record_is_there_as_written_at_one_revision() {
+        let ours = [record(1, "/bin/a"), record(2, "/bin/a")];
+        assert_eq!(settle(&ours, &BTreeMap::new()), Settled::Absent);
+        let all = found(&[(ours[0].clone(), 7), (ours[1].clone(), 7)]);
+        assert_eq!(settle(&ours, &all), Settled::Applied(7));
+        let one = found(&[(ours[0].clone(), 7)]);
+        assert_eq!(settle(&ours, &one), Settled::Other, "one of two");
+        let apart = found(&[(ours[0].clone(), 7), (ours[1].clone(), 8)]);
+        assert_eq!(settle(&ours, &apart), Settled::Other, "two writes");
+        let theirs = found(&[(ours[0].clone(), 7), (record(2, "/bin/b"), 7)]);
+        assert_eq!(settle(&ours, &theirs), Settled::Other, "other content");
+    }
+
+    /// Loses the answers of the first `lose` create transactions, each applied first when
+    /// `applied`: a timeout after etcd wrote it, or before it got there.
+    #[derive(Debug, Clone)]
+    struct LoseAnswers {
+        store: crate::kv::MemKv,
+        lose: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        applied: bool,
+        sent: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl crate::kv::Hook for LoseAnswers {
+        async fn before(
+            &self,
+            request: crate::kv::Request<'_>,
+        ) -> std::result::Result<(), KvError> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let crate::kv::Request::Txn(txn) = request else {
+                return Ok(());
+            };
+            if txn.compares.is_empty() {
+                return Ok(());
+            }
+            self.sent.fetch_add(1, SeqCst);
+            if self
+                .lose
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_err()
+            {
+                return Ok(());
+            }
+            if self.applied {
+                self.store.txn(txn.clone()).await?;
+            }
+            Err(KvError::Timeout(
+                std::time::Duration::from_secs(5),
+                "test".to_owned(),
+            ))
+        }
+    }
+
+    async fn create_losing(
+        lose: usize,
+        applied: bool,
+    ) -> (Result<Option<Vec<Unit>>>, usize, usize) {
+        let store = crate::kv::MemKv::new();
+        let hook = LoseAnswers {
+            store: store.clone(),
+            lose: std::sync::Arc::new(lose.into()),
+            applied,
+            sent: std::sync::Arc::default(),
+        };
+        let kv = crate::kv::Hooked {
+            inner: store.clone(),
+            hook: hook.clone(),
+        };
+        let role = UnitsRole::new(crate::Registry::new(kv, "/t/"));
+        let names: Vec<UnitName> = (0..3).map(name).collect();
+        let files = [file("/bin/true")];
+        let created = role.create_batch(&new_units(&names, &files)).await;
+        let units = crate::Registry::new(store, "/t/")
+            .units()
+            .await
+            .unwrap()
+            .items
+            .len();
+        (
+            created,
+            hook.sent.load(std::sync::atomic::Ordering::SeqCst),
+            units,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_batch_applied_before_its_answer_was_lost_is_written_once_and_reported_written() {
+        let (created, sent, units) = create_losing(1, true).await;
+        let created = created.unwrap().expect("reported written");
+        assert_eq!((created.len(), sent, units), (3, 1, 3));
+    }
+
+    #[tokio::test]
+    async fn a_batch_lost_before_etcd_applied_it_is_sent_again() {
+        let (created, sent, units) = create_losing(2, false).await;
+        assert_eq!(created.unwrap().map(|c| c.len()), Some(3));
+        assert_eq!((sent, units), (3, 3));
+    }
+
+    #[tokio::test]
+    async fn a_batch_lost_every_time_fails_with_the_timeout_and_writes_nothing() {
+        let (created, sent, units) = create_losing(usize::MAX, false).await;
+        let err = created.unwrap_err().to_string();
+        assert!(err.contains("timed out"), "{err}");
+        assert_eq!((sent, units), (SENDS, 0));
     }
 }
