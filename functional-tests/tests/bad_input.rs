@@ -596,9 +596,12 @@ fn a_schedule_entry_with_a_path_for_a_name_writes_nothing_anywhere() -> Result<(
             fleetd_log(m1, &cursor).unwrap_or_default()
         )
     })?;
+    // The names each trick would write, and no broader: the machine's root is the host's,
+    // build tree included, where rustc's incremental objects have random names (one began
+    // with "evil" and failed this test).
     let evil = m1.sh(
-        "find / -xdev \\( -name 'evil*' -o -name '*evil.service' \\) -print 2>/dev/null; \
-         find /run /tmp /var/tmp -name '*evil*' -print 2>/dev/null; true",
+        "find / -xdev \\( -name '*evil.service' -o -name 'evil*ExecStart*' \\) -print 2>/dev/null; \
+         find /run /tmp /var/tmp \\( -name '*evil.service' -o -name 'evil*ExecStart*' \\) -print 2>/dev/null; true",
     )?;
     ensure!(
         evil.trim().is_empty(),
