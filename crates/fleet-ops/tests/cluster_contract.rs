@@ -741,7 +741,10 @@ async fn put_if_refuses_a_unit_changed_since_the_caller_read_it<K: Kv>(reg: Regi
 struct Batches {
     seen: Arc<AtomicUsize>,
     most_ops: Arc<AtomicUsize>,
+    /// The batch transaction (counted from 1) that fails, every time it is sent: a batch
+    /// whose answer is lost once is read back and sent again, so a failure must last.
     fail_at: usize,
+    failing: Arc<std::sync::Mutex<Option<fleet_registry::kv::Txn>>>,
 }
 
 impl Hook for Batches {
@@ -755,7 +758,13 @@ impl Hook for Batches {
             .max(txn.success.len())
             .max(txn.failure.len());
         self.most_ops.fetch_max(ops, Ordering::SeqCst);
-        if txn.compares.len() > 1 && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at {
+        let mut failing = self.failing.lock().unwrap();
+        let again = failing.as_ref() == Some(txn);
+        if again
+            || (txn.compares.len() > 1
+                && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at)
+        {
+            *failing = Some(txn.clone());
             return Err(KvError::Unavailable {
                 endpoints: "test".into(),
                 detail: "down for this one".into(),
@@ -864,7 +873,10 @@ async fn create_many_stops_at_a_failed_transaction_and_again_writes_the_rest<K: 
     let in_flight = fleet_ops::etcd::BATCHES_IN_FLIGHT;
     assert!(written <= (2 + in_flight) * 63, "{written}");
 
-    let again = c.create_many(instances(1000)).await;
+    // Once etcd takes that batch again, the same command writes the rest.
+    let again = RegistryCluster::new(reg.clone())
+        .create_many(instances(1000))
+        .await;
     assert!(again.iter().all(|(_, res)| res.is_ok()), "{again:?}");
     for (name, _) in &again {
         assert!(reg.unit(name).await.unwrap().is_some(), "{name}");
