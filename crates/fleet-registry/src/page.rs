@@ -195,9 +195,12 @@ impl<K: Kv> Registry<K> {
     /// Every key `reads` find at `revision`, [`MAX_TXN_OPS`] reads to a request, a few
     /// requests at once.
     async fn gets_at(&self, reads: &[Read], revision: Revision) -> Result<Vec<KeyValue>> {
-        let chunks: Vec<Result<Vec<KeyValue>>> = futures::stream::iter(reads.chunks(MAX_TXN_OPS))
+        // Owned chunks: a future borrowing one would not be `Send` for every lifetime, which
+        // the API's handlers need.
+        let chunks: Vec<Vec<Read>> = reads.chunks(MAX_TXN_OPS).map(<[Read]>::to_vec).collect();
+        let chunks: Vec<Result<Vec<KeyValue>>> = futures::stream::iter(chunks)
             .map(|chunk| async move {
-                let read = self.read_at(chunk, Some(revision)).await?;
+                let read = self.read_at(&chunk, Some(revision)).await?;
                 Ok(read.found.into_iter().flatten().collect())
             })
             .buffered(READS_IN_FLIGHT)
