@@ -46,14 +46,16 @@ pub struct UnitsPage {
     /// What the next page starts after (the last unit key of this page, corrupt or not),
     /// when more units follow.
     pub next: Option<String>,
-    /// The revision asked for was compacted away: this page was read at the present.
+    /// The revision asked for was compacted away (or is ahead of the store): this page was
+    /// read at the present.
     pub restarted: bool,
 }
 
 impl<K: Kv> Registry<K> {
     /// At most `limit` units whose key segment comes after `after` (from the first without
     /// one), with their keys, at `revision` (the present when None). A revision compacted
-    /// away reads the page at the present instead ([`UnitsPage::restarted`]): the listing
+    /// away (or ahead of the store) reads the page at the present instead
+    /// ([`UnitsPage::restarted`]): the listing
     /// goes on from the same cursor at a new revision, so no unit is shown twice or skipped
     /// unless it was created or destroyed in between, which fleet's own pages (each a read
     /// of the present) allowed too.
@@ -71,10 +73,7 @@ impl<K: Kv> Registry<K> {
                     page.restarted = restarted;
                     return Ok(page);
                 }
-                Err(RegistryError::Kv {
-                    cause: KvError::Compacted { .. },
-                    ..
-                }) if attempt < ATTEMPTS => {
+                Err(RegistryError::Kv { cause, .. }) if attempt < ATTEMPTS && gone(&cause) => {
                     revision = None;
                     restarted = true;
                 }
@@ -237,6 +236,21 @@ impl<K: Kv> Registry<K> {
             .read(reads, revision)
             .await
             .map_err(RegistryError::kv("reading a page of units"))
+    }
+}
+
+/// Whether a read failed because its revision is not there to read: compacted away, or
+/// ahead of the store (a token from before etcd was restored from a backup).
+fn gone(cause: &KvError) -> bool {
+    match cause {
+        KvError::Compacted { .. } => true,
+        KvError::Refused(message) => message.contains("future revision"),
+        KvError::Unavailable { .. }
+        | KvError::Timeout(..)
+        | KvError::LeaseNotFound(_)
+        | KvError::PermissionDenied { .. }
+        | KvError::AuthFailed { .. }
+        | KvError::Config(_) => false,
     }
 }
 

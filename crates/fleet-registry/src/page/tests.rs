@@ -221,6 +221,26 @@ async fn a_compacted_revision_goes_on_from_the_cursor_at_the_present() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_revision_ahead_of_the_store_reads_the_present() {
+    let reg = registry(&["a.service", "b.service"]).await;
+    let now = reg.snapshot().await.unwrap().revision;
+    let page = reg
+        .units_page(Some("a.service"), 1, Some(now + 1_000))
+        .await
+        .unwrap();
+    assert!(page.restarted);
+    assert_eq!(page.snapshot.revision, now);
+    assert_eq!(
+        page.snapshot
+            .units
+            .keys()
+            .map(UnitName::as_str)
+            .collect::<Vec<_>>(),
+        ["b.service"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn files_are_read_at_the_pages_revision() {
     let reg = registry(&["a.service"]).await;
     let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
