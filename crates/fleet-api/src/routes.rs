@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use fleet_core::UnitName;
 use fleet_ops::convert;
 use fleet_ops::wire;
-use fleet_ops::{Cluster, RegistryCluster, StateFilter};
+use fleet_ops::{Cluster, RegistryCluster, StateFilter, UnitsCursor};
 use fleet_registry::Registry;
 use fleet_registry::kv::Kv;
 use std::collections::BTreeSet;
@@ -27,7 +27,7 @@ use crate::error::{ApiError, json_response};
 use crate::maintenance;
 use crate::metrics::{self, Metrics};
 use crate::ops::metadata_changes;
-use crate::page::PageToken;
+use crate::page::{Cursor, PageToken, UnitsToken};
 
 mod inspect;
 mod writes;
@@ -372,25 +372,46 @@ async fn list_machines<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, A
     Ok(json_response(StatusCode::OK, &page))
 }
 
-/// A page reads the files of its own units only, so listing every page reads each file
-/// once, not once per page.
+/// A page of the whole listing reads only its own units' keys and files, at the revision of
+/// the listing's first page, which its `nextPageToken` carries with the page's last name
+/// ([`crate::page::UnitsToken`]), so listing 100,000 units in pages reads each key once.
+/// fleet's 4-byte tokens of a later page, and listings of named units, read a snapshot and
+/// skip to their page, as before.
 async fn list_units<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
-    let token = page_token(api, query)?;
+    let limit = page_limit(api, query)?;
+    let token = UnitsToken::from_request(&query_values(&query.raw, "nextPageToken"), limit)?;
     let names = if query.full {
         unit_names(&query.raw)
     } else {
         None
     };
-    let limit = usize::from(token.limit);
-    let skip = usize::from(token.page - 1) * limit;
-    let (listing, more) = api.cluster.units_page(names.as_ref(), skip, limit).await?;
+    let take = usize::from(token.page.limit);
+    let by_cursor = names.is_none() && (token.cursor.is_some() || token.page.page == 1);
+    let (listing, next) = if by_cursor {
+        let cursor = token.cursor.as_ref().map(|c| UnitsCursor {
+            after: c.after.clone(),
+            revision: c.revision,
+        });
+        let (listing, next) = api.cluster.units_after(cursor.as_ref(), take).await?;
+        let next = next.map(|c| {
+            token.next(Cursor {
+                revision: c.revision,
+                after: c.after,
+            })
+        });
+        (listing, next.map(|t| t.encode()))
+    } else {
+        let skip = usize::from(token.page.page - 1) * take;
+        let (listing, more) = api.cluster.units_page(names.as_ref(), skip, take).await?;
+        (listing, Some(encode(token.page.next().filter(|_| more))))
+    };
     let page = entity::UnitPage {
         units: listing
             .units
             .iter()
             .map(|u| convert::unit_to_wire(u, query.full))
             .collect(),
-        next_page_token: encode(if more { token.next() } else { None }),
+        next_page_token: next.unwrap_or_default(),
         skipped: if query.full {
             listing.skipped
         } else {
@@ -488,14 +509,18 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 /// carries its page size, so it must come with the same one.
 fn page_token<K>(api: &Api<K>, query: &Query) -> Result<PageToken, ApiError> {
     let values = query_values(&query.raw, "nextPageToken");
-    let limit = match first(&query.raw, wire::PAGE_SIZE) {
+    Ok(PageToken::from_request(&values, page_limit(api, query)?)?)
+}
+
+/// Entries per page: `token_limit`, or the full view's `pageSize`.
+fn page_limit<K>(api: &Api<K>, query: &Query) -> Result<u16, ApiError> {
+    match first(&query.raw, wire::PAGE_SIZE) {
         Some(size) if query.full => match size.parse::<u16>() {
-            Ok(n) if n > 0 => n,
-            _ => return Err(ApiError::BadPageSize(size)),
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(ApiError::BadPageSize(size)),
         },
-        Some(_) | None => api.token_limit,
-    };
-    Ok(PageToken::from_request(&values, limit)?)
+        Some(_) | None => Ok(api.token_limit),
+    }
 }
 
 fn encode(token: Option<PageToken>) -> String {

@@ -607,6 +607,115 @@ async fn a_token_for_another_limit_or_a_malformed_one_is_400() {
     assert_eq!((answer.status, answer.body), (StatusCode::OK, json!({})));
 }
 
+async fn create_units(f: &Fixture, names: &[&str]) {
+    for name in names {
+        UnitsRole::new(f.registry.clone())
+            .create_unit(
+                &name.parse().unwrap(),
+                &file("/bin/true"),
+                DesiredState::Inactive,
+            )
+            .await
+            .unwrap();
+    }
+}
+
+fn names_of(answer: &Answer) -> Vec<String> {
+    answer.body["units"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|u| u["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_listing_in_pages_shows_the_units_as_they_were_at_its_first_page() {
+    let (f, _) = fixture(2);
+    create_units(&f, &["a.service", "b.service", "c.service", "d.service"]).await;
+    let first = f.get("/fleet/v1/units").await;
+    assert_eq!(names_of(&first), ["a.service", "b.service"]);
+    let token = first.body["nextPageToken"].as_str().unwrap().to_owned();
+    create_units(&f, &["bb.service"]).await;
+    let second = f
+        .get(&format!("/fleet/v1/units?nextPageToken={token}"))
+        .await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert_eq!(names_of(&second), ["c.service", "d.service"]);
+    assert_eq!(second.body.get("nextPageToken"), None, "the last page");
+    // fleet's own token of page 2 reads the present and skips to it, as fleet did.
+    let fleets = f.get("/fleet/v1/units?nextPageToken=AgACAA==").await;
+    assert_eq!(names_of(&fleets), ["bb.service", "c.service"]);
+    assert_eq!(fleets.body["nextPageToken"], "AgADAA==");
+}
+
+#[tokio::test]
+async fn a_page_whose_revision_was_compacted_goes_on_from_its_cursor_at_the_present() {
+    let (f, kv) = fixture(2);
+    create_units(&f, &["a.service", "b.service", "c.service"]).await;
+    let first = f.get("/fleet/v1/units").await;
+    let token = first.body["nextPageToken"].as_str().unwrap().to_owned();
+    create_units(&f, &["bb.service"]).await;
+    let now = f.registry.snapshot().await.unwrap().revision;
+    kv.compact(now).unwrap();
+    let second = f
+        .get(&format!("/fleet/v1/units?nextPageToken={token}"))
+        .await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert_eq!(names_of(&second), ["bb.service", "c.service"]);
+}
+
+#[tokio::test]
+async fn a_unit_token_with_a_malformed_cursor_is_400() {
+    use crate::page::{Cursor, PageToken, UnitsToken};
+    use base64::Engine;
+    let (f, _) = fixture(100);
+    let token = |revision: i64, after: &str| {
+        UnitsToken {
+            page: PageToken {
+                limit: 100,
+                page: 2,
+            },
+            cursor: Some(Cursor {
+                revision,
+                after: after.to_owned(),
+            }),
+        }
+        .encode()
+    };
+    for (token, message) in [
+        (
+            token(0, "a.service"),
+            "page token's revision must be greater than zero",
+        ),
+        (
+            token(3, "a/b"),
+            "page token's cursor is not a unit key segment",
+        ),
+        (
+            base64::engine::general_purpose::URL_SAFE.encode([100, 0, 2, 0, 9]),
+            "page token must be 4 bytes, or 13 or more with a cursor, got 5",
+        ),
+    ] {
+        assert_error(
+            &f.get(&format!("/fleet/v1/units?nextPageToken={token}"))
+                .await,
+            StatusCode::BAD_REQUEST,
+            message,
+        );
+    }
+    // A cursor token is the unit listing's own: the other listings take fleet's only.
+    assert_error(
+        &f.get(&format!(
+            "/fleet/v1/state?nextPageToken={}",
+            token(3, "a.service")
+        ))
+        .await,
+        StatusCode::BAD_REQUEST,
+        "page token must be 4 bytes, got 21",
+    );
+}
+
 async fn cluster(f: &Fixture) {
     for (id, ip) in [("m1", "10.0.0.1"), ("m2", "10.0.0.2")] {
         let info = MachineInfo {

@@ -192,6 +192,11 @@ impl Counting {
     fn classify(&self, request: Request<'_>) -> (Method, Class) {
         match request {
             Request::Range { key, .. } => (Method::Range, Class::of(key, &self.prefix)),
+            // Reads at one revision (a page of a listing) count with the ranges: both read.
+            Request::Read(reads) => {
+                let key = reads.first().map_or("", |r| r.start.as_str());
+                (Method::Range, Class::of(key, &self.prefix))
+            }
             Request::Txn(txn) => (Method::Txn, self.txn_class(txn)),
             Request::Grant => (Method::Grant, Class::Other),
             Request::KeepAlive(_) => (Method::KeepAlive, Class::Other),
@@ -249,6 +254,15 @@ impl Hook for Counting {
             (_, Outcome::Failed(_)) => self.each(|c| add(&c.errors, 1)),
             (_, Outcome::Range(res)) => {
                 let bytes: usize = res.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
+                self.each(|c| add(&c.read_bytes, bytes as u64));
+            }
+            (_, Outcome::Read(res)) => {
+                let bytes: usize = res
+                    .found
+                    .iter()
+                    .flatten()
+                    .map(|kv| kv.key.len() + kv.value.len())
+                    .sum();
                 self.each(|c| add(&c.read_bytes, bytes as u64));
             }
             (Request::Txn(txn), Outcome::Txn(res)) => {

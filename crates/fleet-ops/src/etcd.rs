@@ -19,6 +19,7 @@ pub mod views;
 mod watch;
 
 pub use create::BATCHES_IN_FLIGHT;
+pub use listing::UnitsCursor;
 pub use watch::RegistryChanges;
 
 use fleet_core::{DesiredState, MachineId, UnitFile, UnitName};

@@ -21,7 +21,7 @@ pub mod plan;
 pub mod wire;
 
 pub use error::OpsError;
-pub use etcd::RegistryCluster;
+pub use etcd::{RegistryCluster, UnitsCursor};
 pub use fleet_engine::{
     DrainStatus, Explanation, MachineVerdict, Rejection, Status as ExplainStatus, Violation,
 };

@@ -42,6 +42,7 @@ impl Hook for Meter {
     fn after(&self, _: Request<'_>, outcome: Outcome<'_>, _: Duration) {
         let kvs: Vec<&fleet_registry::kv::KeyValue> = match outcome {
             Outcome::Range(r) => r.kvs.iter().collect(),
+            Outcome::Read(r) => r.found.iter().flatten().collect(),
             Outcome::Txn(r) => r
                 .responses
                 .iter()

@@ -18,6 +18,7 @@ mod live;
 mod machine;
 mod metadata;
 pub mod metrics;
+mod page;
 mod per_machine;
 pub mod rbac;
 mod read;
@@ -37,6 +38,7 @@ pub use leader::{EngineRole, EngineWrite, Fence, Leadership};
 pub use live::{LiveView, Touched};
 pub use machine::{MachineRole, Presence, ScheduleChange};
 pub use metadata::{DynamicMetadata, MetadataChange, MetadataKey, MetadataKeyError, apply_dynamic};
+pub use page::UnitsPage;
 pub use per_machine::PerMachine;
 pub use read::{Listing, Skipped};
 pub use records::{

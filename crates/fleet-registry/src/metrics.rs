@@ -17,13 +17,17 @@ use prometheus_client::registry::{Registry, Unit};
 use std::fmt::{self, Write};
 use std::time::Duration;
 
-use crate::kv::{Kv, KvError, LeaseId, RangeResult, Revision, Txn, TxnResult, Watch};
+use crate::kv::{
+    Kv, KvError, LeaseId, RangeResult, Read, ReadResult, Revision, Txn, TxnResult, Watch,
+};
 use tokio::time::Instant;
 
 /// One kind of etcd request, as the store's trait names them.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum Op {
     Range,
+    /// A read of several keys or bounded intervals at one revision ([`Kv::read`]).
+    Read,
     Txn,
     Grant,
     KeepAlive,
@@ -36,6 +40,7 @@ impl Op {
     pub fn as_str(self) -> &'static str {
         match self {
             Op::Range => "range",
+            Op::Read => "read",
             Op::Txn => "txn",
             Op::Grant => "grant",
             Op::KeepAlive => "keep_alive",
@@ -224,6 +229,17 @@ impl<K: Kv> Kv for Metered<K> {
         let sent = Instant::now();
         let res = self.inner.range(key, prefix, revision).await;
         self.metrics.record(Op::Range, sent, &res);
+        res
+    }
+
+    async fn read(
+        &self,
+        reads: &[Read],
+        revision: Option<Revision>,
+    ) -> Result<ReadResult, KvError> {
+        let sent = Instant::now();
+        let res = self.inner.read(reads, revision).await;
+        self.metrics.record(Op::Read, sent, &res);
         res
     }
 

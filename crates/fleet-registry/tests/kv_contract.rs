@@ -9,8 +9,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use fleet_registry::kv::{
-    CmpOp, CmpTarget, Compare, EtcdKv, Event, EventKind, KeyValue, Kv, KvError, LeaseId, MemKv,
-    RANGE_PAGE, Revision, Txn, TxnOp, TxnOpResponse, TxnResult, Watch, WatchMessage,
+    CmpOp, CmpTarget, Compare, EtcdKv, Event, EventKind, KeyValue, Kv, KvError, LeaseId,
+    MAX_TXN_OPS, MemKv, RANGE_PAGE, Read, Revision, Txn, TxnOp, TxnOpResponse, TxnResult, Watch,
+    WatchMessage,
 };
 use fleet_registry::testing::TestEtcd;
 use tokio::time::{Instant, sleep, timeout};
@@ -93,6 +94,7 @@ contract_tests!(
     reads_keys_under_a_prefix_sorted_by_key,
     reads_a_range_as_of_an_old_revision,
     refuses_reads_at_a_future_revision,
+    reads_keys_and_bounded_intervals_at_one_revision,
     creates_if_absent_only_once,
     swaps_on_mod_revision_only_while_unchanged,
     compares_an_empty_prefix_as_an_absent_key,
@@ -261,6 +263,71 @@ async fn refuses_reads_at_a_future_revision(h: &impl Harness, p: &str) {
     let err = kv.range(p, true, Some(rev + 10)).await.unwrap_err();
     assert!(
         matches!(&err, KvError::Refused(m) if m.contains("future revision")),
+        "{err}"
+    );
+}
+
+async fn reads_keys_and_bounded_intervals_at_one_revision(h: &impl Harness, p: &str) {
+    let kv = h.kv();
+    let key = |s: &str| format!("{p}{s}");
+    let end = format!("{}0", p.trim_end_matches('/'));
+    for k in ["a", "b", "c", "d"] {
+        put(&kv, &key(k), "1").await;
+    }
+    let first = current_revision(&kv).await;
+    put(&kv, &key("a"), "2").await;
+    kv.txn(writes(vec![TxnOp::Delete {
+        key: key("b"),
+        prefix: false,
+    }]))
+    .await
+    .unwrap();
+    let latest = put(&kv, &key("e"), "1").await;
+
+    let reads = [
+        Read::key(key("a")),
+        Read::key(key("missing")),
+        // From just after `a`, two keys.
+        Read::interval(format!("{}\0", key("a")), end.clone(), 2),
+        Read::interval(key(""), end.clone(), 0),
+        // An interval that ends before it starts holds nothing.
+        Read::interval(key("c"), key("a"), 0),
+    ];
+    let old = kv.read(&reads, Some(first)).await.unwrap();
+    // The header is the store's current revision even for a read in the past.
+    assert_eq!(old.revision, latest);
+    let found: Vec<Vec<&str>> = old.found.iter().map(|kvs| keys(kvs)).collect();
+    assert_eq!(
+        found,
+        [
+            vec![key("a").as_str()],
+            vec![],
+            vec![key("b").as_str(), key("c").as_str()],
+            vec![&key("a"), &key("b"), &key("c"), &key("d")],
+            vec![],
+        ]
+    );
+    assert_eq!(old.found[0][0].value, b"1");
+
+    let now = kv.read(&reads, None).await.unwrap();
+    assert_eq!(now.revision, latest);
+    assert_eq!(now.found[0][0].value, b"2");
+    assert_eq!(keys(&now.found[2]), [key("c"), key("d")]);
+    assert_eq!(now.found[3].len(), 4, "a, c, d, e");
+
+    let too_many: Vec<Read> = (0..=MAX_TXN_OPS)
+        .map(|i| Read::key(key(&i.to_string())))
+        .collect();
+    let err = kv.read(&too_many, None).await.unwrap_err();
+    assert!(
+        matches!(&err, KvError::Refused(m) if m.contains("too many operations")),
+        "{err}"
+    );
+
+    h.compact(latest).await;
+    let err = kv.read(&reads, Some(first)).await.unwrap_err();
+    assert!(
+        matches!(err, KvError::Compacted { requested, .. } if requested == first),
         "{err}"
     );
 }

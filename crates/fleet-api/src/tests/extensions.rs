@@ -335,20 +335,38 @@ async fn a_full_view_delete_says_what_it_found() {
     );
 }
 
-/// Counts the reads of single unit files and of the whole file prefix.
+/// Counts the reads of single unit files, of the whole file prefix, and of any whole prefix.
 #[derive(Debug, Clone, Default)]
 struct FileReads {
     one: Arc<AtomicUsize>,
     all: Arc<AtomicUsize>,
+    prefixes: Arc<AtomicUsize>,
 }
 
 impl Hook for FileReads {
     async fn before(&self, request: fleet_registry::kv::Request<'_>) -> Result<(), KvError> {
-        if let fleet_registry::kv::Request::Range { key, prefix } = request
-            && key.starts_with("/fleet/file/")
-        {
-            let counter = if prefix { &self.all } else { &self.one };
-            counter.fetch_add(1, Ordering::SeqCst);
+        match request {
+            fleet_registry::kv::Request::Range { key, prefix } => {
+                if prefix {
+                    self.prefixes.fetch_add(1, Ordering::SeqCst);
+                }
+                if key.starts_with("/fleet/file/") {
+                    let counter = if prefix { &self.all } else { &self.one };
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            fleet_registry::kv::Request::Read(reads) => {
+                let files = reads
+                    .iter()
+                    .filter(|r| r.end.is_none() && r.start.starts_with("/fleet/file/"))
+                    .count();
+                self.one.fetch_add(files, Ordering::SeqCst);
+            }
+            fleet_registry::kv::Request::Txn(_)
+            | fleet_registry::kv::Request::Grant
+            | fleet_registry::kv::Request::KeepAlive(_)
+            | fleet_registry::kv::Request::Revoke(_)
+            | fleet_registry::kv::Request::Watch { .. } => {}
         }
         Ok(())
     }
@@ -391,6 +409,11 @@ async fn a_page_of_units_reads_the_files_of_that_page_only() {
     assert_eq!(pages, 3);
     assert_eq!(reads.one.load(Ordering::SeqCst), 30, "each file once");
     assert_eq!(reads.all.load(Ordering::SeqCst), 0, "never every file");
+    assert_eq!(
+        reads.prefixes.load(Ordering::SeqCst),
+        0,
+        "no page reads a whole prefix"
+    );
 }
 
 #[tokio::test]

@@ -1,9 +1,11 @@
 //! Listing units: one snapshot (of only the named units' keys when a few are named), and the
 //! files of the units listed only (a page of 100 reads 100 files, not every file), each read
-//! once however many units share it.
+//! once however many units share it. A page after a cursor ([`RegistryCluster::units_after`])
+//! reads only its own units' keys and files, at the revision of the listing's first page
+//! ([`Registry::units_page`](fleet_registry::Registry::units_page)).
 
 use fleet_core::{UnitFile, UnitHash, UnitName};
-use fleet_registry::kv::Kv;
+use fleet_registry::kv::{Kv, Revision};
 use fleet_registry::{RegistryError, Snapshot, Unit};
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,7 +34,56 @@ struct Files {
     missing: bool,
 }
 
+/// Where the next page of a listing starts: after the unit key segment `after`, at the
+/// listing's `revision`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitsCursor {
+    pub after: String,
+    pub revision: Revision,
+}
+
 impl<K: Kv> RegistryCluster<K> {
+    /// At most `limit` units in name order, from the first (no `cursor`) or after `cursor`,
+    /// with the cursor of the next page when more follow. Each page reads its own units'
+    /// keys and files only, all at the revision of the listing's first page, so its cost
+    /// does not grow with the registry; a revision compacted away since goes on at the
+    /// present from the same cursor (the next cursor carries the new revision). Each page
+    /// carries what it skipped of its own keys.
+    pub async fn units_after(
+        &self,
+        cursor: Option<&UnitsCursor>,
+        limit: usize,
+    ) -> Result<(UnitListing, Option<UnitsCursor>), OpsError> {
+        let page = self
+            .registry
+            .units_page(
+                cursor.map(|c| c.after.as_str()),
+                limit,
+                cursor.map(|c| c.revision),
+            )
+            .await?;
+        let snap = &page.snapshot;
+        let hashes: BTreeSet<UnitHash> = snap.units.values().map(Unit::hash).collect();
+        let files = self.registry.files_at(&hashes, snap.revision).await?;
+        // A unit whose file cannot be read is left out, as a corrupt record is.
+        let units = snap
+            .units
+            .values()
+            .filter_map(|u| Some(views::unit_view(snap, u, files.items.get(&u.hash())?)))
+            .collect();
+        let skipped = snap
+            .skipped
+            .values()
+            .chain(&files.skipped)
+            .map(ToString::to_string)
+            .collect();
+        let next = page.next.map(|after| UnitsCursor {
+            after,
+            revision: snap.revision,
+        });
+        Ok((UnitListing { units, skipped }, next))
+    }
+
     /// One page of [`Cluster::units`]: the units (of `names`, or all) from the `skip`th on,
     /// at most `take`, with whether more follow. Only that page's files are read, so paging
     /// through every unit reads each file once. The first page (`skip` 0) also carries what

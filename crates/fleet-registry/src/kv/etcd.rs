@@ -24,7 +24,10 @@ use tokio::time::Instant;
 use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions};
 use tracing::debug;
 
-use super::{Kv, KvError, LeaseId, RANGE_PAGE, RangeResult, Revision, Txn, TxnResult, Watch};
+use super::{
+    Kv, KvError, LeaseId, RANGE_PAGE, RangeResult, Read, ReadResult, Revision, Txn, TxnResult,
+    Watch,
+};
 use convert::{Failure, Request};
 use failover::{Call, Member, Members};
 use login::Login;
@@ -300,6 +303,40 @@ impl Kv for EtcdKv {
                     return Err(self.error(f, Request::Range { key, prefix }));
                 }
             }
+        }
+    }
+
+    async fn read(
+        &self,
+        reads: &[Read],
+        revision: Option<Revision>,
+    ) -> Result<ReadResult, KvError> {
+        // A read-only transaction: etcd serves every range of it at the one revision asked
+        // (or its present), like any read, on whichever member answers.
+        let txn = convert::reads(reads, revision);
+        let get = |c: Client| {
+            let txn = txn.clone();
+            async move { kv_client(&c).txn(txn).await }
+        };
+        let first = reads.first().map_or("", |r| r.start.as_str());
+        match self.read(get).await {
+            Ok(resp) => Ok(convert::read_result(&resp)),
+            Err(Failure::Compacted(_)) => {
+                let requested = revision.unwrap_or(0);
+                let deadline = Instant::now() + self.request_timeout;
+                let compacted = watch::compact_revision(self, first, deadline).await;
+                Err(KvError::Compacted {
+                    requested,
+                    compacted: compacted.unwrap_or(requested + 1),
+                })
+            }
+            Err(f) => Err(self.error(
+                f,
+                Request::Range {
+                    key: first,
+                    prefix: reads.first().is_some_and(|r| r.end.is_some()),
+                },
+            )),
         }
     }
 

@@ -6,23 +6,32 @@ use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use super::{Kv, KvError, LeaseId, RangeResult, Revision, Txn, TxnResult, Watch};
+use super::{Kv, KvError, LeaseId, RangeResult, Read, ReadResult, Revision, Txn, TxnResult, Watch};
 
 /// A request about to be made, as a [`Hook`] sees it.
 #[derive(Debug, Clone, Copy)]
 pub enum Request<'a> {
-    Range { key: &'a str, prefix: bool },
+    Range {
+        key: &'a str,
+        prefix: bool,
+    },
+    /// Keys and bounded intervals at one revision ([`Kv::read`]).
+    Read(&'a [Read]),
     Txn(&'a Txn),
     Grant,
     KeepAlive(LeaseId),
     Revoke(LeaseId),
-    Watch { key: &'a str, prefix: bool },
+    Watch {
+        key: &'a str,
+        prefix: bool,
+    },
 }
 
 /// What a request came to, as [`Hook::after`] sees it.
 #[derive(Debug, Clone, Copy)]
 pub enum Outcome<'a> {
     Range(&'a RangeResult),
+    Read(&'a ReadResult),
     Txn(&'a TxnResult),
     /// A lease granted, kept alive or revoked, or a watch created.
     Done,
@@ -85,6 +94,18 @@ impl<K: Kv, H: Hook> Kv for Hooked<K, H> {
         let sent = Instant::now();
         let res = self.inner.range(key, prefix, revision).await;
         self.after(request, sent, res, |r| Outcome::Range(r))
+    }
+
+    async fn read(
+        &self,
+        reads: &[Read],
+        revision: Option<Revision>,
+    ) -> Result<ReadResult, KvError> {
+        let request = Request::Read(reads);
+        self.hook.before(request).await?;
+        let sent = Instant::now();
+        let res = self.inner.read(reads, revision).await;
+        self.after(request, sent, res, |r| Outcome::Read(r))
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {

@@ -17,7 +17,8 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug};
 
 use super::{
-    Event, Kv, KvError, LeaseId, RangeResult, Revision, Txn, TxnResult, Watch, WatchMessage,
+    Event, Kv, KvError, LeaseId, RangeResult, Read, ReadResult, Revision, Txn, TxnResult, Watch,
+    WatchMessage,
 };
 use store::Store;
 
@@ -175,6 +176,16 @@ impl Kv for MemKv {
         let state = self.lock();
         state.check_available()?;
         state.store.range(key, prefix, revision)
+    }
+
+    async fn read(
+        &self,
+        reads: &[Read],
+        revision: Option<Revision>,
+    ) -> Result<ReadResult, KvError> {
+        let state = self.lock();
+        state.check_available()?;
+        state.store.read(reads, revision)
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {

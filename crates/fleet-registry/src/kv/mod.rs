@@ -55,6 +55,45 @@ pub struct RangeResult {
     pub kvs: Vec<KeyValue>,
 }
 
+/// One read of [`Kv::read`]: the key `start` alone (no `end`), or the keys in `[start, end)`,
+/// at most `limit` of them (0: all of them; a read is one request, never paged, so a caller
+/// bounds every interval that may be large).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    pub start: String,
+    pub end: Option<String>,
+    pub limit: usize,
+}
+
+impl Read {
+    /// The key alone.
+    pub fn key(key: impl Into<String>) -> Read {
+        Read {
+            start: key.into(),
+            end: None,
+            limit: 0,
+        }
+    }
+
+    /// The first `limit` keys in `[start, end)` (0: all).
+    pub fn interval(start: impl Into<String>, end: impl Into<String>, limit: usize) -> Read {
+        Read {
+            start: start.into(),
+            end: Some(end.into()),
+            limit,
+        }
+    }
+}
+
+/// What [`Kv::read`] found: for each read, in the order asked, its keys sorted by key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadResult {
+    /// The store's revision when it answered (etcd's header): the revision read at when none
+    /// was asked for.
+    pub revision: Revision,
+    pub found: Vec<Vec<KeyValue>>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmpOp {
     Equal,
@@ -271,6 +310,16 @@ pub trait Kv: Clone + Send + Sync + 'static {
         prefix: bool,
         revision: Option<Revision>,
     ) -> impl Future<Output = Result<RangeResult, KvError>> + Send;
+
+    /// Reads `reads` (at most [`MAX_TXN_OPS`]) in one request, every one at `revision` (the
+    /// present when None): a key, or an interval of keys with a limit. `Compacted` when
+    /// `revision` was compacted away. How a reader reads a bounded part of the registry (a
+    /// page of a listing) at one revision across many requests.
+    fn read(
+        &self,
+        reads: &[Read],
+        revision: Option<Revision>,
+    ) -> impl Future<Output = Result<ReadResult, KvError>> + Send;
 
     /// Applies `txn` atomically.
     fn txn(&self, txn: Txn) -> impl Future<Output = Result<TxnResult, KvError>> + Send;

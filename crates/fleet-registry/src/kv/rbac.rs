@@ -5,7 +5,8 @@
 //!
 //! The rules (etcd 3.4 `auth/store.go` `isRangeOpPermitted`, `etcdserver/apply_auth.go`
 //! `checkTxnAuth`, `checkLeasePuts`, `v3rpc/watch.go` `isWatchPermitted`):
-//! - a read of one key needs Read on it; a read of a prefix needs Read on the whole range;
+//! - a read of one key needs Read on it; a read of a prefix or an interval needs Read on the
+//!   whole range (a read of several is checked read by read, as a transaction's ops are);
 //! - a put or delete needs Write on its key (on the whole range for a prefix delete);
 //! - a transaction needs Read on every compared key (range), then the permission of every op
 //!   of BOTH branches, whichever is taken; nothing of a refused transaction is applied;
@@ -29,7 +30,9 @@
 //! To find a lease's keys on revoke, the wrapper reads the whole inner store (as a superuser
 //! would): meant for tests on [`MemKv`](super::MemKv), not for production.
 
-use super::{Kv, KvError, LeaseId, RangeResult, Revision, Txn, TxnOp, TxnResult, Watch};
+use super::{
+    Kv, KvError, LeaseId, RangeResult, Read, ReadResult, Revision, Txn, TxnOp, TxnResult, Watch,
+};
 use crate::rbac::{Access, ROLE_ROOT, RoleSpec};
 
 /// `inner`, seen by etcd user `user` holding exactly `roles`.
@@ -91,6 +94,28 @@ impl<K: Kv> Rbac<K> {
         }
     }
 
+    /// A read of a key, or of an interval: etcd permits an interval when one permission's
+    /// range holds all of it. Here a permission is a key or a prefix, so an interval is
+    /// permitted when a prefix permission holds both of its ends.
+    fn check_read(&self, read: &Read) -> Result<(), KvError> {
+        let Some(end) = &read.end else {
+            return self.check(Access::Read, "read", &read.start, false);
+        };
+        let held = self.roles.iter().any(|role| {
+            role.name == ROLE_ROOT
+                || role.permissions.iter().any(|p| {
+                    p.access.covers(Access::Read)
+                        && p.prefix
+                        && read.start.starts_with(&p.key)
+                        && within_prefix(end, &p.key)
+                })
+        });
+        if held {
+            return Ok(());
+        }
+        Err(self.denied(format!("read {}..{end}", read.start)))
+    }
+
     /// etcd's `checkTxnAuth`: the compares, then the success ops, then the failure ops.
     fn check_txn(&self, txn: &Txn) -> Result<(), KvError> {
         for c in &txn.compares {
@@ -103,6 +128,19 @@ impl<K: Kv> Rbac<K> {
     }
 }
 
+/// Whether an interval from a key under `prefix` that ends at `end` stays under `prefix`:
+/// `end` is at most the first key after every key that starts with it.
+fn within_prefix(end: &str, prefix: &str) -> bool {
+    let mut after = prefix.as_bytes().to_vec();
+    while let Some(last) = after.pop() {
+        if last < 0xff {
+            after.push(last + 1);
+            return end.as_bytes() <= after.as_slice();
+        }
+    }
+    true
+}
+
 impl<K: Kv> Kv for Rbac<K> {
     async fn range(
         &self,
@@ -112,6 +150,17 @@ impl<K: Kv> Kv for Rbac<K> {
     ) -> Result<RangeResult, KvError> {
         self.check(Access::Read, "read", key, prefix)?;
         self.inner.range(key, prefix, revision).await
+    }
+
+    async fn read(
+        &self,
+        reads: &[Read],
+        revision: Option<Revision>,
+    ) -> Result<ReadResult, KvError> {
+        for read in reads {
+            self.check_read(read)?;
+        }
+        self.inner.read(reads, revision).await
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {

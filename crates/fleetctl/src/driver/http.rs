@@ -31,7 +31,9 @@ use super::watch::HttpChanges;
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Entries per page asked for (the full view's `pageSize`): fleetd reads a whole listing for
-/// each page of states or machines, so fewer pages are cheaper for both sides.
+/// each page of states or machines, so fewer pages are cheaper for both sides; a page of
+/// units reads only its own keys (docs/api.md "Page tokens"), so 100,000 units are 2 requests
+/// that read each key once.
 pub const PAGE_SIZE: u16 = u16::MAX;
 
 /// Names per listing request: a `start` of 10,000 units asks in 20 requests (URLs of ~15 kB)

@@ -10,8 +10,8 @@ use etcd_client::{
 };
 
 use crate::kv::{
-    CmpOp, CmpTarget, Compare, Event, EventKind, KeyValue, LeaseId, RangeResult, Txn, TxnOp,
-    TxnOpResponse, TxnResult,
+    CmpOp, CmpTarget, Compare, Event, EventKind, KeyValue, LeaseId, RangeResult, Read, ReadResult,
+    Revision, Txn, TxnOp, TxnOpResponse, TxnResult,
 };
 
 /// gRPC status codes (the wire numbers, stable by the gRPC spec).
@@ -313,6 +313,41 @@ fn op(op: TxnOp) -> EtcdTxnOp {
         TxnOp::Get { key, prefix } => {
             EtcdTxnOp::get(key, prefix.then(|| GetOptions::new().with_prefix()))
         }
+    }
+}
+
+/// [`Kv::read`](crate::kv::Kv::read)'s reads as a transaction of ranges without compares,
+/// each at `revision` (0 is etcd's present).
+pub(super) fn reads(reads: &[Read], revision: Option<Revision>) -> EtcdTxn {
+    let ops: Vec<EtcdTxnOp> = reads
+        .iter()
+        .map(|read| {
+            let mut options = GetOptions::new().with_revision(revision.unwrap_or(0));
+            if let Some(end) = &read.end {
+                options = options
+                    .with_range(end.as_bytes())
+                    .with_limit(i64::try_from(read.limit).unwrap_or(i64::MAX));
+            }
+            EtcdTxnOp::get(read.start.as_bytes(), Some(options))
+        })
+        .collect();
+    EtcdTxn::new().and_then(ops)
+}
+
+/// What a transaction of reads found, read by read.
+pub(super) fn read_result(resp: &TxnResponse) -> ReadResult {
+    ReadResult {
+        revision: resp.header().map_or(0, |h| h.revision()),
+        found: resp
+            .op_responses()
+            .into_iter()
+            .map(|r| match r {
+                EtcdOpResponse::Get(g) => g.kvs().iter().map(key_value).collect(),
+                EtcdOpResponse::Put(_) | EtcdOpResponse::Delete(_) | EtcdOpResponse::Txn(_) => {
+                    Vec::new()
+                }
+            })
+            .collect(),
     }
 }
 

@@ -9,12 +9,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::kv::{
-    CmpOp, CmpTarget, Compare, Event, EventKind, KeyValue, KvError, LeaseId, RangeResult, Revision,
-    Txn, TxnOp, TxnOpResponse, TxnResult,
+    CmpOp, CmpTarget, Compare, Event, EventKind, KeyValue, KvError, LeaseId, MAX_TXN_OPS,
+    RangeResult, Read, ReadResult, Revision, Txn, TxnOp, TxnOpResponse, TxnResult,
 };
 
 /// etcd's refusal texts, so messages read the same on both sides.
 const DUPLICATE_KEY: &str = "etcdserver: duplicate key given in txn request";
+const TOO_MANY_OPS: &str = "etcdserver: too many operations in txn request";
 const FUTURE_REVISION: &str = "etcdserver: mvcc: required revision is a future revision";
 
 /// Lease IDs are opaque; starting far from 0 keeps them from looking like counts in tests.
@@ -90,13 +91,7 @@ impl Store {
 
     /// The live keys in the range at revision `at`, sorted.
     fn live_at(&self, key: &str, prefix: bool, at: Revision) -> Vec<KeyValue> {
-        let version_at = |entries: &Vec<Entry>| {
-            entries
-                .iter()
-                .rev()
-                .find(|e| e.revision <= at)
-                .and_then(|e| e.kv.clone())
-        };
+        let version_at = |entries: &Vec<Entry>| version_at(entries, at);
         if prefix {
             self.keys
                 .range::<str, _>((Bound::Included(key), Bound::Unbounded))
@@ -124,7 +119,57 @@ impl Store {
         prefix: bool,
         revision: Option<Revision>,
     ) -> Result<RangeResult, KvError> {
-        let at = match revision {
+        let at = self.read_revision(revision)?;
+        Ok(RangeResult {
+            // etcd's header carries the current revision even for a read in the past.
+            revision: self.revision,
+            kvs: self.live_at(key, prefix, at),
+        })
+    }
+
+    /// [`Kv::read`](crate::kv::Kv::read): every read at one revision, as etcd's read-only
+    /// transaction of ranges does.
+    pub(super) fn read(
+        &self,
+        reads: &[Read],
+        revision: Option<Revision>,
+    ) -> Result<ReadResult, KvError> {
+        if reads.len() > MAX_TXN_OPS {
+            return Err(KvError::Refused(TOO_MANY_OPS.to_owned()));
+        }
+        let at = self.read_revision(revision)?;
+        let found = reads
+            .iter()
+            .map(|read| match &read.end {
+                None => self.live_at(&read.start, false, at),
+                // etcd reads nothing of an interval that ends before it starts.
+                Some(end) if end.as_str() <= read.start.as_str() => Vec::new(),
+                Some(end) => {
+                    let limit = if read.limit == 0 {
+                        usize::MAX
+                    } else {
+                        read.limit
+                    };
+                    self.keys
+                        .range::<str, _>((
+                            Bound::Included(read.start.as_str()),
+                            Bound::Excluded(end.as_str()),
+                        ))
+                        .filter_map(|(_, entries)| version_at(entries, at))
+                        .take(limit)
+                        .collect()
+                }
+            })
+            .collect();
+        Ok(ReadResult {
+            revision: self.revision,
+            found,
+        })
+    }
+
+    /// The revision a read asks for, checked as etcd checks it.
+    fn read_revision(&self, revision: Option<Revision>) -> Result<Revision, KvError> {
+        Ok(match revision {
             Some(rev) if rev > self.revision => {
                 return Err(KvError::Refused(FUTURE_REVISION.to_owned()));
             }
@@ -136,11 +181,6 @@ impl Store {
             }
             Some(rev) if rev > 0 => rev,
             Some(_) | None => self.revision,
-        };
-        Ok(RangeResult {
-            // etcd's header carries the current revision even for a read in the past.
-            revision: self.revision,
-            kvs: self.live_at(key, prefix, at),
         })
     }
 
@@ -377,6 +417,15 @@ fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
 
 /// etcd refuses a transaction branch that writes a key twice (two puts, or a put inside a
 /// deleted range), before looking at its compares.
+/// A key's value at revision `at`, if it was live then.
+fn version_at(entries: &[Entry], at: Revision) -> Option<KeyValue> {
+    entries
+        .iter()
+        .rev()
+        .find(|e| e.revision <= at)
+        .and_then(|e| e.kv.clone())
+}
+
 fn check_intervals(ops: &[TxnOp]) -> Result<(), KvError> {
     let mut puts = HashSet::new();
     for op in ops {
