@@ -8,7 +8,7 @@
 
 use fleet_core::{ActiveState, Backoff, MachineId, UnitFile, UnitHash, UnitName, glob_match};
 use fleet_registry::kv::Event;
-use fleet_registry::kv::{Kv, LeaseId, Revision};
+use fleet_registry::kv::{Kv, LeaseId, MAX_TXN_OPS, Revision};
 use fleet_registry::{
     Delta, MachineRole, Presence, RegistryError, ScheduleChange, ScheduleEntry, Skipped,
     UnitStateRecord,
@@ -32,9 +32,14 @@ use crate::revivals::{self, Revivals};
 mod resync;
 use resync::Resync;
 
-/// Unit files read from etcd at once. One request per file, sequential, made an agent given
-/// 1,000 units wait for 1,000 round trips before it could plan (docs/benchmarks.md, item 3).
-const FILE_FETCHES: usize = 32;
+/// Requests for unit files in flight at once, each of up to [`MAX_TXN_OPS`] files. One
+/// request per file, sequential, made an agent given 1,000 units wait for 1,000 round trips
+/// before it could plan (docs/benchmarks.md, item 3).
+const FILE_FETCHES: usize = 4;
+
+/// Transactions of published or withdrawn states in flight at once, each of up to
+/// [`MAX_TXN_OPS`] states.
+const PUBLISHES: usize = 4;
 
 /// The longest pause between two attempts to reach etcd or systemd in the boot and publish
 /// loops: once etcd is back, an agent should notice within seconds, not a minute.
@@ -512,30 +517,37 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         Ok(true)
     }
 
-    /// Reads the files of `hashes` not held yet, [`FILE_FETCHES`] at a time.
+    /// Reads the files of `hashes` not held yet: [`MAX_TXN_OPS`] to a request,
+    /// [`FILE_FETCHES`] requests at a time.
     async fn fetch_files(&mut self, hashes: BTreeSet<UnitHash>) -> Result<(), RegistryError> {
         let missing: Vec<UnitHash> = hashes
             .into_iter()
             .filter(|h| !self.files.contains_key(h))
             .collect();
         let registry = &self.registry;
-        let mut fetched = futures::stream::iter(missing)
-            .map(|hash| async move { (hash, registry.file(&hash).await) })
+        // Owned chunks: a stream of borrowed ones makes the agent's future not `Send`.
+        let chunks: Vec<Vec<UnitHash>> = missing.chunks(MAX_TXN_OPS).map(<[_]>::to_vec).collect();
+        let mut fetched = futures::stream::iter(chunks)
+            .map(|chunk| async move { registry.files(&chunk).await })
             .buffer_unordered(FILE_FETCHES);
         // An etcd failure fails the read at once (dropping the reads in flight); the files read
         // until then are kept, so a retry needs fewer. A missing or unreadable file only holds
         // back its own units (the planner leaves a unit without a file as it is), as in the
         // engine: one bad record must not stop every other unit's schedule.
-        while let Some((hash, file)) = fetched.next().await {
-            match file {
-                Ok(Some(file)) => {
-                    self.files.insert(hash, file);
+        while let Some(files) = fetched.next().await {
+            for (hash, file) in files? {
+                match file {
+                    Ok(Some(file)) => {
+                        self.files.insert(hash, file);
+                    }
+                    Ok(None) => {
+                        warn!(hash = %hash, "scheduled unit file missing from the registry")
+                    }
+                    Err(e @ RegistryError::Corrupt { .. }) => {
+                        warn!(hash = %hash, error = %e, "scheduled unit file unreadable; its units are left as they are");
+                    }
+                    Err(e) => return Err(e),
                 }
-                Ok(None) => warn!(hash = %hash, "scheduled unit file missing from the registry"),
-                Err(e @ RegistryError::Corrupt { .. }) => {
-                    warn!(hash = %hash, error = %e, "scheduled unit file unreadable; its units are left as they are");
-                }
-                Err(e) => return Err(e),
             }
         }
         Ok(())
@@ -807,38 +819,47 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             .cloned()
             .collect();
         let registry = &self.registry;
-        let published: Vec<(UnitStateRecord, bool)> = futures::stream::iter(changed)
-            .map(|r| async move {
-                let ok = registry.publish_state(&presence, &r).await;
+        // Many states to a transaction (a machine given 1,000 units publishes 8, not 1,000),
+        // a few transactions at once. A failed one leaves its states for the retry.
+        let chunks: Vec<Vec<UnitStateRecord>> =
+            changed.chunks(MAX_TXN_OPS).map(<[_]>::to_vec).collect();
+        let published: Vec<(Vec<UnitStateRecord>, bool)> = futures::stream::iter(chunks)
+            .map(|chunk| async move {
+                let ok = registry.publish_states(&presence, &chunk).await;
                 if let Err(e) = &ok {
-                    debug!(unit = %r.name, error = %e, "publishing state failed");
+                    debug!(units = chunk.len(), error = %e, "publishing states failed");
                 }
-                (r, ok.is_ok())
+                (chunk, ok.is_ok())
             })
-            .buffer_unordered(32)
+            .buffer_unordered(PUBLISHES)
             .collect()
             .await;
         let mut complete = true;
-        for (r, ok) in published {
+        for (chunk, ok) in published {
             if ok {
-                self.published.insert(r.name.clone(), r);
+                for r in chunk {
+                    self.published.insert(r.name.clone(), r);
+                }
             } else {
                 complete = false;
             }
         }
-        // Withdrawn concurrently too: a destroyed batch is gone from the registry as soon as
-        // it is stopped, not one round trip per unit later.
-        let withdrawn: Vec<(UnitName, bool)> = futures::stream::iter(gone)
-            .map(|name| async move {
-                let ok = registry.remove_state(&name).await.is_ok();
-                (name, ok)
+        // Withdrawn together too: a destroyed batch is gone from the registry as soon as it is
+        // stopped, not one round trip per unit later.
+        let chunks: Vec<Vec<UnitName>> = gone.chunks(MAX_TXN_OPS).map(<[_]>::to_vec).collect();
+        let withdrawn: Vec<(Vec<UnitName>, bool)> = futures::stream::iter(chunks)
+            .map(|chunk| async move {
+                let ok = registry.remove_states(&chunk).await.is_ok();
+                (chunk, ok)
             })
-            .buffer_unordered(32)
+            .buffer_unordered(PUBLISHES)
             .collect()
             .await;
-        for (name, ok) in withdrawn {
+        for (chunk, ok) in withdrawn {
             if ok {
-                self.published.remove(&name);
+                for name in &chunk {
+                    self.published.remove(name);
+                }
             } else {
                 complete = false;
             }
