@@ -7,6 +7,13 @@
 //! and never splits a revision across messages, so after each message the view is the
 //! registry as it was at [`LiveView::revision`], never a half-applied transaction.
 //!
+//! The watch is drained as fast as etcd sends, into memory, whatever the engine is doing: a
+//! view read only between passes left its stream unread for a whole pass, and etcd 3.4 marked
+//! it a slow watcher, which it catches up under the lock its writes take. At 100,000 units the
+//! engine's watch held up to 150,000 pending events and etcd stopped applying writes for
+//! 10–15 s at a time (docs/benchmarks.md, "Scale II"). The backlog is held here instead, bounded
+//! by what is written during one pass.
+//!
 //! Files are kept as the registry keeps them (written with their first unit, deleted with
 //! their last), so a unit's file arrives in the same message as its record. A file that does
 //! not parse is left out with a warning: its units then have no file, and the engine leaves
@@ -16,7 +23,8 @@
 
 use fleet_core::{UnitFile, UnitHash};
 use std::collections::BTreeMap;
-use tracing::{debug, warn};
+use tokio::sync::mpsc;
+use tracing::{Instrument, debug, warn};
 
 use crate::error::{RegistryError, Result};
 use crate::keys::{Key, Kind};
@@ -70,7 +78,31 @@ pub struct LiveView<K> {
     /// Whether unit files are kept (the engine needs them; fleetctl's wait does not).
     with_files: bool,
     files: BTreeMap<UnitHash, UnitFile>,
-    watch: Watch,
+    /// The watch's messages, drained from it by [`drain`] as they come.
+    watch: mpsc::UnboundedReceiver<WatchMessage>,
+}
+
+/// Reads `watch` as fast as it delivers, into an unbounded channel, until the receiver is
+/// dropped (which drops the watch and so cancels it in etcd).
+fn drain(mut watch: Watch) -> mpsc::UnboundedReceiver<WatchMessage> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(
+        async move {
+            loop {
+                tokio::select! {
+                    message = watch.rx.recv() => {
+                        let Some(message) = message else { break };
+                        if tx.send(message).is_err() {
+                            break;
+                        }
+                    }
+                    () = tx.closed() => break,
+                }
+            }
+        }
+        .in_current_span(),
+    );
+    rx
 }
 
 impl<K: Kv> LiveView<K> {
@@ -118,7 +150,7 @@ impl<K: Kv> LiveView<K> {
             snapshot,
             with_files,
             files,
-            watch,
+            watch: drain(watch),
         })
     }
 
@@ -143,9 +175,9 @@ impl<K: Kv> LiveView<K> {
     /// (the watch ended or fell behind a compaction): drop it and start a new one. A value
     /// that cannot be read is skipped, never an error.
     pub async fn changed(&mut self) -> Result<Touched> {
-        let first = self.watch.rx.recv().await;
+        let first = self.watch.recv().await;
         let mut touched = self.apply_message(first)?;
-        while let Ok(next) = self.watch.rx.try_recv() {
+        while let Ok(next) = self.watch.try_recv() {
             touched.merge(self.apply_message(Some(next))?);
         }
         Ok(touched)

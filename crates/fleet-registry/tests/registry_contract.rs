@@ -819,6 +819,67 @@ async fn live_view_reports_a_broken_watch() {
     assert!(err.is_transient());
 }
 
+/// Hands each watch on through a channel of one message, counting the messages taken from
+/// the store's watch: how fast the watch's reader drains it.
+#[derive(Debug, Clone, Default)]
+struct Drained(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Hook for Drained {
+    async fn before(&self, _: Request<'_>) -> Result<(), KvError> {
+        Ok(())
+    }
+
+    fn watched(&self, mut inner: fleet_registry::kv::Watch) -> fleet_registry::kv::Watch {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let taken = self.0.clone();
+        tokio::spawn(async move {
+            while let Some(message) = inner.rx.recv().await {
+                taken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if tx.send(message).await.is_err() {
+                    break;
+                }
+            }
+        });
+        fleet_registry::kv::Watch { rx }
+    }
+}
+
+/// The engine reads its view between passes; a watch left unread for a pass made etcd 3.4
+/// mark it slow and stop applying writes while it caught it up (docs/benchmarks.md, "Scale
+/// II"). The view drains its watch as the changes come, read or not.
+#[tokio::test]
+async fn live_view_drains_its_watch_while_nobody_reads_the_view() {
+    let kv = Hooked {
+        inner: MemKv::new(),
+        hook: Drained::default(),
+    };
+    let reg = Registry::new(kv.clone(), PREFIX);
+    let mut view = LiveView::start(reg.clone()).await.unwrap();
+    for i in 0..200 {
+        writer(&reg)
+            .create_unit(
+                &name(&format!("u{i}.service")),
+                &file("/bin/true"),
+                DesiredState::Launched,
+            )
+            .await
+            .unwrap();
+    }
+    let taken = || kv.hook.0.load(std::sync::atomic::Ordering::SeqCst);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while taken() < 200 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        taken(),
+        200,
+        "every change taken from the watch before the view is read"
+    );
+    while view.snapshot().units.len() < 200 {
+        view.changed().await.unwrap();
+    }
+}
+
 /// Fails every transaction that only collects a unit file (one delete of a `file/` key), as
 /// an etcd that becomes unreachable right after a destroy or a replace committed.
 #[derive(Debug, Clone)]
