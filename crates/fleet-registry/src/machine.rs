@@ -230,18 +230,8 @@ impl<K: Kv> MachineRole<K> {
     /// Publishes the state of a unit on this machine (`state.machine`), living as long as
     /// `presence`.
     pub async fn publish_state(&self, presence: &Presence, state: &UnitStateRecord) -> Result<()> {
-        self.own(&state.machine)?;
-        let txn = Txn {
-            compares: vec![],
-            success: vec![TxnOp::Put {
-                key: self.registry.keys().state(&self.machine, &state.name),
-                value: encode(state),
-                lease: Some(presence.lease),
-            }],
-            failure: vec![],
-        };
-        self.registry.txn(txn, "publishing unit state").await?;
-        Ok(())
+        self.publish_states(presence, std::slice::from_ref(state))
+            .await
     }
 
     /// Deletes this machine's state keys of the layout before issue 17
@@ -330,12 +320,6 @@ impl<K: Kv> MachineRole<K> {
     }
 
     pub async fn remove_state(&self, name: &UnitName) -> Result<()> {
-        let txn = Txn {
-            compares: vec![],
-            success: vec![delete(self.registry.keys().state(&self.machine, name))],
-            failure: vec![],
-        };
-        self.registry.txn(txn, "removing unit state").await?;
-        Ok(())
+        self.remove_states(std::slice::from_ref(name)).await
     }
 }
