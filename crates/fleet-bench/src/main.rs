@@ -6,6 +6,8 @@
 //! - `scale`: 5,000 simulated machines (real agents and engines, fake systemd), 100,000 units;
 //! - `plot`: convergence time over a grid of units and machines, drawn as an SVG, and how
 //!   the time per unit grows (issue 19: linear within 1.3×);
+//! - `plan`: the engine's scheduler alone (no etcd) on snapshots of those sizes: one pass
+//!   with every unit unplaced, placed, and 1 % arriving;
 //! - `reconnect`: 1,000 simulated machines, etcd killed and restarted: the requests per
 //!   100 ms once it is back (whether agents reconnect in lockstep);
 //! - `api`: the scale simulation with 10,000 units: a blocking `fleetctl start` and
@@ -24,6 +26,7 @@ mod metered;
 mod metrics;
 mod monitor;
 mod one_agent;
+mod plan;
 mod plot;
 mod probe;
 mod real;
@@ -113,6 +116,13 @@ enum Scenario {
     /// Convergence time over a grid of machines and units, as docs/bench-scale.svg.
     Plot {
         /// Issue 19's linearity: from 1,000 to 100,000 units at 100 and at 5,000 machines.
+        #[arg(long, value_delimiter = ',', default_value = "100,5000")]
+        machines: Vec<usize>,
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+        units: Vec<usize>,
+    },
+    /// The engine's scheduler alone (no etcd): one pass on snapshots of these sizes.
+    Plan {
         #[arg(long, value_delimiter = ',', default_value = "100,5000")]
         machines: Vec<usize>,
         #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
@@ -212,6 +222,7 @@ fn main() -> Result<()> {
         Scenario::Plot { machines, units } => {
             ("plot", runtime()?.block_on(plot::run(&machines, &units))?)
         }
+        Scenario::Plan { machines, units } => ("plan", plan::run(&machines, &units)?),
         Scenario::Reconnect {
             machines,
             outage_secs,

@@ -136,12 +136,7 @@ fn keep_rule(c: &Cluster<'_>, unit: &UnitName, machine: &MachineId) -> Option<Vi
     c.static_violation(unit, machine).or_else(|| {
         // Only a unit with Conflicts= or Replaces= can make a pair invalid: when `unit` has
         // neither, only such neighbours need looking at (usually none).
-        let neighbours: Box<dyn Iterator<Item = &UnitName>> = if c.is_relational(unit) {
-            Box::new(c.units_on(machine))
-        } else {
-            Box::new(c.relational_on(machine))
-        };
-        neighbours
+        c.neighbours_of(unit, machine)
             .filter(|other| !c.is_global(other))
             .find_map(|other| c.neighbour_violation(unit, other, other < unit))
     })
@@ -280,7 +275,7 @@ fn place_violation(c: &Cluster<'_>, unit: &UnitName, machine: &MachineId) -> Opt
     c.drain_violation(unit, machine)
         .or_else(|| c.static_violation(unit, machine))
         .or_else(|| {
-            c.units_on(machine)
+            c.neighbours_of(unit, machine)
                 .find_map(|other| c.neighbour_violation(unit, other, true))
         })
         .or_else(|| c.peer_displaced(unit, machine))

@@ -62,6 +62,10 @@ pub(super) struct Cluster<'s> {
     last_removal: BTreeMap<UnitName, Reason>,
     /// Wanted units with `Conflicts=` or `Replaces=`.
     relational: BTreeSet<UnitName>,
+    /// Those of them on each machine, kept up to date by `insert` and `remove`: a unit
+    /// without such options is checked against these alone, not against every unit of the
+    /// machine (issue 19: that scan made a pass grow with units² / machines).
+    relational_at: BTreeMap<MachineId, BTreeSet<UnitName>>,
     /// Drained machines: how many moves each allows on their way at once (0: its mark
     /// cannot be read, so nothing moves).
     pub drained: BTreeMap<MachineId, u32>,
@@ -116,6 +120,7 @@ impl<'s> Cluster<'s> {
             added: BTreeMap::new(),
             last_removal: BTreeMap::new(),
             relational: BTreeSet::new(),
+            relational_at: BTreeMap::new(),
             drained,
             moving: &snapshot.moving,
             moves_started: BTreeMap::new(),
@@ -245,15 +250,23 @@ impl<'s> Cluster<'s> {
         self.relational.contains(unit)
     }
 
-    /// The units on `machine` that have `Conflicts=` or `Replaces=`.
-    pub fn relational_on<'a>(
+    /// The units on `machine` that have `Conflicts=` or `Replaces=`, in name order.
+    pub fn relational_on(&self, machine: &MachineId) -> impl Iterator<Item = &UnitName> {
+        self.relational_at.get(machine).into_iter().flatten()
+    }
+
+    /// The units on `machine` that can make a pair with `unit` invalid: all of them when
+    /// `unit` has `Conflicts=` or `Replaces=`, else only those that have (usually none).
+    pub fn neighbours_of<'a>(
         &'a self,
+        unit: &UnitName,
         machine: &'a MachineId,
-    ) -> impl Iterator<Item = &'a UnitName> {
-        let on = self.on.get(machine);
-        self.relational
-            .iter()
-            .filter(move |u| on.is_some_and(|set| set.contains(*u)))
+    ) -> Box<dyn Iterator<Item = &'a UnitName> + 'a> {
+        if self.is_relational(unit) {
+            Box::new(self.units_on(machine))
+        } else {
+            Box::new(self.relational_on(machine))
+        }
     }
 
     pub fn is_global(&self, unit: &UnitName) -> bool {
@@ -331,6 +344,9 @@ impl<'s> Cluster<'s> {
         {
             self.reindex(machine, load);
         }
+        if let Some(units) = self.relational_at.get_mut(machine) {
+            units.remove(unit);
+        }
         if let Some(machines) = self.at.get_mut(unit) {
             machines.remove(machine);
             if machines.is_empty() {
@@ -350,6 +366,12 @@ impl<'s> Cluster<'s> {
             .insert(unit.clone());
         if added {
             self.reindex(machine, load);
+        }
+        if self.relational.contains(unit) {
+            self.relational_at
+                .entry(machine.clone())
+                .or_default()
+                .insert(unit.clone());
         }
         self.at
             .entry(unit.clone())
@@ -432,6 +454,11 @@ impl<'s> Cluster<'s> {
     /// follow it forever.
     pub fn peer_displaced(&self, unit: &UnitName, machine: &MachineId) -> Option<Violation> {
         let reqs = self.reqs(unit);
+        // Only a unit with `Replaces=` displaces anything, and only one with peers can lose
+        // them that way.
+        if reqs.machine_of.is_empty() || reqs.replaces.is_empty() {
+            return None;
+        }
         let here: Vec<&UnitName> = self.units_on(machine).collect();
         let mut leaving: Vec<&UnitName> = here
             .iter()

@@ -1,0 +1,201 @@
+//! Scenario `plan`: the engine's scheduler alone, no etcd, on a snapshot of the scale
+//! scenario's size (issue 19: 100,000 units on 5,000 machines). It times one pass three ways:
+//! - **first**: every unit unplaced (a new leader's first pass after a mass submit);
+//! - **steady**: every unit placed, nothing to decide (a pass woken by a change that
+//!   decides nothing, or the minute's safety net);
+//! - **arrivals**: every unit placed and 1 % more arriving (what a pass does while a big
+//!   submit is still being written: each wake-up plans the whole registry again).
+//!
+//! The leader's pass is this plan plus its fenced writes; the scale scenario times the
+//! whole. What this isolates is the CPU a pass costs as the registry grows.
+
+use anyhow::Result;
+use fleet_core::{DesiredState, MachineInfo, UnitFile, UnitHash};
+use fleet_engine::{DecisionKind, plan_holding};
+use fleet_registry::{ScheduleEntry, Snapshot, Unit, UnitRecord};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::report;
+use crate::sim::{bench_unit, machine_id};
+
+/// Each figure is the median of this many passes.
+const RUNS: usize = 3;
+
+/// The registry as a leader's view holds it: `units` units of the scale scenario on
+/// `machines` machines, none placed.
+fn world(machines: usize, units: usize) -> (Snapshot, BTreeMap<UnitHash, UnitFile>) {
+    let mut snap = Snapshot::default();
+    for i in 0..machines {
+        let info = MachineInfo {
+            id: machine_id(i),
+            public_ip: String::new(),
+            metadata: BTreeMap::new(),
+            version: String::new(),
+            disable_engine: false,
+            api: String::new(),
+        };
+        snap.machines.insert(info.id.clone(), info);
+    }
+    let mut files = BTreeMap::new();
+    for i in 0..units {
+        add_unit(&mut snap, &mut files, i);
+    }
+    (snap, files)
+}
+
+fn add_unit(snap: &mut Snapshot, files: &mut BTreeMap<UnitHash, UnitFile>, i: usize) {
+    let (name, file) = bench_unit(i, 1);
+    let record = UnitRecord {
+        name: name.clone(),
+        hash: file.hash(),
+        desired: DesiredState::Launched,
+        restart: 0,
+        replace: Default::default(),
+    };
+    files.insert(file.hash(), file);
+    snap.units.insert(
+        name,
+        Unit {
+            record,
+            mod_revision: 1,
+        },
+    );
+}
+
+/// Records a plan's schedule decisions in the snapshot, as the leader's view does.
+fn apply(snap: &mut Snapshot, decisions: &[fleet_engine::Decision]) {
+    for d in decisions {
+        if let DecisionKind::Schedule {
+            unit,
+            machine,
+            hash,
+            desired,
+            restart,
+            no_restart,
+            placement,
+        } = &d.kind
+        {
+            let entry = ScheduleEntry {
+                name: unit.clone(),
+                machine: machine.clone(),
+                hash: *hash,
+                desired: *desired,
+                restart: *restart,
+                no_restart: *no_restart,
+                placement: *placement,
+            };
+            snap.schedule
+                .entry(unit.clone())
+                .or_default()
+                .insert(machine.clone(), entry);
+        }
+    }
+}
+
+/// One pass timed: how long, and how many decisions it made.
+fn timed(snap: &Snapshot, files: &BTreeMap<UnitHash, UnitFile>) -> (Duration, usize) {
+    let held = BTreeSet::new();
+    let t0 = Instant::now();
+    let plan = plan_holding(snap, files, &held);
+    (t0.elapsed(), plan.decisions.len())
+}
+
+fn median(snap: &Snapshot, files: &BTreeMap<UnitHash, UnitFile>) -> (Duration, usize) {
+    let mut runs: Vec<(Duration, usize)> = (0..RUNS).map(|_| timed(snap, files)).collect();
+    runs.sort();
+    runs[RUNS / 2]
+}
+
+/// The three passes at one size.
+#[derive(Debug)]
+struct Row {
+    machines: usize,
+    units: usize,
+    first: (Duration, usize),
+    steady: (Duration, usize),
+    arrivals: (Duration, usize),
+}
+
+fn measure(machines: usize, units: usize) -> Row {
+    let (mut snap, mut files) = world(machines, units);
+    let first = median(&snap, &files);
+    let plan = plan_holding(&snap, &files, &BTreeSet::new());
+    apply(&mut snap, &plan.decisions);
+    let steady = median(&snap, &files);
+    for i in units..units + (units / 100).max(1) {
+        add_unit(&mut snap, &mut files, i);
+    }
+    let arrivals = median(&snap, &files);
+    Row {
+        machines,
+        units,
+        first,
+        steady,
+        arrivals,
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn us_per_unit(d: Duration, units: usize) -> String {
+    format!("{:.1} µs", d.as_secs_f64() * 1e6 / units.max(1) as f64)
+}
+
+/// Runs the grid; returns the Markdown section.
+pub fn run(machines: &[usize], units: &[usize]) -> Result<String> {
+    let wall = SystemTime::now();
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    for &m in machines {
+        for &u in units {
+            println!("plan: {u} units on {m} machines");
+            let row = measure(m, u);
+            println!(
+                "plan: first {} ({} decisions), steady {} ({}), arrivals {} ({})",
+                ms(row.first.0),
+                row.first.1,
+                ms(row.steady.0),
+                row.steady.1,
+                ms(row.arrivals.0),
+                row.arrivals.1
+            );
+            rows.push(row);
+        }
+    }
+    let mut out = report::provenance(wall, started.elapsed());
+    out.push_str(
+        "\nOne scheduler pass (`plan_holding`, no etcd), median of 3: every unit unplaced \
+         (first), every unit placed (steady), and 1 % more arriving (arrivals). Per unit: the \
+         pass time over the registry's units.\n\n\
+         | machines | units | first | steady | arrivals | steady per unit |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for r in &rows {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            r.machines,
+            r.units,
+            ms(r.first.0),
+            ms(r.steady.0),
+            ms(r.arrivals.0),
+            us_per_unit(r.steady.0, r.units)
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_world_places_every_unit_then_decides_nothing() {
+        let row = measure(10, 200);
+        assert_eq!(row.first.1, 200);
+        assert_eq!(row.steady.1, 0);
+        assert_eq!(row.arrivals.1, 2);
+    }
+}
