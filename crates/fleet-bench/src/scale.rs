@@ -310,6 +310,11 @@ struct Idle {
     etcd: BTreeMap<String, u64>,
     /// The agents' schedule reads (their periodic resyncs) in each second of the window.
     resyncs_per_second: Vec<u64>,
+    /// The leading engine's range reads in the window (`None`: no engine led throughout).
+    leader_reads: Option<u64>,
+    /// The other engines' range reads, and how many they are.
+    follower_reads: u64,
+    followers: usize,
 }
 
 impl Idle {
@@ -326,6 +331,11 @@ impl Idle {
 /// second (sampled every 100 ms).
 async fn idle(sim: &Sim, window: Duration) -> Result<Idle> {
     let roles = Roles::now(sim);
+    let engines = sim.engine_counters().await?;
+    let ranges = |c: &std::sync::Arc<crate::counting::Counters>| c.tally().method(Method::Range);
+    let engines_before = engines
+        .as_ref()
+        .map(|(lead, follow)| (ranges(lead), follow.iter().map(ranges).sum::<u64>()));
     let metrics = Metrics::fetch(&sim.etcd_endpoint())?;
     let reads = |sim: &Sim| {
         sim.roles
@@ -344,11 +354,26 @@ async fn idle(sim: &Sim, window: Duration) -> Result<Idle> {
         last = now;
     }
     let etcd = received_between(&metrics, &Metrics::fetch(&sim.etcd_endpoint())?);
+    let still_leading = match (&engines, sim.engine_counters().await?) {
+        (Some((lead, _)), Some((now, _))) => std::sync::Arc::ptr_eq(lead, &now),
+        _ => false,
+    };
+    let (leader_reads, follower_reads, followers) = match (engines, engines_before) {
+        (Some((lead, follow)), Some((lead0, follow0))) => (
+            still_leading.then(|| ranges(&lead) - lead0),
+            follow.iter().map(ranges).sum::<u64>() - follow0,
+            follow.len(),
+        ),
+        _ => (None, 0, 0),
+    };
     Ok(Idle {
         window,
         roles: roles.since(sim),
         etcd,
         resyncs_per_second: per_second,
+        leader_reads,
+        follower_reads,
+        followers,
     })
 }
 

@@ -101,6 +101,8 @@ pub struct SimMachine {
 
 #[derive(Debug)]
 struct Engine {
+    /// This engine's own etcd requests (also counted in [`Roles::engines`]).
+    counters: Arc<Counters>,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -240,11 +242,16 @@ impl Sim {
         sim.wait_agents_watching(Duration::from_secs(120)).await?;
         sim.agents_ready_in = started.elapsed();
         for i in 0..sim.spec.engines {
-            let registry = counted(i, vec![sim.roles.engines.clone()]);
+            let counters = Arc::new(Counters::default());
+            let registry = counted(i, vec![sim.roles.engines.clone(), counters.clone()]);
             let cfg = EngineConfig::new(sim.machines[i].id.clone(), sim.spec.engine_interval);
             let (shutdown, rx) = watch::channel(false);
             let task = tokio::spawn(fleet_engine::run(registry, cfg, rx).in_current_span());
-            sim.engines.push(Engine { shutdown, task });
+            sim.engines.push(Engine {
+                counters,
+                shutdown,
+                task,
+            });
         }
         sim.wait_leader(Duration::from_secs(30)).await?;
         Ok(sim)
@@ -290,6 +297,24 @@ impl Sim {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The requests of the engine that leads now and of the others (followers), if one
+    /// leads.
+    pub async fn engine_counters(&self) -> Result<Option<(Arc<Counters>, Vec<Arc<Counters>>)>> {
+        let Some(leader) = self.client.leader().await? else {
+            return Ok(None);
+        };
+        let mut lead = None;
+        let mut follow = Vec::new();
+        for (i, e) in self.engines.iter().enumerate() {
+            if self.machines[i].id == leader {
+                lead = Some(e.counters.clone());
+            } else {
+                follow.push(e.counters.clone());
+            }
+        }
+        Ok(lead.map(|l| (l, follow)))
     }
 
     async fn wait_leader(&self, within: Duration) -> Result<()> {

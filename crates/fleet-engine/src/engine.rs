@@ -207,8 +207,11 @@ async fn resign<K: Kv>(leadership: Leadership<K>, cfg: &EngineConfig) {
     }
 }
 
-/// Waits until the leader key changes (deleted, or expired with its lease), with a slow
-/// re-check in case the watch missed it.
+/// Waits until the leader key changes (deleted, or expired with its lease). The watch
+/// resumes where it broke and wakes us when it does, so the re-check read is only a safety
+/// net against a stream that hangs without breaking: once per [`leading::SAFETY_NET`],
+/// jittered so that the followers of a large cluster (every fleetd runs an engine) do not
+/// read in step.
 async fn follow<K: Kv>(
     registry: &Registry<K>,
     cfg: &EngineConfig,
@@ -225,11 +228,13 @@ async fn follow<K: Kv>(
         return Flow::Campaign;
     };
     debug!(leader = %leader, "following engine leader");
+    let net = leading::SAFETY_NET.max(cfg.lease_ttl);
+    let mut recheck = Backoff::new(net * 3 / 4, net * 5 / 4);
     loop {
         tokio::select! {
             () = stop_requested(shutdown) => return Flow::Shutdown,
             _ = hints.changed() => return Flow::Campaign,
-            () = tokio::time::sleep(cfg.lease_ttl) => {}
+            () = tokio::time::sleep(recheck.next_delay()) => {}
         }
         // The slow re-check in case the watch missed a change: campaign only if the key
         // is gone (or cannot be read), without granting a lease for nothing.

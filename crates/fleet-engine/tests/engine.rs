@@ -779,19 +779,24 @@ on_both!(
 
 // ---- MemKv only: what only the fake can count or cut ------------------------------------------
 
-/// Counts the listings (reads of a whole prefix: what grows with the cluster) and the
-/// writes that reach the store; single-key reads (the leader key, checked with each lease
-/// renewal) and lease calls are not counted.
+/// Counts the listings (reads of a whole prefix: what grows with the cluster), the
+/// single-key reads (the leader key) and the writes that reach the store; lease calls and
+/// watches are not counted.
 #[derive(Debug, Clone, Default)]
 struct Counting {
     reads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    key_reads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     writes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Counting {
-    fn counts(&self) -> (usize, usize) {
+    fn counts(&self) -> (usize, usize, usize) {
         use std::sync::atomic::Ordering::SeqCst;
-        (self.reads.load(SeqCst), self.writes.load(SeqCst))
+        (
+            self.reads.load(SeqCst),
+            self.key_reads.load(SeqCst),
+            self.writes.load(SeqCst),
+        )
     }
 }
 
@@ -799,7 +804,10 @@ impl Hook for Counting {
     async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
         use std::sync::atomic::Ordering::SeqCst;
         match request {
-            Request::Range { prefix: true, .. } => self.reads.fetch_add(1, SeqCst),
+            Request::Range { prefix: true, .. } | Request::Read(_) => {
+                self.reads.fetch_add(1, SeqCst)
+            }
+            Request::Range { prefix: false, .. } => self.key_reads.fetch_add(1, SeqCst),
             Request::Txn(_) => self.writes.fetch_add(1, SeqCst),
             _ => 0,
         };
@@ -807,9 +815,11 @@ impl Hook for Counting {
     }
 }
 
-/// Issue 6: an idle fleetd does no work proportional to the unit count more often than once
-/// a minute. The leader keeps its view current from its watch: once the cluster has
-/// converged, ten idle minutes cost it no listing and no write at all.
+/// Issues 6 and 19: an idle fleetd does no work proportional to the unit count more often
+/// than once a minute, and an idle leader reads nothing at all. It keeps its view current
+/// from its watch and knows it still holds the leader key from a watch of that key (its
+/// renewals are lease calls): once the cluster has converged, ten idle minutes cost it no
+/// listing, no read of a key and no write.
 #[tokio::test(start_paused = true)]
 async fn an_idle_leader_reads_and_writes_nothing() {
     let kv = Hooked {
@@ -833,7 +843,7 @@ async fn an_idle_leader_reads_and_writes_nothing() {
     assert_eq!(
         kv.hook.counts(),
         before,
-        "(listings, writes) of an idle leader"
+        "(listings, key reads, writes) of an idle leader"
     );
     // And it still follows changes at once.
     submit(&reg, "late.service").await;
@@ -842,6 +852,47 @@ async fn an_idle_leader_reads_and_writes_nothing() {
     })
     .await;
     a.shutdown().await;
+}
+
+/// Issue 19: a follower waits on a watch of the leader key; its re-check read is a safety
+/// net at most about once a minute (every fleetd runs an engine, so this is per machine),
+/// where it used to read every lease TTL. It still takes over at once when the leader goes.
+#[tokio::test(start_paused = true)]
+async fn a_follower_reads_the_leader_key_about_once_a_minute_and_takes_over_at_once() {
+    let leader_kv = MemKv::new();
+    let reg = Registry::new(leader_kv.clone(), PREFIX);
+    join(&reg, "m1").await;
+    let a = start(&reg, "a", MEM);
+    eventually(MEM.prompt, "a leads", || async {
+        leader_is(&reg, Some("a")).await
+    })
+    .await;
+    let counted = Hooked {
+        inner: leader_kv.clone(),
+        hook: Counting::default(),
+    };
+    let follower_reg = Registry::new(counted.clone(), PREFIX);
+    let b = start(&follower_reg, "b", MEM);
+    sleep(Duration::from_secs(1)).await;
+    let before = counted.hook.counts();
+    sleep(Duration::from_secs(600)).await;
+    let (listings, key_reads, writes) = counted.hook.counts();
+    assert_eq!(
+        (listings, writes),
+        (before.0, before.2),
+        "a follower lists and writes nothing"
+    );
+    let reads = key_reads - before.1;
+    assert!(
+        (7..=14).contains(&reads),
+        "{reads} reads of the leader key in 10 minutes (every 45-75 s expected)"
+    );
+    a.shutdown().await;
+    eventually(MEM.prompt, "b took over", || async {
+        leader_is(&reg, Some("b")).await
+    })
+    .await;
+    b.shutdown().await;
 }
 
 /// A leader whose watch breaks (etcd unreachable for a moment) reads everything again once

@@ -223,20 +223,48 @@ impl<K: Kv> Leadership<K> {
     /// Refreshes the lease and checks that the key is still ours. `LostLeadership` when the
     /// lease has expired or the key was deleted or taken while it lived.
     pub async fn renew(&self) -> Result<()> {
-        let kv = self.registry.kv();
-        match kv.keep_alive(self.lease).await {
-            Ok(()) => {}
-            Err(KvError::LeaseNotFound(_)) => return Err(RegistryError::LostLeadership),
-            Err(err) => return Err(RegistryError::kv("renewing engine lease")(err)),
+        self.refresh().await?;
+        self.check().await.map(|_| ())
+    }
+
+    /// Refreshes the lease only (a lease call, no read). `LostLeadership` when it has
+    /// expired. A leader that also [`watch`](Self::watch)es its key learns of the key's loss
+    /// from the watch, so an idle leader reads nothing.
+    pub async fn refresh(&self) -> Result<()> {
+        match self.registry.kv().keep_alive(self.lease).await {
+            Ok(()) => Ok(()),
+            Err(KvError::LeaseNotFound(_)) => Err(RegistryError::LostLeadership),
+            Err(err) => Err(RegistryError::kv("renewing engine lease")(err)),
         }
-        let res = kv
+    }
+
+    /// Reads the leader key once: the revision of the read if it still holds our ID on our
+    /// lease, `LostLeadership` if it was deleted or taken.
+    pub async fn check(&self) -> Result<Revision> {
+        let res = self
+            .registry
+            .kv()
             .range(&self.fence.key, false, None)
             .await
             .map_err(RegistryError::kv("checking engine leadership"))?;
         match res.kvs.first() {
-            Some(k) if k.value == self.fence.value.as_bytes() && k.lease == self.lease.0 => Ok(()),
+            Some(k) if k.value == self.fence.value.as_bytes() && k.lease == self.lease.0 => {
+                Ok(res.revision)
+            }
             Some(_) | None => Err(RegistryError::LostLeadership),
         }
+    }
+
+    /// Checks the leader key once, then watches it: the hints wake on every change of the
+    /// key after that read (a deletion, a takeover, the lease's expiry) and when the watch
+    /// broke, so the holder [`check`](Self::check)s again only then.
+    pub async fn watch(&self) -> Result<WatchHints> {
+        let revision = self.check().await?;
+        Ok(WatchHints::start(
+            self.registry.kv().clone(),
+            self.fence.key.clone(),
+            revision + 1,
+        ))
     }
 
     /// Gives leadership up at once (another engine need not wait for the lease to expire):

@@ -128,10 +128,20 @@ fn figures(
     );
     // Spread over the minute: no second with more than 5 % of them (lockstep was ~100 %).
     target(&mut t, what, measured, "spread (≤ 5 %)", share <= 0.05);
-    let leader = idle.roles.engines.method(Method::Range);
-    let what = "idle: the engines' range reads per minute (watch only)".to_owned();
-    let per_min = leader as f64 * 60.0 / idle.window.as_secs_f64().max(1.0);
-    target(&mut t, what, format!("{per_min:.0}"), "0", leader == 0);
+    let per_min = |n: u64| n as f64 * 60.0 / idle.window.as_secs_f64().max(1.0);
+    let what = "idle: the leader's range reads per minute (watch only)".to_owned();
+    match idle.leader_reads {
+        Some(n) => target(&mut t, what, format!("{:.0}", per_min(n)), "0", n == 0),
+        None => target(&mut t, what, "leadership changed".into(), "0", false),
+    }
+    row(
+        &mut t,
+        format!(
+            "idle: the {} followers' reads of the leader key per minute (a jittered 45–75 s safety net each)",
+            idle.followers
+        ),
+        format!("{:.1}", per_min(idle.follower_reads)),
+    );
     let what = "bench process RSS (1 process = all agents, engines, fake systemds)".to_owned();
     let per_machine = rss * 1024.0 / n as f64;
     row(

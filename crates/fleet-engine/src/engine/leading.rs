@@ -17,6 +17,7 @@
 use fleet_registry::kv::Kv;
 use fleet_registry::{
     EngineWrite, Leadership, LiveView, MoveRecord, Registry, RegistryError, ScheduleEntry, Touched,
+    WatchHints,
 };
 use std::time::Duration;
 use tokio::sync::watch;
@@ -260,26 +261,76 @@ async fn changed<K: Kv>(view: &mut Option<LiveView<K>>) -> Result<Touched, Regis
 
 /// Renews the lease every third of its TTL; signals `lost` when leadership is gone or could
 /// not be renewed for a whole TTL (etcd unreachable: the lease has lapsed by then).
+///
+/// A renewal is a lease call only. Whether the leader key still holds us is known from a
+/// watch of the key, read again only when the watch says it changed or broke: an idle
+/// leader reads nothing (issue 19). A watch that stays silent while the key is lost costs
+/// nothing either: every write is fenced by the key, and the first one refused ends leading.
 async fn keep<K: Kv>(leadership: Leadership<K>, ttl: Duration, lost: watch::Sender<bool>) {
     let mut renewed = Instant::now();
+    let mut next_renewal = Instant::now() + ttl / 3;
+    let mut key: Option<WatchHints> = None;
     loop {
-        tokio::time::sleep(ttl / 3).await;
-        match leadership.renew().await {
-            Ok(()) => renewed = Instant::now(),
-            Err(RegistryError::LostLeadership) => {
-                warn!("engine leadership lost: the lease or the leader key is gone");
-                break;
+        if key.is_none() {
+            match leadership.watch().await {
+                Ok(hints) => key = Some(hints),
+                Err(RegistryError::LostLeadership) => {
+                    warn!("engine leadership lost: the leader key is gone or taken");
+                    break;
+                }
+                // Checked again with the next renewal.
+                Err(err) => debug!(error = %err, "watching the engine leader key failed"),
             }
-            Err(err) if renewed.elapsed() < ttl => {
-                warn!(error = %err, "renewing engine leadership failed; retrying");
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(next_renewal) => {
+                next_renewal = Instant::now() + ttl / 3;
+                match leadership.refresh().await {
+                    Ok(()) => renewed = Instant::now(),
+                    Err(RegistryError::LostLeadership) => {
+                        warn!("engine leadership lost: the lease is gone");
+                        break;
+                    }
+                    Err(err) if renewed.elapsed() < ttl => {
+                        warn!(error = %err, "renewing engine leadership failed; retrying");
+                    }
+                    Err(err) => {
+                        warn!(error = %err, "engine leadership lapsed: not renewed for a whole lease");
+                        break;
+                    }
+                }
             }
-            Err(err) => {
-                warn!(error = %err, "engine leadership lapsed: not renewed for a whole lease");
-                break;
+            changed = key_changed(&mut key) => {
+                if !changed {
+                    // The watch task ended: start another (and read the key) next round.
+                    key = None;
+                    continue;
+                }
+                match leadership.check().await {
+                    Ok(_) => {}
+                    Err(RegistryError::LostLeadership) => {
+                        warn!("engine leadership lost: the leader key is gone or taken");
+                        break;
+                    }
+                    Err(err) => {
+                        // A change went unread: read (and watch) the key again next round.
+                        debug!(error = %err, "checking engine leadership failed");
+                        key = None;
+                    }
+                }
             }
         }
     }
     let _ = lost.send(true);
+}
+
+/// Whether the watched leader key changed (`false`: the watch ended); never resolves without
+/// a watch.
+async fn key_changed(key: &mut Option<WatchHints>) -> bool {
+    match key {
+        Some(hints) => hints.changed().await.is_some(),
+        None => std::future::pending().await,
+    }
 }
 
 fn write_of(decision: &Decision) -> EngineWrite {
