@@ -143,13 +143,14 @@ demo-down:
 	@if [ -f "$(DEMO_DIR)/cluster.json" ]; then "$(TARGET_DIR)/debug/fleet-cluster" down --dir "$(DEMO_DIR)"; else echo "no demo cluster at $(DEMO_DIR)"; fi
 
 # Every benchmark of issues 6 and 15 (not part of `make test`), each scenario writing its section
-# of docs/benchmarks.md: release build, then e2e, one-agent, scale, api, plot. Needs root; ~7 min
+# of docs/benchmarks.md: release build, then e2e, one-agent, plan, scale, api, plot. Needs root; ~7 min
 # (~14 from a clean clone, with the release build).
 bench: deps
 	@start=$$(date +%s); \
 	$(CARGO) build --release -p fleetd -p fleetctl -p fleet-bench && \
 	"$(TARGET_DIR)/release/fleet-bench" e2e && \
 	"$(TARGET_DIR)/release/fleet-bench" one-agent && \
+	"$(TARGET_DIR)/release/fleet-bench" plan && \
 	"$(TARGET_DIR)/release/fleet-bench" scale && \
 	"$(TARGET_DIR)/release/fleet-bench" api && \
 	"$(TARGET_DIR)/release/fleet-bench" plot && \

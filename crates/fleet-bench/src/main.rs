@@ -103,6 +103,11 @@ enum Scenario {
         /// At least the agents' 60 s resync, so the window holds one resync of each.
         #[arg(long, default_value_t = 60)]
         idle_secs: u64,
+        /// The machines' lease TTL (fleetd's `agent_ttl`, 30 s by default); each machine
+        /// renews its lease every third of it, which is most of etcd's requests at 5,000
+        /// machines.
+        #[arg(long, default_value_t = 30)]
+        agent_ttl_secs: u64,
     },
     /// fleetctl's latency over the API next to over etcd, on the scale simulation.
     Api {
@@ -200,12 +205,14 @@ fn main() -> Result<()> {
             machines,
             units,
             idle_secs,
+            agent_ttl_secs,
         } => {
             let fleetctl = bin_dir()?.join("fleetctl");
             let idle = Duration::from_secs(idle_secs);
+            let ttl = Duration::from_secs(agent_ttl_secs.max(3));
             (
                 "scale",
-                runtime()?.block_on(scale::run(machines, units, idle, &fleetctl))?,
+                runtime()?.block_on(scale::run(machines, units, idle, ttl, &fleetctl))?,
             )
         }
         Scenario::Api {

@@ -382,12 +382,15 @@ pub async fn run(
     machines: usize,
     units: usize,
     idle_window: Duration,
+    agent_ttl: Duration,
     fleetctl: &std::path::Path,
 ) -> Result<String> {
     let wall = SystemTime::now();
     let started = Instant::now();
     println!("scale: starting {machines} simulated machines");
-    let mut sim = Sim::start(SimSpec::new(machines)).await?;
+    let mut spec = SimSpec::new(machines);
+    spec.agent_ttl = agent_ttl;
+    let mut sim = Sim::start(spec).await?;
     println!(
         "scale: {machines} machines registered in {}, agents watching after {}",
         secs(sim.joined_in),

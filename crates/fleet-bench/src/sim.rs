@@ -50,9 +50,14 @@ pub struct SimSpec {
     pub engine_interval: Duration,
     /// Per-request etcd deadline. fleetd's default is 1 s; one process simulating a
     /// thousand machines on two cores is more loaded than any one fleetd, hence more here.
+    /// 15 s, not 5: at 5,000 machines etcd 3.4 itself stalls for 10–27 s at a time during a
+    /// 100,000-unit submit (every read and every `Txn` copies its uncommitted write buffer;
+    /// docs/benchmarks.md "Scale II"), and a 5 s deadline failed the submit in four runs of
+    /// six. A longer stall still fails it, on etcd's own timeout.
     pub request_timeout: Duration,
     /// More flags for the simulation's own etcd (the `huge` scenario's quota and
-    /// `--max-txn-ops`); fleet's own code runs with etcd's defaults.
+    /// `--max-txn-ops`; `$FLEET_BENCH_ETCD_ARGS`, e.g. `--enable-pprof` to profile etcd
+    /// during a run); fleet's own code runs with etcd's defaults.
     pub etcd_args: Vec<String>,
 }
 
@@ -65,8 +70,10 @@ impl SimSpec {
             agent_ttl: Duration::from_secs(30),
             resync: Duration::from_secs(60),
             engine_interval: EngineConfig::DEFAULT_RECONCILE_INTERVAL,
-            request_timeout: Duration::from_secs(5),
-            etcd_args: Vec::new(),
+            request_timeout: Duration::from_secs(15),
+            etcd_args: std::env::var("FLEET_BENCH_ETCD_ARGS")
+                .map(|a| a.split_whitespace().map(str::to_owned).collect())
+                .unwrap_or_default(),
         }
     }
 }
