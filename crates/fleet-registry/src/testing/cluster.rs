@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
 use super::{
-    EtcdMember, READY_WITHIN, REQUEST_TIMEOUT, enable_auth, etcd_binary, etcd_command, issue_user,
-    root_auth, unique_dir,
+    EtcdMember, READY_WITHIN, REQUEST_TIMEOUT, START_ATTEMPTS, enable_auth, etcd_binary,
+    etcd_command, issue_user, root_auth, unique_dir,
 };
 use crate::kv::{EtcdConfig, EtcdKv, Kv, TlsFiles};
 use crate::rbac::RoleSpec;
@@ -38,9 +38,33 @@ struct TestMember {
 
 impl TestEtcdCluster {
     /// Starts `size` members together and waits until each answers a read (so the cluster has
-    /// a leader). Panics if it cannot.
+    /// a leader). Panics if it cannot. A member that cannot bind its port (another test took
+    /// it between [`free_ports`] and etcd's bind) fails the attempt: the whole cluster starts
+    /// again on new ports, as [`TestEtcd`](super::TestEtcd) does.
     pub async fn start(size: usize) -> TestEtcdCluster {
         assert!(size > 0, "an etcd cluster needs a member");
+        let mut last_log = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let mut cluster = TestEtcdCluster::spawn_all(size);
+            let mut failed = None;
+            for i in 0..size {
+                if let Err(log) = cluster.ready(i).await {
+                    failed = Some(log);
+                    break;
+                }
+            }
+            match failed {
+                None => return cluster,
+                // Dropped: every member killed, its data deleted.
+                Some(log) => last_log = log,
+            }
+        }
+        panic!(
+            "test etcd cluster did not start after {START_ATTEMPTS} attempts; last log:\n{last_log}"
+        );
+    }
+
+    fn spawn_all(size: usize) -> TestEtcdCluster {
         let ports = free_ports(2 * size);
         let members = (0..size)
             .map(|i| TestMember {
@@ -57,9 +81,6 @@ impl TestEtcdCluster {
         };
         for i in 0..size {
             cluster.spawn(i);
-        }
-        for i in 0..size {
-            cluster.wait_ready(i).await;
         }
         cluster
     }
@@ -227,6 +248,14 @@ impl TestEtcdCluster {
 
     /// Polls member `index` alone with a real read until it answers.
     async fn wait_ready(&mut self, index: usize) {
+        if let Err(log) = self.ready(index).await {
+            panic!("test etcd member {index} did not get ready; log:\n{log}");
+        }
+    }
+
+    /// Polls member `index` alone with a real read until it answers; its log if it exits or
+    /// does not answer in time.
+    async fn ready(&mut self, index: usize) -> Result<(), String> {
         let deadline = Instant::now() + READY_WITHIN;
         let cfg = EtcdConfig {
             request_timeout: Duration::from_millis(500),
@@ -242,12 +271,11 @@ impl TestEtcdCluster {
                 break;
             }
             if kv.range("health", false, None).await.is_ok() {
-                return;
+                return Ok(());
             }
             sleep(Duration::from_millis(20)).await;
         }
-        let log = fs::read_to_string(self.log_path(index)).unwrap_or_default();
-        panic!("test etcd member {index} did not get ready; log:\n{log}");
+        Err(fs::read_to_string(self.log_path(index)).unwrap_or_default())
     }
 }
 
