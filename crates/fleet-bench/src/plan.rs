@@ -11,8 +11,8 @@
 
 use anyhow::Result;
 use fleet_core::{DesiredState, MachineInfo, UnitFile, UnitHash};
-use fleet_engine::{DecisionKind, plan_holding};
-use fleet_registry::{ScheduleEntry, Snapshot, Unit, UnitRecord};
+use fleet_engine::plan_holding;
+use fleet_registry::{Snapshot, Unit, UnitRecord};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -65,31 +65,11 @@ fn add_unit(snap: &mut Snapshot, files: &mut BTreeMap<UnitHash, UnitFile>, i: us
 
 /// Records a plan's schedule decisions in the snapshot, as the leader's view does.
 fn apply(snap: &mut Snapshot, decisions: &[fleet_engine::Decision]) {
-    for d in decisions {
-        if let DecisionKind::Schedule {
-            unit,
-            machine,
-            hash,
-            desired,
-            restart,
-            no_restart,
-            placement,
-        } = &d.kind
-        {
-            let entry = ScheduleEntry {
-                name: unit.clone(),
-                machine: machine.clone(),
-                hash: *hash,
-                desired: *desired,
-                restart: *restart,
-                no_restart: *no_restart,
-                placement: *placement,
-            };
-            snap.schedule
-                .entry(unit.clone())
-                .or_default()
-                .insert(machine.clone(), entry);
-        }
+    for entry in decisions.iter().filter_map(|d| d.kind.schedule_entry()) {
+        snap.schedule
+            .entry(entry.name.clone())
+            .or_default()
+            .insert(entry.machine.clone(), entry);
     }
 }
 

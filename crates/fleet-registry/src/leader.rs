@@ -240,15 +240,7 @@ impl<K: Kv> Leadership<K> {
         ]
     }
 
-    /// Refreshes the lease and checks that the key is still ours. `LostLeadership` when the
-    /// lease has expired or the key was deleted or taken while it lived.
-    pub async fn renew(&self) -> Result<()> {
-        self.refresh().await?;
-        self.check().await.map(|_| ())
-    }
-
-    /// Refreshes the lease only (a lease call, no read). `LostLeadership` when it has
-    /// expired. A leader that also [`watch`](Self::watch)es its key learns of the key's loss
+    /// Refreshes the lease (a lease call, no read). `LostLeadership` when it has expired. A leader that also [`watch`](Self::watch)es its key learns of the key's loss
     /// from the watch, so an idle leader reads nothing.
     pub async fn refresh(&self) -> Result<()> {
         match self.registry.kv().keep_alive(self.lease).await {
@@ -499,6 +491,15 @@ mod tests {
         }
     }
 
+    /// The leadership `id` wins on an empty key.
+    async fn lead<K: Kv>(reg: &Registry<K>, id: &str) -> Leadership<K> {
+        EngineRole::new(reg.clone())
+            .campaign(&machine(id), TTL)
+            .await
+            .unwrap()
+            .expect("campaign won")
+    }
+
     fn campaigner(reg: &Registry<MemKv>) -> EngineRole<MemKv> {
         EngineRole::new(reg.clone())
     }
@@ -531,16 +532,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_restarted_leader_takes_its_own_key_over_and_fences_its_old_self() {
         let reg = registry();
-        let old = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
-        let new = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let old = lead(&reg, "a").await;
+        let new = lead(&reg, "a").await;
         assert_ne!(old.lease, new.lease);
         let refused = old
             .write(&[EngineWrite::Schedule(entry("x.service", "a"))])
@@ -550,29 +543,26 @@ mod tests {
             "{refused:?}"
         );
         assert!(matches!(
-            old.renew().await,
+            old.check().await,
             Err(RegistryError::LostLeadership)
         ));
-        new.renew().await.unwrap();
+        new.refresh().await.unwrap();
+        new.check().await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
     async fn leadership_lapses_without_renewal_and_lasts_with_it() {
         let reg = registry();
-        let a = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let a = lead(&reg, "a").await;
         for _ in 0..5 {
             tokio::time::sleep(TTL / 3).await;
-            a.renew().await.unwrap();
+            a.refresh().await.unwrap();
         }
         assert_eq!(reg.leader().await.unwrap(), Some(machine("a")));
         tokio::time::sleep(TTL + Duration::from_secs(1)).await;
         assert_eq!(reg.leader().await.unwrap(), None);
         assert!(matches!(
-            a.renew().await,
+            a.refresh().await,
             Err(RegistryError::LostLeadership)
         ));
         assert!(
@@ -587,11 +577,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn resigning_frees_the_key_at_once() {
         let reg = registry();
-        let a = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let a = lead(&reg, "a").await;
         a.resign().await.unwrap();
         assert_eq!(reg.leader().await.unwrap(), None);
         assert!(
@@ -606,17 +592,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_deposed_leaders_write_is_refused_and_writes_nothing() {
         let reg = registry();
-        let a = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let a = lead(&reg, "a").await;
         reg.kv().revoke(a.lease).await.unwrap();
-        let b = campaigner(&reg)
-            .campaign(&machine("b"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let b = lead(&reg, "b").await;
         let refused = a
             .write(&[EngineWrite::Schedule(entry("x.service", "a"))])
             .await;
@@ -635,13 +613,9 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_leader_whose_key_was_deleted_loses_at_its_next_renewal() {
+    async fn a_leader_whose_key_was_deleted_loses_at_its_next_check() {
         let reg = registry();
-        let a = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let a = lead(&reg, "a").await;
         let delete = Txn {
             compares: vec![],
             success: vec![TxnOp::Delete {
@@ -652,7 +626,7 @@ mod tests {
         };
         reg.kv().txn(delete).await.unwrap();
         assert!(matches!(
-            a.renew().await,
+            a.check().await,
             Err(RegistryError::LostLeadership)
         ));
     }
@@ -662,11 +636,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_leader_watching_its_key_is_woken_when_the_key_is_taken() {
         let reg = registry();
-        let a = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let a = lead(&reg, "a").await;
         let mut hints = a.watch().await.unwrap();
         a.refresh().await.unwrap();
         let take = Txn {
@@ -733,11 +703,7 @@ mod tests {
             hook: Overlap::default(),
         };
         let reg = Registry::new(kv.clone(), "/leader-test/");
-        let a = EngineRole::new(reg.clone())
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let a = lead(&reg, "a").await;
         let mut writes: Vec<EngineWrite> = (0..640)
             .map(|i| EngineWrite::Unschedule {
                 machine: machine("m0"),
@@ -761,11 +727,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn writes_schedules_and_reasons_and_splits_large_batches() {
         let reg = registry();
-        let a = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let a = lead(&reg, "a").await;
         let x: UnitName = "x.service".parse().unwrap();
         let mut writes: Vec<EngineWrite> = (0..300)
             .map(|i| EngineWrite::Schedule(entry(&format!("u{i}.service"), "m1")))
@@ -807,11 +769,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn writes_and_deletes_a_placement_in_the_transaction_of_its_schedule_entry() {
         let reg = registry();
-        let a = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let a = lead(&reg, "a").await;
         let before = reg.kv().range("/", true, None).await.unwrap().revision;
         let written = a
             .write(&[EngineWrite::Schedule(entry("x.service", "m1"))])
@@ -845,11 +803,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_new_leader_repairs_missing_and_stale_placements_and_then_writes_nothing() {
         let reg = registry();
-        let a = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let a = lead(&reg, "a").await;
         a.write(&[
             EngineWrite::Schedule(entry("kept.service", "m1")),
             EngineWrite::Schedule(entry("lost.service", "m2")),
@@ -894,11 +848,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_deposed_leader_repairs_nothing() {
         let reg = registry();
-        let a = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let a = lead(&reg, "a").await;
         a.write(&[EngineWrite::Schedule(entry("x.service", "m1"))])
             .await
             .unwrap();
@@ -921,11 +871,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn publishes_and_withdraws_the_disruption_notice_fenced() {
         let reg = registry();
-        let a = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let a = lead(&reg, "a").await;
         assert_eq!(reg.disruption().await.unwrap(), None);
         let notice = "rescheduling held: 2 of 3 machines vanished".to_owned();
         a.write(&[EngineWrite::Disruption {
@@ -951,11 +897,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_follower_is_woken_when_the_leader_key_changes() {
         let reg = registry();
-        let a = campaigner(&reg)
-            .campaign(&machine("a"), TTL)
-            .await
-            .unwrap()
-            .unwrap();
+        let a = lead(&reg, "a").await;
         let (leader, mut hints) = reg.watch_leader().await.unwrap();
         assert_eq!(leader, Some(machine("a")));
         a.resign().await.unwrap();

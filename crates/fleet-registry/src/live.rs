@@ -11,8 +11,8 @@
 //! view read only between passes left its stream unread for a whole pass, and etcd 3.4 marked
 //! it a slow watcher, which it catches up under the lock its writes take. At 100,000 units the
 //! engine's watch held up to 150,000 pending events (docs/benchmarks.md, "Scale II"; etcd's
-//! stalls there outlived this fix, so they have another cause too). The backlog is held here
-//! instead, bounded by what is written during one pass.
+//! stalls there outlived this fix: etcd 3.4 copies its write buffer for every read and every
+//! `Txn`). The backlog is held here instead, bounded by what is written during one pass.
 //!
 //! Files are kept as the registry keeps them (written with their first unit, deleted with
 //! their last), so a unit's file arrives in the same message as its record. A file that does

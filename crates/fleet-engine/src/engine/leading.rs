@@ -16,8 +16,7 @@
 
 use fleet_registry::kv::Kv;
 use fleet_registry::{
-    EngineWrite, Leadership, LiveView, MoveRecord, Registry, RegistryError, ScheduleEntry, Touched,
-    WatchHints,
+    EngineWrite, Leadership, LiveView, MoveRecord, Registry, RegistryError, Touched, WatchHints,
 };
 use std::time::Duration;
 use tokio::sync::watch;
@@ -339,32 +338,9 @@ fn write_of(decision: &Decision) -> EngineWrite {
             machine: machine.clone(),
             unit: unit.clone(),
         },
-        DecisionKind::Update {
-            unit,
-            machine,
-            hash,
-            desired,
-            restart,
-            no_restart,
-            placement,
+        kind @ (DecisionKind::Update { .. } | DecisionKind::Schedule { .. }) => {
+            EngineWrite::Schedule(kind.schedule_entry().expect("an entry's decision"))
         }
-        | DecisionKind::Schedule {
-            unit,
-            machine,
-            hash,
-            desired,
-            restart,
-            no_restart,
-            placement,
-        } => EngineWrite::Schedule(ScheduleEntry {
-            name: unit.clone(),
-            machine: machine.clone(),
-            hash: *hash,
-            desired: *desired,
-            restart: *restart,
-            no_restart: *no_restart,
-            placement: *placement,
-        }),
         DecisionKind::Unschedulable { unit } => EngineWrite::Unschedulable {
             unit: unit.clone(),
             reason: decision.reason.to_string(),

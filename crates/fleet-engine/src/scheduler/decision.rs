@@ -5,6 +5,7 @@
 //! ID, so that they stay one readable line at 50 machines.
 
 use fleet_core::{DesiredState, MachineId, RequirementError, UnitHash, UnitName};
+use fleet_registry::ScheduleEntry;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -76,6 +77,44 @@ impl DecisionKind {
             | Self::Update { machine, .. }
             | Self::Schedule { machine, .. } => Some(machine),
             Self::Unschedulable { .. }
+            | Self::ClearUnschedulable { .. }
+            | Self::Moving { .. }
+            | Self::MoveOver { .. } => None,
+        }
+    }
+
+    /// The schedule entry an [`Update`](Self::Update) or a [`Schedule`](Self::Schedule)
+    /// writes; `None` for the other kinds.
+    pub fn schedule_entry(&self) -> Option<ScheduleEntry> {
+        match self {
+            Self::Update {
+                unit,
+                machine,
+                hash,
+                desired,
+                restart,
+                no_restart,
+                placement,
+            }
+            | Self::Schedule {
+                unit,
+                machine,
+                hash,
+                desired,
+                restart,
+                no_restart,
+                placement,
+            } => Some(ScheduleEntry {
+                name: unit.clone(),
+                machine: machine.clone(),
+                hash: *hash,
+                desired: *desired,
+                restart: *restart,
+                no_restart: *no_restart,
+                placement: *placement,
+            }),
+            Self::Unschedule { .. }
+            | Self::Unschedulable { .. }
             | Self::ClearUnschedulable { .. }
             | Self::Moving { .. }
             | Self::MoveOver { .. } => None,

@@ -216,38 +216,13 @@ impl World {
                         self.snap.schedule.remove(unit);
                     }
                 }
-                DecisionKind::Update {
-                    unit,
-                    machine,
-                    hash,
-                    desired,
-                    restart,
-                    no_restart,
-                    placement,
-                }
-                | DecisionKind::Schedule {
-                    unit,
-                    machine,
-                    hash,
-                    desired,
-                    restart,
-                    no_restart,
-                    placement,
-                } => {
-                    let entry = ScheduleEntry {
-                        name: unit.clone(),
-                        machine: machine.clone(),
-                        hash: *hash,
-                        desired: *desired,
-                        restart: *restart,
-                        no_restart: *no_restart,
-                        placement: *placement,
-                    };
+                kind @ (DecisionKind::Update { .. } | DecisionKind::Schedule { .. }) => {
+                    let entry = kind.schedule_entry().expect("an entry's decision");
                     self.snap
                         .schedule
-                        .entry(unit.clone())
+                        .entry(entry.name.clone())
                         .or_default()
-                        .insert(machine.clone(), entry);
+                        .insert(entry.machine.clone(), entry);
                 }
                 DecisionKind::Unschedulable { unit } => {
                     self.snap
