@@ -15,9 +15,10 @@ use crate::metrics::{Metrics, received_between};
 use crate::probe::{PassSample, ProbeResult};
 use crate::real::{
     FleetdOptions, active_bench_units, boot, count_method_calls, fleetctl_timed, fleetd_bus_name,
-    fleetd_cpu, fleetd_rss, unit_dir, write_units,
+    fleetd_cpu, fleetd_rss, systemd_baseline, unit_dir, write_units,
 };
 use crate::report::{self, Table, ms, secs, verdict};
+use crate::scale::cpu_of_stat;
 use crate::scale::fmt_map;
 
 /// What the scenario measured.
@@ -26,6 +27,10 @@ struct OneAgent {
     units: usize,
     fleetd: String,
     start: Duration,
+    /// `systemctl start` of as many units like them, in the same machine, before fleet's.
+    baseline: Duration,
+    /// CPU seconds during fleet's start: fleetd, the machine's systemd (its PID 1), etcd.
+    start_cpu: [f64; 3],
     rss_empty: f64,
     rss_full: f64,
     /// After the idle minute (which holds one periodic resync).
@@ -60,11 +65,19 @@ fn measure(
 ) -> Result<OneAgent> {
     let machine = &cluster.machines()[0];
     let rss_empty = fleetd_rss(machine)?;
+    let baseline = systemd_baseline(cluster, units)?;
+    println!(
+        "one-agent: systemd alone started {units} units in {}",
+        secs(baseline)
+    );
     let dir = unit_dir("one-agent")?;
     let paths = write_units(&dir, 0..units, 1)?;
     let mut args: Vec<OsString> = vec!["start".into(), "--block-attempts".into(), "120".into()];
     args.extend(paths.iter().map(|p| p.clone().into_os_string()));
+    let cpu_before = start_cpu(cluster, machine)?;
     let start = fleetctl_timed(cluster, &args)?;
+    let cpu_after = start_cpu(cluster, machine)?;
+    let start_cpu = [0, 1, 2].map(|i| cpu_after[i] - cpu_before[i]);
     let (active, _) = active_bench_units(machine, 1)?;
     ensure!(active == units, "{active} of {units} units active");
     println!(
@@ -89,6 +102,8 @@ fn measure(
         units,
         fleetd: fleetd.describe(),
         start,
+        baseline,
+        start_cpu,
         rss_empty,
         rss_full,
         rss_idle,
@@ -118,6 +133,33 @@ fn render(r: &OneAgent) -> String {
         secs(r.start),
         goal.start_text,
         Some(r.start < goal.start),
+    );
+    row(
+        format!(
+            "systemd alone: `systemctl start` of {units} units like them in the same machine, \
+             until all active"
+        ),
+        secs(r.baseline),
+        "",
+        None,
+    );
+    row(
+        format!("fleet's start of {units} units next to systemd alone"),
+        format!(
+            "{:.2}×",
+            r.start.as_secs_f64() / r.baseline.as_secs_f64().max(1e-3)
+        ),
+        "",
+        None,
+    );
+    row(
+        "CPU time during fleet's start: fleetd / the machine's systemd (PID 1) / etcd".into(),
+        format!(
+            "{:.1} s / {:.1} s / {:.1} s",
+            r.start_cpu[0], r.start_cpu[1], r.start_cpu[2]
+        ),
+        "",
+        None,
     );
     row(
         format!("fleetd RSS: 0 units / {units} units / after the idle minute"),
@@ -217,6 +259,13 @@ fn summary(samples: &[PassSample]) -> String {
         last.details_calls,
         last.etcd_requests
     )
+}
+
+/// CPU seconds so far: fleetd, the machine's systemd (PID 1), etcd (its own counter).
+fn start_cpu(cluster: &Cluster, machine: &Machine) -> Result<[f64; 3]> {
+    let pid1 = std::fs::read_to_string(format!("/proc/{}/stat", machine.pid1()))?;
+    let etcd = Metrics::fetch(&cluster.etcd_endpoint())?.sum("process_cpu_seconds_total", &[]);
+    Ok([fleetd_cpu(machine)?, cpu_of_stat(&pid1), etcd])
 }
 
 fn run_probe(machine: &Machine, etcd: &str, agent_ttl: &str) -> Result<ProbeResult> {

@@ -183,3 +183,41 @@ pub fn count_method_calls(
     }
     Ok(by_member)
 }
+
+/// systemd alone, for comparison: `per_machine` units like the bench's, written into
+/// `/run/systemd/system` of every machine, then one `systemctl start` of all of them in each
+/// machine, the machines at once; how long until every machine's command returned (systemctl
+/// waits for every job). The units are stopped and removed afterwards.
+pub fn systemd_baseline(cluster: &Cluster, per_machine: usize) -> Result<Duration> {
+    let names: Vec<String> = (0..per_machine)
+        .map(|i| format!("base-{i:05}.service"))
+        .collect();
+    for m in cluster.machines() {
+        for (i, name) in names.iter().enumerate() {
+            m.write_file(&format!("/run/systemd/system/{name}"), unit_text(i, 1))?;
+        }
+        m.systemctl_ok(&["daemon-reload"])?;
+    }
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = cluster
+            .machines()
+            .iter()
+            .map(|m| {
+                let mut args = vec!["start"];
+                args.extend(names.iter().map(String::as_str));
+                s.spawn(move || m.systemctl_ok(&args).map(|_| ()))
+            })
+            .collect();
+        runs.into_iter()
+            .try_for_each(|r| r.join().expect("systemctl thread panicked"))
+    })?;
+    let took = t0.elapsed();
+    for m in cluster.machines() {
+        let mut args = vec!["stop"];
+        args.extend(names.iter().map(String::as_str));
+        m.systemctl_ok(&args)?;
+        m.sh("rm -f /run/systemd/system/base-*.service && systemctl daemon-reload")?;
+    }
+    Ok(took)
+}

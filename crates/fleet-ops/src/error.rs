@@ -28,9 +28,9 @@ pub enum OpsError {
     /// The unit file or its `[X-Fleet]` options are not valid.
     #[error("{name}: {reason}")]
     Invalid { name: UnitName, reason: String },
-    /// Not written: a many-unit create stopped when the write of `with` failed (that unit's
-    /// error says why); writing it again is safe.
-    #[error("not written: creating stopped when writing {with} failed")]
+    /// Not written: a many-unit create, replace or destroy stopped when the write of `with`
+    /// failed (that unit's error says why); writing it again is safe.
+    #[error("not written: the command stopped when writing {with} failed")]
     NotWritten { with: UnitName },
     /// The registry (etcd) failed or is away.
     #[error(transparent)]

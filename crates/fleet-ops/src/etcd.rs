@@ -12,13 +12,15 @@
 //! cost a whole snapshot per unit. Nothing here logs an error: callers decide what a failure
 //! means; only what was written is logged, at debug.
 
+mod batches;
+mod change;
 mod create;
 mod listing;
 mod maintenance;
 pub mod views;
 mod watch;
 
-pub use create::BATCHES_IN_FLIGHT;
+pub use batches::BATCHES_IN_FLIGHT;
 pub use listing::UnitsCursor;
 pub use watch::RegistryChanges;
 
@@ -277,6 +279,10 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
         self.create_all(reqs).await
     }
 
+    async fn put_many_if(&self, reqs: Vec<(PutRequest, Expect)>) -> crate::Created {
+        self.put_all_if(reqs).await
+    }
+
     async fn set_state(
         &self,
         name: &UnitName,
@@ -358,6 +364,10 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
             }
         }
         Err(OpsError::Conflict(name.clone()))
+    }
+
+    async fn destroy_many(&self, names: Vec<UnitName>) -> crate::DestroyedMany {
+        self.destroy_all(names).await
     }
 
     async fn drain(&self, machine: &MachineId, parallel: u32) -> Result<DrainStatus, OpsError> {

@@ -43,6 +43,13 @@ pub const CREATES_IN_FLIGHT: usize = 128;
 /// What [`Cluster::create_many`] says of each unit, in the order asked.
 pub type Created = Vec<(UnitName, Result<PutOutcome, OpsError>)>;
 
+/// What [`Cluster::destroy_many`] says of each unit, in the order asked.
+pub type DestroyedMany = Vec<(UnitName, Result<Destroyed, OpsError>)>;
+
+/// How many single writes the defaults of [`Cluster::put_many_if`] and
+/// [`Cluster::destroy_many`] have in flight at once.
+pub const IN_FLIGHT: usize = 32;
+
 /// Every operation fleetctl and the API perform. Reads return consistent views (one etcd
 /// revision on the etcd side); writes decide from what they read and are conditional, retrying
 /// a bounded number of times when another client changed the unit in between
@@ -112,6 +119,23 @@ pub trait Cluster: Clone + Send + Sync + 'static {
         }
     }
 
+    /// Many puts: each of `reqs` as [`Cluster::put_if`] would do it, results in the order
+    /// asked. This default sends 32 at a time; the etcd side replaces many units per
+    /// transaction (`start --replace` of 300 units), and stops starting new ones after a
+    /// transaction fails (the units not written then say [`OpsError::NotWritten`]).
+    fn put_many_if(&self, reqs: Vec<(PutRequest, Expect)>) -> impl Future<Output = Created> + Send {
+        async move {
+            futures::stream::iter(reqs)
+                .map(|(req, expect)| async move {
+                    let name = req.name.clone();
+                    (name, self.put_if(req, expect).await)
+                })
+                .buffered(IN_FLIGHT)
+                .collect()
+                .await
+        }
+    }
+
     /// `stop`, `unload`, or raising a unit to a state: `None` when the unit was already there
     /// (nothing written).
     fn set_state(
@@ -125,6 +149,22 @@ pub trait Cluster: Clone + Send + Sync + 'static {
 
     /// `destroy` (`DELETE /units/<name>`): a record that cannot be read is destroyed too.
     fn destroy(&self, name: &UnitName) -> impl Future<Output = Result<Destroyed, OpsError>> + Send;
+
+    /// `destroy` of many units: each as [`Cluster::destroy`] would do it, results in the order
+    /// asked. This default sends 32 at a time; the etcd side deletes many units per
+    /// transaction, and stops starting new ones after a transaction fails.
+    fn destroy_many(&self, names: Vec<UnitName>) -> impl Future<Output = DestroyedMany> + Send {
+        async move {
+            futures::stream::iter(names)
+                .map(|name| async move {
+                    let res = self.destroy(&name).await;
+                    (name, res)
+                })
+                .buffered(IN_FLIGHT)
+                .collect()
+                .await
+        }
+    }
 
     /// `PATCH /machines`: all or nothing.
     fn change_metadata(

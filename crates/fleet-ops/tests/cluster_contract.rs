@@ -883,6 +883,212 @@ async fn create_many_stops_at_a_failed_transaction_and_again_writes_the_rest<K: 
     }
 }
 
+/// Rewrites (with the same value) the unit record that the first many-unit transaction
+/// compares first, just before that transaction reaches the store, as another client's
+/// write between a command's read and its write would.
+#[derive(Clone)]
+struct TouchFirst<K> {
+    kv: K,
+    done: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<K: Kv> Hook for TouchFirst<K> {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        let Request::Txn(txn) = request else {
+            return Ok(());
+        };
+        if txn.compares.len() < 2 || self.done.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let key = txn.compares[0].key.clone();
+        let value = self.kv.range(&key, false, None).await?.kvs[0].value.clone();
+        let put = TxnOp::Put {
+            key,
+            value,
+            lease: None,
+        };
+        let txn = Txn {
+            success: vec![put],
+            ..Txn::default()
+        };
+        self.kv.txn(txn).await?;
+        Ok(())
+    }
+}
+
+/// Both hooks: the meddling one first.
+#[derive(Clone)]
+struct Both<A, B>(A, B);
+
+impl<A: Hook, B: Hook> Hook for Both<A, B> {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        self.0.before(request).await?;
+        self.1.before(request).await
+    }
+}
+
+fn touching_first<K: Kv>(
+    reg: &Registry<K>,
+    batches: Batches,
+) -> RegistryCluster<Hooked<K, Both<TouchFirst<K>, Batches>>> {
+    let meddle = TouchFirst {
+        kv: reg.raw_kv().clone(),
+        done: Arc::default(),
+    };
+    let kv = Hooked {
+        inner: reg.raw_kv().clone(),
+        hook: Both(meddle, batches),
+    };
+    RegistryCluster::new(Registry::new(kv, PREFIX))
+}
+
+async fn destroy_many_deletes_many_units_per_transaction_and_collects_their_files<K: Kv>(
+    reg: Registry<K>,
+) {
+    let c = RegistryCluster::new(reg.clone());
+    c.put(create("solo.service", file("/bin/solo"), None))
+        .await
+        .unwrap();
+    let solo = keys(&reg).await;
+    let created = c.create_many(instances(300)).await;
+    assert!(created.iter().all(|(_, res)| res.is_ok()));
+    let batches = Batches::default();
+    let meddling = touching_first(&reg, batches.clone());
+    let mut names: Vec<UnitName> = (0..300).map(|i| name(&format!("t@{i}.service"))).collect();
+    names.push(name("missing.service"));
+    names.push(name("t@1.service"));
+    let destroyed = meddling.destroy_many(names.clone()).await;
+
+    assert_eq!(destroyed.len(), 302);
+    for ((asked, (got, res)), i) in names.iter().zip(&destroyed).zip(0..) {
+        assert_eq!(asked, got);
+        let expect = if i < 300 {
+            Destroyed::Unit
+        } else {
+            Destroyed::Missing
+        };
+        assert_eq!(res.as_ref().unwrap(), &expect, "{got}");
+    }
+    // 64 to a transaction (a compare, the record's delete and its reference's); the batch
+    // whose first unit another client changed meanwhile wrote nothing and its units went one
+    // by one. Nothing of the 300 is left, not even their file.
+    assert_eq!(batches.seen.load(Ordering::SeqCst), 300_usize.div_ceil(64));
+    assert!(batches.most_ops.load(Ordering::SeqCst) <= fleet_registry::MAX_TXN_OPS);
+    assert_eq!(keys(&reg).await, solo);
+}
+
+async fn destroy_many_stops_at_a_failed_transaction<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    c.create_many(instances(1000)).await;
+    let hook = Batches {
+        fail_at: 3,
+        ..Batches::default()
+    };
+    let kv = Hooked {
+        inner: reg.raw_kv().clone(),
+        hook,
+    };
+    let failing = RegistryCluster::new(Registry::new(kv, PREFIX));
+    let names: Vec<UnitName> = instances(1000).into_iter().map(|r| r.name).collect();
+    let destroyed = failing.destroy_many(names.clone()).await;
+
+    let mut gone = 0;
+    let mut failed = Vec::new();
+    for (name, res) in &destroyed {
+        let there = reg.unit(name).await.unwrap().is_some();
+        match res {
+            Ok(Destroyed::Unit) => {
+                assert!(!there, "{name} said destroyed");
+                gone += 1;
+            }
+            Err(OpsError::NotWritten { .. }) => assert!(there, "{name} said not written"),
+            Err(e) => {
+                assert!(there, "{name} failed but was destroyed");
+                failed.push(e.to_string());
+            }
+            Ok(other) => panic!("{name}: {other:?}"),
+        }
+    }
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0].contains("down for this one"), "{failed:?}");
+    let in_flight = fleet_ops::etcd::BATCHES_IN_FLIGHT;
+    assert!(gone >= 2 * 64 && gone <= (2 + in_flight) * 64, "{gone}");
+
+    // Again, once etcd takes it: the rest go, the ones gone already are missing.
+    let again = c.destroy_many(names).await;
+    assert!(again.iter().all(|(_, res)| res.is_ok()), "{again:?}");
+    assert!(keys(&reg).await.is_empty());
+}
+
+async fn put_many_if_replaces_many_units_per_transaction<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    c.create_many(instances(100)).await;
+    let old = file("/bin/t").hash();
+    let new = file("/bin/new");
+    let replace = |i: usize, expect: Expect| {
+        let req = create(
+            &format!("t@{i}.service"),
+            new.clone(),
+            Some(DesiredState::Launched),
+        );
+        (req, expect)
+    };
+    let mut reqs: Vec<(PutRequest, Expect)> =
+        (0..100).map(|i| replace(i, Expect::Content(old))).collect();
+    // Another client's content since the caller read it: refused, as by put_if.
+    reqs[50].1 = Expect::Content(new.hash());
+    // Not a replace: the single put decides it.
+    let solo = c
+        .put(create("solo.service", file("/bin/solo"), None))
+        .await
+        .unwrap();
+    let PutOutcome::Created(solo) = solo else {
+        panic!("{solo:?}")
+    };
+    reqs.push((
+        state_only("solo.service", DesiredState::Launched),
+        Expect::Content(solo.status.hash),
+    ));
+    let batches = Batches::default();
+    let put = touching_first(&reg, batches.clone())
+        .put_many_if(reqs)
+        .await;
+
+    assert_eq!(put.len(), 101);
+    for (i, (name, res)) in put.iter().enumerate() {
+        match i {
+            50 => assert!(matches!(res, Err(OpsError::Conflict(_))), "{res:?}"),
+            100 => assert!(matches!(res, Ok(PutOutcome::StateChanged(_))), "{res:?}"),
+            _ => {
+                assert!(
+                    matches!(res, Ok(PutOutcome::Replaced(_))),
+                    "{name}: {res:?}"
+                );
+                let unit = reg.unit(name).await.unwrap().unwrap();
+                assert_eq!(unit.hash(), new.hash(), "{name}");
+                assert_eq!(unit.desired(), DesiredState::Launched, "{name}");
+            }
+        }
+    }
+    // The file once, then a record put and a reference put and delete each: 42 a
+    // transaction, 99 replaces in 3 (one of them meddled with, its units then one by one).
+    assert_eq!(batches.seen.load(Ordering::SeqCst), 3);
+    // t@50 still refers to the old file: it stays until that unit is replaced too.
+    assert!(reg.file(&old).await.unwrap().is_some());
+    let last = c.put_many_if(vec![replace(50, Expect::Content(old))]).await;
+    assert!(matches!(last[0].1, Ok(PutOutcome::Replaced(_))), "{last:?}");
+    assert!(
+        reg.file(&old).await.unwrap().is_none(),
+        "the old file is collected"
+    );
+    let refs: Vec<_> = keys(&reg)
+        .await
+        .into_iter()
+        .filter(|(k, _)| k.contains(&old.to_string()))
+        .collect();
+    assert!(refs.is_empty(), "{refs:?}");
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -927,4 +1133,7 @@ contract!(
     put_if_refuses_a_unit_changed_since_the_caller_read_it,
     create_many_writes_many_units_per_transaction_within_128_ops,
     create_many_stops_at_a_failed_transaction_and_again_writes_the_rest,
+    destroy_many_deletes_many_units_per_transaction_and_collects_their_files,
+    destroy_many_stops_at_a_failed_transaction,
+    put_many_if_replaces_many_units_per_transaction,
 );

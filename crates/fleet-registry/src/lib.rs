@@ -47,5 +47,7 @@ pub use records::{
 };
 pub use registry::Registry;
 pub use snapshot::Snapshot;
-pub use units::{CreateOutcome, NewUnit, UnitsRole, batches};
+pub use units::{
+    Change, CreateOutcome, NewUnit, UnitsRole, batches, change_batches, dropped_files,
+};
 pub use watch::{Delta, WatchHints};

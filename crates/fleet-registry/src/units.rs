@@ -21,8 +21,10 @@ use crate::registry::{Registry, delete, encode, put};
 use crate::watch::WatchHints;
 
 mod batch;
+mod change;
 
 pub use batch::{NewUnit, batches};
+pub use change::{Change, change_batches, dropped_files};
 
 /// What `create_unit` found.
 #[derive(Debug, Clone, PartialEq, Eq)]

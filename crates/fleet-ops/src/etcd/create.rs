@@ -10,30 +10,15 @@
 //! batch that finds one of its units already there writes nothing; its units are then
 //! created one by one, which decides what the existing one means, as a single create does.
 
-use fleet_core::{DesiredState, UnitFile, UnitName};
+use fleet_core::{DesiredState, UnitFile};
 use fleet_registry::kv::Kv;
-use fleet_registry::{NewUnit, Unit, batches};
-use futures::StreamExt;
-use std::ops::Range;
-use std::sync::Mutex;
+use fleet_registry::{NewUnit, batches};
 
+use super::batches::{Batch, not_written, send_batches};
 use super::{RegistryCluster, views};
 use crate::decide::{self, PutPlan};
 use crate::model::{Expect, PutOutcome, PutRequest};
 use crate::{Cluster, Created, OpsError};
-
-/// How many batch transactions are in flight at once.
-pub const BATCHES_IN_FLIGHT: usize = 8;
-
-/// What became of one batch.
-enum Batch {
-    Written(Vec<Unit>),
-    /// A unit of it exists: nothing written.
-    Collided,
-    Failed(OpsError),
-    /// Not sent: an earlier batch failed on this unit.
-    Stopped(UnitName),
-}
 
 impl<K: Kv> RegistryCluster<K> {
     pub(super) async fn create_all(&self, reqs: Vec<PutRequest>) -> Created {
@@ -57,18 +42,13 @@ impl<K: Kv> RegistryCluster<K> {
                 desired: *desired,
             })
             .collect();
-        let failed: Mutex<Option<UnitName>> = Mutex::new(None);
-        let written: Vec<(Range<usize>, Batch)> = futures::stream::iter(batches(&units))
-            .map(|range| {
-                let (units, failed) = (&units, &failed);
-                async move {
-                    let batch = self.write_batch(&units[range.clone()], failed).await;
-                    (range, batch)
-                }
-            })
-            .buffered(BATCHES_IN_FLIGHT)
-            .collect()
-            .await;
+        let units = &units;
+        let written = send_batches(
+            batches(units),
+            |range| units[range.start].name.clone(),
+            |range| async move { Ok(self.units.create_batch(&units[range]).await?) },
+        )
+        .await;
         for (range, batch) in written {
             let planned = &planned[range.clone()];
             match batch {
@@ -84,43 +64,17 @@ impl<K: Kv> RegistryCluster<K> {
                         results[*i] = Some(self.put_if(req, Expect::Absent).await);
                     }
                 }
-                Batch::Failed(e) => {
-                    let with = units[range.start].name.clone();
-                    results[planned[0].0] = Some(Err(e));
-                    for (i, _, _) in &planned[1..] {
-                        let with = with.clone();
-                        results[*i] = Some(Err(OpsError::NotWritten { with }));
-                    }
-                }
-                Batch::Stopped(with) => {
-                    for (i, _, _) in planned {
-                        let with = with.clone();
-                        results[*i] = Some(Err(OpsError::NotWritten { with }));
-                    }
-                }
+                failed => not_written(
+                    failed,
+                    planned.iter().map(|(i, _, _)| *i),
+                    |i| reqs[i].name.clone(),
+                    |i, e| results[i] = Some(Err(e)),
+                ),
             }
         }
         reqs.into_iter()
             .zip(results)
             .map(|(req, res)| (req.name, res.expect("every unit has its result")))
             .collect()
-    }
-
-    /// One batch, unless an earlier one failed (`failed` names its first unit).
-    async fn write_batch(&self, units: &[NewUnit<'_>], failed: &Mutex<Option<UnitName>>) -> Batch {
-        let stopped = failed.lock().map(|f| f.clone()).unwrap_or_default();
-        if let Some(with) = stopped {
-            return Batch::Stopped(with);
-        }
-        match self.units.create_batch(units).await {
-            Ok(Some(written)) => Batch::Written(written),
-            Ok(None) => Batch::Collided,
-            Err(e) => {
-                if let Ok(mut f) = failed.lock() {
-                    f.get_or_insert_with(|| units[0].name.clone());
-                }
-                Batch::Failed(e.into())
-            }
-        }
     }
 }

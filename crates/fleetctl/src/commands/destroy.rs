@@ -1,29 +1,17 @@
 //! `fleetctl destroy UNIT...`: removes units from the registry through
-//! [`Cluster::destroy`], which re-reads a unit changed concurrently and destroys it again. A
+//! [`Cluster::destroy_many`] (over etcd, many units per transaction), which destroys a unit
+//! changed concurrently one by one, re-reading it, as [`Cluster::destroy`] does. A
 //! unit record that cannot be read is removed too, with the file references under its name
 //! (the one way out of a corrupt record), and a warning saying so.
 
 use anyhow::{Result, bail};
-use fleet_core::UnitName;
 use fleet_ops::{Cluster, Destroyed};
-use futures::StreamExt;
 
 use super::{Ctx, unit_names};
 
 pub async fn run<C: Cluster>(ctx: &mut Ctx<C>, args: &[String]) -> Result<()> {
     let names = unit_names(args)?;
-    let cluster = ctx.cluster.clone();
-    let results: Vec<(UnitName, Result<Destroyed>)> = futures::stream::iter(names)
-        .map(|name| {
-            let cluster = cluster.clone();
-            async move {
-                let res = cluster.destroy(&name).await;
-                (name, res.map_err(anyhow::Error::from))
-            }
-        })
-        .buffered(32)
-        .collect()
-        .await;
+    let results = ctx.cluster.clone().destroy_many(names).await;
     let mut missing = Vec::new();
     let mut failures = Vec::new();
     for (name, res) in results {
@@ -34,7 +22,7 @@ pub async fn run<C: Cluster>(ctx: &mut Ctx<C>, args: &[String]) -> Result<()> {
                 ctx.say(format!("Destroyed {name}"));
             }
             Ok(Destroyed::Missing) => missing.push(name.to_string()),
-            Err(e) => failures.push((name, e)),
+            Err(e) => failures.push((name, anyhow::Error::from(e))),
         }
     }
     super::fail_if_any(ctx, "Error destroying", failures)?;

@@ -1,7 +1,8 @@
 //! Getting units into the registry (`submit`, and the first step of `load`/`start`):
 //! resolve every argument to content, decide create / replace / keep, and only when every
 //! argument is valid write them all: the new units together ([`Cluster::create_many`], many
-//! per etcd transaction), each replaced one with its own conditional put. A write that fails
+//! per etcd transaction), the replaced ones together too, each conditional on the record read
+//! ([`Cluster::put_many_if`]). A write that fails
 //! midway leaves what was written before it; the command says how many were not written, and
 //! running it again writes only those (docs/guarantees.md).
 
@@ -9,7 +10,6 @@ use anyhow::{Context, Result, anyhow, bail};
 use fleet_core::{DesiredState, Requirements, UnitFile, UnitHash, UnitName};
 use fleet_ops::{Cluster, Expect, PutOutcome, PutRequest, ReplaceHow, UnitStatus, UnitView};
 use fleet_registry::input::shorten;
-use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use fleet_ops::plan::{Action, Prepared};
@@ -331,8 +331,8 @@ fn check_requirements<C>(ctx: &mut Ctx<C>, name: &UnitName, file: &UnitFile) -> 
 
 /// Writes every prepared action and returns the resulting units in argument order. New units
 /// get `desired`, written together ([`Cluster::create_many`]: many per etcd transaction, or
-/// many requests in flight over the API); replaced ones, concurrently, the higher of theirs
-/// and `desired`.
+/// many requests in flight over the API); replaced ones, together too
+/// ([`Cluster::put_many_if`]), the higher of theirs and `desired`.
 pub async fn apply<C: Cluster>(
     cluster: &C,
     prepared: Vec<Prepared>,
@@ -363,18 +363,29 @@ pub async fn apply<C: Cluster>(
         let res = res.map(outcome_status).map_err(Into::into);
         results[i] = Some((name, res));
     }
-    let others: Vec<(usize, UnitName, Result<UnitStatus>)> = futures::stream::iter(others)
-        .map(|(i, name, action)| {
-            let cluster = cluster.clone();
-            async move {
-                let res = apply_one(&cluster, &name, action, desired, *how).await;
-                (i, name, res)
+    // Replaced units together (over etcd, many per transaction), each written only over
+    // what was read: another client's write since is not written over.
+    let mut replaces = Vec::new();
+    let mut replaced_at = Vec::new();
+    for (i, name, action) in others {
+        match action {
+            Action::Keep(unit) => results[i] = Some((name, Ok(unit))),
+            Action::Create(_) => unreachable!("creates were written above"),
+            Action::Replace { existing, file } => {
+                replaced_at.push(i);
+                let req = PutRequest {
+                    name,
+                    file: Some(file),
+                    desired: Some(existing.desired.max(desired)),
+                    how: *how,
+                };
+                replaces.push((req, Expect::Content(existing.hash)));
             }
-        })
-        .buffered(32)
-        .collect()
-        .await;
-    for (i, name, res) in others {
+        }
+    }
+    let replaced = cluster.put_many_if(replaces).await;
+    for (i, (name, res)) in replaced_at.into_iter().zip(replaced) {
+        let res = res.map(outcome_status).map_err(Into::into);
         results[i] = Some((name, res));
     }
     results
@@ -390,31 +401,6 @@ fn outcome_status(outcome: PutOutcome) -> UnitStatus {
         | PutOutcome::StateChanged(unit)
         | PutOutcome::Unchanged(unit) => unit.status,
     }
-}
-
-async fn apply_one<C: Cluster>(
-    cluster: &C,
-    name: &UnitName,
-    action: Action,
-    desired: DesiredState,
-    how: ReplaceHow,
-) -> Result<UnitStatus> {
-    // Written only over what was read: another client's write since is not written over.
-    let (file, desired, how, expect) = match action {
-        Action::Keep(unit) => return Ok(unit),
-        Action::Create(file) => (file, desired, ReplaceHow::default(), Expect::Absent),
-        Action::Replace { existing, file } => {
-            let expect = Expect::Content(existing.hash);
-            (file, existing.desired.max(desired), how, expect)
-        }
-    };
-    let req = PutRequest {
-        name: name.clone(),
-        file: Some(file),
-        desired: Some(desired),
-        how,
-    };
-    Ok(outcome_status(cluster.put_if(req, expect).await?))
 }
 
 /// `fleetctl submit [--replace] UNIT...`
