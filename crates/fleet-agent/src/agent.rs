@@ -188,36 +188,42 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         let mut presence = self.presence.clone();
         let mut pass = 0u64;
         let mut publish_backoff = self.reconnect_backoff();
+        let mut retry_at = None;
+        // Whether the last wake-up was for nothing of ours: then no pass.
+        let mut idle = false;
         loop {
-            pass += 1;
-            self.reconcile()
-                .instrument(info_span!("reconcile", pass))
-                .await;
-            if pass == 1 {
-                // Operators (and the functional tests) read this as "boot is over": every
-                // job the boot decisions called for has been issued and awaited.
-                info!(
-                    units = self.current.hashes.len(),
-                    published = self.published.len(),
-                    "initial reconcile complete"
-                );
+            if !idle {
+                pass += 1;
+                self.reconcile()
+                    .instrument(info_span!("reconcile", pass))
+                    .await;
+                if pass == 1 {
+                    // Operators (and the functional tests) read this as "boot is over": every
+                    // job the boot decisions called for has been issued and awaited.
+                    info!(
+                        units = self.current.hashes.len(),
+                        published = self.published.len(),
+                        "initial reconcile complete"
+                    );
+                }
+                self.report_progress();
+                // States that could not be published (etcd away) are retried on their own:
+                // no watch event or systemd signal may come to wake us once etcd is back.
+                let publish_retry = if self.publish_complete {
+                    publish_backoff.reset();
+                    None
+                } else {
+                    Some(Instant::now() + publish_backoff.next_delay())
+                };
+                retry_at = self
+                    .backoff
+                    .values()
+                    .map(|b| b.until)
+                    .chain(publish_retry)
+                    .chain(self.revivals.next_close(Instant::now()))
+                    .min();
             }
-            self.report_progress();
-            // States that could not be published (etcd away) are retried on their own: no
-            // watch event or systemd signal may come to wake us once etcd is back.
-            let publish_retry = if self.publish_complete {
-                publish_backoff.reset();
-                None
-            } else {
-                Some(Instant::now() + publish_backoff.next_delay())
-            };
-            let retry_at = self
-                .backoff
-                .values()
-                .map(|b| b.until)
-                .chain(publish_retry)
-                .chain(self.revivals.next_close(Instant::now()))
-                .min();
+            idle = false;
             // What to read of the schedule: nothing, the watch's events, or all of it.
             let mut schedule = None;
             let mut details = false;
@@ -235,6 +241,12 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     schedule = Some(hints.take());
                 }
                 change = changes.recv() => match change {
+                    // Another unit of the machine (a timer's service, an operator's unit, a
+                    // login session): its state is nothing this agent publishes or acts on.
+                    Some(Change::Units(units)) if !units.iter().any(|u| self.concerns(u)) => {
+                        debug!(units = units.len(), "state changes of units not fleet's; no pass");
+                        idle = true;
+                    }
                     Some(change) => details = matches!(change, Change::Resync),
                     // The D-Bus connection is gone; fleetd exits and is restarted, and the
                     // new agent adopts everything.
@@ -252,6 +264,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 _ = sleep_until(retry_at) => {}
                 Ok(()) = presence.changed() => self.schedule_stale = true,
             }
+            if idle {
+                continue;
+            }
             if let Some(delta) = schedule
                 && let Err(e) = self.follow_schedule(delta).await
             {
@@ -259,6 +274,16 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
             self.refresh_current(details).await;
         }
+    }
+
+    /// Whether a change of `unit`'s systemd state may matter to this agent: the unit is
+    /// scheduled here, in its units directory or known to systemd as one of those, or has a
+    /// published state.
+    fn concerns(&self, unit: &UnitName) -> bool {
+        self.desired.as_ref().is_some_and(|d| d.contains_key(unit))
+            || self.current.units.contains_key(unit)
+            || self.current.hashes.contains_key(unit)
+            || self.published.contains_key(unit)
     }
 
     /// Publishes the agent's [`Progress`] after a pass, when it changed.

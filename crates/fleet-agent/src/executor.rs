@@ -22,8 +22,11 @@ use crate::plan::{Reason, Task, TaskKind, reload_rank};
 use crate::revivals;
 
 /// How many units' tasks of one kind run at once (each may hold a D-Bus job; the real
-/// adapter also caps calls in flight).
-const CONCURRENCY: usize = 32;
+/// adapter also caps calls in flight, and a job waited for is not a call). systemd runs its
+/// jobs one after another whatever the number queued; with 32 queued at most, each start
+/// waited on the round trip of the one before it: 3,000 units started in 69.8 s at 32 and
+/// 53.2 s at 128, where `systemctl start` of all of them took 41-43 s (one-agent bench).
+const CONCURRENCY: usize = 128;
 
 /// Why one unit's task failed.
 #[derive(Debug, thiserror::Error)]

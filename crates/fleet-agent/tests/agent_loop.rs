@@ -1120,3 +1120,42 @@ async fn publishes_the_states_of_many_units_in_few_transactions() {
         txns.len()
     );
 }
+
+/// A state change of a unit the agent has nothing to do with (a timer's service, an
+/// operator's unit, a login session) makes no pass: with 3,000 units a pass is a status call
+/// of every unit (60-80 ms), and the one-agent bench saw five such wake-ups a minute. A
+/// change of one of its own units still makes one.
+#[tokio::test(start_paused = true)]
+async fn state_changes_of_units_not_fleets_make_no_pass() {
+    let w = World::new().await;
+    w.schedule("ours.service", &file("/bin/ours"), DesiredState::Launched)
+        .await;
+    let _agent = w.start_agent();
+    w.until_published("ours.service", "active").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    w.fake.take_calls();
+
+    let theirs = name("logrotate.service");
+    w.fake.put_foreign_unit(&theirs, "inactive", "dead");
+    for _ in 0..5 {
+        w.fake.set_active(&theirs, "active", "running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        w.fake.set_active(&theirs, "inactive", "dead");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let passes = |calls: &[Call]| {
+        calls
+            .iter()
+            .filter(|c| matches!(c, Call::Status(_)))
+            .count()
+    };
+    assert_eq!(
+        passes(&w.fake.take_calls()),
+        0,
+        "a pass for a unit not ours"
+    );
+
+    w.fake.set_active(&name("ours.service"), "failed", "failed");
+    w.until("a pass for our own unit", || passes(&w.fake.calls()) > 0)
+        .await;
+}

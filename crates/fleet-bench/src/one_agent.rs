@@ -14,8 +14,8 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::metrics::{Metrics, received_between};
 use crate::probe::{PassSample, ProbeResult};
 use crate::real::{
-    FleetdOptions, active_bench_units, boot, count_method_calls, fleetctl_timed, fleetd_bus_name,
-    fleetd_cpu, fleetd_rss, systemd_baseline, unit_dir, write_units,
+    Baseline, FleetdOptions, active_bench_units, boot, count_method_calls, fleetctl_timed,
+    fleetd_bus_name, fleetd_cpu, fleetd_rss, systemd_baseline, unit_dir, write_units,
 };
 use crate::report::{self, Table, ms, secs, verdict};
 use crate::scale::cpu_of_stat;
@@ -27,8 +27,8 @@ struct OneAgent {
     units: usize,
     fleetd: String,
     start: Duration,
-    /// `systemctl start` of as many units like them, in the same machine, before fleet's.
-    baseline: Duration,
+    /// systemd alone with as many units like them, in the same machine, before fleet's.
+    baseline: Baseline,
     /// CPU seconds during fleet's start: fleetd, the machine's systemd (its PID 1), etcd.
     start_cpu: [f64; 3],
     rss_empty: f64,
@@ -65,10 +65,10 @@ fn measure(
 ) -> Result<OneAgent> {
     let machine = &cluster.machines()[0];
     let rss_empty = fleetd_rss(machine)?;
-    let baseline = systemd_baseline(cluster, units)?;
+    let baseline = systemd_baseline(cluster.machines(), units)?;
     println!(
         "one-agent: systemd alone started {units} units in {}",
-        secs(baseline)
+        secs(baseline.start)
     );
     let dir = unit_dir("one-agent")?;
     let paths = write_units(&dir, 0..units, 1)?;
@@ -139,7 +139,7 @@ fn render(r: &OneAgent) -> String {
             "systemd alone: `systemctl start` of {units} units like them in the same machine, \
              until all active"
         ),
-        secs(r.baseline),
+        secs(r.baseline.start),
         "",
         None,
     );
@@ -147,7 +147,7 @@ fn render(r: &OneAgent) -> String {
         format!("fleet's start of {units} units next to systemd alone"),
         format!(
             "{:.2}×",
-            r.start.as_secs_f64() / r.baseline.as_secs_f64().max(1e-3)
+            r.start.as_secs_f64() / r.baseline.start.as_secs_f64().max(1e-3)
         ),
         "",
         None,

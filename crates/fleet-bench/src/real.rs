@@ -184,40 +184,68 @@ pub fn count_method_calls(
     Ok(by_member)
 }
 
-/// systemd alone, for comparison: `per_machine` units like the bench's, written into
-/// `/run/systemd/system` of every machine, then one `systemctl start` of all of them in each
-/// machine, the machines at once; how long until every machine's command returned (systemctl
-/// waits for every job). The units are stopped and removed afterwards.
-pub fn systemd_baseline(cluster: &Cluster, per_machine: usize) -> Result<Duration> {
+/// systemd alone, for comparison with fleet's start, replace and destroy, on the machines
+/// of `machines` at once (each machine's commands in a thread of its own).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Baseline {
+    /// `systemctl start` of every unit, until every machine's command returned (systemctl
+    /// waits for every job).
+    pub start: Duration,
+    /// New content written, then `systemctl daemon-reload` and `systemctl restart` of
+    /// every unit: what fleet's `start --replace` does.
+    pub restart: Duration,
+    /// `systemctl stop` of every unit: what fleet's `destroy` does.
+    pub stop: Duration,
+}
+
+/// Measures [`Baseline`] with `per_machine` units like the bench's in each machine, written
+/// into `/run/systemd/system`; they are removed afterwards.
+pub fn systemd_baseline(machines: &[Machine], per_machine: usize) -> Result<Baseline> {
     let names: Vec<String> = (0..per_machine)
         .map(|i| format!("base-{i:05}.service"))
         .collect();
-    for m in cluster.machines() {
-        for (i, name) in names.iter().enumerate() {
-            m.write_file(&format!("/run/systemd/system/{name}"), unit_text(i, 1))?;
+    let write = |generation: u32| -> Result<()> {
+        for m in machines {
+            for (i, name) in names.iter().enumerate() {
+                m.write_file(
+                    &format!("/run/systemd/system/{name}"),
+                    unit_text(i, generation),
+                )?;
+            }
         }
-        m.systemctl_ok(&["daemon-reload"])?;
-    }
-    let t0 = Instant::now();
-    std::thread::scope(|s| {
-        let runs: Vec<_> = cluster
-            .machines()
-            .iter()
-            .map(|m| {
-                let mut args = vec!["start"];
-                args.extend(names.iter().map(String::as_str));
-                s.spawn(move || m.systemctl_ok(&args).map(|_| ()))
-            })
-            .collect();
-        runs.into_iter()
-            .try_for_each(|r| r.join().expect("systemctl thread panicked"))
-    })?;
-    let took = t0.elapsed();
-    for m in cluster.machines() {
-        let mut args = vec!["stop"];
+        Ok(())
+    };
+    let all = |verb: &'static str| {
+        let mut args = vec![verb];
         args.extend(names.iter().map(String::as_str));
-        m.systemctl_ok(&args)?;
+        args
+    };
+    write(1)?;
+    at_once(machines, |m| m.systemctl_ok(&["daemon-reload"]).map(|_| ()))?;
+    let start = at_once(machines, |m| m.systemctl_ok(&all("start")).map(|_| ()))?;
+    write(2)?;
+    let restart = at_once(machines, |m| {
+        m.systemctl_ok(&["daemon-reload"])?;
+        m.systemctl_ok(&all("restart")).map(|_| ())
+    })?;
+    let stop = at_once(machines, |m| m.systemctl_ok(&all("stop")).map(|_| ()))?;
+    for m in machines {
         m.sh("rm -f /run/systemd/system/base-*.service && systemctl daemon-reload")?;
     }
-    Ok(took)
+    Ok(Baseline {
+        start,
+        restart,
+        stop,
+    })
+}
+
+/// Runs `f` on every machine at once; how long until the last one returned.
+fn at_once(machines: &[Machine], f: impl Fn(&Machine) -> Result<()> + Sync) -> Result<Duration> {
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = machines.iter().map(|m| s.spawn(|| f(m))).collect();
+        runs.into_iter()
+            .try_for_each(|r| r.join().expect("a machine's thread panicked"))
+    })?;
+    Ok(t0.elapsed())
 }

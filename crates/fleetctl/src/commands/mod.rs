@@ -158,7 +158,7 @@ pub fn fail_if_any<C>(
         let last = &unwritten[unwritten.len() - 1].0;
         ctx.warn(format!(
             "{} units were not written ({first} ... {last}): writing stopped at the first \
-             failure; the same command again writes what is missing",
+             failure; the same command again does the rest",
             unwritten.len()
         ));
     }
