@@ -193,9 +193,17 @@ fn render(r: &OneAgent) -> String {
         "",
         None,
     );
+    // The probe's signals are a transient unit's (`systemd-run /bin/true`): a unit that is
+    // not fleet's, which makes no pass since issue 19.
+    let light = match p.light.is_empty() {
+        true => "none: signals about a unit not fleet's (the probe's `systemd-run /bin/true`) \
+                 make no pass"
+            .to_owned(),
+        false => summary(&p.light),
+    };
     row(
-        "reconcile pass with nothing to do, woken by a systemd signal".into(),
-        summary(&p.light),
+        "reconcile pass woken by a systemd signal about a unit that is not fleet's".into(),
+        light,
         "",
         None,
     );
