@@ -28,9 +28,12 @@ const FIRST_ROUND_OPS: usize = 3;
 impl<K: Kv> Registry<K> {
     /// The registry's keys about `names` as a [`Snapshot`] holding only them: their records,
     /// schedule entries and unschedulable reasons, the records of the machines they are placed
-    /// on, and their states there. The states of a unit that is gone or desired `inactive`
-    /// (whose wait is for its states to go) are read on every registered machine, since a
-    /// machine may still report it after its placement went. `revision` is the first read's.
+    /// on, and their states there. The states of a unit desired `inactive` (whose wait is for
+    /// its states to go) are read on every registered machine, since a machine may still
+    /// report it after its placement went. A unit with no record has no states read: nothing
+    /// shows or waits for the states of a unit that does not exist (a wait for a unit gone is
+    /// over), and `fleetctl start` of 1,000 new units on 5,000 machines read 5,000,000 state
+    /// keys that way, 39,063 transactions (issue 19). `revision` is the first read's.
     pub async fn units_snapshot(&self, names: &BTreeSet<UnitName>) -> Result<Snapshot> {
         let keys = self.keys();
         let mut snap = Snapshot::default();
@@ -64,7 +67,7 @@ impl<K: Kv> Registry<K> {
             .filter(|n| {
                 snap.units
                     .get(*n)
-                    .is_none_or(|u| u.desired() == DesiredState::Inactive)
+                    .is_some_and(|u| u.desired() == DesiredState::Inactive)
             })
             .collect();
         let mut ops = Vec::new();

@@ -17,6 +17,7 @@ use fleet_registry::kv::Kv;
 use fleet_registry::{Change, MAX_TXN_OPS, ReplaceState, Unit, change_batches, dropped_files};
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 use tracing::debug;
 
 use super::batches::{Batch, not_written, send_batches};
@@ -87,27 +88,17 @@ impl<K: Kv> RegistryCluster<K> {
             })
             .collect();
         let written = self.send_changes(&changes).await;
-        let mut landed = Vec::new();
-        for (range, batch) in written {
-            match batch {
-                Batch::Written(units) => {
-                    for (k, unit) in range.clone().zip(units) {
-                        let p = &planned[k];
-                        let unit = unit.expect("a replace writes its record");
-                        let view = views::written_view(&unit, &p.file);
-                        results[p.at] = Some(Ok(PutOutcome::Replaced(view)));
-                    }
-                    landed.extend(range.map(|k| &changes[k]));
-                }
-                Batch::Collided => {}
-                failed => not_written(
-                    failed,
-                    range.map(|k| planned[k].at),
-                    |at| reqs[at].0.name.clone(),
-                    |at, e| results[at] = Some(Err(e)),
-                ),
-            }
-        }
+        let landed = settle(
+            written,
+            &changes,
+            |k| planned[k].at,
+            |at| reqs[at].0.name.clone(),
+            &mut results,
+            |k, unit| {
+                let unit = unit.expect("a replace writes its record");
+                PutOutcome::Replaced(views::written_view(&unit, &planned[k].file))
+            },
+        );
         debug!(
             units = reqs.len(),
             batched = landed.len(),
@@ -115,13 +106,7 @@ impl<K: Kv> RegistryCluster<K> {
         );
         self.units.collect_files(&dropped_files(landed)).await;
         let rest = self.put_each(reqs, |at| results[at].is_none()).await;
-        results
-            .into_iter()
-            .zip(rest)
-            .map(|(done, (name, single))| {
-                (name, done.or(single).expect("every unit has its result"))
-            })
-            .collect()
+        merge(results, rest)
     }
 
     pub(super) async fn destroy_all(&self, names: Vec<UnitName>) -> DestroyedMany {
@@ -141,24 +126,14 @@ impl<K: Kv> RegistryCluster<K> {
             .map(|&at| Change::Destroy(&found[&names[at]]))
             .collect();
         let written = self.send_changes(&changes).await;
-        let mut landed = Vec::new();
-        for (range, batch) in written {
-            match batch {
-                Batch::Written(_) => {
-                    for k in range.clone() {
-                        results[planned[k]] = Some(Ok(Destroyed::Unit));
-                    }
-                    landed.extend(range.map(|k| &changes[k]));
-                }
-                Batch::Collided => {}
-                failed => not_written(
-                    failed,
-                    range.map(|k| planned[k]),
-                    |at| names[at].clone(),
-                    |at, e| results[at] = Some(Err(e)),
-                ),
-            }
-        }
+        let landed = settle(
+            written,
+            &changes,
+            |k| planned[k],
+            |at| names[at].clone(),
+            &mut results,
+            |_, _| Destroyed::Unit,
+        );
         debug!(
             units = names.len(),
             batched = landed.len(),
@@ -166,20 +141,14 @@ impl<K: Kv> RegistryCluster<K> {
         );
         self.units.collect_files(&dropped_files(landed)).await;
         let rest = self.destroy_each(names, |at| results[at].is_none()).await;
-        results
-            .into_iter()
-            .zip(rest)
-            .map(|(done, (name, single))| {
-                (name, done.or(single).expect("every unit has its result"))
-            })
-            .collect()
+        merge(results, rest)
     }
 
     /// Sends `changes` as batches, several at a time.
     async fn send_changes<'a>(
         &self,
         changes: &'a [Change<'a>],
-    ) -> Vec<(std::ops::Range<usize>, Batch<Option<Unit>>)> {
+    ) -> Vec<(Range<usize>, Batch<Option<Unit>>)> {
         send_batches(
             change_batches(changes),
             |range| changes[range.start].name().clone(),
@@ -254,6 +223,47 @@ impl<K: Kv> RegistryCluster<K> {
             .collect()
             .await
     }
+}
+
+/// Turns how each batch ended into results: the `k`th change written gives `done(k, unit)`
+/// at request `at(k)`; a failed or stopped batch's units are not written; a collided
+/// batch's are left for the single way. Returns the changes that landed.
+fn settle<'c, R>(
+    written: Vec<(Range<usize>, Batch<Option<Unit>>)>,
+    changes: &'c [Change<'c>],
+    at: impl Fn(usize) -> usize,
+    name: impl Fn(usize) -> UnitName,
+    results: &mut [Option<Result<R, OpsError>>],
+    mut done: impl FnMut(usize, Option<Unit>) -> R,
+) -> Vec<&'c Change<'c>> {
+    let mut landed = Vec::new();
+    for (range, batch) in written {
+        match batch {
+            Batch::Written(units) => {
+                for (k, unit) in range.clone().zip(units) {
+                    results[at(k)] = Some(Ok(done(k, unit)));
+                }
+                landed.extend(range.map(|k| &changes[k]));
+            }
+            Batch::Collided => {}
+            failed => not_written(failed, range.map(&at), &name, |i, e| {
+                results[i] = Some(Err(e))
+            }),
+        }
+    }
+    landed
+}
+
+/// The batches' results, with the single writes' where the batches left none.
+fn merge<T>(
+    results: Vec<Option<Result<T, OpsError>>>,
+    rest: Vec<(UnitName, Option<Result<T, OpsError>>)>,
+) -> Vec<(UnitName, Result<T, OpsError>)> {
+    results
+        .into_iter()
+        .zip(rest)
+        .map(|(done, (name, single))| (name, done.or(single).expect("every unit has its result")))
+        .collect()
 }
 
 /// Results of which every unit has one.
