@@ -22,11 +22,12 @@ use crate::plan::{Reason, Task, TaskKind, reload_rank};
 use crate::revivals;
 
 /// How many units' tasks of one kind run at once (each may hold a D-Bus job; the real
-/// adapter also caps calls in flight, and a job waited for is not a call). systemd runs its
-/// jobs one after another whatever the number queued; with 32 queued at most, each start
-/// waited on the round trip of the one before it: 3,000 units started in 69.8 s at 32 and
-/// 53.2 s at 128, where `systemctl start` of all of them took 41-43 s (one-agent bench).
-const CONCURRENCY: usize = 128;
+/// adapter also caps calls in flight, and a job waited for is not a call). 128 was tried
+/// (issue 19): 3,000 units on one machine started in the same time (52.8 s at 32, 53.2 and
+/// 56.3 s at 128, against 39-43 s for `systemctl start` of all of them), and on the
+/// 3-machine cluster `start --replace` of 300 units took 2.34-2.43 s at 32 and 2.97-3.98 s
+/// at 128: systemd works through a longer job queue more slowly.
+const CONCURRENCY: usize = 32;
 
 /// Why one unit's task failed.
 #[derive(Debug, thiserror::Error)]
