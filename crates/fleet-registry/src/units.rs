@@ -9,6 +9,7 @@
 //!   caller read it (compare-and-swap on its mod revision).
 
 use fleet_core::{DesiredState, MachineId, UnitFile, UnitHash, UnitName};
+use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 use tracing::{debug, warn};
 
@@ -22,6 +23,10 @@ use crate::watch::WatchHints;
 
 mod batch;
 mod change;
+
+/// How many unreferenced files are collected at once after a write (each its own
+/// transaction, conditional on its references being gone).
+const COLLECTIONS_IN_FLIGHT: usize = 32;
 
 pub use batch::{NewUnit, batches};
 pub use change::{Change, change_batches, dropped_files};
@@ -376,12 +381,16 @@ impl<K: Kv> UnitsRole<K> {
     /// failed collection must not turn it into an error (a destroy answered "failed" for a
     /// unit that is gone): it is logged, and the file stays, unreferenced, until a later write
     /// of the same content references it again or a later collection of it succeeds.
+    /// The collections go [`COLLECTIONS_IN_FLIGHT`] at a time: a destroy of 300 units with
+    /// 300 distinct files spent about 0.5 s collecting them one after another.
     async fn collect_committed<'a>(&self, hashes: impl IntoIterator<Item = &'a UnitHash>) {
-        for hash in hashes {
-            if let Err(e) = self.collect_file(hash).await {
-                warn!(hash = %hash, error = %e, "collecting an unreferenced unit file failed; it stays");
-            }
-        }
+        futures::stream::iter(hashes)
+            .for_each_concurrent(COLLECTIONS_IN_FLIGHT, |hash| async move {
+                if let Err(e) = self.collect_file(hash).await {
+                    warn!(hash = %hash, error = %e, "collecting an unreferenced unit file failed; it stays");
+                }
+            })
+            .await;
     }
 
     /// Deletes the file `hash` if no unit refers to it. Atomic against a concurrent writer:
