@@ -108,8 +108,10 @@ pub fn change_batches(changes: &[Change<'_>]) -> Vec<Range<usize>> {
     let mut hashes: BTreeSet<UnitHash> = BTreeSet::new();
     for (i, change) in changes.iter().enumerate() {
         let file = change.file().map(UnitFile::hash);
-        let more = change.own_ops() + usize::from(file.is_some_and(|h| !hashes.contains(&h)));
-        let fits = i - start < MAX_TXN_OPS && ops + more <= MAX_TXN_OPS;
+        let own = change.own_ops();
+        let new_file =
+            |hashes: &BTreeSet<UnitHash>| usize::from(file.is_some_and(|h| !hashes.contains(&h)));
+        let fits = i - start < MAX_TXN_OPS && ops + own + new_file(&hashes) <= MAX_TXN_OPS;
         if i > start && (!fits || names.contains(change.name())) {
             out.push(start..i);
             start = i;
@@ -117,7 +119,8 @@ pub fn change_batches(changes: &[Change<'_>]) -> Vec<Range<usize>> {
             names.clear();
             hashes.clear();
         }
-        ops += change.own_ops() + usize::from(file.is_some_and(|h| !hashes.contains(&h)));
+        // After a cut the file is new to the batch again.
+        ops += own + new_file(&hashes);
         names.insert(change.name());
         hashes.extend(file);
     }
