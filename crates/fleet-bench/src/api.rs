@@ -94,6 +94,7 @@ pub async fn run(machines: usize, units: usize, runs: usize, fleetctl: &Path) ->
     sim.stop().await;
     let measured = measured?;
     let mut out = report::provenance(wall, started.elapsed());
+    out.push_str(&crate::sim::etcd_line(&crate::sim::etcd_args_from_env()));
     out.push_str(&render(machines, units, runs, &measured));
     Ok(out)
 }

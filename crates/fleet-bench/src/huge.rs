@@ -150,7 +150,10 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
         view.bytes_per_unit, view.with_malloc_per_unit
     );
     let mut sim_spec = SimSpec::new(spec.machines);
-    sim_spec.etcd_args = vec![format!("--quota-backend-bytes={}", spec.quota_bytes)];
+    sim_spec
+        .etcd_args
+        .insert(0, format!("--quota-backend-bytes={}", spec.quota_bytes));
+    let etcd_args = sim_spec.etcd_args.clone();
     println!("huge: starting {} simulated machines", spec.machines);
     let sim = Sim::start(sim_spec).await?;
     let dir = report::work_dir().join("huge");
@@ -215,6 +218,7 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
     let _ = std::fs::remove_dir_all(&dir);
     let mut out = report::provenance(wall, started.elapsed())
         .replace("(part of `make bench`)", "(`make bench-huge`)");
+    out.push_str(&crate::sim::etcd_line(&etcd_args));
     out.push('\n');
     out.push_str(&render(&spec, &reached, peak, &view, &after));
     Ok(out)

@@ -49,6 +49,7 @@ pub async fn run(machines: &[usize], units: &[usize]) -> Result<String> {
     std::fs::write(&path, svg)?;
     println!("wrote {}", path.display());
     let mut out = report::provenance(wall, started.elapsed());
+    out.push_str(&crate::sim::etcd_line(&crate::sim::etcd_args_from_env()));
     out.push_str(&format!(
         "\n![time to converge by units and machines]({SVG})\n\n"
     ));

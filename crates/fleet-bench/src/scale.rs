@@ -432,6 +432,7 @@ pub async fn run(
     );
     sim.stop().await;
     let mut out = report::provenance(wall, started.elapsed());
+    out.push_str(&crate::sim::etcd_line(&crate::sim::etcd_args_from_env()));
     out.push('\n');
     out.push_str(&render::render(&c, rss, &idle, &one, &loss));
     Ok(out)

@@ -55,10 +55,44 @@ pub struct SimSpec {
     /// docs/benchmarks.md "Scale II"), and a 5 s deadline failed the submit in four runs of
     /// six. A longer stall still fails it, on etcd's own timeout.
     pub request_timeout: Duration,
-    /// More flags for the simulation's own etcd (the `huge` scenario's quota and
-    /// `--max-txn-ops`; `$FLEET_BENCH_ETCD_ARGS`, e.g. `--enable-pprof` to profile etcd
-    /// during a run); fleet's own code runs with etcd's defaults.
+    /// More flags for the simulation's own etcd: [`ETCD_TUNING`], the `huge` scenario's
+    /// quota, then `$FLEET_BENCH_ETCD_ARGS` (e.g. `--enable-pprof` to profile etcd during a
+    /// run). Fleet's own code runs with etcd's defaults; these are an operator's choice.
     pub etcd_args: Vec<String>,
+}
+
+/// How the simulation's etcd commits its backend: at most 1,000 writes or 25 ms between two
+/// commits (etcd 3.4's defaults are 10,000 and 100 ms). etcd 3.4 copies every uncommitted
+/// write into each read transaction and each `Txn` with compares (docs/benchmarks.md, "The
+/// scheduler's own curve, etcd's stall, …"), so under 5,000 machines' keep-alives a larger
+/// buffer stalls etcd: `scale` at 100,000 units launched in 295 s with the defaults and in
+/// 72 s with these, with etcd's CPU at 343 s and 65 s. docs/operations.md recommends them
+/// for large clusters. `FLEET_BENCH_ETCD_DEFAULTS=1` runs etcd without them.
+pub const ETCD_TUNING: [&str; 2] = [
+    "--backend-batch-limit=1000",
+    "--backend-batch-interval=25ms",
+];
+
+/// The etcd flags a simulation starts with: [`ETCD_TUNING`] unless
+/// `$FLEET_BENCH_ETCD_DEFAULTS` is set, then `$FLEET_BENCH_ETCD_ARGS`.
+pub fn etcd_args_from_env() -> Vec<String> {
+    let tuning = std::env::var_os("FLEET_BENCH_ETCD_DEFAULTS").is_none();
+    let extra = std::env::var("FLEET_BENCH_ETCD_ARGS").unwrap_or_default();
+    ETCD_TUNING
+        .iter()
+        .filter(|_| tuning)
+        .map(|a| (*a).to_owned())
+        .chain(extra.split_whitespace().map(str::to_owned))
+        .collect()
+}
+
+/// The paragraph saying how the simulation's etcd ran, after a section's provenance.
+pub fn etcd_line(args: &[String]) -> String {
+    if args.is_empty() {
+        "\nThe simulation's etcd ran with its defaults.\n".to_owned()
+    } else {
+        format!("\nThe simulation's etcd ran with `{}`.\n", args.join(" "))
+    }
 }
 
 impl SimSpec {
@@ -71,9 +105,7 @@ impl SimSpec {
             resync: Duration::from_secs(60),
             engine_interval: EngineConfig::DEFAULT_RECONCILE_INTERVAL,
             request_timeout: Duration::from_secs(15),
-            etcd_args: std::env::var("FLEET_BENCH_ETCD_ARGS")
-                .map(|a| a.split_whitespace().map(str::to_owned).collect())
-                .unwrap_or_default(),
+            etcd_args: etcd_args_from_env(),
         }
     }
 }
