@@ -3,15 +3,17 @@
 //! - **first**: every unit unplaced (a new leader's first pass after a mass submit);
 //! - **steady**: every unit placed, nothing to decide (a pass woken by a change that
 //!   decides nothing, or the minute's safety net);
-//! - **arrivals**: every unit placed and 1 % more arriving (what a pass does while a big
-//!   submit is still being written: each wake-up plans the whole registry again).
+//! - **arrivals**: every unit placed and 1 % more arriving (what a whole pass does while a
+//!   big submit is still being written);
+//! - **one, alone**: every unit placed and one more arriving, planned alone (`plan_delta`,
+//!   what the leader does when a change touches only units no other unit's options name).
 //!
 //! The leader's pass is this plan plus its fenced writes; the scale scenario times the
 //! whole. What this isolates is the CPU a pass costs as the registry grows.
 
 use anyhow::Result;
 use fleet_core::{DesiredState, MachineInfo, UnitFile, UnitHash};
-use fleet_engine::plan_holding;
+use fleet_engine::{Entangled, plan_delta, plan_holding};
 use fleet_registry::{Snapshot, Unit, UnitRecord};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
@@ -87,7 +89,7 @@ fn median(snap: &Snapshot, files: &BTreeMap<UnitHash, UnitFile>) -> (Duration, u
     runs[RUNS / 2]
 }
 
-/// The three passes at one size.
+/// The passes at one size.
 #[derive(Debug)]
 struct Row {
     machines: usize,
@@ -95,6 +97,26 @@ struct Row {
     first: (Duration, usize),
     steady: (Duration, usize),
     arrivals: (Duration, usize),
+    alone: (Duration, usize),
+}
+
+/// The plan of one arrived unit alone, median of [`RUNS`].
+fn alone(
+    snap: &Snapshot,
+    files: &BTreeMap<UnitHash, UnitFile>,
+    unit: fleet_core::UnitName,
+    before: &Entangled,
+) -> (Duration, usize) {
+    let touched = BTreeSet::from([unit]);
+    let mut runs: Vec<(Duration, usize)> = (0..RUNS)
+        .map(|_| {
+            let t0 = Instant::now();
+            let plan = plan_delta(snap, files, &touched, before).expect("a plain unit");
+            (t0.elapsed(), plan.decisions.len())
+        })
+        .collect();
+    runs.sort();
+    runs[RUNS / 2]
 }
 
 fn measure(machines: usize, units: usize) -> Row {
@@ -103,7 +125,10 @@ fn measure(machines: usize, units: usize) -> Row {
     let plan = plan_holding(&snap, &files, &BTreeSet::new());
     apply(&mut snap, &plan.decisions);
     let steady = median(&snap, &files);
-    for i in units..units + (units / 100).max(1) {
+    let before = Entangled::of(&snap, &files);
+    add_unit(&mut snap, &mut files, units);
+    let alone = alone(&snap, &files, bench_unit(units, 1).0, &before);
+    for i in units + 1..units + (units / 100).max(1) {
         add_unit(&mut snap, &mut files, i);
     }
     let arrivals = median(&snap, &files);
@@ -113,11 +138,17 @@ fn measure(machines: usize, units: usize) -> Row {
         first,
         steady,
         arrivals,
+        alone,
     }
 }
 
 fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Milliseconds with two decimals: a plan of one unit takes well under one.
+fn ms_fine(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
 fn us_per_unit(d: Duration, units: usize) -> String {
@@ -134,13 +165,15 @@ pub fn run(machines: &[usize], units: &[usize]) -> Result<String> {
             println!("plan: {u} units on {m} machines");
             let row = measure(m, u);
             println!(
-                "plan: first {} ({} decisions), steady {} ({}), arrivals {} ({})",
+                "plan: first {} ({} decisions), steady {} ({}), arrivals {} ({}), one alone {} ({})",
                 ms(row.first.0),
                 row.first.1,
                 ms(row.steady.0),
                 row.steady.1,
                 ms(row.arrivals.0),
-                row.arrivals.1
+                row.arrivals.1,
+                ms(row.alone.0),
+                row.alone.1
             );
             rows.push(row);
         }
@@ -148,19 +181,22 @@ pub fn run(machines: &[usize], units: &[usize]) -> Result<String> {
     let mut out = report::provenance(wall, started.elapsed());
     out.push_str(
         "\nOne scheduler pass (`plan_holding`, no etcd), median of 3: every unit unplaced \
-         (first), every unit placed (steady), and 1 % more arriving (arrivals). Per unit: the \
-         pass time over the registry's units.\n\n\
-         | machines | units | first | steady | arrivals | steady per unit |\n\
-         |---|---|---|---|---|---|\n",
+         (first), every unit placed (steady), and 1 % more arriving (arrivals); and one more \
+         unit arriving, planned alone as the leader plans a change that touches only units no \
+         other unit's options name (`plan_delta`, one alone). Per unit: the steady pass time \
+         over the registry's units.\n\n\
+         | machines | units | first | steady | arrivals | one alone | steady per unit |\n\
+         |---|---|---|---|---|---|---|\n",
     );
     for r in &rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
             r.machines,
             r.units,
             ms(r.first.0),
             ms(r.steady.0),
             ms(r.arrivals.0),
+            ms_fine(r.alone.0),
             us_per_unit(r.steady.0, r.units)
         ));
     }
@@ -177,5 +213,9 @@ mod tests {
         assert_eq!(row.first.1, 200);
         assert_eq!(row.steady.1, 0);
         assert_eq!(row.arrivals.1, 2);
+        assert_eq!(
+            row.alone.1, 1,
+            "the one arrival placed, nothing else decided"
+        );
     }
 }

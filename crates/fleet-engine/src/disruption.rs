@@ -177,6 +177,12 @@ impl Disruption {
         out
     }
 
+    /// Whether no machine is missing as of the last assessment: nothing is held or moving
+    /// for a vanished machine, so a plan needs no assessment until machines change.
+    pub fn quiet(&self) -> bool {
+        self.absent.is_empty()
+    }
+
     fn observe(
         &mut self,
         now: Instant,

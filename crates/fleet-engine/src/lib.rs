@@ -15,6 +15,6 @@ pub use engine::{EngineConfig, REFUSED_RETRY_MAX, run};
 pub use metrics::Metrics;
 
 pub use scheduler::{
-    Decision, DecisionKind, DrainStatus, Explanation, MachineVerdict, Plan, Reason, Rejection,
-    Status, Violation, drain_status, explain, plan, plan_holding,
+    Decision, DecisionKind, DrainStatus, Entangled, Explanation, MachineVerdict, Plan, Reason,
+    Rejection, Status, Violation, drain_status, explain, plan, plan_delta, plan_holding,
 };

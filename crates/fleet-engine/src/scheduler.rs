@@ -35,6 +35,7 @@
 
 mod cluster;
 mod decision;
+mod delta;
 mod drain;
 mod explain;
 mod spec;
@@ -45,6 +46,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cluster::{Cluster, Slot};
 pub use decision::{Decision, DecisionKind, Reason, Violation};
+pub use delta::{Entangled, plan_delta};
 pub use explain::{
     DrainStatus, Explanation, MachineVerdict, Rejection, Status, drain_status, explain,
 };
@@ -81,7 +83,11 @@ pub fn plan_holding(
     files: &BTreeMap<UnitHash, UnitFile>,
     held: &BTreeSet<UnitName>,
 ) -> Plan {
-    let mut cluster = Cluster::new(snapshot, files, held);
+    plan_cluster(snapshot, Cluster::new(snapshot, files, held))
+}
+
+/// The plan of a working copy built from `snapshot`.
+fn plan_cluster<'s>(snapshot: &'s Snapshot, mut cluster: Cluster<'s>) -> Plan {
     settle(&mut cluster);
     drain::start_moves(&mut cluster);
     for _ in 0..MAX_ROUNDS {

@@ -21,8 +21,8 @@
 //! left out as a snapshot leaves it out (listed in [`Snapshot::skipped`], what its key named
 //! removed), with one warning when the view is read and one for each change that writes it.
 
-use fleet_core::{UnitFile, UnitHash};
-use std::collections::BTreeMap;
+use fleet_core::{UnitFile, UnitHash, UnitName};
+use std::collections::{BTreeMap, BTreeSet};
 use tokio::sync::mpsc;
 use tracing::{Instrument, debug, warn};
 
@@ -80,6 +80,17 @@ pub struct LiveView<K> {
     files: BTreeMap<UnitHash, UnitFile>,
     /// The watch's messages, drained from it by [`drain`] as they come.
     watch: mpsc::UnboundedReceiver<WatchMessage>,
+    /// What changed since [`take_changed_units`](Self::take_changed_units) last asked.
+    changed: Changed,
+}
+
+/// The units and files changes touched, for a leader that plans only those units.
+#[derive(Debug, Default)]
+struct Changed {
+    units: BTreeSet<UnitName>,
+    files: BTreeSet<UnitHash>,
+    /// A unit or file key that names nothing readable changed: any unit may be concerned.
+    unnamed: bool,
 }
 
 /// Reads `watch` as fast as it delivers, into an unbounded channel, until the receiver is
@@ -151,7 +162,33 @@ impl<K: Kv> LiveView<K> {
             with_files,
             files,
             watch: drain(watch),
+            changed: Changed::default(),
         })
+    }
+
+    /// The units whose record or file changed since the last call (or since the view was
+    /// read), and forgets them; `None` when a change could not be traced to its units (a
+    /// key that does not parse). The engine's own writes are not changes here.
+    pub fn take_changed_units(&mut self) -> Option<BTreeSet<UnitName>> {
+        let Changed {
+            mut units,
+            files,
+            unnamed,
+        } = std::mem::take(&mut self.changed);
+        if unnamed {
+            return None;
+        }
+        if !files.is_empty() {
+            // A file changes the plan of every unit that names it (a unit whose file was
+            // missing is left alone until it arrives).
+            let naming = self.snapshot.units.iter();
+            units.extend(
+                naming
+                    .filter(|(_, u)| files.contains(&u.hash()))
+                    .map(|(n, _)| n.clone()),
+            );
+        }
+        Some(units)
     }
 
     /// The registry as of [`revision`](Self::revision), plus the engine's own writes
@@ -251,11 +288,17 @@ impl<K: Kv> LiveView<K> {
         let flag = match kind {
             Kind::File if !self.with_files => return touched,
             Kind::File => {
+                let Some(Key::File(hash)) = Key::parse(keys, &kv.key) else {
+                    self.changed.unnamed = true;
+                    touched.files = true;
+                    return touched;
+                };
+                self.changed.files.insert(hash);
                 if event.kind == EventKind::Put {
                     if let Some((hash, file)) = parse_file(keys, kv) {
                         self.files.insert(hash, file);
                     }
-                } else if let Some(Key::File(hash)) = Key::parse(keys, &kv.key) {
+                } else {
                     self.files.remove(&hash);
                 }
                 touched.files = true;
@@ -263,7 +306,15 @@ impl<K: Kv> LiveView<K> {
             }
             // Placements mirror the schedule, whose own events the view applies.
             Kind::FileRef | Kind::Engine | Kind::Placement => return touched,
-            Kind::Unit => &mut touched.units,
+            Kind::Unit => {
+                match Key::parse(keys, &kv.key) {
+                    Some(Key::Unit(name)) => {
+                        self.changed.units.insert(name);
+                    }
+                    _ => self.changed.unnamed = true,
+                }
+                &mut touched.units
+            }
             // Dynamic metadata and a drain change what a machine offers, as a new machine
             // record does.
             Kind::Machine | Kind::Metadata | Kind::Drain => &mut touched.machines,

@@ -10,6 +10,7 @@ use fleet_registry::{
     CreateOutcome, EngineRole, EngineWrite, Key, Keys, LiveView, MachineRole, NewUnit, Registry,
     RegistryError, ScheduleEntry, UnitStateRecord, UnitsRole, batches,
 };
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 const PREFIX: &str = "/contract/";
@@ -976,6 +977,68 @@ async fn creates_units_in_batches_etcd_takes_and_none_over_an_existing_one<K: Kv
     );
 }
 
+/// The engine plans only the units a change touched: the view names them, units whose
+/// file changed included, and not the engine's own writes.
+async fn live_view_names_the_units_that_changed<K: Kv>(reg: Registry<K>) {
+    let (a, b, c) = (name("a.service"), name("b.service"), name("c.service"));
+    writer(&reg)
+        .create_unit(&a, &file("/bin/a"), DesiredState::Launched)
+        .await
+        .unwrap();
+    let mut view = LiveView::start(reg.clone()).await.unwrap();
+    assert_eq!(view.take_changed_units(), Some(BTreeSet::new()));
+    for (unit, exec) in [(&b, "/bin/b"), (&c, "/bin/c")] {
+        writer(&reg)
+            .create_unit(unit, &file(exec), DesiredState::Launched)
+            .await
+            .unwrap();
+    }
+    converges(&mut view, &reg).await;
+    assert_eq!(
+        view.take_changed_units(),
+        Some(BTreeSet::from([b.clone(), c.clone()]))
+    );
+    assert_eq!(view.take_changed_units(), Some(BTreeSet::new()));
+
+    // A schedule entry is not a unit's change; a destroy is, and so is a file put again.
+    let unit_b = reg.unit(&b).await.unwrap().unwrap();
+    let entry = ScheduleEntry {
+        name: a.clone(),
+        machine: machine("m1"),
+        hash: unit_b.hash(),
+        desired: DesiredState::Launched,
+        restart: 0,
+        no_restart: false,
+        placement: 0,
+    };
+    reg.write_schedule(std::slice::from_ref(&entry), &[])
+        .await
+        .unwrap();
+    writer(&reg).destroy_unit(&unit_b).await.unwrap();
+    let unit_c = reg.unit(&c).await.unwrap().unwrap();
+    let key = Keys::new(PREFIX).file(&unit_c.hash());
+    let listed = reg.raw_kv().range(&key, false, None).await.unwrap();
+    let put = TxnOp::Put {
+        key: key.clone(),
+        value: listed.kvs[0].value.clone(),
+        lease: None,
+    };
+    let txn = Txn {
+        success: vec![put],
+        ..Txn::default()
+    };
+    reg.raw_kv().txn(txn).await.unwrap();
+    converges(&mut view, &reg).await;
+    let wanted = BTreeSet::from([b.clone(), c.clone()]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut seen = view.take_changed_units().expect("named");
+    while seen != wanted && tokio::time::Instant::now() < deadline {
+        let _ = tokio::time::timeout(Duration::from_millis(100), view.changed()).await;
+        seen.extend(view.take_changed_units().expect("named"));
+    }
+    assert_eq!(seen, wanted);
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -1015,6 +1078,7 @@ contract!(
     a_machine_role_writes_for_its_own_machine_only,
     watch_hints_wake_on_changes_under_the_prefix,
     live_view_follows_every_change,
+    live_view_names_the_units_that_changed,
     lists_more_than_a_page_and_4_mib_of_unit_files,
     listings_skip_unreadable_values_and_name_their_keys,
     destroys_an_unreadable_unit_record_with_its_references,

@@ -27,7 +27,8 @@ use tracing::{Instrument, debug, debug_span, info, warn};
 use super::{EngineConfig, Flow, stop_requested};
 use crate::disruption::{Assessment, Disruption, Hold};
 use crate::metrics::{Failure, Metrics};
-use crate::scheduler::{Decision, DecisionKind, plan_holding};
+use crate::scheduler::{Decision, DecisionKind, Entangled, plan_delta, plan_holding};
+use std::collections::BTreeSet;
 
 /// The shortest re-check period honoured (a zero interval would spin).
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
@@ -61,6 +62,13 @@ pub(super) struct Leading<K> {
     /// Whether this leadership has made the placement mirror match its view's schedule (once,
     /// at takeover: from then on every schedule write carries its placement).
     placements_repaired: bool,
+    /// Whether the next pass must plan every unit: at the start, after a machine changed,
+    /// on the safety net and the disruption's re-check. Otherwise a pass plans only the
+    /// units that changed when [`plan_delta`] can (see `scheduler/delta.rs`).
+    whole_due: bool,
+    /// The units whose options tie them to others, as of the last whole plan (`None`: none
+    /// made yet with this view).
+    entangled: Option<Entangled>,
     metrics: Metrics,
 }
 
@@ -87,6 +95,8 @@ impl<K: Kv> Leading<K> {
             notice: None,
             logged_hold: None,
             placements_repaired: false,
+            whole_due: true,
+            entangled: None,
             metrics: cfg.metrics.clone(),
         }
     }
@@ -133,15 +143,24 @@ impl<K: Kv> Leading<K> {
                 () = stop_requested(shutdown) => return Flow::Shutdown,
                 _ = lost.changed() => return Flow::Campaign,
                 change = changed(&mut self.view) => match change {
-                    Ok(touched) => due = self.matters(touched),
+                    Ok(touched) => {
+                        due = self.matters(touched);
+                        self.whole_due |= touched.machines;
+                    }
                     Err(err) => {
                         warn!(error = %err, "engine lost track of the registry; reading it again");
                         self.view = None;
                         due = true;
                     }
                 },
-                _ = safety_net.tick() => due = true,
-                () = sleep_until(self.recheck) => due = true,
+                _ = safety_net.tick() => {
+                    due = true;
+                    self.whole_due = true;
+                }
+                () = sleep_until(self.recheck) => {
+                    due = true;
+                    self.whole_due = true;
+                }
             }
         }
     }
@@ -158,6 +177,7 @@ impl<K: Kv> Leading<K> {
     async fn pass(&mut self) -> Result<(), RegistryError> {
         let started = Instant::now();
         if self.view.is_none() {
+            self.entangled = None;
             match LiveView::start(self.registry.clone()).await {
                 Ok(view) => self.view = Some(view),
                 Err(err) => {
@@ -179,8 +199,24 @@ impl<K: Kv> Leading<K> {
             }
             self.placements_repaired = true;
         }
-        let assessment = self.disruption.assess(Instant::now(), view.snapshot());
-        let plan = plan_holding(view.snapshot(), view.files(), &assessment.held);
+        let changed = view.take_changed_units();
+        let part = match (&changed, &self.entangled) {
+            (Some(units), Some(entangled))
+                if !self.whole_due && !self.waiting && self.disruption.quiet() =>
+            {
+                plan_delta(view.snapshot(), view.files(), units, entangled)
+            }
+            _ => None,
+        };
+        let whole = part.is_none();
+        let (assessment, plan) = match part {
+            Some(plan) => (Assessment::default(), plan),
+            None => {
+                let assessment = self.disruption.assess(Instant::now(), view.snapshot());
+                let plan = plan_holding(view.snapshot(), view.files(), &assessment.held);
+                (assessment, plan)
+            }
+        };
         let mut writes: Vec<EngineWrite> = plan.decisions.iter().map(write_of).collect();
         let notice = assessment.hold.as_ref().map(ToString::to_string);
         if self.notice.as_ref() != Some(&notice) {
@@ -198,12 +234,19 @@ impl<K: Kv> Leading<K> {
         self.metrics.reconciled(&plan, started.elapsed());
         view.record_writes(&writes);
         self.notice = Some(notice);
-        self.recheck = assessment.recheck;
         self.waiting = !plan.waiting.is_empty();
+        if whole {
+            self.recheck = assessment.recheck;
+            self.entangled = Some(Entangled::of(view.snapshot(), view.files()));
+            self.whole_due = false;
+        }
         debug!(
             revision = view.revision(),
+            planned = if whole { "all units" } else { "changed units" },
+            changed = changed.as_ref().map_or(0, BTreeSet::len),
             decisions = plan.decisions.len(),
             waiting = plan.waiting.len(),
+            elapsed = ?started.elapsed(),
             "engine pass done"
         );
         self.log_assessment(&assessment);

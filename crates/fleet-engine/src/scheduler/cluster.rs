@@ -10,7 +10,7 @@ use fleet_core::{
 };
 use fleet_registry::{MoveRecord, PerMachine, Snapshot, UnitStateRecord};
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::decision::{Reason, Violation};
 use super::spec::Spec;
@@ -76,6 +76,9 @@ pub(super) struct Cluster<'s> {
     pub moves_over: BTreeMap<UnitName, MachineId>,
     /// Units whose recorded move is still on its way: their state changes matter.
     pub in_flight: BTreeSet<UnitName>,
+    /// Entries of units outside the snapshot, per machine, counted in its load: what a plan
+    /// of a few units (see [`super::delta`]) knows of the rest. Empty for a whole plan.
+    base_load: HashMap<MachineId, usize>,
 }
 
 impl<'s> Cluster<'s> {
@@ -92,6 +95,17 @@ impl<'s> Cluster<'s> {
         snapshot: &'s Snapshot,
         files: &BTreeMap<UnitHash, UnitFile>,
         held: &'s BTreeSet<UnitName>,
+    ) -> Cluster<'s> {
+        Cluster::with_base(snapshot, files, held, HashMap::new())
+    }
+
+    /// [`new`](Self::new), each machine's load counting `base_load` more units than the
+    /// snapshot places there.
+    pub fn with_base(
+        snapshot: &'s Snapshot,
+        files: &BTreeMap<UnitHash, UnitFile>,
+        held: &'s BTreeSet<UnitName>,
+        base_load: HashMap<MachineId, usize>,
     ) -> Cluster<'s> {
         let unreadable = Unreadable::of(snapshot);
         let held = unreadable.held(snapshot, held);
@@ -126,6 +140,7 @@ impl<'s> Cluster<'s> {
             moves_started: BTreeMap::new(),
             moves_over: BTreeMap::new(),
             in_flight: BTreeSet::new(),
+            base_load,
         };
         let wanted = snapshot
             .units
@@ -297,7 +312,8 @@ impl<'s> Cluster<'s> {
 
     /// fleet's load: how many units a machine runs, global ones included.
     pub fn load(&self, machine: &MachineId) -> usize {
-        self.on.get(machine).map_or(0, BTreeSet::len)
+        let base = self.base_load.get(machine).copied().unwrap_or(0);
+        base + self.on.get(machine).map_or(0, BTreeSet::len)
     }
 
     /// The live machine with the fewest units (ties by ID), `avoided` only when it is the

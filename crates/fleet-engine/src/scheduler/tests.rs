@@ -7,6 +7,7 @@ use fleet_registry::{
     DrainRecord, MoveRecord, ReplaceState, ScheduleEntry, Unit, UnitRecord, UnitStateRecord,
 };
 
+mod delta;
 mod drain;
 mod props;
 mod replace;

@@ -1,0 +1,95 @@
+//! Planning only the units a change touched (`plan_delta`): when it answers, and that its
+//! answer is the whole plan's (the property test in `props.rs` checks the latter broadly).
+
+use super::*;
+
+/// Three machines, four plain units settled on them (m1 and m2 carry two, m3 none after
+/// its units went: the least loaded).
+fn settled() -> World {
+    let mut w = World::new()
+        .machine("m1", &[])
+        .machine("m2", &[])
+        .machine("m3", &[])
+        .unit("a.service", Launched, "")
+        .unit("b.service", Launched, "")
+        .unit("c.service", Launched, "")
+        .unit("d.service", Launched, "")
+        .entry("a.service", "m1")
+        .entry("b.service", "m1")
+        .entry("c.service", "m2")
+        .entry("d.service", "m2");
+    assert!(w.settle().is_empty(), "already at a fixed point");
+    w
+}
+
+fn delta(w: &World, before: &Entangled, touched: &[&str]) -> Option<Plan> {
+    let touched: BTreeSet<UnitName> = touched.iter().map(|u| name(u)).collect();
+    plan_delta(&w.snap, &w.files, &touched, before)
+}
+
+#[test]
+fn a_new_plain_unit_is_planned_alone_against_the_load_of_the_others() {
+    let w = settled();
+    let before = Entangled::of(&w.snap, &w.files);
+    let w = w.unit("e.service", Launched, "");
+    let part = delta(&w, &before, &["e.service"]).expect("planned alone");
+    assert_eq!(
+        lines(&part.decisions),
+        ["schedule e.service on m3 (launched): target state launched and unit not scheduled"]
+    );
+    assert_eq!(part, plan(&w.snap, &w.files));
+}
+
+#[test]
+fn a_destroyed_or_stopped_plain_unit_is_planned_alone() {
+    let mut w = settled();
+    let before = Entangled::of(&w.snap, &w.files);
+    w.snap.units.remove(&name("a.service"));
+    w.snap
+        .units
+        .get_mut(&name("c.service"))
+        .unwrap()
+        .record
+        .desired = Loaded;
+    let part = delta(&w, &before, &["a.service", "c.service"]).expect("planned alone");
+    assert_eq!(part, plan(&w.snap, &w.files));
+    assert_eq!(part.decisions.len(), 2, "{:?}", lines(&part.decisions));
+}
+
+#[test]
+fn a_unit_tied_to_others_is_planned_with_the_whole() {
+    // A unit with Conflicts= arrives.
+    let w = settled();
+    let before = Entangled::of(&w.snap, &w.files);
+    let w = w.unit("e.service", Launched, "Conflicts=a.service");
+    assert_eq!(delta(&w, &before, &["e.service"]), None);
+
+    // A plain unit arrives that an existing unit's Conflicts= (or Replaces=, MachineOf=)
+    // names.
+    for xfleet in ["Conflicts=e*", "Replaces=e.service", "MachineOf=e.service"] {
+        let mut w = settled().unit("x.service", Launched, xfleet);
+        w.settle();
+        let before = Entangled::of(&w.snap, &w.files);
+        assert_eq!(before.len(), 1);
+        let w = w.unit("e.service", Launched, "");
+        assert_eq!(delta(&w, &before, &["e.service"]), None, "{xfleet}");
+        // One it does not name is planned alone.
+        let w = w.unit("f.service", Launched, "");
+        assert!(delta(&w, &before, &["f.service"]).is_some(), "{xfleet}");
+    }
+
+    // An entangled unit destroyed.
+    let mut w = settled().unit("x.service", Launched, "Conflicts=a.service");
+    w.settle();
+    let before = Entangled::of(&w.snap, &w.files);
+    w.snap.units.remove(&name("x.service"));
+    assert_eq!(delta(&w, &before, &["x.service"]), None);
+}
+
+#[test]
+fn a_drained_machine_means_the_whole_plan() {
+    let w = settled();
+    let before = Entangled::of(&w.snap, &w.files);
+    let drained = w.clone().drain("m3", 1).unit("e.service", Launched, "");
+    assert_eq!(delta(&drained, &before, &["e.service"]), None);
+}
