@@ -217,6 +217,7 @@ impl<K: Kv> Leading<K> {
                 (assessment, plan)
             }
         };
+        let planned_in = started.elapsed();
         let mut writes: Vec<EngineWrite> = plan.decisions.iter().map(write_of).collect();
         let notice = assessment.hold.as_ref().map(ToString::to_string);
         if self.notice.as_ref() != Some(&notice) {
@@ -235,9 +236,15 @@ impl<K: Kv> Leading<K> {
         view.record_writes(&writes);
         self.notice = Some(notice);
         self.waiting = !plan.waiting.is_empty();
+        let written_in = started.elapsed() - planned_in;
         if whole {
             self.recheck = assessment.recheck;
-            self.entangled = Some(Entangled::of(view.snapshot(), view.files()));
+            // Only a quiet leader plans changed units alone: until then the next pass is a
+            // whole one anyway, and reading every unit's options would only slow it.
+            self.entangled = self
+                .disruption
+                .quiet()
+                .then(|| Entangled::of(view.snapshot(), view.files()));
             self.whole_due = false;
         }
         debug!(
@@ -246,7 +253,8 @@ impl<K: Kv> Leading<K> {
             changed = changed.as_ref().map_or(0, BTreeSet::len),
             decisions = plan.decisions.len(),
             waiting = plan.waiting.len(),
-            elapsed = ?started.elapsed(),
+            planned_in = ?planned_in,
+            written_in = ?written_in,
             "engine pass done"
         );
         self.log_assessment(&assessment);
