@@ -18,7 +18,10 @@
 //!   new lease within it finds its schedule untouched. One still gone after the grace is
 //!   treated as lost.
 //! - **Rate.** Units of lost machines move at most [`DisruptionConfig::move_rate`] per second
-//!   (a token bucket holding one second's worth); the rest wait their turn.
+//!   (a token bucket holding one second's worth); the rest wait their turn. While units wait,
+//!   what accrues during a pass longer than a second is kept (up to [`MAX_CARRY`]): a plan of
+//!   100,000 units takes 2–3 s, and a bucket capped at one second moved 1,000 units per pass,
+//!   a third of the rate asked for.
 //!
 //! An engine that starts leading has no history: a machine named by the schedule but absent
 //! counts as having vanished at that moment.
@@ -29,6 +32,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// The longest span whose tokens a throttled bucket keeps: what accrues while one slow pass
+/// plans and writes. Bounded so that a stalled engine does not release a flood when it comes
+/// back.
+pub const MAX_CARRY: Duration = Duration::from_secs(5);
 
 /// How the engine treats vanished machines (fleetd's `engine_disruption_*` and
 /// `engine_move_rate` settings).
@@ -123,6 +131,9 @@ pub struct Disruption {
     vanished: BTreeMap<MachineId, Instant>,
     tokens: f64,
     refilled: Instant,
+    /// Whether units waited for the rate at the last assessment: then the tokens accrued
+    /// since are theirs, up to [`MAX_CARRY`], not cut to one second.
+    throttled: bool,
 }
 
 impl Disruption {
@@ -134,6 +145,7 @@ impl Disruption {
             vanished: BTreeMap::new(),
             tokens: burst(cfg.move_rate),
             refilled: now,
+            throttled: false,
         }
     }
 
@@ -169,6 +181,7 @@ impl Disruption {
             self.tokens -= budget as f64;
         }
         out.held.extend(lost.into_iter().skip(budget).cloned());
+        self.throttled = out.rate_limited > 0;
         if out.rate_limited > 0 {
             let wait = Duration::from_secs_f64((1.0 - self.tokens).max(0.0) / self.rate());
             out.recheck = earliest(out.recheck, now + wait);
@@ -266,9 +279,17 @@ impl Disruption {
         f64::from(self.cfg.move_rate.max(1))
     }
 
+    /// Adds what accrued since the last assessment. The bucket holds one second's worth, or,
+    /// while units wait for it, what accrued over the pass just done (up to [`MAX_CARRY`]):
+    /// moves then keep to the rate on average however long a pass takes, and never exceed it.
     fn refill(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.rate()).min(burst(self.cfg.move_rate));
+        let elapsed = now.saturating_duration_since(self.refilled);
+        let cap = if self.throttled {
+            burst(self.cfg.move_rate).max(elapsed.min(MAX_CARRY).as_secs_f64() * self.rate())
+        } else {
+            burst(self.cfg.move_rate)
+        };
+        self.tokens = (self.tokens + elapsed.as_secs_f64() * self.rate()).min(cap);
         self.refilled = now;
     }
 

@@ -244,6 +244,64 @@ fn moves_are_limited_to_the_rate_with_one_second_of_burst() {
 }
 
 #[test]
+fn a_pass_longer_than_a_second_keeps_what_accrued_while_units_wait() {
+    let cfg = DisruptionConfig {
+        move_rate: 4,
+        ..cfg()
+    };
+    let mut c = Cluster::new(3, 30, cfg);
+    c.vanish("m1");
+    c.at(1.0);
+    let a = c.at(2.0);
+    assert_eq!((a.moving, a.rate_limited), (4, 26));
+    let first: Vec<UnitName> = c
+        .snap
+        .schedule
+        .keys()
+        .filter(|u| u.as_str().starts_with("u1-") && !a.held.contains(*u))
+        .cloned()
+        .collect();
+    c.snap.schedule.retain(|u, _| !first.contains(u));
+    // A pass of 2.5 s: 10 tokens accrued, all of them usable, not one second's 4.
+    let a = c.at(4.5);
+    assert_eq!((a.moving, a.rate_limited), (10, 16));
+}
+
+#[test]
+fn an_idle_bucket_holds_one_second_however_long_it_idled() {
+    let cfg = DisruptionConfig {
+        move_rate: 4,
+        ..cfg()
+    };
+    let mut c = Cluster::new(3, 30, cfg);
+    c.at(100.0);
+    c.vanish("m1");
+    c.at(101.0);
+    let a = c.at(102.0);
+    assert_eq!((a.moving, a.rate_limited), (4, 26));
+}
+
+#[test]
+fn a_stalled_engine_releases_at_most_the_carry() {
+    let cfg = DisruptionConfig {
+        move_rate: 4,
+        ..cfg()
+    };
+    let mut c = Cluster::new(3, 30, cfg);
+    c.vanish("m1");
+    c.at(1.0);
+    let a = c.at(2.0);
+    assert_eq!((a.moving, a.rate_limited), (4, 26));
+    let held = a.held.clone();
+    c.snap
+        .schedule
+        .retain(|u, _| !u.as_str().starts_with("u1-") || held.contains(u));
+    let a = c.at(62.0);
+    let carry = (MAX_CARRY.as_secs() * 4) as usize;
+    assert_eq!((a.moving, a.rate_limited), (carry, 26 - carry));
+}
+
+#[test]
 fn no_rate_limit_when_the_rate_is_zero() {
     let cfg = DisruptionConfig {
         move_rate: 0,
