@@ -95,6 +95,12 @@ async fn installs_starts_stops_and_uninstalls_a_unit<S: Side>(side: &S) {
     let entry = installed.iter().find(|u| u.name == unit).expect("listed");
     assert_eq!(*entry.content.as_ref().unwrap(), file.hash());
     assert!(entry.linked, "installed units are linked");
+    let absent = name("contract-absent.service");
+    let some = side.installed_of(&[absent, unit.clone()]).await.unwrap();
+    assert_eq!(some.len(), 1, "only the file that exists");
+    assert_eq!(some[0].name, unit);
+    assert_eq!(*some[0].content.as_ref().unwrap(), file.hash());
+    assert!(some[0].linked);
     assert_eq!(
         strs(&state(side, &unit).await),
         ("loaded", "inactive", "dead")
@@ -116,6 +122,7 @@ async fn installs_starts_stops_and_uninstalls_a_unit<S: Side>(side: &S) {
     );
     side.uninstall(&unit).await.unwrap();
     assert!(side.installed().await.unwrap().is_empty());
+    assert!(side.installed_of(&[unit.clone()]).await.unwrap().is_empty());
     assert_eq!(
         strs(&state(side, &unit).await),
         ("not-found", "inactive", "dead")
@@ -176,6 +183,10 @@ async fn reports_unparseable_files_and_skips_names_that_are_not_units<S: Side>(s
     assert_eq!(names, ["contract-bad.service"]);
     assert!(installed[0].content.is_err());
     assert!(!installed[0].linked);
+    let bad = name("contract-bad.service");
+    let some = side.installed_of(std::slice::from_ref(&bad)).await.unwrap();
+    assert_eq!(some.len(), 1);
+    assert!(some[0].content.is_err());
 }
 
 async fn hints_a_unit_after_its_job_and_starts_with_a_resync<S: Side>(side: &S) {

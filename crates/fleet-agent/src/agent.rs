@@ -126,6 +126,9 @@ pub struct Agent<K, M> {
     ledger: Ledger,
     /// Whether the last publish got every state out.
     publish_complete: bool,
+    /// The units whose state to publish may have changed since the last publish; `None`:
+    /// any of them (after a full read, a new lease or a failed publish).
+    unpublished: Option<BTreeSet<UnitName>>,
     progress: watch::Sender<Progress>,
     metrics: Metrics,
 }
@@ -157,6 +160,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             skipped: BTreeMap::new(),
             ledger: Ledger::load(cfg_restarts_dir),
             publish_complete: true,
+            unpublished: None,
             progress: watch::Sender::new(Progress::default()),
             metrics: Metrics::default(),
         }
@@ -227,6 +231,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             // What to read of the schedule: nothing, the watch's events, or all of it.
             let mut schedule = None;
             let mut details = false;
+            // The units to read again from systemd and the units directory: those a hint
+            // names, or (`None`) every one.
+            let mut reread: Option<BTreeSet<UnitName>> = None;
             tokio::select! {
                 _ = shutdown.changed() => {
                     info!("agent stopping; units keep running");
@@ -247,7 +254,8 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                         debug!(units = units.len(), "state changes of units not fleet's; no pass");
                         idle = true;
                     }
-                    Some(change) => details = matches!(change, Change::Resync),
+                    Some(Change::Units(units)) => reread = Some(units),
+                    Some(Change::Resync) => details = true,
                     // The D-Bus connection is gone; fleetd exits and is restarted, and the
                     // new agent adopts everything.
                     None => {
@@ -267,12 +275,18 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             if idle {
                 continue;
             }
-            if let Some(delta) = schedule
-                && let Err(e) = self.follow_schedule(delta).await
-            {
-                warn!(error = %e, "reading schedule failed; keeping the last one");
+            if let Some(delta) = schedule {
+                match self.follow_schedule(delta).await {
+                    // Only these entries changed: only their units need reading again.
+                    Ok(Some(changed)) => reread = Some(changed),
+                    Ok(None) => reread = None,
+                    Err(e) => {
+                        warn!(error = %e, "reading schedule failed; keeping the last one");
+                        reread = None;
+                    }
+                }
             }
-            self.refresh_current(details).await;
+            self.refresh_current(details, reread.as_ref()).await;
         }
     }
 
@@ -468,25 +482,35 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     /// Brings the schedule up to date: applies the watch's events when it kept them all,
     /// re-reads the whole schedule otherwise. A pass then costs what changed, not every
     /// unit scheduled here (with 1,000 units each change re-read all 1,000 entries).
-    async fn follow_schedule(&mut self, delta: Delta) -> Result<(), RegistryError> {
+    ///
+    /// Returns the units whose entries changed when the events were applied, `None` after a
+    /// full read (any unit may have).
+    async fn follow_schedule(
+        &mut self,
+        delta: Delta,
+    ) -> Result<Option<BTreeSet<UnitName>>, RegistryError> {
         match delta {
             Delta::Events(events) if self.desired.is_some() && !self.schedule_stale => {
                 match self.apply_schedule_events(&events).await {
-                    Ok(true) => Ok(()),
-                    Ok(false) => self.read_schedule().await.map(|_| ()),
+                    Ok(Some(changed)) => Ok(Some(changed)),
+                    Ok(None) => self.read_schedule().await.map(|_| None),
                     Err(e) => {
                         self.schedule_stale = true;
                         Err(e)
                     }
                 }
             }
-            Delta::Events(_) | Delta::Gap => self.read_schedule().await.map(|_| ()),
+            Delta::Events(_) | Delta::Gap => self.read_schedule().await.map(|_| None),
         }
     }
 
-    /// Applies schedule events newer than the schedule held; false (nothing applied) when
-    /// one cannot be read as an entry of ours: only a full read says what to skip.
-    async fn apply_schedule_events(&mut self, events: &[Event]) -> Result<bool, RegistryError> {
+    /// Applies schedule events newer than the schedule held and returns the units whose
+    /// entries changed; `None` (nothing applied) when one cannot be read as an entry of ours:
+    /// only a full read says what to skip.
+    async fn apply_schedule_events(
+        &mut self,
+        events: &[Event],
+    ) -> Result<Option<BTreeSet<UnitName>>, RegistryError> {
         let fresh: Vec<(Revision, ScheduleChange)> = events
             .iter()
             .filter(|e| e.kv.mod_revision > self.schedule_revision)
@@ -496,7 +520,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             .iter()
             .any(|(_, c)| matches!(c, ScheduleChange::Unreadable))
         {
-            return Ok(false);
+            return Ok(None);
         }
         let mut changed = BTreeSet::new();
         let mut dropped_hash = false;
@@ -539,7 +563,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             self.files.retain(|h, _| wanted.contains(h));
         }
         self.fetch_files(new_hashes).await?;
-        Ok(true)
+        Ok(Some(changed))
     }
 
     /// Reads the files of `hashes` not held yet: [`MAX_TXN_OPS`] to a request,
@@ -600,22 +624,53 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             .any(|g| glob_match(g, name.as_str()))
     }
 
-    async fn refresh_current(&mut self, details: bool) {
-        let also: BTreeSet<UnitName> = self
-            .desired
-            .as_ref()
-            .map(|d| d.keys().cloned().collect())
-            .unwrap_or_default();
-        match Current::read(&self.manager, &also, &self.current.drop_ins).await {
-            Ok(mut current) => {
-                if details {
-                    current.read_details(&self.manager).await;
+    /// Reads systemd's state and the units directory again: of the units of `names` only, or
+    /// (`None`) of every unit, with the per-unit details too when `details` (after a
+    /// daemon-reload). A unit whose state changes without a hint naming it waits for the
+    /// periodic resync, as the manager's contract says hints may (rarely) be missed.
+    async fn refresh_current(&mut self, details: bool, names: Option<&BTreeSet<UnitName>>) {
+        match names {
+            Some(names) if !details => {
+                let desired = self.desired.as_ref();
+                let scheduled = |n: &UnitName| desired.is_some_and(|d| d.contains_key(n));
+                if let Err(e) = self.current.refresh(&self.manager, names, scheduled).await {
+                    warn!(error = %e, "reading systemd state failed");
+                    return;
                 }
-                current.set_restarted(&self.ledger.restarts());
-                self.current = current;
-                self.refresh_pending().await;
+                if let Some(unpublished) = &mut self.unpublished {
+                    unpublished.extend(names.iter().cloned());
+                }
             }
-            Err(e) => warn!(error = %e, "reading systemd state failed"),
+            Some(_) | None => {
+                let also: BTreeSet<UnitName> = self
+                    .desired
+                    .as_ref()
+                    .map(|d| d.keys().cloned().collect())
+                    .unwrap_or_default();
+                match Current::read(&self.manager, &also, &self.current.drop_ins).await {
+                    Ok(mut current) => {
+                        if details {
+                            current.read_details(&self.manager).await;
+                        }
+                        self.current = current;
+                        self.unpublished = None;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "reading systemd state failed");
+                        return;
+                    }
+                }
+            }
+        }
+        let restarted = self.current.set_restarted(&self.ledger.restarts());
+        self.mark_unpublished(restarted);
+        self.refresh_pending().await;
+    }
+
+    /// Notes units whose state to publish changed outside a read of them.
+    fn mark_unpublished(&mut self, names: impl IntoIterator<Item = UnitName>) {
+        if let Some(unpublished) = &mut self.unpublished {
+            unpublished.extend(names);
         }
     }
 
@@ -634,7 +689,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             if outcome.outcome.executed == 0 {
                 break;
             }
-            self.refresh_current(false).await;
+            // What the tasks did; a unit they changed as a side effect (a dependency) has
+            // its own hint coming, and the reload's end hints a full read.
+            self.refresh_current(false, Some(&outcome.touched)).await;
             if !outcome.outcome.failed.is_empty() {
                 break;
             }
@@ -642,6 +699,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         self.publish_complete = self.publish().await;
         if details_due {
             self.current.read_details(&self.manager).await;
+            self.unpublished = None;
             self.publish_complete = self.publish().await;
         }
         self.metrics.units(&self.current.units);
@@ -692,7 +750,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         }
         self.ledger
             .record_started(&desired.units, &planned, &outcome);
-        for unit in touched {
+        for unit in touched.iter().cloned() {
             match outcome.failed.get(&unit) {
                 Some(_) => self.fail(unit, now),
                 None => {
@@ -706,7 +764,11 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 debug!(unit = %task.unit, next_restart_after = ?wait, "restarted a failed unit");
             }
         }
-        PassOutcome { outcome, reloaded }
+        PassOutcome {
+            outcome,
+            reloaded,
+            touched,
+        }
     }
 
     /// Before a file is swapped under a running unit (`--no-restart`), remembers which
@@ -759,7 +821,14 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 self.ledger.clear_swap(&name);
             }
         }
+        let changed: Vec<UnitName> = self
+            .current
+            .restart_pending
+            .symmetric_difference(&pending)
+            .cloned()
+            .collect();
         self.current.restart_pending = pending;
+        self.mark_unpublished(changed);
     }
 
     /// Desired units that systemd has from a unit file outside our units directory (an
@@ -830,19 +899,42 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         if self.published_lease != Some(presence.lease()) {
             self.published.clear();
             self.published_lease = Some(presence.lease());
+            self.unpublished = None;
         }
-        let records = self.current.records(&self.cfg.machine);
-        let changed: Vec<UnitStateRecord> = records
-            .iter()
-            .filter(|(n, r)| self.published.get(*n) != Some(*r))
-            .map(|(_, r)| r.clone())
-            .collect();
-        let gone: Vec<UnitName> = self
-            .published
-            .keys()
-            .filter(|n| !records.contains_key(*n))
-            .cloned()
-            .collect();
+        // Only the units read again since the last complete publish, unless any may have
+        // changed: a pass after one unit's change compares one state, not all of them.
+        let machine = &self.cfg.machine;
+        let (changed, gone): (Vec<UnitStateRecord>, Vec<UnitName>) = match self.unpublished.take() {
+            Some(names) => {
+                let mut changed = Vec::new();
+                let mut gone = Vec::new();
+                for name in names {
+                    match self.current.record(&name, machine) {
+                        Some(r) if self.published.get(&name) != Some(&r) => changed.push(r),
+                        Some(_) => {}
+                        None if self.published.contains_key(&name) => gone.push(name),
+                        None => {}
+                    }
+                }
+                (changed, gone)
+            }
+            None => {
+                let records = self.current.records(machine);
+                let gone = self
+                    .published
+                    .keys()
+                    .filter(|n| !records.contains_key(*n))
+                    .cloned()
+                    .collect();
+                let changed = records
+                    .into_values()
+                    .filter(|r| self.published.get(&r.name) != Some(r))
+                    .collect();
+                (changed, gone)
+            }
+        };
+        // Whatever fails below is retried with every state compared again.
+        self.unpublished = Some(BTreeSet::new());
         let registry = &self.registry;
         // Many states to a transaction (a machine given 1,000 units publishes 8, not 1,000),
         // a few transactions at once. A failed one leaves its states for the retry.
@@ -889,6 +981,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 complete = false;
             }
         }
+        if !complete {
+            self.unpublished = None;
+        }
         complete
     }
 }
@@ -897,6 +992,8 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
 struct PassOutcome {
     outcome: Outcome,
     reloaded: bool,
+    /// The units the plan had tasks for.
+    touched: BTreeSet<UnitName>,
 }
 
 async fn sleep_until(at: Option<Instant>) {

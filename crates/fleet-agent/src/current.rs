@@ -6,7 +6,7 @@ use fleet_registry::UnitStateRecord;
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::manager::{ManagerError, UnitManager};
+use crate::manager::{InstalledUnit, ManagerError, UnitManager};
 use crate::plan::{CurrentUnit, UnitFileState};
 
 /// Everything known about the units in the units directory (plus desired units systemd knows).
@@ -73,6 +73,74 @@ impl Current {
         Ok(current)
     }
 
+    /// Re-reads only the units of `names`: each one's file in the units directory and
+    /// systemd's state of it, in one batched status call, leaving every other unit as the
+    /// last read found it. A pass that follows a change of a few units costs those units, not
+    /// every unit the machine runs: with 1,000 units an agent, each pass listed 1,000 files
+    /// and asked systemd about 1,000 units (docs/benchmarks.md, "the agent's pass"). A name
+    /// with no file here stays known (as `Absent`) only while `desired` says it is scheduled
+    /// here, as in [`Current::read`]. Nothing changes if either read fails.
+    pub async fn refresh<M: UnitManager>(
+        &mut self,
+        manager: &M,
+        names: &BTreeSet<UnitName>,
+        desired: impl Fn(&UnitName) -> bool,
+    ) -> Result<(), ManagerError> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let list: Vec<UnitName> = names.iter().cloned().collect();
+        let installed = manager.installed_of(&list).await?;
+        let files: BTreeMap<&UnitName, &InstalledUnit> =
+            installed.iter().map(|u| (&u.name, u)).collect();
+        let asked: Vec<UnitName> = list
+            .into_iter()
+            .filter(|n| files.contains_key(n) || desired(n))
+            .collect();
+        let status = if asked.is_empty() {
+            BTreeMap::new()
+        } else {
+            manager.status(&asked).await?
+        };
+        for name in names {
+            let file = match files.get(name) {
+                Some(inst) => match &inst.content {
+                    Ok(hash) => {
+                        self.hashes.insert(name.clone(), *hash);
+                        UnitFileState::Present {
+                            hash: *hash,
+                            linked: inst.linked,
+                        }
+                    }
+                    Err(_) => {
+                        self.hashes.remove(name);
+                        UnitFileState::Unparseable
+                    }
+                },
+                None => {
+                    self.hashes.remove(name);
+                    self.drop_ins.remove(name);
+                    if !desired(name) {
+                        self.units.remove(name);
+                        continue;
+                    }
+                    UnitFileState::Absent
+                }
+            };
+            let restarted = self.units.get(name).and_then(|u| u.restarted);
+            self.units.insert(
+                name.clone(),
+                CurrentUnit {
+                    file,
+                    systemd: status.get(name).cloned(),
+                    need_daemon_reload: false,
+                    restarted,
+                },
+            );
+        }
+        Ok(())
+    }
+
     /// Adds systemd's state of the units of `names` that have no file here (desired units
     /// systemd may have from elsewhere), in one batched status call. Boot needs it: the units
     /// directory is read before the schedule, and the first plan must see an operator's unit of
@@ -136,31 +204,44 @@ impl Current {
         }
     }
 
-    /// The state to publish for every unit with a file in the units directory.
-    /// Fills in the restart generation each unit has had here.
-    pub fn set_restarted(&mut self, done: &BTreeMap<UnitName, u64>) {
+    /// Fills in the restart generation each unit has had here; returns the units whose
+    /// generation changed (their published state changes with it).
+    pub fn set_restarted(&mut self, done: &BTreeMap<UnitName, u64>) -> Vec<UnitName> {
+        let mut changed = Vec::new();
         for (name, unit) in &mut self.units {
-            unit.restarted = done.get(name).copied();
+            let now = done.get(name).copied();
+            if unit.restarted != now {
+                unit.restarted = now;
+                changed.push(name.clone());
+            }
         }
+        changed
     }
 
+    /// The state to publish for every unit with a file in the units directory.
     pub fn records(&self, machine: &MachineId) -> BTreeMap<UnitName, UnitStateRecord> {
         self.units
-            .iter()
-            .filter(|(_, u)| !matches!(u.file, UnitFileState::Absent))
-            .map(|(name, u)| {
-                let systemd = u.systemd.clone().unwrap_or_else(SystemdState::not_found);
-                let record = UnitStateRecord {
-                    name: name.clone(),
-                    machine: machine.clone(),
-                    hash: self.hashes.get(name).copied(),
-                    systemd,
-                    drop_ins: self.drop_ins.get(name).cloned().unwrap_or_default(),
-                    restart: u.restarted.unwrap_or(0),
-                    restart_pending: self.restart_pending.contains(name),
-                };
-                (name.clone(), record)
-            })
+            .keys()
+            .filter_map(|name| Some((name.clone(), self.record(name, machine)?)))
             .collect()
+    }
+
+    /// The state to publish for `name`: `None` when it has no file in the units directory
+    /// (nothing to publish, or a state to withdraw).
+    pub fn record(&self, name: &UnitName, machine: &MachineId) -> Option<UnitStateRecord> {
+        let u = self.units.get(name)?;
+        if matches!(u.file, UnitFileState::Absent) {
+            return None;
+        }
+        let systemd = u.systemd.clone().unwrap_or_else(SystemdState::not_found);
+        Some(UnitStateRecord {
+            name: name.clone(),
+            machine: machine.clone(),
+            hash: self.hashes.get(name).copied(),
+            systemd,
+            drop_ins: self.drop_ins.get(name).cloned().unwrap_or_default(),
+            restart: u.restarted.unwrap_or(0),
+            restart_pending: self.restart_pending.contains(name),
+        })
     }
 }

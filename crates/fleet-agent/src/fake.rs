@@ -333,6 +333,21 @@ impl FakeManager {
     }
 }
 
+impl State {
+    /// `name`'s file as [`UnitManager::installed`] reports it, if it has one.
+    fn installed_unit(&mut self, name: UnitName) -> Option<InstalledUnit> {
+        let content = self
+            .content_of(name.as_str())?
+            .map_err(UnitFileError::Parse);
+        let linked = self.linked.contains(&name);
+        Some(InstalledUnit {
+            name,
+            content,
+            linked,
+        })
+    }
+}
+
 /// Where the fake's foreign units come from: an operator's file in `/etc`.
 fn foreign_fragment(name: &UnitName) -> PathBuf {
     PathBuf::from("/etc/systemd/system").join(name.as_str())
@@ -354,23 +369,33 @@ impl UnitManager for FakeManager {
                 source: io::Error::other("injected failure"),
             });
         }
-        let units = state
-            .files
+        let files: Vec<String> = state.files.keys().cloned().collect();
+        state.parsed.retain(|f, _| state.files.contains_key(f));
+        let units = files
             .iter()
-            .filter_map(|(file_name, bytes)| {
+            .filter_map(|file_name| {
                 let name: UnitName = file_name.parse().ok()?;
-                let content = UnitFile::parse(bytes)
-                    .map(|f| f.hash())
-                    .map_err(UnitFileError::Parse);
-                let linked = state.linked.contains(&name);
-                Some(InstalledUnit {
-                    name,
-                    content,
-                    linked,
-                })
+                state.installed_unit(name)
             })
             .collect();
         Ok(units)
+    }
+
+    async fn installed_of(&self, names: &[UnitName]) -> Result<Vec<InstalledUnit>, ManagerError> {
+        let state = &mut *self.lock();
+        if state.call(Call::Installed, Op::Installed, &[]) {
+            return Err(ManagerError::ListUnitsDir {
+                path: PathBuf::from(DEFAULT_UNITS_DIR),
+                source: io::Error::other("injected failure"),
+            });
+        }
+        let mut names: Vec<&UnitName> = names.iter().collect();
+        names.sort();
+        names.dedup();
+        Ok(names
+            .into_iter()
+            .filter_map(|name| state.installed_unit(name.clone()))
+            .collect())
     }
 
     async fn install(&self, name: &UnitName, file: &UnitFile) -> Result<(), ManagerError> {

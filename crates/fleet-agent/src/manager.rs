@@ -62,6 +62,21 @@ pub trait UnitManager: Send + Sync {
     /// not unit names are skipped (the real adapter warns once per name) and never touched.
     fn installed(&self) -> impl Future<Output = Result<Vec<InstalledUnit>, ManagerError>> + Send;
 
+    /// Of [`UnitManager::installed`], only the files of `names` (those that exist), sorted by
+    /// name: what a pass re-reads after a change of a few units. The default lists the whole
+    /// directory; the adapters look at just these files.
+    fn installed_of(
+        &self,
+        names: &[UnitName],
+    ) -> impl Future<Output = Result<Vec<InstalledUnit>, ManagerError>> + Send {
+        async move {
+            let wanted: std::collections::BTreeSet<&UnitName> = names.iter().collect();
+            let mut all = self.installed().await?;
+            all.retain(|u| wanted.contains(&u.name));
+            Ok(all)
+        }
+    }
+
     /// Writes `<units_dir>/<name>` with the file's canonical text (mode 0644, atomically through
     /// a temporary file and a rename; skipped when the content is already there), links it into
     /// systemd (`LinkUnitFiles([path], runtime, force)`) unless already linked, and enables it

@@ -352,6 +352,11 @@ impl<M: UnitManager> UnitManager for Metered<M> {
         self.call(Call::Installed, self.inner.installed()).await
     }
 
+    async fn installed_of(&self, names: &[UnitName]) -> Result<Vec<InstalledUnit>, ManagerError> {
+        self.call(Call::Installed, self.inner.installed_of(names))
+            .await
+    }
+
     async fn install(&self, name: &UnitName, file: &UnitFile) -> Result<(), ManagerError> {
         self.call(Call::Install, self.inner.install(name, file))
             .await

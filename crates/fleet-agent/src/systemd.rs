@@ -250,6 +250,11 @@ impl UnitManager for SystemdManager {
         blocking(move || dir.list()).await
     }
 
+    async fn installed_of(&self, names: &[UnitName]) -> Result<Vec<InstalledUnit>, ManagerError> {
+        let (dir, names) = (self.inner.dir.clone(), names.to_vec());
+        blocking(move || dir.list_of(&names)).await
+    }
+
     async fn install(&self, name: &UnitName, file: &UnitFile) -> Result<(), ManagerError> {
         let (dir, write_name, write_file) = (self.inner.dir.clone(), name.clone(), file.clone());
         let written = blocking(move || dir.write(&write_name, &write_file)).await?;

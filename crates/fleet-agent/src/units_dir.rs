@@ -182,6 +182,44 @@ impl UnitsDir {
         Ok(units)
     }
 
+    /// The files of `names` that exist, sorted by name, as [`UnitsDir::list`] reports them:
+    /// one `lstat` each (and a read when a file changed), not a listing of the directory.
+    pub fn list_of(&self, names: &[UnitName]) -> Result<Vec<InstalledUnit>, ManagerError> {
+        let now = SystemTime::now();
+        let mut sorted: Vec<&UnitName> = names.iter().collect();
+        sorted.sort();
+        sorted.dedup();
+        let mut units = Vec::new();
+        for name in sorted {
+            let path = self.file_path(name);
+            match fs::symlink_metadata(&path) {
+                Ok(meta) if meta.file_type().is_file() => {}
+                Ok(_) => {
+                    self.warn_once(&OsString::from(name.as_str()), Ignored::NotAFile);
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    self.lock_hashes().remove(name);
+                    continue;
+                }
+                Err(source) => {
+                    return Err(ManagerError::ListUnitsDir {
+                        path: self.path.clone(),
+                        source,
+                    });
+                }
+            }
+            let content = self.hash(name, &path, now);
+            let linked = self.is_linked(name);
+            units.push(InstalledUnit {
+                name: name.clone(),
+                content,
+                linked,
+            });
+        }
+        Ok(units)
+    }
+
     /// The hash of `name`'s file at `path`: the cached one while its stamp is unchanged, else
     /// read (and cached once settled).
     fn hash(
@@ -412,6 +450,45 @@ mod tests {
         assert_eq!(listed[0].name, name("a.service"));
         assert_eq!(*listed[0].content.as_ref().unwrap(), file.hash());
         assert!(!listed[0].linked);
+    }
+
+    #[test]
+    fn lists_only_the_named_files_as_the_whole_listing_does() {
+        let scratch = Scratch::new("list-of");
+        let dir = scratch.open();
+        dir.write(&name("a.service"), &unit("[Service]\nExecStart=/bin/a\n"))
+            .unwrap();
+        dir.write(&name("b.service"), &unit("[Service]\nExecStart=/bin/b\n"))
+            .unwrap();
+        fs::write(dir.file_path(&name("c.service")), "not a unit").unwrap();
+        fs::create_dir(dir.file_path(&name("d.service"))).unwrap();
+        let asked = [
+            name("c.service"),
+            name("a.service"),
+            name("gone.service"),
+            name("d.service"),
+            name("a.service"),
+        ];
+        let some = dir.list_of(&asked).unwrap();
+        let all = dir.list().unwrap();
+        let view = |units: &[InstalledUnit]| -> Vec<(String, Option<UnitHash>, bool)> {
+            units
+                .iter()
+                .map(|u| {
+                    (
+                        u.name.to_string(),
+                        u.content.as_ref().ok().copied(),
+                        u.linked,
+                    )
+                })
+                .collect()
+        };
+        let expected: Vec<_> = view(&all)
+            .into_iter()
+            .filter(|(n, _, _)| n == "a.service" || n == "c.service")
+            .collect();
+        assert_eq!(view(&some), expected);
+        assert!(some[1].content.is_err(), "c.service does not parse");
     }
 
     #[test]

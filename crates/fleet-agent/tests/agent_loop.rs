@@ -100,6 +100,20 @@ impl World {
         self.registry.write_schedule(&[entry], &[]).await.unwrap();
     }
 
+    /// Rewrites `unit`'s entry here with another desired state.
+    async fn entry_desired(&self, unit: &str, f: &UnitFile, desired: DesiredState) {
+        let entry = ScheduleEntry {
+            name: name(unit),
+            machine: self.machine.clone(),
+            hash: f.hash(),
+            desired,
+            restart: 0,
+            no_restart: false,
+            placement: 0,
+        };
+        self.registry.write_schedule(&[entry], &[]).await.unwrap();
+    }
+
     async fn unschedule(&self, unit: &str) {
         self.registry
             .write_schedule(&[], &[(self.machine.clone(), name(unit))])
@@ -1158,4 +1172,51 @@ async fn state_changes_of_units_not_fleets_make_no_pass() {
     w.fake.set_active(&name("ours.service"), "failed", "failed");
     w.until("a pass for our own unit", || passes(&w.fake.calls()) > 0)
         .await;
+}
+
+/// A pass after one unit's change reads that unit again, not every unit the machine runs: the
+/// schedule event or the systemd hint names it, and the status call asks about it alone.
+#[tokio::test(start_paused = true)]
+async fn a_change_of_one_unit_reads_that_unit_again_not_every_unit() {
+    let w = World::new().await;
+    for i in 0..20 {
+        let f = file(&format!("/bin/sleep {i}"));
+        w.schedule(&format!("u{i}.service"), &f, DesiredState::Launched)
+            .await;
+    }
+    let _agent = w.start_agent();
+    for i in 0..20 {
+        w.until_published(&format!("u{i}.service"), "active").await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    w.fake.take_calls();
+    let asked = |calls: &[Call]| -> Vec<usize> {
+        calls
+            .iter()
+            .filter_map(|c| match c {
+                Call::Status(names) => Some(names.len()),
+                _ => None,
+            })
+            .collect()
+    };
+
+    // systemd says one unit is reloading: that unit is read again and its state published.
+    w.fake
+        .set_active(&name("u5.service"), "reloading", "reload");
+    w.until_published("u5.service", "reloading").await;
+    let calls = w.fake.take_calls();
+    assert!(!asked(&calls).is_empty(), "a pass for u5: {calls:?}");
+    assert!(asked(&calls).iter().all(|n| *n == 1), "{calls:?}");
+
+    // The schedule asks one unit to stop: no reload, so no full read either.
+    w.entry_desired("u7.service", &file("/bin/sleep 7"), DesiredState::Loaded)
+        .await;
+    w.until_published("u7.service", "inactive").await;
+    let calls = w.fake.take_calls();
+    assert!(calls.contains(&Call::Stop(name("u7.service"))), "{calls:?}");
+    assert!(asked(&calls).iter().all(|n| *n == 1), "{calls:?}");
+    assert_eq!(
+        w.published("u6.service").await.unwrap().systemd.active,
+        "active"
+    );
 }

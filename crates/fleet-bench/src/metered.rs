@@ -101,6 +101,11 @@ impl<M: UnitManager> UnitManager for MeteredManager<M> {
         self.metered(Call::Installed, self.inner.installed()).await
     }
 
+    async fn installed_of(&self, names: &[UnitName]) -> Result<Vec<InstalledUnit>, ManagerError> {
+        self.metered(Call::Installed, self.inner.installed_of(names))
+            .await
+    }
+
     async fn install(&self, name: &UnitName, file: &UnitFile) -> Result<(), ManagerError> {
         self.metered(Call::Install, self.inner.install(name, file))
             .await

@@ -4,7 +4,7 @@
 
 use super::{Call, FakeJob, Op};
 use crate::manager::{JobKind, JobOutcome};
-use fleet_core::{ActiveState, SystemdState, UnitName};
+use fleet_core::{ActiveState, ParseError, SystemdState, UnitFile, UnitHash, UnitName};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
@@ -68,6 +68,10 @@ pub(super) struct Fault {
 #[derive(Debug, Default)]
 pub(super) struct State {
     pub(super) files: BTreeMap<String, Vec<u8>>,
+    /// Each file's hash (or why it does not parse) as of the bytes it was taken from: parsed
+    /// once per content, as systemd's adapter caches hashes by the file's stamp. Parsing every
+    /// file on every listing was a fifth of the scale simulation's CPU.
+    pub(super) parsed: BTreeMap<String, (Vec<u8>, Result<UnitHash, ParseError>)>,
     pub(super) linked: BTreeSet<UnitName>,
     pub(super) records: BTreeMap<UnitName, Record>,
     pub(super) calls: Vec<Call>,
@@ -78,6 +82,20 @@ pub(super) struct State {
 }
 
 impl State {
+    /// The hash of the file's canonical text, or why it does not parse; `None` without a file.
+    pub(super) fn content_of(&mut self, file_name: &str) -> Option<Result<UnitHash, ParseError>> {
+        let bytes = self.files.get(file_name)?;
+        if let Some((seen, content)) = self.parsed.get(file_name)
+            && seen == bytes
+        {
+            return Some(content.clone());
+        }
+        let content = UnitFile::parse(bytes).map(|f| f.hash());
+        self.parsed
+            .insert(file_name.to_owned(), (bytes.clone(), content.clone()));
+        Some(content)
+    }
+
     /// What systemd would load for `name` now.
     pub(super) fn loadable(&self, name: &UnitName) -> Option<Definition> {
         if !self.linked.contains(name) {
