@@ -5,6 +5,7 @@
 //! ...); docs/operating.md lists them. [`outcome`] is pure: which decisions count as a
 //! placement, a move or a unit left waiting is decided here, on the plan, not in the loop.
 
+use fleet_core::UnitName;
 use fleet_registry::RegistryError;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -12,6 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
+use std::collections::HashSet;
 use std::fmt::{self, Write};
 use std::time::{Duration, SystemTime};
 
@@ -128,16 +130,27 @@ struct OutcomeLabels {
     outcome: Outcome,
 }
 
+/// The units `plan` takes off a machine, for [`outcome`]: gathered once per plan. Looking
+/// for each placed unit's removal among all the plan's decisions was quadratic: with the
+/// million-unit bench's plans of tens of thousands of placements it took 69 % of the bench's
+/// CPU (`perf record`, docs/benchmarks.md section 7), and the leader fell ever further behind.
+pub fn leaving(plan: &Plan) -> HashSet<&UnitName> {
+    plan.decisions
+        .iter()
+        .filter_map(|d| match &d.kind {
+            DecisionKind::Unschedule { unit, .. } => Some(unit),
+            _ => None,
+        })
+        .collect()
+}
+
 /// What a placement decision did for its unit; `None` for the other decisions. A Schedule is a
-/// move when the same plan takes the unit off a machine, or when it lands a unit leaving a
-/// drained machine.
-pub fn outcome(decision: &Decision, plan: &Plan) -> Option<Outcome> {
+/// move when the same plan takes the unit off a machine (`leaving`, of [`leaving`]), or when
+/// it lands a unit leaving a drained machine.
+pub fn outcome(decision: &Decision, leaving: &HashSet<&UnitName>) -> Option<Outcome> {
     match &decision.kind {
         DecisionKind::Schedule { unit, .. } => {
-            let leaves = plan
-                .decisions
-                .iter()
-                .any(|d| matches!(&d.kind, DecisionKind::Unschedule { unit: u, .. } if u == unit));
+            let leaves = leaving.contains(unit);
             match leaves || matches!(decision.reason, Reason::Drained { .. }) {
                 true => Some(Outcome::Moved),
                 false => Some(Outcome::Placed),
@@ -245,13 +258,14 @@ impl Metrics {
     pub(crate) fn reconciled(&self, plan: &Plan, took: Duration) {
         self.reconciles.inc();
         self.reconcile_duration.observe(took.as_secs_f64());
+        let leaving = leaving(plan);
         for d in &plan.decisions {
             self.tasks
                 .get_or_create(&TaskLabels {
                     r#type: TaskType::of(&d.kind),
                 })
                 .inc();
-            if let Some(outcome) = outcome(d, plan) {
+            if let Some(outcome) = outcome(d, &leaving) {
                 self.decisions
                     .get_or_create(&OutcomeLabels { outcome })
                     .inc();

@@ -81,11 +81,12 @@ fn a_schedule_is_a_placement_unless_the_unit_leaves_another_machine() {
         drained.clone(),
         stuck.clone(),
     ]);
-    assert_eq!(outcome(&fresh, &plan), Some(Outcome::Placed));
-    assert_eq!(outcome(&moved, &plan), Some(Outcome::Moved));
-    assert_eq!(outcome(&drained, &plan), Some(Outcome::Moved));
-    assert_eq!(outcome(&stuck, &plan), Some(Outcome::Waiting));
-    assert_eq!(outcome(&gone, &plan), None);
+    let leaving = leaving(&plan);
+    assert_eq!(outcome(&fresh, &leaving), Some(Outcome::Placed));
+    assert_eq!(outcome(&moved, &leaving), Some(Outcome::Moved));
+    assert_eq!(outcome(&drained, &leaving), Some(Outcome::Moved));
+    assert_eq!(outcome(&stuck, &leaving), Some(Outcome::Waiting));
+    assert_eq!(outcome(&gone, &leaving), None);
 }
 
 #[tokio::test(start_paused = true)]
