@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use support::{
     POLL, PREFIX, RUNTIME_UNIT_DIR, TIMEOUT, UNITS_DIR, UnitView, Want, dump, file_exists,
-    fleetctl, fleetctl_ok, fleetd_log, jobs_after, journal_cursor, logged, sleeper, start,
-    units_on, wait_converged, write_units,
+    fleetctl, fleetctl_ok, fleetd_log, fleetd_log_all, jobs_after, journal_cursor, logged, sleeper,
+    start, units_on, wait_converged, write_units,
 };
 
 fn agent_only() -> FleetdSpec {
@@ -460,9 +460,10 @@ fn fleetd_never_touches_unit_files_outside_its_units_directory_nor_units_it_did_
     schedule_all(&registry, m1, &operator)?;
     schedule_all(&registry, m1, &["fleet-own.service"])?;
     wait_running(&registry, m1, "fleet-own.service")?;
-    // The agent has looked at the operator's units: it says it refuses them (once each).
+    // The agent has looked at the operator's units: it says it refuses them (once each). The
+    // names were scheduled only now, so fleetd's whole log can be searched.
     wait_for(TIMEOUT, POLL, || {
-        fleetd_log(m1, &cursor).is_ok_and(|log| {
+        fleetd_log_all(m1).is_ok_and(|log| {
             operator.iter().all(|u| {
                 log.lines().any(|l| {
                     l.contains("refusing to manage unit") && l.contains(&format!("unit={u}"))
@@ -473,7 +474,7 @@ fn fleetd_never_touches_unit_files_outside_its_units_directory_nor_units_it_did_
     .with_context(|| {
         format!(
             "fleetd never acted on the operator's unit names; its log:\n{}",
-            fleetd_log(m1, &cursor).unwrap_or_default()
+            fleetd_log_all(m1).unwrap_or_default()
         )
     })?;
     // Every violation at once: the first one found is rarely the most telling.

@@ -1220,3 +1220,30 @@ async fn a_change_of_one_unit_reads_that_unit_again_not_every_unit() {
         "active"
     );
 }
+
+/// As above, with the operator's unit scheduled while the agent runs: the pass that follows
+/// the schedule event reads that unit alone, and must still ask where systemd has it from.
+#[tokio::test(start_paused = true)]
+async fn never_touches_an_operators_unit_scheduled_while_it_runs() {
+    let w = World::new().await;
+    let n = name("web.service");
+    w.fake.put_foreign_unit(&n, "active", "running");
+    w.schedule("first.service", &file("/bin/first"), DesiredState::Launched)
+        .await;
+    let _agent = w.start_agent();
+    w.until_published("first.service", "active").await;
+    w.schedule("web.service", &file("/bin/ours"), DesiredState::Launched)
+        .await;
+    w.schedule("other.service", &file("/bin/other"), DesiredState::Launched)
+        .await;
+    w.until_published("other.service", "active").await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let calls = w.fake.calls();
+    assert!(calls.contains(&Call::Source(n.clone())), "{calls:?}");
+    let touched: Vec<Call> = mutating(&calls)
+        .into_iter()
+        .filter(|c| c.unit() == Some(&n))
+        .collect();
+    assert_eq!(touched, vec![], "not stopped, loaded or started");
+    assert_eq!(w.fake.state(&n).active, "active");
+}

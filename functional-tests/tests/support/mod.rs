@@ -139,6 +139,15 @@ pub fn fleetd_log(machine: &Machine, cursor: &str) -> Result<String> {
     journal_after(machine, "fleet.service", cursor)
 }
 
+/// fleetd's whole log since the machine booted: for a line that can only come after a step
+/// of the test, so that no cursor is needed. A line logged within milliseconds of a cursor
+/// taken with `journalctl -n 0 --show-cursor` was seen to fall before it (the agent's refusal
+/// of a unit scheduled just after the cursor, once its passes read only what changed).
+pub fn fleetd_log_all(machine: &Machine) -> Result<String> {
+    let text = machine.journal(&["-u", "fleet.service", "-o", "cat"])?;
+    Ok(strip_ansi(&text))
+}
+
 /// fleetd's warnings and errors after `cursor`: under systemd it logs natively, so the level
 /// is the entry's priority, not a word in the text.
 pub fn fleetd_warnings(machine: &Machine, cursor: &str) -> Result<String> {
