@@ -293,14 +293,25 @@ impl<K: Kv> LiveView<K> {
                     touched.files = true;
                     return touched;
                 };
-                self.changed.files.insert(hash);
                 if event.kind == EventKind::Put {
-                    if let Some((hash, file)) = parse_file(keys, kv) {
-                        self.files.insert(hash, file);
+                    match parse_file(keys, kv) {
+                        // Every batch of new units puts its files again, whether or not
+                        // etcd holds them (a concurrent collection may have just deleted
+                        // one). The same content again changes no unit: counting it made
+                        // each batch of a template's instances replan every instance
+                        // before it.
+                        Some((_, file)) if self.files.get(&hash) == Some(&file) => {
+                            return touched;
+                        }
+                        Some((hash, file)) => {
+                            self.files.insert(hash, file);
+                        }
+                        None => {}
                     }
                 } else {
                     self.files.remove(&hash);
                 }
+                self.changed.files.insert(hash);
                 touched.files = true;
                 return touched;
             }

@@ -1000,7 +1000,9 @@ async fn live_view_names_the_units_that_changed<K: Kv>(reg: Registry<K>) {
     );
     assert_eq!(view.take_changed_units(), Some(BTreeSet::new()));
 
-    // A schedule entry is not a unit's change; a destroy is, and so is a file put again.
+    // A schedule entry is not a unit's change, nor is its file put again unchanged (each
+    // batch of new units puts its files again); a destroy is. The destroy comes last, so
+    // that once the view has it, it has every event before it.
     let unit_b = reg.unit(&b).await.unwrap().unwrap();
     let entry = ScheduleEntry {
         name: a.clone(),
@@ -1014,29 +1016,42 @@ async fn live_view_names_the_units_that_changed<K: Kv>(reg: Registry<K>) {
     reg.write_schedule(std::slice::from_ref(&entry), &[])
         .await
         .unwrap();
-    writer(&reg).destroy_unit(&unit_b).await.unwrap();
     let unit_c = reg.unit(&c).await.unwrap().unwrap();
     let key = Keys::new(PREFIX).file(&unit_c.hash());
     let listed = reg.raw_kv().range(&key, false, None).await.unwrap();
-    let put = TxnOp::Put {
-        key: key.clone(),
-        value: listed.kvs[0].value.clone(),
-        lease: None,
-    };
-    let txn = Txn {
-        success: vec![put],
+    let put = Txn {
+        success: vec![TxnOp::Put {
+            key: key.clone(),
+            value: listed.kvs[0].value.clone(),
+            lease: None,
+        }],
         ..Txn::default()
     };
-    reg.raw_kv().txn(txn).await.unwrap();
+    reg.raw_kv().txn(put.clone()).await.unwrap();
+    writer(&reg).destroy_unit(&unit_b).await.unwrap();
     converges(&mut view, &reg).await;
-    let wanted = BTreeSet::from([b.clone(), c.clone()]);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    let mut seen = view.take_changed_units().expect("named");
-    while seen != wanted && tokio::time::Instant::now() < deadline {
-        let _ = tokio::time::timeout(Duration::from_millis(100), view.changed()).await;
-        seen.extend(view.take_changed_units().expect("named"));
-    }
-    assert_eq!(seen, wanted);
+    assert_eq!(view.take_changed_units(), Some(BTreeSet::from([b.clone()])));
+
+    // A file that was gone and is back changes its units; the new unit d comes last.
+    let delete = Txn {
+        success: vec![TxnOp::Delete {
+            key: key.clone(),
+            prefix: false,
+        }],
+        ..Txn::default()
+    };
+    reg.raw_kv().txn(delete).await.unwrap();
+    reg.raw_kv().txn(put).await.unwrap();
+    let d = name("d.service");
+    writer(&reg)
+        .create_unit(&d, &file("/bin/d"), DesiredState::Launched)
+        .await
+        .unwrap();
+    converges(&mut view, &reg).await;
+    assert_eq!(
+        view.take_changed_units(),
+        Some(BTreeSet::from([c.clone(), d.clone()]))
+    );
 }
 
 macro_rules! contract {
