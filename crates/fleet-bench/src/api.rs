@@ -173,6 +173,25 @@ async fn start_all(
     Ok(took)
 }
 
+/// With `$FLEET_BENCH_HOLD` set to a path, writes the drivers' endpoints there and waits
+/// until that file is removed: the cluster of U launched units stays up for a profiler
+/// (`perf record -- fleetctl list-unit-files`) before anything is measured.
+async fn hold(etcd: &str, socket: &Path) -> Result<()> {
+    let Some(path) = std::env::var_os("FLEET_BENCH_HOLD").map(PathBuf::from) else {
+        return Ok(());
+    };
+    let text = format!(
+        "--driver etcd --endpoint {etcd}\n--driver api --endpoint unix://{}\n",
+        socket.display()
+    );
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    println!("api: holding until {} is removed", path.display());
+    while path.exists() {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
 async fn measure(
     sim: &Sim,
     fleetctl: &Path,
@@ -197,6 +216,7 @@ async fn measure(
         })
         .await?;
     println!("api: {units} units launched in {}", secs(got.launched_in));
+    hold(&etcd, socket).await?;
     for run in 0..runs {
         // Alternate which driver goes first, so neither always meets a warmer etcd.
         let order = if run % 2 == 0 {
