@@ -323,7 +323,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             match Current::read(&self.manager, &BTreeSet::new(), &BTreeMap::new()).await {
                 Ok(mut current) => {
                     current.read_details(&self.manager).await;
-                    current.set_restarted(&self.ledger.restarts());
+                    current.set_restarted(self.ledger.restarts_in_order());
                     self.current = current;
                     break;
                 }
@@ -398,7 +398,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             .map(|d| d.keys().cloned().collect())
             .unwrap_or_default();
         self.current.read_unfiled(&self.manager, &names).await?;
-        self.current.set_restarted(&self.ledger.restarts());
+        self.current.set_restarted(self.ledger.restarts_in_order());
         Ok(())
     }
 
@@ -662,7 +662,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 }
             }
         }
-        let restarted = self.current.set_restarted(&self.ledger.restarts());
+        let restarted = self.current.set_restarted(self.ledger.restarts_in_order());
         self.mark_unpublished(restarted);
         self.refresh_pending().await;
     }

@@ -67,11 +67,17 @@ impl Ledger {
     }
 
     /// Restart generations carried out, by unit.
+    #[cfg(test)]
     pub fn restarts(&self) -> BTreeMap<UnitName, u64> {
         self.entries
             .iter()
             .map(|(n, e)| (n.clone(), e.restart))
             .collect()
+    }
+
+    /// Restart generations carried out, in name order.
+    pub fn restarts_in_order(&self) -> impl Iterator<Item = (&UnitName, u64)> {
+        self.entries.iter().map(|(n, e)| (n, e.restart))
     }
 
     pub fn units(&self) -> impl Iterator<Item = &UnitName> {
