@@ -5,14 +5,33 @@
 use fleet_core::UnitName;
 use fleet_ops::{Changes, Cluster, OpsError, StateFilter, WaitView};
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
-use super::http::{HttpCluster, NAMES_PER_REQUEST};
+use super::http::{FIRST_POLL, HttpCluster, NAMES_PER_REQUEST};
 
 #[derive(Debug)]
 pub struct HttpChanges {
     cluster: HttpCluster,
     names: BTreeSet<UnitName>,
     view: WaitView,
+    /// How long the next poll waits ([`next_pause`]).
+    pause: Duration,
+}
+
+/// The pause before the poll after one of `pause`: twice as long, up to `interval`. A wait
+/// of many units reads whole listings on each poll, so it polls at `interval` from the start.
+fn next_pause(pause: Duration, interval: Duration) -> Duration {
+    (pause * 2).min(interval)
+}
+
+/// The first pause of a wait on `names`: [`FIRST_POLL`], or `interval` when it is shorter
+/// or when the names are too many for one request.
+fn first_pause(names: usize, interval: Duration) -> Duration {
+    if names > NAMES_PER_REQUEST {
+        interval
+    } else {
+        FIRST_POLL.min(interval)
+    }
 }
 
 impl HttpChanges {
@@ -21,10 +40,12 @@ impl HttpChanges {
         names: BTreeSet<UnitName>,
     ) -> Result<HttpChanges, OpsError> {
         let view = read(&cluster, &names).await?;
+        let pause = first_pause(names.len(), cluster.poll_interval());
         Ok(HttpChanges {
             cluster,
             names,
             view,
+            pause,
         })
     }
 }
@@ -36,7 +57,8 @@ impl Changes for HttpChanges {
 
     async fn changed(&mut self) -> Result<(), OpsError> {
         loop {
-            tokio::time::sleep(self.cluster.poll_interval()).await;
+            tokio::time::sleep(self.pause).await;
+            self.pause = next_pause(self.pause, self.cluster.poll_interval());
             let next = read(&self.cluster, &self.names).await?;
             if next != self.view {
                 self.view = next;
@@ -86,4 +108,31 @@ async fn read(cluster: &HttpCluster, names: &BTreeSet<UnitName>) -> Result<WaitV
         states: by_unit,
         machines,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_polls_soon_then_less_often_up_to_the_interval() {
+        let interval = Duration::from_millis(250);
+        let mut pause = first_pause(1, interval);
+        let mut pauses = vec![pause];
+        for _ in 0..5 {
+            pause = next_pause(pause, interval);
+            pauses.push(pause);
+        }
+        let ms: Vec<u128> = pauses.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, vec![20, 40, 80, 160, 250, 250]);
+    }
+
+    #[test]
+    fn a_wait_of_many_units_or_a_short_interval_polls_at_the_interval() {
+        let interval = Duration::from_millis(250);
+        assert_eq!(first_pause(NAMES_PER_REQUEST + 1, interval), interval);
+        let short = Duration::from_millis(10);
+        assert_eq!(first_pause(1, short), short);
+        assert_eq!(next_pause(short, short), short);
+    }
 }
