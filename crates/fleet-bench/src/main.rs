@@ -226,9 +226,10 @@ fn main() -> Result<()> {
                 runtime()?.block_on(api::run(machines, units, runs, &fleetctl))?,
             )
         }
-        Scenario::Plot { machines, units } => {
-            ("plot", runtime()?.block_on(plot::run(&machines, &units))?)
-        }
+        Scenario::Plot { machines, units } => (
+            "plot",
+            runtime()?.block_on(plot::run(&machines, &units, !cli.no_write))?,
+        ),
         Scenario::Plan { machines, units } => ("plan", plan::run(&machines, &units)?),
         Scenario::Reconnect {
             machines,

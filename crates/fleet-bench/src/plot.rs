@@ -16,8 +16,8 @@ use crate::sim::{Sim, SimSpec};
 /// The SVG's file name in docs/.
 pub const SVG: &str = "bench-scale.svg";
 
-/// Runs the grid and returns the Markdown section (the SVG is written as a side effect).
-pub async fn run(machines: &[usize], units: &[usize]) -> Result<String> {
+/// Runs the grid and returns the Markdown section; with `write_svg`, also draws the SVG.
+pub async fn run(machines: &[usize], units: &[usize], write_svg: bool) -> Result<String> {
     let wall = SystemTime::now();
     let started = Instant::now();
     let mut results = Vec::new();
@@ -44,10 +44,13 @@ pub async fn run(machines: &[usize], units: &[usize]) -> Result<String> {
             results.push(c);
         }
     }
-    let svg = draw(&results, machines, units);
-    let path = report::docs_dir().join(SVG);
-    std::fs::write(&path, svg)?;
-    println!("wrote {}", path.display());
+    // With `--no-write` the figure stays as the last full run drew it, like the table.
+    if write_svg {
+        let svg = draw(&results, machines, units);
+        let path = report::docs_dir().join(SVG);
+        std::fs::write(&path, svg)?;
+        println!("wrote {}", path.display());
+    }
     let mut out = report::provenance(wall, started.elapsed());
     out.push_str(&crate::sim::etcd_line(&crate::sim::etcd_args_from_env()));
     out.push_str(&format!(
