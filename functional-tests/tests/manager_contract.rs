@@ -122,7 +122,12 @@ async fn installs_starts_stops_and_uninstalls_a_unit<S: Side>(side: &S) {
     );
     side.uninstall(&unit).await.unwrap();
     assert!(side.installed().await.unwrap().is_empty());
-    assert!(side.installed_of(&[unit.clone()]).await.unwrap().is_empty());
+    assert!(
+        side.installed_of(std::slice::from_ref(&unit))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(
         strs(&state(side, &unit).await),
         ("not-found", "inactive", "dead")
