@@ -583,15 +583,24 @@ async fn never_touches_an_operators_unit_of_the_same_name() {
     let w = World::new().await;
     let n = name("web.service");
     run_with_an_operators_unit(&w, false).await;
+    assert_asked_about_and_left_alone(&w, &n);
+    assert_eq!(w.fake.file("web.service"), None, "no file of ours written");
+}
+
+/// The calls that would have changed `n` in systemd (stop, load, start...).
+fn mutations_of(w: &World, n: &UnitName) -> Vec<Call> {
+    mutating(&w.fake.calls())
+        .into_iter()
+        .filter(|c| c.unit() == Some(n))
+        .collect()
+}
+
+/// The agent asked systemd where `n` comes from, then left it running untouched.
+fn assert_asked_about_and_left_alone(w: &World, n: &UnitName) {
     let calls = w.fake.calls();
     assert!(calls.contains(&Call::Source(n.clone())), "{calls:?}");
-    let touched: Vec<Call> = mutating(&calls)
-        .into_iter()
-        .filter(|c| c.unit() == Some(&n))
-        .collect();
-    assert_eq!(touched, vec![], "not stopped, loaded or started");
-    assert_eq!(w.fake.state(&n).active, "active");
-    assert_eq!(w.fake.file("web.service"), None, "no file of ours written");
+    assert_eq!(mutations_of(w, n), vec![], "not stopped, loaded or started");
+    assert_eq!(w.fake.state(n).active, "active");
 }
 
 #[tokio::test(start_paused = true)]
@@ -599,11 +608,7 @@ async fn leaves_an_unowned_unit_alone_while_systemd_cannot_say_where_it_is_from(
     let w = World::new().await;
     let n = name("web.service");
     run_with_an_operators_unit(&w, true).await;
-    let touched: Vec<Call> = mutating(&w.fake.calls())
-        .into_iter()
-        .filter(|c| c.unit() == Some(&n))
-        .collect();
-    assert_eq!(touched, vec![], "fails closed");
+    assert_eq!(mutations_of(&w, &n), vec![], "fails closed");
     assert_eq!(w.fake.state(&n).active, "active");
 }
 
@@ -1238,12 +1243,5 @@ async fn never_touches_an_operators_unit_scheduled_while_it_runs() {
         .await;
     w.until_published("other.service", "active").await;
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let calls = w.fake.calls();
-    assert!(calls.contains(&Call::Source(n.clone())), "{calls:?}");
-    let touched: Vec<Call> = mutating(&calls)
-        .into_iter()
-        .filter(|c| c.unit() == Some(&n))
-        .collect();
-    assert_eq!(touched, vec![], "not stopped, loaded or started");
-    assert_eq!(w.fake.state(&n).active, "active");
+    assert_asked_about_and_left_alone(&w, &n);
 }
