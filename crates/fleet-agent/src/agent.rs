@@ -25,7 +25,7 @@ use crate::desired::Desired;
 use crate::executor::{self, Outcome};
 use crate::ledger::Ledger;
 use crate::manager::{Change, UnitManager, UnitSource};
-use crate::metrics::{Metrics, TaskResult};
+use crate::metrics::{Metrics, TaskResult, UnitCounts};
 use crate::plan::{self, TaskKind, UnitFileState};
 use crate::revivals::{self, Revivals};
 
@@ -131,6 +131,8 @@ pub struct Agent<K, M> {
     unpublished: Option<BTreeSet<UnitName>>,
     progress: watch::Sender<Progress>,
     metrics: Metrics,
+    /// The units gauge's counts, kept per unit.
+    unit_counts: UnitCounts,
 }
 
 impl<K: Kv, M: UnitManager> Agent<K, M> {
@@ -163,6 +165,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             unpublished: None,
             progress: watch::Sender::new(Progress::default()),
             metrics: Metrics::default(),
+            unit_counts: UnitCounts::default(),
         }
     }
 
@@ -195,10 +198,16 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         let mut retry_at = None;
         // Whether the last wake-up was for nothing of ours: then no pass.
         let mut idle = false;
+        // The units the next pass plans for: those read again since the last one, or
+        // (`None`) every unit.
+        let mut scope: Option<BTreeSet<UnitName>> = None;
+        // Units whose tasks the last pass may have left unfinished: part of the next scope.
+        let mut unfinished = BTreeSet::new();
         loop {
             if !idle {
                 pass += 1;
-                self.reconcile()
+                unfinished = self
+                    .reconcile(scope.as_ref())
                     .instrument(info_span!("reconcile", pass))
                     .await;
                 if pass == 1 {
@@ -287,6 +296,10 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 }
             }
             self.refresh_current(details, reread.as_ref()).await;
+            scope = reread.filter(|_| !details).map(|mut names| {
+                names.append(&mut unfinished);
+                names
+            });
         }
     }
 
@@ -662,9 +675,22 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 }
             }
         }
-        let restarted = self.current.set_restarted(self.ledger.restarts_in_order());
-        self.mark_unpublished(restarted);
+        let scope = names.filter(|_| !details);
+        self.sync_restarted(scope);
         self.refresh_pending().await;
+    }
+
+    /// Fills in the restart generation the ledger has for the units of `scope` (`None`:
+    /// every unit) and marks those whose generation changed for publishing.
+    fn sync_restarted(&mut self, scope: Option<&BTreeSet<UnitName>>) {
+        let ledger = &self.ledger;
+        let restarted = match scope {
+            Some(names) => self
+                .current
+                .set_restarted_of(names, |n| ledger.get(n).map(|e| e.restart)),
+            None => self.current.set_restarted(ledger.restarts_in_order()),
+        };
+        self.mark_unpublished(restarted);
     }
 
     /// Notes units whose state to publish changed outside a read of them.
@@ -680,38 +706,60 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     /// property reads per unit, every unit with a file) are read once the states are out, so a
     /// replaced unit is published as soon as it runs; what the details change goes out in a
     /// second publish.
-    async fn reconcile(&mut self) {
+    ///
+    /// A pass plans for the units of `scope` alone (`None`: every unit), those read again
+    /// since the last pass: the resync, the end of a daemon-reload, a retry, a lease change
+    /// and a failed read of the schedule make a whole pass; a hint makes a pass over the
+    /// units it named (docs/agent.md).
+    ///
+    /// Returns the units of the last round's tasks when every round had tasks: what may be
+    /// left to do for them, the next pass plans again.
+    async fn reconcile(&mut self, scope: Option<&BTreeSet<UnitName>>) -> BTreeSet<UnitName> {
         let started = Instant::now();
         let mut details_due = false;
+        let mut unfinished = BTreeSet::new();
         for _ in 0..3 {
-            let outcome = self.plan_and_execute().await;
+            let outcome = self.plan_and_execute(scope).await;
             details_due |= outcome.reloaded;
+            unfinished.clear();
             if outcome.outcome.executed == 0 {
                 break;
             }
             // What the tasks did; a unit they changed as a side effect (a dependency) has
             // its own hint coming, and the reload's end hints a full read.
             self.refresh_current(false, Some(&outcome.touched)).await;
+            // A failed unit waits for its retry, which makes a whole pass.
             if !outcome.outcome.failed.is_empty() {
                 break;
             }
+            unfinished = outcome.touched;
         }
+        // The ledger may know units of the scope that had no task (adopted ones).
+        self.sync_restarted(scope);
         self.publish_complete = self.publish().await;
         if details_due {
             self.current.read_details(&self.manager).await;
             self.unpublished = None;
             self.publish_complete = self.publish().await;
         }
-        self.metrics.units(&self.current.units);
+        match scope {
+            Some(names) => self.unit_counts.count_of(&self.current.units, names),
+            None => self.unit_counts.count_all(&self.current.units),
+        }
+        self.metrics.units(&self.unit_counts);
         self.metrics.passed(started.elapsed());
+        unfinished
     }
 
-    async fn plan_and_execute(&mut self) -> PassOutcome {
+    async fn plan_and_execute(&mut self, scope: Option<&BTreeSet<UnitName>>) -> PassOutcome {
         let Some(schedule) = &self.desired else {
             return PassOutcome::default();
         };
         let now = Instant::now();
-        let mut desired = Desired::build(schedule, &self.files);
+        let mut desired = match scope {
+            Some(names) => Desired::build_of(schedule, &self.files, names),
+            None => Desired::build(schedule, &self.files),
+        };
         for name in self.foreign(&desired).await {
             desired.hold(name);
         }
@@ -729,8 +777,19 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 .and_then(|u| u.systemd.as_ref())
                 .is_some_and(|s| s.active_state() == ActiveState::Failed)
         }));
-        let tasks = plan::plan(&desired.units, &self.current.units, &waiting);
-        self.ledger.track(&desired.units, &self.current.hashes);
+        let (current, present) = (&self.current.units, &self.current.hashes);
+        let tasks = match scope {
+            Some(names) => {
+                let tasks = plan::plan_of(&desired.units, current, &waiting, names);
+                self.ledger.track_of(&desired.units, present, names);
+                tasks
+            }
+            None => {
+                let tasks = plan::plan(&desired.units, current, &waiting);
+                self.ledger.track(&desired.units, present);
+                tasks
+            }
+        };
         if tasks.is_empty() {
             return PassOutcome::default();
         }
@@ -794,15 +853,13 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     /// itself (another InvocationID) runs the file it was restarted with: no longer pending.
     async fn refresh_pending(&mut self) {
         let mut pending = BTreeSet::new();
+        // The ledger's few swapped units, not a lookup for each unit with a file.
+        let hashes = &self.current.hashes;
         let candidates: Vec<(UnitName, Option<String>)> = self
-            .current
-            .hashes
-            .iter()
-            .filter_map(|(name, hash)| {
-                let e = self.ledger.get(name)?;
-                let started = e.started?;
-                (started != *hash).then(|| (name.clone(), e.invocation.clone()))
-            })
+            .ledger
+            .swapped()
+            .filter(|(name, started, _)| hashes.get(*name).is_some_and(|h| h != started))
+            .map(|(name, _, invocation)| (name.clone(), invocation.map(str::to_owned)))
             .collect();
         for (name, invocation) in candidates {
             let running = self

@@ -226,6 +226,27 @@ impl Current {
     }
 
     /// The state to publish for every unit with a file in the units directory.
+    /// [`set_restarted`](Self::set_restarted) for the units of `names` alone, each
+    /// generation looked up in `done`.
+    pub fn set_restarted_of(
+        &mut self,
+        names: &BTreeSet<UnitName>,
+        done: impl Fn(&UnitName) -> Option<u64>,
+    ) -> Vec<UnitName> {
+        let mut changed = Vec::new();
+        for name in names {
+            let Some(unit) = self.units.get_mut(name) else {
+                continue;
+            };
+            let now = done(name);
+            if unit.restarted != now {
+                unit.restarted = now;
+                changed.push(name.clone());
+            }
+        }
+        changed
+    }
+
     pub fn records(&self, machine: &MachineId) -> BTreeMap<UnitName, UnitStateRecord> {
         self.units
             .keys()
@@ -293,5 +314,19 @@ mod tests {
                 .set_restarted(done.iter().map(|(n, r)| (n, *r)))
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn restart_generations_of_some_units_leave_the_others_as_they_were() {
+        let mut current = Current::default();
+        for (n, r) in [("a", None), ("c", Some(1)), ("e", Some(4))] {
+            current.units.insert(name(&format!("{n}.service")), unit(r));
+        }
+        let done = BTreeMap::from([(name("a.service"), 2), (name("c.service"), 9)]);
+        let names = BTreeSet::from([name("a.service"), name("e.service"), name("x.service")]);
+        let changed = current.set_restarted_of(&names, |n| done.get(n).copied());
+        assert_eq!(changed, vec![name("a.service"), name("e.service")]);
+        let got: Vec<Option<u64>> = current.units.values().map(|u| u.restarted).collect();
+        assert_eq!(got, vec![Some(2), Some(1), None], "c.service was not named");
     }
 }

@@ -30,8 +30,29 @@ impl Desired {
         schedule: &BTreeMap<UnitName, ScheduleEntry>,
         files: &BTreeMap<UnitHash, UnitFile>,
     ) -> Desired {
+        Desired::of_entries(schedule.iter(), files)
+    }
+
+    /// The desired units of `names` alone (each scheduled one as [`build`](Self::build)
+    /// makes it): a pass over the units a hint named costs those units, not every unit
+    /// scheduled here.
+    pub fn build_of(
+        schedule: &BTreeMap<UnitName, ScheduleEntry>,
+        files: &BTreeMap<UnitHash, UnitFile>,
+        names: &BTreeSet<UnitName>,
+    ) -> Desired {
+        let entries = names
+            .iter()
+            .filter_map(|name| schedule.get_key_value(name));
+        Desired::of_entries(entries, files)
+    }
+
+    fn of_entries<'a>(
+        entries: impl Iterator<Item = (&'a UnitName, &'a ScheduleEntry)>,
+        files: &BTreeMap<UnitHash, UnitFile>,
+    ) -> Desired {
         let mut desired = Desired::default();
-        for (name, e) in schedule {
+        for (name, e) in entries {
             let Some(target) = Target::from_desired(e.desired) else {
                 continue;
             };
@@ -211,6 +232,32 @@ mod tests {
             desired.unowned(&current),
             [name("new.service"), name("operator.service")]
         );
+    }
+
+    #[test]
+    fn built_for_some_names_it_is_the_whole_build_restricted_to_them() {
+        let (have, missing) = (file("/bin/a"), file("/bin/b"));
+        let schedule = BTreeMap::from([
+            entry("a.service", &have, DesiredState::Launched),
+            entry("b.service", &missing, DesiredState::Launched),
+            entry("c.service", &have, DesiredState::Loaded),
+            entry("d.service", &have, DesiredState::Inactive),
+        ]);
+        let files = files(&[&have]);
+        let whole = Desired::build(&schedule, &files);
+        let names = BTreeSet::from([
+            name("b.service"),
+            name("c.service"),
+            name("d.service"),
+            name("unscheduled.service"),
+        ]);
+        let some = Desired::build_of(&schedule, &files, &names);
+        let mut expected = whole.clone();
+        expected.units.retain(|n, _| names.contains(n));
+        expected.held.retain(|n| names.contains(n));
+        assert_eq!(some, expected);
+        assert_eq!(some.units.keys().collect::<Vec<_>>(), [&name("c.service")]);
+        assert_eq!(some.held, BTreeSet::from([name("b.service")]));
     }
 
     #[test]

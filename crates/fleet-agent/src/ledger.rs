@@ -7,7 +7,7 @@
 
 use fleet_core::{UnitHash, UnitName};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use tracing::warn;
 
@@ -123,6 +123,32 @@ impl Ledger {
         for name in gone {
             self.remove(&name);
         }
+    }
+
+    /// [`track`](Self::track) for the units of `names` alone, where `want` holds what is
+    /// desired of them: the ledger's entries of other units stay as they are.
+    pub fn track_of(
+        &mut self,
+        want: &BTreeMap<UnitName, DesiredUnit>,
+        present: &BTreeMap<UnitName, UnitHash>,
+        names: &BTreeSet<UnitName>,
+    ) {
+        for name in names {
+            match want.get(name) {
+                Some(d) if self.get(name).is_none() => self.update(name, |e| e.restart = d.restart),
+                Some(_) => {}
+                None if !present.contains_key(name) => self.remove(name),
+                None => {}
+            }
+        }
+    }
+
+    /// The units whose running process may be behind their file (a `--no-restart` swap),
+    /// with the version it started from and its invocation.
+    pub fn swapped(&self) -> impl Iterator<Item = (&UnitName, UnitHash, Option<&str>)> {
+        self.entries
+            .iter()
+            .filter_map(|(n, e)| Some((n, e.started?, e.invocation.as_deref())))
     }
 
     /// After a plan: a unit (re)started by a successful task has had the desired restart
@@ -255,6 +281,27 @@ mod tests {
             [&name("b.service")],
             "a unit whose file is still here is not forgotten"
         );
+    }
+
+    #[test]
+    fn tracking_some_units_leaves_the_others_entries_alone() {
+        let mut ledger = Ledger::default();
+        let want = BTreeMap::from([
+            (name("a.service"), desired(1)),
+            (name("b.service"), desired(1)),
+            (name("c.service"), desired(1)),
+        ]);
+        ledger.track(&want, &BTreeMap::new());
+        // Nothing is desired any more, but only a and d were named; d was never known.
+        let names = BTreeSet::from([name("a.service"), name("d.service")]);
+        ledger.track_of(&BTreeMap::new(), &BTreeMap::new(), &names);
+        assert_eq!(
+            ledger.units().collect::<Vec<_>>(),
+            [&name("b.service"), &name("c.service")]
+        );
+        let want = BTreeMap::from([(name("d.service"), desired(3))]);
+        ledger.track_of(&want, &BTreeMap::new(), &names);
+        assert_eq!(ledger.restarts()[&name("d.service")], 3);
     }
 
     #[test]

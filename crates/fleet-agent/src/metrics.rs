@@ -268,22 +268,10 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets the units gauge to what `units` holds: units with a file here, by active state
-    /// (one systemd has no record of counts as inactive). Every state is set, so a state no
-    /// unit is in any more reads 0.
-    pub(crate) fn units(&self, units: &BTreeMap<UnitName, CurrentUnit>) {
-        let mut counts = [0i64; State::ALL.len()];
-        for unit in units.values() {
-            if unit.file == UnitFileState::Absent {
-                continue;
-            }
-            let state = unit
-                .systemd
-                .as_ref()
-                .map_or(State::Inactive, |s| State::of(&s.active_state()));
-            counts[state as usize] += 1;
-        }
-        for (state, count) in State::ALL.into_iter().zip(counts) {
+    /// Sets the units gauge to what `counts` holds. Every state is set, so a state no unit
+    /// is in any more reads 0.
+    pub(crate) fn units(&self, counts: &UnitCounts) {
+        for (state, count) in State::ALL.into_iter().zip(counts.counts) {
             self.units.get_or_create(&StateLabels { state }).set(count);
         }
     }
@@ -323,6 +311,49 @@ impl Metrics {
         self.dbus_errors
             .get_or_create(&CallLabels { r#type: call })
             .get()
+    }
+}
+
+/// This machine's units with a file here, by active state (one systemd has no record of
+/// counts as inactive), kept per unit: a pass over the few units a hint named updates the
+/// counts without walking every unit the machine runs.
+#[derive(Debug, Default)]
+pub(crate) struct UnitCounts {
+    of: BTreeMap<UnitName, State>,
+    counts: [i64; State::ALL.len()],
+}
+
+impl UnitCounts {
+    /// Counts every unit of `units` again.
+    pub(crate) fn count_all(&mut self, units: &BTreeMap<UnitName, CurrentUnit>) {
+        self.of.clear();
+        self.counts = [0; State::ALL.len()];
+        self.count_of(units, units.keys());
+    }
+
+    /// Counts the units of `names` again, as `units` has them now.
+    pub(crate) fn count_of<'a>(
+        &mut self,
+        units: &BTreeMap<UnitName, CurrentUnit>,
+        names: impl IntoIterator<Item = &'a UnitName>,
+    ) {
+        for name in names {
+            if let Some(old) = self.of.remove(name) {
+                self.counts[old as usize] -= 1;
+            }
+            let Some(unit) = units.get(name) else {
+                continue;
+            };
+            if unit.file == UnitFileState::Absent {
+                continue;
+            }
+            let state = unit
+                .systemd
+                .as_ref()
+                .map_or(State::Inactive, |s| State::of(&s.active_state()));
+            self.counts[state as usize] += 1;
+            self.of.insert(name.clone(), state);
+        }
     }
 }
 

@@ -210,6 +210,27 @@ pub fn plan(
     backoff: &BTreeSet<UnitName>,
 ) -> Vec<Task> {
     let names: BTreeSet<&UnitName> = desired.keys().chain(current.keys()).collect();
+    plan_names(desired, current, backoff, names)
+}
+
+/// The tasks of [`plan`] for the units of `names` alone: what a pass plans after a hint
+/// that named them. Each unit's tasks depend on that unit alone; the plan's one reload is
+/// named after the first of these units that needs it.
+pub fn plan_of(
+    desired: &BTreeMap<UnitName, DesiredUnit>,
+    current: &BTreeMap<UnitName, CurrentUnit>,
+    backoff: &BTreeSet<UnitName>,
+    names: &BTreeSet<UnitName>,
+) -> Vec<Task> {
+    plan_names(desired, current, backoff, names)
+}
+
+fn plan_names<'a>(
+    desired: &BTreeMap<UnitName, DesiredUnit>,
+    current: &BTreeMap<UnitName, CurrentUnit>,
+    backoff: &BTreeSet<UnitName>,
+    names: impl IntoIterator<Item = &'a UnitName>,
+) -> Vec<Task> {
     let mut plan = Plan::default();
     for name in names.into_iter().filter(|n| !backoff.contains(*n)) {
         let view = View::of(current.get(name));

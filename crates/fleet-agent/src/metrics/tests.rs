@@ -77,6 +77,14 @@ async fn an_agent_counts_its_passes_tasks_and_units_by_state() {
     assert_eq!(metrics.units_in(State::Failed), 0);
     assert_eq!(metrics.dbus_errors(Call::Status), 0);
 
+    // A hint for the unit: the pass over it alone counts it again.
+    fake.set_active(&unit, "reloading", "reload");
+    until("the unit counts as reloading", || {
+        metrics.units_in(State::Reloading) == 1
+    })
+    .await;
+    assert_eq!(metrics.units_in(State::Active), 0);
+
     // A systemd that refuses calls: the metered manager counts the errors.
     fake.fail(Op::Status, None);
     fake.notify_resync();
@@ -114,12 +122,23 @@ fn the_units_gauge_counts_only_units_with_a_file_here() {
         name("d.service"),
         unit(UnitFileState::Absent, Some(state("active"))),
     );
-    metrics.units(&units);
+    let mut counts = UnitCounts::default();
+    counts.count_all(&units);
+    metrics.units(&counts);
     assert_eq!(metrics.units_in(State::Active), 1);
     assert_eq!(metrics.units_in(State::Failed), 1);
     assert_eq!(metrics.units_in(State::Other), 1);
+    // Counted again for two units only: b failed -> active, a gone.
+    units.insert(name("b.service"), unit(present, Some(state("active"))));
+    units.remove(&name("a.service"));
+    counts.count_of(&units, [&name("a.service"), &name("b.service")]);
+    metrics.units(&counts);
+    assert_eq!(metrics.units_in(State::Active), 1);
+    assert_eq!(metrics.units_in(State::Failed), 0);
+    assert_eq!(metrics.units_in(State::Other), 1, "c.service, not named, still counts");
     units.clear();
-    metrics.units(&units);
+    counts.count_all(&units);
+    metrics.units(&counts);
     assert_eq!(
         metrics.units_in(State::Active),
         0,

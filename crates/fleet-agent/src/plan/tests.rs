@@ -454,6 +454,12 @@ proptest! {
     }
 
     #[test]
+    fn a_plan_of_some_units_is_the_plan_of_a_world_of_only_them(world in sim::world()) {
+        let (scoped, alone) = world.plans_of(&world.some_names());
+        prop_assert_eq!(scoped, alone);
+    }
+
+    #[test]
     fn never_plans_a_task_for_a_unit_in_backoff(world in sim::world()) {
         for task in world.plan() {
             prop_assert!(!world.backoff.contains(&task.unit), "{task:?}");

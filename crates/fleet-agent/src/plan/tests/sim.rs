@@ -174,6 +174,21 @@ impl World {
         plan(&self.desired(), &self.current(), &self.backoff)
     }
 
+    /// Every other unit the world knows, by name: the scope of a pass after a hint.
+    pub fn some_names(&self) -> BTreeSet<UnitName> {
+        let known: BTreeSet<&UnitName> = self.units.keys().chain(self.desired.keys()).collect();
+        known.into_iter().step_by(2).cloned().collect()
+    }
+
+    /// [`plan_of`] the units of `names`, and [`plan`] of a world that has only them.
+    pub fn plans_of(&self, names: &BTreeSet<UnitName>) -> (Vec<Task>, Vec<Task>) {
+        let (mut desired, mut current) = (self.desired(), self.current());
+        let scoped = plan_of(&desired, &current, &self.backoff, names);
+        desired.retain(|n, _| names.contains(n));
+        current.retain(|n, _| names.contains(n));
+        (scoped, plan(&desired, &current, &self.backoff))
+    }
+
     /// Units already as desired, which adoption must leave alone.
     pub fn adoptable(&self) -> Vec<UnitName> {
         self.desired
