@@ -41,9 +41,7 @@ impl Desired {
         files: &BTreeMap<UnitHash, UnitFile>,
         names: &BTreeSet<UnitName>,
     ) -> Desired {
-        let entries = names
-            .iter()
-            .filter_map(|name| schedule.get_key_value(name));
+        let entries = names.iter().filter_map(|name| schedule.get_key_value(name));
         Desired::of_entries(entries, files)
     }
 

@@ -135,7 +135,11 @@ fn the_units_gauge_counts_only_units_with_a_file_here() {
     metrics.units(&counts);
     assert_eq!(metrics.units_in(State::Active), 1);
     assert_eq!(metrics.units_in(State::Failed), 0);
-    assert_eq!(metrics.units_in(State::Other), 1, "c.service, not named, still counts");
+    assert_eq!(
+        metrics.units_in(State::Other),
+        1,
+        "c.service, not named, still counts"
+    );
     units.clear();
     counts.count_all(&units);
     metrics.units(&counts);
