@@ -39,7 +39,11 @@ use crate::snapshot::Snapshot;
 pub struct Touched {
     pub units: bool,
     pub files: bool,
+    /// A machine registered, or changed what it offers (dynamic metadata, a drain).
     pub machines: bool,
+    /// A machine's record was deleted (its lease ran out or was revoked): the units on it
+    /// may have to move, and nothing any other machine offers changed.
+    pub departed: bool,
     pub schedules: bool,
     pub states: bool,
     pub unscheduled: bool,
@@ -52,17 +56,19 @@ impl Touched {
             units,
             files,
             machines,
+            departed,
             schedules,
             states: _,
             unscheduled,
         } = *self;
-        !(units || files || machines || schedules || unscheduled)
+        !(units || files || machines || departed || schedules || unscheduled)
     }
 
     fn merge(&mut self, other: Touched) {
         self.units |= other.units;
         self.files |= other.files;
         self.machines |= other.machines;
+        self.departed |= other.departed;
         self.schedules |= other.schedules;
         self.states |= other.states;
         self.unscheduled |= other.unscheduled;
@@ -328,6 +334,7 @@ impl<K: Kv> LiveView<K> {
             }
             // Dynamic metadata and a drain change what a machine offers, as a new machine
             // record does.
+            Kind::Machine if event.kind == EventKind::Delete => &mut touched.departed,
             Kind::Machine | Kind::Metadata | Kind::Drain => &mut touched.machines,
             // Written by the leader alone, like schedules (and recorded in the same way).
             Kind::Moving => &mut touched.schedules,

@@ -505,14 +505,19 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
     let touched = {
         m1(&reg).unregister(&presence).await.unwrap();
         let mut touched = view.changed().await.unwrap();
-        while !touched.machines || !touched.states {
+        while !touched.departed || !touched.states {
             let more = view.changed().await.unwrap();
+            touched.departed |= more.departed;
             touched.machines |= more.machines;
             touched.states |= more.states;
         }
         touched
     };
     assert!(!touched.only_states());
+    assert!(
+        !touched.machines,
+        "a machine leaving changes what no other machine offers"
+    );
     converges(&mut view, &reg).await;
 
     // The engine's writes: seen at once through record_writes, then the same by their events.

@@ -27,7 +27,9 @@ use tracing::{Instrument, debug, debug_span, info, warn};
 use super::{EngineConfig, Flow, stop_requested};
 use crate::disruption::{Assessment, Disruption, Hold};
 use crate::metrics::{Failure, Metrics};
-use crate::scheduler::{Decision, DecisionKind, Entangled, plan_delta, plan_holding};
+use crate::scheduler::{
+    Decision, DecisionKind, Entangled, plan_delta, plan_holding, touched_by_loss,
+};
 use std::collections::BTreeSet;
 
 /// The shortest re-check period honoured (a zero interval would spin).
@@ -62,10 +64,14 @@ pub(super) struct Leading<K> {
     /// Whether this leadership has made the placement mirror match its view's schedule (once,
     /// at takeover: from then on every schedule write carries its placement).
     placements_repaired: bool,
-    /// Whether the next pass must plan every unit: at the start, after a machine changed,
-    /// on the safety net and the disruption's re-check. Otherwise a pass plans only the
+    /// Whether the next pass must plan every unit: at the start, after a machine registered
+    /// or changed what it offers, and on the safety net. Otherwise a pass plans only the
     /// units that changed when [`plan_delta`] can (see `scheduler/delta.rs`).
     whole_due: bool,
+    /// Whether a machine left, or the disruption's re-check came, since the last pass: the
+    /// next one asks the disruption rule, and plans the lost machines' units it may move
+    /// with the units that changed.
+    loss_due: bool,
     /// The units whose options tie them to others, as of the last whole plan (`None`: none
     /// made yet with this view).
     entangled: Option<Entangled>,
@@ -96,6 +102,7 @@ impl<K: Kv> Leading<K> {
             logged_hold: None,
             placements_repaired: false,
             whole_due: true,
+            loss_due: false,
             entangled: None,
             metrics: cfg.metrics.clone(),
         }
@@ -146,6 +153,7 @@ impl<K: Kv> Leading<K> {
                     Ok(touched) => {
                         due = self.matters(touched);
                         self.whole_due |= touched.machines;
+                        self.loss_due |= touched.departed;
                     }
                     Err(err) => {
                         warn!(error = %err, "engine lost track of the registry; reading it again");
@@ -159,7 +167,7 @@ impl<K: Kv> Leading<K> {
                 }
                 () = sleep_until(self.recheck) => {
                     due = true;
-                    self.whole_due = true;
+                    self.loss_due = true;
                 }
             }
         }
@@ -169,7 +177,7 @@ impl<K: Kv> Leading<K> {
     /// by the leader alone and already recorded in the view when written: their echo is
     /// not news. Unit states matter only while a unit waits for a copy to stop.
     fn matters(&self, t: Touched) -> bool {
-        t.units || t.files || t.machines || (t.states && self.waiting)
+        t.units || t.files || t.machines || t.departed || (t.states && self.waiting)
     }
 
     /// Plans on the view (reading it first if there is none), writes the decisions fenced,
@@ -200,22 +208,34 @@ impl<K: Kv> Leading<K> {
             self.placements_repaired = true;
         }
         let changed = view.take_changed_units();
-        let part = match (&changed, &self.entangled) {
-            (Some(units), Some(entangled))
-                if !self.whole_due && !self.waiting && self.disruption.quiet() =>
-            {
-                plan_delta(view.snapshot(), view.files(), units, entangled)
+        let partial = match (&changed, &self.entangled) {
+            (Some(units), Some(entangled)) if !self.whole_due && !self.waiting => {
+                Some((units, entangled))
             }
             _ => None,
         };
-        let whole = part.is_none();
-        let (assessment, plan) = match part {
-            Some(plan) => (Assessment::default(), plan),
-            None => {
-                let assessment = self.disruption.assess(Instant::now(), view.snapshot());
-                let plan = plan_holding(view.snapshot(), view.files(), &assessment.held);
-                (assessment, plan)
+        // Machines left, or units of vanished machines wait: the disruption rule says which
+        // of those units stay (a settle, a hold, the move rate). A whole plan always asks.
+        let losing = self.loss_due || !self.disruption.quiet();
+        let mut assessment = (partial.is_none() || losing)
+            .then(|| self.disruption.assess(Instant::now(), view.snapshot()));
+        let part = partial.and_then(|(units, entangled)| match &assessment {
+            None => plan_delta(view.snapshot(), view.files(), units, entangled),
+            // A loss is planned as a change of the lost machines' units that may move.
+            Some(a) => {
+                let touched = touched_by_loss(view.snapshot(), units, &a.held);
+                plan_delta(view.snapshot(), view.files(), &touched, entangled)
             }
+        });
+        let whole = part.is_none();
+        if whole && assessment.is_none() {
+            assessment = Some(self.disruption.assess(Instant::now(), view.snapshot()));
+        }
+        let assessed = assessment.is_some();
+        let assessment = assessment.unwrap_or_default();
+        let plan = match part {
+            Some(plan) => plan,
+            None => plan_holding(view.snapshot(), view.files(), &assessment.held),
         };
         let planned_in = started.elapsed();
         let mut writes: Vec<EngineWrite> = plan.decisions.iter().map(write_of).collect();
@@ -237,19 +257,21 @@ impl<K: Kv> Leading<K> {
         self.notice = Some(notice);
         self.waiting = !plan.waiting.is_empty();
         let written_in = started.elapsed() - planned_in;
-        if whole {
+        if assessed {
             self.recheck = assessment.recheck;
-            // Only a quiet leader plans changed units alone: until then the next pass is a
-            // whole one anyway, and reading every unit's options would only slow it.
-            self.entangled = self
-                .disruption
-                .quiet()
-                .then(|| Entangled::of(view.snapshot(), view.files()));
+        }
+        self.loss_due = false;
+        if whole {
+            self.entangled = Some(Entangled::of(view.snapshot(), view.files()));
             self.whole_due = false;
         }
         debug!(
             revision = view.revision(),
-            planned = if whole { "all units" } else { "changed units" },
+            planned = match (whole, losing) {
+                (true, _) => "all units",
+                (false, false) => "changed units",
+                (false, true) => "changed units and lost machines' units",
+            },
             changed = changed.as_ref().map_or(0, BTreeSet::len),
             decisions = plan.decisions.len(),
             waiting = plan.waiting.len(),

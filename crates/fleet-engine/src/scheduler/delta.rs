@@ -90,8 +90,9 @@ fn plain(reqs: &Requirements) -> bool {
 /// The plan of `snapshot` as far as the `touched` units are concerned, which is the whole
 /// plan's when `snapshot` was at a fixed point before they changed (the previous plan's
 /// decisions applied) and they can be planned alone; `None` when they cannot (see the
-/// module). `entangled` is [`Entangled::of`] the snapshot before the change. Nothing is
-/// held: a leader holding units for a disruption plans the whole.
+/// module). `entangled` is [`Entangled::of`] the snapshot before the change.
+///
+/// A machine's loss is such a change: [`touched_by_loss`] says which units it touches.
 pub fn plan_delta(
     snapshot: &Snapshot,
     files: &BTreeMap<UnitHash, UnitFile>,
@@ -124,6 +125,36 @@ pub fn plan_delta(
         &part,
         Cluster::with_base(&part, files, &none, base),
     ))
+}
+
+/// The units to plan with [`plan_delta`] after machines were lost, besides the `changed`
+/// ones: the units with an entry on a machine the snapshot does not have (one that is
+/// gone), and the units no machine could take, whose recorded reason counts the machines.
+/// Left out are the `held` units the whole plan (`plan_holding`) leaves exactly as they are,
+/// those still wanted: their entries then count as load like any other unit's. A held unit
+/// destroyed or made inactive is unscheduled by the whole plan too, so it stays in.
+pub fn touched_by_loss(
+    snapshot: &Snapshot,
+    changed: &BTreeSet<UnitName>,
+    held: &BTreeSet<UnitName>,
+) -> BTreeSet<UnitName> {
+    let on_gone = snapshot
+        .schedule
+        .iter()
+        .filter(|(_, on)| on.keys().any(|m| !snapshot.machines.contains_key(m)))
+        .map(|(unit, _)| unit);
+    let wanted = |u: &UnitName| {
+        snapshot
+            .units
+            .get(u)
+            .is_some_and(|unit| unit.desired() != DesiredState::Inactive)
+    };
+    on_gone
+        .chain(snapshot.unscheduled.keys())
+        .chain(changed)
+        .filter(|u| !(held.contains(*u) && wanted(u)))
+        .cloned()
+        .collect()
 }
 
 /// The snapshot of the `touched` units alone, with every machine.

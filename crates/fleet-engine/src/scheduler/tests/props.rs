@@ -528,6 +528,42 @@ proptest! {
         }
     }
 
+    /// What the leader relies on to plan a machine's loss alone: the units it touches (on
+    /// machines that are gone, or placed nowhere), less those the disruption rule holds,
+    /// planned with the changed units, make the whole plan with the same holds, decision
+    /// for decision.
+    #[test]
+    fn a_loss_planned_alone_is_the_whole_plan_with_the_same_holds(
+        g in gen_world(),
+        lost in 0..4usize,
+        kept in prop::collection::vec(any::<bool>(), UNITS + 3),
+        changes in prop::collection::vec(gen_change(), 0..3),
+    ) {
+        let mut w = build(&g);
+        w.settle();
+        if !w.waiting().is_empty() {
+            return Ok(());
+        }
+        let entangled = Entangled::of(&w.snap, &w.files);
+        let changed: BTreeSet<UnitName> = changes.iter().map(|c| change(&mut w, c)).collect();
+        let w = w.without_machine(MACHINES[lost]);
+        // The rule holds units of gone machines only.
+        let on_gone = touched_by_loss(&w.snap, &BTreeSet::new(), &BTreeSet::new());
+        let held: BTreeSet<UnitName> = on_gone
+            .iter()
+            .filter(|u| w.snap.schedule.contains_key(*u))
+            .enumerate()
+            .filter(|(i, _)| kept[*i % kept.len()])
+            .map(|(_, u)| u.clone())
+            .collect();
+        let touched = touched_by_loss(&w.snap, &changed, &held);
+        if let Some(part) = plan_delta(&w.snap, &w.files, &touched, &entangled) {
+            let whole = plan_holding(&w.snap, &w.files, &held);
+            prop_assert_eq!(lines(&part.decisions), lines(&whole.decisions));
+            prop_assert_eq!(part, whole);
+        }
+    }
+
     #[test]
     fn a_settled_schedule_is_safe_complete_and_stable(g in gen_world()) {
         let mut w = build(&g);
