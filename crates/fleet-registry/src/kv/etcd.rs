@@ -437,7 +437,9 @@ impl EtcdKv {
     /// Reads `key` (one key, or the keys under it) at `revision`, a prefix in pages of
     /// about [`PAGE_BYTES`]: every page after the first is read at the first one's revision,
     /// so the result is the registry at one revision, as a single read would be. Each page
-    /// gets the request deadline of its own.
+    /// gets the request deadline of its own. What is left after the first page is read as
+    /// [`SPLITS`]' intervals at once, each in pages: etcd serves them side by side, and the
+    /// pages of one arrive while the others are read.
     async fn read_pages(
         &self,
         key: &str,
@@ -445,51 +447,100 @@ impl EtcdKv {
         revision: Option<Revision>,
     ) -> Result<RangeResult, Paged> {
         let end = prefix.then(|| prefix_end(key.as_bytes()));
-        let mut start = key.as_bytes().to_vec();
-        let mut pinned = revision.unwrap_or(0);
-        let mut result: Option<RangeResult> = None;
-        let mut limit = RANGE_PAGE;
+        let start = key.as_bytes().to_vec();
+        let (mut result, next) = self
+            .read_page(start, end.as_deref(), revision.unwrap_or(0), RANGE_PAGE)
+            .await
+            .map_err(Paged::First)?;
+        let (Some(next), Some(end)) = (next, end) else {
+            return Ok(result);
+        };
+        // etcd's header carries the current revision: for a read of the present, the
+        // revision every later page must be read at.
+        let pinned = revision.unwrap_or(result.revision);
+        let limit = next_page_keys(&result.kvs);
+        let reads = split(key.as_bytes(), next, end)
+            .into_iter()
+            .map(|(start, end)| self.read_interval(start, end, pinned, limit));
+        for kvs in futures::future::try_join_all(reads)
+            .await
+            .map_err(Paged::Later)?
+        {
+            result.kvs.extend(kvs);
+        }
+        Ok(result)
+    }
+
+    /// Every key in `[start, end)` at revision `pinned`, in pages (the first of `limit`
+    /// keys).
+    async fn read_interval(
+        &self,
+        mut start: Vec<u8>,
+        end: Vec<u8>,
+        pinned: Revision,
+        mut limit: usize,
+    ) -> Result<Vec<super::KeyValue>, Failure> {
+        let mut kvs = Vec::new();
         loop {
-            let mut options = GetOptions::new().with_revision(pinned);
-            if let Some(end) = &end {
-                options = options
-                    .with_range(end.clone())
-                    .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
-            }
-            // Each page on whichever member answers (at the pinned revision, every member
-            // serves the same keys), under a request deadline of its own.
-            let get = |c: Client| {
-                let (start, options) = (start.clone(), options.clone());
-                async move { kv_client(&c).get(start, Some(options)).await }
-            };
-            let page = self.read(get).await;
-            let resp = match (page, &result) {
-                (Ok(resp), _) => resp,
-                (Err(f), None) => return Err(Paged::First(f)),
-                (Err(f), Some(_)) => return Err(Paged::Later(f)),
-            };
-            let next = (end.is_some() && resp.more())
-                .then(|| resp.kvs().last().map(|kv| after(kv.key())))
-                .flatten();
-            let page = convert::range_result(resp);
+            let (page, next) = self.read_page(start, Some(&end), pinned, limit).await?;
             limit = next_page_keys(&page.kvs);
-            match &mut result {
-                None => {
-                    // etcd's header carries the current revision: for a read of the present,
-                    // the revision every later page must be read at.
-                    if pinned == 0 {
-                        pinned = page.revision;
-                    }
-                    result = Some(page);
-                }
-                Some(result) => result.kvs.extend(page.kvs),
-            }
+            kvs.extend(page.kvs);
             match next {
                 Some(next) => start = next,
-                None => return Ok(result.expect("the first page was read")),
+                None => return Ok(kvs),
             }
         }
     }
+
+    /// One page: `start` alone (no `end`), or up to `limit` keys of `[start, end)`, at
+    /// revision `pinned` (0: the present), on whichever member answers under a request
+    /// deadline of its own (at a pinned revision every member serves the same keys). With
+    /// the key the next page starts at, if there are more.
+    async fn read_page(
+        &self,
+        start: Vec<u8>,
+        end: Option<&[u8]>,
+        pinned: Revision,
+        limit: usize,
+    ) -> Result<(RangeResult, Option<Vec<u8>>), Failure> {
+        let mut options = GetOptions::new().with_revision(pinned);
+        if let Some(end) = end {
+            options = options
+                .with_range(end.to_vec())
+                .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        }
+        let get = |c: Client| {
+            let (start, options) = (start.clone(), options.clone());
+            async move { kv_client(&c).get(start, Some(options)).await }
+        };
+        let resp = self.read(get).await?;
+        let next = (end.is_some() && resp.more())
+            .then(|| resp.kvs().last().map(|kv| after(kv.key())))
+            .flatten();
+        Ok((convert::range_result(resp), next))
+    }
+}
+
+/// Where the rest of a prefix read is cut into intervals read at once: after the prefix,
+/// keys starting below "4", "8", "c", "i", "p", and the others. Machine IDs (hex) spread
+/// over the first four; unit names over the last three. Any key falls in exactly one of
+/// them, so a prefix of other keys is read as it would be in one interval.
+const SPLITS: [&[u8]; 5] = [b"4", b"8", b"c", b"i", b"p"];
+
+/// `[from, end)` cut at the [`SPLITS`] after `prefix` that fall inside it, in key order.
+fn split(prefix: &[u8], from: Vec<u8>, end: Vec<u8>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut cuts: Vec<Vec<u8>> = SPLITS
+        .iter()
+        .map(|s| [prefix, s].concat())
+        .filter(|cut| *cut > from && (*cut < end || end == [0]))
+        .collect();
+    cuts.push(end);
+    let mut intervals = Vec::with_capacity(cuts.len());
+    let mut start = from;
+    for cut in cuts {
+        intervals.push((std::mem::replace(&mut start, cut.clone()), cut));
+    }
+    intervals
 }
 
 /// How many keys the page after `page` asks for: about [`PAGE_BYTES`] of keys like these.
@@ -660,6 +711,40 @@ mod tests {
         assert_eq!(next_page_keys(&vec![kv(100); 500]), MAX_PAGE_KEYS);
         assert_eq!(next_page_keys(&vec![kv(1 << 20); 3]), 3);
         assert_eq!(next_page_keys(&[kv(8 << 20)]), 1);
+    }
+
+    #[test]
+    fn the_rest_of_a_prefix_read_is_cut_into_intervals_that_cover_it_once() {
+        let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+        let cut = |from: &str, end: &[u8]| -> Vec<(String, String)> {
+            split(b"/p/", from.as_bytes().to_vec(), end.to_vec())
+                .iter()
+                .map(|(s, e)| (text(s), text(e)))
+                .collect()
+        };
+        let end = prefix_end(b"/p/");
+        assert_eq!(
+            cut("/p/0a\0", &end),
+            [
+                ("/p/0a\0", "/p/4"),
+                ("/p/4", "/p/8"),
+                ("/p/8", "/p/c"),
+                ("/p/c", "/p/i"),
+                ("/p/i", "/p/p"),
+                ("/p/p", "/p0"),
+            ]
+            .map(|(s, e)| (s.to_owned(), e.to_owned()))
+        );
+        // Cuts at or before where the rest starts are left out.
+        assert_eq!(
+            cut("/p/k", &end),
+            [("/p/k", "/p/p"), ("/p/p", "/p0")].map(|(s, e)| (s.to_owned(), e.to_owned()))
+        );
+        // A prefix with no end reads every key from it on.
+        assert_eq!(
+            split(b"", b"z".to_vec(), vec![0]),
+            [(b"z".to_vec(), vec![0])]
+        );
     }
 
     #[test]
