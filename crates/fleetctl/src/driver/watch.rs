@@ -7,7 +7,7 @@ use fleet_ops::{Changes, Cluster, OpsError, StateFilter, WaitView};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::http::{FIRST_POLL, HttpCluster, NAMES_PER_REQUEST};
+use super::http::{FAST_POLLS, FIRST_POLL, HttpCluster, NAMES_PER_REQUEST};
 
 #[derive(Debug)]
 pub struct HttpChanges {
@@ -16,12 +16,19 @@ pub struct HttpChanges {
     view: WaitView,
     /// How long the next poll waits ([`next_pause`]).
     pause: Duration,
+    /// Polls made so far.
+    polls: u32,
 }
 
-/// The pause before the poll after one of `pause`: twice as long, up to `interval`. A wait
+/// The pause before the poll after `polls` polls, the last of which waited `pause`: the
+/// same for the first [`FAST_POLLS`], then twice as long each time, up to `interval`. A wait
 /// of many units reads whole listings on each poll, so it polls at `interval` from the start.
-fn next_pause(pause: Duration, interval: Duration) -> Duration {
-    (pause * 2).min(interval)
+fn next_pause(pause: Duration, polls: u32, interval: Duration) -> Duration {
+    if polls < FAST_POLLS {
+        pause.min(interval)
+    } else {
+        (pause * 2).min(interval)
+    }
 }
 
 /// The first pause of a wait on `names`: [`FIRST_POLL`], or `interval` when it is shorter
@@ -46,6 +53,7 @@ impl HttpChanges {
             names,
             view,
             pause,
+            polls: 0,
         })
     }
 }
@@ -58,7 +66,8 @@ impl Changes for HttpChanges {
     async fn changed(&mut self) -> Result<(), OpsError> {
         loop {
             tokio::time::sleep(self.pause).await;
-            self.pause = next_pause(self.pause, self.cluster.poll_interval());
+            self.polls = self.polls.saturating_add(1);
+            self.pause = next_pause(self.pause, self.polls, self.cluster.poll_interval());
             let next = read(&self.cluster, &self.names).await?;
             if next != self.view {
                 self.view = next;
@@ -115,16 +124,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_wait_polls_soon_then_less_often_up_to_the_interval() {
+    fn a_wait_polls_often_at_first_then_less_often_up_to_the_interval() {
         let interval = Duration::from_millis(250);
         let mut pause = first_pause(1, interval);
         let mut pauses = vec![pause];
-        for _ in 0..5 {
-            pause = next_pause(pause, interval);
+        for polls in 1..15 {
+            pause = next_pause(pause, polls, interval);
             pauses.push(pause);
         }
         let ms: Vec<u128> = pauses.iter().map(Duration::as_millis).collect();
-        assert_eq!(ms, vec![20, 40, 80, 160, 250, 250]);
+        let mut expected = vec![20; FAST_POLLS as usize];
+        expected.extend([40, 80, 160, 250, 250]);
+        assert_eq!(ms, expected);
     }
 
     #[test]
@@ -133,6 +144,7 @@ mod tests {
         assert_eq!(first_pause(NAMES_PER_REQUEST + 1, interval), interval);
         let short = Duration::from_millis(10);
         assert_eq!(first_pause(1, short), short);
-        assert_eq!(next_pause(short, short), short);
+        assert_eq!(next_pause(short, 1, short), short);
+        assert_eq!(next_pause(short, FAST_POLLS + 1, short), short);
     }
 }
