@@ -108,6 +108,11 @@ enum Scenario {
         /// machines.
         #[arg(long, default_value_t = 30)]
         agent_ttl_secs: u64,
+        /// The engines' `engine_move_rate`, units of lost machines moved per second (fleetd's
+        /// default, 1,000, when not given; 0: no limit). The machine-loss figure's floor is
+        /// the settle plus the lost units at this rate.
+        #[arg(long)]
+        move_rate: Option<u32>,
     },
     /// fleetctl's latency over the API next to over etcd, on the scale simulation.
     Api {
@@ -206,13 +211,15 @@ fn main() -> Result<()> {
             units,
             idle_secs,
             agent_ttl_secs,
+            move_rate,
         } => {
             let fleetctl = bin_dir()?.join("fleetctl");
             let idle = Duration::from_secs(idle_secs);
             let ttl = Duration::from_secs(agent_ttl_secs.max(3));
             (
                 "scale",
-                runtime()?.block_on(scale::run(machines, units, idle, ttl, &fleetctl))?,
+                runtime()?
+                    .block_on(scale::run(machines, units, idle, ttl, move_rate, &fleetctl))?,
             )
         }
         Scenario::Api {

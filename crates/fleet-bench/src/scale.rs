@@ -254,6 +254,8 @@ async fn one_start(
 /// Recovery from losing a tenth of the machines.
 #[derive(Debug)]
 struct Loss {
+    /// The engines' `engine_move_rate` (`None`: fleetd's default).
+    move_rate: Option<u32>,
     killed: usize,
     affected: usize,
     rescheduled_in: Duration,
@@ -294,6 +296,7 @@ async fn lose_tenth(sim: &mut Sim, units: usize) -> Result<Loss> {
         )
         .await?;
     Ok(Loss {
+        move_rate: sim.spec.move_rate,
         killed: count,
         affected,
         rescheduled_in,
@@ -383,6 +386,7 @@ pub async fn run(
     units: usize,
     idle_window: Duration,
     agent_ttl: Duration,
+    move_rate: Option<u32>,
     fleetctl: &std::path::Path,
 ) -> Result<String> {
     let wall = SystemTime::now();
@@ -390,6 +394,7 @@ pub async fn run(
     println!("scale: starting {machines} simulated machines");
     let mut spec = SimSpec::new(machines);
     spec.agent_ttl = agent_ttl;
+    spec.move_rate = move_rate;
     let mut sim = Sim::start(spec).await?;
     println!(
         "scale: {machines} machines registered in {}, agents watching after {}",

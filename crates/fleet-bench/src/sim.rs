@@ -59,6 +59,8 @@ pub struct SimSpec {
     /// quota, then `$FLEET_BENCH_ETCD_ARGS` (e.g. `--enable-pprof` to profile etcd during a
     /// run). Fleet's own code runs with etcd's defaults; these are an operator's choice.
     pub etcd_args: Vec<String>,
+    /// The engines' `engine_move_rate` (`None`: fleetd's default, 1,000 a second).
+    pub move_rate: Option<u32>,
 }
 
 /// How the simulation's etcd commits its backend: at most 1,000 writes or 25 ms between two
@@ -106,6 +108,7 @@ impl SimSpec {
             engine_interval: EngineConfig::DEFAULT_RECONCILE_INTERVAL,
             request_timeout: Duration::from_secs(15),
             etcd_args: etcd_args_from_env(),
+            move_rate: None,
         }
     }
 }
@@ -283,7 +286,10 @@ impl Sim {
         for i in 0..sim.spec.engines {
             let counters = Arc::new(Counters::default());
             let registry = counted(i, vec![sim.roles.engines.clone(), counters.clone()]);
-            let cfg = EngineConfig::new(sim.machines[i].id.clone(), sim.spec.engine_interval);
+            let mut cfg = EngineConfig::new(sim.machines[i].id.clone(), sim.spec.engine_interval);
+            if let Some(rate) = sim.spec.move_rate {
+                cfg.disruption.move_rate = rate;
+            }
             let (shutdown, rx) = watch::channel(false);
             let task = tokio::spawn(fleet_engine::run(registry, cfg, rx).in_current_span());
             sim.engines.push(Engine {

@@ -105,8 +105,13 @@ fn figures(
             target(&mut t, what.into(), measured, "succeeds", false);
         }
     }
+    let rate = match loss.move_rate {
+        None => String::new(),
+        Some(0) => ", `engine_move_rate` 0 (no limit)".to_owned(),
+        Some(r) => format!(", `engine_move_rate` {r}"),
+    };
     let what = format!(
-        "lose {} machines ({} units): all rescheduled / running elsewhere",
+        "lose {} machines ({} units{rate}): all rescheduled / running elsewhere",
         loss.killed, loss.affected
     );
     let measured = format!(
