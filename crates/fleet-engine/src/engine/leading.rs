@@ -28,8 +28,10 @@ use super::{EngineConfig, Flow, stop_requested};
 use crate::disruption::{Assessment, Disruption, Hold};
 use crate::metrics::{Failure, Metrics};
 use crate::scheduler::{
-    Decision, DecisionKind, Entangled, plan_delta, plan_holding, touched_by_loss,
+    Decision, DecisionKind, Entangled, Load, plan_delta_on, plan_holding, touched_by_loss,
 };
+use fleet_core::UnitName;
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 /// The shortest re-check period honoured (a zero interval would spin).
@@ -75,6 +77,10 @@ pub(super) struct Leading<K> {
     /// The units whose options tie them to others, as of the last whole plan (`None`: none
     /// made yet with this view).
     entangled: Option<Entangled>,
+    /// Each machine's schedule entries in the view, kept across delta passes (`None`:
+    /// counted at the next one). Only the leader writes schedules, and a delta pass
+    /// changes only its touched units' entries.
+    load: Option<Load>,
     metrics: Metrics,
 }
 
@@ -104,6 +110,7 @@ impl<K: Kv> Leading<K> {
             whole_due: true,
             loss_due: false,
             entangled: None,
+            load: None,
             metrics: cfg.metrics.clone(),
         }
     }
@@ -186,6 +193,7 @@ impl<K: Kv> Leading<K> {
         let started = Instant::now();
         if self.view.is_none() {
             self.entangled = None;
+            self.load = None;
             match LiveView::start(self.registry.clone()).await {
                 Ok(view) => self.view = Some(view),
                 Err(err) => {
@@ -219,13 +227,25 @@ impl<K: Kv> Leading<K> {
         let losing = self.loss_due || !self.disruption.quiet();
         let mut assessment = (partial.is_none() || losing)
             .then(|| self.disruption.assess(Instant::now(), view.snapshot()));
-        let part = partial.and_then(|(units, entangled)| match &assessment {
-            None => plan_delta(view.snapshot(), view.files(), units, entangled),
-            // A loss is planned as a change of the lost machines' units that may move.
-            Some(a) => {
-                let touched = touched_by_loss(view.snapshot(), units, &a.held);
-                plan_delta(view.snapshot(), view.files(), &touched, entangled)
-            }
+        // The units a delta pass plans, and the load of the others.
+        let mut delta: Option<(Cow<'_, BTreeSet<UnitName>>, Load)> = None;
+        let part = partial.and_then(|(units, entangled)| {
+            let touched = match &assessment {
+                None => Cow::Borrowed(units),
+                // A loss is planned as a change of the lost machines' units that may move.
+                Some(a) => Cow::Owned(touched_by_loss(view.snapshot(), units, &a.held)),
+            };
+            let load = self.load.get_or_insert_with(|| Load::of(view.snapshot()));
+            let others = load.without(view.snapshot(), &touched);
+            let plan = plan_delta_on(
+                view.snapshot(),
+                view.files(),
+                &touched,
+                entangled,
+                others.clone(),
+            );
+            delta = Some((touched, others));
+            plan
         });
         let whole = part.is_none();
         if whole && assessment.is_none() {
@@ -248,6 +268,7 @@ impl<K: Kv> Leading<K> {
         if let Err(err) = self.leadership.write(&writes).await {
             // Some of the writes may have landed: only a fresh read knows.
             self.view = None;
+            self.load = None;
             self.notice = None;
             self.metrics.failed(Failure::of(&err), Some(&plan));
             return Err(err);
@@ -261,9 +282,17 @@ impl<K: Kv> Leading<K> {
             self.recheck = assessment.recheck;
         }
         self.loss_due = false;
-        if whole {
-            self.entangled = Some(Entangled::of(view.snapshot(), view.files()));
-            self.whole_due = false;
+        match delta.filter(|_| !whole) {
+            // The touched units' entries as written.
+            Some((touched, mut others)) => {
+                others.add(view.snapshot(), &touched);
+                self.load = Some(others);
+            }
+            None => {
+                self.entangled = Some(Entangled::of(view.snapshot(), view.files()));
+                self.whole_due = false;
+                self.load = None;
+            }
         }
         debug!(
             revision = view.revision(),

@@ -93,3 +93,20 @@ fn a_drained_machine_means_the_whole_plan() {
     let drained = w.clone().drain("m3", 1).unit("e.service", Launched, "");
     assert_eq!(delta(&drained, &before, &["e.service"]), None);
 }
+
+#[test]
+fn a_load_kept_across_passes_is_the_load_counted_again() {
+    let mut w = settled();
+    let touched: BTreeSet<UnitName> = [name("a.service"), name("e.service")].into();
+    let load = Load::of(&w.snap);
+    let mut kept = load.without(&w.snap, &touched);
+    // The pass moves a.service to m3 and places the new e.service there too.
+    w = w.unit("e.service", Launched, "");
+    w.snap.schedule.remove(&name("a.service"));
+    w = w.entry("a.service", "m3").entry("e.service", "m3");
+    kept.add(&w.snap, &touched);
+    assert_eq!(kept, Load::of(&w.snap));
+    // Taking every unit out leaves nothing.
+    let all: BTreeSet<UnitName> = w.snap.schedule.keys().cloned().collect();
+    assert_eq!(Load::of(&w.snap).without(&w.snap, &all), Load::default());
+}
