@@ -734,8 +734,6 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
             unfinished = outcome.touched;
         }
-        // The ledger may know units of the scope that had no task (adopted ones).
-        self.sync_restarted(scope);
         self.publish_complete = self.publish().await;
         if details_due {
             self.current.read_details(&self.manager).await;
@@ -778,18 +776,18 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 .is_some_and(|s| s.active_state() == ActiveState::Failed)
         }));
         let (current, present) = (&self.current.units, &self.current.hashes);
-        let tasks = match scope {
-            Some(names) => {
-                let tasks = plan::plan_of(&desired.units, current, &waiting, names);
-                self.ledger.track_of(&desired.units, present, names);
-                tasks
-            }
-            None => {
-                let tasks = plan::plan(&desired.units, current, &waiting);
-                self.ledger.track(&desired.units, present);
-                tasks
-            }
+        let (tasks, tracked) = match scope {
+            Some(names) => (
+                plan::plan_of(&desired.units, current, &waiting, names),
+                self.ledger.track_of(&desired.units, present, names),
+            ),
+            None => (
+                plan::plan(&desired.units, current, &waiting),
+                self.ledger.track(&desired.units, present),
+            ),
         };
+        // Units the ledger just met (adopted ones) carry its generation from now on.
+        self.sync_restarted(Some(&tracked));
         if tasks.is_empty() {
             return PassOutcome::default();
         }

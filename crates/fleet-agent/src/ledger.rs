@@ -104,15 +104,17 @@ impl Ledger {
 
     /// Before a plan: a desired unit the ledger does not know yet starts from the desired
     /// generation (it is never restarted on a guess); units neither desired nor in the units
-    /// directory (`present`) are forgotten.
+    /// directory (`present`) are forgotten. Returns the units it started an entry for.
     pub fn track(
         &mut self,
         want: &BTreeMap<UnitName, DesiredUnit>,
         present: &BTreeMap<UnitName, UnitHash>,
-    ) {
+    ) -> BTreeSet<UnitName> {
+        let mut added = BTreeSet::new();
         for (name, d) in want {
             if self.get(name).is_none() {
                 self.update(name, |e| e.restart = d.restart);
+                added.insert(name.clone());
             }
         }
         let gone: Vec<UnitName> = self
@@ -123,6 +125,7 @@ impl Ledger {
         for name in gone {
             self.remove(&name);
         }
+        added
     }
 
     /// [`track`](Self::track) for the units of `names` alone, where `want` holds what is
@@ -132,15 +135,20 @@ impl Ledger {
         want: &BTreeMap<UnitName, DesiredUnit>,
         present: &BTreeMap<UnitName, UnitHash>,
         names: &BTreeSet<UnitName>,
-    ) {
+    ) -> BTreeSet<UnitName> {
+        let mut added = BTreeSet::new();
         for name in names {
             match want.get(name) {
-                Some(d) if self.get(name).is_none() => self.update(name, |e| e.restart = d.restart),
+                Some(d) if self.get(name).is_none() => {
+                    self.update(name, |e| e.restart = d.restart);
+                    added.insert(name.clone());
+                }
                 Some(_) => {}
                 None if !present.contains_key(name) => self.remove(name),
                 None => {}
             }
         }
+        added
     }
 
     /// The units whose running process may be behind their file (a `--no-restart` swap),
@@ -258,11 +266,12 @@ mod tests {
     fn a_new_desired_unit_starts_from_the_desired_generation() {
         let mut ledger = Ledger::default();
         let want = BTreeMap::from([(name("a.service"), desired(4))]);
-        ledger.track(&want, &BTreeMap::new());
+        let added = ledger.track(&want, &BTreeMap::new());
+        assert_eq!(added, BTreeSet::from([name("a.service")]));
         assert_eq!(ledger.restarts(), BTreeMap::from([(name("a.service"), 4)]));
         // A known unit keeps the generation it carried out, so a due restart stays due.
         let want = BTreeMap::from([(name("a.service"), desired(5))]);
-        ledger.track(&want, &BTreeMap::new());
+        assert!(ledger.track(&want, &BTreeMap::new()).is_empty());
         assert_eq!(ledger.restarts()[&name("a.service")], 4);
     }
 
@@ -300,7 +309,8 @@ mod tests {
             [&name("b.service"), &name("c.service")]
         );
         let want = BTreeMap::from([(name("d.service"), desired(3))]);
-        ledger.track_of(&want, &BTreeMap::new(), &names);
+        let added = ledger.track_of(&want, &BTreeMap::new(), &names);
+        assert_eq!(added, BTreeSet::from([name("d.service")]));
         assert_eq!(ledger.restarts()[&name("d.service")], 3);
     }
 
