@@ -122,14 +122,7 @@ impl Cluster {
             bin_dir,
             fleetd: spec.fleetd.clone(),
             writable_root: spec.writable_root,
-            etcd: EtcdState {
-                client_port: etcd::free_port()?,
-                peer_port: etcd::free_port()?,
-                process: None,
-                peers: (1..spec.etcd_members.max(1))
-                    .map(|_| new_member())
-                    .collect::<Result<_>>()?,
-            },
+            etcd: etcd_ports(spec.etcd_members.max(1)),
             machines: Vec::new(),
         };
         // Recorded before anything exists, so a crash from here on leaves a trail to clean.
@@ -142,19 +135,26 @@ impl Cluster {
             driver,
         };
         cluster.create_network()?;
-        // The ports were free a moment ago; if another process took one since, etcd exits at
-        // once and we try fresh ones.
+        // The ports were free a moment ago; if another process took one since, a member exits
+        // at once and we try fresh ones, on fresh data: members that did start may have formed
+        // a cluster whose membership (the old ports) is in their data, and would dial those
+        // ports for ever (CI, 2026-12-03: 45 s per attempt of "connection refused").
         let mut attempts = 0;
         while let Err(e) = cluster.start_etcd() {
             attempts += 1;
             if attempts == 3 {
                 return Err(e);
             }
-            cluster.state.etcd.client_port = etcd::free_port()?;
-            cluster.state.etcd.peer_port = etcd::free_port()?;
-            for peer in &mut cluster.state.etcd.peers {
-                *peer = new_member()?;
+            // The test's output is where someone will look (no subscriber in tests).
+            eprintln!("fleet-functional-tests: etcd did not start ({e:#}); new ports, new data");
+            for index in 0..cluster.state.etcd.member_count() {
+                let data = etcd::member_data_dir(&cluster.state, index);
+                if data.exists() {
+                    std::fs::remove_dir_all(&data)
+                        .with_context(|| format!("cannot delete {}", data.display()))?;
+                }
             }
+            cluster.state.etcd = etcd_ports(cluster.state.etcd.member_count());
             cluster.state.save()?;
         }
         if cluster.etcd_auth() {
@@ -629,13 +629,20 @@ impl Cluster {
     }
 }
 
-/// Ports for one more etcd member.
-fn new_member() -> Result<crate::state::EtcdMember> {
-    Ok(crate::state::EtcdMember {
-        client_port: etcd::free_port()?,
-        peer_port: etcd::free_port()?,
+/// An etcd of `members` members, none running, each on its own pair of distinct free ports.
+fn etcd_ports(members: usize) -> EtcdState {
+    let ports = fleet_registry::testing::free_ports(2 * members);
+    let member = |i: usize| crate::state::EtcdMember {
+        client_port: ports[2 * i],
+        peer_port: ports[2 * i + 1],
         process: None,
-    })
+    };
+    EtcdState {
+        client_port: ports[0],
+        peer_port: ports[1],
+        process: None,
+        peers: (1..members).map(member).collect(),
+    }
 }
 
 impl Drop for Cluster {

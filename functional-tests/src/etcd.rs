@@ -10,7 +10,7 @@ use crate::proc::ProcId;
 use crate::state::{ClusterState, EtcdMember, bridge_ip};
 use anyhow::{Context, Result, bail};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -42,12 +42,6 @@ pub fn member_name(state: &ClusterState, index: usize) -> String {
         0 => state.bridge.clone(),
         i => format!("{}e{i}", state.bridge),
     }
-}
-
-/// A TCP port nobody listens on right now (on any address).
-pub fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("0.0.0.0:0").context("cannot find a free port")?;
-    Ok(listener.local_addr()?.port())
 }
 
 /// Starts member `index` as recorded in `state` (ports, subnet), without waiting.

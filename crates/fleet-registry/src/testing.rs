@@ -41,7 +41,7 @@ pub use cluster::TestEtcdCluster;
 const DEFAULT_ETCD: &str = "etcd";
 /// How long a fresh server may take to answer (it is ~0.1 s with these timings).
 const READY_WITHIN: Duration = Duration::from_secs(45);
-/// Ports are found by binding port 0 and released before etcd binds them; another process
+/// Ports are found by binding them and released before etcd binds them; another process
 /// may take one in between, so a failed start is retried on new ports.
 const START_ATTEMPTS: u32 = 5;
 /// The request timeout of clients made by [`TestEtcd::kv`].
@@ -166,7 +166,9 @@ impl TestEtcd {
     ) -> TestEtcd {
         let mut last_log = String::new();
         for attempt in 1..=START_ATTEMPTS {
-            let (client_port, peer_port) = free_ports();
+            let [client_port, peer_port] = free_ports(2)[..] else {
+                unreachable!("free_ports returns as many ports as asked")
+            };
             let mut etcd = TestEtcd {
                 child: None,
                 dir: unique_dir("etcd"),
@@ -726,12 +728,34 @@ fn unique_dir(kind: &str) -> PathBuf {
     dir
 }
 
-/// Two distinct free loopback ports (both held while the second is picked).
-fn free_ports() -> (u16, u16) {
-    let bind = || TcpListener::bind("127.0.0.1:0").expect("binding a loopback port");
-    let (a, b) = (bind(), bind());
-    let port = |l: &TcpListener| l.local_addr().expect("bound socket has an address").port();
-    (port(&a), port(&b))
+/// Where test ports are picked: below Linux's ephemeral range (32768–60999 by default). A port
+/// of that range, released by the picker, can be taken by any outgoing connection (an etcd
+/// member dialling its peers, a client) before the server binds it; ports here are only ever
+/// taken by a bind.
+const TEST_PORTS: std::ops::Range<u16> = 20000..32768;
+
+/// `count` distinct ports nobody listens on right now, on any address, all held until every
+/// one is picked (so none is picked twice). Another process may still bind one before the
+/// server does: callers retry a failed start on new ports.
+pub fn free_ports(count: usize) -> Vec<u16> {
+    let mut held: Vec<TcpListener> = Vec::with_capacity(count);
+    let mut rng = rand::rng();
+    for _ in 0..count * 200 {
+        if held.len() == count {
+            break;
+        }
+        let port = rng.random_range(TEST_PORTS);
+        if let Ok(listener) = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)) {
+            held.push(listener);
+        }
+    }
+    // A crowded range: the kernel's own pick, still distinct while held.
+    while held.len() < count {
+        held.push(TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).expect("binding a free port"));
+    }
+    held.iter()
+        .map(|l| l.local_addr().expect("bound socket has an address").port())
+        .collect()
 }
 
 fn http_get(port: u16, path: &str) -> std::io::Result<String> {

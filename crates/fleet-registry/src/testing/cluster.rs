@@ -5,7 +5,7 @@
 
 use std::fs::{self, File};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
@@ -14,7 +14,7 @@ use tokio::time::{Instant, sleep};
 
 use super::{
     EtcdMember, READY_WITHIN, REQUEST_TIMEOUT, START_ATTEMPTS, enable_auth, etcd_binary,
-    etcd_command, issue_user, root_auth, unique_dir,
+    etcd_command, free_ports, issue_user, root_auth, unique_dir,
 };
 use crate::kv::{EtcdConfig, EtcdKv, Kv, TlsFiles};
 use crate::rbac::RoleSpec;
@@ -287,17 +287,6 @@ impl Drop for TestEtcdCluster {
         }
         let _ = fs::remove_dir_all(&self.dir);
     }
-}
-
-/// `count` distinct free loopback ports (all held until every one is picked).
-fn free_ports(count: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("binding a loopback port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("bound socket has an address").port())
-        .collect()
 }
 
 /// A member's ID and the leader it knows (0: none).
