@@ -115,6 +115,7 @@ contract_tests!(
     watch_from_a_compacted_revision_reports_compacted,
     dropping_a_watch_stops_it,
     reads_more_than_a_page_at_one_revision,
+    reads_a_prefix_spread_over_its_key_space_in_key_order,
     reads_more_than_4_mib_of_values,
     watches_a_revision_of_more_than_4_mib,
 );
@@ -861,6 +862,62 @@ async fn reads_more_than_a_page_at_one_revision(h: &impl Harness, p: &str) {
     // A neighbouring prefix is not read into this one.
     put(&kv, &format!("{}0", &p[..p.len() - 1]), "outside").await;
     assert_eq!(kv.range(p, true, None).await.unwrap().kvs.len(), count + 1);
+}
+
+/// The keys of [`reads_a_prefix_spread_over_its_key_space_in_key_order`], after the prefix:
+/// a first page's worth below "4", then keys on both sides of, and exactly at, every cut
+/// `EtcdKv` makes in the rest of a prefix read ("4", "8", "c", "i", "p"), hex machine IDs,
+/// unit names, upper case, punctuation, and more than a page of 16 KiB values in one interval.
+fn spread_keys() -> Vec<String> {
+    let mut keys: Vec<String> = (0..RANGE_PAGE + 20).map(|i| format!("0{i:05}")).collect();
+    for first in "123456789ABCXZ_abcdhijopqz~".chars() {
+        keys.extend((0..15).map(|i| format!("{first}{i:03}")));
+    }
+    keys.extend(["4", "8", "c", "i", "p"].map(String::from));
+    keys.extend((0..300).map(|i| format!("a{i:05}.service")));
+    keys.sort();
+    keys
+}
+
+async fn reads_a_prefix_spread_over_its_key_space_in_key_order(h: &impl Harness, p: &str) {
+    let kv = h.kv();
+    let names = spread_keys();
+    let value = |key: &str| format!("{key}:{}", "x".repeat(16 << 10));
+    let mut written = 0;
+    // 50 values of 16 KiB a transaction: etcd takes at most 1.5 MiB a request.
+    for chunk in names.chunks(50) {
+        let ops = chunk
+            .iter()
+            .map(|k| put_op(&format!("{p}{k}"), &value(k), None))
+            .collect();
+        written = kv.txn(writes(ops)).await.expect("put spread keys").revision;
+    }
+    // After the read's revision, in the middle of an interval and at a cut.
+    put(&kv, &format!("{p}a00150.service"), "changed").await;
+    kv.txn(writes(vec![TxnOp::Delete {
+        key: format!("{p}i"),
+        prefix: false,
+    }]))
+    .await
+    .unwrap();
+    put(&kv, &format!("{}0", &p[..p.len() - 1]), "outside").await;
+
+    let old = kv.range(p, true, Some(written)).await.unwrap();
+    let expected: Vec<String> = names.iter().map(|k| format!("{p}{k}")).collect();
+    assert_eq!(keys(&old.kvs), expected, "every key once, in key order");
+    for (read, key) in old.kvs.iter().zip(&names) {
+        assert_eq!(read.value, value(key).as_bytes(), "{key}");
+    }
+
+    let now = kv.range(p, true, None).await.unwrap();
+    assert_eq!(now.kvs.len(), names.len() - 1);
+    let changed = now
+        .kvs
+        .iter()
+        .find(|kv| kv.key == format!("{p}a00150.service"))
+        .unwrap();
+    assert_eq!(changed.value, b"changed");
+    assert!(!now.kvs.iter().any(|kv| kv.key == format!("{p}i")));
 }
 
 async fn reads_more_than_4_mib_of_values(h: &impl Harness, p: &str) {
