@@ -212,19 +212,24 @@ fn status_and_journal_come_from_each_units_own_fleetd_with_no_sshd_anywhere() ->
         here.name(),
         text(&o)
     );
-    // journalctl's output modes pass through: `cat` is the bare message.
-    let o = fleetctl(
-        &cluster,
-        &["journal", "--output", "cat", "--lines", "3", ticks[2]],
-    )?;
-    ensure!(
+    // journalctl's output modes pass through: `cat` is the bare message. Waited for: until
+    // the unit has ticked three times since systemd's "Started" line (which may come after
+    // the first tick), that line is among the last three.
+    let mut last = String::new();
+    wait_for(TIMEOUT, POLL, || {
+        let Ok(o) = fleetctl(
+            &cluster,
+            &["journal", "--output", "cat", "--lines", "3", ticks[2]],
+        ) else {
+            return false;
+        };
+        last = text(&o);
+        let stdout = String::from_utf8_lossy(&o.stdout);
         o.status.success()
-            && String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .all(|l| l.starts_with("tick 3 ")),
-        "journal --output cat: {}",
-        text(&o)
-    );
+            && stdout.lines().count() == 3
+            && stdout.lines().all(|l| l.starts_with("tick 3 "))
+    })
+    .with_context(|| format!("journal --output cat: {last}"))?;
     let o = fleetctl(&cluster, &["journal", "--output", "nonsense", ticks[2]])?;
     ensure!(
         !o.status.success() && text(&o).contains("unknown journal output mode"),
