@@ -32,6 +32,9 @@ pub struct Entry {
 pub struct Ledger {
     dir: Option<PathBuf>,
     entries: BTreeMap<UnitName, Entry>,
+    /// The units whose entry has a `started` version: the few [`swapped`](Self::swapped)
+    /// walks every pass, kept with the entries so that a pass does not walk them all.
+    swapped: BTreeSet<UnitName>,
 }
 
 impl Ledger {
@@ -59,7 +62,16 @@ impl Ledger {
                 }
             }
         }
-        Ledger { dir, entries }
+        let swapped = entries
+            .iter()
+            .filter(|(_, e)| e.started.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        Ledger {
+            dir,
+            entries,
+            swapped,
+        }
     }
 
     pub fn get(&self, unit: &UnitName) -> Option<&Entry> {
@@ -91,6 +103,11 @@ impl Ledger {
         change(entry);
         if old.as_ref() == Some(entry) {
             return;
+        }
+        if entry.started.is_some() {
+            self.swapped.insert(unit.clone());
+        } else {
+            self.swapped.remove(unit);
         }
         if let Some(dir) = &self.dir {
             let text = serde_json::to_string(entry).expect("ledger entries serialize");
@@ -152,11 +169,14 @@ impl Ledger {
     }
 
     /// The units whose running process may be behind their file (a `--no-restart` swap),
-    /// with the version it started from and its invocation.
+    /// with the version it started from and its invocation. Walks those units only: perf of
+    /// the API's start of 100,000 more units on 100 machines (2,000 a machine) had this walk
+    /// over every entry, each pass, at 38 % of the bench's samples.
     pub fn swapped(&self) -> impl Iterator<Item = (&UnitName, UnitHash, Option<&str>)> {
-        self.entries
-            .iter()
-            .filter_map(|(n, e)| Some((n, e.started?, e.invocation.as_deref())))
+        self.swapped.iter().filter_map(|n| {
+            let e = self.entries.get(n)?;
+            Some((n, e.started?, e.invocation.as_deref()))
+        })
     }
 
     /// After a plan: a unit (re)started by a successful task has had the desired restart
@@ -202,6 +222,7 @@ impl Ledger {
     }
 
     pub fn remove(&mut self, unit: &UnitName) {
+        self.swapped.remove(unit);
         if self.entries.remove(unit).is_some()
             && let Some(dir) = &self.dir
         {
@@ -360,6 +381,43 @@ mod tests {
         assert_eq!(entry.invocation.as_deref(), Some("1"));
         ledger.clear_swap(&a);
         assert_eq!(ledger.get(&a).unwrap().started, None);
+    }
+
+    /// The swapped units as [`Ledger::swapped`] lists them, by name.
+    fn swapped_names(ledger: &Ledger) -> Vec<&str> {
+        ledger.swapped().map(|(n, _, _)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn lists_as_swapped_exactly_the_units_behind_their_file() {
+        let scratch = Scratch::new("swapped");
+        let (a, b, c) = (name("a.service"), name("b.service"), name("c.service"));
+        let mut ledger = Ledger::load(Some(scratch.0.clone()));
+        for unit in [&a, &b, &c] {
+            ledger.update(unit, |e| e.restart = 1);
+        }
+        assert!(swapped_names(&ledger).is_empty());
+        ledger.record_swap(&c, hash("/bin/v1"), Some("3".into()));
+        ledger.record_swap(&a, hash("/bin/v1"), None);
+        assert_eq!(swapped_names(&ledger), ["a.service", "c.service"]);
+        // Read back by a restarted fleetd.
+        assert_eq!(
+            swapped_names(&Ledger::load(Some(scratch.0.clone()))),
+            ["a.service", "c.service"]
+        );
+        ledger.clear_swap(&a);
+        ledger.remove(&c);
+        ledger.update(&b, |e| e.restart = 2);
+        assert!(swapped_names(&ledger).is_empty());
+        // A restart recorded after a swap clears it.
+        let want = BTreeMap::from([(b.clone(), desired(3))]);
+        ledger.record_swap(&b, hash("/bin/v1"), None);
+        ledger.record_started(
+            &want,
+            &[task(TaskKind::Restart, "b.service")],
+            &Outcome::default(),
+        );
+        assert!(swapped_names(&ledger).is_empty());
     }
 
     #[test]
