@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::metrics;
-use crate::routes::{Route, parse_path, query_values};
+use crate::routes::{Route, is_full, parse_path, query_values};
 
 /// A role of fleetd's configuration (`api_admins`, `api_operators`, `api_viewers`), from the
 /// least to the most trusted.
@@ -147,9 +147,12 @@ pub fn action_of(method: &Method, path: &str, query: &str, body: Option<&[u8]>) 
     let get = |a: Action| (method == Method::GET).then_some(a);
     match route {
         Route::Root => None,
-        Route::Discovery | Route::Units | Route::States | Route::State(_) | Route::Drains => {
-            get(Action::List)
-        }
+        Route::Units => match *method {
+            Method::GET => Some(Action::List),
+            Method::POST if is_full(query) => Some(creates_action(body)),
+            _ => None,
+        },
+        Route::Discovery | Route::States | Route::State(_) | Route::Drains => get(Action::List),
         Route::Machines => match *method {
             Method::GET => Some(Action::List),
             Method::PATCH => Some(Action::Metadata),
@@ -174,11 +177,40 @@ pub fn action_of(method: &Method, path: &str, query: &str, body: Option<&[u8]>) 
 
 /// Whether [`action_of`] needs the body of this request to name its action.
 pub fn needs_body(method: &Method, query: &str) -> bool {
-    method == Method::PUT
-        && match query_values(query, wire::OP).first() {
+    match *method {
+        Method::PUT => match query_values(query, wire::OP).first() {
             None => true,
             Some(op) => Op::parse(op) == Some(Op::Raise),
-        }
+        },
+        Method::POST => is_full(query),
+        _ => false,
+    }
+}
+
+/// The action of a `POST /units` (creates): a start if any unit is to be launched, else a
+/// load if any is to be loaded, else a submit.
+fn creates_action(body: Option<&[u8]>) -> Action {
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default, rename_all = "camelCase")]
+    struct Asked {
+        desired_state: String,
+    }
+    #[derive(serde::Deserialize, Default)]
+    #[serde(default)]
+    struct Creates {
+        units: Vec<Asked>,
+    }
+    let asked: Creates = body
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or_default();
+    let wants = |state: &str| asked.units.iter().any(|u| u.desired_state == state);
+    if wants("launched") {
+        Action::Start
+    } else if wants("loaded") {
+        Action::Load
+    } else {
+        Action::Submit
+    }
 }
 
 /// The action of a `PUT /units/<name>`: its `op`, else what its body asks.

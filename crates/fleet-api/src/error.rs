@@ -73,6 +73,14 @@ pub enum ApiError {
     BadParallel(String),
     #[error("expect must be absent or a unit file hash, got {0:?}")]
     BadExpect(String),
+    /// A `POST /units` of more units than [`fleet_ops::wire::MAX_CREATES`].
+    #[error("a request creates at most {max} units, got {got}")]
+    TooManyCreates { got: usize, max: usize },
+    /// A `POST /units` naming a unit twice, or a unit with no name.
+    #[error("unit {0:?} is named twice in the request")]
+    CreatedTwice(String),
+    #[error("every unit of the request needs a name")]
+    CreateWithoutName,
     #[error("invalid op: expect add, remove, or replace")]
     PatchOp,
     #[error("machine metadata path invalid")]
@@ -156,6 +164,9 @@ impl ApiError {
             | Self::BadPageSize(_)
             | Self::BadParallel(_)
             | Self::BadExpect(_)
+            | Self::TooManyCreates { .. }
+            | Self::CreatedTwice(_)
+            | Self::CreateWithoutName
             | Self::PatchOp
             | Self::PatchPath
             | Self::PatchNoValue
@@ -181,19 +192,25 @@ impl ApiError {
     /// fleetctl's message beside fleet's.
     pub fn response(self, full: bool) -> Response {
         let status = self.status();
-        let (reason, detail) = match &self {
+        let body = ErrorBody {
+            error: self.entity(full),
+        };
+        json_response(status, &body)
+    }
+
+    /// The error entity of [`ApiError::response`] (also one unit's result of a
+    /// `POST /units`).
+    pub fn entity(&self, full: bool) -> ErrorEntity {
+        let (reason, detail) = match self {
             Self::Ops(e) if full => (reason_of(e), e.to_string()),
             _ => (None, String::new()),
         };
-        let body = ErrorBody {
-            error: ErrorEntity {
-                code: status.as_u16(),
-                message: self.message(),
-                reason,
-                detail,
-            },
-        };
-        json_response(status, &body)
+        ErrorEntity {
+            code: self.status().as_u16(),
+            message: self.message(),
+            reason,
+            detail,
+        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! Group commit of concurrent creates: `PUT /units/<name>?expect=absent` (what fleetctl sends
 //! for a unit it found missing) from many requests at once are written together through
 //! [`Cluster::create_many`], many units per etcd transaction, instead of one transaction
-//! each. fleetctl's `start 'foo@{1..100000}.service'` over the API sends 128 such requests
-//! at a time; grouped, they cost etcd a few transactions per round instead of 128.
+//! each. fleetctl sends 128 such requests at a time to a server without `POST /units`
+//! (`fleet_ops::create_each`; fleetctl's `driver/creates.rs`), and other clients may too;
+//! grouped, they cost etcd a few transactions per round instead of 128.
 //!
 //! Each request keeps its own answer (created, unchanged, or its own refusal): a group is
 //! the etcd side's `create_many`, which decides each unit as a single create would. A

@@ -274,7 +274,7 @@ struct Query {
     full: bool,
 }
 
-fn is_full(query: &str) -> bool {
+pub(crate) fn is_full(query: &str) -> bool {
     query_values(query, wire::VIEW)
         .iter()
         .any(|v| v == wire::VIEW_FULL)
@@ -300,6 +300,7 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
         (Route::Machines, Method::PATCH) => patch_machines(api, req).await,
         (Route::Machines, _) => Err(ApiError::WrongMethod("GET and PATCH")),
         (Route::Units, Method::GET) => list_units(api, &query).await,
+        (Route::Units, Method::POST) if query.full => writes::create_units(api, req).await,
         (Route::Units, _) => Err(ApiError::WrongMethod("GET")),
         (Route::Unit(name), Method::GET) => {
             // A name that cannot name a unit names none.

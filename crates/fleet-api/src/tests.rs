@@ -85,6 +85,16 @@ impl Fixture {
         self.send(req).await
     }
 
+    async fn post(&self, path: &str, body: Value) -> Answer {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        self.send(req).await
+    }
+
     async fn unit(&self, name: &str) -> Option<fleet_registry::Unit> {
         self.registry.unit(&name.parse().unwrap()).await.unwrap()
     }

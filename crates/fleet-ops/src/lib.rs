@@ -43,6 +43,21 @@ pub const CREATES_IN_FLIGHT: usize = 128;
 /// What [`Cluster::create_many`] says of each unit, in the order asked.
 pub type Created = Vec<(UnitName, Result<PutOutcome, OpsError>)>;
 
+/// [`Cluster::create_many`]'s default: each create on its own ([`Cluster::put_if`] with
+/// [`Expect::Absent`]), [`CREATES_IN_FLIGHT`] at a time, results in the order asked. A side
+/// that overrides `create_many` falls back on it (the API driver, when the server has no
+/// `POST /units`).
+pub async fn create_each<C: Cluster>(cluster: &C, reqs: Vec<PutRequest>) -> Created {
+    futures::stream::iter(reqs)
+        .map(|req| async move {
+            let name = req.name.clone();
+            (name, cluster.put_if(req, Expect::Absent).await)
+        })
+        .buffered(CREATES_IN_FLIGHT)
+        .collect()
+        .await
+}
+
 /// What [`Cluster::destroy_many`] says of each unit, in the order asked.
 pub type DestroyedMany = Vec<(UnitName, Result<Destroyed, OpsError>)>;
 
@@ -107,16 +122,7 @@ pub trait Cluster: Clone + Send + Sync + 'static {
     /// a time; the etcd side writes many units per transaction and stops starting new ones
     /// after a transaction fails (the units not written then say [`OpsError::NotWritten`]).
     fn create_many(&self, reqs: Vec<PutRequest>) -> impl Future<Output = Created> + Send {
-        async move {
-            futures::stream::iter(reqs)
-                .map(|req| async move {
-                    let name = req.name.clone();
-                    (name, self.put_if(req, Expect::Absent).await)
-                })
-                .buffered(CREATES_IN_FLIGHT)
-                .collect()
-                .await
-        }
+        create_each(self, reqs)
     }
 
     /// Many puts: each of `reqs` as [`Cluster::put_if`] would do it, results in the order

@@ -321,6 +321,40 @@ pub struct WriteResult {
     pub detail: String,
 }
 
+/// `POST /units?view=full`: units created together, each as a `PUT /units/<name>?expect=absent`
+/// with its options would create it (fleetctl's `start`/`load`/`submit` of units it found
+/// missing). At most [`MAX_CREATES`] units, each named once.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Creates {
+    #[serde(default)]
+    pub units: Vec<Unit>,
+}
+
+/// Most units one `POST /units` creates.
+pub const MAX_CREATES: usize = 10_000;
+
+/// The answer to a [`Creates`]: one result per unit, in the order asked.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateResults {
+    #[serde(default)]
+    pub results: Vec<CreateResult>,
+}
+
+/// One unit's result: what a full-view `PUT` of it alone would have answered, a
+/// [`WriteResult`]'s `outcome` and `unit`, or the `error` entity.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateResult {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<Unit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorEntity>,
+}
+
 /// One operation of a `PATCH /machines` body (JSON Patch on `/<machineID>/metadata/<key>`).
 /// Field names match case-insensitively in fleet (Go's decoder): its own tests send `Value`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

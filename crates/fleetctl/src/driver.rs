@@ -10,6 +10,7 @@
 //! connection is made here.
 
 mod answer;
+mod creates;
 pub mod http;
 mod transport;
 pub mod unit_api;

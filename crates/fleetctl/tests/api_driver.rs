@@ -17,6 +17,8 @@ use fleetctl::driver::HttpCluster;
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 const PREFIX: &str = "/api-driver/";
@@ -80,19 +82,35 @@ struct Twin {
     /// The etcd side over the served registry: what the API's answers must equal.
     served_direct: RegistryCluster<MemKv>,
     http: HttpCluster,
+    /// `PUT` requests the server was sent.
+    puts: Arc<AtomicUsize>,
     dir: PathBuf,
     _stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl Twin {
     async fn start(test: &str) -> Twin {
+        Twin::serving(test, false).await
+    }
+
+    /// `without_creates`: the server answers fleet's 405 to `POST /units`, as a fleetd
+    /// without that extension (or fleet's own) does.
+    async fn serving(test: &str, without_creates: bool) -> Twin {
         let dir = std::env::temp_dir().join(format!("fleetctl-api-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join("fleet.sock");
         let served_reg = Registry::new(MemKv::new(), PREFIX);
         let direct_reg = Registry::new(MemKv::new(), PREFIX);
-        let router = fleet_api::router(fleet_api::Api::new(served_reg.clone(), 100, "test"));
+        let mut router = fleet_api::router(fleet_api::Api::new(served_reg.clone(), 100, "test"));
+        if without_creates {
+            router = router.layer(axum::middleware::from_fn(refuse_posts));
+        }
+        let puts = Arc::new(AtomicUsize::new(0));
+        let router = router.layer(axum::middleware::from_fn_with_state(
+            puts.clone(),
+            count_puts,
+        ));
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         tokio::spawn(fleet_api::serve(
@@ -112,6 +130,7 @@ impl Twin {
             served_reg,
             direct_reg,
             http,
+            puts,
             dir,
             _stop: stop,
         }
@@ -162,6 +181,30 @@ impl Drop for Twin {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+async fn count_puts(
+    axum::extract::State(puts): axum::extract::State<Arc<AtomicUsize>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if req.method() == http::Method::PUT {
+        puts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    next.run(req).await
+}
+
+/// fleet's answer to a `POST` of its units collection.
+async fn refuse_posts(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if req.method() != http::Method::POST {
+        return next.run(req).await;
+    }
+    let body = r#"{"error":{"code":405,"message":"only GET supported against this resource"}}"#;
+    (http::StatusCode::METHOD_NOT_ALLOWED, body).into_response()
 }
 
 /// Runs `$op` (a closure body over `c`) through both sides and asserts the same outcome.
@@ -282,6 +325,75 @@ async fn every_write_has_the_same_outcome_over_the_api_as_over_etcd() {
     );
     t.reads_agree(&["a.service", "g.service", "c.service"])
         .await;
+}
+
+/// A start of many new units: `create_many` over the API (`POST /units`, up to 1,000 units
+/// a request) says of each unit what the etcd side says, refusals included; a server
+/// without `POST /units` gets one `PUT` per unit, with the same outcomes.
+#[tokio::test]
+async fn creating_many_units_has_the_same_outcomes_over_the_api_as_over_etcd() {
+    for without_creates in [false, true] {
+        let t = Twin::serving("create-many", without_creates).await;
+        let launched = Some(DesiredState::Launched);
+        same!(t, |c| c.put(put(
+            "same.service",
+            Some(service("/bin/t")),
+            None
+        )));
+        same!(t, |c| c.put(put(
+            "other.service",
+            Some(service("/bin/o")),
+            None
+        )));
+        let mut reqs: Vec<PutRequest> = (0..2_500)
+            .map(|i| put(&format!("t@{i}.service"), Some(service("/bin/t")), launched))
+            .collect();
+        reqs.insert(5, put("t@.service", Some(service("/bin/t")), launched));
+        reqs.insert(
+            1_500,
+            put("same.service", Some(service("/bin/t")), launched),
+        );
+        reqs.insert(
+            2_000,
+            put("other.service", Some(service("/bin/t")), launched),
+        );
+        reqs.insert(2_400, put("bare.service", None, launched));
+        let outcomes = |created: fleet_ops::Created| -> Vec<(String, Result<String, String>)> {
+            created
+                .into_iter()
+                .map(|(n, res)| (n.to_string(), shown(res)))
+                .collect()
+        };
+        let direct = outcomes(t.direct.create_many(reqs.clone()).await);
+        let before = t.served_reg.snapshot().await.unwrap().revision;
+        let http = outcomes(t.http.create_many(reqs.clone()).await);
+        // Many units per transaction either way (fleetd groups concurrent PUTs too); one
+        // request per 1,000 units, or one per unit.
+        let revisions = t.served_reg.snapshot().await.unwrap().revision - before;
+        assert!(revisions < 300, "{revisions}");
+        let puts = t.puts.load(std::sync::atomic::Ordering::SeqCst);
+        if without_creates {
+            assert_eq!(puts, 2 + 2_504, "each create is a PUT of its own");
+        } else {
+            assert_eq!(puts, 2, "only the setup's two");
+        }
+        assert_eq!(http.len(), direct.len());
+        for (h, d) in http.iter().zip(&direct) {
+            assert_eq!(h, d, "without_creates: {without_creates}");
+        }
+        let failed: Vec<&str> = http
+            .iter()
+            .filter(|(_, res)| res.is_err())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert_eq!(
+            failed,
+            ["t@.service", "other.service", "bare.service"],
+            "{http:?}"
+        );
+        t.reads_agree(&["t@0.service", "t@2499.service", "same.service"])
+            .await;
+    }
 }
 
 #[tokio::test]

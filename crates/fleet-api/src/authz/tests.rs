@@ -28,6 +28,10 @@ fn every_route_and_method_names_its_action() {
     let inactive = unit("inactive", false);
     let submitted = unit("", true);
     let started_new = unit("launched", true);
+    let creates_launched =
+        br#"{"units":[{"name":"a.service"},{"name":"b.service","desiredState":"launched"}]}"#
+            .to_vec();
+    let creates_loaded = br#"{"units":[{"name":"a.service","desiredState":"loaded"}]}"#.to_vec();
     let table: Vec<Row> = vec![
         (Method::GET, "/units", "", None, Some(List)),
         (Method::GET, "/units/a.service", "", None, Some(Cat)),
@@ -163,6 +167,22 @@ fn every_route_and_method_names_its_action() {
         (Method::DELETE, "/units/a.service", "", None, Some(Destroy)),
         (Method::POST, "/units/a.service", "", None, None),
         (Method::PUT, "/units", "", None, None),
+        (Method::POST, "/units", "", None, None),
+        (Method::POST, "/units", "view=full", None, Some(Submit)),
+        (
+            Method::POST,
+            "/units",
+            "view=full",
+            Some(&creates_launched),
+            Some(Start),
+        ),
+        (
+            Method::POST,
+            "/units",
+            "view=full",
+            Some(&creates_loaded),
+            Some(Load),
+        ),
         (Method::GET, "/state", "machineID=m", None, Some(List)),
         (Method::GET, "/state/a.service", "", None, Some(List)),
         (Method::PUT, "/state/a.service", "", None, None),
@@ -214,12 +234,14 @@ fn every_route_and_method_names_its_action() {
 }
 
 #[test]
-fn only_puts_of_a_state_need_their_body_read() {
+fn only_puts_of_a_state_and_full_posts_need_their_body_read() {
     assert!(needs_body(&Method::PUT, ""));
     assert!(needs_body(&Method::PUT, "op=raise"));
     assert!(!needs_body(&Method::PUT, "op=stop"));
     assert!(!needs_body(&Method::GET, ""));
     assert!(!needs_body(&Method::DELETE, ""));
+    assert!(needs_body(&Method::POST, "view=full"));
+    assert!(!needs_body(&Method::POST, ""));
 }
 
 #[test]

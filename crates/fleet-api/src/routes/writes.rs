@@ -118,6 +118,99 @@ pub(super) async fn put_unit<K: Kv>(
     Ok(status.into_response())
 }
 
+/// `POST /units?view=full` (docs/api.md "Creates in one request"): each unit created as a
+/// `PUT /units/<name>?expect=absent` with its options would create it, all through one
+/// [`Cluster::create_many`] (many units per etcd transaction). The request as a whole is
+/// refused (400, nothing written) when it is not a list of at most
+/// [`wire::MAX_CREATES`] units each named once; a unit the checks of a `PUT` refuse gets
+/// that error as its result, the others are written. 200 with one result per unit, in
+/// order.
+pub(super) async fn create_units<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> {
+    check_content_type(req.headers())?;
+    let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
+        .await
+        .map_err(ApiError::ReadBody)?;
+    let asked: wire::Creates = serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
+    if asked.units.len() > wire::MAX_CREATES {
+        return Err(ApiError::TooManyCreates {
+            got: asked.units.len(),
+            max: wire::MAX_CREATES,
+        });
+    }
+    let mut named = std::collections::HashSet::with_capacity(asked.units.len());
+    for unit in &asked.units {
+        if unit.name.is_empty() {
+            return Err(ApiError::CreateWithoutName);
+        }
+        if !named.insert(unit.name.as_str()) {
+            return Err(ApiError::CreatedTwice(unit.name.clone()));
+        }
+    }
+    let mut results: Vec<Option<wire::CreateResult>> = std::iter::repeat_with(|| None)
+        .take(asked.units.len())
+        .collect();
+    let mut reqs = Vec::with_capacity(asked.units.len());
+    let mut asked_at = Vec::with_capacity(asked.units.len());
+    for (i, unit) in asked.units.iter().enumerate() {
+        match create_request(unit) {
+            Ok(req) => {
+                asked_at.push(i);
+                reqs.push(req);
+            }
+            Err(e) => results[i] = Some(create_failed(&e)),
+        }
+    }
+    let written = api.cluster.create_many(reqs).await;
+    for (i, (_, res)) in asked_at.into_iter().zip(written) {
+        results[i] = Some(match res {
+            Ok(outcome) => {
+                let result = convert::put_to_wire(&outcome);
+                wire::CreateResult {
+                    outcome: Some(result.outcome),
+                    unit: result.unit,
+                    error: None,
+                }
+            }
+            Err(e) => create_failed(&ApiError::Ops(e)),
+        });
+    }
+    let results = results
+        .into_iter()
+        .map(|r| r.expect("every unit has its result"))
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &wire::CreateResults { results },
+    ))
+}
+
+/// One unit of a `POST /units`, checked as a `PUT` of it checks it.
+fn create_request(unit: &entity::Unit) -> Result<PutRequest, ApiError> {
+    let name: UnitName = unit.name.parse()?;
+    let desired = match unit.desired_state.as_str() {
+        "" => None,
+        s => Some(s.parse::<DesiredState>()?),
+    };
+    let file = match unit.options.as_slice() {
+        // Refused by the create itself, as a PUT of a missing unit without options is.
+        [] => None,
+        options => Some(unit_file(&name, options)?),
+    };
+    Ok(PutRequest {
+        name,
+        file,
+        desired,
+        how: ReplaceHow::default(),
+    })
+}
+
+fn create_failed(e: &ApiError) -> wire::CreateResult {
+    wire::CreateResult {
+        error: Some(e.entity(true)),
+        ..wire::CreateResult::default()
+    }
+}
+
 /// The extensions' operations (`PUT /units/<name>?op=...`): 204, or in the full view 200
 /// with what was done.
 async fn run_op<K: Kv>(

@@ -511,3 +511,105 @@ async fn concurrent_creates_are_written_together_and_each_gets_its_answer() {
     let revisions = f.revision().await - before;
     assert!(revisions < 50, "200 creates took {revisions} revisions");
 }
+
+/// `POST /units?view=full`: fleetctl's API driver creates many units in one request; each
+/// gets the answer a `PUT ?expect=absent` of it alone would have had, in order, and the
+/// valid ones are written together.
+#[tokio::test]
+async fn a_post_of_units_creates_each_as_its_own_put_would() {
+    let (f, _) = fixture(100);
+    create(&f, "old.service", "/bin/old", "inactive").await;
+    let unit = |name: &str, exec: &str| json!({"name": name, "desiredState": "launched", "options": options(exec)});
+    let mut units: Vec<Value> = (0..200)
+        .map(|i| unit(&format!("t@{i}.service"), "/bin/t"))
+        .collect();
+    units.insert(10, unit("t@.service", "/bin/t"));
+    units.insert(20, unit("old.service", "/bin/new"));
+    units.insert(30, unit("old.service2", "/bin/t"));
+    units.insert(
+        40,
+        json!({"name": "empty.service", "desiredState": "launched"}),
+    );
+    let answer = f
+        .post("/fleet/v1/units?view=full", json!({"units": units}))
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let results = answer.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 204);
+    let error = |i: usize| (&results[i]["error"]["code"], &results[i]["error"]["reason"]);
+    assert_eq!(error(10), (&json!(400), &json!("activateTemplate")));
+    assert_eq!(error(20), (&json!(409), &json!("conflict")));
+    assert_eq!(results[30]["error"]["code"], 400, "{:?}", results[30]);
+    assert_eq!(error(40), (&json!(409), &json!("noOptions")));
+    for (i, result) in results.iter().enumerate() {
+        if [10, 20, 30, 40].contains(&i) {
+            assert!(result.get("outcome").is_none(), "{result}");
+            continue;
+        }
+        assert_eq!(result["outcome"], "created", "{i}: {result}");
+        let name = result["unit"]["name"].as_str().unwrap();
+        assert_eq!(name, units[i]["name"]);
+        assert!(f.unit(name).await.is_some(), "{name}");
+    }
+    assert_eq!(
+        f.unit("old.service").await.unwrap().hash(),
+        file("/bin/old").hash(),
+        "an existing unit is left as it was"
+    );
+    // A transaction that met the existing unit was written unit by unit (the etcd side's
+    // create_many); 200 new units alone take a few transactions.
+    let before = f.revision().await;
+    let units: Vec<Value> = (0..200)
+        .map(|i| unit(&format!("u@{i}.service"), "/bin/u"))
+        .collect();
+    let answer = f
+        .post("/fleet/v1/units?view=full", json!({"units": units}))
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let revisions = f.revision().await - before;
+    assert!(revisions < 10, "200 creates took {revisions} revisions");
+}
+
+/// A `POST /units` that is not a list of distinct named units, or too long, is refused as a
+/// whole with nothing written; without `view=full` it is fleet's 405.
+#[tokio::test]
+async fn a_post_of_units_refuses_a_bad_request_whole() {
+    let (f, _) = fixture(100);
+    let before = f.revision().await;
+    let unit = |name: &str| json!({"name": name, "options": options("/bin/t")});
+    let twice = json!({"units": [unit("a.service"), unit("b.service"), unit("a.service")]});
+    let answer = f.post("/fleet/v1/units?view=full", twice).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "unit \"a.service\" is named twice in the request",
+    );
+    let nameless = json!({"units": [unit("a.service"), {"options": options("/bin/t")}]});
+    let answer = f.post("/fleet/v1/units?view=full", nameless).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+    let many: Vec<Value> = (0..=fleet_ops::wire::MAX_CREATES)
+        .map(|i| json!({"name": format!("a@{i}.service")}))
+        .collect();
+    let answer = f
+        .post("/fleet/v1/units?view=full", json!({"units": many}))
+        .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "a request creates at most 10000 units, got 10001",
+    );
+    let answer = f
+        .post("/fleet/v1/units?view=full", json!({"units": "a.service"}))
+        .await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+    let answer = f
+        .post("/fleet/v1/units", json!({"units": [unit("a.service")]}))
+        .await;
+    assert_error(
+        &answer,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "only GET supported against this resource",
+    );
+    assert_eq!(f.revision().await, before, "nothing was written");
+    assert!(f.unit("a.service").await.is_none());
+}

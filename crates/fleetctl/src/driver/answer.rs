@@ -2,7 +2,7 @@
 //! it stands for, so a command prints what it prints over etcd.
 
 use fleet_core::UnitName;
-use fleet_ops::wire::{ErrorBody, MachinePage, UnitPage, UnitStatePage};
+use fleet_ops::wire::{ErrorBody, ErrorEntity, MachinePage, UnitPage, UnitStatePage};
 use fleet_ops::{OpsError, convert};
 use http::StatusCode;
 use serde::de::DeserializeOwned;
@@ -45,6 +45,16 @@ pub fn error_of(status: StatusCode, body: &[u8], unit: Option<&UnitName>) -> Ops
             message: format!("the API answered {status} without an error entity"),
         };
     };
+    error_of_entity(status, error, unit)
+}
+
+/// [`error_of`] for an error entity already read (one unit's result of a `POST /units`,
+/// with its `code` as the status).
+pub(super) fn error_of_entity(
+    status: StatusCode,
+    error: ErrorEntity,
+    unit: Option<&UnitName>,
+) -> OpsError {
     match (error.reason, status, unit) {
         (None, StatusCode::NOT_FOUND, Some(name)) => OpsError::NoSuchUnit(name.clone()),
         (None, StatusCode::BAD_REQUEST, Some(name)) => OpsError::Invalid {

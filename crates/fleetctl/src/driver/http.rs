@@ -92,16 +92,7 @@ impl HttpCluster {
                 query.push((key, "true".to_owned()));
             }
         }
-        let body = wire::Unit {
-            name: req.name.to_string(),
-            options: req
-                .file
-                .as_ref()
-                .map(convert::options_to_wire)
-                .unwrap_or_default(),
-            desired_state: req.desired.map(|d| d.to_string()).unwrap_or_default(),
-            ..wire::Unit::default()
-        };
+        let body = unit_body(&req);
         let result = self
             .write(Method::PUT, &req.name, &query, Some(&body))
             .await?;
@@ -163,7 +154,7 @@ impl HttpCluster {
         }
     }
 
-    async fn send(
+    pub(super) async fn send(
         &self,
         method: Method,
         path: &str,
@@ -340,6 +331,12 @@ impl Cluster for HttpCluster {
         self.put_expecting(req, None).await
     }
 
+    /// Many units per request (`POST /units`), several requests in flight
+    /// ([`super::creates`]); one request per unit from a server without that extension.
+    async fn create_many(&self, reqs: Vec<PutRequest>) -> fleet_ops::Created {
+        self.create_batched(reqs).await
+    }
+
     /// The server checks `expect` on the record it writes over (`?expect=`), so of two
     /// clients replacing the same version only one wins, as over etcd.
     async fn put_if(&self, req: PutRequest, expect: Expect) -> Result<PutOutcome, OpsError> {
@@ -406,6 +403,20 @@ impl Cluster for HttpCluster {
 
     async fn watch(&self, names: BTreeSet<UnitName>) -> Result<HttpChanges, OpsError> {
         HttpChanges::start(self.clone(), names).await
+    }
+}
+
+/// The Unit entity a put of `req` sends: its name, options and desired state.
+pub(super) fn unit_body(req: &PutRequest) -> wire::Unit {
+    wire::Unit {
+        name: req.name.to_string(),
+        options: req
+            .file
+            .as_ref()
+            .map(convert::options_to_wire)
+            .unwrap_or_default(),
+        desired_state: req.desired.map(|d| d.to_string()).unwrap_or_default(),
+        ..wire::Unit::default()
     }
 }
 
