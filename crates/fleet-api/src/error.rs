@@ -69,6 +69,8 @@ pub enum ApiError {
     BadMachineId(String),
     #[error("pageSize must be 1 to 65535, got {0:?}")]
     BadPageSize(String),
+    #[error("pageSize 0 (the whole listing) takes no nextPageToken")]
+    WholeWithToken,
     #[error("parallel must be a whole number from 1, got {0:?}")]
     BadParallel(String),
     #[error("expect must be absent or a unit file hash, got {0:?}")]
@@ -162,6 +164,7 @@ impl ApiError {
             | Self::RaiseWithoutState
             | Self::BadMachineId(_)
             | Self::BadPageSize(_)
+            | Self::WholeWithToken
             | Self::BadParallel(_)
             | Self::BadExpect(_)
             | Self::TooManyCreates { .. }

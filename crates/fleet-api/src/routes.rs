@@ -353,20 +353,20 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
 }
 
 async fn list_machines<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
-    let token = page_token(api, query)?;
+    let paging = listing_paging(api, query)?;
     let listing = api.cluster.machines().await?;
     let machines = listing
         .machines
         .iter()
         .map(|m| convert::machine_to_wire(m, query.full))
         .collect();
-    let (machines, next) = token.slice(machines);
+    let (machines, next) = paging.slice(machines);
     let mut page = entity::MachinePage {
         machines,
         next_page_token: encode(next),
         ..Default::default()
     };
-    if query.full && token.page == 1 {
+    if query.full && paging.is_first() {
         page.skipped = listing.skipped;
         page.disruption_notice = listing.notice.unwrap_or_default();
     }
@@ -434,7 +434,7 @@ fn unit_names(query: &str) -> Option<BTreeSet<UnitName>> {
 
 async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
     // The token first: a bad one is a 400 without a registry read.
-    let token = page_token(api, query)?;
+    let paging = listing_paging(api, query)?;
     let machine = first(&query.raw, wire::MACHINE_ID);
     let units: Vec<String> = if query.full {
         query_values(&query.raw, wire::UNIT_NAME)
@@ -457,13 +457,13 @@ async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, Api
         .filter(|s| units.is_empty() || units.iter().any(|u| s.name.as_str() == u))
         .map(|s| convert::state_to_wire(s, query.full))
         .collect();
-    let (states, next) = token.slice(states);
+    let (states, next) = paging.slice(states);
     let mut page = entity::UnitStatePage {
         states,
         next_page_token: encode(next),
         ..Default::default()
     };
-    if query.full && token.page == 1 {
+    if query.full && paging.is_first() {
         page.skipped = listing.skipped;
     }
     Ok(json_response(StatusCode::OK, &page))
@@ -511,6 +511,40 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 fn page_token<K>(api: &Api<K>, query: &Query) -> Result<PageToken, ApiError> {
     let values = query_values(&query.raw, "nextPageToken");
     Ok(PageToken::from_request(&values, page_limit(api, query)?)?)
+}
+
+/// How a listing that reads everything for each page (states, machines) is cut.
+enum Paging {
+    Pages(PageToken),
+    /// The full view's `pageSize=0`: the whole listing in one page, read once; fleetctl
+    /// asks so (100,000 states in pages of 65,535 read them all twice).
+    Whole,
+}
+
+impl Paging {
+    fn slice<T>(&self, items: Vec<T>) -> (Vec<T>, Option<PageToken>) {
+        match self {
+            Paging::Pages(token) => token.slice(items),
+            Paging::Whole => (items, None),
+        }
+    }
+
+    fn is_first(&self) -> bool {
+        match self {
+            Paging::Pages(token) => token.page == 1,
+            Paging::Whole => true,
+        }
+    }
+}
+
+fn listing_paging<K>(api: &Api<K>, query: &Query) -> Result<Paging, ApiError> {
+    if query.full && first(&query.raw, wire::PAGE_SIZE).as_deref() == Some(wire::WHOLE_LISTING) {
+        if !query_values(&query.raw, "nextPageToken").is_empty() {
+            return Err(ApiError::WholeWithToken);
+        }
+        return Ok(Paging::Whole);
+    }
+    Ok(Paging::Pages(page_token(api, query)?))
 }
 
 /// Entries per page: `token_limit`, or the full view's `pageSize`.

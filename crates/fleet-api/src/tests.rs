@@ -805,6 +805,49 @@ async fn states_are_listed_and_filtered_by_machine_and_unit() {
     );
 }
 
+/// The full view's `pageSize=0`: states and machines whole, in one page without a token
+/// (fleetctl's ask: those listings read everything for each page); not with a token, and
+/// not in fleet's view, where `pageSize` means nothing.
+#[tokio::test(start_paused = true)]
+async fn the_full_view_lists_states_and_machines_whole_with_page_size_zero() {
+    let (f, _) = fixture(1);
+    cluster(&f).await;
+    let states = f.get("/fleet/v1/state?view=full&pageSize=0").await.body;
+    assert_eq!(states["states"].as_array().unwrap().len(), 4);
+    assert!(states.get("nextPageToken").is_none(), "{states}");
+    let on_m2 = f
+        .get("/fleet/v1/state?view=full&pageSize=0&machineID=m2")
+        .await
+        .body;
+    assert_eq!(on_m2["states"].as_array().unwrap().len(), 2);
+    let machines = f.get("/fleet/v1/machines?view=full&pageSize=0").await.body;
+    assert_eq!(machines["machines"].as_array().unwrap().len(), 2);
+    assert!(machines.get("nextPageToken").is_none(), "{machines}");
+
+    let paged = f.get("/fleet/v1/state?view=full&pageSize=1").await.body;
+    let token = paged["nextPageToken"].as_str().unwrap();
+    assert_error(
+        &f.get(&format!(
+            "/fleet/v1/state?view=full&pageSize=0&nextPageToken={token}"
+        ))
+        .await,
+        StatusCode::BAD_REQUEST,
+        "pageSize 0 (the whole listing) takes no nextPageToken",
+    );
+    let fleet = f.get("/fleet/v1/state?pageSize=0").await.body;
+    assert_eq!(
+        fleet["states"].as_array().unwrap().len(),
+        1,
+        "token_limit 1"
+    );
+    let units = f.get("/fleet/v1/units?view=full&pageSize=0").await;
+    assert_eq!(
+        units.status,
+        StatusCode::BAD_REQUEST,
+        "units page by cursor"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_scheduled_unit_shows_its_machine_and_current_state() {
     let (f, _) = fixture(100);

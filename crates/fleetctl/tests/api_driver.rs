@@ -82,6 +82,8 @@ struct Twin {
     /// The etcd side over the served registry: what the API's answers must equal.
     served_direct: RegistryCluster<MemKv>,
     http: HttpCluster,
+    /// The same client with its default pages: states and machines in one page each.
+    whole: HttpCluster,
     /// `PUT` requests the server was sent.
     puts: Arc<AtomicUsize>,
     dir: PathBuf,
@@ -93,8 +95,8 @@ impl Twin {
         Twin::serving(test, false).await
     }
 
-    /// `without_creates`: the server answers fleet's 405 to `POST /units`, as a fleetd
-    /// without that extension (or fleet's own) does.
+    /// `without_creates`: the server answers fleet's 405 to `POST /units` and a 400 to
+    /// `pageSize=0`, as a fleetd from before those extensions does.
     async fn serving(test: &str, without_creates: bool) -> Twin {
         let dir = std::env::temp_dir().join(format!("fleetctl-api-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -120,16 +122,17 @@ impl Twin {
         ));
         let endpoint = format!("unix://{}", socket.display());
         // Pages of 2 make every listing here span several pages.
-        let http = HttpCluster::new(&endpoint, &TlsFiles::default(), Duration::from_secs(5))
+        let whole = HttpCluster::new(&endpoint, &TlsFiles::default(), Duration::from_secs(5))
             .unwrap()
-            .with_poll_interval(Duration::from_millis(10))
-            .with_page_size(2);
+            .with_poll_interval(Duration::from_millis(10));
+        let http = whole.clone().with_page_size(2);
         Twin {
             direct: RegistryCluster::new(direct_reg.clone()),
             served_direct: RegistryCluster::new(served_reg.clone()),
             served_reg,
             direct_reg,
             http,
+            whole,
             puts,
             dir,
             _stop: stop,
@@ -172,8 +175,18 @@ impl Twin {
         ];
         for f in &filters {
             assert_eq!(shown(h.states(f).await), shown(d.states(f).await), "{f:?}");
+            let whole = &self.whole;
+            assert_eq!(
+                shown(whole.states(f).await),
+                shown(d.states(f).await),
+                "{f:?}"
+            );
         }
         assert_eq!(shown(h.machines().await), shown(d.machines().await));
+        assert_eq!(
+            shown(self.whole.machines().await),
+            shown(d.machines().await)
+        );
     }
 }
 
@@ -194,17 +207,26 @@ async fn count_puts(
     next.run(req).await
 }
 
-/// fleet's answer to a `POST` of its units collection.
+/// An older fleetd's answers to a `POST` of its units collection (fleet's 405) and to a
+/// whole listing (`pageSize=0`: 400).
 async fn refuse_posts(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    if req.method() != http::Method::POST {
-        return next.run(req).await;
+    if req.method() == http::Method::POST {
+        let body = r#"{"error":{"code":405,"message":"only GET supported against this resource"}}"#;
+        return (http::StatusCode::METHOD_NOT_ALLOWED, body).into_response();
     }
-    let body = r#"{"error":{"code":405,"message":"only GET supported against this resource"}}"#;
-    (http::StatusCode::METHOD_NOT_ALLOWED, body).into_response()
+    let whole = req
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "pageSize=0"));
+    if whole {
+        let body = r#"{"error":{"code":400,"message":"pageSize must be 1 to 65535, got \"0\""}}"#;
+        return (http::StatusCode::BAD_REQUEST, body).into_response();
+    }
+    next.run(req).await
 }
 
 /// Runs `$op` (a closure body over `c`) through both sides and asserts the same outcome.

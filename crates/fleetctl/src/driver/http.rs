@@ -43,10 +43,10 @@ pub const FIRST_POLL: Duration = Duration::from_millis(20);
 /// 126 ms.
 pub const FAST_POLLS: u32 = 10;
 
-/// Entries per page asked for (the full view's `pageSize`): fleetd reads a whole listing for
-/// each page of states or machines, so fewer pages are cheaper for both sides; a page of
-/// units reads only its own keys (docs/api.md "Page tokens"), so 100,000 units are 2 requests
-/// that read each key once.
+/// Units per page asked for (the full view's `pageSize`): a page of units reads only its own
+/// keys (docs/api.md "Page tokens"), so 100,000 units are 2 requests that read each key once.
+/// States and machines are asked for whole (`pageSize=0`): fleetd reads the whole listing
+/// for each of their pages, so 100,000 states in pages of 65,535 cost it two whole reads.
 pub const PAGE_SIZE: u16 = u16::MAX;
 
 /// Names per listing request: a `start` of 10,000 units asks in 20 requests (URLs of ~15 kB)
@@ -69,6 +69,8 @@ pub struct HttpCluster {
     transport: Arc<Transport>,
     poll: Duration,
     page_size: u16,
+    /// States and machines in one page each (`pageSize=0`), not pages of `page_size`.
+    whole_listings: bool,
 }
 
 impl HttpCluster {
@@ -110,12 +112,15 @@ impl HttpCluster {
             transport: Arc::new(Transport::new(endpoint, tls, request_timeout)?),
             poll: POLL_INTERVAL,
             page_size: PAGE_SIZE,
+            whole_listings: true,
         })
     }
 
-    /// Listings ask for pages of `size` entries instead of [`PAGE_SIZE`] (at least 1).
+    /// Listings ask for pages of `size` entries instead of [`PAGE_SIZE`] (at least 1), the
+    /// states and machines too instead of whole.
     pub fn with_page_size(mut self, size: u16) -> HttpCluster {
         self.page_size = size.max(1);
+        self.whole_listings = false;
         self
     }
 
@@ -129,18 +134,41 @@ impl HttpCluster {
         self.poll
     }
 
-    /// Every page of a listing at `path` with `query`, in order.
+    /// A listing that fleetd reads whole for each page (states, machines): in one page
+    /// (`pageSize=0`) unless pages of a size were asked for; from a server that refuses
+    /// that (400: one from before it), in pages.
+    async fn whole<P: DeserializeOwned + Paged>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<Vec<P>, OpsError> {
+        if !self.whole_listings {
+            return self.pages(path, query, self.page_size.to_string()).await;
+        }
+        match self
+            .pages(path, query, wire::WHOLE_LISTING.to_owned())
+            .await
+        {
+            Err(OpsError::Api { code: 400, .. }) => {
+                self.pages(path, query, self.page_size.to_string()).await
+            }
+            other => other,
+        }
+    }
+
+    /// Every page of a listing at `path` with `query`, in order, `page_size` entries a page.
     async fn pages<P: DeserializeOwned + Paged>(
         &self,
         path: &str,
         query: &[(&str, String)],
+        page_size: String,
     ) -> Result<Vec<P>, OpsError> {
         let mut pages = Vec::new();
         let mut token = String::new();
         loop {
             let mut q = query.to_vec();
             q.push((wire::VIEW, wire::VIEW_FULL.to_owned()));
-            q.push((wire::PAGE_SIZE, self.page_size.to_string()));
+            q.push((wire::PAGE_SIZE, page_size.clone()));
             if !token.is_empty() {
                 q.push(("nextPageToken", token.clone()));
             }
@@ -214,7 +242,8 @@ impl HttpCluster {
         let mut units = BTreeMap::new();
         let mut skipped = Vec::new();
         for query in name_queries(names) {
-            for page in self.pages::<UnitPage>("/units", &query).await? {
+            let size = self.page_size.to_string();
+            for page in self.pages::<UnitPage>("/units", &query, size).await? {
                 for unit in &page.units {
                     let view = convert::unit_from_wire(unit)?;
                     units.insert(view.name().clone(), view);
@@ -231,7 +260,7 @@ impl HttpCluster {
     /// Every state a `/state` query lists, with what the listing skipped.
     async fn state_pages(&self, query: &[(&str, String)]) -> Result<StateListing, OpsError> {
         let mut listing = StateListing::default();
-        for page in self.pages::<UnitStatePage>("/state", query).await? {
+        for page in self.whole::<UnitStatePage>("/state", query).await? {
             for s in &page.states {
                 listing.states.push(convert::state_from_wire(s)?);
             }
@@ -285,7 +314,7 @@ impl Cluster for HttpCluster {
 
     async fn machines(&self) -> Result<MachineListing, OpsError> {
         let mut listing = MachineListing::default();
-        for page in self.pages::<MachinePage>("/machines", &[]).await? {
+        for page in self.whole::<MachinePage>("/machines", &[]).await? {
             for m in &page.machines {
                 listing.machines.push(convert::machine_from_wire(m)?);
             }
