@@ -295,6 +295,14 @@ fn parses_hashes_only_as_40_lowercase_hex_digits() {
     ] {
         assert!(bad.parse::<UnitHash>().is_err(), "{bad:?}");
     }
+    // Every digit in every place: SHA-1s of many inputs, against the long way of spelling
+    // them.
+    for i in 0..256 {
+        let hash = UnitHash::of_bytes(format!("{i}").as_bytes());
+        let long: String = hash.0.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hash.to_string(), long);
+        assert_eq!(long.parse::<UnitHash>(), Ok(hash));
+    }
 }
 
 /// Unit file text with the awkward parts: comments, continuations, blank and space-only
