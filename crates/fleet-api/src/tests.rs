@@ -76,18 +76,16 @@ impl Fixture {
     }
 
     async fn put(&self, path: &str, body: Value) -> Answer {
-        let req = Request::builder()
-            .method(Method::PUT)
-            .uri(path)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(body.to_string()))
-            .unwrap();
-        self.send(req).await
+        self.with_json(Method::PUT, path, body).await
     }
 
     async fn post(&self, path: &str, body: Value) -> Answer {
+        self.with_json(Method::POST, path, body).await
+    }
+
+    async fn with_json(&self, method: Method, path: &str, body: Value) -> Answer {
         let req = Request::builder()
-            .method(Method::POST)
+            .method(method)
             .uri(path)
             .header(header::CONTENT_TYPE, "application/json")
             .body(Body::from(body.to_string()))
