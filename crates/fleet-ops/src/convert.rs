@@ -280,7 +280,8 @@ pub fn reason_of(e: &OpsError) -> Option<Reason> {
         OpsError::ReplaceLowers { .. } => Reason::ReplaceLowers,
         OpsError::Invalid { .. } => Reason::Invalid,
         OpsError::Registry(_) => Reason::Registry,
-        OpsError::Api { .. } | OpsError::Transport { .. } | OpsError::NotWritten { .. } => {
+        OpsError::NotWritten { .. } => Reason::NotWritten,
+        OpsError::Api { .. } | OpsError::Transport { .. } => {
             return None;
         }
     })
@@ -310,7 +311,9 @@ pub fn error_from_wire(unit: Option<&UnitName>, e: &wire::ErrorEntity) -> OpsErr
         Reason::RestartInactive => OpsError::RestartInactive(name),
         Reason::ActivateTemplate => OpsError::ActivateTemplate(name),
         Reason::NoOptions => OpsError::NoOptions(name),
-        Reason::ReplaceLowers | Reason::Invalid | Reason::Registry => api(),
+        // The unit whose failure stopped it is another result's: the many-unit create's
+        // client rebuilds it (fleetctl's `driver/creates.rs`).
+        Reason::ReplaceLowers | Reason::Invalid | Reason::Registry | Reason::NotWritten => api(),
     }
 }
 

@@ -424,6 +424,9 @@ pub enum Reason {
     Invalid,
     /// etcd failed or is away (`code` 503 when it is away).
     Registry,
+    /// One unit of a `POST /units` not written because the write of another unit of the same
+    /// request failed (that unit's result says why).
+    NotWritten,
 }
 
 #[cfg(test)]

@@ -584,6 +584,99 @@ async fn a_wait_over_the_api_sees_what_a_wait_over_etcd_sees() {
     assert_eq!(http.view().units.len(), 1);
 }
 
+/// etcd, as fleetd's registry sees it, refusing every many-unit transaction.
+#[derive(Clone)]
+struct BatchesFail;
+
+impl fleet_registry::kv::Hook for BatchesFail {
+    async fn before(
+        &self,
+        request: fleet_registry::kv::Request<'_>,
+    ) -> Result<(), fleet_registry::kv::KvError> {
+        match request {
+            fleet_registry::kv::Request::Txn(txn) if txn.compares.len() > 1 => {
+                // Not a transient error: those are read back and sent again for ~15 s.
+                Err(fleet_registry::kv::KvError::Refused(
+                    "down for the batches".into(),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A create of many units over the API when etcd fails fleetd's writes: each request's first
+/// unit says why, its others are not written, and once a request came back so, fleetctl
+/// sends no more (the etcd side starts no transaction after a failed one).
+#[tokio::test]
+async fn a_create_that_fleetd_fails_to_write_stops_the_requests_after_it() {
+    let dir = std::env::temp_dir().join(format!("fleetctl-api-failing-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("fleet.sock");
+    let kv = fleet_registry::kv::Hooked {
+        inner: MemKv::new(),
+        hook: BatchesFail,
+    };
+    let posts = Arc::new(AtomicUsize::new(0));
+    let router =
+        fleet_api::router(fleet_api::Api::new(Registry::new(kv, PREFIX), 100, "test")).layer(
+            axum::middleware::from_fn_with_state(posts.clone(), count_posts),
+        );
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let (_stop, shutdown) = tokio::sync::watch::channel(false);
+    tokio::spawn(fleet_api::serve(
+        fleet_api::Listener::Unix(listener),
+        router,
+        shutdown,
+    ));
+    let endpoint = format!("unix://{}", socket.display());
+    let http = HttpCluster::new(&endpoint, &TlsFiles::default(), Duration::from_secs(5)).unwrap();
+
+    let reqs: Vec<PutRequest> = (0..5_000)
+        .map(|i| {
+            let f = Some(service("/bin/t"));
+            put(&format!("t@{i}.service"), f, Some(DesiredState::Launched))
+        })
+        .collect();
+    let created = http.create_many(reqs).await;
+    assert_eq!(created.len(), 5_000);
+    // Four requests in flight, each failed by fleetd; the fifth never sent.
+    assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 4);
+    let mut refused = Vec::new();
+    for (i, (name, res)) in created.iter().enumerate() {
+        match res {
+            Err(e) if i % 1_000 == 0 && i < 4_000 => {
+                assert!(e.to_string().contains("etcd"), "{name}: {e}");
+                refused.push(name.clone());
+            }
+            // Stopped by its own request's first unit, or (the fifth request) by the first.
+            Err(fleet_ops::OpsError::NotWritten { with }) => {
+                let first = if i < 4_000 { i - i % 1_000 } else { 0 };
+                assert_eq!(with, &name_at(first), "{name}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    assert_eq!(refused.len(), 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn name_at(i: usize) -> UnitName {
+    name(&format!("t@{i}.service"))
+}
+
+async fn count_posts(
+    axum::extract::State(posts): axum::extract::State<Arc<AtomicUsize>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if req.method() == http::Method::POST {
+        posts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    next.run(req).await
+}
+
 #[tokio::test]
 async fn a_missing_socket_is_an_error_naming_the_endpoint() {
     let dir = std::env::temp_dir().join(format!("fleetctl-api-none-{}", std::process::id()));

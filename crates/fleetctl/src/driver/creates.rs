@@ -10,11 +10,12 @@
 //!
 //! What a failure leaves, as over etcd: each unit has its own result from the server. A
 //! request that fails as a whole (the connection, a refusal of the request) gives its first
-//! unit the error and the others [`OpsError::NotWritten`], and no request starts after it;
-//! creating the same units again writes only those still missing.
+//! unit the error and the others [`OpsError::NotWritten`], and no request starts after it,
+//! nor after one in which the server failed to write a unit (a 5xx: etcd away); creating
+//! the same units again writes only those still missing.
 
 use fleet_core::UnitName;
-use fleet_ops::wire::{self, CreateResults, WriteResult};
+use fleet_ops::wire::{self, CreateResults, Reason, WriteResult};
 use fleet_ops::{Created, OpsError, PutRequest, convert};
 use futures::StreamExt;
 use http::{Method, StatusCode};
@@ -104,7 +105,16 @@ impl HttpCluster {
             }
             Ok(a) if a.status.is_success() => match decode::<CreateResults>(&a, None) {
                 Ok(answered) => match results(names.clone(), answered) {
-                    Ok(created) => return created,
+                    Ok(created) => {
+                        // A unit the server failed to write (etcd away: a 5xx, not a refusal
+                        // of the unit) stops the requests after it, as a failed transaction
+                        // stops the etcd side's.
+                        if let Some((name, _)) = created.iter().find(|(_, res)| failed_writing(res))
+                        {
+                            progress.stop(name);
+                        }
+                        return created;
+                    }
                     Err(e) => e,
                 },
                 Err(e) => e,
@@ -154,11 +164,26 @@ fn results(names: Vec<UnitName>, answered: CreateResults) -> Result<Created, Ops
             .into(),
         });
     }
+    // The server's create stops at a failed transaction: the unit that failed says why,
+    // the units it did not write after it say `notWritten` (docs/api.md).
+    let stopped_at = names
+        .iter()
+        .zip(&answered.results)
+        .find(|(_, r)| {
+            r.error
+                .as_ref()
+                .is_some_and(|e| e.code >= 500 && e.reason != Some(Reason::NotWritten))
+        })
+        .map(|(name, _)| name.clone());
     Ok(names
         .into_iter()
         .zip(answered.results)
         .map(|(name, result)| {
             let res = match (result.error, result.outcome) {
+                (Some(error), _) if error.reason == Some(Reason::NotWritten) => {
+                    let with = stopped_at.clone().unwrap_or_else(|| name.clone());
+                    Err(OpsError::NotWritten { with })
+                }
                 (Some(error), _) => {
                     let status = StatusCode::from_u16(error.code)
                         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -178,6 +203,12 @@ fn results(names: Vec<UnitName>, answered: CreateResults) -> Result<Created, Ops
             (name, res)
         })
         .collect())
+}
+
+/// Whether a unit's result says the server could not write it (a 5xx: etcd away or
+/// failing), rather than refusing the unit itself.
+fn failed_writing(res: &Result<fleet_ops::PutOutcome, OpsError>) -> bool {
+    matches!(res, Err(OpsError::Api { code, .. }) if *code >= 500)
 }
 
 /// A request that failed as a whole: its first unit has the error, the others were not
@@ -256,6 +287,22 @@ mod tests {
         assert!(
             matches!(&out[1].1, Err(OpsError::NotWritten { with }) if with.as_str() == "a.service")
         );
+    }
+
+    #[test]
+    fn only_a_server_failure_stops_the_requests_after_it() {
+        let api = |code| {
+            Err(OpsError::Api {
+                code,
+                message: "m".into(),
+            })
+        };
+        assert!(failed_writing(&api(503)));
+        assert!(failed_writing(&api(500)));
+        assert!(!failed_writing(&api(409)));
+        assert!(!failed_writing(&Err(OpsError::Conflict(
+            "a.service".parse().unwrap()
+        ))));
     }
 
     #[test]
