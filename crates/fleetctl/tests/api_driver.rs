@@ -108,11 +108,8 @@ impl Twin {
         if without_creates {
             router = router.layer(axum::middleware::from_fn(refuse_posts));
         }
-        let puts = Arc::new(AtomicUsize::new(0));
-        let router = router.layer(axum::middleware::from_fn_with_state(
-            puts.clone(),
-            count_puts,
-        ));
+        let (puts, count_puts) = counting(http::Method::PUT);
+        let router = count_puts(router);
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         tokio::spawn(fleet_api::serve(
@@ -196,13 +193,24 @@ impl Drop for Twin {
     }
 }
 
-async fn count_puts(
-    axum::extract::State(puts): axum::extract::State<Arc<AtomicUsize>>,
+/// A layer counting the requests of `method` the server is sent.
+fn counting(method: http::Method) -> (Arc<AtomicUsize>, impl Fn(axum::Router) -> axum::Router) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let counted = count.clone();
+    let layer = move |router: axum::Router| {
+        let state = (counted.clone(), method.clone());
+        router.layer(axum::middleware::from_fn_with_state(state, count_requests))
+    };
+    (count, layer)
+}
+
+async fn count_requests(
+    axum::extract::State((count, method)): axum::extract::State<(Arc<AtomicUsize>, http::Method)>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    if req.method() == http::Method::PUT {
-        puts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    if req.method() == method {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
     next.run(req).await
 }
@@ -618,11 +626,12 @@ async fn a_create_that_fleetd_fails_to_write_stops_the_requests_after_it() {
         inner: MemKv::new(),
         hook: BatchesFail,
     };
-    let posts = Arc::new(AtomicUsize::new(0));
-    let router =
-        fleet_api::router(fleet_api::Api::new(Registry::new(kv, PREFIX), 100, "test")).layer(
-            axum::middleware::from_fn_with_state(posts.clone(), count_posts),
-        );
+    let (posts, count_posts) = counting(http::Method::POST);
+    let router = count_posts(fleet_api::router(fleet_api::Api::new(
+        Registry::new(kv, PREFIX),
+        100,
+        "test",
+    )));
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();
     let (_stop, shutdown) = tokio::sync::watch::channel(false);
     tokio::spawn(fleet_api::serve(
@@ -664,17 +673,6 @@ async fn a_create_that_fleetd_fails_to_write_stops_the_requests_after_it() {
 
 fn name_at(i: usize) -> UnitName {
     name(&format!("t@{i}.service"))
-}
-
-async fn count_posts(
-    axum::extract::State(posts): axum::extract::State<Arc<AtomicUsize>>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    if req.method() == http::Method::POST {
-        posts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-    next.run(req).await
 }
 
 #[tokio::test]
