@@ -132,20 +132,27 @@ impl HttpCluster {
     }
 }
 
-/// `reqs` in requests' worth, in order, each with its entity encoded.
+/// `reqs` in requests' worth, in order, each with its entity encoded. A name already in
+/// the request starts the next one (the server refuses a request naming a unit twice; the
+/// second create of it then answers as a second `PUT` would).
 fn chunks(reqs: Vec<PutRequest>) -> Vec<Chunk> {
     let mut chunks: Vec<Chunk> = Vec::new();
     let mut bytes = 0;
+    let mut named = std::collections::HashSet::new();
     for req in reqs {
         let unit = serde_json::to_vec(&unit_body(&req)).expect("a unit entity always encodes");
-        let full = chunks
-            .last()
-            .is_none_or(|c| c.len() >= UNITS_PER_REQUEST || bytes + unit.len() > BYTES_PER_REQUEST);
+        let full = chunks.last().is_none_or(|c| {
+            c.len() >= UNITS_PER_REQUEST
+                || bytes + unit.len() > BYTES_PER_REQUEST
+                || named.contains(&req.name)
+        });
         if full {
             chunks.push(Vec::new());
             bytes = 0;
+            named.clear();
         }
         bytes += unit.len() + 1;
+        named.insert(req.name.clone());
         chunks.last_mut().expect("pushed above").push((req, unit));
     }
     chunks
@@ -272,6 +279,24 @@ mod tests {
             vec![
                 vec!["a.service", "b.service"],
                 vec!["c.service", "d.service"]
+            ]
+        );
+    }
+
+    #[test]
+    fn a_name_given_again_starts_the_next_request() {
+        let reqs = ["a.service", "b.service", "a.service", "c.service"]
+            .map(|n| req(n, 0))
+            .to_vec();
+        let chunked: Vec<Vec<String>> = chunks(reqs)
+            .iter()
+            .map(|c| c.iter().map(|(r, _)| r.name.to_string()).collect())
+            .collect();
+        assert_eq!(
+            chunked,
+            vec![
+                vec!["a.service", "b.service"],
+                vec!["a.service", "c.service"]
             ]
         );
     }
