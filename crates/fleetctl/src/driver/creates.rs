@@ -105,13 +105,12 @@ impl HttpCluster {
             }
             Ok(a) if a.status.is_success() => match decode::<CreateResults>(&a, None) {
                 Ok(answered) => match results(names.clone(), answered) {
-                    Ok(created) => {
+                    Ok((created, stopped_at)) => {
                         // A unit the server failed to write (etcd away: a 5xx, not a refusal
                         // of the unit) stops the requests after it, as a failed transaction
                         // stops the etcd side's.
-                        if let Some((name, _)) = created.iter().find(|(_, res)| failed_writing(res))
-                        {
-                            progress.stop(name);
+                        if let Some(at) = &stopped_at {
+                            progress.stop(at);
                         }
                         return created;
                     }
@@ -158,8 +157,12 @@ fn chunks(reqs: Vec<PutRequest>) -> Vec<Chunk> {
     chunks
 }
 
-/// Each unit's result as [`Cluster::put_if`](fleet_ops::Cluster::put_if) gives it.
-fn results(names: Vec<UnitName>, answered: CreateResults) -> Result<Created, OpsError> {
+/// Each unit's result as [`Cluster::put_if`](fleet_ops::Cluster::put_if) gives it, and the
+/// unit the server failed to write (a 5xx), if one: no request should follow.
+fn results(
+    names: Vec<UnitName>,
+    answered: CreateResults,
+) -> Result<(Created, Option<UnitName>), OpsError> {
     if answered.results.len() != names.len() {
         return Err(OpsError::Transport {
             what: "the API answered an invalid value for a create of many units".into(),
@@ -182,7 +185,7 @@ fn results(names: Vec<UnitName>, answered: CreateResults) -> Result<Created, Ops
                 .is_some_and(|e| e.code >= 500 && e.reason != Some(Reason::NotWritten))
         })
         .map(|(name, _)| name.clone());
-    Ok(names
+    let created = names
         .into_iter()
         .zip(answered.results)
         .map(|(name, result)| {
@@ -209,13 +212,8 @@ fn results(names: Vec<UnitName>, answered: CreateResults) -> Result<Created, Ops
             };
             (name, res)
         })
-        .collect())
-}
-
-/// Whether a unit's result says the server could not write it (a 5xx: etcd away or
-/// failing), rather than refusing the unit itself.
-fn failed_writing(res: &Result<fleet_ops::PutOutcome, OpsError>) -> bool {
-    matches!(res, Err(OpsError::Api { code, .. }) if *code >= 500)
+        .collect();
+    Ok((created, stopped_at))
 }
 
 /// A request that failed as a whole: its first unit has the error, the others were not
@@ -254,6 +252,14 @@ mod tests {
         }
     }
 
+    /// Each request's unit names.
+    fn names_of(chunks: Vec<Chunk>) -> Vec<Vec<String>> {
+        chunks
+            .iter()
+            .map(|c| c.iter().map(|(r, _)| r.name.to_string()).collect())
+            .collect()
+    }
+
     #[test]
     fn requests_hold_at_most_their_units_and_bytes_in_order() {
         let reqs: Vec<PutRequest> = (0..2_500)
@@ -270,10 +276,7 @@ mod tests {
             req("c.service", big),
             req("d.service", 0),
         ];
-        let chunked: Vec<Vec<String>> = chunks(reqs)
-            .iter()
-            .map(|c| c.iter().map(|(r, _)| r.name.to_string()).collect())
-            .collect();
+        let chunked = names_of(chunks(reqs));
         assert_eq!(
             chunked,
             vec![
@@ -288,10 +291,7 @@ mod tests {
         let reqs = ["a.service", "b.service", "a.service", "c.service"]
             .map(|n| req(n, 0))
             .to_vec();
-        let chunked: Vec<Vec<String>> = chunks(reqs)
-            .iter()
-            .map(|c| c.iter().map(|(r, _)| r.name.to_string()).collect())
-            .collect();
+        let chunked = names_of(chunks(reqs));
         assert_eq!(
             chunked,
             vec![
@@ -315,19 +315,42 @@ mod tests {
     }
 
     #[test]
-    fn only_a_server_failure_stops_the_requests_after_it() {
-        let api = |code| {
-            Err(OpsError::Api {
+    fn a_server_failure_names_the_unit_the_units_not_written_after_it_name() {
+        let names: Vec<UnitName> = ["a.service", "b.service", "c.service", "d.service"]
+            .iter()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        let error = |code, reason| wire::CreateResult {
+            error: Some(wire::ErrorEntity {
                 code,
                 message: "m".into(),
-            })
+                reason,
+                detail: String::new(),
+            }),
+            ..wire::CreateResult::default()
         };
-        assert!(failed_writing(&api(503)));
-        assert!(failed_writing(&api(500)));
-        assert!(!failed_writing(&api(409)));
-        assert!(!failed_writing(&Err(OpsError::Conflict(
-            "a.service".parse().unwrap()
-        ))));
+        let answered = CreateResults {
+            results: vec![
+                error(409, Some(Reason::Conflict)),
+                error(500, Some(Reason::Registry)),
+                error(503, Some(Reason::NotWritten)),
+                error(503, Some(Reason::NotWritten)),
+            ],
+        };
+        let (created, stopped_at) = results(names.clone(), answered).unwrap();
+        assert_eq!(
+            stopped_at,
+            Some(names[1].clone()),
+            "a refusal (409) stops nothing"
+        );
+        assert!(matches!(created[0].1, Err(OpsError::Conflict(_))));
+        assert!(matches!(created[1].1, Err(OpsError::Api { code: 500, .. })));
+        for (_, res) in &created[2..] {
+            assert!(
+                matches!(res, Err(OpsError::NotWritten { with }) if with == &names[1]),
+                "{res:?}"
+            );
+        }
     }
 
     #[test]
