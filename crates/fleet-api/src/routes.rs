@@ -450,15 +450,16 @@ async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, Api
         api.cluster.states_of(&named).await?
     };
     // fleet's filters are exact strings: one that is no valid name matches nothing.
+    // Written from the listing, not copied into owned entities first (issue 19).
     let states = listing
         .states
         .iter()
         .filter(|s| machine.as_ref().is_none_or(|m| s.machine.as_str() == m))
         .filter(|s| units.is_empty() || units.iter().any(|u| s.name.as_str() == u))
-        .map(|s| convert::state_to_wire(s, query.full))
+        .map(|s| convert::state_out(s, query.full))
         .collect();
     let (states, next) = paging.slice(states);
-    let mut page = entity::UnitStatePage {
+    let mut page = wire::UnitStatePageOut {
         states,
         next_page_token: encode(next),
         ..Default::default()

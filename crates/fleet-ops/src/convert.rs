@@ -114,6 +114,20 @@ pub fn state_to_wire(s: &StateView, full: bool) -> wire::UnitState {
     state
 }
 
+/// [`state_to_wire`] without copying: the entity that borrows `s`, written as the same JSON.
+pub fn state_out(s: &StateView, full: bool) -> wire::UnitStateOut<'_> {
+    wire::UnitStateOut {
+        name: s.name.as_str(),
+        hash: s.hash.as_ref(),
+        machine_id: s.machine.as_str(),
+        systemd_load_state: &s.load,
+        systemd_active_state: &s.active,
+        systemd_sub_state: &s.sub,
+        restart_generation: if full { s.restart } else { 0 },
+        restart_pending: full && s.restart_pending,
+    }
+}
+
 pub fn state_from_wire(s: &wire::UnitState) -> Result<StateView, OpsError> {
     Ok(StateView {
         name: s

@@ -59,6 +59,64 @@ fn full_view_of_a_unit_round_trips() {
 }
 
 #[test]
+fn a_borrowed_state_is_written_as_the_owned_entity_is() {
+    let state = StateView {
+        name: "a.service".parse().unwrap(),
+        machine: mid('a'),
+        hash: Some(UnitHash::of_bytes(b"x")),
+        load: "loaded".into(),
+        active: "active".into(),
+        sub: "running".into(),
+        restart: 2,
+        restart_pending: true,
+    };
+    let variants = [
+        state.clone(),
+        StateView {
+            hash: None,
+            restart: 0,
+            restart_pending: false,
+            sub: String::new(),
+            ..state.clone()
+        },
+        StateView {
+            load: String::new(),
+            active: String::new(),
+            restart: 7,
+            restart_pending: false,
+            ..state
+        },
+    ];
+    for s in &variants {
+        for full in [false, true] {
+            assert_eq!(
+                serde_json::to_string(&state_out(s, full)).unwrap(),
+                serde_json::to_string(&state_to_wire(s, full)).unwrap(),
+                "{s:?}, full: {full}"
+            );
+        }
+    }
+    let owned = wire::UnitStatePage {
+        states: variants.iter().map(|s| state_to_wire(s, true)).collect(),
+        next_page_token: "t".into(),
+        skipped: vec!["x".into()],
+    };
+    let borrowed = wire::UnitStatePageOut {
+        states: variants.iter().map(|s| state_out(s, true)).collect(),
+        next_page_token: "t".into(),
+        skipped: vec!["x".into()],
+    };
+    assert_eq!(
+        serde_json::to_string(&borrowed).unwrap(),
+        serde_json::to_string(&owned).unwrap()
+    );
+    assert_eq!(
+        serde_json::to_string(&wire::UnitStatePageOut::default()).unwrap(),
+        serde_json::to_string(&wire::UnitStatePage::default()).unwrap()
+    );
+}
+
+#[test]
 fn full_view_of_a_state_and_a_machine_round_trip() {
     let state = StateView {
         name: "a.service".parse().unwrap(),

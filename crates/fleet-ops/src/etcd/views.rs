@@ -83,6 +83,20 @@ pub fn written_view(unit: &Unit, file: &UnitFile) -> UnitView {
     }
 }
 
+/// [`state_view`] of a record no longer needed.
+pub fn into_state_view(s: UnitStateRecord) -> StateView {
+    StateView {
+        name: s.name,
+        machine: s.machine,
+        hash: s.hash,
+        load: s.systemd.load,
+        active: s.systemd.active,
+        sub: s.systemd.sub,
+        restart: s.restart,
+        restart_pending: s.restart_pending,
+    }
+}
+
 pub fn state_view(s: &UnitStateRecord) -> StateView {
     StateView {
         name: s.name.clone(),
