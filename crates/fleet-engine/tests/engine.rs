@@ -854,6 +854,56 @@ async fn an_idle_leader_reads_and_writes_nothing() {
     a.shutdown().await;
 }
 
+/// Issue 19: the minute's safety net does not plan a view that has not changed since a whole
+/// plan found nothing to do; once anything changes the view (here a unit state, which starts
+/// no pass of its own), the next safety net plans again, and a change that matters is
+/// planned at once as before.
+#[tokio::test(start_paused = true)]
+async fn the_safety_net_plans_again_only_a_view_that_changed() {
+    let reg = Registry::new(MemKv::new(), PREFIX);
+    let m1 = join(&reg, "m1").await;
+    join(&reg, "m2").await;
+    for i in 0..20 {
+        submit(&reg, &format!("u{i}.service")).await;
+    }
+    let metrics = fleet_engine::Metrics::default();
+    let cfg = EngineConfig::new(machine("a"), MEM.interval).with_metrics(metrics.clone());
+    let (stop, shutdown) = watch::channel(false);
+    let task = tokio::spawn(fleet_engine::run(reg.clone(), cfg, shutdown));
+    eventually(MEM.prompt, "all 20 scheduled", || async {
+        schedule(&reg).await.len() == 20
+    })
+    .await;
+    // The echo of its writes, then the whole plan of the safety net finding nothing.
+    sleep(Duration::from_secs(61)).await;
+    let settled = metrics.reconcile_count();
+    sleep(Duration::from_secs(600)).await;
+    assert_eq!(
+        metrics.reconcile_count(),
+        settled,
+        "passes over ten idle minutes"
+    );
+    // A state changes the view but not the plan: no pass now, one at the next safety net.
+    publish(&reg, ("m1", &m1), "u0.service", "active").await;
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(metrics.reconcile_count(), settled, "a state starts no pass");
+    sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        metrics.reconcile_count(),
+        settled + 1,
+        "the safety net's pass"
+    );
+    sleep(Duration::from_secs(300)).await;
+    assert_eq!(metrics.reconcile_count(), settled + 1, "settled again");
+    submit(&reg, "late.service").await;
+    eventually(MEM.prompt, "late scheduled", || async {
+        schedule(&reg).await.contains_key("late.service")
+    })
+    .await;
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}
+
 /// Issue 19: a follower waits on a watch of the leader key; its re-check read is a safety
 /// net at most about once a minute (every fleetd runs an engine, so this is per machine),
 /// where it used to read every lease TTL. It still takes over at once when the leader goes.

@@ -1,7 +1,8 @@
 //! What a leader does: keep the lease alive (a separate task, so a slow pass never delays a
 //! renewal), and run a pass (plan on its [`LiveView`] of the registry, fenced write) at once,
-//! on every change that can change a plan, and once a minute as a safety net. It stops at the
-//! first sign of lost leadership; the fence makes sure nothing it writes after that lands.
+//! on every change that can change a plan, and once a minute as a safety net unless the view
+//! has not changed since a whole plan found nothing to do. It stops at the first sign of lost
+//! leadership; the fence makes sure nothing it writes after that lands.
 //!
 //! The view is read once when leadership starts and then follows one watch, so an idle
 //! leader reads and decodes nothing: before, every pass re-read the whole registry, and a
@@ -14,7 +15,7 @@
 //! At takeover the leader makes the placement mirror (`P/placement/<name>/<machine>`) match
 //! its view's schedule once; every schedule write after that carries its placement.
 
-use fleet_registry::kv::Kv;
+use fleet_registry::kv::{Kv, Revision};
 use fleet_registry::{
     EngineWrite, Leadership, LiveView, MoveRecord, Registry, RegistryError, Touched, WatchHints,
 };
@@ -81,6 +82,12 @@ pub(super) struct Leading<K> {
     /// counted at the next one). Only the leader writes schedules, and a delta pass
     /// changes only its touched units' entries.
     load: Option<Load>,
+    /// The view's revision after a whole plan that decided nothing, with nothing waiting,
+    /// held or due to change by itself: the plan of that revision is known to be empty, so
+    /// the safety net does not plan it again (issue 19: the idle leader's minute pass was a
+    /// fifth of an idle fleetd's CPU with 3,000 units). Any pass that is not such a plan
+    /// clears it.
+    settled: Option<Revision>,
     metrics: Metrics,
 }
 
@@ -111,6 +118,7 @@ impl<K: Kv> Leading<K> {
             loss_due: false,
             entangled: None,
             load: None,
+            settled: None,
             metrics: cfg.metrics.clone(),
         }
     }
@@ -169,8 +177,8 @@ impl<K: Kv> Leading<K> {
                     }
                 },
                 _ = safety_net.tick() => {
-                    due = true;
-                    self.whole_due = true;
+                    due = !self.settled_view();
+                    self.whole_due |= due;
                 }
                 () = sleep_until(self.recheck) => {
                     due = true;
@@ -178,6 +186,14 @@ impl<K: Kv> Leading<K> {
                 }
             }
         }
+    }
+
+    /// Whether the view is still at the revision of the last whole plan that found nothing
+    /// to do (see `settled`): planning it again would find nothing again, the planner being
+    /// a function of the view and of the disruption's assessment, which was quiet.
+    fn settled_view(&self) -> bool {
+        let revision = self.view.as_ref().map(LiveView::revision);
+        revision.is_some() && revision == self.settled
     }
 
     /// Whether a change can change the plan. Schedules and unschedulable reasons are written
@@ -191,6 +207,7 @@ impl<K: Kv> Leading<K> {
     /// records them in the view, then logs them.
     async fn pass(&mut self) -> Result<(), RegistryError> {
         let started = Instant::now();
+        self.settled = None;
         if self.view.is_none() {
             self.entangled = None;
             self.load = None;
@@ -281,6 +298,12 @@ impl<K: Kv> Leading<K> {
         if assessed {
             self.recheck = assessment.recheck;
         }
+        let settled = whole
+            && writes.is_empty()
+            && !self.waiting
+            && self.recheck.is_none()
+            && self.disruption.quiet();
+        self.settled = settled.then(|| view.revision());
         self.loss_due = false;
         match delta.filter(|_| !whole) {
             // The touched units' entries as written.
