@@ -168,7 +168,10 @@ impl UnitsDir {
                 self.warn_once(&file_name, Ignored::NotAFile);
                 continue;
             }
-            let content = self.hash(&name, &entry.path(), now);
+            // An lstat relative to the directory, not of the whole path (the resync lists
+            // every unit once a minute: issue 19's idle profile).
+            let stamp = entry.metadata().ok().map(|m| Stamp::of(&m));
+            let content = self.hash(&name, &entry.path(), stamp, now);
             let linked = self.is_linked(&name);
             units.push(InstalledUnit {
                 name,
@@ -192,8 +195,8 @@ impl UnitsDir {
         let mut units = Vec::new();
         for name in sorted {
             let path = self.file_path(name);
-            match fs::symlink_metadata(&path) {
-                Ok(meta) if meta.file_type().is_file() => {}
+            let stamp = match fs::symlink_metadata(&path) {
+                Ok(meta) if meta.file_type().is_file() => Stamp::of(&meta),
                 Ok(_) => {
                     self.warn_once(&OsString::from(name.as_str()), Ignored::NotAFile);
                     continue;
@@ -208,8 +211,8 @@ impl UnitsDir {
                         source,
                     });
                 }
-            }
-            let content = self.hash(name, &path, now);
+            };
+            let content = self.hash(name, &path, Some(stamp), now);
             let linked = self.is_linked(name);
             units.push(InstalledUnit {
                 name: name.clone(),
@@ -220,15 +223,16 @@ impl UnitsDir {
         Ok(units)
     }
 
-    /// The hash of `name`'s file at `path`: the cached one while its stamp is unchanged, else
-    /// read (and cached once settled).
+    /// The hash of `name`'s file at `path`, whose `stamp` the caller just took (`None`: it
+    /// could not): the cached one while the stamp is unchanged, else read (and cached once
+    /// settled).
     fn hash(
         &self,
         name: &UnitName,
         path: &Path,
+        stamp: Option<Stamp>,
         now: SystemTime,
     ) -> Result<UnitHash, UnitFileError> {
-        let stamp = fs::symlink_metadata(path).ok().map(|m| Stamp::of(&m));
         if let Some(stamp) = stamp
             && let Some((cached, hash)) = self.lock_hashes().get(name)
             && *cached == stamp
