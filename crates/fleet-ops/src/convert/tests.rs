@@ -58,9 +58,9 @@ fn full_view_of_a_unit_round_trips() {
     }
 }
 
-#[test]
-fn a_borrowed_state_is_written_as_the_owned_entity_is() {
-    let state = StateView {
+/// A state with every field set, the full view's ones too.
+fn running_state() -> StateView {
+    StateView {
         name: "a.service".parse().unwrap(),
         machine: mid('a'),
         hash: Some(UnitHash::of_bytes(b"x")),
@@ -69,7 +69,12 @@ fn a_borrowed_state_is_written_as_the_owned_entity_is() {
         sub: "running".into(),
         restart: 2,
         restart_pending: true,
-    };
+    }
+}
+
+#[test]
+fn a_borrowed_state_is_written_as_the_owned_entity_is() {
+    let state = running_state();
     let variants = [
         state.clone(),
         StateView {
@@ -118,16 +123,7 @@ fn a_borrowed_state_is_written_as_the_owned_entity_is() {
 
 #[test]
 fn full_view_of_a_state_and_a_machine_round_trip() {
-    let state = StateView {
-        name: "a.service".parse().unwrap(),
-        machine: mid('a'),
-        hash: Some(UnitHash::of_bytes(b"x")),
-        load: "loaded".into(),
-        active: "active".into(),
-        sub: "running".into(),
-        restart: 2,
-        restart_pending: true,
-    };
+    let state = running_state();
     assert_eq!(
         state_from_wire(&state_to_wire(&state, true)).unwrap(),
         state
