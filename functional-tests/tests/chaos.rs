@@ -356,14 +356,11 @@ impl Soak<'_> {
     /// freeze or not: a freeze soon after a power loss found that lease gone and took it for
     /// one the freeze cost (seed 1796324055596633425, at c09850d and after).
     fn powered_leases(&self) -> Result<BTreeMap<String, i64>> {
-        let off: Vec<String> = self
-            .record
-            .power_lost
-            .keys()
-            .map(|name| Ok(format!("/{}", self.cluster.machine(name)?.id())))
-            .collect::<Result<_>>()?;
+        let keys = self.registry.registry().keys();
         let mut leases = presence_leases(self.registry)?;
-        leases.retain(|key, _| !off.iter().any(|id| key.ends_with(id.as_str())));
+        for name in self.record.power_lost.keys() {
+            leases.remove(&keys.machine(self.cluster.machine(name)?.id()));
+        }
         Ok(leases)
     }
 

@@ -83,7 +83,8 @@ pub fn written_view(unit: &Unit, file: &UnitFile) -> UnitView {
     }
 }
 
-/// [`state_view`] of a record no longer needed.
+/// One machine's published state of a unit, as the model has it, from a record no longer
+/// needed ([`state_view`] copies it first).
 pub fn into_state_view(s: UnitStateRecord) -> StateView {
     StateView {
         name: s.name,
@@ -98,16 +99,7 @@ pub fn into_state_view(s: UnitStateRecord) -> StateView {
 }
 
 pub fn state_view(s: &UnitStateRecord) -> StateView {
-    StateView {
-        name: s.name.clone(),
-        machine: s.machine.clone(),
-        hash: s.hash,
-        load: s.systemd.load.clone(),
-        active: s.systemd.active.clone(),
-        sub: s.systemd.sub.clone(),
-        restart: s.restart,
-        restart_pending: s.restart_pending,
-    }
+    into_state_view(s.clone())
 }
 
 /// What a wait on `names` sees in `snap`.
