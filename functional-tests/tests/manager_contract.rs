@@ -231,6 +231,36 @@ async fn tells_fleets_units_from_an_operators_of_the_same_name<S: Side>(side: &S
     side.uninstall(&ours).await.unwrap();
 }
 
+async fn uninstalls_many_units_at_once<S: Side>(side: &S) {
+    // The real side disables units that arrive together in one call; a name systemd does not
+    // know makes that call fail, and each unit must still get its own answer.
+    let units: Vec<UnitName> = (0..20)
+        .map(|i| name(&format!("contract-many-{i}.service")))
+        .collect();
+    for unit in &units {
+        side.install(unit, &sleeper()).await.unwrap();
+    }
+    let started = futures::future::join_all(units[..10].iter().map(|u| side.start(u))).await;
+    assert!(
+        started.iter().all(|r| matches!(r, Ok(JobOutcome::Done))),
+        "{started:?}"
+    );
+    let stopped = futures::future::join_all(units[..10].iter().map(|u| side.stop(u))).await;
+    assert!(
+        stopped.iter().all(|r| matches!(r, Ok(JobOutcome::Done))),
+        "{stopped:?}"
+    );
+    let never = name("contract-many-never-installed.service");
+    let all: Vec<&UnitName> = units.iter().chain([&never]).collect();
+    let gone = futures::future::join_all(all.iter().map(|u| side.uninstall(u))).await;
+    assert!(gone.iter().all(Result::is_ok), "{gone:?}");
+    let left = side.installed_of(&units).await.unwrap();
+    assert!(left.is_empty(), "{left:?}");
+    for unit in &units {
+        assert_eq!(state(side, unit).await.0, "not-found", "{unit}");
+    }
+}
+
 // ---- the two sides -----------------------------------------------------------------------------
 
 /// Every body once, on the fake (`fake::<body>`) and inside a machine (`inside::<body>`).
@@ -270,6 +300,7 @@ contract!(
     reports_unparseable_files_and_skips_names_that_are_not_units,
     hints_a_unit_after_its_job_and_starts_with_a_resync,
     tells_fleets_units_from_an_operators_of_the_same_name,
+    uninstalls_many_units_at_once,
 );
 
 /// Set in the environment of the copies of this binary that run inside a machine.

@@ -9,6 +9,7 @@
 //! [`SystemdConfig::max_in_flight`] calls in flight (dbus-daemon allows 128 pending replies per
 //! connection). It never decides anything and never logs errors it returns.
 
+mod batches;
 mod jobs;
 mod query;
 mod show;
@@ -77,6 +78,8 @@ struct Inner {
     changes: ChangeSender,
     job_timeout: Duration,
     pump: JoinHandle<()>,
+    /// Units waiting to be disabled together (see [`batches`]).
+    disables: batches::Batches<UnitName, Result<(), ManagerError>>,
 }
 
 impl Drop for Inner {
@@ -122,6 +125,7 @@ impl SystemdManager {
             changes,
             job_timeout: config.job_timeout,
             pump,
+            disables: batches::Batches::default(),
         };
         Ok(SystemdManager {
             inner: Arc::new(inner),
@@ -223,8 +227,40 @@ impl SystemdManager {
 }
 
 impl SystemdManager {
-    /// `DisableUnitFiles([name], runtime)`: its runtime link and enablement go.
+    /// `DisableUnitFiles([name], runtime)`: its runtime link and enablement go. Units disabled
+    /// while such a call is in flight go together in the next one (see [`batches`]).
     async fn disable(&self, name: &UnitName) -> Result<(), ManagerError> {
+        let batched = self
+            .inner
+            .disables
+            .run(name.clone(), |names| self.disable_all(names))
+            .await;
+        match batched {
+            Some(result) => result,
+            None => self.disable_one(name).await,
+        }
+    }
+
+    /// One call for all of `names`; if it fails, one call for each, so that each unit gets
+    /// its own answer (a name systemd does not know fails the whole list).
+    async fn disable_all(&self, names: Vec<UnitName>) -> Vec<Result<(), ManagerError>> {
+        if names.len() > 1 {
+            let args = names.iter().map(ToString::to_string).collect();
+            let permit = self.permit().await;
+            let together = self.inner.manager.disable_unit_files(args, true).await;
+            drop(permit);
+            match together {
+                Ok(_) => {
+                    debug!(units = names.len(), "disabled in one call");
+                    return names.iter().map(|_| Ok(())).collect();
+                }
+                Err(e) => debug!(units = names.len(), error = %e, "disabling one by one"),
+            }
+        }
+        futures::future::join_all(names.iter().map(|name| self.disable_one(name))).await
+    }
+
+    async fn disable_one(&self, name: &UnitName) -> Result<(), ManagerError> {
         let _permit = self.permit().await;
         let disabled = self
             .inner
