@@ -264,7 +264,15 @@ fn timelines(what: &str, spread: &[(String, usize, usize)], timelines: &[Timelin
         "\nTimeline of the {what} (dbus-monitor in each machine, seconds since fleetctl started):\n\n"
     );
     for ((machine, _, _), t) in spread.iter().zip(timelines) {
-        out.push_str(&format!("- {machine}: {t}; calls: {}\n", fmt_map(&t.calls)));
+        let calls: Vec<String> = t
+            .calls
+            .iter()
+            .map(|(member, n)| match t.call_spans.get(member) {
+                Some((first, last)) => format!("{member} {n} ({first:.2}–{last:.2} s)"),
+                None => format!("{member} {n}"),
+            })
+            .collect();
+        out.push_str(&format!("- {machine}: {t}; calls: {}\n", calls.join(", ")));
     }
     out
 }

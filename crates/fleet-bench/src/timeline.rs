@@ -75,6 +75,10 @@ pub struct Timeline {
     pub starts: Span,
     /// Each daemon-reload: when fleetd called it, and when systemd said it was over.
     pub reloads: Vec<(f64, Option<f64>)>,
+    /// When fleetd made its last call (of any kind: a destroy's uninstalls, a status read).
+    pub last_call: Option<f64>,
+    /// When fleetd made its first and last call of each member.
+    pub call_spans: BTreeMap<String, (f64, f64)>,
 }
 
 /// When a kind of job was first queued, last queued and last ended.
@@ -115,6 +119,9 @@ impl Timeline {
             let at = m.time - origin;
             match (m.kind, m.member) {
                 ("method call", member) => {
+                    timeline.last_call = Some(at);
+                    let span = timeline.call_spans.entry(member.to_owned());
+                    span.or_insert((at, at)).1 = at;
                     *timeline.calls.entry(member.to_owned()).or_insert(0) += 1;
                     let unit = m.strings.first().copied().unwrap_or_default();
                     match member {
@@ -205,7 +212,7 @@ pub fn record<T>(
 
 impl fmt::Display for Timeline {
     /// `stops 100 queued 0.21–0.30 s, ended by 0.45 s; 1 daemon-reload (0.52 s, 0.19 s);
-    /// starts 100 queued 0.72–0.80 s, ended by 0.95 s`.
+    /// starts 100 queued 0.72–0.80 s, ended by 0.95 s; last call at 0.97 s`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let span = |f: &mut fmt::Formatter<'_>, what: &str, s: &Span| match s {
             Span { count: 0, .. } => write!(f, "no {what}"),
@@ -235,7 +242,8 @@ impl fmt::Display for Timeline {
             0 => write!(f, "; no daemon-reload; ")?,
             n => write!(f, "; {n} daemon-reload ({}); ", reloads.join(", "))?,
         }
-        span(f, "starts", &self.starts)
+        span(f, "starts", &self.starts)?;
+        write!(f, "; last call at {} s", at(self.last_call))
     }
 }
 
@@ -284,6 +292,8 @@ signal time=100.600000 sender=:1.0 -> destination=(null destination) serial=12 p
         assert!(near(t.reloads[0].1, 0.45), "{t:?}");
         assert_eq!(t.starts.count, 1);
         assert!(near(t.starts.last_ended, 0.6), "{t:?}");
+        assert!(near(t.last_call, 0.5), "{t:?}");
+        assert!(near(Some(t.call_spans["StartUnit"].0), 0.5), "{t:?}");
         assert_eq!(t.calls["StopUnit"], 1);
         assert!(!t.calls.contains_key("NameAcquired"));
     }
