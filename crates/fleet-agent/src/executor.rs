@@ -689,17 +689,23 @@ mod tests {
         assert!(!fake.calls().contains(&Call::Reload), "{:?}", fake.calls());
     }
 
+    /// `n` units installed and running in `fake`.
+    fn running_units(fake: &FakeManager, n: usize) -> Vec<UnitName> {
+        let file = UnitFile::parse(b"[Service]\nExecStart=/bin/sleep infinity\n").unwrap();
+        let units: Vec<UnitName> = (0..n).map(|i| name(&format!("u{i}.service"))).collect();
+        for u in &units {
+            fake.put_unit(u, &file, true);
+        }
+        units
+    }
+
     #[tokio::test(start_paused = true)]
     async fn stops_of_many_units_are_issued_without_awaiting_each_other() {
         // More units than there are slots: a stop waits for its job without one.
         for kind in [TaskKind::Unload, TaskKind::Stop] {
             let fake = FakeManager::new().with_job_timeout(Duration::from_secs(100));
-            let file = UnitFile::parse(b"[Service]\nExecStart=/bin/sleep infinity\n").unwrap();
-            let units: Vec<UnitName> = (0..3 * CONCURRENCY)
-                .map(|i| name(&format!("u{i}.service")))
-                .collect();
+            let units = running_units(&fake, 3 * CONCURRENCY);
             for u in &units {
-                fake.put_unit(u, &file, true);
                 fake.set_job(JobKind::Stop, u, FakeJob::NeverEnds);
             }
             let reason = match kind {
@@ -741,13 +747,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn unloads_beyond_the_slots_all_end_uninstalled() {
         let fake = FakeManager::new();
-        let file = UnitFile::parse(b"[Service]\nExecStart=/bin/sleep infinity\n").unwrap();
-        let units: Vec<UnitName> = (0..3 * CONCURRENCY)
-            .map(|i| name(&format!("u{i}.service")))
-            .collect();
-        for u in &units {
-            fake.put_unit(u, &file, true);
-        }
+        let units = running_units(&fake, 3 * CONCURRENCY);
         let tasks = units
             .iter()
             .map(|u| Task {
