@@ -16,6 +16,7 @@ use fleet_agent::{
     SystemdManager, UnitManager, UnitSource,
 };
 use fleet_core::{UnitFile, UnitName};
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -261,6 +262,28 @@ async fn uninstalls_many_units_at_once<S: Side>(side: &S) {
     }
 }
 
+async fn tells_which_units_systemd_holds<S: Side>(side: &S) {
+    let unit = name("contract-held.service");
+    let never = name("contract-held-never.service");
+    let both = [unit.clone(), never.clone()];
+    side.install(&unit, &sleeper()).await.unwrap();
+    assert_eq!(side.start(&unit).await.unwrap(), JobOutcome::Done);
+    let held = side.loaded(&both).await.unwrap();
+    assert_eq!(held, BTreeSet::from([unit.clone()]), "asking loads nothing");
+    assert_eq!(side.stop(&unit).await.unwrap(), JobOutcome::Done);
+    side.uninstall(&unit).await.unwrap();
+    // systemd frees a stopped unit from its garbage-collection queue, soon after the stop.
+    let mut held = side.loaded(&both).await.unwrap();
+    for _ in 0..100 {
+        if held.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        held = side.loaded(&both).await.unwrap();
+    }
+    assert!(held.is_empty(), "{held:?}");
+}
+
 // ---- the two sides -----------------------------------------------------------------------------
 
 /// Every body once, on the fake (`fake::<body>`) and inside a machine (`inside::<body>`).
@@ -301,6 +324,7 @@ contract!(
     hints_a_unit_after_its_job_and_starts_with_a_resync,
     tells_fleets_units_from_an_operators_of_the_same_name,
     uninstalls_many_units_at_once,
+    tells_which_units_systemd_holds,
 );
 
 /// Set in the environment of the copies of this binary that run inside a machine.

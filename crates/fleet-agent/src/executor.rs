@@ -275,11 +275,17 @@ async fn run_chain<M: UnitManager>(ctx: &Ctx<'_, M>, unit: UnitName, chain: Chai
 
 /// Whether systemd still holds an old definition of a unit whose file this plan wrote or
 /// removed. A stopped unit is garbage-collected, so a start loads its new file on demand and
-/// the reload (global, 0.2-0.7 s with a few hundred units) would only repeat that: one
-/// property read per unit tells. A read that fails counts as stale (reload, fail safe).
+/// the reload (global, 0.2-0.7 s with a few hundred units) would only repeat that. One call
+/// says which of the units systemd holds at all (a unit it does not hold cannot be stale);
+/// reading a unit's properties loads it, so only those held are read, one property read each.
+/// A read that fails counts as stale (reload, fail safe).
 async fn any_stale<M: UnitManager>(ctx: &Ctx<'_, M>, units: &[UnitName]) -> bool {
     let manager = ctx.manager;
-    let stale: Vec<bool> = futures::stream::iter(units.to_vec())
+    let held: Vec<UnitName> = match manager.loaded(units).await {
+        Ok(held) => held.into_iter().collect(),
+        Err(_) => units.to_vec(),
+    };
+    let stale: Vec<bool> = futures::stream::iter(held)
         .map(|unit| async move {
             match manager.reload_facts(&unit).await {
                 Ok(facts) => facts.need_daemon_reload,

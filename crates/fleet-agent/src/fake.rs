@@ -14,7 +14,7 @@ use crate::manager::{
 };
 use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR};
 use fleet_core::{ActiveState, SystemdState, UnitFile, UnitHash, UnitName};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,6 +37,7 @@ pub enum Op {
     Start,
     Stop,
     Status,
+    Loaded,
     Details,
     Source,
 }
@@ -51,6 +52,7 @@ pub enum Call {
     Start(UnitName),
     Stop(UnitName),
     Status(Vec<UnitName>),
+    Loaded(Vec<UnitName>),
     Details(UnitName),
     Source(UnitName),
 }
@@ -65,7 +67,7 @@ impl Call {
             | Self::Stop(n)
             | Self::Details(n)
             | Self::Source(n) => Some(n),
-            Self::Installed | Self::Reload | Self::Status(_) => None,
+            Self::Installed | Self::Reload | Self::Status(_) | Self::Loaded(_) => None,
         }
     }
 }
@@ -481,6 +483,21 @@ impl UnitManager for FakeManager {
             out.insert(name.clone(), state.state(name));
         }
         Ok(out)
+    }
+
+    async fn loaded(&self, names: &[UnitName]) -> Result<BTreeSet<UnitName>, ManagerError> {
+        let mut state = self.lock();
+        if state.call(Call::Loaded(names.to_vec()), Op::Loaded, names) {
+            return Err(ManagerError::Status {
+                count: names.len(),
+                source: injected(Op::Loaded),
+            });
+        }
+        Ok(names
+            .iter()
+            .filter(|n| state.records.contains_key(*n))
+            .cloned()
+            .collect())
     }
 
     async fn details(&self, name: &UnitName) -> Result<UnitDetails, ManagerError> {

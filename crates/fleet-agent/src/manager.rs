@@ -43,7 +43,7 @@ mod changes;
 pub use changes::{Change, ChangeReceiver, ChangeSender};
 
 use fleet_core::{ParseError, SystemdState, UnitFile, UnitHash, UnitName};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::Future;
 use std::io;
@@ -118,6 +118,18 @@ pub trait UnitManager: Send + Sync {
         &self,
         names: &[UnitName],
     ) -> impl Future<Output = Result<BTreeMap<UnitName, SystemdState>, ManagerError>> + Send;
+
+    /// Which of `names` systemd holds in memory now (whatever their load state), without
+    /// loading any. A unit it does not hold loads its current file when next asked, so it
+    /// cannot run an old definition. The default answers every name (the caller then asks
+    /// each, as if all were held).
+    fn loaded(
+        &self,
+        names: &[UnitName],
+    ) -> impl Future<Output = Result<BTreeSet<UnitName>, ManagerError>> + Send {
+        let all = names.iter().cloned().collect();
+        async move { Ok(all) }
+    }
 
     /// Properties that cost one call each: for adopting units at boot and for reporting
     /// drop-ins. Never cached.

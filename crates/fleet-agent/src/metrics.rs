@@ -12,7 +12,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write};
 use std::future::Future;
 use std::time::Duration;
@@ -418,6 +418,10 @@ impl<M: UnitManager> UnitManager for Metered<M> {
 
     async fn details(&self, name: &UnitName) -> Result<UnitDetails, ManagerError> {
         self.call(Call::Details, self.inner.details(name)).await
+    }
+
+    async fn loaded(&self, names: &[UnitName]) -> Result<BTreeSet<UnitName>, ManagerError> {
+        self.call(Call::Status, self.inner.loaded(names)).await
     }
 
     async fn reload_facts(&self, name: &UnitName) -> Result<ReloadFacts, ManagerError> {

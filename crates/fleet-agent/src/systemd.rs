@@ -22,7 +22,7 @@ use crate::manager::{
 use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR, UnitsDir, Written};
 use fleet_core::{SystemdState, UnitFile, UnitName};
 use jobs::{JobWaiters, Registered};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -359,6 +359,10 @@ impl UnitManager for SystemdManager {
             self.status_batch(batch, &mut out).await?;
         }
         Ok(out)
+    }
+
+    async fn loaded(&self, names: &[UnitName]) -> Result<BTreeSet<UnitName>, ManagerError> {
+        self.list_loaded(names).await
     }
 
     async fn details(&self, name: &UnitName) -> Result<UnitDetails, ManagerError> {

@@ -192,7 +192,11 @@ fn mutating(calls: &[Call]) -> Vec<Call> {
         .filter(|c| {
             !matches!(
                 c,
-                Call::Installed | Call::Status(_) | Call::Details(_) | Call::Source(_)
+                Call::Installed
+                    | Call::Status(_)
+                    | Call::Loaded(_)
+                    | Call::Details(_)
+                    | Call::Source(_)
             )
         })
         .cloned()

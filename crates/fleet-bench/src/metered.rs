@@ -7,7 +7,7 @@ use fleet_agent::{
     UnitSource,
 };
 use fleet_core::{SystemdState, UnitFile, UnitName};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -137,6 +137,10 @@ impl<M: UnitManager> UnitManager for MeteredManager<M> {
 
     async fn details(&self, name: &UnitName) -> Result<UnitDetails, ManagerError> {
         self.metered(Call::Details, self.inner.details(name)).await
+    }
+
+    async fn loaded(&self, names: &[UnitName]) -> Result<BTreeSet<UnitName>, ManagerError> {
+        self.metered(Call::Status, self.inner.loaded(names)).await
     }
 
     async fn reload_facts(&self, name: &UnitName) -> Result<ReloadFacts, ManagerError> {

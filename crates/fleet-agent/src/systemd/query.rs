@@ -3,7 +3,7 @@
 use super::{SystemdManager, bus_error};
 use crate::manager::{MainExit, ManagerError, ReloadFacts, UnitDetails};
 use fleet_core::{SystemdState, UnitName, UnitType};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use zbus::proxy::CacheProperties;
 use zbus_systemd::systemd1::{ServiceProxy, UnitProxy};
@@ -78,6 +78,42 @@ impl SystemdManager {
             .await
     }
 
+    /// Which of `names` systemd holds, from one `ListUnitsByPatterns` call (it lists units in
+    /// memory and loads none; `ListUnitsByNames` and property reads load each unit they name).
+    /// A name that is not an exact pattern is answered as held (the caller then asks it).
+    pub(super) async fn list_loaded(
+        &self,
+        names: &[UnitName],
+    ) -> Result<BTreeSet<UnitName>, ManagerError> {
+        let (exact, inexact): (Vec<&UnitName>, Vec<&UnitName>) =
+            names.iter().partition(|n| pattern_is_exact(n));
+        let mut held: BTreeSet<UnitName> = inexact.into_iter().cloned().collect();
+        if exact.is_empty() {
+            return Ok(held);
+        }
+        let patterns = exact.iter().map(|n| n.to_string()).collect();
+        let reply = {
+            let _permit = self.permit().await;
+            self.inner
+                .manager
+                .list_units_by_patterns(Vec::new(), patterns)
+                .await
+        };
+        let reply = reply.map_err(|e| ManagerError::Status {
+            count: exact.len(),
+            source: bus_error(e),
+        })?;
+        let asked: BTreeSet<&UnitName> = exact.into_iter().collect();
+        for (id, ..) in reply {
+            if let Ok(name) = id.parse::<UnitName>()
+                && asked.contains(&name)
+            {
+                held.insert(name);
+            }
+        }
+        Ok(held)
+    }
+
     pub(super) async fn read_reload_facts(&self, name: &UnitName) -> zbus::Result<ReloadFacts> {
         let _permit = self.permit().await;
         let unit = self.unit_proxy(name).await?;
@@ -128,6 +164,12 @@ impl SystemdManager {
 }
 
 /// systemd's own unit name rules (`unit_name_is_valid`): fleet allows one byte more.
+/// Whether `name` as a `ListUnitsByPatterns` pattern matches that unit alone: systemd matches
+/// patterns with `fnmatch`, where a `\\` escapes the next character.
+fn pattern_is_exact(name: &UnitName) -> bool {
+    !name.as_str().contains(['\\', '*', '?', '['])
+}
+
 fn systemd_accepts(name: &UnitName) -> bool {
     let s = name.as_str();
     s.len() < 256
