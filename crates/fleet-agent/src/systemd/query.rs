@@ -81,6 +81,8 @@ impl SystemdManager {
     /// Which of `names` systemd holds, from one `ListUnitsByPatterns` call (it lists units in
     /// memory and loads none; `ListUnitsByNames` and property reads load each unit they name).
     /// A name that is not an exact pattern is answered as held (the caller then asks it).
+    /// Patterns match units' own names, not aliases: a fleet unit whose name another unit
+    /// holds as an alias (an operator's `Alias=`) is answered as not held.
     pub(super) async fn list_loaded(
         &self,
         names: &[UnitName],
