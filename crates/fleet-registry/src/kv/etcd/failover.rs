@@ -276,6 +276,9 @@ impl Members {
             }
         };
         let mut round = 0;
+        // What the last whole round met: said instead of a timeout when the deadline cuts
+        // the next round short (an HTTP server at the endpoint, say, not "timed out").
+        let mut earlier: Vec<(usize, Failure)> = Vec::new();
         loop {
             let start = self.current();
             let mut failed: Vec<(usize, Failure)> = Vec::with_capacity(count);
@@ -314,7 +317,7 @@ impl Members {
                 self.failed(index, &failure, round);
                 failed.push((index, failure));
                 if verdict == Verdict::MoveOn && running.is_empty() {
-                    return Err(self.merged(failed));
+                    return Err(self.merged(informative(failed, earlier)));
                 }
                 if verdict == Verdict::TryNext && !running.is_empty() && started < count {
                     running.push(attempt((start + started) % count));
@@ -324,11 +327,12 @@ impl Members {
             let pause = round_pause(round);
             let failures: Vec<Failure> = failed.iter().map(|(_, f)| f.clone()).collect();
             if !another_round(&failures) || Instant::now() + pause >= deadline {
-                return Err(self.merged(failed));
+                return Err(self.merged(informative(failed, earlier)));
             }
             debug!(round, pause = ?pause, "no etcd member available; trying every one again");
             tokio::time::sleep(pause).await;
             round += 1;
+            earlier = failed;
         }
     }
 
@@ -432,6 +436,20 @@ async fn probe(client: Client) -> Result<(), etcd_client::Error> {
     }
 }
 
+/// The failures to report: `failed`, unless the deadline timed out all of them and an
+/// `earlier` round met something more telling.
+fn informative(
+    failed: Vec<(usize, Failure)>,
+    earlier: Vec<(usize, Failure)>,
+) -> Vec<(usize, Failure)> {
+    let timed_out = |f: &[(usize, Failure)]| f.iter().all(|(_, f)| matches!(f, Failure::Timeout));
+    if timed_out(&failed) && !earlier.is_empty() && !timed_out(&earlier) {
+        earlier
+    } else {
+        failed
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,6 +473,20 @@ mod tests {
         let failure = Failure::NotSent("tcp connect error".into());
         assert_eq!(verdict(Call::Read, &failure), Verdict::TryNext);
         assert_eq!(verdict(Call::Write, &failure), Verdict::TryNext);
+    }
+
+    #[test]
+    fn a_deadline_that_cuts_a_round_short_reports_the_round_before() {
+        let http = || vec![(0, Failure::Unreachable("HTTP/1 answer".into()))];
+        let timed_out = || vec![(0, Failure::Timeout)];
+        assert_eq!(informative(timed_out(), http()), http());
+        assert_eq!(informative(timed_out(), Vec::new()), timed_out());
+        assert_eq!(informative(timed_out(), timed_out()), timed_out());
+        let mixed = vec![
+            (0, Failure::Timeout),
+            (1, Failure::NotSent("refused".into())),
+        ];
+        assert_eq!(informative(mixed.clone(), http()), mixed);
     }
 
     #[test]
