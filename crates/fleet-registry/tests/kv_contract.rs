@@ -880,19 +880,31 @@ fn spread_keys() -> Vec<String> {
     keys
 }
 
-async fn reads_a_prefix_spread_over_its_key_space_in_key_order(h: &impl Harness, p: &str) {
-    let kv = h.kv();
-    let names = spread_keys();
-    let value = |key: &str| format!("{key}:{}", "x".repeat(16 << 10));
+/// The value [`put_spread`] writes at `key`: the key, then `len` bytes.
+fn spread_value(key: &str, len: usize) -> String {
+    format!("{key}:{}", "x".repeat(len))
+}
+
+/// Writes every key of [`spread_keys`] under `p`, each with its [`spread_value`] of `len`
+/// bytes, `per_txn` a transaction (etcd takes at most 1.5 MiB a request); the revision of
+/// the last write.
+async fn put_spread(kv: &impl Kv, p: &str, len: usize, per_txn: usize) -> Revision {
     let mut written = 0;
-    // 50 values of 16 KiB a transaction: etcd takes at most 1.5 MiB a request.
-    for chunk in names.chunks(50) {
+    for chunk in spread_keys().chunks(per_txn) {
         let ops = chunk
             .iter()
-            .map(|k| put_op(&format!("{p}{k}"), &value(k), None))
+            .map(|k| put_op(&format!("{p}{k}"), &spread_value(k, len), None))
             .collect();
         written = kv.txn(writes(ops)).await.expect("put spread keys").revision;
     }
+    written
+}
+
+async fn reads_a_prefix_spread_over_its_key_space_in_key_order(h: &impl Harness, p: &str) {
+    let kv = h.kv();
+    let names = spread_keys();
+    let value = |key: &str| spread_value(key, 16 << 10);
+    let written = put_spread(&kv, p, 16 << 10, 50).await;
     // After the read's revision, in the middle of an interval and at a cut.
     put(&kv, &format!("{p}a00150.service"), "changed").await;
     kv.txn(writes(vec![TxnOp::Delete {
@@ -926,15 +938,8 @@ async fn reads_a_prefix_spread_over_its_key_space_in_key_order(h: &impl Harness,
 async fn hands_a_prefix_over_in_batches_at_one_revision(h: &impl Harness, p: &str) {
     let kv = h.kv();
     let names = spread_keys();
-    let value = |key: &str| format!("{key}:{}", "x".repeat(4 << 10));
-    let mut written = 0;
-    for chunk in names.chunks(100) {
-        let ops = chunk
-            .iter()
-            .map(|k| put_op(&format!("{p}{k}"), &value(k), None))
-            .collect();
-        written = kv.txn(writes(ops)).await.expect("put spread keys").revision;
-    }
+    let value = |key: &str| spread_value(key, 4 << 10);
+    let written = put_spread(&kv, p, 4 << 10, 100).await;
     put(&kv, &format!("{p}a00150.service"), "changed").await;
     put(&kv, &format!("{p}zz"), "added").await;
 
