@@ -3,7 +3,6 @@
 use fleet_core::{MachineId, MachineInfo, UnitName};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::mpsc::Receiver;
 use tracing::debug;
 
 use crate::error::{RegistryError, Result};
@@ -213,11 +212,9 @@ impl<K: Kv> Registry<K> {
     /// another they were most of a listing's time). A value that cannot be read is left out
     /// and listed in [`Snapshot::skipped`].
     ///
-    /// The pages are decoded on a thread of their own as they arrive ([`Kv::range_each`]),
-    /// while etcd serves the next ones: decoded after the last page, the 300,000 keys of a
-    /// listing of 100,000 units kept one core busy for ~0.4 s with the other idle (issue 19).
-    /// Units and machines are decoded first, so that the records decoded after them share
-    /// their names.
+    /// A big snapshot is decoded on a blocking thread, the states on a second one beside
+    /// the rest ([`decode`]): decoded on the caller's one thread, the 300,000 records of a
+    /// listing of 100,000 units kept one core busy ~0.4 s with the other idle (issue 19).
     pub async fn snapshot(&self) -> Result<Snapshot> {
         let mut attempt = 0;
         loop {
@@ -237,51 +234,32 @@ impl<K: Kv> Registry<K> {
 
     async fn snapshot_once(&self) -> Result<Snapshot> {
         let keys = self.keys();
-        // One key's read tells the present revision; everything is read at it.
+        // One key's read tells the present revision; every prefix is read at it, at once.
         let revision = self
             .kv()
             .range(&keys.leader(), false, None)
             .await
             .map_err(RegistryError::kv("reading snapshot"))?
             .revision;
-        // In the order `decode` expects: the NAMING prefixes first, the states at STATES.
-        let prefixes = [
-            keys.units(),
-            keys.machines(),
-            keys.schedules(),
-            keys.states(),
-            keys.unscheduled_all(),
-            keys.metadata_all(),
-            keys.drains(),
-            keys.moves(),
-        ];
-        let (pages, decoded) = std::sync::mpsc::channel::<Decode>();
-        let decoding_keys = keys.clone();
-        let decoder =
-            tokio::task::spawn_blocking(move || decode(&decoding_keys, revision, decoded));
-        let reads = prefixes.iter().enumerate().map(|(i, prefix)| {
-            let pages = pages.clone();
-            async move {
-                // The decoder ends once every sender is gone, whatever was sent.
-                let page = |kvs| {
-                    let _ = pages.send(Decode::Page(i, kvs));
-                };
-                self.kv().range_each(prefix, revision, page).await?;
-                let _ = pages.send(Decode::Done(i));
-                Ok(())
-            }
+        let reads = prefixes(keys).map(|prefix| async move {
+            let read = self.kv().range(&prefix, true, Some(revision)).await;
+            Ok::<_, KvError>(read?.kvs)
         });
-        let read = futures::future::try_join_all(reads).await;
-        drop(pages);
+        let read = futures::future::try_join_all(reads)
+            .await
+            .map_err(RegistryError::kv("reading snapshot"))?;
+        let read = PrefixReads::of(read);
+        if read.len() < DECODED_APART {
+            return Ok(decode(keys, revision, read, false));
+        }
+        let keys = keys.clone();
         // The decoder only ends early by a panic (a bug: passed on) or when the runtime
         // shuts down under this read.
-        let snap = match decoder.await {
-            Ok(snap) => snap,
+        match tokio::task::spawn_blocking(move || decode(&keys, revision, read, true)).await {
+            Ok(snap) => Ok(snap),
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => return Err(RegistryError::ViewLost(format!("decoding snapshot: {e}"))),
-        };
-        read.map_err(RegistryError::kv("reading snapshot"))?;
-        Ok(snap)
+            Err(e) => Err(RegistryError::ViewLost(format!("decoding snapshot: {e}"))),
+        }
     }
 }
 
@@ -289,99 +267,139 @@ impl<K: Kv> Registry<K> {
 /// it chose.
 const SNAPSHOT_ATTEMPTS: u32 = 3;
 
-/// The prefixes before this place in the snapshot's list (units, machines) name what the
-/// others refer to: [`decode`] takes them whole first.
-const NAMING: usize = 2;
+/// From this many records on, a snapshot is decoded on threads of its own ([`decode`]):
+/// below it, a thread costs more than it saves.
+const DECODED_APART: usize = 20_000;
 
-/// The place of the states in the snapshot's list of prefixes.
-const STATES: usize = 3;
-
-/// What the snapshot's reads hand its decoder: a page of the `i`th prefix, or that prefix's
-/// end.
-enum Decode {
-    Page(usize, Vec<KeyValue>),
-    Done(usize),
+/// The prefixes a snapshot reads, in the order of [`PrefixReads`]'s fields.
+fn prefixes(keys: &Keys) -> [String; 8] {
+    [
+        keys.units(),
+        keys.machines(),
+        keys.schedules(),
+        keys.states(),
+        keys.unscheduled_all(),
+        keys.metadata_all(),
+        keys.drains(),
+        keys.moves(),
+    ]
 }
 
-/// Builds the snapshot at `revision` from what `pages` brings. Pages of the units and
-/// machines (the first two prefixes) are decoded as they come; the others wait until those
-/// two are whole, so that their records share the names. Then the states (prefix `STATES`)
-/// are decoded on a second thread, beside the rest: after the last page arrives, etcd is
-/// done and both cores are free.
-fn decode(keys: &Keys, revision: Revision, pages: Receiver<Decode>) -> Snapshot {
+/// What a snapshot read under each of its [`prefixes`].
+#[derive(Debug)]
+struct PrefixReads {
+    units: Vec<KeyValue>,
+    machines: Vec<KeyValue>,
+    schedule: Vec<KeyValue>,
+    states: Vec<KeyValue>,
+    unscheduled: Vec<KeyValue>,
+    metadata: Vec<KeyValue>,
+    drains: Vec<KeyValue>,
+    moves: Vec<KeyValue>,
+}
+
+impl PrefixReads {
+    /// The reads of [`prefixes`], in their order.
+    fn of(read: Vec<Vec<KeyValue>>) -> PrefixReads {
+        let mut read = read.into_iter();
+        let mut next = || read.next().unwrap_or_default();
+        PrefixReads {
+            units: next(),
+            machines: next(),
+            schedule: next(),
+            states: next(),
+            unscheduled: next(),
+            metadata: next(),
+            drains: next(),
+            moves: next(),
+        }
+    }
+
+    /// The records of the big prefixes.
+    fn len(&self) -> usize {
+        self.units.len() + self.machines.len() + self.schedule.len() + self.states.len()
+    }
+}
+
+/// Builds the snapshot at `revision` from what was `read`: units and machines first, so
+/// that the records after them share their names' text; then the states and the rest, on
+/// two threads when `apart` (one if the OS refuses the second).
+fn decode(keys: &Keys, revision: Revision, read: PrefixReads, apart: bool) -> Snapshot {
     let mut snap = Snapshot {
         revision,
         ..Snapshot::default()
     };
-    let mut naming_done = 0;
-    let mut waiting: Vec<(usize, Vec<KeyValue>)> = Vec::new();
-    for message in pages.iter() {
-        match message {
-            Decode::Page(i, kvs) if i < NAMING => {
-                for kv in &kvs {
-                    snap.insert(keys, kv);
-                }
-            }
-            Decode::Page(i, kvs) => waiting.push((i, kvs)),
-            Decode::Done(i) if i < NAMING => {
-                naming_done += 1;
-                if naming_done == NAMING {
-                    break;
-                }
-            }
-            Decode::Done(_) => {}
-        }
+    for kv in read.units.iter().chain(&read.machines) {
+        snap.insert(keys, kv);
     }
-    // A read that failed ended early: what waits is thrown away with the snapshot.
-    let (to_states, from_main) = std::sync::mpsc::channel::<Vec<KeyValue>>();
     let naming = &snap;
-    let (states, skipped, rest) = std::thread::scope(|scope| {
-        let states = scope.spawn(move || {
-            let mut states = BTreeMap::new();
-            let mut skipped = Vec::new();
-            for kv in from_main.iter().flatten() {
-                match read::state(keys, &kv) {
-                    Ok(mut s) => {
-                        naming.share(&mut s.name, &mut s.machine);
-                        place(&mut states, s.name.clone(), s.machine.clone(), s);
-                    }
-                    Err(s) => skipped.push(s),
-                }
-            }
-            (states, skipped)
-        });
-        let mut rest = Snapshot::default();
-        let pending = waiting.into_iter().map(|(i, kvs)| Decode::Page(i, kvs));
-        for message in pending.chain(pages.iter()) {
-            match message {
-                Decode::Page(STATES, kvs) => {
-                    let _ = to_states.send(kvs);
-                }
-                Decode::Page(_, kvs) => {
-                    for kv in &kvs {
-                        rest.insert_sharing(naming, keys, kv);
-                    }
-                }
-                Decode::Done(_) => {}
-            }
+    let decode_states = || {
+        let mut part = Snapshot::default();
+        for kv in &read.states {
+            part.insert_sharing(naming, keys, kv);
         }
-        drop(to_states);
-        let (states, skipped) = states
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e));
-        (states, skipped, rest)
-    });
-    snap.states = states;
-    for s in skipped {
-        snap.skip(s);
-    }
-    snap.schedule = rest.schedule;
-    snap.unscheduled = rest.unscheduled;
-    snap.metadata = rest.metadata;
-    snap.drained = rest.drained;
-    snap.moving = rest.moving;
-    snap.skipped.extend(rest.skipped);
+        part
+    };
+    let decode_rest = || {
+        let mut part = Snapshot::default();
+        let rest = [
+            &read.schedule,
+            &read.unscheduled,
+            &read.metadata,
+            &read.drains,
+            &read.moves,
+        ];
+        for kv in rest.into_iter().flatten() {
+            part.insert_sharing(naming, keys, kv);
+        }
+        part
+    };
+    let (states, rest) = if apart {
+        std::thread::scope(|scope| {
+            match std::thread::Builder::new()
+                .name("snapshot-states".into())
+                .spawn_scoped(scope, decode_states)
+            {
+                Ok(states) => {
+                    let rest = decode_rest();
+                    let states = states
+                        .join()
+                        .unwrap_or_else(|e| std::panic::resume_unwind(e));
+                    (states, rest)
+                }
+                Err(_) => (decode_states(), decode_rest()),
+            }
+        })
+    } else {
+        (decode_states(), decode_rest())
+    };
+    snap.absorb(states);
+    snap.absorb(rest);
     snap
+}
+
+impl Snapshot {
+    /// Takes in what `part` decoded apart: records of kinds other than units and machines,
+    /// of keys this snapshot does not hold.
+    fn absorb(&mut self, part: Snapshot) {
+        merge(&mut self.schedule, part.schedule);
+        merge(&mut self.states, part.states);
+        merge(&mut self.unscheduled, part.unscheduled);
+        merge(&mut self.metadata, part.metadata);
+        merge(&mut self.drained, part.drained);
+        merge(&mut self.moving, part.moving);
+        merge(&mut self.skipped, part.skipped);
+    }
+}
+
+/// `from`'s entries into `into`; moved whole when `into` is empty (the common case: each
+/// map is decoded by one part).
+fn merge<K: Ord, V>(into: &mut BTreeMap<K, V>, from: BTreeMap<K, V>) {
+    if into.is_empty() {
+        *into = from;
+    } else {
+        into.extend(from);
+    }
 }
 
 #[cfg(test)]
@@ -471,6 +489,15 @@ mod tests {
     #[tokio::test]
     async fn a_snapshot_read_from_the_store_shares_names_too() {
         let registry = Registry::new(crate::kv::MemKv::new(), "/fleet/");
+        let written = put_placed_unit(&registry).await;
+        let snap = registry.snapshot().await.unwrap();
+        assert_eq!(snap.revision, written);
+        assert!(snap.skipped.is_empty(), "{:?}", snap.skipped);
+        assert_names_shared(&snap);
+    }
+
+    /// Writes [`one_placed_unit`] into `registry`'s store; the revision it landed at.
+    async fn put_placed_unit<K: Kv>(registry: &Registry<K>) -> Revision {
         let ops = one_placed_unit(registry.keys())
             .into_iter()
             .map(|kv| crate::kv::TxnOp::Put {
@@ -484,10 +511,84 @@ mod tests {
             success: ops,
             failure: Vec::new(),
         };
-        let written = registry.kv().txn(txn).await.unwrap().revision;
+        registry.kv().txn(txn).await.unwrap().revision
+    }
+
+    /// A big snapshot's decoding, on two threads, builds what one thread builds, names
+    /// shared alike.
+    #[test]
+    fn decoded_apart_a_snapshot_is_the_same() {
+        let keys = Keys::new("/fleet/");
+        // Units, machines, schedule and states, one record each.
+        let read = || {
+            PrefixReads::of(
+                one_placed_unit(&keys)
+                    .into_iter()
+                    .map(|kv| vec![kv])
+                    .collect(),
+            )
+        };
+        let (one, two) = (
+            decode(&keys, 7, read(), false),
+            decode(&keys, 7, read(), true),
+        );
+        assert_eq!(one, two);
+        assert_eq!(two.revision, 7);
+        assert_eq!(
+            (two.units.len(), two.states.len(), two.schedule.len()),
+            (1, 1, 1)
+        );
+        assert_names_shared(&one);
+        assert_names_shared(&two);
+    }
+
+    /// Compacts the store past what was written before the first prefix read, once.
+    #[derive(Clone)]
+    struct CompactOnce {
+        store: crate::kv::MemKv,
+        done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl crate::kv::Hook for CompactOnce {
+        async fn before(&self, request: crate::kv::Request<'_>) -> Result<(), KvError> {
+            use std::sync::atomic::Ordering;
+            if matches!(request, crate::kv::Request::Range { prefix: true, .. })
+                && !self.done.swap(true, Ordering::SeqCst)
+            {
+                let txn = crate::kv::Txn {
+                    compares: Vec::new(),
+                    success: vec![crate::kv::TxnOp::Put {
+                        key: "/elsewhere".to_owned(),
+                        value: b"x".to_vec(),
+                        lease: None,
+                    }],
+                    failure: Vec::new(),
+                };
+                let now = self.store.txn(txn).await.unwrap().revision;
+                self.store.compact(now).unwrap();
+            }
+            Ok(())
+        }
+    }
+
+    /// The revision a snapshot chose is compacted away before its prefixes are read: it
+    /// reads the present again, and whole.
+    #[tokio::test]
+    async fn a_snapshot_whose_revision_is_compacted_away_reads_again() {
+        let store = crate::kv::MemKv::new();
+        let hook = CompactOnce {
+            store: store.clone(),
+            done: Default::default(),
+        };
+        let registry = Registry::new(crate::kv::Hooked { inner: store, hook }, "/fleet/");
+        let written = put_placed_unit(&registry).await;
         let snap = registry.snapshot().await.unwrap();
-        assert_eq!(snap.revision, written);
-        assert!(snap.skipped.is_empty(), "{:?}", snap.skipped);
+        assert_eq!(
+            snap.revision,
+            written + 1,
+            "the present after the compaction"
+        );
+        assert_eq!((snap.units.len(), snap.states.len()), (1, 1));
         assert_names_shared(&snap);
     }
 
