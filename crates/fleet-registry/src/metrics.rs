@@ -18,7 +18,7 @@ use std::fmt::{self, Write};
 use std::time::Duration;
 
 use crate::kv::{
-    Kv, KvError, LeaseId, RangeResult, Read, ReadResult, Revision, Txn, TxnResult, Watch,
+    KeyValue, Kv, KvError, LeaseId, RangeResult, Read, ReadResult, Revision, Txn, TxnResult, Watch,
 };
 use tokio::time::Instant;
 
@@ -228,6 +228,16 @@ impl<K: Kv> Kv for Metered<K> {
     ) -> Result<RangeResult, KvError> {
         let sent = Instant::now();
         let res = self.inner.range(key, prefix, revision).await;
+        self.metrics.record(Op::Range, sent, &res);
+        res
+    }
+
+    async fn range_each<F>(&self, prefix: &str, revision: Revision, page: F) -> Result<(), KvError>
+    where
+        F: FnMut(Vec<KeyValue>) + Send,
+    {
+        let sent = Instant::now();
+        let res = self.inner.range_each(prefix, revision, page).await;
         self.metrics.record(Op::Range, sent, &res);
         res
     }

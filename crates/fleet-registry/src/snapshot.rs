@@ -3,6 +3,9 @@
 use fleet_core::{MachineId, MachineInfo, UnitName};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use tracing::debug;
 
 use crate::error::{RegistryError, Result};
@@ -212,9 +215,12 @@ impl<K: Kv> Registry<K> {
     /// another they were most of a listing's time). A value that cannot be read is left out
     /// and listed in [`Snapshot::skipped`].
     ///
-    /// A big snapshot is decoded on a blocking thread, the states on a second one beside
-    /// the rest ([`decode`]): decoded on the caller's one thread, the 300,000 records of a
-    /// listing of 100,000 units kept one core busy ~0.4 s with the other idle (issue 19).
+    /// The pages are decoded as they arrive ([`Kv::range_each`]) on a thread of the
+    /// snapshot's own, while etcd serves the next ones: decoded after the last page on the
+    /// caller's one thread, the 300,000 records of a listing of 100,000 units kept one core
+    /// busy ~0.4 s with the other idle (issue 19). Units and machines are decoded first, so
+    /// that the records decoded after them share their names' text; then the states on a
+    /// second thread beside the rest ([`decode`]).
     pub async fn snapshot(&self) -> Result<Snapshot> {
         let mut attempt = 0;
         loop {
@@ -234,32 +240,47 @@ impl<K: Kv> Registry<K> {
 
     async fn snapshot_once(&self) -> Result<Snapshot> {
         let keys = self.keys();
-        // One key's read tells the present revision; every prefix is read at it, at once.
+        // One key's read tells the present revision; everything is read at it.
         let revision = self
             .kv()
             .range(&keys.leader(), false, None)
             .await
             .map_err(RegistryError::kv("reading snapshot"))?
             .revision;
-        let reads = prefixes(keys).map(|prefix| async move {
-            let read = self.kv().range(&prefix, true, Some(revision)).await;
-            Ok::<_, KvError>(read?.kvs)
+        // In the order `decode` expects: the NAMING prefixes first, the states at STATES.
+        let prefixes = [
+            keys.units(),
+            keys.machines(),
+            keys.schedules(),
+            keys.states(),
+            keys.unscheduled_all(),
+            keys.metadata_all(),
+            keys.drains(),
+            keys.moves(),
+        ];
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let (pages, decoder) = Decoder::start(keys, revision, &abandoned);
+        let reads = prefixes.iter().enumerate().map(|(i, prefix)| {
+            let pages = pages.clone();
+            async move {
+                // The decoder ends once every sender is gone, whatever was sent.
+                let page = |kvs| {
+                    let _ = pages.send(Decode::Page(i, kvs));
+                };
+                self.kv().range_each(prefix, revision, page).await?;
+                let _ = pages.send(Decode::Done(i));
+                Ok(())
+            }
         });
-        let read = futures::future::try_join_all(reads)
-            .await
-            .map_err(RegistryError::kv("reading snapshot"))?;
-        let read = PrefixReads::of(read);
-        if read.len() < DECODED_APART {
-            return Ok(decode(keys, revision, read, false));
+        let read = futures::future::try_join_all(reads).await;
+        if read.is_err() {
+            // What arrived belongs to a read that failed: not worth decoding.
+            abandoned.store(true, Ordering::Relaxed);
         }
-        let keys = keys.clone();
-        // The decoder only ends early by a panic (a bug: passed on) or when the runtime
-        // shuts down under this read.
-        match tokio::task::spawn_blocking(move || decode(&keys, revision, read, true)).await {
-            Ok(snap) => Ok(snap),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => Err(RegistryError::ViewLost(format!("decoding snapshot: {e}"))),
-        }
+        drop(pages);
+        let snap = decoder.finish(keys);
+        read.map_err(RegistryError::kv("reading snapshot"))?;
+        Ok(snap)
     }
 }
 
@@ -267,113 +288,158 @@ impl<K: Kv> Registry<K> {
 /// it chose.
 const SNAPSHOT_ATTEMPTS: u32 = 3;
 
-/// From this many records on, a snapshot is decoded on threads of its own ([`decode`]):
-/// below it, a thread costs more than it saves.
-const DECODED_APART: usize = 20_000;
+/// The prefixes before this place in the snapshot's list (units, machines) name what the
+/// others refer to: [`decode`] takes them whole first.
+const NAMING: usize = 2;
 
-/// The prefixes a snapshot reads, in the order of [`PrefixReads`]'s fields.
-fn prefixes(keys: &Keys) -> [String; 8] {
-    [
-        keys.units(),
-        keys.machines(),
-        keys.schedules(),
-        keys.states(),
-        keys.unscheduled_all(),
-        keys.metadata_all(),
-        keys.drains(),
-        keys.moves(),
-    ]
+/// The place of the states in the snapshot's list of prefixes.
+const STATES: usize = 3;
+
+/// What the snapshot's reads hand its decoder: a page of the `i`th prefix, or that prefix's
+/// end.
+enum Decode {
+    Page(usize, Vec<KeyValue>),
+    Done(usize),
 }
 
-/// What a snapshot read under each of its [`prefixes`].
-#[derive(Debug)]
-struct PrefixReads {
-    units: Vec<KeyValue>,
-    machines: Vec<KeyValue>,
-    schedule: Vec<KeyValue>,
-    states: Vec<KeyValue>,
-    unscheduled: Vec<KeyValue>,
-    metadata: Vec<KeyValue>,
-    drains: Vec<KeyValue>,
-    moves: Vec<KeyValue>,
+/// Where a snapshot's pages are decoded: a thread of its own, not one of tokio's blocking
+/// threads (fleetd keeps 4 for the agent's file work, and the reads may take a second), and
+/// not a task (under paused time a blocking task holds the clock, and the caller's runtime
+/// may have one thread). Decoded after the reads, by the caller, if the OS refuses a thread.
+enum Decoder {
+    Thread(std::thread::JoinHandle<Snapshot>),
+    Inline {
+        revision: Revision,
+        pages: Receiver<Decode>,
+        abandoned: Arc<AtomicBool>,
+    },
 }
 
-impl PrefixReads {
-    /// The reads of [`prefixes`], in their order.
-    fn of(read: Vec<Vec<KeyValue>>) -> PrefixReads {
-        let mut read = read.into_iter();
-        let mut next = || read.next().unwrap_or_default();
-        PrefixReads {
-            units: next(),
-            machines: next(),
-            schedule: next(),
-            states: next(),
-            unscheduled: next(),
-            metadata: next(),
-            drains: next(),
-            moves: next(),
+impl Decoder {
+    /// Starts decoding what is sent on the sender returned.
+    fn start(
+        keys: &Keys,
+        revision: Revision,
+        abandoned: &Arc<AtomicBool>,
+    ) -> (Sender<Decode>, Decoder) {
+        let (pages, decoded) = std::sync::mpsc::channel::<Decode>();
+        let (keys, gave_up) = (keys.clone(), Arc::clone(abandoned));
+        let thread = std::thread::Builder::new()
+            .name("snapshot-decode".into())
+            .spawn(move || decode(&keys, revision, decoded, &gave_up));
+        match thread {
+            Ok(handle) => (pages, Decoder::Thread(handle)),
+            Err(e) => {
+                debug!(error = %e, "no thread to decode a snapshot; decoding it inline");
+                let (pages, decoded) = std::sync::mpsc::channel::<Decode>();
+                let abandoned = Arc::clone(abandoned);
+                (
+                    pages,
+                    Decoder::Inline {
+                        revision,
+                        pages: decoded,
+                        abandoned,
+                    },
+                )
+            }
         }
     }
 
-    /// The records of the big prefixes.
-    fn len(&self) -> usize {
-        self.units.len() + self.machines.len() + self.schedule.len() + self.states.len()
+    /// The snapshot, once every sender of the pages is gone. Waits for the thread in
+    /// place: on a multi-thread runtime its other tasks move to another worker meanwhile.
+    fn finish(self, keys: &Keys) -> Snapshot {
+        match self {
+            Decoder::Thread(handle) => {
+                let join = || {
+                    handle
+                        .join()
+                        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+                };
+                match tokio::runtime::Handle::current().runtime_flavor() {
+                    tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(join),
+                    _ => join(),
+                }
+            }
+            Decoder::Inline {
+                revision,
+                pages,
+                abandoned,
+            } => decode(keys, revision, pages, &abandoned),
+        }
     }
 }
 
-/// Builds the snapshot at `revision` from what was `read`: units and machines first, so
-/// that the records after them share their names' text; then the states and the rest, on
-/// two threads when `apart` (one if the OS refuses the second).
-fn decode(keys: &Keys, revision: Revision, read: PrefixReads, apart: bool) -> Snapshot {
+/// Builds the snapshot at `revision` from what `pages` brings, until every sender is gone
+/// or `abandoned` is set (then what it built is thrown away). Pages of the units and
+/// machines (the first two prefixes) are decoded as they come; the others wait until those
+/// two are whole, so that their records share the names. Then the states (prefix `STATES`)
+/// are decoded on a second thread (inline if the OS refuses one), beside the rest: once the
+/// last page has arrived, etcd is done and both cores are free.
+fn decode(
+    keys: &Keys,
+    revision: Revision,
+    pages: Receiver<Decode>,
+    abandoned: &AtomicBool,
+) -> Snapshot {
     let mut snap = Snapshot {
         revision,
         ..Snapshot::default()
     };
-    for kv in read.units.iter().chain(&read.machines) {
-        snap.insert(keys, kv);
+    let live = || !abandoned.load(Ordering::Relaxed);
+    let mut naming_done = 0;
+    let mut waiting: Vec<(usize, Vec<KeyValue>)> = Vec::new();
+    for message in pages.iter().take_while(|_| live()) {
+        match message {
+            Decode::Page(i, kvs) if i < NAMING => {
+                for kv in &kvs {
+                    snap.insert(keys, kv);
+                }
+            }
+            Decode::Page(i, kvs) => waiting.push((i, kvs)),
+            Decode::Done(i) if i < NAMING => {
+                naming_done += 1;
+                if naming_done == NAMING {
+                    break;
+                }
+            }
+            Decode::Done(_) => {}
+        }
     }
     let naming = &snap;
-    let decode_states = || {
-        let mut part = Snapshot::default();
-        for kv in &read.states {
-            part.insert_sharing(naming, keys, kv);
-        }
-        part
-    };
-    let decode_rest = || {
-        let mut part = Snapshot::default();
-        let rest = [
-            &read.schedule,
-            &read.unscheduled,
-            &read.metadata,
-            &read.drains,
-            &read.moves,
-        ];
-        for kv in rest.into_iter().flatten() {
-            part.insert_sharing(naming, keys, kv);
-        }
-        part
-    };
-    let (states, rest) = if apart {
-        std::thread::scope(|scope| {
-            match std::thread::Builder::new()
-                .name("snapshot-states".into())
-                .spawn_scoped(scope, decode_states)
-            {
-                Ok(states) => {
-                    let rest = decode_rest();
-                    let states = states
-                        .join()
-                        .unwrap_or_else(|e| std::panic::resume_unwind(e));
-                    (states, rest)
+    let (states, rest) = std::thread::scope(|scope| {
+        let (to_states, from_main) = std::sync::mpsc::channel::<Vec<KeyValue>>();
+        let states = std::thread::Builder::new()
+            .name("snapshot-states".into())
+            .spawn_scoped(scope, move || {
+                let mut part = Snapshot::default();
+                for kv in from_main.iter().flatten() {
+                    part.insert_sharing(naming, keys, &kv);
                 }
-                Err(_) => (decode_states(), decode_rest()),
+                part
+            })
+            .ok();
+        let mut rest = Snapshot::default();
+        let pending = waiting.into_iter().map(|(i, kvs)| Decode::Page(i, kvs));
+        for message in pending.chain(pages.iter()).take_while(|_| live()) {
+            match message {
+                Decode::Page(STATES, kvs) if states.is_some() => {
+                    let _ = to_states.send(kvs);
+                }
+                Decode::Page(_, kvs) => {
+                    for kv in &kvs {
+                        rest.insert_sharing(naming, keys, kv);
+                    }
+                }
+                Decode::Done(_) => {}
             }
-        })
-    } else {
-        (decode_states(), decode_rest())
-    };
-    snap.absorb(states);
+        }
+        drop(to_states);
+        let states = states.map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
+        (states, rest)
+    });
+    if let Some(states) = states {
+        snap.absorb(states);
+    }
     snap.absorb(rest);
     snap
 }
@@ -514,34 +580,6 @@ mod tests {
         registry.kv().txn(txn).await.unwrap().revision
     }
 
-    /// A big snapshot's decoding, on two threads, builds what one thread builds, names
-    /// shared alike.
-    #[test]
-    fn decoded_apart_a_snapshot_is_the_same() {
-        let keys = Keys::new("/fleet/");
-        // Units, machines, schedule and states, one record each.
-        let read = || {
-            PrefixReads::of(
-                one_placed_unit(&keys)
-                    .into_iter()
-                    .map(|kv| vec![kv])
-                    .collect(),
-            )
-        };
-        let (one, two) = (
-            decode(&keys, 7, read(), false),
-            decode(&keys, 7, read(), true),
-        );
-        assert_eq!(one, two);
-        assert_eq!(two.revision, 7);
-        assert_eq!(
-            (two.units.len(), two.states.len(), two.schedule.len()),
-            (1, 1, 1)
-        );
-        assert_names_shared(&one);
-        assert_names_shared(&two);
-    }
-
     /// Compacts the store past what was written before the first prefix read, once.
     #[derive(Clone)]
     struct CompactOnce {
@@ -590,6 +628,26 @@ mod tests {
         );
         assert_eq!((snap.units.len(), snap.states.len()), (1, 1));
         assert_names_shared(&snap);
+    }
+
+    /// A read that fails gives its error, and the decoding of what had arrived stops.
+    #[test]
+    fn an_abandoned_decoding_stops() {
+        let keys = Keys::new("/fleet/");
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let (pages, decoder) = Decoder::start(&keys, 3, &abandoned);
+        let records = one_placed_unit(&keys);
+        pages.send(Decode::Page(0, records[..1].to_vec())).unwrap();
+        abandoned.store(true, Ordering::Relaxed);
+        pages
+            .send(Decode::Page(STATES, records[3..].to_vec()))
+            .unwrap();
+        drop(pages);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let snap = rt.block_on(async { decoder.finish(&keys) });
+        assert!(snap.states.is_empty(), "decoded after it was abandoned");
     }
 
     fn assert_names_shared(snap: &Snapshot) {

@@ -116,6 +116,7 @@ contract_tests!(
     dropping_a_watch_stops_it,
     reads_more_than_a_page_at_one_revision,
     reads_a_prefix_spread_over_its_key_space_in_key_order,
+    hands_a_prefix_over_in_batches_at_one_revision,
     reads_more_than_4_mib_of_values,
     watches_a_revision_of_more_than_4_mib,
 );
@@ -879,19 +880,31 @@ fn spread_keys() -> Vec<String> {
     keys
 }
 
-async fn reads_a_prefix_spread_over_its_key_space_in_key_order(h: &impl Harness, p: &str) {
-    let kv = h.kv();
-    let names = spread_keys();
-    let value = |key: &str| format!("{key}:{}", "x".repeat(16 << 10));
+/// The value [`put_spread`] writes at `key`: the key, then `len` bytes.
+fn spread_value(key: &str, len: usize) -> String {
+    format!("{key}:{}", "x".repeat(len))
+}
+
+/// Writes every key of [`spread_keys`] under `p`, each with its [`spread_value`] of `len`
+/// bytes, `per_txn` a transaction (etcd takes at most 1.5 MiB a request); the revision of
+/// the last write.
+async fn put_spread(kv: &impl Kv, p: &str, len: usize, per_txn: usize) -> Revision {
     let mut written = 0;
-    // 50 values of 16 KiB a transaction: etcd takes at most 1.5 MiB a request.
-    for chunk in names.chunks(50) {
+    for chunk in spread_keys().chunks(per_txn) {
         let ops = chunk
             .iter()
-            .map(|k| put_op(&format!("{p}{k}"), &value(k), None))
+            .map(|k| put_op(&format!("{p}{k}"), &spread_value(k, len), None))
             .collect();
         written = kv.txn(writes(ops)).await.expect("put spread keys").revision;
     }
+    written
+}
+
+async fn reads_a_prefix_spread_over_its_key_space_in_key_order(h: &impl Harness, p: &str) {
+    let kv = h.kv();
+    let names = spread_keys();
+    let value = |key: &str| spread_value(key, 16 << 10);
+    let written = put_spread(&kv, p, 16 << 10, 50).await;
     // After the read's revision, in the middle of an interval and at a cut.
     put(&kv, &format!("{p}a00150.service"), "changed").await;
     kv.txn(writes(vec![TxnOp::Delete {
@@ -918,6 +931,45 @@ async fn reads_a_prefix_spread_over_its_key_space_in_key_order(h: &impl Harness,
         .unwrap();
     assert_eq!(changed.value, b"changed");
     assert!(!now.kvs.iter().any(|kv| kv.key == format!("{p}i")));
+}
+
+/// `range_each`: the keys of `range` at the same revision, each once, in batches sorted
+/// within themselves; a compacted revision is refused as `range` refuses it.
+async fn hands_a_prefix_over_in_batches_at_one_revision(h: &impl Harness, p: &str) {
+    let kv = h.kv();
+    let names = spread_keys();
+    let value = |key: &str| spread_value(key, 4 << 10);
+    let written = put_spread(&kv, p, 4 << 10, 100).await;
+    put(&kv, &format!("{p}a00150.service"), "changed").await;
+    put(&kv, &format!("{p}zz"), "added").await;
+
+    let mut batches: Vec<Vec<KeyValue>> = Vec::new();
+    kv.range_each(p, written, |kvs| batches.push(kvs))
+        .await
+        .unwrap();
+    for batch in &batches {
+        assert!(keys(batch).is_sorted(), "a batch is in key order");
+    }
+    let mut read: Vec<KeyValue> = batches.into_iter().flatten().collect();
+    read.sort_by(|a, b| a.key.cmp(&b.key));
+    let expected: Vec<String> = names.iter().map(|k| format!("{p}{k}")).collect();
+    assert_eq!(
+        keys(&read),
+        expected,
+        "every key once, at the revision asked"
+    );
+    for (read, key) in read.iter().zip(&names) {
+        assert_eq!(read.value, value(key).as_bytes(), "{key}");
+    }
+    assert_eq!(read, kv.range(p, true, Some(written)).await.unwrap().kvs);
+
+    let now = current_revision(&kv).await;
+    h.compact(now).await;
+    let refused = kv.range_each(p, written, |_| {}).await;
+    assert!(
+        matches!(refused, Err(KvError::Compacted { requested, .. }) if requested == written),
+        "{refused:?}"
+    );
 }
 
 async fn reads_more_than_4_mib_of_values(h: &impl Harness, p: &str) {

@@ -16,7 +16,7 @@ mod watch;
 use std::fmt;
 use std::future::Future;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -276,8 +276,23 @@ impl Kv for EtcdKv {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let failure = match self.read_pages(key, prefix, revision).await {
-                Ok(result) => return Ok(result),
+            // Each interval's pages in order, the intervals in key order.
+            let parts: Mutex<Vec<Vec<super::KeyValue>>> = Mutex::new(Vec::new());
+            let sink = |interval: usize, kvs: Vec<super::KeyValue>| {
+                let mut parts = parts.lock().unwrap_or_else(PoisonError::into_inner);
+                if parts.len() <= interval {
+                    parts.resize_with(interval + 1, Vec::new);
+                }
+                parts[interval].extend(kvs);
+            };
+            let failure = match self.read_pages(key, prefix, revision, &sink).await {
+                Ok(revision) => {
+                    let parts = parts.into_inner().unwrap_or_else(PoisonError::into_inner);
+                    return Ok(RangeResult {
+                        revision,
+                        kvs: parts.into_iter().flatten().collect(),
+                    });
+                }
                 Err(failure) => failure,
             };
             match failure {
@@ -288,21 +303,24 @@ impl Kv for EtcdKv {
                 {
                     debug!(key, attempt, "range pages compacted away, reading again");
                 }
-                Paged::First(Failure::Compacted(_)) | Paged::Later(Failure::Compacted(_)) => {
-                    let requested = revision.unwrap_or(0);
-                    // etcd does not say where it compacted to; a watch from revision 1
-                    // does. If that fails, requested + 1 is still true as a lower bound.
-                    let deadline = Instant::now() + self.request_timeout;
-                    let compacted = watch::compact_revision(self, key, deadline).await;
-                    return Err(KvError::Compacted {
-                        requested,
-                        compacted: compacted.unwrap_or(requested + 1),
-                    });
-                }
-                Paged::First(f) | Paged::Later(f) => {
-                    return Err(self.error(f, Request::Range { key, prefix }));
-                }
+                failure => return Err(self.paged_error(failure, key, prefix, revision).await),
             }
+        }
+    }
+
+    async fn range_each<F>(&self, prefix: &str, revision: Revision, page: F) -> Result<(), KvError>
+    where
+        F: FnMut(Vec<super::KeyValue>) + Send,
+    {
+        let page = Mutex::new(page);
+        let sink = |_: usize, kvs: Vec<super::KeyValue>| {
+            (page.lock().unwrap_or_else(PoisonError::into_inner))(kvs);
+        };
+        match self.read_pages(prefix, true, Some(revision), &sink).await {
+            Ok(_) => Ok(()),
+            Err(failure) => Err(self
+                .paged_error(failure, prefix, true, Some(revision))
+                .await),
         }
     }
 
@@ -434,60 +452,89 @@ pub(super) fn watch_client(client: &Client) -> etcd_client::WatchClient {
 }
 
 impl EtcdKv {
+    /// What a failed paged read of `key` at `revision` (None: the present) tells its caller.
+    async fn paged_error(
+        &self,
+        failure: Paged,
+        key: &str,
+        prefix: bool,
+        revision: Option<Revision>,
+    ) -> KvError {
+        match failure {
+            Paged::First(Failure::Compacted(_)) | Paged::Later(Failure::Compacted(_)) => {
+                let requested = revision.unwrap_or(0);
+                // etcd does not say where it compacted to; a watch from revision 1
+                // does. If that fails, requested + 1 is still true as a lower bound.
+                let deadline = Instant::now() + self.request_timeout;
+                let compacted = watch::compact_revision(self, key, deadline).await;
+                KvError::Compacted {
+                    requested,
+                    compacted: compacted.unwrap_or(requested + 1),
+                }
+            }
+            Paged::First(f) | Paged::Later(f) => self.error(f, Request::Range { key, prefix }),
+        }
+    }
+
     /// Reads `key` (one key, or the keys under it) at `revision`, a prefix in pages of
     /// about [`PAGE_BYTES`]: every page after the first is read at the first one's revision,
     /// so the result is the registry at one revision, as a single read would be. Each page
     /// gets the request deadline of its own. What is left after the first page is read as
     /// [`SPLITS`]' intervals at once, each in pages: etcd serves them side by side, and the
     /// pages of one arrive while the others are read.
+    ///
+    /// Each page goes to `sink` as it arrives, with its interval's place in key order (the
+    /// first page is interval 0); an interval's pages come in order. Returns the revision
+    /// read at.
     async fn read_pages(
         &self,
         key: &str,
         prefix: bool,
         revision: Option<Revision>,
-    ) -> Result<RangeResult, Paged> {
+        sink: &(dyn Fn(usize, Vec<super::KeyValue>) + Sync),
+    ) -> Result<Revision, Paged> {
         let end = prefix.then(|| prefix_end(key.as_bytes()));
         let start = key.as_bytes().to_vec();
-        let (mut result, next) = self
+        let (first, next) = self
             .read_page(start, end.as_deref(), revision.unwrap_or(0), RANGE_PAGE)
             .await
             .map_err(Paged::First)?;
-        let (Some(next), Some(end)) = (next, end) else {
-            return Ok(result);
-        };
         // etcd's header carries the current revision: for a read of the present, the
         // revision every later page must be read at.
-        let pinned = revision.unwrap_or(result.revision);
-        let limit = next_page_keys(&result.kvs);
+        let pinned = revision.unwrap_or(first.revision);
+        let limit = next_page_keys(&first.kvs);
+        sink(0, first.kvs);
+        let (Some(next), Some(end)) = (next, end) else {
+            return Ok(first.revision);
+        };
         let reads = split(key.as_bytes(), next, end)
             .into_iter()
-            .map(|(start, end)| self.read_interval(start, end, pinned, limit));
-        for kvs in futures::future::try_join_all(reads)
+            .enumerate()
+            .map(|(i, (start, end))| self.read_interval(start, end, pinned, limit, i + 1, sink));
+        futures::future::try_join_all(reads)
             .await
-            .map_err(Paged::Later)?
-        {
-            result.kvs.extend(kvs);
-        }
-        Ok(result)
+            .map_err(Paged::Later)?;
+        Ok(first.revision)
     }
 
     /// Every key in `[start, end)` at revision `pinned`, in pages (the first of `limit`
-    /// keys).
+    /// keys), each handed to `sink` as interval `interval`.
     async fn read_interval(
         &self,
         mut start: Vec<u8>,
         end: Vec<u8>,
         pinned: Revision,
         mut limit: usize,
-    ) -> Result<Vec<super::KeyValue>, Failure> {
-        let mut kvs = Vec::new();
+        interval: usize,
+        sink: &(dyn Fn(usize, Vec<super::KeyValue>) + Sync),
+    ) -> Result<(), Failure> {
         loop {
             let (page, next) = self.read_page(start, Some(&end), pinned, limit).await?;
             limit = next_page_keys(&page.kvs);
-            kvs.extend(page.kvs);
+            sink(interval, page.kvs);
             match next {
                 Some(next) => start = next,
-                None => return Ok(kvs),
+                None => return Ok(()),
             }
         }
     }
