@@ -24,6 +24,7 @@ use crate::authz::{self, Action, Peer, Principal, Refusal, Role, Roles};
 use crate::discovery;
 use crate::entity;
 use crate::error::{ApiError, json_response};
+use crate::held::HeldView;
 use crate::maintenance;
 use crate::metrics::{self, Metrics};
 use crate::ops::metadata_changes;
@@ -57,6 +58,8 @@ pub struct Api<K> {
     /// The roles of client certificates; None: certificates are not checked (every client
     /// is admin), the default of a library caller. fleetd always sets them.
     roles: Option<Roles>,
+    /// The view the listing of every unit is served from; None: each page reads etcd.
+    held: Option<HeldView<K>>,
 }
 
 impl<K: Kv> Api<K> {
@@ -73,7 +76,21 @@ impl<K: Kv> Api<K> {
             metrics: Metrics::default(),
             exposed: None,
             roles: None,
+            held: None,
         }
+    }
+
+    /// `GET /units` listings of every unit come from a view of the registry held while
+    /// they come, dropped after `idle` without one ([`crate::held`]); fleetd's API does
+    /// this. Without it every page reads its keys from etcd.
+    pub fn with_held_view(mut self, idle: std::time::Duration) -> Api<K> {
+        self.held = Some(HeldView::new(idle));
+        self
+    }
+
+    /// The held view of [`with_held_view`](Self::with_held_view).
+    pub fn held_view(&self) -> Option<&HeldView<K>> {
+        self.held.as_ref()
     }
 
     /// Requests over TLS get the role `roles` gives their client certificate, and are
@@ -120,9 +137,12 @@ impl<K: Kv> Api<K> {
 
 /// The API as an axum router (a tower service), ready to serve on any listener.
 pub fn router<K: Kv>(api: Api<K>) -> Router {
-    Router::new()
-        .fallback(dispatch::<K>)
-        .with_state(Arc::new(api))
+    router_of(Arc::new(api))
+}
+
+/// [`router`] over an API the caller keeps a handle on.
+pub fn router_of<K: Kv>(api: Arc<Api<K>>) -> Router {
+    Router::new().fallback(dispatch::<K>).with_state(api)
 }
 
 async fn dispatch<K: Kv>(State(api): State<Arc<Api<K>>>, req: Request) -> Response {
@@ -379,13 +399,16 @@ async fn list_machines<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, A
 /// fleet's 4-byte tokens of a later page, and listings of named units, read a snapshot and
 /// skip to their page, as before.
 async fn list_units<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
-    let limit = page_limit(api, query)?;
-    let token = UnitsToken::from_request(&query_values(&query.raw, "nextPageToken"), limit)?;
     let names = if query.full {
         unit_names(&query.raw)
     } else {
         None
     };
+    if whole_asked(query)? {
+        return whole_units(api, query, names.as_ref()).await;
+    }
+    let limit = page_limit(api, query)?;
+    let token = UnitsToken::from_request(&query_values(&query.raw, "nextPageToken"), limit)?;
     let take = usize::from(token.page.limit);
     let by_cursor = names.is_none() && (token.cursor.is_some() || token.page.page == 1);
     let (listing, next) = if by_cursor {
@@ -393,7 +416,24 @@ async fn list_units<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiE
             after: c.after.clone(),
             revision: c.revision,
         });
-        let (listing, next) = api.cluster.units_after(cursor.as_ref(), take).await?;
+        let held = match &api.held {
+            // A later page comes from the view only while it is at the first page's
+            // revision: every page of a listing shows the registry at one revision.
+            Some(held) => held
+                .units_after(
+                    api.cluster.registry(),
+                    cursor.as_ref(),
+                    take,
+                    cursor.as_ref().map(|c| c.revision),
+                )
+                .await?
+                .ok(),
+            None => None,
+        };
+        let (listing, next) = match held {
+            Some(page) => page,
+            None => api.cluster.units_after(cursor.as_ref(), take).await?,
+        };
         let next = next.map(|c| {
             token.next(Cursor {
                 revision: c.revision,
@@ -406,20 +446,42 @@ async fn list_units<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiE
         let (listing, more) = api.cluster.units_page(names.as_ref(), skip, take).await?;
         (listing, Some(encode(token.page.next().filter(|_| more))))
     };
+    Ok(unit_page(listing, next.unwrap_or_default(), query.full))
+}
+
+/// The full view's `pageSize=0`: every unit (of `names`, or all) in one page at one
+/// revision; from the held view when it can serve it, else one snapshot.
+async fn whole_units<K: Kv>(
+    api: &Api<K>,
+    query: &Query,
+    names: Option<&BTreeSet<UnitName>>,
+) -> Result<Response, ApiError> {
+    let held = match (&api.held, names) {
+        (Some(held), None) => held
+            .units_after(api.cluster.registry(), None, usize::MAX, None)
+            .await?
+            .ok()
+            .map(|(listing, _)| listing),
+        _ => None,
+    };
+    let listing = match held {
+        Some(listing) => listing,
+        None => api.cluster.units(names).await?,
+    };
+    Ok(unit_page(listing, String::new(), query.full))
+}
+
+fn unit_page(listing: fleet_ops::UnitListing, next_page_token: String, full: bool) -> Response {
     let page = entity::UnitPage {
         units: listing
             .units
             .iter()
-            .map(|u| convert::unit_to_wire(u, query.full))
+            .map(|u| convert::unit_to_wire(u, full))
             .collect(),
-        next_page_token: next.unwrap_or_default(),
-        skipped: if query.full {
-            listing.skipped
-        } else {
-            Vec::new()
-        },
+        next_page_token,
+        skipped: if full { listing.skipped } else { Vec::new() },
     };
-    Ok(json_response(StatusCode::OK, &page))
+    json_response(StatusCode::OK, &page)
 }
 
 /// `unitName` values that name units; None when there are none. A value that cannot name a
@@ -539,13 +601,21 @@ impl Paging {
 }
 
 fn listing_paging<K>(api: &Api<K>, query: &Query) -> Result<Paging, ApiError> {
+    if whole_asked(query)? {
+        return Ok(Paging::Whole);
+    }
+    Ok(Paging::Pages(page_token(api, query)?))
+}
+
+/// Whether the full view's `pageSize=0` asks for the whole listing (never with a token).
+fn whole_asked(query: &Query) -> Result<bool, ApiError> {
     if query.full && first(&query.raw, wire::PAGE_SIZE).as_deref() == Some(wire::WHOLE_LISTING) {
         if !query_values(&query.raw, "nextPageToken").is_empty() {
             return Err(ApiError::WholeWithToken);
         }
-        return Ok(Paging::Whole);
+        return Ok(true);
     }
-    Ok(Paging::Pages(page_token(api, query)?))
+    Ok(false)
 }
 
 /// Entries per page: `token_limit`, or the full view's `pageSize`.

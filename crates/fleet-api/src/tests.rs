@@ -803,11 +803,11 @@ async fn states_are_listed_and_filtered_by_machine_and_unit() {
     );
 }
 
-/// The full view's `pageSize=0`: states and machines whole, in one page without a token
-/// (fleetctl's ask: those listings read everything for each page); not with a token, and
-/// not in fleet's view, where `pageSize` means nothing.
+/// The full view's `pageSize=0`: states, machines and units whole, in one page without a
+/// token (fleetctl's ask); not with a token, and not in fleet's view, where `pageSize`
+/// means nothing.
 #[tokio::test(start_paused = true)]
-async fn the_full_view_lists_states_and_machines_whole_with_page_size_zero() {
+async fn the_full_view_lists_states_machines_and_units_whole_with_page_size_zero() {
     let (f, _) = fixture(1);
     cluster(&f).await;
     let states = f.get("/fleet/v1/state?view=full&pageSize=0").await.body;
@@ -838,11 +838,26 @@ async fn the_full_view_lists_states_and_machines_whole_with_page_size_zero() {
         1,
         "token_limit 1"
     );
+    create_units(&f, &["a.service", "b.service", "c.service"]).await;
     let units = f.get("/fleet/v1/units?view=full&pageSize=0").await;
-    assert_eq!(
-        units.status,
+    assert_eq!(units.status, StatusCode::OK);
+    assert_eq!(names_of(&units), ["a.service", "b.service", "c.service"]);
+    assert!(
+        units.body.get("nextPageToken").is_none(),
+        "{:?}",
+        units.body
+    );
+    let named = f
+        .get("/fleet/v1/units?view=full&pageSize=0&unitName=b.service&unitName=c.service")
+        .await;
+    assert_eq!(names_of(&named), ["b.service", "c.service"]);
+    assert_error(
+        &f.get(&format!(
+            "/fleet/v1/units?view=full&pageSize=0&nextPageToken={token}"
+        ))
+        .await,
         StatusCode::BAD_REQUEST,
-        "units page by cursor"
+        "pageSize 0 (the whole listing) takes no nextPageToken",
     );
 }
 

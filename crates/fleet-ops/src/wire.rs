@@ -30,8 +30,8 @@ pub const UNIT_NAME: &str = "unitName";
 /// Full view of a listing: entries per page instead of the server's `token_limit` (1 to
 /// 65535); a `nextPageToken` must come with the `pageSize` it was minted for.
 pub const PAGE_SIZE: &str = "pageSize";
-/// `GET /state` and `GET /machines` with `pageSize=0` (full view): the whole listing in one
-/// page, with no token (those listings read everything for each page).
+/// `GET /state`, `GET /machines` and `GET /units` with `pageSize=0` (full view): the whole
+/// listing in one page at one revision, with no token.
 pub const WHOLE_LISTING: &str = "0";
 /// `GET /state?machineID=`; and the machines of `op=advanceRollout`, one value each.
 pub const MACHINE_ID: &str = "machineID";

@@ -84,6 +84,8 @@ pub struct LiveView<K> {
     /// Whether unit files are kept (the engine needs them; fleetctl's wait does not).
     with_files: bool,
     files: BTreeMap<UnitHash, UnitFile>,
+    /// Files kept that do not read, by key: left out of `files` (their units have no file).
+    unreadable_files: BTreeMap<String, Skipped>,
     /// The watch's messages, drained from it by [`drain`] as they come.
     watch: mpsc::UnboundedReceiver<WatchMessage>,
     /// What changed since [`take_changed_units`](Self::take_changed_units) last asked.
@@ -139,6 +141,7 @@ impl<K: Kv> LiveView<K> {
             warn_skipped(s);
         }
         let mut files = BTreeMap::new();
+        let mut unreadable_files = BTreeMap::new();
         if with_files {
             let listed = registry
                 .kv()
@@ -146,8 +149,13 @@ impl<K: Kv> LiveView<K> {
                 .await
                 .map_err(RegistryError::kv("reading unit files"))?;
             for kv in &listed.kvs {
-                if let Some((hash, file)) = parse_file(registry.keys(), kv) {
-                    files.insert(hash, file);
+                match parse_file(registry.keys(), kv) {
+                    Ok((hash, file)) => {
+                        files.insert(hash, file);
+                    }
+                    Err(s) => {
+                        unreadable_files.insert(s.key.clone(), s);
+                    }
                 }
             }
         }
@@ -167,6 +175,7 @@ impl<K: Kv> LiveView<K> {
             snapshot,
             with_files,
             files,
+            unreadable_files,
             watch: drain(watch),
             changed: Changed::default(),
         })
@@ -208,6 +217,11 @@ impl<K: Kv> LiveView<K> {
         &self.files
     }
 
+    /// The unit files kept that do not read, by key (their units have no file).
+    pub fn unreadable_files(&self) -> impl Iterator<Item = &Skipped> {
+        self.unreadable_files.values()
+    }
+
     /// The revision of the last change applied.
     pub fn revision(&self) -> Revision {
         self.snapshot.revision
@@ -224,6 +238,22 @@ impl<K: Kv> LiveView<K> {
             touched.merge(self.apply_message(Some(next))?);
         }
         Ok(touched)
+    }
+
+    /// Applies every change that has already arrived, without waiting for one: a holder
+    /// that reads the view now and then keeps it current, and its backlog small, this way.
+    /// An error means the view cannot follow any more, as in [`changed`](Self::changed).
+    pub fn catch_up(&mut self) -> Result<Touched> {
+        let mut touched = Touched::default();
+        loop {
+            match self.watch.try_recv() {
+                Ok(message) => touched.merge(self.apply_message(Some(message))?),
+                Err(mpsc::error::TryRecvError::Empty) => return Ok(touched),
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    return Err(RegistryError::ViewLost("watch stream ended".to_owned()));
+                }
+            }
+        }
     }
 
     /// Records writes the engine made (and etcd accepted) before their events arrive, so
@@ -299,6 +329,7 @@ impl<K: Kv> LiveView<K> {
                     touched.files = true;
                     return touched;
                 };
+                self.unreadable_files.remove(&kv.key);
                 if event.kind == EventKind::Put {
                     match parse_file(keys, kv) {
                         // Every batch of new units puts its files again, whether or not
@@ -306,13 +337,15 @@ impl<K: Kv> LiveView<K> {
                         // one). The same content again changes no unit: counting it made
                         // each batch of a template's instances replan every instance
                         // before it.
-                        Some((_, file)) if self.files.get(&hash) == Some(&file) => {
+                        Ok((_, file)) if self.files.get(&hash) == Some(&file) => {
                             return touched;
                         }
-                        Some((hash, file)) => {
+                        Ok((hash, file)) => {
                             self.files.insert(hash, file);
                         }
-                        None => {}
+                        Err(s) => {
+                            self.unreadable_files.insert(s.key.clone(), s);
+                        }
                     }
                 } else {
                     self.files.remove(&hash);
@@ -357,13 +390,13 @@ fn warn_skipped(s: &Skipped) {
     warn!(key = %s.key, error = %s.detail, "skipping unreadable registry value");
 }
 
-/// A stored file, or `None` (with a warning) when its key or text does not parse.
-fn parse_file(keys: &crate::Keys, kv: &KeyValue) -> Option<(UnitHash, UnitFile)> {
-    match read::file(keys, kv) {
-        Ok(pair) => Some(pair),
-        Err(s) => {
-            warn!(key = %s.key, error = %s.detail, "unit file unreadable; its units are left alone");
-            None
-        }
-    }
+/// A stored file, or what is wrong with it (warned about) when its key or text does not
+/// parse.
+fn parse_file(
+    keys: &crate::Keys,
+    kv: &KeyValue,
+) -> std::result::Result<(UnitHash, UnitFile), Skipped> {
+    read::file(keys, kv).inspect_err(|s| {
+        warn!(key = %s.key, error = %s.detail, "unit file unreadable; its units are left alone");
+    })
 }

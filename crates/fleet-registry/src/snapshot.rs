@@ -238,15 +238,21 @@ impl<K: Kv> Registry<K> {
         }
     }
 
+    /// The store's present revision, from a (linearizable) read of one key; `doing` names
+    /// the read in its error.
+    pub async fn present_revision(&self, doing: &'static str) -> Result<Revision> {
+        Ok(self
+            .kv()
+            .range(&self.keys().leader(), false, None)
+            .await
+            .map_err(RegistryError::kv(doing))?
+            .revision)
+    }
+
     async fn snapshot_once(&self) -> Result<Snapshot> {
         let keys = self.keys();
         // One key's read tells the present revision; everything is read at it.
-        let revision = self
-            .kv()
-            .range(&keys.leader(), false, None)
-            .await
-            .map_err(RegistryError::kv("reading snapshot"))?
-            .revision;
+        let revision = self.present_revision("reading snapshot").await?;
         // In the order `decode` expects: the NAMING prefixes first, the states at STATES.
         let prefixes = [
             keys.units(),

@@ -1,0 +1,379 @@
+//! The listing from a held view against the listing from etcd, over the same in-memory
+//! registry: the same pages, every write before a listing in it, the view dropped when
+//! nobody lists, and etcd read when the view is behind.
+
+use axum::Router;
+use axum::body::Body;
+use fleet_core::{DesiredState, MachineInfo, SystemdState, UnitFile, UnitName};
+use fleet_registry::kv::{MemKv, Txn, TxnOp};
+use fleet_registry::{MachineRole, Registry, ScheduleEntry, UnitStateRecord, UnitsRole};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use std::time::Duration;
+use tower::ServiceExt;
+
+use super::*;
+use crate::{Api, router};
+
+const IDLE: Duration = Duration::from_secs(60);
+
+struct Both {
+    registry: Registry<MemKv>,
+    held: Arc<Api<MemKv>>,
+    /// The same registry without a view: every page reads etcd.
+    plain: Router,
+    held_router: Router,
+}
+
+fn both(token_limit: u16) -> Both {
+    let registry = Registry::new(MemKv::new(), "/fleet/");
+    let held = Api::new(registry.clone(), token_limit, "9.9.9").with_held_view(IDLE);
+    let held = Arc::new(held);
+    Both {
+        plain: router(Api::new(registry.clone(), token_limit, "9.9.9")),
+        held_router: crate::routes::router_of(held.clone()),
+        held,
+        registry,
+    }
+}
+
+async fn get(router: &Router, path: &str) -> Value {
+    let req = Request::builder().uri(path).body(Body::empty()).unwrap();
+    let resp = router.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{path}");
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// Every page of `path`, the bodies in order.
+async fn pages(router: &Router, path: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut url = path.to_owned();
+    loop {
+        let body = get(router, &url).await;
+        let token = body["nextPageToken"].as_str().map(str::to_owned);
+        out.push(body);
+        let Some(token) = token else { return out };
+        let sep = if path.contains('?') { '&' } else { '?' };
+        url = format!("{path}{sep}nextPageToken={token}");
+    }
+}
+
+fn units_of(pages: &[Value]) -> Vec<Value> {
+    pages
+        .iter()
+        .flat_map(|p| p["units"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+fn names_of(pages: &[Value]) -> Vec<String> {
+    units_of(pages)
+        .iter()
+        .map(|u| u["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn skipped_of(pages: &[Value]) -> Vec<Value> {
+    let mut all: Vec<Value> = pages
+        .iter()
+        .flat_map(|p| p["skipped"].as_array().cloned().unwrap_or_default())
+        .collect();
+    all.sort_by_key(ToString::to_string);
+    all.dedup();
+    all
+}
+
+fn file(exec: &str) -> UnitFile {
+    UnitFile::parse(format!("[Unit]\nDescription=test\n\n[Service]\nExecStart={exec}\n").as_bytes())
+        .unwrap()
+}
+
+async fn create(registry: &Registry<MemKv>, name: &str, desired: DesiredState) {
+    create_running(registry, name, desired, "/bin/true").await;
+}
+
+async fn create_running(registry: &Registry<MemKv>, name: &str, desired: DesiredState, exec: &str) {
+    UnitsRole::new(registry.clone())
+        .create_unit(&name.parse().unwrap(), &file(exec), desired)
+        .await
+        .unwrap();
+}
+
+async fn put_raw(registry: &Registry<MemKv>, key: &str, value: &str) {
+    let put = TxnOp::Put {
+        key: key.to_owned(),
+        value: value.as_bytes().to_vec(),
+        lease: None,
+    };
+    let txn = Txn {
+        success: vec![put],
+        ..Txn::default()
+    };
+    registry.raw_kv().txn(txn).await.unwrap();
+}
+
+/// 30 units, every third scheduled on m1 or m2 where it runs, one unschedulable, a corrupt
+/// unit record, a corrupt state and a corrupt file.
+async fn populate(registry: &Registry<MemKv>) {
+    for i in 0..30 {
+        create(
+            registry,
+            &format!("u{i:02}.service"),
+            DesiredState::Launched,
+        )
+        .await;
+    }
+    let mut entries = Vec::new();
+    for machine in ["m1", "m2"] {
+        let info = MachineInfo {
+            id: machine.parse().unwrap(),
+            public_ip: "10.0.0.1".into(),
+            metadata: Default::default(),
+            version: "9.9.9".into(),
+            disable_engine: false,
+            api: String::new(),
+        };
+        let role = MachineRole::new(registry.clone(), info.id.clone());
+        let presence = role
+            .register(&info, Duration::from_secs(600), None)
+            .await
+            .unwrap();
+        for i in (0..30).step_by(3) {
+            let name: UnitName = format!("u{i:02}.service").parse().unwrap();
+            if (i % 2 == 0) != (machine == "m1") {
+                continue;
+            }
+            entries.push(ScheduleEntry {
+                name: name.clone(),
+                machine: info.id.clone(),
+                hash: file("/bin/true").hash(),
+                desired: DesiredState::Launched,
+                restart: 0,
+                no_restart: false,
+                placement: 0,
+            });
+            let state = UnitStateRecord {
+                name,
+                machine: info.id.clone(),
+                hash: Some(file("/bin/true").hash()),
+                systemd: SystemdState {
+                    load: "loaded".into(),
+                    active: "active".into(),
+                    sub: "running".into(),
+                },
+                drop_ins: vec![],
+                restart: 0,
+                restart_pending: false,
+            };
+            role.publish_state(&presence, &state).await.unwrap();
+        }
+    }
+    registry.write_schedule(&entries, &[]).await.unwrap();
+    let keys = registry.keys();
+    put_raw(
+        registry,
+        &keys.unscheduled(&"u01.service".parse().unwrap()),
+        "no machine",
+    )
+    .await;
+    put_raw(
+        registry,
+        &keys.units().replace("unit/", "unit/bad.service"),
+        "{",
+    )
+    .await;
+    put_raw(
+        registry,
+        &keys.state(&"m1".parse().unwrap(), &"u04.service".parse().unwrap()),
+        "{",
+    )
+    .await;
+    // A unit whose file is corrupt is left out, the file reported; a corrupt file no unit
+    // names is not read by a listing from etcd, so not reported either.
+    create_running(
+        registry,
+        "v.service",
+        DesiredState::Inactive,
+        "/bin/corrupt",
+    )
+    .await;
+    put_raw(
+        registry,
+        &keys.file(&file("/bin/corrupt").hash()),
+        "\u{0}not a unit",
+    )
+    .await;
+    put_raw(
+        registry,
+        &keys.file(&file("/bin/orphan").hash()),
+        "\u{0}no unit",
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_listing_lists_what_pages_read_from_etcd_list() {
+    for token_limit in [7, 100] {
+        let b = both(token_limit);
+        populate(&b.registry).await;
+        for path in ["/fleet/v1/units", "/fleet/v1/units?view=full"] {
+            let from_etcd = pages(&b.plain, path).await;
+            let held = pages(&b.held_router, path).await;
+            assert!(b.held.held_view().unwrap().is_held().await);
+            assert_eq!(
+                units_of(&held),
+                units_of(&from_etcd),
+                "{path} by {token_limit}"
+            );
+            assert_eq!(held.len(), from_etcd.len(), "{path} by {token_limit}");
+            assert_eq!(skipped_of(&held), skipped_of(&from_etcd), "{path}");
+        }
+        let full = skipped_of(&pages(&b.held_router, "/fleet/v1/units?view=full").await);
+        let full: Vec<String> = full.iter().map(ToString::to_string).collect();
+        assert_eq!(full.len(), 3, "{full:?}");
+        assert!(full.iter().any(|s| s.contains("/fleet/file/")), "{full:?}");
+        let whole = get(&b.held_router, "/fleet/v1/units?view=full&pageSize=0").await;
+        let paged = pages(&b.plain, "/fleet/v1/units?view=full").await;
+        assert_eq!(units_of(std::slice::from_ref(&whole)), units_of(&paged));
+        assert_eq!(skipped_of(&[whole]), skipped_of(&paged));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_listing_shows_every_write_made_before_it() {
+    let b = both(100);
+    create(&b.registry, "a.service", DesiredState::Inactive).await;
+    let first = pages(&b.held_router, "/fleet/v1/units").await;
+    assert_eq!(names_of(&first), ["a.service"]);
+    for name in ["b.service", "c.service"] {
+        create(&b.registry, name, DesiredState::Inactive).await;
+        let names = names_of(&pages(&b.held_router, "/fleet/v1/units").await);
+        assert!(names.contains(&name.to_owned()), "{names:?}");
+    }
+    let a = b
+        .registry
+        .unit(&"a.service".parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    UnitsRole::new(b.registry.clone())
+        .destroy_unit(&a)
+        .await
+        .unwrap();
+    let names = names_of(&pages(&b.held_router, "/fleet/v1/units").await);
+    assert_eq!(names, ["b.service", "c.service"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_later_page_shows_the_registry_as_its_first_page_did() {
+    let b = both(2);
+    for name in ["a.service", "b.service", "c.service", "d.service"] {
+        create(&b.registry, name, DesiredState::Inactive).await;
+    }
+    let first = get(&b.held_router, "/fleet/v1/units").await;
+    let token = first["nextPageToken"].as_str().unwrap().to_owned();
+    // Unchanged since: the next page comes from the view, at the same revision.
+    let second = get(
+        &b.held_router,
+        &format!("/fleet/v1/units?nextPageToken={token}"),
+    )
+    .await;
+    assert_eq!(names_of(&[second]), ["c.service", "d.service"]);
+    create(&b.registry, "bb.service", DesiredState::Inactive).await;
+    let again = get(
+        &b.held_router,
+        &format!("/fleet/v1/units?nextPageToken={token}"),
+    )
+    .await;
+    assert_eq!(
+        names_of(&[again]),
+        ["c.service", "d.service"],
+        "read at the first page's revision"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_view_nobody_lists_is_dropped_and_read_again_when_listed() {
+    let b = both(100);
+    create(&b.registry, "a.service", DesiredState::Inactive).await;
+    let view = b.held.held_view().unwrap();
+    assert!(!view.is_held().await, "read on the first listing only");
+    get(&b.held_router, "/fleet/v1/units").await;
+    assert!(view.is_held().await);
+    tokio::time::sleep(IDLE / 2).await;
+    get(&b.held_router, "/fleet/v1/units").await;
+    tokio::time::sleep(IDLE / 2 + APPLY_EVERY).await;
+    assert!(view.is_held().await, "listed {:?} ago", IDLE / 2);
+    tokio::time::sleep(IDLE).await;
+    assert!(
+        !view.is_held().await,
+        "dropped after {IDLE:?} without a listing"
+    );
+    create(&b.registry, "b.service", DesiredState::Inactive).await;
+    let names = names_of(&pages(&b.held_router, "/fleet/v1/units").await);
+    assert_eq!(names, ["a.service", "b.service"]);
+    assert!(view.is_held().await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_view_behind_the_present_is_not_used_and_etcd_is_read() {
+    let b = both(100);
+    create(&b.registry, "a.service", DesiredState::Inactive).await;
+    get(&b.held_router, "/fleet/v1/units").await;
+    // A write outside the registry's prefix (another user of a shared etcd) moves the
+    // present revision on, and no event of the view's watch ever reaches it.
+    put_raw(&b.registry, "/flannel/subnet", "10.1.0.0/16").await;
+    let view = b.held.held_view().unwrap();
+    let page = view
+        .units_after(&b.registry, None, 100, None)
+        .await
+        .unwrap();
+    assert_eq!(page.err(), Some(Bypass::Behind));
+    let names = names_of(&pages(&b.held_router, "/fleet/v1/units").await);
+    assert_eq!(names, ["a.service"], "from etcd");
+    // A change under the prefix brings the view past it again.
+    create(&b.registry, "b.service", DesiredState::Inactive).await;
+    let page = view
+        .units_after(&b.registry, None, 100, None)
+        .await
+        .unwrap();
+    let (listing, _) = page.expect("from the view");
+    assert_eq!(listing.units.len(), 2);
+}
+
+#[test]
+fn a_page_of_a_snapshot_starts_after_its_cursor_and_says_whether_more_follow() {
+    let mut snap = Snapshot {
+        revision: 9,
+        ..Snapshot::default()
+    };
+    let f = file("/bin/true");
+    for name in ["a.service", "b.service", "c.service"] {
+        let record = fleet_registry::UnitRecord {
+            name: name.parse().unwrap(),
+            hash: f.hash(),
+            desired: DesiredState::Inactive,
+            restart: 0,
+            replace: Default::default(),
+        };
+        let unit = Unit {
+            record,
+            mod_revision: 1,
+        };
+        snap.units.insert(name.parse().unwrap(), unit);
+    }
+    let files = BTreeMap::from([(f.hash(), f)]);
+    let names =
+        |l: &UnitListing| -> Vec<String> { l.units.iter().map(|u| u.name().to_string()).collect() };
+    let (page, next) = page_of(&snap, &files, std::iter::empty(), None, 2);
+    assert_eq!(names(&page), ["a.service", "b.service"]);
+    let next = next.unwrap();
+    assert_eq!((next.after.as_str(), next.revision), ("b.service", 9));
+    let (page, next) = page_of(&snap, &files, std::iter::empty(), Some("b.service"), 2);
+    assert_eq!(names(&page), ["c.service"]);
+    assert_eq!(next, None);
+    let (page, next) = page_of(&snap, &files, std::iter::empty(), Some("bb"), 1);
+    assert_eq!(names(&page), ["c.service"]);
+    assert_eq!(next, None, "nothing after the last");
+}
