@@ -34,7 +34,11 @@ impl Env {
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join("fleet.sock");
         let registry = Registry::new(etcd.kv().await, API_PREFIX);
-        let router = fleet_api::router(fleet_api::Api::new(registry, 100, "test"));
+        let router = fleet_api::router(
+            // As fleetd serves it: unit listings from its held view.
+            fleet_api::Api::new(registry, 100, "test")
+                .with_held_view(fleet_api::held::HELD_VIEW_IDLE),
+        );
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         tokio::spawn(fleet_api::serve(
@@ -216,7 +220,10 @@ async fn serve_tls(env: &Env, certs: &TestCerts) -> std::net::SocketAddr {
         .unwrap();
     let addr = listener.local_addr().unwrap();
     let registry = Registry::new(env.etcd.kv().await, API_PREFIX);
-    let router = fleet_api::router(fleet_api::Api::new(registry, 100, "test"));
+    let router = fleet_api::router(
+        // As fleetd serves it: unit listings from its held view.
+        fleet_api::Api::new(registry, 100, "test").with_held_view(fleet_api::held::HELD_VIEW_IDLE),
+    );
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {

@@ -78,7 +78,11 @@ impl Over {
             rt.block_on(async move {
                 let kv = EtcdKv::connect(&config).await.unwrap();
                 let registry = Registry::new(kv, fleet_registry::DEFAULT_PREFIX);
-                let router = fleet_api::router(fleet_api::Api::new(registry, 100, "test"));
+                let router = fleet_api::router(
+                    // As fleetd serves it: unit listings from its held view.
+                    fleet_api::Api::new(registry, 100, "test")
+                        .with_held_view(fleet_api::held::HELD_VIEW_IDLE),
+                );
                 let listener = tokio::net::UnixListener::bind(&at).unwrap();
                 ready_tx.send(()).unwrap();
                 fleet_api::serve(fleet_api::Listener::Unix(listener), router, shutdown).await;
