@@ -11,28 +11,35 @@
 //!   [`CATCH_UP_WITHIN`]. A listing so sees every write that finished before it began, as a
 //!   read of etcd would. A view still behind after that (a burst of changes, or writes
 //!   outside the registry's prefix in a shared etcd, which no event of this watch ever
-//!   reaches) is not used: the listing reads its page from etcd, as without a view.
+//!   reaches) is not used: the listing reads its page from etcd, as without a view, and
+//!   later listings wait only [`CATCH_UP_STALLED`] until the view moves on. (etcd's progress
+//!   notifications would tell a quiet prefix from a lagging watch, but etcd before 3.4.24,
+//!   Debian 12's 3.4.23 among them, may send one ahead of a lagging watcher's events:
+//!   etcd-io/etcd#15220.)
 //! - **One revision.** The first page is the view at its revision, which its cursor
 //!   carries. A later page comes from the view only while the view is still at that
 //!   revision, else from etcd at it, as without a view: every page of a listing shows the
-//!   registry as it was at its first. The full view's whole listing (`pageSize=0`, what
-//!   fleetctl asks) is one page.
-//! - **Only while used.** The view is read on the first listing and dropped after
+//!   registry as it was at its first. The full view's whole listing (`pageSize=0`) is one
+//!   page. fleetctl asks for pages of 65,535, each of which costs the same from etcd at any
+//!   size of the registry.
+//! - **Only while used.** The view is read on the first listing (which waits for it at most
+//!   [`START_WAIT`], then reads its page from etcd) and dropped after
 //!   [`HeldView::new`]'s `idle` without one, so a fleetd whose API nobody lists holds no
 //!   copy of the registry and no watch of all of it. Between listings a task applies what
 //!   the watch delivered every [`APPLY_EVERY`], so the backlog stays small.
 //! - **Failing open to etcd.** A view that cannot be read (etcd down, a permission) or that
 //!   stops following (its watch broke, a compaction) is dropped and the listing reads its
-//!   page from etcd, which reports the failure if there is one; a view that could not be
-//!   read is not tried again for [`RETRY_AFTER`].
+//!   page from etcd, which reports the failure if there is one; no view is read again for
+//!   [`RETRY_AFTER`]. A view is read by a task of its own, so a client that gives up does not
+//!   waste the read, and listings meanwhile read etcd.
 
-use fleet_core::{UnitFile, UnitHash};
+use fleet_core::{UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::{Kv, Revision};
 use fleet_registry::{Key, LiveView, Registry, RegistryError, Skipped, Snapshot, Unit};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, oneshot};
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, info, warn};
 
@@ -46,6 +53,14 @@ pub const HELD_VIEW_IDLE: Duration = Duration::from_secs(300);
 /// How long a listing waits for the view to apply the changes up to the present revision
 /// before it reads its page from etcd instead.
 pub const CATCH_UP_WITHIN: Duration = Duration::from_millis(500);
+
+/// How long a listing waits for a view that has not moved since a listing last waited for
+/// it in vain (writes outside the prefix keep the present ahead of it).
+pub const CATCH_UP_STALLED: Duration = Duration::from_millis(50);
+
+/// How long the listing that starts reading the view waits for it before reading its page
+/// from etcd (the view goes on being read).
+pub const START_WAIT: Duration = Duration::from_secs(1);
 
 /// How often the view applies what its watch delivered while nobody lists.
 pub const APPLY_EVERY: Duration = Duration::from_secs(1);
@@ -66,21 +81,39 @@ struct Held<K> {
     /// Which view the applying task serves: a task of a dropped view ends.
     generation: u64,
     used: Instant,
-    /// When a view could be read again after one could not.
+    /// A view is being read (by a task of its own, which a listing that gave up does not
+    /// cancel).
+    starting: bool,
+    /// When a view may be read again after one could not be read or stopped following.
     retry_at: Option<Instant>,
+    /// The view's revision when a listing last waited in vain for it to reach the present:
+    /// until the view moves on, listings read etcd without waiting again.
+    stalled_at: Option<Revision>,
 }
 
 /// Why a listing does not come from the view (the caller reads etcd).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bypass {
-    /// The view could not be read, now or less than [`RETRY_AFTER`] ago.
+    /// The view could not be read, or stopped following, less than [`RETRY_AFTER`] ago.
     Unreadable,
+    /// The view is being read (for longer than [`START_WAIT`], for the listing that
+    /// started reading it).
+    Starting,
     /// The view stopped following the registry and was dropped.
     Lost,
-    /// The view had not applied the present revision within [`CATCH_UP_WITHIN`].
+    /// The view had not applied the present revision within [`CATCH_UP_WITHIN`] (or has not
+    /// moved since a listing last waited for it in vain).
     Behind,
     /// The registry changed since the revision the page was asked at.
     Moved,
+}
+
+/// Which units' unreadable values a page reports: those of its own units, or, for the whole
+/// listing, everything the registry could not read, as one snapshot's listing reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    Page,
+    Whole,
 }
 
 impl<K: Kv> HeldView<K> {
@@ -92,7 +125,9 @@ impl<K: Kv> HeldView<K> {
                 view: None,
                 generation: 0,
                 used: Instant::now(),
+                starting: false,
                 retry_at: None,
+                stalled_at: None,
             })),
         }
     }
@@ -103,22 +138,42 @@ impl<K: Kv> HeldView<K> {
     }
 
     /// At most `limit` units after `cursor` (from the first without one), from the view once
-    /// it has applied the present revision, and only if it is then `at` that revision when
-    /// one is asked (a later page of a listing); why not, when it cannot serve the page.
-    /// Reading the present revision is the one error.
+    /// it has applied the present revision, and only if the present is `at` when one is
+    /// asked (a later page of a listing); why not, when it cannot serve the page. Reading
+    /// the present revision is the one error.
     pub async fn units_after(
         &self,
         registry: &Registry<K>,
         cursor: Option<&UnitsCursor>,
         limit: usize,
         at: Option<Revision>,
+        report: Report,
     ) -> Result<Result<(UnitListing, Option<UnitsCursor>), Bypass>, OpsError> {
         let present = registry
             .present_revision("reading the present revision for a listing")
             .await?;
+        // The view is never behind the present it caught up with: a later page asked at an
+        // older revision cannot come from it.
+        if at.is_some_and(|at| at != present) {
+            return Ok(Err(Bypass::Moved));
+        }
         let mut held = self.held.lock().await;
         held.used = Instant::now();
-        if let Err(bypass) = self.caught_up(&mut held, registry, present).await {
+        if held.view.is_none() {
+            let started = match self.start(&mut held, registry) {
+                Ok(started) => started,
+                Err(bypass) => return Ok(Err(bypass)),
+            };
+            // Not under the lock: listings meanwhile read etcd. A view slow to read (a
+            // million units) is left to its task, and this page read from etcd, so that a
+            // page never costs more than its own keys plus START_WAIT.
+            drop(held);
+            if tokio::time::timeout(START_WAIT, started).await.is_err() {
+                return Ok(Err(Bypass::Starting));
+            }
+            held = self.held.lock().await;
+        }
+        if let Err(bypass) = caught_up(&mut held, present).await {
             return Ok(Err(bypass));
         }
         let Some(view) = &held.view else {
@@ -134,21 +189,33 @@ impl<K: Kv> HeldView<K> {
             view.unreadable_files(),
             after,
             limit,
+            report,
         )))
     }
 
-    /// Reads the view if none is held, then applies its changes up to `present`.
-    async fn caught_up(
+    /// Starts reading a view in a task of its own, which installs it; the receiver hears
+    /// when it is done (read or not).
+    fn start(
         &self,
         held: &mut Held<K>,
         registry: &Registry<K>,
-        present: Revision,
-    ) -> Result<(), Bypass> {
-        if held.view.is_none() {
-            if held.retry_at.is_some_and(|at| Instant::now() < at) {
-                return Err(Bypass::Unreadable);
-            }
-            match LiveView::start(registry.clone()).await {
+    ) -> Result<oneshot::Receiver<()>, Bypass> {
+        if held.starting {
+            return Err(Bypass::Starting);
+        }
+        if held.retry_at.is_some_and(|at| Instant::now() < at) {
+            return Err(Bypass::Unreadable);
+        }
+        held.starting = true;
+        let (done, started) = oneshot::channel();
+        let shared = self.held.clone();
+        let registry = registry.clone();
+        let idle = self.idle;
+        let task = async move {
+            let read = LiveView::start(registry).await;
+            let mut held = shared.lock().await;
+            held.starting = false;
+            match read {
                 Ok(view) => {
                     debug!(
                         revision = view.revision(),
@@ -158,87 +225,121 @@ impl<K: Kv> HeldView<K> {
                     held.view = Some(view);
                     held.generation += 1;
                     held.retry_at = None;
-                    self.apply_while_held(held.generation);
+                    held.stalled_at = None;
+                    apply_while_held(&shared, held.generation, idle);
                 }
                 Err(error) => {
                     warn!(%error, retry_in = ?RETRY_AFTER, "cannot read the registry's view for listings; listing from etcd");
                     held.retry_at = Some(Instant::now() + RETRY_AFTER);
-                    return Err(Bypass::Unreadable);
                 }
             }
-        }
-        let Some(view) = held.view.as_mut() else {
-            return Err(Bypass::Lost);
+            let _ = done.send(());
         };
-        let follow = async {
-            view.catch_up()?;
-            while view.revision() < present {
-                view.changed().await?;
-            }
-            Ok::<_, RegistryError>(())
-        };
-        match tokio::time::timeout(CATCH_UP_WITHIN, follow).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => {
-                info!(%error, "the listings' view stopped following the registry; dropped");
-                held.view = None;
-                Err(Bypass::Lost)
-            }
-            Err(_) => {
-                debug!(
-                    view = view.revision(),
-                    present, "the listings' view is behind the present; listing from etcd"
-                );
-                Err(Bypass::Behind)
-            }
-        }
+        tokio::spawn(task.instrument(held_span()));
+        Ok(started)
     }
+}
 
-    /// Applies what the watch delivers every [`APPLY_EVERY`] while view `generation` is held
-    /// and listed; drops it after `idle` without a listing.
-    fn apply_while_held(&self, generation: u64) {
-        let held: Weak<Mutex<Held<K>>> = Arc::downgrade(&self.held);
-        let idle = self.idle;
-        let task = async move {
-            let mut tick = tokio::time::interval(APPLY_EVERY);
-            tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let Some(held) = held.upgrade() else { return };
-                let mut held = held.lock().await;
-                if held.generation != generation {
-                    return;
-                }
-                if held.used.elapsed() >= idle {
-                    debug!(idle = ?idle, "no listing for a while: the listings' view is dropped");
-                    held.view = None;
-                    return;
-                }
-                let Some(view) = held.view.as_mut() else {
-                    return;
-                };
-                if let Err(error) = view.catch_up() {
-                    info!(%error, "the listings' view stopped following the registry; dropped");
-                    held.view = None;
-                    return;
-                }
-            }
-        };
-        tokio::spawn(task.in_current_span());
+/// The span of the view's own tasks: not the request's that happened to start them.
+fn held_span() -> tracing::Span {
+    tracing::debug_span!(parent: None, "listings_view")
+}
+
+/// Applies the view's changes up to `present`, waiting for them at most
+/// [`CATCH_UP_WITHIN`], unless a listing already waited in vain at the view's revision.
+async fn caught_up<K: Kv>(held: &mut Held<K>, present: Revision) -> Result<(), Bypass> {
+    let stalled_at = held.stalled_at;
+    let Some(view) = held.view.as_mut() else {
+        return Err(Bypass::Lost);
+    };
+    if let Err(error) = view.catch_up() {
+        return Err(lost(held, &error));
     }
+    // A view that did not move since a listing waited for it in vain is given only as long
+    // as a write's event takes to arrive.
+    let within = match stalled_at {
+        Some(at) if at == view.revision() => CATCH_UP_STALLED,
+        Some(_) | None => CATCH_UP_WITHIN,
+    };
+    let follow = async {
+        while view.revision() < present {
+            view.changed().await?;
+        }
+        Ok::<_, RegistryError>(())
+    };
+    let caught = tokio::time::timeout(within, follow).await;
+    let revision = view.revision();
+    match caught {
+        Ok(Ok(())) => {
+            held.stalled_at = None;
+            Ok(())
+        }
+        Ok(Err(error)) => Err(lost(held, &error)),
+        Err(_) => {
+            debug!(
+                view = revision,
+                present, "the listings' view is behind the present; listing from etcd"
+            );
+            held.stalled_at = Some(revision);
+            Err(Bypass::Behind)
+        }
+    }
+}
+
+/// Drops a view that stopped following; none is read again for [`RETRY_AFTER`].
+fn lost<K>(held: &mut Held<K>, error: &RegistryError) -> Bypass {
+    info!(%error, retry_in = ?RETRY_AFTER, "the listings' view stopped following the registry; dropped");
+    held.view = None;
+    held.retry_at = Some(Instant::now() + RETRY_AFTER);
+    Bypass::Lost
+}
+
+/// Applies what the watch delivers every [`APPLY_EVERY`] while view `generation` is held
+/// and listed; drops it after `idle` without a listing.
+fn apply_while_held<K: Kv>(shared: &Arc<Mutex<Held<K>>>, generation: u64, idle: Duration) {
+    let held: Weak<Mutex<Held<K>>> = Arc::downgrade(shared);
+    let task = async move {
+        let mut tick = tokio::time::interval(APPLY_EVERY);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let Some(held) = held.upgrade() else { return };
+            let mut held = held.lock().await;
+            if held.generation != generation {
+                return;
+            }
+            if held.used.elapsed() >= idle {
+                debug!(idle = ?idle, "no listing for a while: the listings' view is dropped");
+                held.view = None;
+                return;
+            }
+            let Some(view) = held.view.as_mut() else {
+                return;
+            };
+            if let Err(error) = view.catch_up() {
+                lost(&mut held, &error);
+                return;
+            }
+        }
+    };
+    tokio::spawn(task.instrument(held_span()));
 }
 
 /// At most `limit` units of `snap` after the unit named `after` (from the first without
 /// one), with the cursor of the next page when more follow. A unit whose file is not in
-/// `files` is left out, as a corrupt record is; the first page carries everything the view
-/// could not read (`snap.skipped`, and the `unreadable` files a unit names).
+/// `files` is left out, as a corrupt record is. What could not be read is reported as a
+/// listing from etcd reports it (`report`): a page, the values of its own units' keys (its
+/// records, schedule entries, states, reasons and files; a key naming nothing, on the
+/// first page); the whole listing, everything (`snap.skipped`, and the `unreadable` files
+/// a unit names).
 pub fn page_of<'a>(
     snap: &'a Snapshot,
     files: &BTreeMap<UnitHash, UnitFile>,
     unreadable: impl Iterator<Item = &'a Skipped>,
     after: Option<&str>,
     limit: usize,
+    report: Report,
 ) -> (UnitListing, Option<UnitsCursor>) {
     let mut rest = snap
         .units
@@ -250,25 +351,42 @@ pub fn page_of<'a>(
         .iter()
         .filter_map(|u| Some(views::unit_view(snap, u, files.get(&u.hash())?)))
         .collect();
-    let skipped = match after {
-        None => {
-            // Only the files some unit names, as a listing from etcd reads only those.
-            let mut unreadable = unreadable.peekable();
-            let named: BTreeSet<UnitHash> = match unreadable.peek() {
-                Some(_) => snap.units.values().map(Unit::hash).collect(),
-                None => BTreeSet::new(),
-            };
-            let unreadable = unreadable.filter(
-                |s| matches!(s.named.as_deref(), Some(Key::File(hash)) if named.contains(hash)),
-            );
-            snap.skipped
-                .values()
-                .chain(unreadable)
-                .map(ToString::to_string)
-                .collect()
-        }
-        Some(_) => Vec::new(),
+    // The page's names: after `after`, up to its last unit (to the end on the last page).
+    let last = page.last().filter(|_| more).map(|u| u.name().as_str());
+    let on_page = |name: &UnitName| {
+        after.is_none_or(|a| name.as_str() > a) && last.is_none_or(|l| name.as_str() <= l)
     };
+    let first = after.is_none();
+    let reported = |s: &&Skipped| match (report, s.named.as_deref()) {
+        (Report::Whole, _) => true,
+        (
+            Report::Page,
+            Some(
+                Key::Unit(name)
+                | Key::Schedule { unit: name, .. }
+                | Key::State { unit: name, .. }
+                | Key::Unscheduled(name),
+            ),
+        ) => on_page(name),
+        (Report::Page, Some(_)) => false,
+        (Report::Page, None) => first,
+    };
+    // Only the files some listed unit names, as a listing from etcd reads only those.
+    let mut unreadable = unreadable.peekable();
+    let named: BTreeSet<UnitHash> = match (unreadable.peek(), report) {
+        (None, _) => BTreeSet::new(),
+        (Some(_), Report::Page) => page.iter().map(|u| u.hash()).collect(),
+        (Some(_), Report::Whole) => snap.units.values().map(Unit::hash).collect(),
+    };
+    let unreadable = unreadable
+        .filter(|s| matches!(s.named.as_deref(), Some(Key::File(hash)) if named.contains(hash)));
+    let skipped = snap
+        .skipped
+        .values()
+        .filter(reported)
+        .chain(unreadable)
+        .map(ToString::to_string)
+        .collect();
     let next = page.last().filter(|_| more).map(|u| UnitsCursor {
         after: u.name().to_string(),
         revision: snap.revision,

@@ -24,7 +24,7 @@ use crate::authz::{self, Action, Peer, Principal, Refusal, Role, Roles};
 use crate::discovery;
 use crate::entity;
 use crate::error::{ApiError, json_response};
-use crate::held::HeldView;
+use crate::held::{HeldView, Report};
 use crate::maintenance;
 use crate::metrics::{self, Metrics};
 use crate::ops::metadata_changes;
@@ -425,6 +425,7 @@ async fn list_units<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiE
                     cursor.as_ref(),
                     take,
                     cursor.as_ref().map(|c| c.revision),
+                    Report::Page,
                 )
                 .await?
                 .ok(),
@@ -458,7 +459,13 @@ async fn whole_units<K: Kv>(
 ) -> Result<Response, ApiError> {
     let held = match (&api.held, names) {
         (Some(held), None) => held
-            .units_after(api.cluster.registry(), None, usize::MAX, None)
+            .units_after(
+                api.cluster.registry(),
+                None,
+                usize::MAX,
+                None,
+                Report::Whole,
+            )
             .await?
             .ok()
             .map(|(listing, _)| listing),

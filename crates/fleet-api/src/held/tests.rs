@@ -228,6 +228,12 @@ async fn a_held_listing_lists_what_pages_read_from_etcd_list() {
             );
             assert_eq!(held.len(), from_etcd.len(), "{path} by {token_limit}");
             assert_eq!(skipped_of(&held), skipped_of(&from_etcd), "{path}");
+            // Each value on one page only, as etcd's pages report their own keys.
+            let reported: usize = held
+                .iter()
+                .map(|p| p["skipped"].as_array().map_or(0, Vec::len))
+                .sum();
+            assert_eq!(reported, skipped_of(&held).len(), "{path} by {token_limit}");
         }
         let full = skipped_of(&pages(&b.held_router, "/fleet/v1/units?view=full").await);
         let full: Vec<String> = full.iter().map(ToString::to_string).collect();
@@ -326,20 +332,53 @@ async fn a_view_behind_the_present_is_not_used_and_etcd_is_read() {
     put_raw(&b.registry, "/flannel/subnet", "10.1.0.0/16").await;
     let view = b.held.held_view().unwrap();
     let page = view
-        .units_after(&b.registry, None, 100, None)
+        .units_after(&b.registry, None, 100, None, Report::Page)
         .await
         .unwrap();
     assert_eq!(page.err(), Some(Bypass::Behind));
     let names = names_of(&pages(&b.held_router, "/fleet/v1/units").await);
     assert_eq!(names, ["a.service"], "from etcd");
+    // Waited in vain once: until the view moves, a listing gives it only a moment.
+    let t0 = tokio::time::Instant::now();
+    let page = view
+        .units_after(&b.registry, None, 100, None, Report::Page)
+        .await
+        .unwrap();
+    assert_eq!(page.err(), Some(Bypass::Behind));
+    assert_eq!(t0.elapsed(), CATCH_UP_STALLED);
     // A change under the prefix brings the view past it again.
     create(&b.registry, "b.service", DesiredState::Inactive).await;
     let page = view
-        .units_after(&b.registry, None, 100, None)
+        .units_after(&b.registry, None, 100, None, Report::Page)
         .await
         .unwrap();
     let (listing, _) = page.expect("from the view");
     assert_eq!(listing.units.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_view_is_read_to_the_end_when_the_listing_that_asked_gives_up() {
+    let b = both(100);
+    create(&b.registry, "a.service", DesiredState::Inactive).await;
+    let view = b.held.held_view().unwrap();
+    let gave_up = tokio::time::timeout(
+        Duration::ZERO,
+        view.units_after(&b.registry, None, 100, None, Report::Page),
+    )
+    .await;
+    assert!(gave_up.is_err(), "dropped before its answer");
+    for _ in 0..100 {
+        if view.is_held().await {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(view.is_held().await, "read by its own task");
+    let page = view
+        .units_after(&b.registry, None, 100, None, Report::Page)
+        .await
+        .unwrap();
+    assert_eq!(page.map(|(l, _)| l.units.len()).ok(), Some(1));
 }
 
 #[test]
@@ -366,14 +405,28 @@ fn a_page_of_a_snapshot_starts_after_its_cursor_and_says_whether_more_follow() {
     let files = BTreeMap::from([(f.hash(), f)]);
     let names =
         |l: &UnitListing| -> Vec<String> { l.units.iter().map(|u| u.name().to_string()).collect() };
-    let (page, next) = page_of(&snap, &files, std::iter::empty(), None, 2);
+    let (page, next) = page_of(&snap, &files, std::iter::empty(), None, 2, Report::Page);
     assert_eq!(names(&page), ["a.service", "b.service"]);
     let next = next.unwrap();
     assert_eq!((next.after.as_str(), next.revision), ("b.service", 9));
-    let (page, next) = page_of(&snap, &files, std::iter::empty(), Some("b.service"), 2);
+    let (page, next) = page_of(
+        &snap,
+        &files,
+        std::iter::empty(),
+        Some("b.service"),
+        2,
+        Report::Page,
+    );
     assert_eq!(names(&page), ["c.service"]);
     assert_eq!(next, None);
-    let (page, next) = page_of(&snap, &files, std::iter::empty(), Some("bb"), 1);
+    let (page, next) = page_of(
+        &snap,
+        &files,
+        std::iter::empty(),
+        Some("bb"),
+        1,
+        Report::Page,
+    );
     assert_eq!(names(&page), ["c.service"]);
     assert_eq!(next, None, "nothing after the last");
 }
