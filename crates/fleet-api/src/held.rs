@@ -108,6 +108,19 @@ pub enum Bypass {
     Moved,
 }
 
+impl Bypass {
+    /// The metric label of a page read from etcd for this reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bypass::Unreadable => "unreadable",
+            Bypass::Starting => "starting",
+            Bypass::Lost => "lost",
+            Bypass::Behind => "behind",
+            Bypass::Moved => "moved",
+        }
+    }
+}
+
 /// Which units' unreadable values a page reports: those of its own units, or, for the whole
 /// listing, everything the registry could not read, as one snapshot's listing reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -73,6 +73,11 @@ struct RouteLabels {
     route: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServedLabels {
+    served: &'static str,
+}
+
 type Latency = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
 /// 0.5 ms to about 16 s.
@@ -86,6 +91,7 @@ fn latency() -> Histogram {
 pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     duration: Latency,
+    held_pages: Family<ServedLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -93,6 +99,7 @@ impl Default for Metrics {
         Metrics {
             requests: Family::default(),
             duration: Latency::new_with_constructor(latency),
+            held_pages: Family::default(),
         }
     }
 }
@@ -112,7 +119,26 @@ impl Metrics {
             Unit::Seconds,
             m.duration.clone(),
         );
+        registry.register(
+            "held_view_pages",
+            "Pages of the unit listing asked of the held view, by what served them: `view`, or why etcd did (`unreadable`, `starting`, `lost`, `behind`, `moved`)",
+            m.held_pages.clone(),
+        );
         m
+    }
+
+    /// One page of the unit listing asked of the held view, served as `served` says.
+    pub(crate) fn held_page(&self, served: &'static str) {
+        self.held_pages
+            .get_or_create(&ServedLabels { served })
+            .inc();
+    }
+
+    /// Pages counted by [`held_page`](Self::held_page) as `served` (for tests).
+    pub fn held_pages(&self, served: &'static str) -> u64 {
+        self.held_pages
+            .get_or_create(&ServedLabels { served })
+            .get()
     }
 
     pub(crate) fn answered(

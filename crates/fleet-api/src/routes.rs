@@ -88,6 +88,25 @@ impl<K: Kv> Api<K> {
         self
     }
 
+    /// A page the held view served, counted by what served it.
+    fn served<T>(&self, page: Result<T, crate::held::Bypass>) -> Option<T> {
+        match page {
+            Ok(page) => {
+                self.metrics.held_page("view");
+                Some(page)
+            }
+            Err(bypass) => {
+                self.metrics.held_page(bypass.as_str());
+                None
+            }
+        }
+    }
+
+    /// The metrics this API counts into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// The held view of [`with_held_view`](Self::with_held_view).
     pub fn held_view(&self) -> Option<&HeldView<K>> {
         self.held.as_ref()
@@ -419,16 +438,16 @@ async fn list_units<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiE
         let held = match &api.held {
             // A later page comes from the view only while it is at the first page's
             // revision: every page of a listing shows the registry at one revision.
-            Some(held) => held
-                .units_after(
+            Some(held) => api.served(
+                held.units_after(
                     api.cluster.registry(),
                     cursor.as_ref(),
                     take,
                     cursor.as_ref().map(|c| c.revision),
                     Report::Page,
                 )
-                .await?
-                .ok(),
+                .await?,
+            ),
             None => None,
         };
         let (listing, next) = match held {
@@ -458,16 +477,17 @@ async fn whole_units<K: Kv>(
     names: Option<&BTreeSet<UnitName>>,
 ) -> Result<Response, ApiError> {
     let held = match (&api.held, names) {
-        (Some(held), None) => held
-            .units_after(
-                api.cluster.registry(),
-                None,
-                usize::MAX,
-                None,
-                Report::Whole,
+        (Some(held), None) => api
+            .served(
+                held.units_after(
+                    api.cluster.registry(),
+                    None,
+                    usize::MAX,
+                    None,
+                    Report::Whole,
+                )
+                .await?,
             )
-            .await?
-            .ok()
             .map(|(listing, _)| listing),
         _ => None,
     };

@@ -338,6 +338,11 @@ async fn a_view_behind_the_present_is_not_used_and_etcd_is_read() {
     assert_eq!(page.err(), Some(Bypass::Behind));
     let names = names_of(&pages(&b.held_router, "/fleet/v1/units").await);
     assert_eq!(names, ["a.service"], "from etcd");
+    let metrics = b.held.metrics();
+    assert_eq!(
+        (metrics.held_pages("view"), metrics.held_pages("behind")),
+        (1, 1)
+    );
     // Waited in vain once: until the view moves, a listing gives it only a moment.
     let t0 = tokio::time::Instant::now();
     let page = view
