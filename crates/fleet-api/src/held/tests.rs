@@ -435,3 +435,66 @@ fn a_page_of_a_snapshot_starts_after_its_cursor_and_says_whether_more_follow() {
     assert_eq!(names(&page), ["c.service"]);
     assert_eq!(next, None, "nothing after the last");
 }
+
+/// Makes every watch take `delay` to be created: a view slow to read.
+#[derive(Debug, Clone)]
+struct SlowWatch {
+    delay: Duration,
+}
+
+impl fleet_registry::kv::Hook for SlowWatch {
+    async fn before(
+        &self,
+        request: fleet_registry::kv::Request<'_>,
+    ) -> Result<(), fleet_registry::kv::KvError> {
+        if matches!(request, fleet_registry::kv::Request::Watch { .. }) {
+            tokio::time::sleep(self.delay).await;
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_listing_waits_for_a_slow_view_at_most_start_wait_and_reads_etcd() {
+    let kv = fleet_registry::kv::Hooked {
+        inner: MemKv::new(),
+        hook: SlowWatch {
+            delay: START_WAIT * 5,
+        },
+    };
+    let registry = Registry::new(kv, "/fleet/");
+    UnitsRole::new(registry.clone())
+        .create_unit(
+            &"a.service".parse().unwrap(),
+            &file("/bin/true"),
+            DesiredState::Inactive,
+        )
+        .await
+        .unwrap();
+    let api = Arc::new(Api::new(registry.clone(), 100, "9.9.9").with_held_view(IDLE));
+    let router = crate::routes::router_of(api.clone());
+    let t0 = tokio::time::Instant::now();
+    let listed = pages(&router, "/fleet/v1/units").await;
+    assert_eq!(names_of(&listed), ["a.service"], "read from etcd");
+    assert_eq!(t0.elapsed(), START_WAIT);
+    // Meanwhile listings read etcd without waiting.
+    let t1 = tokio::time::Instant::now();
+    assert_eq!(
+        names_of(&pages(&router, "/fleet/v1/units").await),
+        ["a.service"]
+    );
+    assert_eq!(t1.elapsed(), Duration::ZERO);
+    let metrics = api.metrics();
+    assert_eq!(
+        (metrics.held_pages("starting"), metrics.held_pages("view")),
+        (2, 0)
+    );
+    // The view's read went on: once it is in, listings come from it.
+    tokio::time::sleep(START_WAIT * 5).await;
+    assert!(api.held_view().unwrap().is_held().await);
+    assert_eq!(
+        names_of(&pages(&router, "/fleet/v1/units").await),
+        ["a.service"]
+    );
+    assert_eq!(metrics.held_pages("view"), 1);
+}
