@@ -232,8 +232,10 @@ pub fn build<K: Kv>(
     metrics: &crate::metrics::Metrics,
 ) -> Api<K> {
     let mut api = Api::new(registry, config.token_limit, version)
-        .with_metrics(metrics.api.clone(), metrics.exposed.clone())
-        .with_held_view(fleet_api::held::HELD_VIEW_IDLE);
+        .with_metrics(metrics.api.clone(), metrics.exposed.clone());
+    if config.held_view {
+        api = api.with_held_view(fleet_api::held::HELD_VIEW_IDLE);
+    }
     // With TLS, a certificate has the role the config gives it, and none by default; the
     // unix socket and plain TCP (only without TLS) are admin.
     if config.tls.is_some() {
@@ -295,6 +297,7 @@ mod tests {
             advertise: Advertise::Derived,
             roles: Default::default(),
             socket_access: SocketAccess::default(),
+            held_view: true,
         }
     }
 

@@ -461,6 +461,10 @@ pub const KEYS: &[Key] = &[
         "api_socket_mode",
         "octal mode of the API's unix sockets fleetd makes [default: 0660]",
     ),
+    Key::api(
+        "api_held_view",
+        "serve the listing of every unit from a view of the registry held while listings come (false: every page reads etcd) [default: true]",
+    ),
     // fleetd always watches; a periodic resync is there anyway (docs/agent.md).
     Key::ignored("disable_watches"),
     Key::ignored("verify_units"),

@@ -23,6 +23,9 @@
 //!   that group exists, else the socket keeps fleetd's own, root's) and mode (octal, default
 //!   0660) of the unix sockets fleetd makes. Sockets systemd passes keep the `.socket` unit's
 //!   `SocketGroup=`/`SocketMode=`.
+//! - `api_held_view`: the listing of every unit is served from a view of the registry the
+//!   API holds while listings come (`fleet_api::held`; default true); false: every page
+//!   reads etcd, and no fleetd holds a copy of the registry for its API.
 
 use anyhow::{Result, anyhow};
 use std::collections::BTreeMap;
@@ -61,6 +64,8 @@ pub struct ApiConfig {
     pub roles: Roles,
     /// The unix sockets' owner group and mode.
     pub socket_access: SocketAccess,
+    /// Whether unit listings come from a held view of the registry.
+    pub held_view: bool,
 }
 
 /// Who may use the unix sockets fleetd makes.
@@ -193,6 +198,11 @@ pub fn build(raw: &BTreeMap<String, Raw>) -> Result<ApiConfig> {
                 .ok_or_else(|| err("api_socket_mode", r, "expected an octal mode like 0660"))?,
         },
     };
+    let held_view = match raw.get("api_held_view") {
+        None => true,
+        Some(r) => super::parse_bool(&r.value)
+            .ok_or_else(|| err("api_held_view", r, "expected true or false"))?,
+    };
     Ok(ApiConfig {
         token_limit,
         socket,
@@ -201,6 +211,7 @@ pub fn build(raw: &BTreeMap<String, Raw>) -> Result<ApiConfig> {
         advertise,
         roles,
         socket_access,
+        held_view,
     })
 }
 
@@ -341,6 +352,18 @@ mod tests {
         assert_eq!(c.socket, Some(PathBuf::from("/var/run/fleet.sock")));
         assert!(c.listen.is_empty());
         assert_eq!(build(&raw(&[("api_socket", "")])).unwrap().socket, None);
+        assert!(c.held_view);
+    }
+
+    #[test]
+    fn the_held_view_can_be_turned_off_and_a_bad_value_is_refused() {
+        let off = build(&raw(&[("api_held_view", "false")])).unwrap();
+        assert!(!off.held_view);
+        let err = build(&raw(&[("api_held_view", "sometimes")])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid api_held_view \"sometimes\" (test): expected true or false"
+        );
     }
 
     #[test]
