@@ -109,7 +109,7 @@ fn options(exec: &str) -> Value {
     ])
 }
 
-fn file(exec: &str) -> UnitFile {
+pub(crate) fn file(exec: &str) -> UnitFile {
     UnitFile::parse(format!("[Unit]\nDescription=test\n\n[Service]\nExecStart={exec}\n").as_bytes())
         .unwrap()
 }
@@ -740,22 +740,42 @@ async fn cluster(f: &Fixture) {
             .await
             .unwrap();
         for unit in ["a.service", "b.service"] {
-            let state = UnitStateRecord {
-                name: unit.parse().unwrap(),
-                machine: info.id.clone(),
-                hash: Some(file("/bin/true").hash()),
-                systemd: SystemdState {
-                    load: "loaded".into(),
-                    active: "active".into(),
-                    sub: "running".into(),
-                },
-                drop_ins: vec![],
-                restart: 0,
-                restart_pending: false,
-            };
+            let state = running(unit.parse().unwrap(), info.id.clone());
             role.publish_state(&presence, &state).await.unwrap();
         }
     }
+}
+
+/// `name` running on `machine` with `file("/bin/true")`, as its agent publishes it.
+pub(crate) fn running(name: UnitName, machine: fleet_core::MachineId) -> UnitStateRecord {
+    UnitStateRecord {
+        name,
+        machine,
+        hash: Some(file("/bin/true").hash()),
+        systemd: SystemdState {
+            load: "loaded".into(),
+            active: "active".into(),
+            sub: "running".into(),
+        },
+        drop_ins: vec![],
+        restart: 0,
+        restart_pending: false,
+    }
+}
+
+/// `value` at `key` as is, past every check (a corrupt value, another user's key).
+pub(crate) async fn put_raw(registry: &Registry<MemKv>, key: &str, value: &str) {
+    use fleet_registry::kv::{Kv, Txn, TxnOp};
+    let put = TxnOp::Put {
+        key: key.to_owned(),
+        value: value.as_bytes().to_vec(),
+        lease: None,
+    };
+    let txn = Txn {
+        success: vec![put],
+        ..Txn::default()
+    };
+    registry.raw_kv().txn(txn).await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]

@@ -234,9 +234,7 @@ impl<K: Kv> LiveView<K> {
     pub async fn changed(&mut self) -> Result<Touched> {
         let first = self.watch.recv().await;
         let mut touched = self.apply_message(first)?;
-        while let Ok(next) = self.watch.try_recv() {
-            touched.merge(self.apply_message(Some(next))?);
-        }
+        touched.merge(self.catch_up()?);
         Ok(touched)
     }
 

@@ -4,9 +4,9 @@
 
 use axum::Router;
 use axum::body::Body;
-use fleet_core::{DesiredState, MachineInfo, SystemdState, UnitFile, UnitName};
-use fleet_registry::kv::{MemKv, Txn, TxnOp};
-use fleet_registry::{MachineRole, Registry, ScheduleEntry, UnitStateRecord, UnitsRole};
+use fleet_core::{DesiredState, MachineInfo, UnitName};
+use fleet_registry::kv::MemKv;
+use fleet_registry::{MachineRole, Registry, ScheduleEntry, UnitsRole};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
@@ -14,6 +14,7 @@ use std::time::Duration;
 use tower::ServiceExt;
 
 use super::*;
+use crate::tests::{file, put_raw, running};
 use crate::{Api, router};
 
 const IDLE: Duration = Duration::from_secs(60);
@@ -84,33 +85,15 @@ fn skipped_of(pages: &[Value]) -> Vec<Value> {
     all
 }
 
-fn file(exec: &str) -> UnitFile {
-    UnitFile::parse(format!("[Unit]\nDescription=test\n\n[Service]\nExecStart={exec}\n").as_bytes())
-        .unwrap()
-}
-
 async fn create(registry: &Registry<MemKv>, name: &str, desired: DesiredState) {
-    create_running(registry, name, desired, "/bin/true").await;
+    create_with(registry, name, desired, "/bin/true").await;
 }
 
-async fn create_running(registry: &Registry<MemKv>, name: &str, desired: DesiredState, exec: &str) {
+async fn create_with(registry: &Registry<MemKv>, name: &str, desired: DesiredState, exec: &str) {
     UnitsRole::new(registry.clone())
         .create_unit(&name.parse().unwrap(), &file(exec), desired)
         .await
         .unwrap();
-}
-
-async fn put_raw(registry: &Registry<MemKv>, key: &str, value: &str) {
-    let put = TxnOp::Put {
-        key: key.to_owned(),
-        value: value.as_bytes().to_vec(),
-        lease: None,
-    };
-    let txn = Txn {
-        success: vec![put],
-        ..Txn::default()
-    };
-    registry.raw_kv().txn(txn).await.unwrap();
 }
 
 /// 30 units, every third scheduled on m1 or m2 where it runs, one unschedulable, a corrupt
@@ -153,19 +136,7 @@ async fn populate(registry: &Registry<MemKv>) {
                 no_restart: false,
                 placement: 0,
             });
-            let state = UnitStateRecord {
-                name,
-                machine: info.id.clone(),
-                hash: Some(file("/bin/true").hash()),
-                systemd: SystemdState {
-                    load: "loaded".into(),
-                    active: "active".into(),
-                    sub: "running".into(),
-                },
-                drop_ins: vec![],
-                restart: 0,
-                restart_pending: false,
-            };
+            let state = running(name, info.id.clone());
             role.publish_state(&presence, &state).await.unwrap();
         }
     }
@@ -191,7 +162,7 @@ async fn populate(registry: &Registry<MemKv>) {
     .await;
     // A unit whose file is corrupt is left out, the file reported; a corrupt file no unit
     // names is not read by a listing from etcd, so not reported either.
-    create_running(
+    create_with(
         registry,
         "v.service",
         DesiredState::Inactive,

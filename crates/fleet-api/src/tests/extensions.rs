@@ -2,7 +2,7 @@
 //! that default answers stay fleet's.
 
 use super::*;
-use fleet_registry::kv::{Hook, Hooked, Kv, KvError, Txn, TxnOp};
+use fleet_registry::kv::{Hook, Hooked, KvError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -29,26 +29,13 @@ async fn schedule(f: &Fixture, name: &str, machine: &str, exec: &str) {
     f.registry.write_schedule(&[entry], &[]).await.unwrap();
 }
 
-async fn put_raw(f: &Fixture, key: &str, value: &str) {
-    let put = TxnOp::Put {
-        key: key.to_owned(),
-        value: value.as_bytes().to_vec(),
-        lease: None,
-    };
-    let txn = Txn {
-        success: vec![put],
-        ..Txn::default()
-    };
-    f.registry.raw_kv().txn(txn).await.unwrap();
-}
-
 #[tokio::test]
 async fn the_full_view_of_a_unit_adds_hash_machines_reason_and_generation() {
     let (f, _) = fixture(100);
     create(&f, "a.service", "/bin/true", "launched").await;
     schedule(&f, "a.service", "m2", "/bin/true").await;
     let unscheduled = f.registry.keys().unscheduled(&"a.service".parse().unwrap());
-    put_raw(&f, &unscheduled, "no machine has tier=api").await;
+    put_raw(&f.registry, &unscheduled, "no machine has tier=api").await;
     let plain = f.get("/fleet/v1/units/a.service").await.body;
     assert_eq!(
         plain,
@@ -91,7 +78,12 @@ async fn the_full_view_of_units_takes_the_names_asked() {
 async fn the_full_view_of_states_and_machines_adds_generations_versions_and_the_notice() {
     let (f, _) = fixture(100);
     cluster(&f).await;
-    put_raw(&f, &f.registry.keys().disruption(), "rescheduling held").await;
+    put_raw(
+        &f.registry,
+        &f.registry.keys().disruption(),
+        "rescheduling held",
+    )
+    .await;
     let page = f.get("/fleet/v1/machines?view=full").await.body;
     assert_eq!(page["disruptionNotice"], "rescheduling held");
     assert_eq!(page["machines"][0]["version"], VERSION);
@@ -112,7 +104,7 @@ async fn the_full_view_of_states_and_machines_adds_generations_versions_and_the_
         .registry
         .keys()
         .state(&"m1".parse().unwrap(), &"evil.service".parse().unwrap());
-    put_raw(&f, &evil, "not json").await;
+    put_raw(&f.registry, &evil, "not json").await;
     let states = f.get("/fleet/v1/state?view=full").await.body;
     let skipped = states["skipped"].as_array().unwrap();
     assert!(skipped[0].as_str().unwrap().contains(&evil));
@@ -309,7 +301,7 @@ async fn a_full_view_delete_says_what_it_found() {
     create(&f, "a.service", "/bin/true", "inactive").await;
     create(&f, "b.service", "/bin/false", "inactive").await;
     put_raw(
-        &f,
+        &f.registry,
         &f.registry.keys().unit(&"b.service".parse().unwrap()),
         "not json",
     )
