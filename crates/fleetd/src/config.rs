@@ -371,7 +371,8 @@ pub const KEYS: &[Key] = &[
     ),
     Key::value(
         "engine_move_rate",
-        Some("1000"),
+        // fleet_engine::DisruptionConfig::DEFAULT_MOVE_RATE (a test holds them equal).
+        Some("1500"),
         "units of lost machines moved per second at most, 0: no limit",
         |c, v| {
             c.engine_move_rate = v
@@ -616,6 +617,7 @@ mod tests {
     use super::values::parse_metadata;
     use super::*;
     use clap::{Args, FromArgMatches};
+    use fleet_engine::DisruptionConfig;
 
     fn raw(pairs: &[(&str, &str)]) -> BTreeMap<String, Raw> {
         pairs
@@ -633,11 +635,12 @@ mod tests {
     }
 
     #[test]
-    fn disruption_settings_default_to_half_two_ttls_and_a_thousand_moves_a_second() {
+    fn disruption_settings_default_to_half_two_ttls_and_the_engines_move_rate() {
         let c = build(&raw(&[("agent_ttl", "3s")]), &mut vec![]).unwrap();
         assert_eq!(c.engine_disruption_threshold, 0.5);
         assert_eq!(c.engine_disruption_grace, Duration::from_secs(6));
-        assert_eq!(c.engine_move_rate, 1000);
+        assert_eq!(c.engine_move_rate, DisruptionConfig::DEFAULT_MOVE_RATE);
+        assert_eq!(c.engine_move_rate, 1500);
         let c = build(
             &raw(&[
                 ("engine_disruption_threshold", "0.34"),
