@@ -109,7 +109,7 @@ enum Scenario {
         #[arg(long, default_value_t = 30)]
         agent_ttl_secs: u64,
         /// The engines' `engine_move_rate`, units of lost machines moved per second (fleetd's
-        /// default, 1,500, when not given; 0: no limit). The machine-loss figure's floor is
+        /// default, 2,000, when not given; 0: no limit). The machine-loss figure's floor is
         /// the settle plus the lost units at this rate.
         #[arg(long)]
         move_rate: Option<u32>,

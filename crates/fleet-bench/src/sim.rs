@@ -59,7 +59,7 @@ pub struct SimSpec {
     /// quota, then `$FLEET_BENCH_ETCD_ARGS` (e.g. `--enable-pprof` to profile etcd during a
     /// run). Fleet's own code runs with etcd's defaults; these are an operator's choice.
     pub etcd_args: Vec<String>,
-    /// The engines' `engine_move_rate` (`None`: fleetd's default, 1,500 a second).
+    /// The engines' `engine_move_rate` (`None`: fleetd's default, 2,000 a second).
     pub move_rate: Option<u32>,
 }
 

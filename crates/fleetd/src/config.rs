@@ -372,7 +372,7 @@ pub const KEYS: &[Key] = &[
     Key::value(
         "engine_move_rate",
         // fleet_engine::DisruptionConfig::DEFAULT_MOVE_RATE (a test holds them equal).
-        Some("1500"),
+        Some("2000"),
         "units of lost machines moved per second at most, 0: no limit",
         |c, v| {
             c.engine_move_rate = v
@@ -640,7 +640,7 @@ mod tests {
         assert_eq!(c.engine_disruption_threshold, 0.5);
         assert_eq!(c.engine_disruption_grace, Duration::from_secs(6));
         assert_eq!(c.engine_move_rate, DisruptionConfig::DEFAULT_MOVE_RATE);
-        assert_eq!(c.engine_move_rate, 1500);
+        assert_eq!(c.engine_move_rate, 2000);
         let c = build(
             &raw(&[
                 ("engine_disruption_threshold", "0.34"),
