@@ -140,6 +140,16 @@ impl Requirements {
         }
     }
 
+    /// `Global=` alone, read as [`Requirements::from_unit`] reads it (the last value, after
+    /// quoted splitting and specifiers), without reading the other keys: listings ask it of
+    /// every unit, and most files have no `Global=` at all (no allocation then).
+    pub fn global(name: &UnitName, file: &UnitFile) -> bool {
+        file.values(SECTION, "Global")
+            .flat_map(split_multivalue)
+            .last()
+            .is_some_and(|v| is_truthy(&substitute_specifiers(&v, name)))
+    }
+
     /// fleet's `ValidateOptions`: refuses combinations that can never be scheduled. As in
     /// fleet, a peer caught by this unit's own Conflicts or Replaces globs is reported before
     /// any forbidden pair of options.

@@ -141,7 +141,7 @@ fn raises(unit: &Unit, request: Request) -> bool {
 }
 
 fn is_global(name: &UnitName, file: &UnitFile) -> bool {
-    Requirements::from_unit(name, file).global
+    Requirements::global(name, file)
 }
 
 /// The first scheduled machine of each unit of `units` among `names` that has one.

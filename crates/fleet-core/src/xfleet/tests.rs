@@ -150,6 +150,29 @@ fn decides_global_by_the_last_value() {
     ];
     for (lines, want) in table {
         assert_eq!(reqs(lines).global, *want, "{lines:?}");
+        assert_eq!(global_alone("web@1.service", lines), *want, "{lines:?}");
+    }
+}
+
+fn global_alone(unit: &str, lines: &str) -> bool {
+    let text = format!("[Service]\nExecStart=/bin/true\n[X-Fleet]\n{lines}\n");
+    Requirements::global(&name(unit), &UnitFile::parse(text.as_bytes()).unwrap())
+}
+
+#[test]
+fn global_alone_substitutes_specifiers_as_the_whole_read_does() {
+    for (unit, lines) in [
+        ("web@true.service", "Global=%i"),
+        ("web@no.service", "Global=%i"),
+        ("web@1.service", "Global=\"%i\" \"%p\""),
+        ("on@x.service", "Global=\"false\" \"%p\""),
+        ("web@1.service", "Global=true\n[Service]\nGlobal=false"),
+    ] {
+        assert_eq!(
+            global_alone(unit, lines),
+            reqs_of(unit, lines).global,
+            "{unit} {lines:?}"
+        );
     }
 }
 

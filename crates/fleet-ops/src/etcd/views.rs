@@ -51,7 +51,7 @@ pub fn current_state(snap: &Snapshot, name: &UnitName) -> DesiredState {
 }
 
 pub fn is_global(name: &UnitName, file: &UnitFile) -> bool {
-    Requirements::from_unit(name, file).global
+    Requirements::global(name, file)
 }
 
 /// A unit with its file, placed as the snapshot says.
