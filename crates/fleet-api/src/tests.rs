@@ -3,9 +3,10 @@
 
 use axum::Router;
 use axum::body::Body;
-use fleet_core::{DesiredState, MachineInfo, SystemdState, UnitFile, UnitName};
+use fleet_core::{DesiredState, MachineInfo, UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::MemKv;
-use fleet_registry::{MachineRole, Registry, ScheduleEntry, UnitStateRecord, UnitsRole};
+use fleet_registry::testing::machine_running;
+use fleet_registry::{Registry, ScheduleEntry, UnitsRole};
 use http::{Method, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -725,6 +726,11 @@ async fn a_unit_token_with_a_malformed_cursor_is_400() {
 }
 
 async fn cluster(f: &Fixture) {
+    let hash = file("/bin/true").hash();
+    let units: Vec<(UnitName, UnitHash, bool)> = ["a.service", "b.service"]
+        .iter()
+        .map(|u| (u.parse().unwrap(), hash, true))
+        .collect();
     for (id, ip) in [("m1", "10.0.0.1"), ("m2", "10.0.0.2")] {
         let info = MachineInfo {
             id: id.parse().unwrap(),
@@ -734,48 +740,8 @@ async fn cluster(f: &Fixture) {
             disable_engine: false,
             api: String::new(),
         };
-        let role = MachineRole::new(f.registry.clone(), info.id.clone());
-        let presence = role
-            .register(&info, Duration::from_secs(60), None)
-            .await
-            .unwrap();
-        for unit in ["a.service", "b.service"] {
-            let state = running(unit.parse().unwrap(), info.id.clone());
-            role.publish_state(&presence, &state).await.unwrap();
-        }
+        machine_running(&f.registry, &info, Duration::from_secs(60), &units).await;
     }
-}
-
-/// `name` running on `machine` with `file("/bin/true")`, as its agent publishes it.
-pub(crate) fn running(name: UnitName, machine: fleet_core::MachineId) -> UnitStateRecord {
-    UnitStateRecord {
-        name,
-        machine,
-        hash: Some(file("/bin/true").hash()),
-        systemd: SystemdState {
-            load: "loaded".into(),
-            active: "active".into(),
-            sub: "running".into(),
-        },
-        drop_ins: vec![],
-        restart: 0,
-        restart_pending: false,
-    }
-}
-
-/// `value` at `key` as is, past every check (a corrupt value, another user's key).
-pub(crate) async fn put_raw(registry: &Registry<MemKv>, key: &str, value: &str) {
-    use fleet_registry::kv::{Kv, Txn, TxnOp};
-    let put = TxnOp::Put {
-        key: key.to_owned(),
-        value: value.as_bytes().to_vec(),
-        lease: None,
-    };
-    let txn = Txn {
-        success: vec![put],
-        ..Txn::default()
-    };
-    registry.raw_kv().txn(txn).await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]

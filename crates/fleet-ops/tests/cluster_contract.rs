@@ -58,19 +58,6 @@ async fn keys<K: Kv>(reg: &Registry<K>) -> Vec<(String, Vec<u8>)> {
     res.kvs.into_iter().map(|kv| (kv.key, kv.value)).collect()
 }
 
-async fn put_raw<K: Kv>(reg: &Registry<K>, key: &str, value: &str) {
-    let put = TxnOp::Put {
-        key: key.to_owned(),
-        value: value.as_bytes().to_vec(),
-        lease: None,
-    };
-    let txn = Txn {
-        success: vec![put],
-        ..Txn::default()
-    };
-    reg.raw_kv().txn(txn).await.unwrap();
-}
-
 /// Registers `id` and publishes `unit`'s state there (active or not), as an agent would.
 async fn machine_runs<K: Kv>(reg: &Registry<K>, id: &str, unit: &str, f: &UnitFile, up: bool) {
     machine_runs_all(reg, id, &[(unit, up)], f).await;
@@ -282,8 +269,10 @@ async fn listings_skip_unreadable_values_and_say_so<K: Kv>(reg: Registry<K>) {
     c.put(create("b.service", file("/bin/b"), None))
         .await
         .unwrap();
-    put_raw(&reg, &reg.keys().unit(&name("b.service")), "not json").await;
-    put_raw(&reg, &reg.keys().file(&file("/bin/a").hash()), "[Service\n").await;
+    reg.put_raw(&reg.keys().unit(&name("b.service")), "not json")
+        .await;
+    reg.put_raw(&reg.keys().file(&file("/bin/a").hash()), "[Service\n")
+        .await;
     let listing = c.units(None).await.unwrap();
     assert!(listing.units.is_empty(), "{listing:?}");
     // Asked for by name, an unreadable record is an error naming its key.
@@ -303,7 +292,7 @@ async fn listings_skip_unreadable_values_and_say_so<K: Kv>(reg: Registry<K>) {
     let state = reg
         .keys()
         .state(&"m1".parse().unwrap(), &name("evil.service"));
-    put_raw(&reg, &state, "not json").await;
+    reg.put_raw(&state, "not json").await;
     let states = c.states(&StateFilter::default()).await.unwrap();
     assert!(states.states.is_empty());
     assert_eq!(states.skipped.len(), 1, "{:?}", states.skipped);
@@ -352,7 +341,8 @@ async fn states_are_filtered_and_machines_carry_metadata_and_notice<K: Kv>(reg: 
     assert_eq!(ids, ["m1", "m2"]);
     assert_eq!(listing.machines[0].metadata["tier"], "api");
     assert_eq!(listing.notice, None);
-    put_raw(&reg, &reg.keys().disruption(), "rescheduling held").await;
+    reg.put_raw(&reg.keys().disruption(), "rescheduling held")
+        .await;
     let listing = c.machines().await.unwrap();
     assert_eq!(listing.notice.as_deref(), Some("rescheduling held"));
 }
@@ -422,7 +412,8 @@ async fn destroy_removes_units_and_unreadable_records<K: Kv>(reg: Registry<K>) {
     c.put(create("b.service", file("/bin/b"), None))
         .await
         .unwrap();
-    put_raw(&reg, &reg.keys().unit(&name("b.service")), "not json").await;
+    reg.put_raw(&reg.keys().unit(&name("b.service")), "not json")
+        .await;
     assert_eq!(
         c.destroy(&name("a.service")).await.unwrap(),
         Destroyed::Unit

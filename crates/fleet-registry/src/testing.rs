@@ -399,6 +399,16 @@ impl<K: Kv> Registry<K> {
         self.kv()
     }
 
+    /// Writes `value` at `key` as it is, past every check: a corrupt value, another user's
+    /// key, what a hand-written or buggy client could write.
+    pub async fn put_raw(&self, key: &str, value: &str) {
+        let txn = Txn {
+            success: vec![put(key.to_owned(), value.as_bytes().to_vec())],
+            ..Txn::default()
+        };
+        self.kv().txn(txn).await.expect("raw put");
+    }
+
     /// Puts and deletes schedule entries in one transaction, without a leadership's fence:
     /// what an engine would write, for tests of the agent and of the readers.
     pub async fn write_schedule(

@@ -564,20 +564,6 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
     assert!(bare.files().is_empty());
 }
 
-/// Writes `value` at `key` as it is, as a hand-written or buggy client could.
-async fn put_raw<K: Kv>(reg: &Registry<K>, key: &str, value: &str) {
-    let put = TxnOp::Put {
-        key: key.to_owned(),
-        value: value.as_bytes().to_vec(),
-        lease: None,
-    };
-    let txn = Txn {
-        success: vec![put],
-        ..Txn::default()
-    };
-    reg.raw_kv().txn(txn).await.unwrap();
-}
-
 /// A valid unit file of just under `size` bytes, `tag` making it unique.
 fn big_file(tag: usize, size: usize) -> UnitFile {
     let head = format!("[Unit]\nDescription=big {tag}\n[Service]\nExecStart=/bin/true\n");
@@ -654,7 +640,7 @@ async fn listings_skip_unreadable_values_and_name_their_keys<K: Kv>(reg: Registr
     let good = reg.snapshot().await.unwrap();
     let corrupt = corrupt_keys(PREFIX);
     for (key, value) in &corrupt {
-        put_raw(&reg, key, value).await;
+        reg.put_raw(key, value).await;
     }
     let snap = reg.snapshot().await.unwrap();
     assert_eq!(snap.units, good.units);
@@ -729,7 +715,7 @@ async fn destroys_an_unreadable_unit_record_with_its_references<K: Kv>(reg: Regi
         .create_unit(&evil, &f, DesiredState::Launched)
         .await
         .unwrap();
-    put_raw(&reg, &reg.keys().unit(&evil), "not json").await;
+    reg.put_raw(&reg.keys().unit(&evil), "not json").await;
     // Its file is shared with no one: it goes with its reference.
     assert!(writer(&reg).destroy_unreadable_unit(&evil).await.unwrap());
     assert_eq!(keys(&reg).await, before);
@@ -744,7 +730,7 @@ async fn destroys_an_unreadable_unit_record_with_its_references<K: Kv>(reg: Regi
         .create_unit(&evil, &file("/bin/a"), DesiredState::Launched)
         .await
         .unwrap();
-    put_raw(&reg, &reg.keys().unit(&evil), "{}").await;
+    reg.put_raw(&reg.keys().unit(&evil), "{}").await;
     assert!(writer(&reg).destroy_unreadable_unit(&evil).await.unwrap());
     assert_eq!(keys(&reg).await, before);
 }
@@ -758,26 +744,23 @@ async fn live_view_skips_unreadable_values_until_they_are_repaired<K: Kv>(reg: R
     else {
         panic!("a exists");
     };
-    put_raw(&reg, &format!("{PREFIX}unit/evil1.service"), "not json").await;
+    reg.put_raw(&format!("{PREFIX}unit/evil1.service"), "not json")
+        .await;
     let mut view = LiveView::start(reg.clone()).await.unwrap();
     assert_eq!(view.snapshot(), &reg.snapshot().await.unwrap());
     assert_eq!(view.snapshot().skipped.len(), 1);
 
     // Every kind of unreadable value, then a readable unit over a corrupt one.
     for (key, value) in corrupt_keys(PREFIX) {
-        put_raw(&reg, &key, value).await;
+        reg.put_raw(&key, value).await;
     }
     converges(&mut view, &reg).await;
     let key_a = reg.keys().unit(&a);
-    put_raw(&reg, &key_a, "garbage over a good record").await;
+    reg.put_raw(&key_a, "garbage over a good record").await;
     converges(&mut view, &reg).await;
     assert!(!view.snapshot().units.contains_key(&a));
-    put_raw(
-        &reg,
-        &key_a,
-        &String::from_utf8(record_json(&unit_a)).unwrap(),
-    )
-    .await;
+    reg.put_raw(&key_a, &String::from_utf8(record_json(&unit_a)).unwrap())
+        .await;
     converges(&mut view, &reg).await;
     assert!(view.snapshot().units.contains_key(&a));
     // Deleting them empties the skip list.

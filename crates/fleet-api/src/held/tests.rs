@@ -6,7 +6,8 @@ use axum::Router;
 use axum::body::Body;
 use fleet_core::{DesiredState, MachineInfo, UnitName};
 use fleet_registry::kv::MemKv;
-use fleet_registry::{MachineRole, Registry, ScheduleEntry, UnitsRole};
+use fleet_registry::testing::machine_running;
+use fleet_registry::{Registry, ScheduleEntry, UnitsRole};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
@@ -14,7 +15,7 @@ use std::time::Duration;
 use tower::ServiceExt;
 
 use super::*;
-use crate::tests::{file, put_raw, running};
+use crate::tests::file;
 use crate::{Api, router};
 
 const IDLE: Duration = Duration::from_secs(60);
@@ -117,11 +118,8 @@ async fn populate(registry: &Registry<MemKv>) {
             disable_engine: false,
             api: String::new(),
         };
-        let role = MachineRole::new(registry.clone(), info.id.clone());
-        let presence = role
-            .register(&info, Duration::from_secs(600), None)
-            .await
-            .unwrap();
+        let hash = file("/bin/true").hash();
+        let mut units = Vec::new();
         for i in (0..30).step_by(3) {
             let name: UnitName = format!("u{i:02}.service").parse().unwrap();
             if (i % 2 == 0) != (machine == "m1") {
@@ -130,36 +128,33 @@ async fn populate(registry: &Registry<MemKv>) {
             entries.push(ScheduleEntry {
                 name: name.clone(),
                 machine: info.id.clone(),
-                hash: file("/bin/true").hash(),
+                hash,
                 desired: DesiredState::Launched,
                 restart: 0,
                 no_restart: false,
                 placement: 0,
             });
-            let state = running(name, info.id.clone());
-            role.publish_state(&presence, &state).await.unwrap();
+            units.push((name, hash, true));
         }
+        machine_running(registry, &info, Duration::from_secs(600), &units).await;
     }
     registry.write_schedule(&entries, &[]).await.unwrap();
     let keys = registry.keys();
-    put_raw(
-        registry,
-        &keys.unscheduled(&"u01.service".parse().unwrap()),
-        "no machine",
-    )
-    .await;
-    put_raw(
-        registry,
-        &keys.units().replace("unit/", "unit/bad.service"),
-        "{",
-    )
-    .await;
-    put_raw(
-        registry,
-        &keys.state(&"m1".parse().unwrap(), &"u04.service".parse().unwrap()),
-        "{",
-    )
-    .await;
+    registry
+        .put_raw(
+            &keys.unscheduled(&"u01.service".parse().unwrap()),
+            "no machine",
+        )
+        .await;
+    registry
+        .put_raw(&keys.units().replace("unit/", "unit/bad.service"), "{")
+        .await;
+    registry
+        .put_raw(
+            &keys.state(&"m1".parse().unwrap(), &"u04.service".parse().unwrap()),
+            "{",
+        )
+        .await;
     // A unit whose file is corrupt is left out, the file reported; a corrupt file no unit
     // names is not read by a listing from etcd, so not reported either.
     create_with(
@@ -169,18 +164,12 @@ async fn populate(registry: &Registry<MemKv>) {
         "/bin/corrupt",
     )
     .await;
-    put_raw(
-        registry,
-        &keys.file(&file("/bin/corrupt").hash()),
-        "\u{0}not a unit",
-    )
-    .await;
-    put_raw(
-        registry,
-        &keys.file(&file("/bin/orphan").hash()),
-        "\u{0}no unit",
-    )
-    .await;
+    registry
+        .put_raw(&keys.file(&file("/bin/corrupt").hash()), "\u{0}not a unit")
+        .await;
+    registry
+        .put_raw(&keys.file(&file("/bin/orphan").hash()), "\u{0}no unit")
+        .await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -300,7 +289,7 @@ async fn a_view_behind_the_present_is_not_used_and_etcd_is_read() {
     get(&b.held_router, "/fleet/v1/units").await;
     // A write outside the registry's prefix (another user of a shared etcd) moves the
     // present revision on, and no event of the view's watch ever reaches it.
-    put_raw(&b.registry, "/flannel/subnet", "10.1.0.0/16").await;
+    b.registry.put_raw("/flannel/subnet", "10.1.0.0/16").await;
     let view = b.held.held_view().unwrap();
     let page = view
         .units_after(&b.registry, None, 100, None, Report::Page)

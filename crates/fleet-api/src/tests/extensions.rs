@@ -35,7 +35,9 @@ async fn the_full_view_of_a_unit_adds_hash_machines_reason_and_generation() {
     create(&f, "a.service", "/bin/true", "launched").await;
     schedule(&f, "a.service", "m2", "/bin/true").await;
     let unscheduled = f.registry.keys().unscheduled(&"a.service".parse().unwrap());
-    put_raw(&f.registry, &unscheduled, "no machine has tier=api").await;
+    f.registry
+        .put_raw(&unscheduled, "no machine has tier=api")
+        .await;
     let plain = f.get("/fleet/v1/units/a.service").await.body;
     assert_eq!(
         plain,
@@ -78,12 +80,9 @@ async fn the_full_view_of_units_takes_the_names_asked() {
 async fn the_full_view_of_states_and_machines_adds_generations_versions_and_the_notice() {
     let (f, _) = fixture(100);
     cluster(&f).await;
-    put_raw(
-        &f.registry,
-        &f.registry.keys().disruption(),
-        "rescheduling held",
-    )
-    .await;
+    f.registry
+        .put_raw(&f.registry.keys().disruption(), "rescheduling held")
+        .await;
     let page = f.get("/fleet/v1/machines?view=full").await.body;
     assert_eq!(page["disruptionNotice"], "rescheduling held");
     assert_eq!(page["machines"][0]["version"], VERSION);
@@ -104,7 +103,7 @@ async fn the_full_view_of_states_and_machines_adds_generations_versions_and_the_
         .registry
         .keys()
         .state(&"m1".parse().unwrap(), &"evil.service".parse().unwrap());
-    put_raw(&f.registry, &evil, "not json").await;
+    f.registry.put_raw(&evil, "not json").await;
     let states = f.get("/fleet/v1/state?view=full").await.body;
     let skipped = states["skipped"].as_array().unwrap();
     assert!(skipped[0].as_str().unwrap().contains(&evil));
@@ -300,12 +299,12 @@ async fn a_full_view_delete_says_what_it_found() {
     let (f, _) = fixture(100);
     create(&f, "a.service", "/bin/true", "inactive").await;
     create(&f, "b.service", "/bin/false", "inactive").await;
-    put_raw(
-        &f.registry,
-        &f.registry.keys().unit(&"b.service".parse().unwrap()),
-        "not json",
-    )
-    .await;
+    f.registry
+        .put_raw(
+            &f.registry.keys().unit(&"b.service".parse().unwrap()),
+            "not json",
+        )
+        .await;
     let delete = |n: &str| format!("/fleet/v1/units/{n}?view=full");
     let answer = f.request(Method::DELETE, &delete("a.service")).await;
     assert_eq!(
