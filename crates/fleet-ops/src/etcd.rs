@@ -24,7 +24,7 @@ pub use batches::BATCHES_IN_FLIGHT;
 pub use listing::UnitsCursor;
 pub use watch::RegistryChanges;
 
-use fleet_core::{DesiredState, MachineId, UnitFile, UnitName};
+use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitName};
 use fleet_registry::kv::Kv;
 use fleet_registry::{CreateOutcome, MetadataChange, Registry, RegistryError, Unit, UnitsRole};
 use std::collections::BTreeSet;
@@ -152,7 +152,7 @@ impl<K: Kv> RegistryCluster<K> {
                 } else {
                     None
                 };
-                let global = views::is_global(&req.name, &file);
+                let global = Requirements::global(&req.name, &file);
                 let state = decide::replace_state(req.how, &existing, placed.as_ref(), global);
                 match self
                     .units

@@ -113,11 +113,13 @@ pub fn decide(prepared: Vec<Prepared>, view: &View, request: Request) -> Vec<Ste
         .into_iter()
         .map(|Prepared { name, action }| {
             let global = match &action {
-                Action::Create(file) | Action::Replace { file, .. } => is_global(&name, file),
+                Action::Create(file) | Action::Replace { file, .. } => {
+                    Requirements::global(&name, file)
+                }
                 Action::Keep(unit) => view
                     .files
                     .get(&unit.hash)
-                    .is_some_and(|file| is_global(&name, file)),
+                    .is_some_and(|file| Requirements::global(&name, file)),
             };
             let changed = match &action {
                 Action::Create(_) | Action::Replace { .. } => true,
@@ -138,10 +140,6 @@ pub fn decide(prepared: Vec<Prepared>, view: &View, request: Request) -> Vec<Ste
 
 fn raises(unit: &Unit, request: Request) -> bool {
     unit.desired < request.target
-}
-
-fn is_global(name: &UnitName, file: &UnitFile) -> bool {
-    Requirements::global(name, file)
 }
 
 /// The first scheduled machine of each unit of `units` among `names` that has one.

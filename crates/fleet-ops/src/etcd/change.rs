@@ -12,7 +12,7 @@
 //! the placement), a name given twice, and every unit of a batch that found one of its units
 //! changed since the read. A failure stops new batches as for creates ([`super::batches`]).
 
-use fleet_core::{UnitFile, UnitHash, UnitName};
+use fleet_core::{Requirements, UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::Kv;
 use fleet_registry::{Change, MAX_TXN_OPS, ReplaceState, Unit, change_batches, dropped_files};
 use futures::StreamExt;
@@ -65,7 +65,7 @@ impl<K: Kv> RegistryCluster<K> {
                     file,
                     desired,
                 }) => {
-                    let global = views::is_global(&req.name, &file);
+                    let global = Requirements::global(&req.name, &file);
                     let replace = decide::replace_state(req.how, &existing, None, global);
                     planned.push(Planned {
                         at,

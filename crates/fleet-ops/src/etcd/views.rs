@@ -50,16 +50,12 @@ pub fn current_state(snap: &Snapshot, name: &UnitName) -> DesiredState {
     best
 }
 
-pub fn is_global(name: &UnitName, file: &UnitFile) -> bool {
-    Requirements::global(name, file)
-}
-
 /// A unit with its file, placed as the snapshot says.
 pub fn unit_view(snap: &Snapshot, unit: &Unit, file: &UnitFile) -> UnitView {
     UnitView {
         status: status_of(snap, unit),
         file: file.clone(),
-        global: is_global(unit.name(), file),
+        global: Requirements::global(unit.name(), file),
         current: current_state(snap, unit.name()),
     }
 }
@@ -78,7 +74,7 @@ pub fn written_view(unit: &Unit, file: &UnitFile) -> UnitView {
             restart: unit.record.restart,
         },
         file: file.clone(),
-        global: is_global(unit.name(), file),
+        global: Requirements::global(unit.name(), file),
         current: DesiredState::Inactive,
     }
 }

@@ -29,7 +29,7 @@ pub async fn run<C: Cluster>(
     let target = super::lifecycle::target_of(verb);
     let (globals, others): (Vec<Prepared>, Vec<Prepared>) =
         prepared.into_iter().partition(|p| match &p.action {
-            Action::Replace { file, .. } => Requirements::from_unit(&p.name, file).global,
+            Action::Replace { file, .. } => Requirements::global(&p.name, file),
             Action::Create(_) | Action::Keep(_) => false,
         });
     let plain = ReplaceHow {
