@@ -35,7 +35,7 @@ pub use manager::{
     BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, MainExit,
     ManagerError, ReloadFacts, UnitDetails, UnitFileError, UnitManager, UnitSource,
 };
-pub use metrics::{Metered, Metrics};
+pub use metrics::{CallObserver, Metered, Metrics};
 pub use plan::{CurrentUnit, DesiredUnit, Reason, Target, Task, TaskKind, UnitFileState, plan};
 pub use presence::PresenceKeeper;
 pub use systemd::{SystemdConfig, SystemdManager};

@@ -117,7 +117,8 @@ impl State {
     }
 }
 
-/// One call of [`UnitManager`].
+/// One call of [`UnitManager`] (the status of units and whether systemd holds them are both
+/// `Status`; the details of a unit and what a reload needs of it are both `Details`).
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum Call {
     Installed,
@@ -132,6 +133,18 @@ pub enum Call {
 }
 
 impl Call {
+    pub const ALL: [Call; 9] = [
+        Call::Installed,
+        Call::Install,
+        Call::Uninstall,
+        Call::Reload,
+        Call::Start,
+        Call::Stop,
+        Call::Status,
+        Call::Details,
+        Call::Source,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Call::Installed => "installed",
@@ -248,10 +261,7 @@ impl Metrics {
 
     /// `manager`, with every call timed and its errors counted here.
     pub fn meter<M: UnitManager>(&self, manager: M) -> Metered<M> {
-        Metered {
-            inner: manager,
-            metrics: self.clone(),
-        }
+        Metered::new(manager, self.clone())
     }
 
     pub(crate) fn passed(&self, took: Duration) {
@@ -273,16 +283,6 @@ impl Metrics {
     pub(crate) fn units(&self, counts: &UnitCounts) {
         for (state, count) in State::ALL.into_iter().zip(counts.counts) {
             self.units.get_or_create(&StateLabels { state }).set(count);
-        }
-    }
-
-    fn called<T>(&self, call: Call, sent: Instant, res: &Result<T, ManagerError>) {
-        let labels = CallLabels { r#type: call };
-        self.dbus_duration
-            .get_or_create(&labels)
-            .observe(sent.elapsed().as_secs_f64());
-        if res.is_err() {
-            self.dbus_errors.get_or_create(&labels).inc();
         }
     }
 
@@ -357,15 +357,45 @@ impl UnitCounts {
     }
 }
 
-/// A [`UnitManager`] that times every call of `inner` and counts its errors; clones share
-/// the metrics (and the manager, when its clones do).
-#[derive(Debug, Clone)]
-pub struct Metered<M> {
-    inner: M,
-    metrics: Metrics,
+/// What hears of each call a [`Metered`] passes on: which, when it was sent (it has ended
+/// when this is called), and whether it failed. The agent's [`Metrics`] is one; the bench
+/// counts calls with another.
+pub trait CallObserver: Send + Sync {
+    fn called(&self, call: Call, sent: Instant, failed: bool);
 }
 
-impl<M: UnitManager> Metered<M> {
+impl<O: CallObserver + ?Sized> CallObserver for std::sync::Arc<O> {
+    fn called(&self, call: Call, sent: Instant, failed: bool) {
+        (**self).called(call, sent, failed);
+    }
+}
+
+impl CallObserver for Metrics {
+    fn called(&self, call: Call, sent: Instant, failed: bool) {
+        let labels = CallLabels { r#type: call };
+        self.dbus_duration
+            .get_or_create(&labels)
+            .observe(sent.elapsed().as_secs_f64());
+        if failed {
+            self.dbus_errors.get_or_create(&labels).inc();
+        }
+    }
+}
+
+/// A [`UnitManager`] that passes every call on to `inner` and tells `observer` of it (by
+/// default the agent's [`Metrics`], which time every call and count its errors); clones
+/// share the observer when its clones do (and the manager, when its clones do).
+#[derive(Debug, Clone)]
+pub struct Metered<M, O = Metrics> {
+    inner: M,
+    observer: O,
+}
+
+impl<M: UnitManager, O: CallObserver> Metered<M, O> {
+    pub fn new(inner: M, observer: O) -> Metered<M, O> {
+        Metered { inner, observer }
+    }
+
     async fn call<T>(
         &self,
         call: Call,
@@ -373,12 +403,12 @@ impl<M: UnitManager> Metered<M> {
     ) -> Result<T, ManagerError> {
         let sent = Instant::now();
         let res = fut.await;
-        self.metrics.called(call, sent, &res);
+        self.observer.called(call, sent, res.is_err());
         res
     }
 }
 
-impl<M: UnitManager> UnitManager for Metered<M> {
+impl<M: UnitManager, O: CallObserver> UnitManager for Metered<M, O> {
     async fn installed(&self) -> Result<Vec<InstalledUnit>, ManagerError> {
         self.call(Call::Installed, self.inner.installed()).await
     }

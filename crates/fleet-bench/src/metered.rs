@@ -1,32 +1,15 @@
-//! [`MeteredManager`]: a [`UnitManager`] that counts (and optionally times) the calls the
-//! agent makes to the one it wraps. Every agent loop wake-up starts with `installed()`, so its
-//! count is the agent's passes; the log of call start times lets a probe cut time into passes.
+//! [`CallCounts`]: counts (and optionally logs) the calls the agent makes to its
+//! [`UnitManager`](fleet_agent::UnitManager), heard through the agent's own
+//! [`Metered`](fleet_agent::Metered) wrapper. Every agent loop wake-up starts with
+//! `installed()`, so its count is the agent's passes; the log of call start times lets a
+//! probe cut time into passes.
 
-use fleet_agent::{
-    ChangeReceiver, InstalledUnit, JobOutcome, ManagerError, ReloadFacts, UnitDetails, UnitManager,
-    UnitSource,
-};
-use fleet_core::{SystemdState, UnitFile, UnitName};
-use std::collections::{BTreeMap, BTreeSet};
+use fleet_agent::CallObserver;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// The calls of [`UnitManager`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Call {
-    Installed,
-    Install,
-    Uninstall,
-    Reload,
-    Start,
-    Stop,
-    Status,
-    Details,
-    Source,
-}
-
-const CALLS: usize = 9;
+pub use fleet_agent::metrics::Call;
 
 /// One call: what, and when it started.
 #[derive(Debug, Clone, Copy)]
@@ -38,7 +21,7 @@ pub struct Timed {
 /// Shared call counts (and, when enabled, the timed log).
 #[derive(Debug, Default)]
 pub struct CallCounts {
-    counts: [AtomicU64; CALLS],
+    counts: [AtomicU64; Call::ALL.len()],
     log: Option<Mutex<Vec<Timed>>>,
 }
 
@@ -47,7 +30,7 @@ impl CallCounts {
         Arc::default()
     }
 
-    /// Counts and also keeps every call's start and duration.
+    /// Counts and also keeps every call's start.
     pub fn timed() -> Arc<CallCounts> {
         Arc::new(CallCounts {
             counts: Default::default(),
@@ -66,106 +49,31 @@ impl CallCounts {
             .map(|l| std::mem::take(&mut *l.lock().unwrap_or_else(|e| e.into_inner())))
             .unwrap_or_default()
     }
+}
 
-    fn record(&self, call: Call, at: Instant) {
+impl CallObserver for CallCounts {
+    fn called(&self, call: Call, sent: tokio::time::Instant, _failed: bool) {
         self.counts[call as usize].fetch_add(1, Ordering::Relaxed);
         if let Some(log) = &self.log {
             let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
-            log.push(Timed { call, at });
+            log.push(Timed {
+                call,
+                at: sent.into_std(),
+            });
         }
-    }
-}
-
-/// Wraps a [`UnitManager`], counting its calls into a [`CallCounts`].
-#[derive(Debug, Clone)]
-pub struct MeteredManager<M> {
-    inner: M,
-    counts: Arc<CallCounts>,
-}
-
-impl<M: UnitManager> MeteredManager<M> {
-    pub fn new(inner: M, counts: Arc<CallCounts>) -> MeteredManager<M> {
-        MeteredManager { inner, counts }
-    }
-
-    async fn metered<T>(&self, call: Call, fut: impl Future<Output = T>) -> T {
-        let at = Instant::now();
-        let out = fut.await;
-        self.counts.record(call, at);
-        out
-    }
-}
-
-impl<M: UnitManager> UnitManager for MeteredManager<M> {
-    async fn installed(&self) -> Result<Vec<InstalledUnit>, ManagerError> {
-        self.metered(Call::Installed, self.inner.installed()).await
-    }
-
-    async fn installed_of(&self, names: &[UnitName]) -> Result<Vec<InstalledUnit>, ManagerError> {
-        self.metered(Call::Installed, self.inner.installed_of(names))
-            .await
-    }
-
-    async fn install(&self, name: &UnitName, file: &UnitFile) -> Result<(), ManagerError> {
-        self.metered(Call::Install, self.inner.install(name, file))
-            .await
-    }
-
-    async fn uninstall(&self, name: &UnitName) -> Result<(), ManagerError> {
-        self.metered(Call::Uninstall, self.inner.uninstall(name))
-            .await
-    }
-
-    async fn reload(&self) -> Result<(), ManagerError> {
-        self.metered(Call::Reload, self.inner.reload()).await
-    }
-
-    async fn start(&self, name: &UnitName) -> Result<JobOutcome, ManagerError> {
-        self.metered(Call::Start, self.inner.start(name)).await
-    }
-
-    async fn stop(&self, name: &UnitName) -> Result<JobOutcome, ManagerError> {
-        self.metered(Call::Stop, self.inner.stop(name)).await
-    }
-
-    async fn status(
-        &self,
-        names: &[UnitName],
-    ) -> Result<BTreeMap<UnitName, SystemdState>, ManagerError> {
-        self.metered(Call::Status, self.inner.status(names)).await
-    }
-
-    async fn details(&self, name: &UnitName) -> Result<UnitDetails, ManagerError> {
-        self.metered(Call::Details, self.inner.details(name)).await
-    }
-
-    async fn loaded(&self, names: &[UnitName]) -> Result<BTreeSet<UnitName>, ManagerError> {
-        self.metered(Call::Status, self.inner.loaded(names)).await
-    }
-
-    async fn reload_facts(&self, name: &UnitName) -> Result<ReloadFacts, ManagerError> {
-        self.metered(Call::Details, self.inner.reload_facts(name))
-            .await
-    }
-
-    async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {
-        self.metered(Call::Source, self.inner.source(name)).await
-    }
-
-    fn changes(&self) -> ChangeReceiver {
-        self.inner.changes()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fleet_agent::FakeManager;
+    use fleet_agent::{FakeManager, Metered, UnitManager};
+    use fleet_core::UnitName;
 
     #[tokio::test]
     async fn counts_each_call_of_the_wrapped_manager() {
         let counts = CallCounts::timed();
-        let manager = MeteredManager::new(FakeManager::new(), counts.clone());
+        let manager = Metered::new(FakeManager::new(), counts.clone());
         manager.installed().await.unwrap();
         let name: UnitName = "a.service".parse().unwrap();
         manager.status(&[name]).await.unwrap();
@@ -173,5 +81,15 @@ mod tests {
         assert_eq!(counts.get(Call::Status), 1);
         assert_eq!(counts.get(Call::Start), 0);
         assert_eq!(counts.take_log().len(), 2);
+    }
+
+    #[test]
+    fn each_call_has_its_own_count() {
+        let counts = CallCounts::new();
+        for (i, call) in Call::ALL.into_iter().enumerate() {
+            assert_eq!(call as usize, i, "{call:?} counts in its own place");
+        }
+        counts.called(Call::Source, tokio::time::Instant::now(), false);
+        assert_eq!(counts.get(Call::Source), 1);
     }
 }

@@ -24,7 +24,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::counting::{Counters, Tally, counting};
-use crate::metered::{Call, CallCounts, MeteredManager};
+use crate::metered::{Call, CallCounts};
 
 #[derive(Debug, clap::Args)]
 pub struct ProbeArgs {
@@ -146,7 +146,7 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
         ..SystemdConfig::default()
     })
     .await?;
-    let manager = MeteredManager::new(systemd, calls.clone());
+    let manager = fleet_agent::Metered::new(systemd, calls.clone());
     let mut cfg = AgentConfig::new(machine.clone());
     cfg.resync_interval = Duration::from_secs(args.resync_secs);
     let (presence_tx, presence_rx) = watch::channel(Some(presence));

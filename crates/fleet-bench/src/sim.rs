@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::counting::{Counters, CountingKv, Method, counting};
-use crate::metered::{CallCounts, MeteredManager};
+use crate::metered::CallCounts;
 use crate::monitor::Monitor;
 
 /// What to simulate.
@@ -469,7 +469,7 @@ fn spawn_machine(
 ) -> SimMachine {
     let id = keeper.info.id.clone();
     let calls = CallCounts::new();
-    let manager = MeteredManager::new(FakeManager::new(), calls.clone());
+    let manager = fleet_agent::Metered::new(FakeManager::new(), calls.clone());
     let mut cfg = AgentConfig::new(id.clone());
     cfg.resync_interval = spec.resync;
     let (presence_tx, presence_rx) = watch::channel(Some(presence));
