@@ -40,6 +40,9 @@ impl Harness for MemHarness {
     }
 }
 
+/// What a page of a prefix read after the first aims at in these tests.
+const TEST_PAGE_BYTES: usize = 4 << 20;
+
 struct EtcdHarness {
     server: TestEtcd,
     kv: EtcdKv,
@@ -48,7 +51,9 @@ struct EtcdHarness {
 impl EtcdHarness {
     async fn start() -> EtcdHarness {
         let server = TestEtcd::start().await;
-        let kv = server.kv().await;
+        // Pages of 4 MiB after the first, so that the few MiB these tests write take
+        // several (fleetd's pages are 16 MiB).
+        let kv = server.kv().await.with_page_bytes(TEST_PAGE_BYTES);
         EtcdHarness { server, kv }
     }
 }

@@ -86,6 +86,8 @@ pub struct EtcdKv {
     /// client certificate, the likely reason is a server requiring one (it ends the handshake
     /// with a bare alert or closes the connection, depending on timing).
     closed_hint: Option<&'static str>,
+    /// What a page of a prefix read after the first aims at ([`PAGE_BYTES`]).
+    page_bytes: usize,
 }
 
 /// See [`EtcdKv::closed_hint`].
@@ -165,7 +167,15 @@ impl EtcdKv {
             user: cfg.auth.as_ref().map_or("", |a| a.username.as_str()).into(),
             request_timeout: cfg.request_timeout,
             closed_hint: (https && cfg.tls.cert_file.is_none()).then_some(NO_CLIENT_CERT_HINT),
+            page_bytes: PAGE_BYTES,
         })
+    }
+
+    /// Pages of a prefix read aim at `bytes` after the first (at most [`MAX_PAGE_KEYS`] keys
+    /// each) instead of [`PAGE_BYTES`]: the contract tests read a few MiB in several pages.
+    pub fn with_page_bytes(mut self, bytes: usize) -> EtcdKv {
+        self.page_bytes = bytes.max(1);
+        self
     }
 
     /// The configured endpoints, comma-separated.
@@ -412,12 +422,15 @@ impl Kv for EtcdKv {
 /// What a page of a prefix read aims at after the first ([`RANGE_PAGE`] keys): etcd 3.4
 /// cannot limit a page by bytes, so the next page asks for as many keys as make this many
 /// bytes at the sizes seen so far. Small pages cost: etcd 3.4 walks its index over the rest
-/// of the range for every page, so 100,000 keys of 150 bytes read 500 at a time took 1.2 s,
-/// against 0.35 s in one read and 0.4-0.55 s in these pages (release build, 2 busy cores).
-const PAGE_BYTES: usize = 4 << 20;
+/// of the range for every page, so a prefix read in pages costs etcd about the square of its
+/// pages. 100,000 keys of 150 bytes read 500 at a time took 1.2 s, against 0.35 s in one
+/// read. At 400,000 units, `list-unit-files` took 9.0-10.8 s and 9.4-9.6 s of etcd's CPU in
+/// pages of 4 MiB (at most 10,000 keys), and 6.1-7.4 s and 4.7-5.4 s of etcd's CPU in these
+/// (pages of 64 MiB gained nothing more); at 100,000 units both took the same time.
+const PAGE_BYTES: usize = 16 << 20;
 
 /// At most this many keys per page, however small.
-const MAX_PAGE_KEYS: usize = 10_000;
+const MAX_PAGE_KEYS: usize = 100_000;
 
 /// The largest response decoded: what etcd itself may send (its gRPC send limit is
 /// `i32::MAX`). etcd-client's default, 4 MiB, failed a listing once the registry held more
@@ -502,7 +515,7 @@ impl EtcdKv {
         // etcd's header carries the current revision: for a read of the present, the
         // revision every later page must be read at.
         let pinned = revision.unwrap_or(first.revision);
-        let limit = next_page_keys(&first.kvs);
+        let limit = next_page_keys(&first.kvs, self.page_bytes);
         sink(0, first.kvs);
         let (Some(next), Some(end)) = (next, end) else {
             return Ok(first.revision);
@@ -530,7 +543,7 @@ impl EtcdKv {
     ) -> Result<(), Failure> {
         loop {
             let (page, next) = self.read_page(start, Some(&end), pinned, limit).await?;
-            limit = next_page_keys(&page.kvs);
+            limit = next_page_keys(&page.kvs, self.page_bytes);
             sink(interval, page.kvs);
             match next {
                 Some(next) => start = next,
@@ -590,11 +603,11 @@ fn split(prefix: &[u8], from: Vec<u8>, end: Vec<u8>) -> Vec<(Vec<u8>, Vec<u8>)> 
     intervals
 }
 
-/// How many keys the page after `page` asks for: about [`PAGE_BYTES`] of keys like these.
-fn next_page_keys(page: &[super::KeyValue]) -> usize {
+/// How many keys the page after `page` asks for: about `page_bytes` of keys like these.
+fn next_page_keys(page: &[super::KeyValue], page_bytes: usize) -> usize {
     let bytes: usize = page.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
     let per_key = (bytes / page.len().max(1)).max(1);
-    (PAGE_BYTES / per_key).clamp(1, MAX_PAGE_KEYS)
+    (page_bytes / per_key).clamp(1, MAX_PAGE_KEYS)
 }
 
 /// The end of the range of keys starting with `prefix` (etcd-client's `with_prefix`).
@@ -755,9 +768,13 @@ mod tests {
             version: 1,
             lease: 0,
         };
-        assert_eq!(next_page_keys(&vec![kv(100); 500]), MAX_PAGE_KEYS);
-        assert_eq!(next_page_keys(&vec![kv(1 << 20); 3]), 3);
-        assert_eq!(next_page_keys(&[kv(8 << 20)]), 1);
+        assert_eq!(
+            next_page_keys(&vec![kv(100); 500], PAGE_BYTES),
+            MAX_PAGE_KEYS
+        );
+        assert_eq!(next_page_keys(&vec![kv(1 << 20); 3], PAGE_BYTES), 15);
+        assert_eq!(next_page_keys(&[kv(32 << 20)], PAGE_BYTES), 1);
+        assert_eq!(next_page_keys(&vec![kv(16 << 10); 3], 4 << 20), 255);
     }
 
     #[test]
