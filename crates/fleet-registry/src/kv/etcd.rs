@@ -86,8 +86,8 @@ pub struct EtcdKv {
     /// client certificate, the likely reason is a server requiring one (it ends the handshake
     /// with a bare alert or closes the connection, depending on timing).
     closed_hint: Option<&'static str>,
-    /// What a page of a prefix read after the first aims at ([`PAGE_BYTES`]).
-    page_bytes: usize,
+    /// How large a page of a prefix read is after the first ([`PageSize::for_deadline`]).
+    page: PageSize,
 }
 
 /// See [`EtcdKv::closed_hint`].
@@ -167,14 +167,14 @@ impl EtcdKv {
             user: cfg.auth.as_ref().map_or("", |a| a.username.as_str()).into(),
             request_timeout: cfg.request_timeout,
             closed_hint: (https && cfg.tls.cert_file.is_none()).then_some(NO_CLIENT_CERT_HINT),
-            page_bytes: PAGE_BYTES,
+            page: PageSize::for_deadline(cfg.request_timeout),
         })
     }
 
-    /// Pages of a prefix read aim at `bytes` after the first (at most [`MAX_PAGE_KEYS`] keys
-    /// each) instead of [`PAGE_BYTES`]: the contract tests read a few MiB in several pages.
+    /// Pages of a prefix read aim at `bytes` after the first, instead of what the request
+    /// deadline sets: the contract tests read a few MiB in several pages.
     pub fn with_page_bytes(mut self, bytes: usize) -> EtcdKv {
-        self.page_bytes = bytes.max(1);
+        self.page.bytes = bytes.max(1);
         self
     }
 
@@ -419,18 +419,48 @@ impl Kv for EtcdKv {
     }
 }
 
-/// What a page of a prefix read aims at after the first ([`RANGE_PAGE`] keys): etcd 3.4
-/// cannot limit a page by bytes, so the next page asks for as many keys as make this many
-/// bytes at the sizes seen so far. Small pages cost: etcd 3.4 walks its index over the rest
-/// of the range for every page, so a prefix read in pages costs etcd about the square of its
-/// pages. 100,000 keys of 150 bytes read 500 at a time took 1.2 s, against 0.35 s in one
-/// read. At 400,000 units, `list-unit-files` took 9.0-10.8 s and 9.4-9.6 s of etcd's CPU in
-/// pages of 4 MiB (at most 10,000 keys), and 6.1-7.4 s and 4.7-5.4 s of etcd's CPU in these
-/// (pages of 64 MiB gained nothing more); at 100,000 units both took the same time.
-const PAGE_BYTES: usize = 16 << 20;
+/// The size of a page of a prefix read after the first ([`RANGE_PAGE`] keys): etcd 3.4
+/// cannot limit a page by bytes, so the next page asks for as many keys as make `bytes` at
+/// the sizes seen so far, at most `keys`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PageSize {
+    bytes: usize,
+    keys: usize,
+}
 
-/// At most this many keys per page, however small.
-const MAX_PAGE_KEYS: usize = 100_000;
+/// A page per second of the request deadline, the deadline counted from 1 s to
+/// [`PAGE_SECONDS_AT_MOST`].
+///
+/// Small pages cost: etcd 3.4 walks its index over the rest of the range for every page, so a
+/// prefix read in n pages costs etcd about n²/2 walks of a page. 100,000 keys of 150 bytes read
+/// 500 at a time took 1.2 s, against 0.35 s in one read. At 400,000 units `list-unit-files`
+/// took 9.0-10.8 s and 9.4-9.6 s of etcd's CPU in pages of 4 MiB (at most 10,000 keys), and
+/// 6.1-7.4 s and 4.7-5.4 s in pages of 16 MiB (64 MiB gained nothing more); in fleetctl's
+/// pages below (3 s: 12 MiB, 30,000 keys) 5.6-6.7 s and 4.9-5.9 s.
+///
+/// Large pages cost too: each must come within the request deadline. With fleetd's default
+/// of 1 s, three listings at once at 100,000 units failed about 6 times in 10 in pages of
+/// 4 MiB and every time in pages of 16 MiB. So pages grow with the deadline: fleetd's 1 s
+/// keeps 4 MiB, fleetctl's 3 s reads 12 MiB.
+const PAGE_PER_SECOND: PageSize = PageSize {
+    bytes: 4 << 20,
+    keys: 10_000,
+};
+
+/// Pages stop growing with deadlines longer than this (16 MiB, 40,000 keys).
+const PAGE_SECONDS_AT_MOST: f64 = 4.0;
+
+impl PageSize {
+    /// The pages of a client whose requests must end within `deadline`.
+    fn for_deadline(deadline: Duration) -> PageSize {
+        let seconds = deadline.as_secs_f64().clamp(1.0, PAGE_SECONDS_AT_MOST);
+        let scale = |per_second: usize| (per_second as f64 * seconds) as usize;
+        PageSize {
+            bytes: scale(PAGE_PER_SECOND.bytes),
+            keys: scale(PAGE_PER_SECOND.keys),
+        }
+    }
+}
 
 /// The largest response decoded: what etcd itself may send (its gRPC send limit is
 /// `i32::MAX`). etcd-client's default, 4 MiB, failed a listing once the registry held more
@@ -490,7 +520,7 @@ impl EtcdKv {
     }
 
     /// Reads `key` (one key, or the keys under it) at `revision`, a prefix in pages of
-    /// about [`PAGE_BYTES`]: every page after the first is read at the first one's revision,
+    /// about [`PageSize`]: every page after the first is read at the first one's revision,
     /// so the result is the registry at one revision, as a single read would be. Each page
     /// gets the request deadline of its own. What is left after the first page is read as
     /// [`SPLITS`]' intervals at once, each in pages: etcd serves them side by side, and the
@@ -515,7 +545,7 @@ impl EtcdKv {
         // etcd's header carries the current revision: for a read of the present, the
         // revision every later page must be read at.
         let pinned = revision.unwrap_or(first.revision);
-        let limit = next_page_keys(&first.kvs, self.page_bytes);
+        let limit = next_page_keys(&first.kvs, self.page);
         sink(0, first.kvs);
         let (Some(next), Some(end)) = (next, end) else {
             return Ok(first.revision);
@@ -543,7 +573,7 @@ impl EtcdKv {
     ) -> Result<(), Failure> {
         loop {
             let (page, next) = self.read_page(start, Some(&end), pinned, limit).await?;
-            limit = next_page_keys(&page.kvs, self.page_bytes);
+            limit = next_page_keys(&page.kvs, self.page);
             sink(interval, page.kvs);
             match next {
                 Some(next) => start = next,
@@ -603,11 +633,11 @@ fn split(prefix: &[u8], from: Vec<u8>, end: Vec<u8>) -> Vec<(Vec<u8>, Vec<u8>)> 
     intervals
 }
 
-/// How many keys the page after `page` asks for: about `page_bytes` of keys like these.
-fn next_page_keys(page: &[super::KeyValue], page_bytes: usize) -> usize {
+/// How many keys the page after `page` asks for: about `size` of keys like these.
+fn next_page_keys(page: &[super::KeyValue], size: PageSize) -> usize {
     let bytes: usize = page.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
     let per_key = (bytes / page.len().max(1)).max(1);
-    (page_bytes / per_key).clamp(1, MAX_PAGE_KEYS)
+    (size.bytes / per_key).clamp(1, size.keys.max(1))
 }
 
 /// The end of the range of keys starting with `prefix` (etcd-client's `with_prefix`).
@@ -768,13 +798,34 @@ mod tests {
             version: 1,
             lease: 0,
         };
+        let fleetd = PageSize::for_deadline(Duration::from_secs(1));
+        assert_eq!(next_page_keys(&vec![kv(100); 500], fleetd), 10_000);
+        assert_eq!(next_page_keys(&vec![kv(1 << 20); 3], fleetd), 3);
+        assert_eq!(next_page_keys(&[kv(8 << 20)], fleetd), 1);
+        let fleetctl = PageSize::for_deadline(Duration::from_secs(3));
+        assert_eq!(next_page_keys(&vec![kv(1 << 20); 3], fleetctl), 11);
+        assert_eq!(next_page_keys(&vec![kv(100); 500], fleetctl), 30_000);
+    }
+
+    #[test]
+    fn pages_grow_with_the_request_deadline_within_bounds() {
+        let at = |ms: u64| PageSize::for_deadline(Duration::from_millis(ms));
+        assert_eq!(at(200), PAGE_PER_SECOND, "no smaller than a second's page");
+        assert_eq!(at(1_000), PAGE_PER_SECOND, "fleetd's default deadline");
         assert_eq!(
-            next_page_keys(&vec![kv(100); 500], PAGE_BYTES),
-            MAX_PAGE_KEYS
+            at(3_000),
+            PageSize {
+                bytes: 12 << 20,
+                keys: 30_000
+            },
+            "fleetctl's default deadline"
         );
-        assert_eq!(next_page_keys(&vec![kv(1 << 20); 3], PAGE_BYTES), 15);
-        assert_eq!(next_page_keys(&[kv(32 << 20)], PAGE_BYTES), 1);
-        assert_eq!(next_page_keys(&vec![kv(16 << 10); 3], 4 << 20), 255);
+        let most = PageSize {
+            bytes: 16 << 20,
+            keys: 40_000,
+        };
+        assert_eq!(at(4_000), most);
+        assert_eq!(at(60_000), most, "no larger past 4 s");
     }
 
     #[test]
