@@ -52,7 +52,7 @@ impl EtcdHarness {
     async fn start() -> EtcdHarness {
         let server = TestEtcd::start().await;
         // Pages of 4 MiB after the first, so that the few MiB these tests write take
-        // several (fleetd's pages are 16 MiB).
+        // several (this client's 5 s deadline would make them 16 MiB).
         let kv = server.kv().await.with_page_bytes(TEST_PAGE_BYTES);
         EtcdHarness { server, kv }
     }

@@ -434,9 +434,9 @@ struct PageSize {
 /// Small pages cost: etcd 3.4 walks its index over the rest of the range for every page, so a
 /// prefix read in n pages costs etcd about n²/2 walks of a page. 100,000 keys of 150 bytes read
 /// 500 at a time took 1.2 s, against 0.35 s in one read. At 400,000 units `list-unit-files`
-/// took 9.0-10.8 s and 9.4-9.6 s of etcd's CPU in pages of 4 MiB (at most 10,000 keys), and
-/// 6.1-7.4 s and 4.7-5.4 s in pages of 16 MiB (64 MiB gained nothing more); in fleetctl's
-/// pages below (3 s: 12 MiB, 30,000 keys) 5.6-6.7 s and 4.9-5.9 s.
+/// took 8.1-10.8 s and 7.5-10.1 s of etcd's CPU in pages of 4 MiB (at most 10,000 keys),
+/// 5.6-6.7 s and 4.9-5.9 s in fleetctl's pages below (3 s: 12 MiB, 30,000 keys), and
+/// 5.5-7.4 s in pages of 16 MiB (64 MiB gained nothing more).
 ///
 /// Large pages cost too: each must come within the request deadline. With fleetd's default
 /// of 1 s, three listings at once at 100,000 units failed about 6 times in 10 in pages of
@@ -637,7 +637,7 @@ fn split(prefix: &[u8], from: Vec<u8>, end: Vec<u8>) -> Vec<(Vec<u8>, Vec<u8>)> 
 fn next_page_keys(page: &[super::KeyValue], size: PageSize) -> usize {
     let bytes: usize = page.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
     let per_key = (bytes / page.len().max(1)).max(1);
-    (size.bytes / per_key).clamp(1, size.keys.max(1))
+    (size.bytes / per_key).clamp(1, size.keys)
 }
 
 /// The end of the range of keys starting with `prefix` (etcd-client's `with_prefix`).

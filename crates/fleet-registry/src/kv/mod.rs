@@ -19,10 +19,11 @@ pub use mem::MemKv;
 pub use rbac::Rbac;
 
 /// Keys in the first page of a prefix read on etcd; later pages ask for as many keys as make
-/// about 4 MiB per second of the request deadline (at most 16 MiB) at the sizes seen so far. Big reads come in pages so that no response holds a
-/// whole large prefix, but a page is bounded in keys, not bytes (etcd 3.4 cannot limit by
-/// bytes): the first is up to 500 values of up to etcd's request limit (1.5 MiB) each, and a
-/// later one may overshoot its size when values grow. The result is still one revision (see
+/// about 4 MiB per second of the request deadline (at most 16 MiB) at the sizes seen so far.
+/// Big reads come in pages so that no response holds a whole large prefix, but a page is
+/// bounded in keys, not bytes (etcd 3.4 cannot limit by bytes): the first is up to 500 values
+/// of up to etcd's request limit (1.5 MiB) each, and a later one may overshoot its size when
+/// values grow. The result is still one revision (see
 /// [`Kv::range`]). Public so the contract tests can read more than one page.
 pub const RANGE_PAGE: usize = 500;
 
