@@ -9,6 +9,7 @@ mod config;
 mod engine;
 mod generate;
 mod inspect;
+mod lock;
 mod logging;
 mod metrics;
 mod notify;
@@ -27,6 +28,7 @@ use tokio::sync::watch;
 use tracing::{Instrument, debug, error, info, warn};
 
 use config::Config;
+use lock::lock_runtime_dir;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const MACHINE_ID_FILE: &str = "/etc/machine-id";
@@ -128,31 +130,6 @@ fn machine_id() -> Result<MachineId> {
     text.trim()
         .parse()
         .with_context(|| format!("invalid machine ID in {MACHINE_ID_FILE}"))
-}
-
-/// One fleetd per runtime directory: a second one would manage the same units directory and
-/// take over the first one's lease. The lock is released when the process exits, however.
-fn lock_runtime_dir(dir: &std::path::Path) -> Result<std::fs::File> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("creating runtime directory {}", dir.display()))?;
-    let path = dir.join("fleetd.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => bail!(
-            "another fleetd is already running with runtime directory {} (it holds {})",
-            dir.display(),
-            path.display()
-        ),
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(e).with_context(|| format!("locking {}", path.display()))
-        }
-    }
 }
 
 async fn run(config: Config, activated: api::Activated) -> Result<()> {
