@@ -102,7 +102,7 @@ impl Class {
     fn of(key: &str, prefix: &str) -> Class {
         match Keys::new(prefix).kind(key) {
             Some(Kind::Unit) => Class::Unit,
-            Some(Kind::Schedule | Kind::Placement) => Class::Schedule,
+            Some(Kind::Schedule | Kind::Placement | Kind::Left) => Class::Schedule,
             Some(Kind::State) => Class::State,
             Some(Kind::Machine) => Class::Machine,
             Some(Kind::Engine) => Class::Engine,

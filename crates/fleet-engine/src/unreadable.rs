@@ -69,7 +69,8 @@ impl Unreadable {
                     | Key::Unscheduled(_)
                     | Key::Metadata { .. }
                     | Key::Moving(_)
-                    | Key::Placement { .. },
+                    | Key::Placement { .. }
+                    | Key::Left { .. },
                 )
                 | None => {}
             }

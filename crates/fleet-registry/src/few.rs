@@ -210,7 +210,8 @@ pub fn concerns(
             | Key::Disruption
             | Key::Metadata { .. }
             | Key::Drain(_)
-            | Key::Moving(_),
+            | Key::Moving(_)
+            | Key::Left { .. },
         )
         | None => false,
     }

@@ -19,6 +19,7 @@
 //! | `P/drain/<machine>`               | [`DrainRecord`] JSON          | none       |
 //! | `P/moving/<name>`                 | [`MoveRecord`] JSON           | none       |
 //! | `P/placement/<name>/<machine>`    | empty (the schedule by unit)  | none       |
+//! | `P/left/<name>/<machine>`         | empty (placement history)     | none       |
 //!
 //! [`UnitRecord`]: crate::UnitRecord
 //! [`ScheduleEntry`]: crate::ScheduleEntry
@@ -66,6 +67,14 @@ pub enum Key {
         unit: UnitName,
         machine: MachineId,
     },
+    /// The placement history: `unit` left `machine` while a copy may still have run there.
+    /// Written by the engine in the transaction that deletes the schedule entry, deleted by
+    /// it once that copy has stopped or the machine is gone; only such a machine (or one the
+    /// unit is scheduled on) may hold the unit's next placement back (issue 36).
+    Left {
+        unit: UnitName,
+        machine: MachineId,
+    },
 }
 
 /// The part of the schema a key is under, read from its first segment alone: a key of a
@@ -89,6 +98,8 @@ pub enum Kind {
     Moving,
     /// `placement/<name>/<machine>`: the schedule by unit, written by the engine.
     Placement,
+    /// `left/<name>/<machine>`: the placement history, written by the engine.
+    Left,
 }
 
 impl Key {
@@ -131,6 +142,13 @@ impl Key {
                     machine: machine.parse().ok()?,
                 }
             }
+            Kind::Left => {
+                let (unit, machine) = pair()?;
+                Key::Left {
+                    unit: unit.parse().ok()?,
+                    machine: machine.parse().ok()?,
+                }
+            }
             Kind::Metadata => {
                 let (machine, key) = pair()?;
                 Key::Metadata {
@@ -162,6 +180,7 @@ impl Key {
             Key::Drain(machine) => keys.drain(machine),
             Key::Moving(unit) => keys.moving(unit),
             Key::Placement { unit, machine } => keys.placement(unit, machine),
+            Key::Left { unit, machine } => keys.left(unit, machine),
         }
     }
 
@@ -179,6 +198,7 @@ impl Key {
             Key::Drain(_) => Kind::Drain,
             Key::Moving(_) => Kind::Moving,
             Key::Placement { .. } => Kind::Placement,
+            Key::Left { .. } => Kind::Left,
         }
     }
 }
@@ -327,6 +347,15 @@ impl Keys {
         format!("{}placement/{name}/{machine}", self.prefix)
     }
 
+    /// The placement history: every unit's records of machines it left.
+    pub fn lefts(&self) -> String {
+        format!("{}left/", self.prefix)
+    }
+
+    pub fn left(&self, name: &UnitName, machine: &MachineId) -> String {
+        format!("{}left/{name}/{machine}", self.prefix)
+    }
+
     pub fn unscheduled_all(&self) -> String {
         format!("{}unscheduled/", self.prefix)
     }
@@ -356,6 +385,7 @@ impl Keys {
             "drain" => Kind::Drain,
             "moving" => Kind::Moving,
             "placement" => Kind::Placement,
+            "left" => Kind::Left,
             _ => return None,
         };
         Some((kind, rest))
@@ -404,8 +434,12 @@ mod tests {
             Key::Drain("m3".parse().unwrap()),
             Key::Moving(u.clone()),
             Key::Placement {
-                unit: u,
+                unit: u.clone(),
                 machine: "m4".parse().unwrap(),
+            },
+            Key::Left {
+                unit: u,
+                machine: "m5".parse().unwrap(),
             },
             Key::Metadata {
                 machine: "m2".parse().unwrap(),
@@ -432,6 +466,8 @@ mod tests {
         assert_eq!(k.schedule(&m, &u), "/p/schedule/m1/a.service");
         assert_eq!(k.state(&m, &u), "/p/unit-state/m1/a.service");
         assert_eq!(k.machine_states(&m), "/p/unit-state/m1/");
+        assert_eq!(k.left(&u, &m), "/p/left/a.service/m1");
+        assert!(k.left(&u, &m).starts_with(&k.lefts()));
         assert_eq!(
             Key::parse(&k, &k.schedule(&m, &u)),
             Some(Key::Schedule {
@@ -464,6 +500,7 @@ mod tests {
             ("/p/unit-state/a.service/not a machine", Some(Kind::State)),
             ("/p/file-ref/nothex/a.service", Some(Kind::FileRef)),
             ("/p/engine/other", Some(Kind::Engine)),
+            ("/p/left/a.service", Some(Kind::Left)),
             ("/p/drain/a/b", Some(Kind::Drain)),
             ("/p/moving/not a unit", Some(Kind::Moving)),
             ("/p/unit", None),

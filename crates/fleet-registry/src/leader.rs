@@ -53,6 +53,13 @@ pub enum EngineWrite {
     Schedule(ScheduleEntry),
     /// Delete an entry of a machine's schedule.
     Unschedule { machine: MachineId, unit: UnitName },
+    /// Delete an entry of a machine's schedule whose copy may still run there, and record at
+    /// `P/left/<unit>/<machine>`, in the same transaction, that the unit left it: the
+    /// placement history a new leader reads, so that copy still holds the unit's next
+    /// placement back until it has stopped.
+    Leave { machine: MachineId, unit: UnitName },
+    /// Withdraw that record: the copy stopped, the machine is gone, or the unit is back.
+    Forget { unit: UnitName, machine: MachineId },
     /// Publish why a unit cannot be placed, at `P/unscheduled/<unit>`.
     Unschedulable { unit: UnitName, reason: String },
     /// Withdraw that reason.
@@ -75,8 +82,10 @@ impl EngineWrite {
     fn kind(&self) -> u8 {
         match self {
             EngineWrite::Moving(_) => 0,
-            EngineWrite::Unschedule { .. } => 1,
-            EngineWrite::Schedule(_) => 2,
+            EngineWrite::Unschedule { .. } | EngineWrite::Leave { .. } => 1,
+            // A record is forgotten only once its copy has stopped (or its machine is gone):
+            // it may share the transactions of the schedule entries that this allows.
+            EngineWrite::Schedule(_) | EngineWrite::Forget { .. } => 2,
             EngineWrite::Unschedulable { .. } | EngineWrite::ClearUnschedulable { .. } => 3,
             EngineWrite::Moved { .. } => 4,
             EngineWrite::Disruption { .. } => 5,
@@ -301,7 +310,7 @@ impl<K: Kv> Leadership<K> {
 
     /// Applies `writes`, fenced by this leadership, in transactions of at most
     /// [`MAX_TXN_OPS`] operations (a schedule write is two: the entry and its placement, kept
-    /// in one transaction). Returns the highest revision written (`None` if there was
+    /// in one transaction; a [`Leave`](EngineWrite::Leave) three, with its record). Returns the highest revision written (`None` if there was
     /// nothing to write).
     ///
     /// Consecutive writes of one kind (see [`EngineWrite::kind`]) touch distinct keys and
@@ -405,6 +414,16 @@ impl<K: Kv> Leadership<K> {
                 ops.push(delete(keys.schedule(machine, unit)));
                 ops.push(delete(keys.placement(unit, machine)));
             }
+            EngineWrite::Leave { machine, unit } => {
+                ops.push(delete(keys.schedule(machine, unit)));
+                ops.push(delete(keys.placement(unit, machine)));
+                ops.push(TxnOp::Put {
+                    key: keys.left(unit, machine),
+                    value: Vec::new(),
+                    lease: None,
+                });
+            }
+            EngineWrite::Forget { unit, machine } => ops.push(delete(keys.left(unit, machine))),
             EngineWrite::Unschedulable { unit, reason } => ops.push(TxnOp::Put {
                 key: keys.unscheduled(unit),
                 value: reason.as_bytes().to_vec(),
@@ -798,6 +817,39 @@ mod tests {
         .unwrap();
         assert!(placement_keys(&reg).await.is_empty());
         assert!(schedule_keys(&reg).await.is_empty());
+    }
+
+    /// Issue 36: the record that a unit left a machine lands with the deletion of its entry
+    /// there, so no leader ever sees the entry gone without the record.
+    #[tokio::test(start_paused = true)]
+    async fn records_that_a_unit_left_in_the_transaction_that_unschedules_it() {
+        let reg = registry();
+        let a = lead(&reg, "a").await;
+        let x: UnitName = "x.service".parse().unwrap();
+        a.write(&[EngineWrite::Schedule(entry("x.service", "m1"))])
+            .await
+            .unwrap();
+        let before = reg.kv().range("/", true, None).await.unwrap().revision;
+        let leave = EngineWrite::Leave {
+            machine: machine("m1"),
+            unit: x.clone(),
+        };
+        let written = a.write(&[leave]).await.unwrap().unwrap();
+        assert_eq!(written, before + 1, "one transaction");
+        assert!(schedule_keys(&reg).await.is_empty());
+        assert!(placement_keys(&reg).await.is_empty());
+        let left = keys_under(&reg, &reg.keys().lefts()).await;
+        assert_eq!(left, ["/leader-test/left/x.service/m1"]);
+        let snap = reg.snapshot().await.unwrap();
+        assert!(snap.left[&x].contains_key(&machine("m1")));
+        a.write(&[EngineWrite::Forget {
+            unit: x.clone(),
+            machine: machine("m1"),
+        }])
+        .await
+        .unwrap();
+        assert!(keys_under(&reg, &reg.keys().lefts()).await.is_empty());
+        assert!(reg.snapshot().await.unwrap().left.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -271,6 +271,14 @@ impl<K: Kv> LiveView<K> {
                 EngineWrite::Unschedule { machine, unit } => {
                     snap.remove(keys, &keys.schedule(machine, unit));
                 }
+                EngineWrite::Leave { machine, unit } => {
+                    snap.remove(keys, &keys.schedule(machine, unit));
+                    snap.remove(keys, &keys.left(unit, machine));
+                    snap.insert_left(unit.clone(), machine.clone());
+                }
+                EngineWrite::Forget { unit, machine } => {
+                    snap.remove(keys, &keys.left(unit, machine));
+                }
                 EngineWrite::Unschedulable { unit, reason } => {
                     snap.unscheduled.insert(unit.clone(), reason.clone());
                 }
@@ -368,7 +376,7 @@ impl<K: Kv> LiveView<K> {
             Kind::Machine if event.kind == EventKind::Delete => &mut touched.departed,
             Kind::Machine | Kind::Metadata | Kind::Drain => &mut touched.machines,
             // Written by the leader alone, like schedules (and recorded in the same way).
-            Kind::Moving => &mut touched.schedules,
+            Kind::Moving | Kind::Left => &mut touched.schedules,
             Kind::Schedule => &mut touched.schedules,
             Kind::State => &mut touched.states,
             Kind::Unscheduled => &mut touched.unscheduled,

@@ -10,7 +10,7 @@
 //! - [`operator`]: the viewer's reads, and writes units, files, file references, dynamic
 //!   metadata and drain marks; never a schedule, a state, a presence or the leader key.
 //! - [`engine`]: reads everything, writes schedules, unscheduled reasons, `engine/` (the
-//!   leader key, the disruption notice) and moves.
+//!   leader key, the disruption notice), moves and the placement history.
 //! - [`machine`] (one per machine ID `M`): writes `machine/M` and `unit-state/M/`, reads
 //!   `schedule/M/` and the unit files. Nothing else: a host's credentials cannot touch another
 //!   machine's keys, a unit, or the leader key.
@@ -143,7 +143,7 @@ pub fn operator(keys: &Keys) -> RoleSpec {
 }
 
 /// Every read; writes of schedules (and their mirror by unit, placements), unscheduled
-/// reasons, `engine/` (leader, disruption), moves.
+/// reasons, `engine/` (leader, disruption), moves, the placement history (`left/`).
 pub fn engine(keys: &Keys) -> RoleSpec {
     let mut permissions = viewer(keys).permissions;
     for prefix in [
@@ -152,6 +152,7 @@ pub fn engine(keys: &Keys) -> RoleSpec {
         keys.unscheduled_all(),
         format!("{}engine/", keys.prefix()),
         keys.moves(),
+        keys.lefts(),
     ] {
         permissions.push(Permission::prefix(Access::ReadWrite, prefix));
     }
@@ -374,6 +375,17 @@ mod tests {
         assert!(!role.permits(Access::Read, "/p/schedule/m2/a.service"));
         assert!(!role.permits(Access::Write, "/p/unit/a.service"));
         assert!(!role.permits(Access::Write, "/p/engine/leader"));
+    }
+
+    /// Issue 36: the history of where a unit ran is what lets a machine hold the unit's
+    /// placement back, so no machine may write it, its own part included.
+    #[test]
+    fn only_the_engine_writes_the_placement_history() {
+        let keys = Keys::new("/p/");
+        let key = "/p/left/a.service/m1";
+        assert!(engine(&keys).permits(Access::Write, key));
+        assert!(!machine(&keys, &m("m1")).permits(Access::Write, key));
+        assert!(!operator(&keys).permits(Access::Write, key));
     }
 
     #[test]

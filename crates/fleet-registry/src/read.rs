@@ -134,6 +134,18 @@ pub(crate) fn unscheduled(keys: &Keys, kv: &KeyValue) -> Result<(UnitName, Strin
     Ok((name, String::from_utf8_lossy(&kv.value).into_owned()))
 }
 
+/// A `left/<name>/<machine>` record of the placement history (its value is empty: the key
+/// says it all).
+pub(crate) fn left(
+    keys: &Keys,
+    kv: &KeyValue,
+) -> Result<(UnitName, fleet_core::MachineId), Skipped> {
+    match Key::parse(keys, &kv.key) {
+        Some(Key::Left { unit, machine }) => Ok((unit, machine)),
+        _ => Err(skipped(keys, kv, "the key names no unit and machine")),
+    }
+}
+
 /// The part of the key after `base`, parsed.
 pub(crate) fn key_part<T>(keys: &Keys, kv: &KeyValue, base: &str) -> Result<T, Skipped>
 where

@@ -17,8 +17,8 @@ use crate::read::{self, Skipped};
 use crate::records::{DrainRecord, MoveRecord, ScheduleEntry, Unit, UnitStateRecord};
 use crate::registry::Registry;
 
-/// Units, schedule, machines, their dynamic metadata, drains and published states, all read
-/// at `revision`.
+/// Units, schedule, machines, their dynamic metadata, drains, published states and the
+/// placement history, all read at `revision`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
     pub revision: Revision,
@@ -38,6 +38,9 @@ pub struct Snapshot {
     pub drained: BTreeMap<MachineId, DrainRecord>,
     /// Units the engine is moving off a drained machine.
     pub moving: BTreeMap<UnitName, MoveRecord>,
+    /// The placement history: unit -> the machines it left while a copy may still have run
+    /// there (`P/left/<name>/<machine>`), until the engine saw that copy stop.
+    pub left: BTreeMap<UnitName, PerMachine<()>>,
     /// Values that could not be read, by key: left out of every map above, so a corrupt unit
     /// record reads as no unit, a corrupt schedule entry as no entry.
     pub skipped: BTreeMap<String, Skipped>,
@@ -87,8 +90,14 @@ impl Snapshot {
         place(&mut self.schedule, e.name.clone(), e.machine.clone(), e);
     }
 
+    pub(crate) fn insert_left(&mut self, mut unit: UnitName, mut machine: MachineId) {
+        self.share(&mut unit, &mut machine);
+        place(&mut self.left, unit, machine, ());
+    }
+
     /// Adds the value stored at `kv`, if its key is of a kind the snapshot keeps (units,
-    /// machines, dynamic metadata, schedule, states, unschedulable reasons, drains, moves): readable, into its map; not, into
+    /// machines, dynamic metadata, schedule, states, unschedulable reasons, drains, moves,
+    /// the placement history): readable, into its map; not, into
     /// [`skipped`](Self::skipped), and returned so that the caller may report it. Whatever was
     /// at the key before must have been [`remove`](Self::remove)d.
     pub(crate) fn insert(&mut self, keys: &Keys, kv: &KeyValue) -> Option<&Skipped> {
@@ -134,6 +143,10 @@ impl Snapshot {
             Kind::Moving => read::moving(keys, kv).map(|m| {
                 self.moving.insert(m.unit.clone(), m);
             }),
+            Kind::Left => read::left(keys, kv).map(|(mut unit, mut machine)| {
+                naming.unwrap_or(self).share(&mut unit, &mut machine);
+                place(&mut self.left, unit, machine, ());
+            }),
             // Placements mirror the schedule, which the snapshot holds already.
             Kind::File | Kind::FileRef | Kind::Engine | Kind::Placement => return None,
         };
@@ -175,6 +188,7 @@ impl Snapshot {
             Some(Key::Moving(unit)) => {
                 self.moving.remove(&unit);
             }
+            Some(Key::Left { unit, machine }) => remove_inner(&mut self.left, &unit, &machine),
             Some(
                 Key::File(_)
                 | Key::FileRef { .. }
@@ -263,6 +277,7 @@ impl<K: Kv> Registry<K> {
             keys.metadata_all(),
             keys.drains(),
             keys.moves(),
+            keys.lefts(),
         ];
         let abandoned = Arc::new(AtomicBool::new(false));
         let (pages, decoder) = Decoder::start(keys, revision, &abandoned);
@@ -460,6 +475,7 @@ impl Snapshot {
         merge(&mut self.metadata, part.metadata);
         merge(&mut self.drained, part.drained);
         merge(&mut self.moving, part.moving);
+        merge(&mut self.left, part.left);
         merge(&mut self.skipped, part.skipped);
     }
 }

@@ -191,6 +191,7 @@ fn part_of(snapshot: &Snapshot, touched: &BTreeSet<UnitName>) -> Snapshot {
         unscheduled: only(&snapshot.unscheduled, touched),
         drained: BTreeMap::new(),
         moving: BTreeMap::new(),
+        left: BTreeMap::new(),
         skipped: BTreeMap::new(),
     }
 }
