@@ -47,6 +47,7 @@ pub enum TaskType {
     Unschedule,
     Update,
     Schedule,
+    Forget,
     Unschedulable,
     ClearUnschedulable,
     MoveOver,
@@ -59,6 +60,7 @@ impl TaskType {
             DecisionKind::Unschedule { .. } => TaskType::Unschedule,
             DecisionKind::Update { .. } => TaskType::Update,
             DecisionKind::Schedule { .. } => TaskType::Schedule,
+            DecisionKind::Forget { .. } => TaskType::Forget,
             DecisionKind::Unschedulable { .. } => TaskType::Unschedulable,
             DecisionKind::ClearUnschedulable { .. } => TaskType::ClearUnschedulable,
             DecisionKind::MoveOver { .. } => TaskType::MoveOver,
@@ -71,6 +73,7 @@ impl TaskType {
             TaskType::Unschedule => "unschedule",
             TaskType::Update => "update",
             TaskType::Schedule => "schedule",
+            TaskType::Forget => "forget",
             TaskType::Unschedulable => "unschedulable",
             TaskType::ClearUnschedulable => "clear_unschedulable",
             TaskType::MoveOver => "move_over",
@@ -160,6 +163,7 @@ pub fn outcome(decision: &Decision, leaving: &HashSet<&UnitName>) -> Option<Outc
         DecisionKind::Moving { .. }
         | DecisionKind::Unschedule { .. }
         | DecisionKind::Update { .. }
+        | DecisionKind::Forget { .. }
         | DecisionKind::ClearUnschedulable { .. }
         | DecisionKind::MoveOver { .. } => None,
     }

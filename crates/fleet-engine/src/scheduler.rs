@@ -11,8 +11,11 @@
 //!   machines that have no entry yet); the others keep the previous version.
 //! - An entry placed under an older placement generation (`--reschedule`) is placed afresh,
 //!   away from the machine to avoid if another one can run it.
-//! - A non-global unit is not placed while another live machine still publishes a running
-//!   copy of it: it waits, with a reason, until that copy has stopped.
+//! - A non-global unit is not placed while another machine still publishes a running copy
+//!   of it, one that is there and in the unit's placement history (scheduled there, or left
+//!   lately, [`history`]): it waits, with a reason, until that copy has stopped. A copy any
+//!   other machine publishes holds nothing back. The entry of a copy that may still run is
+//!   deleted with a record that the unit left (withdrawn once the copy stopped).
 //! - Of two units on one machine that conflict, the first in name order stays; a unit that
 //!   another unit there `Replaces=` is displaced (fleet #1698) to another machine able to
 //!   run it. A non-global unit wins over a global one.
@@ -38,6 +41,7 @@ mod decision;
 mod delta;
 mod drain;
 mod explain;
+mod history;
 mod spec;
 
 use fleet_core::{MachineId, UnitFile, UnitHash, UnitName};
@@ -50,6 +54,7 @@ pub use delta::{Entangled, Load, plan_delta, plan_delta_on, touched_by_loss};
 pub use explain::{
     DrainStatus, Explanation, MachineVerdict, Rejection, Status, drain_status, explain,
 };
+pub use history::strays;
 use spec::Spec;
 
 /// A bound on evict-then-place rounds. Ordinary plans settle in two or three; only a cycle
@@ -66,6 +71,8 @@ pub struct Plan {
     /// moving off a drained machine until they are active elsewhere: the only cases where a
     /// change of published states can change the plan.
     pub waiting: BTreeSet<UnitName>,
+    /// The units held back for a previous copy, each with the machine that copy is on.
+    pub previous_copies: BTreeMap<UnitName, MachineId>,
 }
 
 /// Decides what to change so that the schedule obeys every unit's rules. Units whose file is
@@ -96,10 +103,14 @@ fn plan_cluster<'s>(snapshot: &'s Snapshot, mut cluster: Cluster<'s>) -> Plan {
             break;
         }
     }
-    let (mut decisions, mut waiting) = decisions(snapshot, &cluster);
+    let (mut decisions, previous_copies) = decisions(snapshot, &cluster);
     cluster.unreadable().delete_entries(&mut decisions);
-    waiting.extend(cluster.in_flight.iter().cloned());
-    Plan { decisions, waiting }
+    let waiting = previous_copies.keys().chain(&cluster.in_flight).cloned();
+    Plan {
+        decisions,
+        waiting: waiting.collect(),
+        previous_copies,
+    }
 }
 
 /// Evicts misplaced units and recomputes global units until neither changes anything. It
@@ -215,10 +226,10 @@ fn settle_globals(c: &mut Cluster<'_>) -> bool {
 /// Places every unplaced non-global unit that some machine can take, in name order, again
 /// and again while that places something (a dependent named before its peer waits a turn).
 ///
-/// A unit whose copy may still run on another live machine is not placed: the old copy's
-/// stop job (`ExecStopPost=` included) may still be going, and two copies of a non-global
-/// unit never run at once. The engine watches unit states and places it once that copy
-/// has stopped.
+/// A unit whose copy may still run on another machine in its history is not placed: the old
+/// copy's stop job (`ExecStopPost=` included) may still be going, and two copies of a
+/// non-global unit never run at once. The engine watches unit states and places it once that
+/// copy has stopped.
 fn place_unplaced(c: &mut Cluster<'_>) -> bool {
     let mut placed_any = false;
     loop {
@@ -317,16 +328,14 @@ fn unschedulable_reason(c: &Cluster<'_>, unit: &UnitName) -> Option<Reason> {
 }
 
 /// The net difference between the snapshot and the settled working copy, and the units
-/// waiting for a previous copy to stop.
-fn decisions(snapshot: &Snapshot, c: &Cluster<'_>) -> (Vec<Decision>, BTreeSet<UnitName>) {
+/// waiting for a previous copy to stop (with the machine of that copy).
+fn decisions(
+    snapshot: &Snapshot,
+    c: &Cluster<'_>,
+) -> (Vec<Decision>, BTreeMap<UnitName, MachineId>) {
     // Looked up, not collected: two sets of every slot cloned, on every pass, were most of
     // this function's cost at 100,000 units.
-    let before = |(unit, machine): &Slot| {
-        snapshot
-            .schedule
-            .get(unit)
-            .is_some_and(|ms| ms.get(machine).is_some())
-    };
+    let before = |(unit, machine): &Slot| scheduled_in(snapshot, unit, machine);
     let after = |(unit, machine): &Slot| c.has(unit, machine);
     let mut out: Vec<Decision> = c
         .moves_started
@@ -341,19 +350,7 @@ fn decisions(snapshot: &Snapshot, c: &Cluster<'_>) -> (Vec<Decision>, BTreeSet<U
             },
         })
         .collect();
-    for ((unit, machine), reason) in &c.removed {
-        let slot = (unit.clone(), machine.clone());
-        if before(&slot) && !after(&slot) {
-            let kind = DecisionKind::Unschedule {
-                unit: unit.clone(),
-                machine: machine.clone(),
-            };
-            out.push(Decision {
-                kind,
-                reason: reason.clone(),
-            });
-        }
-    }
+    out.extend(removals(snapshot, c));
     // Both orders are (unit, machine): the snapshot's schedule is by unit, each unit's
     // entries by machine.
     out.extend(
@@ -383,7 +380,8 @@ fn decisions(snapshot: &Snapshot, c: &Cluster<'_>) -> (Vec<Decision>, BTreeSet<U
             });
         }
     }
-    let (reasons, waiting) = unschedulable(snapshot, c);
+    out.extend(history::forgotten(snapshot, c));
+    let (reasons, previous_copies) = unschedulable(snapshot, c);
     out.extend(reasons);
     out.extend(c.moves_over.iter().map(|(unit, from)| Decision {
         kind: DecisionKind::MoveOver { unit: unit.clone() },
@@ -391,7 +389,32 @@ fn decisions(snapshot: &Snapshot, c: &Cluster<'_>) -> (Vec<Decision>, BTreeSet<U
             machine: from.clone(),
         },
     }));
-    (out, waiting)
+    (out, previous_copies)
+}
+
+fn scheduled_in(snapshot: &Snapshot, unit: &UnitName, machine: &MachineId) -> bool {
+    snapshot
+        .schedule
+        .get(unit)
+        .is_some_and(|ms| ms.contains_key(machine))
+}
+
+/// The snapshot's entries the plan deletes. One whose machine may still run a copy records
+/// that the unit left it ([`Cluster::leaves_copy`]).
+fn removals<'a>(snapshot: &'a Snapshot, c: &'a Cluster<'_>) -> impl Iterator<Item = Decision> + 'a {
+    c.removed
+        .iter()
+        .filter(|((unit, machine), _)| {
+            scheduled_in(snapshot, unit, machine) && !c.has(unit, machine)
+        })
+        .map(|((unit, machine), reason)| Decision {
+            kind: DecisionKind::Unschedule {
+                unit: unit.clone(),
+                machine: machine.clone(),
+                record_left: c.leaves_copy(unit, machine),
+            },
+            reason: reason.clone(),
+        })
 }
 
 /// An in-place update of an entry that differs from what its unit asks of that machine.
@@ -442,11 +465,14 @@ fn stale_entry_reason(entry: &ScheduleEntry, spec: &Spec, hash: UnitHash) -> Opt
 }
 
 /// Unscheduled reasons to publish (new or changed) and to clear, and the units waiting for
-/// a previous copy to stop.
-fn unschedulable(snapshot: &Snapshot, c: &Cluster<'_>) -> (Vec<Decision>, BTreeSet<UnitName>) {
+/// a previous copy to stop (with the machine of that copy).
+fn unschedulable(
+    snapshot: &Snapshot,
+    c: &Cluster<'_>,
+) -> (Vec<Decision>, BTreeMap<UnitName, MachineId>) {
     let mut out = Vec::new();
     let mut stuck = BTreeSet::new();
-    let mut waiting = BTreeSet::new();
+    let mut waiting = BTreeMap::new();
     let invalid = c.invalid.iter().map(|(unit, error)| {
         let error = error.clone();
         (unit, Some(Reason::InvalidRequirements { error }))
@@ -460,8 +486,8 @@ fn unschedulable(snapshot: &Snapshot, c: &Cluster<'_>) -> (Vec<Decision>, BTreeS
             continue;
         };
         stuck.insert(unit);
-        if matches!(reason, Reason::WaitingForPreviousCopy { .. }) {
-            waiting.insert(unit.clone());
+        if let Reason::WaitingForPreviousCopy { machine } = &reason {
+            waiting.insert(unit.clone(), machine.clone());
         }
         if snapshot.unscheduled.get(unit) != Some(&reason.to_string()) {
             let kind = DecisionKind::Unschedulable { unit: unit.clone() };

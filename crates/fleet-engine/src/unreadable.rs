@@ -111,9 +111,11 @@ impl Unreadable {
             .iter()
             .filter(|(_, (m, u))| !written.contains(&(m, u)))
             .map(|(key, (machine, unit))| Decision {
+                // Its agent runs nothing for an entry it cannot read: no copy to record.
                 kind: DecisionKind::Unschedule {
                     unit: unit.clone(),
                     machine: machine.clone(),
+                    record_left: false,
                 },
                 reason: Reason::Unreadable { key: key.clone() },
             })

@@ -570,6 +570,88 @@ async fn moves_a_replaced_unit_only_once_its_previous_copy_has_stopped<K: Kv>(
     a.shutdown().await;
 }
 
+/// Submits `unit`, pinned to `machine` (`MachineID=`).
+async fn submit_on<K: Kv>(reg: &Registry<K>, unit: &str, machine: &str) {
+    let text = format!("[Service]\nExecStart=/bin/echo {unit}\n\n[X-Fleet]\nMachineID={machine}\n");
+    UnitsRole::new(reg.clone())
+        .create_unit(
+            &name(unit),
+            &UnitFile::parse(text.as_bytes()).unwrap(),
+            DesiredState::Launched,
+        )
+        .await
+        .unwrap();
+}
+
+/// Issue 36: a state a machine publishes for a unit never scheduled there holds nothing
+/// back; a copy on a machine the unit just left holds it, under the next leader too, until
+/// it stops.
+async fn only_a_machine_the_unit_left_holds_it_back_across_a_leader_change<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    let m1 = join(&reg, "m1").await;
+    join(&reg, "m2").await;
+    // m1 claims to run s.service, which it never was given.
+    publish(&reg, ("m1", &m1), "s.service", "active").await;
+    let first = start(&reg, "e1", t);
+    submit_on(&reg, "s.service", "m2").await;
+    eventually(t.prompt, "s on m2 despite m1's stray state", || async {
+        schedule(&reg).await.get("s.service") == Some(&vec!["m2".to_owned()])
+    })
+    .await;
+    // a runs on m1, then must move to m2.
+    submit(&reg, "a.service").await;
+    eventually(t.prompt, "a on m1", || async {
+        schedule(&reg).await.get("a.service") == Some(&vec!["m1".to_owned()])
+    })
+    .await;
+    publish(&reg, ("m1", &m1), "a.service", "active").await;
+    let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
+    let file = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n\n[X-Fleet]\nMachineID=m2\n");
+    UnitsRole::new(reg.clone())
+        .replace_unit(&unit, &file.unwrap(), DesiredState::Launched)
+        .await
+        .unwrap();
+    let left = || async {
+        let snap = reg.snapshot().await.unwrap();
+        let on = snap.left.get(&name("a.service"));
+        on.map(|ms| ms.keys().map(ToString::to_string).collect::<Vec<_>>())
+    };
+    eventually(t.prompt, "a left m1, recorded", || async {
+        left().await == Some(vec!["m1".to_owned()])
+            && !schedule(&reg).await.contains_key("a.service")
+    })
+    .await;
+    first.shutdown().await;
+    let second = start(&reg, "e2", t);
+    eventually(t.prompt, "e2 leads", || leader_is(&reg, Some("e2"))).await;
+    sleep(t.interval * 2).await;
+    assert!(
+        !schedule(&reg).await.contains_key("a.service"),
+        "the new leader placed a while its copy on m1 still ran"
+    );
+    let snap = reg.snapshot().await.unwrap();
+    assert_eq!(
+        snap.unscheduled.get(&name("a.service")).map(String::as_str),
+        Some("waiting for the previous copy on m1 to stop")
+    );
+    MachineRole::new(reg.clone(), machine("m1"))
+        .remove_state(&name("a.service"))
+        .await
+        .unwrap();
+    eventually(
+        t.prompt,
+        "a on m2 once stopped on m1, the record gone",
+        || async {
+            schedule(&reg).await.get("a.service") == Some(&vec!["m2".to_owned()])
+                && left().await.is_none()
+        },
+    )
+    .await;
+    second.shutdown().await;
+}
+
 async fn drains_a_machine_one_move_at_a_time_across_a_leader_change<K: Kv>(
     reg: Registry<K>,
     t: Timing,
@@ -773,6 +855,7 @@ on_both!(
     places_and_moves_units_on_dynamic_metadata_changes,
     schedules_more_units_than_one_transaction_holds,
     moves_a_replaced_unit_only_once_its_previous_copy_has_stopped,
+    only_a_machine_the_unit_left_holds_it_back_across_a_leader_change,
     drains_a_machine_one_move_at_a_time_across_a_leader_change,
     placements_follow_the_schedule_and_a_new_leader_repairs_them,
 );

@@ -459,9 +459,25 @@ async fn key_changed(key: &mut Option<WatchHints>) -> bool {
 
 fn write_of(decision: &Decision) -> EngineWrite {
     match &decision.kind {
-        DecisionKind::Unschedule { unit, machine } => EngineWrite::Unschedule {
+        DecisionKind::Unschedule {
+            unit,
+            machine,
+            record_left: false,
+        } => EngineWrite::Unschedule {
             machine: machine.clone(),
             unit: unit.clone(),
+        },
+        DecisionKind::Unschedule {
+            unit,
+            machine,
+            record_left: true,
+        } => EngineWrite::Leave {
+            machine: machine.clone(),
+            unit: unit.clone(),
+        },
+        DecisionKind::Forget { unit, machine } => EngineWrite::Forget {
+            unit: unit.clone(),
+            machine: machine.clone(),
         },
         kind @ (DecisionKind::Update { .. } | DecisionKind::Schedule { .. }) => {
             EngineWrite::Schedule(kind.schedule_entry().expect("an entry's decision"))
@@ -484,8 +500,15 @@ fn write_of(decision: &Decision) -> EngineWrite {
 fn log_decision(decision: &Decision) {
     let reason = &decision.reason;
     match &decision.kind {
-        DecisionKind::Unschedule { unit, machine } => {
-            info!(unit = %unit, machine = %machine, reason = %reason, "unscheduling unit");
+        DecisionKind::Unschedule {
+            unit,
+            machine,
+            record_left,
+        } => {
+            info!(unit = %unit, machine = %machine, reason = %reason, record_left, "unscheduling unit");
+        }
+        DecisionKind::Forget { unit, machine } => {
+            debug!(unit = %unit, machine = %machine, reason = %reason, "forgetting that unit left machine");
         }
         DecisionKind::Update {
             unit,

@@ -33,6 +33,7 @@ fn plan_of(decisions: Vec<Decision>) -> Plan {
     Plan {
         decisions,
         waiting: Default::default(),
+        previous_copies: Default::default(),
     }
 }
 
@@ -49,6 +50,7 @@ fn a_schedule_is_a_placement_unless_the_unit_leaves_another_machine() {
         kind: DecisionKind::Unschedule {
             unit: unit("b.service"),
             machine: machine("m2"),
+            record_left: false,
         },
         reason: Reason::MachineGone {
             machine: machine("m2"),

@@ -13,6 +13,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::decision::{Reason, Violation};
+use super::history::History;
 use super::spec::Spec;
 use crate::unreadable::Unreadable;
 
@@ -34,8 +35,11 @@ pub(super) type Slot = (UnitName, MachineId);
 pub(super) struct Cluster<'s> {
     /// With their dynamic metadata over their configured metadata.
     pub machines: Cow<'s, BTreeMap<MachineId, MachineInfo>>,
-    /// What agents publish: only read to hold a unit back while a copy of it still runs.
+    /// What agents publish: only read to hold a unit back while a copy of it still runs, and
+    /// to see a drain move arrive.
     states: &'s BTreeMap<UnitName, PerMachine<UnitStateRecord>>,
+    /// Where each unit ran lately: whose published copies may hold it back.
+    history: History<'s>,
     /// Units the plan places: wanted, with a known file.
     pub specs: BTreeMap<UnitName, Spec>,
     /// Wanted units whose file is unknown, or that the engine holds, and units whose record
@@ -118,6 +122,7 @@ impl<'s> Cluster<'s> {
         let mut cluster = Cluster {
             machines: snapshot.machines_with_metadata(),
             states: &snapshot.states,
+            history: History::of(snapshot),
             specs: BTreeMap::new(),
             frozen: unreadable.units.clone(),
             held,
@@ -245,19 +250,31 @@ impl<'s> Cluster<'s> {
         self.specs.get(unit)?.replace.avoid.as_ref()
     }
 
-    /// A live machine other than `machine` that publishes a copy of `unit` that may still be
-    /// running. A machine that is gone never holds a unit back: its states went with its
-    /// lease.
-    pub fn previous_copy(&self, unit: &UnitName, machine: &MachineId) -> Option<&MachineId> {
-        self.states
-            .get(unit)?
-            .iter()
-            .find(|(m, state)| {
-                *m != machine
-                    && (self.machines.contains_key(*m) || self.unreadable.machines.contains(*m))
-                    && state.systemd.active_state().may_be_running()
-            })
-            .map(|(m, _)| m)
+    /// A machine other than `machine`, in `unit`'s history and there, that publishes a copy
+    /// of `unit` that may still be running (see [`super::history`]). A machine that is gone
+    /// never holds a unit back (its states went with its lease), nor does one the unit was
+    /// not on lately (a stray state).
+    pub fn previous_copy(&self, unit: &UnitName, machine: &MachineId) -> Option<&'s MachineId> {
+        self.history
+            .running(unit)
+            .find(|m| *m != machine && self.is_there(m) && self.history.knows(unit, m))
+    }
+
+    /// Whether deleting `unit`'s entry on `machine` leaves a copy that may still run there
+    /// and that the history does not record yet: the engine then records that the unit left
+    /// the machine, in the same transaction. A unit known to be global is never held back,
+    /// so its copies need no record.
+    pub fn leaves_copy(&self, unit: &UnitName, machine: &MachineId) -> bool {
+        !self.is_global(unit)
+            && self.is_there(machine)
+            && self.history.may_run(unit, machine)
+            && !self.history.recorded(unit, machine)
+    }
+
+    /// Whether `machine` is there: live, or its record cannot be read (its key is, on its
+    /// lease).
+    pub fn is_there(&self, machine: &MachineId) -> bool {
+        self.machines.contains_key(machine) || self.unreadable.machines.contains(machine)
     }
 
     /// Whether `unit` has `Conflicts=` or `Replaces=`: only such units make a pair invalid.

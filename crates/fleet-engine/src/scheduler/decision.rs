@@ -26,8 +26,15 @@ pub enum DecisionKind {
     /// before its entry there is deleted, so a move is never on its way unrecorded (a
     /// recorded move whose unit is still there is simply made again).
     Moving { unit: UnitName, from: MachineId },
-    /// Delete the unit's entry on `machine`.
-    Unschedule { unit: UnitName, machine: MachineId },
+    /// Delete the unit's entry on `machine`. With `record_left`, the machine may still run a
+    /// copy: record at `P/left/<unit>/<machine>`, in the same transaction, that the unit
+    /// left it, so that the copy holds the unit's next placement back until it has stopped,
+    /// under this leader or the next (see `history.rs`).
+    Unschedule {
+        unit: UnitName,
+        machine: MachineId,
+        record_left: bool,
+    },
     /// Rewrite the unit's entry on `machine` (same machine; a new hash, desired state,
     /// restart generation or replace option).
     Update {
@@ -49,6 +56,8 @@ pub enum DecisionKind {
         no_restart: bool,
         placement: u64,
     },
+    /// Withdraw the record that the unit left `machine`: that machine holds it back no more.
+    Forget { unit: UnitName, machine: MachineId },
     /// The unit cannot be placed; publish the reason at `P/unscheduled/<unit>`.
     Unschedulable { unit: UnitName },
     /// Remove a previously published reason: the unit is placed or no longer wanted.
@@ -63,6 +72,7 @@ impl DecisionKind {
             Self::Unschedule { unit, .. }
             | Self::Update { unit, .. }
             | Self::Schedule { unit, .. }
+            | Self::Forget { unit, .. }
             | Self::Unschedulable { unit }
             | Self::ClearUnschedulable { unit }
             | Self::Moving { unit, .. }
@@ -76,7 +86,8 @@ impl DecisionKind {
             Self::Unschedule { machine, .. }
             | Self::Update { machine, .. }
             | Self::Schedule { machine, .. } => Some(machine),
-            Self::Unschedulable { .. }
+            Self::Forget { .. }
+            | Self::Unschedulable { .. }
             | Self::ClearUnschedulable { .. }
             | Self::Moving { .. }
             | Self::MoveOver { .. } => None,
@@ -114,6 +125,7 @@ impl DecisionKind {
                 placement: *placement,
             }),
             Self::Unschedule { .. }
+            | Self::Forget { .. }
             | Self::Unschedulable { .. }
             | Self::ClearUnschedulable { .. }
             | Self::Moving { .. }
@@ -234,9 +246,15 @@ pub enum Reason {
     InvalidRequirements { error: RequirementError },
     /// There is no live machine at all.
     NoMachines,
-    /// A machine could take it, but the live `machine` still publishes a running (starting,
-    /// stopping) copy of it: two copies of a non-global unit never run at once.
+    /// A machine could take it, but `machine`, where the unit is scheduled or which it left
+    /// lately, is there and still publishes a running (starting, stopping) copy of it: two
+    /// copies of a non-global unit never run at once.
     WaitingForPreviousCopy { machine: MachineId },
+    /// The copy the unit left on `machine` has stopped: the machine publishes none that may
+    /// be running.
+    CopyStopped { machine: MachineId },
+    /// The unit is scheduled on `machine` again: its entry there speaks for its copy.
+    ScheduledAgain { machine: MachineId },
     /// `MachineOf=` names a unit that is not scheduled anywhere.
     PeerNotScheduled { peer: String },
     /// Every live machine fails one of its rules (sorted by machine).
@@ -307,6 +325,8 @@ impl fmt::Display for Reason {
                 let machine = machine.short();
                 write!(f, "waiting for the previous copy on {machine} to stop")
             }
+            Self::CopyStopped { machine } => write!(f, "the copy on {machine} has stopped"),
+            Self::ScheduledAgain { machine } => write!(f, "scheduled on {machine} again"),
             Self::PeerNotScheduled { peer } => {
                 write!(f, "required peer unit {peer} is not scheduled")
             }

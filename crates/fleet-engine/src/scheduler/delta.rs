@@ -141,7 +141,8 @@ pub fn plan_delta_on(
 
 /// The units to plan with [`plan_delta`] after machines were lost, besides the `changed`
 /// ones: the units with an entry on a machine the snapshot does not have (one that is
-/// gone), and the units no machine could take, whose recorded reason counts the machines.
+/// gone), those with a record that they left such a machine (it holds them back no more),
+/// and the units no machine could take, whose recorded reason counts the machines.
 /// Left out are the `held` units the whole plan (`plan_holding`) leaves exactly as they are,
 /// those still wanted: their entries then count as load like any other unit's. A held unit
 /// destroyed or made inactive is unscheduled by the whole plan too, so it stays in.
@@ -150,11 +151,15 @@ pub fn touched_by_loss(
     changed: &BTreeSet<UnitName>,
     held: &BTreeSet<UnitName>,
 ) -> BTreeSet<UnitName> {
-    let on_gone = snapshot
-        .schedule
-        .iter()
-        .filter(|(_, on)| on.keys().any(|m| !snapshot.machines.contains_key(m)))
-        .map(|(unit, _)| unit);
+    let gone = |m: &MachineId| !snapshot.machines.contains_key(m);
+    let on_gone = snapshot.schedule.iter();
+    let on_gone = on_gone
+        .filter(|(_, on)| on.keys().any(gone))
+        .map(|(u, _)| u);
+    let left_gone = snapshot.left.iter();
+    let left_gone = left_gone
+        .filter(|(_, on)| on.keys().any(gone))
+        .map(|(u, _)| u);
     let wanted = |u: &UnitName| {
         snapshot
             .units
@@ -162,6 +167,7 @@ pub fn touched_by_loss(
             .is_some_and(|unit| unit.desired() != DesiredState::Inactive)
     };
     on_gone
+        .chain(left_gone)
         .chain(snapshot.unscheduled.keys())
         .chain(changed)
         .filter(|u| !(held.contains(*u) && wanted(u)))
@@ -191,7 +197,7 @@ fn part_of(snapshot: &Snapshot, touched: &BTreeSet<UnitName>) -> Snapshot {
         unscheduled: only(&snapshot.unscheduled, touched),
         drained: BTreeMap::new(),
         moving: BTreeMap::new(),
-        left: BTreeMap::new(),
+        left: only(&snapshot.left, touched),
         skipped: BTreeMap::new(),
     }
 }

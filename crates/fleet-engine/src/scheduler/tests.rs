@@ -9,6 +9,7 @@ use fleet_registry::{
 
 mod delta;
 mod drain;
+mod history;
 mod props;
 mod replace;
 mod unreadable;
@@ -183,6 +184,14 @@ impl World {
         self
     }
 
+    /// The registry records that `unit` left `machine` (as the engine's write of a removal
+    /// whose copy may still run does).
+    pub fn left(mut self, unit: &str, machine: &str) -> World {
+        let left = self.snap.left.entry(name(unit)).or_default();
+        left.insert(mid(machine), ());
+        self
+    }
+
     /// `machine`'s agent withdraws its state of `unit` (it unloaded it).
     pub fn without_state(mut self, unit: &str, machine: &str) -> World {
         if let Some(states) = self.snap.states.get_mut(&name(unit)) {
@@ -210,11 +219,26 @@ impl World {
     pub fn apply(&mut self, decisions: &[Decision]) {
         for d in decisions {
             match &d.kind {
-                DecisionKind::Unschedule { unit, machine } => {
+                DecisionKind::Unschedule {
+                    unit,
+                    machine,
+                    record_left,
+                } => {
                     let entries = self.snap.schedule.entry(unit.clone()).or_default();
                     entries.remove(machine);
                     if entries.is_empty() {
                         self.snap.schedule.remove(unit);
+                    }
+                    if *record_left {
+                        let left = self.snap.left.entry(unit.clone()).or_default();
+                        left.insert(machine.clone(), ());
+                    }
+                }
+                DecisionKind::Forget { unit, machine } => {
+                    let left = self.snap.left.entry(unit.clone()).or_default();
+                    left.remove(machine);
+                    if left.is_empty() {
+                        self.snap.left.remove(unit);
                     }
                 }
                 kind @ (DecisionKind::Update { .. } | DecisionKind::Schedule { .. }) => {
@@ -271,9 +295,17 @@ pub(super) fn lines(decisions: &[Decision]) -> Vec<String> {
 fn line(d: &Decision) -> String {
     let r = &d.reason;
     match &d.kind {
-        DecisionKind::Unschedule { unit, machine } => {
-            format!("unschedule {unit} from {machine}: {r}")
-        }
+        DecisionKind::Unschedule {
+            unit,
+            machine,
+            record_left: false,
+        } => format!("unschedule {unit} from {machine}: {r}"),
+        DecisionKind::Unschedule {
+            unit,
+            machine,
+            record_left: true,
+        } => format!("unschedule {unit} from {machine}, recording it left: {r}"),
+        DecisionKind::Forget { unit, machine } => format!("forget {unit} left {machine}: {r}"),
         DecisionKind::Update {
             unit,
             machine,
@@ -921,6 +953,7 @@ fn a_new_unit_that_evens_the_load_lets_a_held_unit_land_where_its_copy_runs() {
         .unit("new.service", Loaded, "Replaces=old.service")
         .unit("old.service", Loaded, "")
         .entry("old.service", "m1")
+        .left("new.service", "m1")
         .state("new.service", "m1", "active");
     assert_eq!(
         w.settle(),
@@ -936,6 +969,7 @@ fn a_new_unit_that_evens_the_load_lets_a_held_unit_land_where_its_copy_runs() {
             "schedule new.service on m1 (loaded): target state loaded and unit not scheduled",
             "schedule old.service on m2 (loaded): replaced by unit new.service on machine m1",
             "schedule x.service on m2 (loaded): target state loaded and unit not scheduled",
+            "forget new.service left m1: scheduled on m1 again",
             "clear new.service: unit is scheduled now",
         ]
     );

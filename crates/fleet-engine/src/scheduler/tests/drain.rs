@@ -39,7 +39,7 @@ fn units_leave_one_at_a_time_each_stopped_here_before_it_starts_elsewhere() {
         w.settle(),
         [
             "moving a.service from m1: machine m1 is drained",
-            "unschedule a.service from m1: machine m1 is drained",
+            "unschedule a.service from m1, recording it left: machine m1 is drained",
             "unschedulable a.service: waiting for the previous copy on m1 to stop",
         ]
     );
@@ -51,6 +51,7 @@ fn units_leave_one_at_a_time_each_stopped_here_before_it_starts_elsewhere() {
         w.settle(),
         [
             "schedule a.service on m2 (launched): machine m1 is drained",
+            "forget a.service left m1: the copy on m1 has stopped",
             "clear a.service: unit is scheduled now",
         ]
     );
@@ -66,7 +67,7 @@ fn units_leave_one_at_a_time_each_stopped_here_before_it_starts_elsewhere() {
         w.settle(),
         [
             "moving b.service from m1: machine m1 is drained",
-            "unschedule b.service from m1: machine m1 is drained",
+            "unschedule b.service from m1, recording it left: machine m1 is drained",
             "unschedulable b.service: waiting for the previous copy on m1 to stop",
             "move over a.service: move off drained machine m1 is over",
         ]
@@ -112,7 +113,7 @@ fn a_recorded_move_whose_unit_is_still_there_is_made_again() {
     assert_eq!(
         w.settle(),
         [
-            "unschedule b.service from m1: machine m1 is drained",
+            "unschedule b.service from m1, recording it left: machine m1 is drained",
             "unschedulable b.service: waiting for the previous copy on m1 to stop",
         ]
     );
@@ -325,7 +326,7 @@ proptest! {
         for _ in 0..200 {
             let plan = w.plan();
             for d in &plan {
-                if let DecisionKind::Unschedule { unit, machine } = &d.kind {
+                if let DecisionKind::Unschedule { unit, machine, .. } = &d.kind {
                     prop_assert!(
                         !(is_global(&w, unit) && machine.as_str() == "m0"),
                         "global {unit} left the drained machine"

@@ -5,7 +5,9 @@
 //! itself), completeness (every unit some machine could take is placed), convergence (a
 //! plan applied and planned again yields nothing) and stability (healthy units never move).
 //! Generated units carry replace options (no restart, `--reschedule`, rolling) and machines
-//! publish states, live or dead.
+//! publish states, live or dead, some for units never scheduled there (strays), and the
+//! registry records machines units left (the placement history). The agents that run what
+//! the engine decides, lagging, one of them lying, are simulated in `history.rs`.
 
 use super::*;
 use fleet_core::{Requirements, units_conflict, units_replace};
@@ -13,23 +15,23 @@ use fleet_registry::Rollout;
 use proptest::prelude::*;
 
 /// Machine IDs long enough for 8-character short forms; the last one is never live.
-const MACHINES: [&str; 5] = [
+pub(super) const MACHINES: [&str; 5] = [
     "alpha000aaaa",
     "bravo000bbbb",
     "charlie0cccc",
     "delta000dddd",
     "echo0000eeee",
 ];
-const UNITS: usize = 8;
+pub(super) const UNITS: usize = 8;
 
-fn unit_name(i: usize) -> String {
+pub(super) fn unit_name(i: usize) -> String {
     format!("u{i}.service")
 }
 
 #[derive(Debug, Clone)]
-struct GenUnit {
+pub(super) struct GenUnit {
     desired: DesiredState,
-    global: bool,
+    pub global: bool,
     machine_id: Option<(usize, bool)>,
     role: Option<&'static str>,
     machine_of: Option<usize>,
@@ -83,7 +85,7 @@ impl GenReplace {
     }
 }
 
-fn gen_unit() -> impl Strategy<Value = GenUnit> {
+pub(super) fn gen_unit() -> impl Strategy<Value = GenUnit> {
     (
         prop::sample::select(vec![Inactive, Loaded, Launched, Launched]),
         prop::bool::weighted(0.15),
@@ -146,18 +148,20 @@ impl GenUnit {
 }
 
 #[derive(Debug, Clone)]
-struct GenWorld {
+pub(super) struct GenWorld {
     /// Live machines (by index into `MACHINES[..4]`) with their role.
-    machines: Vec<(usize, Option<&'static str>)>,
-    units: Vec<GenUnit>,
+    pub machines: Vec<(usize, Option<&'static str>)>,
+    pub units: Vec<GenUnit>,
     /// Existing entries: unit, machine (4 = a dead machine), stale file, desired, placement.
-    entries: Vec<(usize, usize, bool, DesiredState, u64)>,
+    pub entries: Vec<(usize, usize, bool, DesiredState, u64)>,
     unscheduled: Vec<usize>,
     /// Published states: unit, machine (4 = a dead machine), ActiveState.
-    states: Vec<(usize, usize, &'static str)>,
+    pub states: Vec<(usize, usize, &'static str)>,
+    /// The placement history: unit, machine it left (4 = a dead machine).
+    pub left: Vec<(usize, usize)>,
 }
 
-fn gen_world() -> impl Strategy<Value = GenWorld> {
+pub(super) fn gen_world() -> impl Strategy<Value = GenWorld> {
     (
         prop::sample::subsequence(vec![0usize, 1, 2, 3], 0..=4).prop_flat_map(|ms| {
             let n = ms.len();
@@ -192,19 +196,21 @@ fn gen_world() -> impl Strategy<Value = GenWorld> {
             ),
             0..4,
         ),
+        prop::collection::vec((0..UNITS, 0..5usize), 0..3),
     )
         .prop_map(
-            |((ms, roles), units, entries, unscheduled, states)| GenWorld {
+            |((ms, roles), units, entries, unscheduled, states, left)| GenWorld {
                 machines: ms.into_iter().zip(roles).collect(),
                 units,
                 entries,
                 unscheduled,
                 states,
+                left,
             },
         )
 }
 
-fn build(g: &GenWorld) -> World {
+pub(super) fn build(g: &GenWorld) -> World {
     let mut w = World::new();
     for (m, role) in &g.machines {
         let md: Vec<(&str, &str)> = role.iter().map(|r| ("role", *r)).collect();
@@ -224,6 +230,9 @@ fn build(g: &GenWorld) -> World {
     }
     for (u, m, active) in &g.states {
         w = w.state(&unit_name(*u), MACHINES[*m], active);
+    }
+    for (u, m) in &g.left {
+        w = w.left(&unit_name(*u), MACHINES[*m]);
     }
     for u in &g.unscheduled {
         w.snap
@@ -279,19 +288,28 @@ impl<'w> View<'w> {
                 .any(|p| !here.iter().any(|h| h.as_str() == p))
     }
 
-    /// The live machines that publish a copy of `u` that may be running.
+    /// The live machines in `u`'s history (scheduled there, or a record that it left) that
+    /// publish a copy of `u` that may be running: a copy any other machine publishes is a
+    /// stray, and holds nothing back.
     fn running_on(&self, u: &UnitName) -> Vec<&MachineId> {
-        let states = self.w.snap.states.get(u).into_iter().flatten();
+        let snap = &self.w.snap;
+        let states = snap.states.get(u).into_iter().flatten();
+        let known = |m: &MachineId| {
+            snap.schedule.get(u).is_some_and(|ms| ms.contains_key(m))
+                || snap.left.get(u).is_some_and(|ms| ms.contains_key(m))
+        };
         states
             .filter(|(m, s)| {
-                self.w.snap.machines.contains_key(*m)
+                snap.machines.contains_key(*m)
+                    && known(m)
                     && !["inactive", "failed"].contains(&s.systemd.active.as_str())
             })
             .map(|(m, _)| m)
             .collect()
     }
 
-    /// A live machine other than `m` that publishes a copy of `u` that may be running.
+    /// A live machine other than `m`, in `u`'s history, that publishes a copy of `u` that
+    /// may be running.
     fn copy_elsewhere(&self, u: &UnitName, m: &MachineId) -> Option<&MachineId> {
         self.running_on(u).into_iter().find(|other| *other != m)
     }
@@ -440,7 +458,7 @@ fn releases(w: &World, held: &[String]) -> bool {
 
 /// A change to one unit of a settled world: what `fleetctl` can do to it.
 #[derive(Debug, Clone)]
-enum GenChange {
+pub(super) enum GenChange {
     /// A new unit `u{8 + n}` (`Replaces=` only of units before it).
     Arrive(usize, GenUnit),
     Destroy(usize),
@@ -451,7 +469,7 @@ enum GenChange {
     Options(usize, GenUnit),
 }
 
-fn gen_change() -> impl Strategy<Value = GenChange> {
+pub(super) fn gen_change() -> impl Strategy<Value = GenChange> {
     prop_oneof![
         (0..3usize, gen_unit()).prop_map(|(n, u)| GenChange::Arrive(n, u)),
         (0..UNITS).prop_map(GenChange::Destroy),
@@ -467,7 +485,7 @@ fn gen_change() -> impl Strategy<Value = GenChange> {
 
 /// Applies `change` to `w` (a change to a unit that does not exist does nothing); returns
 /// the unit it touched.
-fn change(w: &mut World, change: &GenChange) -> UnitName {
+pub(super) fn change(w: &mut World, change: &GenChange) -> UnitName {
     let existing = |w: &World, i: usize| w.snap.units.get(&name(&unit_name(i))).cloned();
     match change {
         GenChange::Arrive(n, u) => {

@@ -387,8 +387,8 @@ fn a_moved_unit_waits_for_its_previous_copy_to_stop() {
     assert_eq!(
         w.settle(),
         [
-            "unschedule a.service from m1: target machine m1 unable to run unit: \
-             machine ID does not match required \"m3\"",
+            "unschedule a.service from m1, recording it left: target machine m1 unable to run \
+             unit: machine ID does not match required \"m3\"",
             "unschedulable a.service: waiting for the previous copy on m1 to stop",
         ]
     );
@@ -401,10 +401,12 @@ fn a_moved_unit_waits_for_its_previous_copy_to_stop() {
         w.settle(),
         [
             "schedule a.service on m3 (launched): target state launched and unit not scheduled",
+            "forget a.service left m1: the copy on m1 has stopped",
             "clear a.service: unit is scheduled now",
         ]
     );
     assert!(w.waiting().is_empty());
+    assert!(w.snap.left.is_empty());
 }
 
 #[test]
@@ -420,6 +422,7 @@ fn every_active_state_but_inactive_and_failed_holds_a_unit_back() {
     ] {
         let w = two_machines()
             .unit("a.service", Launched, "")
+            .left("a.service", "m1")
             .state("a.service", "m1", active)
             .unit("b.service", Launched, "")
             .entry("b.service", "m1");
@@ -438,7 +441,7 @@ fn a_rescheduled_unit_waits_for_its_copy_on_the_avoided_machine() {
     assert_eq!(
         w.settle(),
         [
-            "unschedule a.service from m1: reschedule 1 requested",
+            "unschedule a.service from m1, recording it left: reschedule 1 requested",
             "unschedulable a.service: waiting for the previous copy on m1 to stop",
         ]
     );
@@ -447,6 +450,7 @@ fn a_rescheduled_unit_waits_for_its_copy_on_the_avoided_machine() {
         w.settle(),
         [
             "schedule a.service on m2 (launched): target state launched and unit not scheduled",
+            "forget a.service left m1: the copy on m1 has stopped",
             "clear a.service: unit is scheduled now",
         ]
     );
@@ -518,7 +522,8 @@ fn a_displaced_unit_waits_for_its_copy_while_the_replacing_unit_takes_the_machin
     assert_eq!(
         lines(&w.plan()),
         [
-            "unschedule old.service from m1: replaced by unit new.service on machine m1",
+            "unschedule old.service from m1, recording it left: replaced by unit new.service on \
+             machine m1",
             "schedule new.service on m1 (launched): target state launched and unit not scheduled",
             "unschedulable old.service: waiting for the previous copy on m1 to stop",
         ]

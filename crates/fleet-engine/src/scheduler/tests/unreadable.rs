@@ -129,6 +129,7 @@ fn a_destroyed_unit_on_a_machine_whose_record_is_unreadable_is_still_unscheduled
 fn a_machine_whose_record_is_unreadable_holds_a_unit_back_while_it_runs_a_copy() {
     let w = two_machines()
         .unit("a.service", Launched, "")
+        .left("a.service", "m1")
         .state("a.service", "m1", "deactivating")
         .corrupt_machine("m1");
     assert_eq!(w.waiting(), ["a.service"]);

@@ -1,0 +1,480 @@
+//! The placement history (issue 36): only a machine a unit was scheduled on lately holds its
+//! next placement back, while that machine is there; a state any other machine publishes is
+//! a stray. Decision tables, then a simulation of lagging agents and a lying machine.
+
+use super::props::{
+    GenChange, GenWorld, MACHINES, UNITS, build, change, gen_change, gen_world, unit_name,
+};
+use super::*;
+use proptest::prelude::*;
+
+/// Two machines and `b` on m1, so that a unit placed now goes to m2.
+fn m1_busy() -> World {
+    two_machines()
+        .unit("b.service", Launched, "")
+        .entry("b.service", "m1")
+}
+
+fn strays_of(w: &World) -> Vec<String> {
+    let all = strays(&w.snap, &w.files, w.snap.states.keys());
+    all.iter().map(|(u, m)| format!("{u} on {m}")).collect()
+}
+
+#[test]
+fn a_stray_running_state_on_a_machine_never_scheduled_there_does_not_hold_placement() {
+    let w = m1_busy()
+        .unit("a.service", Launched, "")
+        .state("a.service", "m1", "active");
+    assert_eq!(
+        lines(&w.plan()),
+        ["schedule a.service on m2 (launched): target state launched and unit not scheduled"]
+    );
+    assert!(w.waiting().is_empty());
+    assert_eq!(strays_of(&w), ["a.service on m1"]);
+}
+
+#[test]
+fn a_stray_state_does_not_hold_a_unit_even_where_it_must_run_elsewhere() {
+    // The hostage case: a unit pinned to m2, a state of it on m1 it was never scheduled on.
+    let w = two_machines()
+        .unit("a.service", Launched, "MachineID=m2")
+        .state("a.service", "m1", "deactivating");
+    assert_eq!(
+        lines(&w.plan()),
+        ["schedule a.service on m2 (launched): target state launched and unit not scheduled"]
+    );
+}
+
+#[test]
+fn a_copy_on_a_machine_the_unit_just_left_holds_placement_until_it_reports_stopped() {
+    let mut w = two_machines()
+        .unit_version("a.service", Launched, "MachineID=m2", 1)
+        .entry_with("a.service", "m1", unit_file("", 0).hash(), Launched)
+        .state("a.service", "m1", "active");
+    assert_eq!(
+        w.settle(),
+        [
+            "unschedule a.service from m1, recording it left: target machine m1 unable to run \
+             unit: machine ID does not match required \"m2\"",
+            "unschedulable a.service: waiting for the previous copy on m1 to stop",
+        ]
+    );
+    assert!(w.snap.left[&name("a.service")].contains_key(&mid("m1")));
+    assert!(strays_of(&w).is_empty(), "a copy it left is no stray");
+    let mut w = w.state("a.service", "m1", "deactivating");
+    assert!(w.settle().is_empty(), "still stopping");
+    let mut w = w.state("a.service", "m1", "inactive");
+    assert_eq!(
+        w.settle(),
+        [
+            "schedule a.service on m2 (launched): target state launched and unit not scheduled",
+            "forget a.service left m1: the copy on m1 has stopped",
+            "clear a.service: unit is scheduled now",
+        ]
+    );
+    assert!(w.snap.left.is_empty());
+    assert!(w.plan().is_empty());
+}
+
+#[test]
+fn a_left_copy_stops_holding_once_its_machine_is_gone() {
+    let w = m1_busy()
+        .machine("m3", &[])
+        .unit("a.service", Launched, "MachineID=m2")
+        .left("a.service", "m3")
+        .state("a.service", "m3", "active");
+    assert_eq!(w.waiting(), ["a.service"]);
+    let w = w.without_machine("m3");
+    assert_eq!(
+        lines(&w.plan()),
+        [
+            "schedule a.service on m2 (launched): target state launched and unit not scheduled",
+            "forget a.service left m3: target machine m3 went away",
+        ]
+    );
+}
+
+/// A new leader knows only the registry: a plan of a fresh snapshot holding the record,
+/// and nothing of the plan that wrote it, still waits for the copy.
+#[test]
+fn the_history_survives_a_new_leader() {
+    let fresh = || {
+        m1_busy()
+            .unit("a.service", Launched, "")
+            .state("a.service", "m1", "active")
+    };
+    assert_eq!(fresh().waiting(), Vec::<String>::new(), "a stray alone");
+    let w = fresh().left("a.service", "m1");
+    assert_eq!(
+        lines(&w.plan()),
+        ["unschedulable a.service: waiting for the previous copy on m1 to stop"]
+    );
+    assert_eq!(w.waiting(), ["a.service"]);
+    let plan = plan(&w.snap, &w.files);
+    assert_eq!(plan.previous_copies[&name("a.service")], mid("m1"));
+}
+
+#[test]
+fn explain_names_the_copy_a_unit_waits_for_and_ignores_a_stray() {
+    let held = m1_busy()
+        .unit("a.service", Launched, "")
+        .left("a.service", "m1")
+        .state("a.service", "m1", "active");
+    let why = explain(&held.snap, &held.files, &name("a.service"));
+    assert_eq!(why.status, Status::Waiting);
+    assert_eq!(why.summary, "waiting for the previous copy on m1 to stop");
+    let mut stray = held;
+    stray.snap.left.clear();
+    let why = explain(&stray.snap, &stray.files, &name("a.service"));
+    assert_eq!(
+        why.summary,
+        "a machine can take it: the engine places it in its next pass"
+    );
+}
+
+#[test]
+fn a_unit_stopped_and_started_again_waits_for_the_copy_it_left() {
+    let mut w = m1_busy()
+        .unit("a.service", Launched, "")
+        .entry("a.service", "m1")
+        .state("a.service", "m1", "active");
+    w.snap
+        .units
+        .get_mut(&name("a.service"))
+        .unwrap()
+        .record
+        .desired = Inactive;
+    assert_eq!(
+        w.settle(),
+        ["unschedule a.service from m1, recording it left: target state inactive"]
+    );
+    assert!(w.plan().is_empty(), "the record waits for its copy to stop");
+    w.snap
+        .units
+        .get_mut(&name("a.service"))
+        .unwrap()
+        .record
+        .desired = Launched;
+    assert_eq!(
+        lines(&w.plan()),
+        ["unschedulable a.service: waiting for the previous copy on m1 to stop"]
+    );
+}
+
+#[test]
+fn a_record_whose_copy_stopped_is_forgotten_even_for_a_unit_placed_nowhere() {
+    let w = two_machines()
+        .unit("a.service", Inactive, "")
+        .left("a.service", "m1")
+        .state("a.service", "m1", "failed");
+    assert_eq!(
+        lines(&w.plan()),
+        ["forget a.service left m1: the copy on m1 has stopped"]
+    );
+    let w = two_machines().left("gone.service", "m1");
+    assert_eq!(
+        lines(&w.plan()),
+        ["forget gone.service left m1: the copy on m1 has stopped"]
+    );
+}
+
+#[test]
+fn a_unit_placed_back_on_the_machine_it_left_drops_the_record() {
+    let w = two_machines()
+        .unit("b.service", Launched, "")
+        .entry("b.service", "m2")
+        .unit("a.service", Launched, "")
+        .left("a.service", "m1")
+        .state("a.service", "m1", "deactivating");
+    assert_eq!(
+        lines(&w.plan()),
+        [
+            "schedule a.service on m1 (launched): target state launched and unit not scheduled",
+            "forget a.service left m1: scheduled on m1 again",
+        ]
+    );
+}
+
+#[test]
+fn a_global_unit_leaves_no_record() {
+    let w = two_machines()
+        .machine("m1", &[("role", "web")])
+        .unit(
+            "g.service",
+            Launched,
+            "Global=true;MachineMetadata=role=web",
+        )
+        .entry("g.service", "m1")
+        .entry("g.service", "m2")
+        .state("g.service", "m2", "active");
+    assert_eq!(
+        lines(&w.plan()),
+        [
+            "unschedule g.service from m2: target machine m2 unable to run unit: machine \
+             metadata lacks role=web"
+        ]
+    );
+}
+
+#[test]
+fn a_copy_that_is_not_running_leaves_no_record() {
+    let w = two_machines()
+        .unit_version("a.service", Launched, "MachineID=m2", 1)
+        .entry_with("a.service", "m1", unit_file("", 0).hash(), Launched)
+        .state("a.service", "m1", "inactive");
+    assert_eq!(
+        lines(&w.plan()),
+        [
+            "unschedule a.service from m1: target machine m1 unable to run unit: machine ID \
+             does not match required \"m2\"",
+            "schedule a.service on m2 (launched): target machine m1 unable to run unit: \
+             machine ID does not match required \"m2\"",
+        ]
+    );
+}
+
+#[test]
+fn only_placeable_units_running_on_a_live_machine_have_strays() {
+    let w = two_machines()
+        .unit("a.service", Launched, "")
+        .unit("g.service", Launched, "Global=true")
+        .unit("off.service", Inactive, "")
+        .state("a.service", "m1", "inactive")
+        .state("a.service", "m9", "active")
+        .state("g.service", "m1", "active")
+        .state("off.service", "m1", "active")
+        .state("nofile.service", "m1", "active");
+    assert!(strays_of(&w).is_empty(), "{:?}", strays_of(&w));
+    let w = w.state("a.service", "m2", "activating");
+    assert_eq!(strays_of(&w), ["a.service on m2"]);
+}
+
+// ---- simulated agents -------------------------------------------------------------------------
+
+/// A copy in a simulated systemd: running, or its stop job going.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proc {
+    Running,
+    Stopping,
+}
+
+/// The registry, the copies each machine's systemd runs, and a machine that lies: it
+/// publishes `active` for every unit it runs no copy of.
+struct Sim {
+    w: World,
+    systemd: BTreeMap<(UnitName, MachineId), Proc>,
+    liar: Option<MachineId>,
+    /// The units ever scheduled on the liar: only those may wait for it.
+    ever_on_liar: BTreeSet<UnitName>,
+}
+
+impl Sim {
+    /// The generated units (made non-global: a global unit runs everywhere) and machines,
+    /// nothing scheduled, running or recorded yet.
+    fn new(g: &GenWorld, liar: usize) -> Sim {
+        let mut g = g.clone();
+        g.entries.clear();
+        g.states.clear();
+        g.left.clear();
+        g.units.iter_mut().for_each(|u| u.global = false);
+        let w = build(&g);
+        let live: Vec<&MachineId> = w.snap.machines.keys().collect();
+        let liar = (!live.is_empty()).then(|| live[liar % live.len()].clone());
+        Sim {
+            w,
+            systemd: BTreeMap::new(),
+            liar,
+            ever_on_liar: BTreeSet::new(),
+        }
+    }
+
+    /// One engine pass: a plan of the registry alone (what any leader, new or not, plans),
+    /// whose writes then land.
+    fn engine(&mut self) {
+        let decisions = self.w.plan();
+        self.w.apply(&decisions);
+        if let Some(liar) = &self.liar {
+            let on_liar = self
+                .w
+                .snap
+                .schedule
+                .iter()
+                .filter(|(_, ms)| ms.contains_key(liar));
+            self.ever_on_liar.extend(on_liar.map(|(u, _)| u.clone()));
+        }
+    }
+
+    /// Machine `m`'s agent catches up one step: starts what is scheduled to run there, moves
+    /// every other copy one step towards stopped, and publishes what its systemd runs.
+    fn agent(&mut self, m: &MachineId) {
+        let launched = |w: &World, u: &UnitName| {
+            w.snap
+                .schedule
+                .get(u)
+                .and_then(|ms| ms.get(m))
+                .map(|e| e.desired)
+                == Some(Launched)
+        };
+        let here: Vec<UnitName> = self
+            .systemd
+            .keys()
+            .filter(|(_, on)| on == m)
+            .map(|(u, _)| u.clone())
+            .collect();
+        for unit in here {
+            let key = (unit.clone(), m.clone());
+            match (self.systemd[&key], launched(&self.w, &unit)) {
+                (_, true) => self.systemd.insert(key, Proc::Running),
+                (Proc::Running, false) => self.systemd.insert(key, Proc::Stopping),
+                (Proc::Stopping, false) => self.systemd.remove(&key),
+            };
+        }
+        let scheduled: Vec<UnitName> = self
+            .w
+            .snap
+            .schedule
+            .iter()
+            .filter(|(_, ms)| ms.contains_key(m))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for unit in &scheduled {
+            if launched(&self.w, unit) {
+                self.systemd
+                    .entry((unit.clone(), m.clone()))
+                    .or_insert(Proc::Running);
+            }
+        }
+        self.publish(m, &scheduled);
+    }
+
+    /// `m`'s states: its copies, its other scheduled units as `inactive`, the liar's lies.
+    fn publish(&mut self, m: &MachineId, scheduled: &[UnitName]) {
+        for states in self.w.snap.states.values_mut() {
+            states.remove(m);
+        }
+        self.w.snap.states.retain(|_, states| !states.is_empty());
+        let units: Vec<UnitName> = self.w.snap.units.keys().chain(scheduled).cloned().collect();
+        for unit in units {
+            let active = match self.systemd.get(&(unit.clone(), m.clone())) {
+                Some(Proc::Running) => "active",
+                Some(Proc::Stopping) => "deactivating",
+                None if scheduled.contains(&unit) => "inactive",
+                None if self.liar.as_ref() == Some(m) => "active",
+                None => continue,
+            };
+            self.w = std::mem::take(&mut self.w).state(unit.as_str(), m.as_str(), active);
+        }
+    }
+
+    fn machines(&self) -> Vec<MachineId> {
+        self.w.snap.machines.keys().cloned().collect()
+    }
+
+    /// Never two copies of a unit, running or stopping, on two machines.
+    fn check_one_copy(&self) -> Result<(), TestCaseError> {
+        let mut copies: BTreeMap<&UnitName, Vec<&MachineId>> = BTreeMap::new();
+        for (unit, machine) in self.systemd.keys() {
+            copies.entry(unit).or_default().push(machine);
+        }
+        for (unit, machines) in copies {
+            prop_assert!(machines.len() == 1, "{unit} runs on {machines:?}");
+        }
+        Ok(())
+    }
+}
+
+/// What happens to the units between two engine passes: what `fleetctl` can do, or a unit
+/// pinned (`MachineID=`) to a machine, which moves it if it runs elsewhere.
+#[derive(Debug, Clone)]
+enum Event {
+    Change(GenChange),
+    Pin(usize, usize),
+}
+
+fn gen_event() -> impl Strategy<Value = Option<Event>> {
+    prop_oneof![
+        Just(None),
+        gen_change().prop_map(|c| Some(Event::Change(c))),
+        (0..UNITS, 0..4usize).prop_map(|(u, m)| Some(Event::Pin(u, m))),
+    ]
+}
+
+impl Sim {
+    fn happen(&mut self, event: &Event) {
+        match event {
+            Event::Change(c) => {
+                change(&mut self.w, &non_global(c));
+            }
+            Event::Pin(i, m) => {
+                let file = unit_file(&format!("MachineID={}", MACHINES[*m]), 1);
+                if let Some(u) = self.w.snap.units.get_mut(&name(&unit_name(*i))) {
+                    u.record.hash = file.hash();
+                    self.w.files.insert(file.hash(), file);
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Agents that lag (each acts in some rounds only), a machine that lies about units it
+    /// does not run, units changed under them, and a new leader every pass: never two
+    /// copies. Once everything settles, a unit waits for a previous copy only on the liar,
+    /// and only if it was scheduled there (its copy, or its lie about it after, holds it);
+    /// every stray is the liar's.
+    #[test]
+    fn never_two_copies_whatever_agents_lag_or_a_machine_lies(
+        g in gen_world(),
+        liar in 0..4usize,
+        rounds in prop::collection::vec(
+            (gen_event(), prop::collection::vec(any::<bool>(), 4)),
+            1..12,
+        ),
+    ) {
+        let mut sim = Sim::new(&g, liar);
+        for (event, acting) in &rounds {
+            if let Some(event) = event {
+                sim.happen(event);
+            }
+            sim.engine();
+            sim.check_one_copy()?;
+            for (m, acts) in sim.machines().iter().zip(acting) {
+                if *acts {
+                    sim.agent(m);
+                }
+            }
+            sim.check_one_copy()?;
+        }
+        for _ in 0..10 {
+            sim.engine();
+            for m in sim.machines() {
+                sim.agent(&m);
+            }
+            sim.check_one_copy()?;
+        }
+        for (unit, machine) in plan(&sim.w.snap, &sim.w.files).previous_copies {
+            prop_assert_eq!(Some(&machine), sim.liar.as_ref(), "{} waits", unit);
+            prop_assert!(sim.ever_on_liar.contains(&unit), "{unit} never was on the liar");
+        }
+        for (unit, machine) in strays(&sim.w.snap, &sim.w.files, sim.w.snap.states.keys()) {
+            prop_assert_eq!(Some(&machine), sim.liar.as_ref(), "stray {} on {}", unit, machine);
+        }
+    }
+}
+
+/// `c`, its units made non-global.
+fn non_global(c: &GenChange) -> GenChange {
+    match c.clone() {
+        GenChange::Arrive(n, mut u) => {
+            u.global = false;
+            GenChange::Arrive(n, u)
+        }
+        GenChange::Options(i, mut u) => {
+            u.global = false;
+            GenChange::Options(i, u)
+        }
+        other @ (GenChange::Destroy(_) | GenChange::Desired(..) | GenChange::Version(_)) => other,
+    }
+}
