@@ -10,6 +10,7 @@
 //! retried on the project's backoff up to [`REFUSED_RETRY_MAX`], so an agent-only host that
 //! runs an engine by mistake neither spins nor stops; the rest of fleetd goes on.
 
+mod copies;
 mod leading;
 
 use crate::disruption::DisruptionConfig;

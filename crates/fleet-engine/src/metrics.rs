@@ -181,6 +181,8 @@ pub struct Metrics {
     reconcile_failures: Family<FailureLabels, Counter>,
     reconcile_duration: Histogram,
     decisions: Family<OutcomeLabels, Counter>,
+    waiting_for_copy: Gauge,
+    stray_states: Gauge,
 }
 
 impl Default for Metrics {
@@ -195,6 +197,8 @@ impl Default for Metrics {
             // 1 ms to about 65 s: a pass over 10,000 units takes seconds.
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             decisions: Family::default(),
+            waiting_for_copy: Gauge::default(),
+            stray_states: Gauge::default(),
         }
     }
 }
@@ -244,6 +248,18 @@ impl Metrics {
             "What scheduling decided for units, by outcome: placed, waiting or moved",
             m.decisions.clone(),
         );
+        registry.register(
+            "units_waiting_for_previous_copy",
+            "Units the last plan held back until a copy on a machine of their placement history \
+             stops",
+            m.waiting_for_copy.clone(),
+        );
+        registry.register(
+            "stray_unit_states",
+            "Unit states published as possibly running by a machine the unit was not scheduled \
+             on lately: ignored for placement",
+            m.stray_states.clone(),
+        );
         m
     }
 
@@ -289,6 +305,23 @@ impl Metrics {
                 })
                 .inc();
         }
+    }
+
+    /// How many units wait for a previous copy, and how many stray states are known.
+    pub(crate) fn copies(&self, waiting: usize, strays: usize) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.waiting_for_copy.set(count(waiting));
+        self.stray_states.set(count(strays));
+    }
+
+    /// Units waiting for a previous copy, as of the last pass (for tests).
+    pub fn waiting_for_previous_copy(&self) -> i64 {
+        self.waiting_for_copy.get()
+    }
+
+    /// Stray unit states known, as of the last pass (for tests).
+    pub fn stray_unit_states(&self) -> i64 {
+        self.stray_states.get()
     }
 
     /// 1 while leading (for tests).

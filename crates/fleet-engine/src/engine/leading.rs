@@ -25,11 +25,12 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, debug_span, info, warn};
 
+use super::copies::{self, Copies};
 use super::{EngineConfig, Flow, stop_requested};
 use crate::disruption::{Assessment, Disruption, Hold};
 use crate::metrics::{Failure, Metrics};
 use crate::scheduler::{
-    Decision, DecisionKind, Entangled, Load, plan_delta_on, plan_holding, touched_by_loss,
+    Decision, DecisionKind, Entangled, Load, plan_delta_on, plan_holding, strays, touched_by_loss,
 };
 use fleet_core::UnitName;
 use std::borrow::Cow;
@@ -88,6 +89,8 @@ pub(super) struct Leading<K> {
     /// fifth of an idle fleetd's CPU with 3,000 units). Any pass that is not such a plan
     /// clears it.
     settled: Option<Revision>,
+    /// Units waiting for a previous copy, and stray states: what was reported of them.
+    copies: Copies,
     metrics: Metrics,
 }
 
@@ -119,6 +122,7 @@ impl<K: Kv> Leading<K> {
             entangled: None,
             load: None,
             settled: None,
+            copies: Copies::default(),
             metrics: cfg.metrics.clone(),
         }
     }
@@ -292,6 +296,14 @@ impl<K: Kv> Leading<K> {
         }
         self.metrics.reconciled(&plan, started.elapsed());
         view.record_writes(&writes);
+        let planned = delta.as_ref().filter(|_| !whole).map(|(t, _)| t.as_ref());
+        let snapshot = view.snapshot();
+        let found = match planned {
+            Some(units) => strays(snapshot, view.files(), units),
+            None => strays(snapshot, view.files(), snapshot.states.keys()),
+        };
+        let now = Instant::now();
+        copies::report(&mut self.copies, &self.metrics, now, &plan, planned, found);
         self.notice = Some(notice);
         self.waiting = !plan.waiting.is_empty();
         let written_in = started.elapsed() - planned_in;

@@ -130,3 +130,77 @@ async fn a_leader_counts_its_passes_and_the_units_it_placed() {
     engine.await.unwrap();
     assert!(!metrics.is_leader(), "a resigned engine is no leader");
 }
+
+async fn join(reg: &Registry<MemKv>, id: &str) -> fleet_registry::Presence {
+    // Every other field has a default.
+    let info: MachineInfo = serde_json::from_value(serde_json::json!({ "id": id })).unwrap();
+    let role = MachineRole::new(reg.clone(), machine(id));
+    role.register(&info, Duration::from_secs(3600), None)
+        .await
+        .unwrap()
+}
+
+/// Issue 36: the leader counts the units it holds back for a copy on a machine they left,
+/// and the states of machines a unit was never scheduled on (which hold nothing back).
+#[tokio::test(start_paused = true)]
+async fn a_leader_counts_units_waiting_for_a_copy_and_stray_states() {
+    use fleet_core::SystemdState;
+    use fleet_registry::kv::{Kv, Txn, TxnOp};
+    let kv = MemKv::new();
+    let reg = Registry::new(kv.clone(), "/metrics-test/");
+    let m1 = join(&reg, "m1").await;
+    join(&reg, "m2").await;
+    let role = MachineRole::new(reg.clone(), machine("m1"));
+    for name in ["held.service", "stray.service"] {
+        let state = fleet_registry::UnitStateRecord {
+            name: unit(name),
+            machine: machine("m1"),
+            hash: None,
+            systemd: SystemdState {
+                load: "loaded".into(),
+                active: "active".into(),
+                sub: String::new(),
+            },
+            drop_ins: Vec::new(),
+            restart: 0,
+            restart_pending: false,
+        };
+        role.publish_state(&m1, &state).await.unwrap();
+    }
+    // held.service left m1 (as an engine records it); stray.service was never there.
+    let record = TxnOp::Put {
+        key: reg.keys().left(&unit("held.service"), &machine("m1")),
+        value: Vec::new(),
+        lease: None,
+    };
+    let txn = Txn {
+        compares: Vec::new(),
+        success: vec![record],
+        failure: Vec::new(),
+    };
+    kv.txn(txn).await.unwrap();
+    let file = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n\n[X-Fleet]\nMachineID=m2\n");
+    for name in ["held.service", "stray.service"] {
+        UnitsRole::new(reg.clone())
+            .create_unit(&unit(name), file.as_ref().unwrap(), DesiredState::Launched)
+            .await
+            .unwrap();
+    }
+    let metrics = Metrics::default();
+    let cfg =
+        EngineConfig::new(machine("m1"), Duration::from_secs(2)).with_metrics(metrics.clone());
+    let (stop, shutdown) = watch::channel(false);
+    let engine = tokio::spawn(crate::run(reg.clone(), cfg, shutdown));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while metrics.decisions(Outcome::Placed) < 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "stray.service not placed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(metrics.waiting_for_previous_copy(), 1, "held.service");
+    assert_eq!(metrics.stray_unit_states(), 1, "stray.service on m1");
+    stop.send(true).unwrap();
+    engine.await.unwrap();
+}
