@@ -5,6 +5,7 @@
 //! edge (`FromStr`, `UnitFile::parse`) so the rest of the code cannot hold an invalid value.
 
 pub mod backoff;
+pub mod fence;
 mod glob;
 pub mod machine;
 pub mod name;
