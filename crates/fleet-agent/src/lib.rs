@@ -10,6 +10,7 @@
 //! - [`agent`]: the loop: boot (preload, adopt or remove), reconcile, publish states.
 //! - `ledger`: restart generations and running versions systemd cannot tell, on disk.
 //! - [`executor`]: runs a plan's tasks in order on a [`UnitManager`].
+//! - [`fence`]: the units the fence stops, and the loop that keeps it armed in systemd.
 //! - [`presence`]: the machine's registration on a lease, kept alive beside the agent.
 //! - `revivals`: spacing the restarts of a unit that keeps failing after it started.
 
@@ -19,6 +20,7 @@ mod desired;
 pub mod executor;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
+pub mod fence;
 mod ledger;
 pub mod manager;
 pub mod metrics;

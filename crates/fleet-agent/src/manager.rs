@@ -464,6 +464,26 @@ pub enum ManagerError {
     },
     #[error("reloading systemd")]
     Reload(#[source] BusError),
+    #[error("arming the fence {timer}")]
+    ArmFence {
+        timer: String,
+        #[source]
+        source: BusError,
+    },
+    #[error("disarming the fence {timer}")]
+    DisarmFence {
+        timer: String,
+        #[source]
+        source: BusError,
+    },
+    #[error("listing the fences armed before")]
+    ListFences(#[source] BusError),
+    #[error("killing {unit}")]
+    Kill {
+        unit: UnitName,
+        #[source]
+        source: BusError,
+    },
     #[error("queueing a {kind} job for {unit}")]
     QueueJob {
         kind: JobKind,

@@ -10,6 +10,8 @@
 //!
 //! fleetd runs one keeper beside its agent, which gets every new presence from it; the bench
 //! runs one per simulated machine. It never touches units: losing the lease stops nothing.
+//! It publishes the deadline of the machine's fence (`crate::fence`), which stops the units
+//! only if fleetd stops publishing.
 //!
 //! The first failed renewal of a run of failures is news too: the keeper sends the same
 //! presence again. The agent takes any presence news to mean that the watch of its schedule
@@ -53,6 +55,11 @@ pub struct PresenceKeeper<K> {
     pub info: MachineInfo,
     pub ttl: Duration,
     pub lease_file: PathBuf,
+    /// Where the keeper publishes the fence's deadline (`fleet_core::fence`): after each
+    /// successful renewal or registration, its send time plus the TTL, which the lease cannot
+    /// expire before; while etcd does not answer, now plus the TTL (an alive fleetd that
+    /// cannot reach etcd does not fence its units on that ground alone). `None`: no fence.
+    pub fence: Option<watch::Sender<Option<Instant>>>,
 }
 
 impl<K: Kv> PresenceKeeper<K> {
@@ -67,6 +74,13 @@ impl<K: Kv> PresenceKeeper<K> {
         }
         if let Err(e) = std::fs::write(&self.lease_file, lease.0.to_string()) {
             warn!(path = %self.lease_file.display(), error = %e, "could not save lease id; a restart will wait for the old lease to expire");
+        }
+    }
+
+    /// Publishes the fence's deadline, `ttl` after `from`.
+    fn push_fence(&self, from: Instant) {
+        if let Some(fence) = &self.fence {
+            fence.send_replace(Some(from + self.ttl));
         }
     }
 
@@ -87,18 +101,21 @@ impl<K: Kv> PresenceKeeper<K> {
         // register again at the same instants.
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         loop {
+            let sent = Instant::now();
             match self
                 .registry
                 .register(&self.info, self.ttl, self.saved_lease())
                 .await
             {
                 Ok(p) => {
+                    self.push_fence(sent);
                     self.save_lease(p.lease());
                     info!(machine = %self.info.id, lease = p.lease().0, resumed = p.resumed(), "machine registered");
                     return Ok(p);
                 }
                 Err(e @ RegistryError::DuplicateMachine(_)) => return Err(e),
                 Err(e) => {
+                    self.push_fence(Instant::now());
                     let delay = backoff.next_delay();
                     warn!(error = %e, retry_in = ?delay, "registering machine failed; retrying");
                     tokio::time::sleep(delay).await;
@@ -138,6 +155,7 @@ impl<K: Kv> PresenceKeeper<K> {
             let sent = Instant::now();
             match self.registry.keep_alive(&presence).await {
                 Ok(()) => {
+                    self.push_fence(sent);
                     if failures > 0 {
                         info!(failures, since_renewal = ?sent - renewed, "machine lease refreshed again");
                     }
@@ -155,6 +173,7 @@ impl<K: Kv> PresenceKeeper<K> {
                     let _ = tx.send(Some(presence));
                 }
                 Err(e) => {
+                    self.push_fence(Instant::now());
                     failures += 1;
                     if failures == 1 {
                         // Not a new lease, but news: see the module doc.
@@ -224,6 +243,7 @@ mod tests {
         registry: Registry<FlakyKv>,
         first: Presence,
         presence: watch::Receiver<Option<Presence>>,
+        fence: watch::Receiver<Option<Instant>>,
         lease_file: std::path::PathBuf,
         _shutdown: watch::Sender<bool>,
     }
@@ -252,6 +272,7 @@ mod tests {
             std::thread::current().id()
         ));
         let _ = std::fs::remove_file(&lease_file);
+        let (fence_tx, fence) = watch::channel(None);
         let keeper = PresenceKeeper {
             registry: MachineRole::new(registry.clone(), "m1".parse().unwrap()),
             info: MachineInfo {
@@ -261,9 +282,11 @@ mod tests {
                 version: "test".into(),
                 disable_engine: true,
                 api: String::new(),
+                fence_at: None,
             },
             ttl: TTL,
             lease_file: lease_file.clone(),
+            fence: Some(fence_tx),
         };
         let first = keeper.register().await.unwrap();
         let (tx, presence) = watch::channel(Some(first));
@@ -274,6 +297,7 @@ mod tests {
             registry,
             first,
             presence,
+            fence,
             lease_file,
             _shutdown: shutdown,
         }
@@ -296,6 +320,19 @@ mod tests {
         assert_eq!(next_keep_alive(TTL, true, ms(3000)), ms(1000));
         // A TTL so short that TTL/3 is below the retry pause keeps TTL/3.
         assert_eq!(next_keep_alive(ms(600), true, ms(100)), ms(200));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pushes_the_fence_to_a_renewals_send_time_plus_the_ttl_and_on_while_etcd_fails() {
+        let start = Instant::now();
+        // The keep-alive sent at 1 s is held 1 s and times out; the one at 2.25 s succeeds.
+        let w = keep_with(ms(500)..ms(1500), ms(1000)).await;
+        let deadline = || w.fence.borrow().map(|d| d - start);
+        assert_eq!(deadline(), Some(TTL), "registered at 0");
+        tokio::time::sleep(ms(2100)).await;
+        assert_eq!(deadline(), Some(ms(2000) + TTL), "alive while etcd failed at 2 s");
+        tokio::time::sleep(ms(300)).await;
+        assert_eq!(deadline(), Some(ms(2250) + TTL), "renewal sent at 2.25 s");
     }
 
     #[tokio::test(start_paused = true)]
@@ -392,9 +429,11 @@ mod tests {
                 version: "test".into(),
                 disable_engine: true,
                 api: String::new(),
+                fence_at: None,
             },
             ttl: TTL,
             lease_file: lease_file.clone(),
+            fence: None,
         };
         let first = keeper().register().await.unwrap();
         let (tx, _rx) = watch::channel(Some(first));

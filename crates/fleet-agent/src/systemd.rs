@@ -10,6 +10,7 @@
 //! connection). It never decides anything and never logs errors it returns.
 
 mod batches;
+pub mod fence;
 mod jobs;
 mod query;
 mod show;

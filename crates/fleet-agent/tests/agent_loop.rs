@@ -41,6 +41,7 @@ impl World {
             version: "test".into(),
             disable_engine: true,
             api: String::new(),
+            fence_at: None,
         };
         let presence = MachineRole::new(registry.clone(), machine.clone())
             .register(&info, TTL, None)
@@ -782,6 +783,7 @@ async fn a_new_lease_after_the_old_one_expired_republishes_states_and_restarts_n
         version: "test".into(),
         disable_engine: true,
         api: String::new(),
+        fence_at: None,
     };
     let again = w.role().register(&info, TTL, None).await.unwrap();
     assert_ne!(again.lease(), w.presence.lease());
@@ -946,6 +948,7 @@ async fn an_upgraded_agent_on_its_resumed_lease_deletes_its_old_layout_states() 
         version: "test".into(),
         disable_engine: true,
         api: String::new(),
+        fence_at: None,
     };
     let resumed = w
         .role()

@@ -739,6 +739,7 @@ async fn cluster(f: &Fixture) {
             version: VERSION.into(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         };
         machine_running(&f.registry, &info, Duration::from_secs(60), &units).await;
     }

@@ -36,6 +36,7 @@ fn world(machines: usize, units: usize) -> (Snapshot, BTreeMap<UnitHash, UnitFil
             version: String::new(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         };
         snap.machines.insert(info.id.clone(), info);
     }

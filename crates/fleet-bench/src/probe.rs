@@ -135,9 +135,11 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             disable_engine: true,
             api: String::new(),
+            fence_at: None,
         },
         ttl: parse_secs(&args.agent_ttl)?,
         lease_file: args.lease_file.clone(),
+        fence: None,
     };
     let presence = keeper.register().await?;
     let calls = CallCounts::timed();

@@ -257,6 +257,7 @@ impl Sim {
             info: machine_info(i),
             ttl: spec.agent_ttl,
             lease_file: scratch.lease_file(&machine_id(i)),
+            fence: None,
         });
         let registered = register(keepers).await?;
         let joined_in = started.elapsed();
@@ -508,6 +509,7 @@ fn machine_info(i: usize) -> MachineInfo {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         disable_engine: false,
         api: String::new(),
+        fence_at: None,
     }
 }
 

@@ -96,4 +96,9 @@ pub struct MachineInfo {
     /// unit's own machine here for `status` and `journal` (issue 16).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub api: String,
+    /// Set by a fleetd that stopped and has not come back: when (seconds since the epoch)
+    /// its fence stops this machine's non-global units ([`crate::fence`]). A fleetd that
+    /// registers again writes its record without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence_at: Option<u64>,
 }

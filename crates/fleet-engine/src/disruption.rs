@@ -10,7 +10,8 @@
 //! Kubernetes' node lifecycle controller does for a zone that looks wholly down:
 //!
 //! - **Settle.** A vanished machine's units stay for [`DisruptionConfig::settle`] first, so
-//!   that machines vanishing together (leases etcd revokes in one sweep) are judged together.
+//!   that machines vanishing together (leases etcd revokes in one sweep) are judged together,
+//!   and so that the machine's fence (`fleet_core::fence`) has stopped its copies.
 //! - **Disruption.** When more than [`DisruptionConfig::threshold`] of the machines vanished
 //!   within one [`DisruptionConfig::window`] (the agent TTL), the cause is etcd or the network,
 //!   not the machines: every machine that vanished in that window is *held*, its units stay,
@@ -66,12 +67,16 @@ impl DisruptionConfig {
     pub const DEFAULT_MOVE_RATE: u32 = 2000;
 
     /// The defaults for an agent TTL of `ttl`: more than half, settle a third of the TTL
-    /// (at most 2 s), grace two TTLs, [`Self::DEFAULT_MOVE_RATE`] moves a second.
+    /// (at most 2 s) but never less than the fence's margin
+    /// ([`fleet_core::fence::engine_wait`]: a vanished machine's fence has stopped its copies
+    /// by then), grace two TTLs, [`Self::DEFAULT_MOVE_RATE`] moves a second.
     pub fn for_ttl(ttl: Duration) -> DisruptionConfig {
         DisruptionConfig {
             threshold: 0.5,
             window: ttl,
-            settle: (ttl / 3).min(Duration::from_secs(2)),
+            settle: (ttl / 3)
+                .min(Duration::from_secs(2))
+                .max(fleet_core::fence::engine_wait(ttl)),
             grace: ttl * 2,
             move_rate: Self::DEFAULT_MOVE_RATE,
         }

@@ -59,6 +59,7 @@ async fn join<K: Kv>(reg: &Registry<K>, id: &str) -> Presence {
         version: "test".into(),
         disable_engine: false,
         api: String::new(),
+        fence_at: None,
     };
     MachineRole::new(reg.clone(), machine(id))
         .register(&info, PRESENCE_TTL, None)
@@ -410,6 +411,7 @@ async fn places_and_moves_units_on_dynamic_metadata_changes<K: Kv>(reg: Registry
         version: "test".into(),
         disable_engine: false,
         api: String::new(),
+        fence_at: None,
     };
     for info in [
         web.clone(),

@@ -155,6 +155,7 @@ pub fn machine_to_wire(m: &MachineInfo, full: bool) -> wire::Machine {
         id: m.id.to_string(),
         primary_ip: m.public_ip.clone(),
         metadata: m.metadata.clone(),
+        fence_at: m.fence_at,
         ..wire::Machine::default()
     };
     if full {
@@ -173,6 +174,7 @@ pub fn machine_from_wire(m: &wire::Machine) -> Result<MachineInfo, OpsError> {
         version: m.version.clone(),
         disable_engine: m.disable_engine,
         api: m.api.clone(),
+        fence_at: m.fence_at,
     })
 }
 

@@ -196,6 +196,11 @@ pub struct Machine {
     /// Full view: where its fleetd serves the API over the network (`MachineInfo::api`).
     #[serde(default, skip_serializing_if = "is_empty")]
     pub api: String,
+    /// Both views, only when set: its fleetd stopped, and its fence stops its non-global
+    /// units at this time (seconds since the epoch) unless fleetd returns
+    /// (`MachineInfo::fence_at`).
+    #[serde(rename = "fenceAt", default, skip_serializing_if = "Option::is_none")]
+    pub fence_at: Option<u64>,
 }
 
 /// `GET /fleet/v1/units/<name>/status` (extension, issue 16), answered only by the fleetd of

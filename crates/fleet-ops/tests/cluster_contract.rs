@@ -77,6 +77,7 @@ async fn machine_runs_all<K: Kv>(
         version: "test".into(),
         disable_engine: false,
         api: String::new(),
+        fence_at: None,
     };
     let units: Vec<_> = units
         .iter()

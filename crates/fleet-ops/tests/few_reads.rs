@@ -113,6 +113,7 @@ async fn registry_of(others: usize) -> Registry<Hooked<MemKv, Meter>> {
             version: "test".into(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         };
         let running: Vec<_> = entries
             .iter()

@@ -94,6 +94,7 @@ async fn registry_of(count: usize) -> Registry<Hooked<MemKv, Meter>> {
             version: "test".into(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         };
         let running: Vec<_> = entries
             .iter()

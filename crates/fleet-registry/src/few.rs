@@ -379,6 +379,7 @@ mod tests {
                 version: "test".into(),
                 disable_engine: false,
                 api: String::new(),
+                fence_at: None,
             };
             let role = MachineRole::new(reg.clone(), machine(m));
             let presence = role

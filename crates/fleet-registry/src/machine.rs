@@ -184,10 +184,24 @@ impl<K: Kv> MachineRole<K> {
         info: &MachineInfo,
         lease: LeaseId,
     ) -> Result<Option<Presence>> {
-        let key = self.registry.keys().machine(&self.machine);
         if self.registry.kv().keep_alive(lease).await.is_err() {
             return Ok(None);
         }
+        let presence = Presence {
+            lease,
+            resumed: true,
+        };
+        Ok(self
+            .update_presence(&presence, info)
+            .await?
+            .then_some(presence))
+    }
+
+    /// Writes `info` as this machine's record, if the record is still on `presence`'s lease
+    /// (false when it is not: the lease expired, or another holds the record).
+    pub async fn update_presence(&self, presence: &Presence, info: &MachineInfo) -> Result<bool> {
+        self.own(&info.id)?;
+        let (key, lease) = (self.registry.keys().machine(&self.machine), presence.lease);
         let txn = Txn {
             compares: vec![Compare {
                 key: key.clone(),
@@ -202,11 +216,8 @@ impl<K: Kv> MachineRole<K> {
             }],
             failure: vec![],
         };
-        let res = self.registry.txn(txn, "resuming machine presence").await?;
-        Ok(res.succeeded.then_some(Presence {
-            lease,
-            resumed: true,
-        }))
+        let res = self.registry.txn(txn, "writing machine presence").await?;
+        Ok(res.succeeded)
     }
 
     /// Refreshes a presence lease; `Kv { cause: LeaseNotFound }` once it has expired.

@@ -255,6 +255,7 @@ mod tests {
             version: "test".into(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         }
     }
 

@@ -525,6 +525,7 @@ mod tests {
             version: "1".to_owned(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         };
         let record = UnitRecord {
             name: name.clone(),

@@ -45,6 +45,7 @@ fn info(id: &str) -> MachineInfo {
         version: "test".into(),
         disable_engine: true,
         api: String::new(),
+        fence_at: None,
     }
 }
 

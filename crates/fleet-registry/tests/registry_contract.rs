@@ -35,6 +35,7 @@ fn info(id: &str) -> MachineInfo {
         version: "test".into(),
         disable_engine: false,
         api: String::new(),
+        fence_at: None,
     }
 }
 

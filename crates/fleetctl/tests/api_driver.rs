@@ -261,6 +261,7 @@ async fn runs(reg: Registry<MemKv>, id: &str, units: &[(&str, &UnitFile, bool)])
         version: "test".into(),
         disable_engine: false,
         api: String::new(),
+        fence_at: None,
     };
     let units: Vec<_> = units
         .iter()

@@ -110,6 +110,7 @@ fn info(c: char) -> MachineInfo {
         version: "test".into(),
         disable_engine: false,
         api: String::new(),
+        fence_at: None,
     }
 }
 

@@ -302,6 +302,7 @@ async fn machine_running(env: &Env, prefix: &str, id: &str, unit: &str) {
         version: "test".into(),
         disable_engine: false,
         api: String::new(),
+        fence_at: None,
     };
     fleet_registry::MachineRole::new(registry.clone(), info.id.clone())
         .register(&info, std::time::Duration::from_secs(3600), None)

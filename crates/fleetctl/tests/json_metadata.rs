@@ -92,6 +92,7 @@ impl Env {
             version: version.into(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         };
         machine_running(&self.registry, &info, Duration::from_secs(3600), &[]).await;
     }

@@ -32,6 +32,10 @@ pub struct Cli {
     /// completion), generated from these definitions, and exit.
     #[arg(long, value_name = "WHAT", hide = true)]
     pub generate: Option<crate::generate::What>,
+    /// Run the fence now and exit: stop the non-global units of this fleet units directory
+    /// (the fence timer's service runs this when fleetd did not push it forward).
+    #[arg(long, value_name = "UNITS_DIR", hide = true)]
+    pub fence: Option<PathBuf>,
     /// `fleetd version` is accepted as in fleet.
     #[arg(hide = true)]
     pub positional: Vec<String>,

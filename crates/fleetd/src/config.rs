@@ -60,6 +60,9 @@ pub struct Config {
     /// Units of lost machines moved per second at most (0: no limit).
     pub engine_move_rate: u32,
     pub disable_engine: bool,
+    /// No fence in systemd (`fleet_core::fence`): a fleetd that stops or hangs leaves its
+    /// units running, as fleet did.
+    pub disable_fence: bool,
     pub verbosity: u8,
     /// `RUST_LOG`-style directives; over `RUST_LOG` and `verbosity` (`logging.rs`).
     pub log_filter: Option<String>,
@@ -413,6 +416,14 @@ pub const KEYS: &[Key] = &[
         "never run the engine on this machine",
         |c, v| {
             c.disable_engine = parse_bool(v).ok_or("expected true or false")?;
+            Ok(())
+        },
+    ),
+    Key::switch(
+        "disable_fence",
+        "never arm the fence: a stopped or hung fleetd then leaves its units running while the engine starts them elsewhere (docs/guarantees.md, promise 2)",
+        |c, v| {
+            c.disable_fence = parse_bool(v).ok_or("expected true or false")?;
             Ok(())
         },
     ),

@@ -317,6 +317,18 @@ fn held_guard(guard: &File, path: &Path, dir: &Path, me: &Me) -> anyhow::Error {
     }
 }
 
+/// Whether a live process (a fleetd running, or hung, with runtime directory `dir`) holds the
+/// lock. Read from /proc alone: the lock is neither taken nor waited for. The fence asks it
+/// (`fence.rs`): a fleetd that is not running cannot have pushed its deadline.
+pub fn is_held(dir: &Path) -> bool {
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir.join(LOCK_FILE));
+    let Ok(file) = opened else { return false };
+    holders(&file).is_ok_and(|all| all.iter().any(|h| matches!(h, Holder::Running(_))))
+}
+
 /// The holders of `file`'s `flock`, from /proc.
 fn holders(file: &File) -> Result<Vec<Holder>> {
     let meta = file.metadata().context("reading the lock file")?;

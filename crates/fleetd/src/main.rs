@@ -7,6 +7,7 @@ mod api;
 mod cli;
 mod config;
 mod engine;
+mod fence;
 mod generate;
 mod inspect;
 mod lock;
@@ -47,6 +48,9 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+    if let Some(units_dir) = cli.fence {
+        return fence::run(units_dir);
     }
     if !cli.positional.is_empty() {
         eprintln!("fleetd takes no arguments. Did you mean to invoke fleetctl instead?");
@@ -156,6 +160,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         version: VERSION.to_owned(),
         disable_engine: config.disable_engine,
         api: String::new(),
+        fence_at: None,
     };
     let runtime_dir = config
         .units_directory
@@ -190,12 +195,26 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         &metrics,
     );
     api::spawn(&mut tasks, served, listeners, shutdown_rx.clone());
+    // Armed before this machine registers: a fleetd restarted while etcd is away pushes the
+    // fence of the one before it forward, so that it stops nothing.
+    let (fence_tx, fence_rx) = watch::channel(None);
+    if !config.disable_fence {
+        fence::spawn(
+            &mut tasks,
+            systemd.clone(),
+            &config.units_directory,
+            fence_rx.clone(),
+            shutdown_rx.clone(),
+        )?;
+    }
     let manager = metrics.agent.meter(systemd);
+    let stopping_info = info.clone();
     let keeper = PresenceKeeper {
         registry: MachineRole::new(registry.clone(), machine.clone()),
         info,
         ttl: config.agent_ttl,
         lease_file: runtime_dir.join("fleetd.lease"),
+        fence: (!config.disable_fence).then_some(fence_tx),
     };
     notifier.status("registering this machine in etcd");
     let presence = keeper
@@ -206,10 +225,12 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     notifier.status("registered; reconciling the units scheduled here");
 
     let (presence_tx, presence_rx) = watch::channel(Some(presence));
+    let last_presence = presence_rx.clone();
     let mut agent_cfg = AgentConfig::new(machine.clone());
     agent_cfg.deny_units = config.deny_units.clone();
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
     let role = MachineRole::new(registry.clone(), machine.clone());
+    let role_for_stop = role.clone();
     let agent =
         Agent::new(role, manager, agent_cfg, presence_rx).with_metrics(metrics.agent.clone());
     notify::spawn_status(notifier.clone(), agent.progress());
@@ -251,6 +272,18 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     };
     notifier.stopping("stopping; units keep running");
     let _ = shutdown_tx.send(true);
+    if !config.disable_fence {
+        let presence = *last_presence.borrow();
+        let deadline = *fence_rx.borrow();
+        fence::announce_stop(
+            &role_for_stop,
+            presence,
+            stopping_info,
+            deadline,
+            &config.units_directory,
+        )
+        .await;
+    }
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         while tasks.join_next().await.is_some() {}
     })

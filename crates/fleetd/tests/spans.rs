@@ -62,9 +62,11 @@ async fn every_span_of_the_agent_the_engine_and_the_presence_keeper_names_the_ma
             version: "test".into(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         },
         ttl: Duration::from_secs(3),
         lease_file: lease_file.clone(),
+        fence: None,
     };
     let presence = keeper.register().await.unwrap();
     let (presence_tx, presence_rx) = watch::channel(Some(presence));

@@ -32,6 +32,7 @@ async fn an_agent_counts_its_passes_tasks_and_units_by_state() {
         version: "test".into(),
         disable_engine: true,
         api: String::new(),
+        fence_at: None,
     };
     let role = MachineRole::new(registry.clone(), machine.clone());
     let presence = role

@@ -117,6 +117,7 @@ async fn populate(registry: &Registry<MemKv>) {
             version: "9.9.9".into(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         };
         let hash = file("/bin/true").hash();
         let mut units = Vec::new();

@@ -116,6 +116,7 @@ async fn fill(kv: &MemKv, units: usize, machines: usize, templates: usize) -> Re
             version: "bench".to_owned(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         };
         ops.push(put(keys.machine(&info.id), json(&info)));
         if ops.len() >= MAX_TXN_OPS {

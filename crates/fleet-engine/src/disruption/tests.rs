@@ -43,6 +43,7 @@ impl Cluster {
                 version: String::new(),
                 disable_engine: false,
                 api: String::new(),
+                fence_at: None,
             };
             snap.machines.insert(id.clone(), info);
             for i in 0..per {
@@ -86,6 +87,7 @@ impl Cluster {
             version: String::new(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         };
         self.snap.machines.insert(mid(m), info);
         self
@@ -104,16 +106,21 @@ fn held(a: &Assessment) -> Vec<String> {
     a.held.iter().map(ToString::to_string).collect()
 }
 
+/// The defaults with a settle of one second, a round number for the rule's tests.
 fn cfg() -> DisruptionConfig {
-    DisruptionConfig::for_ttl(TTL)
+    DisruptionConfig {
+        settle: secs(1.0),
+        ..DisruptionConfig::for_ttl(TTL)
+    }
 }
 
 #[test]
-fn defaults_hold_for_more_than_half_settle_a_third_of_the_ttl_and_grace_two() {
-    let c = cfg();
+fn defaults_hold_for_more_than_half_settle_for_the_fence_and_grace_two() {
+    let c = DisruptionConfig::for_ttl(TTL);
     assert_eq!(c.threshold, 0.5);
-    assert_eq!((c.window, c.settle, c.grace), (TTL, secs(1.0), secs(6.0)));
-    assert_eq!(DisruptionConfig::for_ttl(secs(30.0)).settle, secs(2.0));
+    assert_eq!((c.window, c.settle, c.grace), (TTL, secs(2.03), secs(6.0)));
+    assert_eq!(DisruptionConfig::for_ttl(secs(30.0)).settle, secs(2.3));
+    assert_eq!(DisruptionConfig::for_ttl(secs(600.0)).settle, secs(8.0));
 }
 
 #[test]

@@ -101,6 +101,7 @@ async fn a_leader_counts_its_passes_and_the_units_it_placed() {
         version: "test".into(),
         disable_engine: false,
         api: String::new(),
+        fence_at: None,
     };
     MachineRole::new(reg.clone(), machine("m1"))
         .register(&info, Duration::from_secs(3600), None)

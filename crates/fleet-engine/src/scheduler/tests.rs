@@ -52,6 +52,7 @@ impl World {
             version: String::new(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         };
         self.snap.machines.insert(info.id.clone(), info);
         self

@@ -148,6 +148,7 @@ fn full_view_of_a_state_and_a_machine_round_trip() {
         version: "0.1.0".into(),
         disable_engine: true,
         api: String::new(),
+        fence_at: None,
     };
     assert_eq!(
         machine_from_wire(&machine_to_wire(&machine, true)).unwrap(),

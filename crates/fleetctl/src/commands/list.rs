@@ -225,6 +225,17 @@ pub async fn list_machines<C: Cluster>(ctx: &mut Ctx<C>, args: &ListMachines) ->
     if let Some(notice) = listing.notice {
         ctx.warn(format!("Warning: {notice}"));
     }
+    for m in &listing.machines {
+        if let Some(at) = m.fence_at {
+            let legend = machine_legend(&m.id, &by_id, args.listing.full);
+            let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(at);
+            ctx.warn(format!(
+                "Machine {legend}'s fleetd is stopped: unless it returns, its non-global units \
+                 are stopped at {} (its fence)",
+                fleet_core::fence::utc_seconds(at)
+            ));
+        }
+    }
     for d in &listing.drained {
         let legend = machine_legend(&d.machine, &by_id, args.listing.full);
         ctx.warn(format!(

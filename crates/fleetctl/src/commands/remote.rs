@@ -484,6 +484,7 @@ mod tests {
             version: String::new(),
             disable_engine: false,
             api: api.into(),
+            fence_at: None,
         };
         (id, info)
     }

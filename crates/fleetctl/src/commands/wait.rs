@@ -454,6 +454,7 @@ mod tests {
             version: String::new(),
             disable_engine: false,
             api: String::new(),
+            fence_at: None,
         };
         WaitView {
             units: BTreeMap::from([(name(), status)]),

@@ -96,6 +96,7 @@ fn machine(s: &str, version: &str) -> MachineInfo {
         version: version.into(),
         disable_engine: true,
         api: "https://10.0.0.1:8443".into(),
+        fence_at: None,
     }
 }
 
