@@ -310,7 +310,8 @@ fn a_machine_runs_a_unit_through_the_package_keeps_it_across_an_upgrade_and_purg
     ensure!(machine.main_pid("hello.service")? == Some(unit_pid));
 
     // Purged: none of its files, its conffiles, its group or its units' links; the unit
-    // fleetd started still runs.
+    // fleetd started was stopped by its fence (the engine would run it elsewhere), and no
+    // fence is left armed.
     dpkg(machine, &["--purge", "fleet"])?;
     // Its directories the host has too (/usr/bin) stay; all else must be gone.
     let own: Vec<&str> = files
@@ -331,10 +332,15 @@ fn a_machine_runs_a_unit_through_the_package_keeps_it_across_an_upgrade_and_purg
         !machine.exec("getent", ["group", "fleet"])?.status.success(),
         "the group fleet is still there"
     );
+    let active = machine
+        .systemctl(["is-active", "hello.service"])?
+        .stdout_text();
     ensure!(
-        machine.main_pid("hello.service")? == Some(unit_pid),
-        "the purge stopped hello.service"
+        matches!(active.trim(), "inactive" | "failed"),
+        "the removal did not fence hello.service: {active:?}\n{}",
+        machine.sh("journalctl -o cat | grep -i fence | tail -20")?
     );
-    machine.systemctl_ok(&["stop", "hello.service"])?;
+    let fences = machine.sh("systemctl list-units --all --no-legend 'fleet-fence-*'")?;
+    ensure!(fences.trim().is_empty(), "fences left: {fences:?}");
     finish(cluster)
 }
