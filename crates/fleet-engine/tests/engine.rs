@@ -334,9 +334,10 @@ async fn holds_rescheduling_while_most_machines_vanished_and_they_return<K: Kv>(
         notice.starts_with("rescheduling held: 2 of 3 machines vanished"),
         "{notice}"
     );
-    // Well past the settle, the units of the vanished machines stay.
-    let settle = DisruptionConfig::for_ttl(t.agent_ttl).settle;
-    sleep(settle + t.prompt).await;
+    // Well past the settle, the units of the vanished machines stay: checked before the grace
+    // ends (with etcd's short TTL the fence's 2 s settle leaves less than a prompt to it).
+    let cfg = DisruptionConfig::for_ttl(t.agent_ttl);
+    sleep((cfg.settle + t.prompt).min(cfg.grace - (cfg.grace - cfg.settle) / 4)).await;
     assert_eq!(schedule(&reg).await, placed);
     // They register again on new leases and keep their units; the notice goes.
     join(&reg, "m1").await;
