@@ -330,7 +330,11 @@ mod tests {
         let deadline = || w.fence.borrow().map(|d| d - start);
         assert_eq!(deadline(), Some(TTL), "registered at 0");
         tokio::time::sleep(ms(2100)).await;
-        assert_eq!(deadline(), Some(ms(2000) + TTL), "alive while etcd failed at 2 s");
+        assert_eq!(
+            deadline(),
+            Some(ms(2000) + TTL),
+            "alive while etcd failed at 2 s"
+        );
         tokio::time::sleep(ms(300)).await;
         assert_eq!(deadline(), Some(ms(2250) + TTL), "renewal sent at 2.25 s");
     }
