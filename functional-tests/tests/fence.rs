@@ -8,6 +8,7 @@ mod support;
 use anyhow::{Context, Result, ensure};
 use fleet_functional_tests::{Cluster, FleetdSpec, Machine, Signal, wait_for};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use support::{
     POLL, TIMEOUT, fleetctl, fleetctl_ok, fleetd_log, journal_cursor, start, units_on,
@@ -79,19 +80,13 @@ struct Doubles {
 }
 
 impl Doubles {
-    /// Polls every [`SAMPLE`] for `span`.
-    fn poll(&mut self, cluster: &Cluster, units: &[String], span: Duration) -> Result<()> {
-        let until = Instant::now() + span;
-        while Instant::now() < until {
-            let sampled = Instant::now();
-            for (unit, machines) in running(cluster, units)? {
-                if machines.len() > 1 {
-                    self.seen.push(format!("{unit} on {machines:?}"));
-                }
+    fn sample(&mut self, cluster: &Cluster, units: &[String]) -> Result<()> {
+        for (unit, machines) in running(cluster, units)? {
+            if machines.len() > 1 {
+                self.seen.push(format!("{unit} on {machines:?}"));
             }
-            self.samples += 1;
-            std::thread::sleep(SAMPLE.saturating_sub(sampled.elapsed()));
         }
+        self.samples += 1;
         Ok(())
     }
 
@@ -105,6 +100,34 @@ impl Doubles {
         );
         Ok(())
     }
+}
+
+/// Runs `body` while another thread polls every machine's systemd every [`SAMPLE`], from
+/// before the body's first step to after its last.
+fn sampled<T>(
+    cluster: &Cluster,
+    units: &[String],
+    body: impl FnOnce() -> Result<T>,
+) -> Result<(T, Doubles)> {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| -> Result<Doubles> {
+            let mut doubles = Doubles::default();
+            while !stop.load(Ordering::Relaxed) {
+                let sampled = Instant::now();
+                doubles.sample(cluster, units)?;
+                std::thread::sleep(SAMPLE.saturating_sub(sampled.elapsed()));
+            }
+            doubles.sample(cluster, units)?;
+            Ok(doubles)
+        });
+        let out = body();
+        stop.store(true, Ordering::Relaxed);
+        let doubles = sampler
+            .join()
+            .map_err(|_| anyhow::anyhow!("the sampler panicked"))??;
+        Ok((out?, doubles))
+    })
 }
 
 /// The machine running the most of `units`.
@@ -155,28 +178,24 @@ fn a_stopped_fleetd_fences_its_units_before_they_run_elsewhere() -> Result<()> {
     let units = start_units(&cluster, 7)?;
     let victim = busiest(&cluster, &units)?;
     let cursor = journal_cursor(victim)?;
-    let mut doubles = Doubles::default();
-    victim.stop_fleetd()?;
-    let listed = fleetctl(&cluster, &["list-machines"])?;
+    let (listed, doubles) = sampled(&cluster, &units, || {
+        victim.stop_fleetd()?;
+        let listed = fleetctl(&cluster, &["list-machines"])?;
+        std::thread::sleep(FAULT);
+        ensure_moved(&cluster, &units, victim)?;
+        victim.start_fleetd()?;
+        wait_registered(&cluster, &registry)?;
+        std::thread::sleep(2 * TTL);
+        ensure_moved(&cluster, &units, victim)?;
+        Ok(listed)
+    })?;
+    doubles.ensure_none()?;
     ensure!(
         listed
             .stderr
             .contains("fleetd is stopped: unless it returns"),
         "list-machines did not tell of the stopped fleetd: {listed:?}"
     );
-    doubles.poll(&cluster, &units, FAULT)?;
-    if !doubles.seen.is_empty() {
-        eprintln!(
-            "{}",
-            victim.journal(&["-o", "short-precise", "--after-cursor", &cursor])?
-        );
-        eprintln!(
-            "{}",
-            victim.sh("systemctl list-timers --all; systemctl list-units 'fleet-fence*' --all")?
-        );
-    }
-    doubles.ensure_none()?;
-    ensure_moved(&cluster, &units, victim)?;
     let log = fleetd_log(victim, &cursor)?;
     ensure!(
         log.contains("unless it returns by the deadline"),
@@ -187,12 +206,6 @@ fn a_stopped_fleetd_fences_its_units_before_they_run_elsewhere() -> Result<()> {
         fence_log.contains("non-global units are stopped"),
         "the fence did not say what it did:\n{fence_log}"
     );
-
-    victim.start_fleetd()?;
-    wait_registered(&cluster, &registry)?;
-    doubles.poll(&cluster, &units, 2 * TTL)?;
-    doubles.ensure_none()?;
-    ensure_moved(&cluster, &units, victim)?;
     eprintln!(
         "{} samples of every machine's systemd, no double run",
         doubles.samples
@@ -206,18 +219,27 @@ fn a_hung_fleetd_fences_its_units_before_they_run_elsewhere() -> Result<()> {
     let (cluster, registry) = start(3, spec())?;
     let units = start_units(&cluster, 7)?;
     let victim = busiest(&cluster, &units)?;
-    let mut doubles = Doubles::default();
-    victim.kill_fleetd(Signal::Stop)?;
-    let polled = doubles.poll(&cluster, &units, FAULT);
-    victim.kill_fleetd(Signal::Cont)?;
-    polled?;
+    let cursor = journal_cursor(victim)?;
+    let ((), doubles) = sampled(&cluster, &units, || {
+        victim.kill_fleetd(Signal::Stop)?;
+        std::thread::sleep(FAULT);
+        let moved = ensure_moved(&cluster, &units, victim);
+        victim.kill_fleetd(Signal::Cont)?;
+        moved?;
+        // The moments right after the thaw are the dangerous ones: the fenced units' change
+        // events arrive before the news of the new lease.
+        wait_registered(&cluster, &registry)?;
+        std::thread::sleep(2 * TTL);
+        ensure_moved(&cluster, &units, victim)
+    })?;
     doubles.ensure_none()?;
-    wait_registered(&cluster, &registry)?;
-    doubles.poll(&cluster, &units, 2 * TTL)?;
-    doubles.ensure_none()?;
-    ensure_moved(&cluster, &units, victim)?;
     let machines = registry.machine_ids()?;
     ensure!(machines.len() == 3, "machines after the thaw: {machines:?}");
+    let log = fleetd_log(victim, &cursor)?;
+    ensure!(
+        log.contains("acting on nothing until its schedule is read on a live lease"),
+        "the thawed fleetd did not hold its tasks:\n{log}"
+    );
     eprintln!(
         "{} samples of every machine's systemd, no double run",
         doubles.samples

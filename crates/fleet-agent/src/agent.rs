@@ -29,6 +29,7 @@ use crate::metrics::{Metrics, TaskResult, UnitCounts};
 use crate::plan::{self, TaskKind, UnitFileState};
 use crate::revivals::{self, Revivals};
 
+mod doubt;
 mod resync;
 use resync::Resync;
 
@@ -133,6 +134,10 @@ pub struct Agent<K, M> {
     metrics: Metrics,
     /// The units gauge's counts, kept per unit.
     unit_counts: UnitCounts,
+    /// Whether the lease may have lapsed since the schedule was read ([`doubt`]).
+    doubt: doubt::LeaseDoubt,
+    /// Whether the last pass was held for that, to log each spell once.
+    held_in_doubt: bool,
 }
 
 impl<K: Kv, M: UnitManager> Agent<K, M> {
@@ -166,7 +171,19 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             progress: watch::Sender::new(Progress::default()),
             metrics: Metrics::default(),
             unit_counts: UnitCounts::default(),
+            doubt: doubt::LeaseDoubt::none(),
+            held_in_doubt: false,
         }
+    }
+
+    /// This agent, holding every task while the fence's deadline says its lease may have
+    /// lapsed since it read its schedule ([`doubt`]).
+    pub fn with_fence(
+        mut self,
+        deadlines: watch::Receiver<Option<crate::fence::Deadline>>,
+    ) -> Agent<K, M> {
+        self.doubt = doubt::LeaseDoubt::of(deadlines);
+        self
     }
 
     /// This agent, counting into `metrics` (fleetd's registered families).
@@ -283,6 +300,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
             if idle {
                 continue;
+            }
+            if schedule.is_none() && self.doubt.wants_read(Instant::now()) {
+                schedule = Some(Delta::Gap);
             }
             if let Some(delta) = schedule {
                 match self.follow_schedule(delta).await {
@@ -462,6 +482,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
 
     /// Reads this machine's schedule and the files it needs.
     async fn read_schedule(&mut self) -> Result<Revision, RegistryError> {
+        let (at_start, started) = (self.doubt.deadline(), Instant::now());
         let listing = self.registry.schedule().await?;
         self.note_skipped(&listing.skipped);
         let revision = listing.revision;
@@ -487,6 +508,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         self.files.retain(|h, _| wanted.contains(h));
         self.fetch_files(wanted).await?;
         self.desired = Some(desired);
+        self.doubt.read(at_start, started);
         self.schedule_revision = revision;
         self.schedule_stale = false;
         Ok(revision)
@@ -750,10 +772,21 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     }
 
     async fn plan_and_execute(&mut self, scope: Option<&BTreeSet<UnitName>>) -> PassOutcome {
-        let Some(schedule) = &self.desired else {
+        let now = Instant::now();
+        let in_doubt = self.doubt.in_doubt(now);
+        if in_doubt != self.held_in_doubt {
+            self.held_in_doubt = in_doubt;
+            if in_doubt {
+                warn!(
+                    "this machine's lease may have lapsed: acting on nothing until its schedule is read on a live lease"
+                );
+            } else {
+                info!("schedule read on a live lease; acting again");
+            }
+        }
+        let Some(schedule) = self.desired.as_ref().filter(|_| !in_doubt) else {
             return PassOutcome::default();
         };
-        let now = Instant::now();
         let mut desired = match scope {
             Some(names) => Desired::build_of(schedule, &self.files, names),
             None => Desired::build(schedule, &self.files),

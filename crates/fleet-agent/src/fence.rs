@@ -13,6 +13,25 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+/// The fence's deadline as the presence keeper publishes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    /// When the fence fires unless pushed again.
+    pub at: Instant,
+    /// How many times, so far, a push found the deadline before it already passed: the
+    /// lease may have lapsed then (a frozen fleetd), and the schedule held may be stale
+    /// (`agent/doubt.rs`).
+    pub lapses: u64,
+}
+
+impl Deadline {
+    /// The deadline that follows `previous` when it is pushed to `at` at `now`.
+    pub fn pushed(previous: Option<Deadline>, at: Instant, now: Instant) -> Deadline {
+        let lapses = previous.map_or(0, |p| p.lapses + u64::from(now > p.at));
+        Deadline { at, lapses }
+    }
+}
+
 /// A deadline in systemd that stops this machine's non-global units when it passes.
 pub trait FenceTimer: Send + Sync {
     /// Arms the fence to fire `after` from now, replacing the one armed before.
@@ -101,12 +120,12 @@ pub fn wall_clock(deadline: Instant, now: Instant) -> SystemTime {
 /// at the next deadline.
 pub async fn keep_armed<F: FenceTimer>(
     fence: F,
-    mut deadlines: watch::Receiver<Option<Instant>>,
+    mut deadlines: watch::Receiver<Option<Deadline>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut failing = false;
     loop {
-        let deadline = *deadlines.borrow_and_update();
+        let deadline = deadlines.borrow_and_update().map(|d| d.at);
         if let Some(deadline) = deadline {
             let after = deadline.saturating_duration_since(Instant::now());
             match fence.arm(after).await {
@@ -169,6 +188,18 @@ mod tests {
         );
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_push_after_the_deadline_passed_counts_a_lapse() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let first = Deadline::pushed(None, t0 + s(3), t0);
+        assert_eq!(first.lapses, 0);
+        let on_time = Deadline::pushed(Some(first), t0 + s(4), t0 + s(1));
+        assert_eq!(on_time.lapses, 0);
+        let late = Deadline::pushed(Some(on_time), t0 + s(13), t0 + s(10));
+        assert_eq!(late.lapses, 1);
+    }
+
     #[test]
     fn fences_a_unit_whose_file_cannot_be_read() {
         let name: UnitName = "x.service".parse().unwrap();
@@ -220,16 +251,22 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn arms_at_each_new_deadline_until_shutdown() {
         let start = Instant::now();
-        let (tx, rx) = watch::channel(Some(start + Duration::from_secs(5)));
+        let at = |s| {
+            Some(Deadline {
+                at: start + Duration::from_secs(s),
+                lapses: 0,
+            })
+        };
+        let (tx, rx) = watch::channel(at(5));
         let (stop_tx, stop_rx) = watch::channel(false);
         let rec = Recorder::default();
         let task = tokio::spawn(keep_armed(rec.clone(), rx, stop_rx));
         tokio::time::sleep(Duration::from_secs(1)).await;
-        tx.send_replace(Some(start + Duration::from_secs(7)));
+        tx.send_replace(at(7));
         tokio::time::sleep(Duration::from_secs(1)).await;
         stop_tx.send_replace(true);
         task.await.unwrap();
-        tx.send_replace(Some(start + Duration::from_secs(9)));
+        tx.send_replace(at(9));
         assert_eq!(
             *rec.0.lock().unwrap(),
             [Duration::from_secs(5), Duration::from_secs(6)]

@@ -18,6 +18,7 @@
 //! may be late (a partition, a frozen etcd), so that it re-reads the schedule instead of
 //! applying the events one response at a time as they trickle in (see `Agent::run`).
 
+use crate::fence::Deadline;
 use fleet_core::{Backoff, MachineInfo};
 use fleet_registry::kv::{Kv, KvError, LeaseId};
 use fleet_registry::{MachineRole, Presence, RegistryError};
@@ -59,7 +60,7 @@ pub struct PresenceKeeper<K> {
     /// successful renewal or registration, its send time plus the TTL, which the lease cannot
     /// expire before; while etcd does not answer, now plus the TTL (an alive fleetd that
     /// cannot reach etcd does not fence its units on that ground alone). `None`: no fence.
-    pub fence: Option<watch::Sender<Option<Instant>>>,
+    pub fence: Option<watch::Sender<Option<Deadline>>>,
 }
 
 impl<K: Kv> PresenceKeeper<K> {
@@ -80,7 +81,30 @@ impl<K: Kv> PresenceKeeper<K> {
     /// Publishes the fence's deadline, `ttl` after `from`.
     fn push_fence(&self, from: Instant) {
         if let Some(fence) = &self.fence {
-            fence.send_replace(Some(from + self.ttl));
+            let now = Instant::now();
+            fence.send_modify(|d| *d = Some(Deadline::pushed(*d, from + self.ttl, now)));
+        }
+    }
+
+    /// After a failed renewal or registration: an etcd that does not answer, or is overloaded,
+    /// is no reason to fence (an outage must stop nothing), so the deadline moves on; an etcd
+    /// that refused this machine's credentials (revoked, wrong, not permitted) is, since the
+    /// lease will expire and the engine will move the units, so the deadline stays where the
+    /// last success put it.
+    fn push_fence_unless_refused(&self, error: &RegistryError) {
+        let refused = matches!(
+            error,
+            RegistryError::Kv {
+                cause: KvError::AuthFailed { .. }
+                    | KvError::PermissionDenied { .. }
+                    | KvError::Config(_),
+                ..
+            }
+        );
+        if !refused {
+            self.push_fence(Instant::now());
+        } else if self.fence.is_some() {
+            warn!(error = %error, "etcd refused this machine: its fence is not pushed forward and will stop its non-global units unless a renewal succeeds first");
         }
     }
 
@@ -99,7 +123,10 @@ impl<K: Kv> PresenceKeeper<K> {
     async fn registering(&self) -> Result<Presence, RegistryError> {
         // Jittered: after an outage that cost every machine its lease, they must not all
         // register again at the same instants.
-        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+        // At most a third of the TTL between attempts: each failed attempt for want of etcd
+        // pushes the fence forward, and must come before the deadline pushed last.
+        let cap = (self.ttl / 3).clamp(Duration::from_millis(200), Duration::from_secs(5));
+        let mut backoff = Backoff::new(Duration::from_millis(200), cap);
         loop {
             let sent = Instant::now();
             match self
@@ -115,7 +142,7 @@ impl<K: Kv> PresenceKeeper<K> {
                 }
                 Err(e @ RegistryError::DuplicateMachine(_)) => return Err(e),
                 Err(e) => {
-                    self.push_fence(Instant::now());
+                    self.push_fence_unless_refused(&e);
                     let delay = backoff.next_delay();
                     warn!(error = %e, retry_in = ?delay, "registering machine failed; retrying");
                     tokio::time::sleep(delay).await;
@@ -173,7 +200,7 @@ impl<K: Kv> PresenceKeeper<K> {
                     let _ = tx.send(Some(presence));
                 }
                 Err(e) => {
-                    self.push_fence(Instant::now());
+                    self.push_fence_unless_refused(&e);
                     failures += 1;
                     if failures == 1 {
                         // Not a new lease, but news: see the module doc.
@@ -209,6 +236,8 @@ mod tests {
         start: Instant,
         failing: std::ops::Range<Duration>,
         latency: Duration,
+        /// Fail as etcd's RBAC refusing, not as a timeout.
+        refuse: bool,
         sent: Arc<Mutex<Vec<Duration>>>,
     }
 
@@ -227,6 +256,12 @@ mod tests {
                 self.sent.lock().unwrap().push(at);
                 if self.failing.contains(&at) {
                     tokio::time::sleep(self.latency).await;
+                    if self.refuse {
+                        return Err(KvError::PermissionDenied {
+                            user: "fleet-host-m1".to_owned(),
+                            what: "renew a lease".to_owned(),
+                        });
+                    }
                     return Err(KvError::Timeout(self.latency, "memory".to_owned()));
                 }
             }
@@ -243,7 +278,7 @@ mod tests {
         registry: Registry<FlakyKv>,
         first: Presence,
         presence: watch::Receiver<Option<Presence>>,
-        fence: watch::Receiver<Option<Instant>>,
+        fence: watch::Receiver<Option<Deadline>>,
         lease_file: std::path::PathBuf,
         _shutdown: watch::Sender<bool>,
     }
@@ -256,12 +291,21 @@ mod tests {
 
     /// Registers machine m1 on a [`TTL`] lease at time 0 and keeps it alive in the background.
     async fn keep_with(failing: std::ops::Range<Duration>, latency: Duration) -> World {
+        keep_failing(failing, latency, false).await
+    }
+
+    async fn keep_failing(
+        failing: std::ops::Range<Duration>,
+        latency: Duration,
+        refuse: bool,
+    ) -> World {
         let kv = FlakyKv {
             inner: MemKv::new(),
             hook: Flaky {
                 start: Instant::now(),
                 failing,
                 latency,
+                refuse,
                 sent: Arc::default(),
             },
         };
@@ -327,7 +371,7 @@ mod tests {
         let start = Instant::now();
         // The keep-alive sent at 1 s is held 1 s and times out; the one at 2.25 s succeeds.
         let w = keep_with(ms(500)..ms(1500), ms(1000)).await;
-        let deadline = || w.fence.borrow().map(|d| d - start);
+        let deadline = || w.fence.borrow().map(|d| d.at - start);
         assert_eq!(deadline(), Some(TTL), "registered at 0");
         tokio::time::sleep(ms(2100)).await;
         assert_eq!(
@@ -337,6 +381,14 @@ mod tests {
         );
         tokio::time::sleep(ms(300)).await;
         assert_eq!(deadline(), Some(ms(2250) + TTL), "renewal sent at 2.25 s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_etcd_refuses_leaves_the_fence_where_the_last_success_put_it() {
+        let start = Instant::now();
+        let w = keep_failing(ms(500)..ms(60_000), ms(10), true).await;
+        tokio::time::sleep(ms(2500)).await;
+        assert_eq!(w.fence.borrow().map(|d| d.at - start), Some(TTL));
     }
 
     #[tokio::test(start_paused = true)]

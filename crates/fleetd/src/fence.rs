@@ -25,7 +25,7 @@ pub fn spawn(
     tasks: &mut JoinSet<Result<()>>,
     systemd: SystemdManager,
     units_dir: &Path,
-    deadlines: watch::Receiver<Option<Instant>>,
+    deadlines: watch::Receiver<Option<fleet_agent::fence::Deadline>>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
     let exe = own_binary().context("finding fleetd's own binary for the fence")?;
@@ -77,6 +77,32 @@ pub async fn announce_stop<K: Kv>(
     }
 }
 
+/// How much later than now fleetd pushed its deadline, if it did since this fence was armed:
+/// it runs (it holds its lock: a stopped fleetd, or a package removal that runs the fence at
+/// once, must not find a deadline left from before), it wrote a later deadline, and a newer
+/// fence timer is armed and waiting (a deadline written just before fleetd froze or died, with
+/// no timer behind it, must not stand this one down). A push moves the deadline by a third of
+/// the TTL at least; /proc/uptime's 10 ms steps may make this very fence's deadline read a
+/// little later than now.
+async fn pushed(systemd: &SystemdManager, units_dir: &Path) -> Option<Duration> {
+    let runtime_dir = units_dir.parent().unwrap_or(units_dir);
+    if !crate::lock::is_held(runtime_dir) {
+        return None;
+    }
+    let (deadline, now) = (read_deadline(&deadline_file(units_dir))?, uptime().ok()?);
+    if deadline <= now + STAND_DOWN_ABOVE {
+        return None;
+    }
+    match systemd.fence_waiting().await {
+        Ok(true) => Some(deadline - now),
+        Ok(false) => None,
+        Err(e) => {
+            warn!(error = %e, "fence: cannot tell whether a newer fence is armed; fencing");
+            None
+        }
+    }
+}
+
 /// How much later than now the deadline fleetd wrote must be for a firing fence to stand
 /// down: well above /proc/uptime's 10 ms resolution, well below the TTL/3 of a push.
 const STAND_DOWN_ABOVE: Duration = Duration::from_millis(100);
@@ -102,22 +128,16 @@ pub fn run(units_dir: PathBuf) -> ExitCode {
 }
 
 async fn fence(units_dir: &Path) -> Result<()> {
-    let file = deadline_file(units_dir);
-    // Only a running fleetd (it holds its lock) can have pushed the deadline since this timer
-    // was armed: a stopped one, or a package removal that runs the fence at once, must not
-    // find a deadline left from before. A push moves the deadline by a third of the TTL at
-    // least; /proc/uptime's 10 ms steps may make this very fence's deadline read a little
-    // later than now.
-    let runtime_dir = units_dir.parent().unwrap_or(units_dir);
-    if let (true, Some(deadline), Ok(now)) = (
-        crate::lock::is_held(runtime_dir),
-        read_deadline(&file),
-        uptime(),
-    ) && deadline > now + STAND_DOWN_ABOVE
-    {
+    let systemd = SystemdManager::connect(SystemdConfig {
+        units_dir: units_dir.to_path_buf(),
+        ..SystemdConfig::default()
+    })
+    .await
+    .context("connecting to systemd")?;
+    if let Some(pushed_by) = pushed(&systemd, units_dir).await {
         info!(
-            pushed_by = ?deadline - now,
-            "fence: fleetd pushed its deadline further while this fence was due; nothing stopped"
+            pushed_by = ?pushed_by,
+            "fence: fleetd pushed its deadline further while this fence was due, and its new fence is armed; nothing stopped"
         );
         return Ok(());
     }
@@ -127,12 +147,6 @@ async fn fence(units_dir: &Path) -> Result<()> {
         dir = %units_dir.display(),
         "fence: fleetd did not push its deadline forward; stopping this machine's non-global units"
     );
-    let systemd = SystemdManager::connect(SystemdConfig {
-        units_dir: units_dir.to_path_buf(),
-        ..SystemdConfig::default()
-    })
-    .await
-    .context("connecting to systemd")?;
     let started = Instant::now();
     let killed = systemd.fence_units(&units, STOP_GRACE).await?;
     for unit in &killed {

@@ -231,8 +231,11 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
     let role = MachineRole::new(registry.clone(), machine.clone());
     let role_for_stop = role.clone();
-    let agent =
+    let mut agent =
         Agent::new(role, manager, agent_cfg, presence_rx).with_metrics(metrics.agent.clone());
+    if !config.disable_fence {
+        agent = agent.with_fence(fence_rx.clone());
+    }
     notify::spawn_status(notifier.clone(), agent.progress());
     {
         let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
@@ -274,7 +277,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let _ = shutdown_tx.send(true);
     if !config.disable_fence {
         let presence = *last_presence.borrow();
-        let deadline = *fence_rx.borrow();
+        let deadline = fence_rx.borrow().map(|d| d.at);
         fence::announce_stop(
             &role_for_stop,
             presence,

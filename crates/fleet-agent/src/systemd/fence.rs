@@ -11,7 +11,7 @@
 
 use super::{SystemdManager, bus_error};
 use crate::fence::FenceTimer;
-use crate::manager::{JobOutcome, ManagerError, UnitManager};
+use crate::manager::{ManagerError, UnitManager};
 use fleet_core::UnitName;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -182,43 +182,98 @@ impl FenceTimer for SystemdFence {
     }
 }
 
+/// How often the fence asks systemd whether its units are down.
+const POLL: Duration = Duration::from_millis(50);
+
+/// How long the fence waits for killed units' cgroups to empty before it reports.
+const KILL_WAIT: Duration = Duration::from_secs(2);
+
 impl SystemdManager {
-    /// Stops `units` for the fence: a stop job each, all at once; a unit still running after
-    /// `grace` is killed (SIGKILL to every process of its cgroup) and waited for a little
-    /// longer. Returns the units that had to be killed.
+    /// Stops `units` for the fence. A stop job is queued for every unit first, however long
+    /// PID 1 takes to answer: a unit with a stop job pending is not restarted by its own
+    /// `Restart=` when it is killed. Then every unit still running after `grace` is killed
+    /// (SIGKILL to every process of its cgroup), and waited for up to [`KILL_WAIT`]. Returns
+    /// the units that had to be killed; a unit the fence could not stop or kill is logged and
+    /// the others are still fenced.
     pub async fn fence_units(
         &self,
         units: &[UnitName],
         grace: Duration,
     ) -> Result<Vec<UnitName>, ManagerError> {
-        let stops = units.iter().map(|unit| async move {
-            match tokio::time::timeout(grace, self.stop(unit)).await {
-                Ok(Ok(JobOutcome::Done | JobOutcome::NotLoaded)) => Ok(None),
-                Ok(Ok(outcome)) => {
-                    warn!(%unit, ?outcome, "fence: stop job did not end cleanly; killing");
-                    self.kill_all(unit).await.map(|()| Some(unit.clone()))
-                }
-                Ok(Err(e)) => {
-                    warn!(%unit, error = %e, "fence: stop failed; killing");
-                    self.kill_all(unit).await.map(|()| Some(unit.clone()))
-                }
-                Err(_) => self.kill_all(unit).await.map(|()| Some(unit.clone())),
-            }
-        });
-        let results = futures::future::join_all(stops).await;
-        let mut killed = Vec::new();
-        let mut failed = None;
-        for (unit, result) in units.iter().zip(results) {
-            match result {
-                Ok(Some(unit)) => killed.push(unit),
-                Ok(None) => {}
-                Err(e) => {
-                    warn!(%unit, error = %e, "fence: could not kill a unit");
-                    failed = Some(e);
-                }
+        let queued = futures::future::join_all(units.iter().map(|u| self.queue_stop(u))).await;
+        for (unit, result) in units.iter().zip(queued) {
+            if let Err(e) = result {
+                warn!(%unit, error = %e, "fence: could not queue a stop job; the unit will be killed");
             }
         }
-        failed.map_or(Ok(killed), Err)
+        let running = self.running_after(units, grace).await?;
+        for unit in &running {
+            if let Err(e) = self.kill_all(unit).await {
+                warn!(%unit, error = %e, "fence: could not kill a unit");
+            }
+        }
+        let left = self.running_after(&running, KILL_WAIT).await?;
+        if !left.is_empty() {
+            warn!(units = ?left, "fence: units still running after the kill");
+        }
+        Ok(running)
+    }
+
+    /// `StopUnit(unit, "replace")`, without waiting for the job; a unit systemd no longer has
+    /// is stopped already.
+    async fn queue_stop(&self, unit: &UnitName) -> Result<(), ManagerError> {
+        let _permit = self.permit().await;
+        let queued = self
+            .inner
+            .manager
+            .stop_unit(unit.to_string(), "replace".to_owned())
+            .await
+            .map_err(bus_error);
+        match queued {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_no_such_unit() => Ok(()),
+            Err(source) => Err(ManagerError::QueueJob {
+                kind: crate::manager::JobKind::Stop,
+                unit: unit.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// Those of `units` that may still be running once they all stopped or `wait` passed.
+    async fn running_after(
+        &self,
+        units: &[UnitName],
+        wait: Duration,
+    ) -> Result<Vec<UnitName>, ManagerError> {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let running: Vec<UnitName> = self
+                .status(units)
+                .await?
+                .into_iter()
+                .filter(|(_, state)| state.active_state().may_be_running())
+                .map(|(unit, _)| unit)
+                .collect();
+            if running.is_empty() || tokio::time::Instant::now() >= until {
+                return Ok(running);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Whether a fence timer is armed and waiting, other than one that is firing: then a
+    /// fleetd pushed its deadline since the firing one was armed.
+    pub async fn fence_waiting(&self) -> Result<bool, ManagerError> {
+        let pattern = format!("{FENCE_PREFIX}*.timer");
+        let _permit = self.permit().await;
+        let listed = self
+            .inner
+            .manager
+            .list_units_by_patterns(vec![], vec![pattern])
+            .await
+            .map_err(|e| ManagerError::ListFences(bus_error(e)))?;
+        Ok(listed.iter().any(|unit| unit.4 == "waiting"))
     }
 
     /// `KillUnit(unit, "all", SIGKILL)`; a unit systemd no longer has is already dead.
