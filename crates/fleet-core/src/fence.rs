@@ -18,7 +18,8 @@ pub const STOP_GRACE: Duration = Duration::from_secs(1);
 
 /// What the fence needs after its deadline, and so what the engine waits after a machine
 /// vanished before it moves that machine's units: [`STOP_GRACE`], plus one second for the
-/// timer's firing, the fence's start and the kill (measured at 10-60 ms; docs/guarantees.md).
+/// timer's firing, the fence's start and the kill (the first two measured at 4-8 ms;
+/// docs/guarantees.md).
 pub const MARGIN: Duration = Duration::from_secs(2);
 
 /// The share of the TTL added to [`MARGIN`] for clocks that run at different rates on the

@@ -66,17 +66,15 @@ impl DisruptionConfig {
     /// still spread out: 100,000 units move over 50 s, not in one burst.
     pub const DEFAULT_MOVE_RATE: u32 = 2000;
 
-    /// The defaults for an agent TTL of `ttl`: more than half, settle a third of the TTL
-    /// (at most 2 s) but never less than the fence's margin
+    /// The defaults for an agent TTL of `ttl`: more than half, settle for the fence's margin
     /// ([`fleet_core::fence::engine_wait`]: a vanished machine's fence has stopped its copies
-    /// by then), grace two TTLs, [`Self::DEFAULT_MOVE_RATE`] moves a second.
+    /// by then; it was a third of the TTL, at most 2 s, before the fence), grace two TTLs,
+    /// [`Self::DEFAULT_MOVE_RATE`] moves a second.
     pub fn for_ttl(ttl: Duration) -> DisruptionConfig {
         DisruptionConfig {
             threshold: 0.5,
             window: ttl,
-            settle: (ttl / 3)
-                .min(Duration::from_secs(2))
-                .max(fleet_core::fence::engine_wait(ttl)),
+            settle: fleet_core::fence::engine_wait(ttl),
             grace: ttl * 2,
             move_rate: Self::DEFAULT_MOVE_RATE,
         }
