@@ -1,21 +1,24 @@
 //! The chaos soak (issue 12): about five minutes of faults under fleetctl churn on one real
 //! cluster, with an invariant checker over etcd's history and every machine's systemd.
 //!
-//! Faults, one per round, in a random order: kill -9 of a fleetd, an etcd freeze
-//! (SIGSTOP/SIGCONT of every member), a machine's power loss (once), a machine cut off the
-//! network, and a kill -9 of one member of the cluster's 3-member etcd (the raft leader half
-//! the time), started again 5 s later. Meanwhile a client loop starts, stops, destroys and
-//! replaces units with fleetctl, recording each operation with its time. Two recorders run
-//! all along: one polls systemd on every machine (ActiveState and InvocationID of every
-//! unit), one records every change of a schedule entry from etcd's watch. After each fault
-//! the cluster must converge on what the registry says within [`CONVERGE`], and an etcd
-//! freeze must leave every unit the churn did not touch with its machine, MainPID and
-//! InvocationID. At the end the checker (`chaos/check.rs`) proves that no unit ran twice at
-//! once outside a documented window and that no unit stopped without a reason (a user's
-//! operation on it, or a move off a machine in a documented window), and every revision of
-//! etcd's history is replayed to prove no unit was ever scheduled on two machines. It prints
-//! the seed, the faults, the operations and the violations (0). `FLEET_FAULT_SEED=<n>`
-//! replays a run.
+//! Faults, one per round, in a random order: kill -9 of a fleetd (systemd restarts it 1 s
+//! later), a fleetd stopped and a fleetd hung (SIGSTOP) for longer than the agent TTL, an etcd
+//! freeze longer than the TTL (SIGSTOP/SIGCONT of every member), a machine's power loss
+//! (once), a machine cut off the network, and a kill -9 of one member of the cluster's
+//! 3-member etcd (the raft leader half the time), started again 5 s later. Meanwhile a client
+//! loop starts, stops, destroys and replaces units with fleetctl, recording each operation
+//! with its time. Two recorders run all along: one polls systemd on every machine
+//! (ActiveState and InvocationID of every unit), one records every change of a schedule
+//! entry from etcd's watch. After each fault the cluster must converge on what the registry
+//! says within [`CONVERGE`], and an etcd freeze must leave every unit the churn did not touch
+//! with its machine, MainPID and InvocationID. At the end the checker (`chaos/check.rs`)
+//! proves that no unit ran twice at once outside a partition window (a stopped or hung
+//! fleetd's fence stops its copies before they move, so its window excuses no double run)
+//! and that no unit stopped without a reason (a user's operation on it, a move off a machine
+//! cut off the network, or the fence of a machine whose fleetd was away past the TTL), and
+//! every revision of etcd's history is replayed to prove no unit was ever scheduled on two
+//! machines. It prints the seed, the faults, the operations and the violations (0).
+//! `FLEET_FAULT_SEED=<n>` replays a run.
 //! Needs root; `make soak`.
 
 #[path = "chaos/check.rs"]
@@ -25,7 +28,7 @@ mod record;
 mod support;
 
 use anyhow::{Context, Result, bail, ensure};
-use check::{Op, Record, Verb, Window};
+use check::{Op, Record, Verb, Window, WindowKind};
 use fleet_core::DesiredState;
 use fleet_functional_tests::{
     Cluster, ClusterSpec, FleetdSpec, Machine, Signal, TestRegistry, cleanup_stale, wait_for_value,
@@ -42,23 +45,26 @@ use support::{PREFIX, Placed, Rng, Want, fleetctl, replay, revision, wait_conver
 const MACHINES: usize = 4;
 const UNITS: usize = 12;
 /// The agent TTL: long enough that a fleetd killed and restarted by systemd (1 s later)
-/// resumes its lease, short enough that a lost machine's units move quickly.
-const AGENT_TTL: &str = "6s";
-/// How long etcd stays frozen: a third of the agent TTL, one renewal period. A lease is
-/// renewed every TTL/3, so at the freeze it has at least 4 s left (less a late renewal on a
-/// loaded machine), and 2 s or more at the thaw. Until the engine holds rescheduling when most
-/// machines vanish at once (issue 12 item 2), a freeze that cost a lease would move units;
-/// the round checks that none did ("the freeze cost a lease"). Raise it to 3 x TTL + 5 s once
-/// that hold is in.
-const FREEZE: Duration = Duration::from_secs(2);
+/// resumes its lease and pushes its fence forward before it fires, short enough that a lost
+/// machine's units move quickly.
+const TTL: Duration = Duration::from_secs(6);
+/// How long etcd stays frozen: 3 x TTL + 5 s, so that every machine's lease runs out at the
+/// thaw, all together. The fleetds live on and keep their fences pushed (a fleetd that cannot
+/// reach etcd does not fence itself), and the engine holds the units of machines that vanish
+/// together (`crates/fleet-engine/src/disruption.rs`) until they register again: nothing may
+/// stop, move or restart.
+const FREEZE: Duration = Duration::from_secs(3 * TTL.as_secs() + 5);
+/// How long a stopped or hung fleetd stays away: at least twice the TTL, so that its fence
+/// fires and its units move before it is back, and up to one TTL more, drawn per round.
+const AWAY: Duration = Duration::from_secs(2 * TTL.as_secs());
 /// How long a killed etcd member stays down before it is started again.
 const MEMBER_DOWN: Duration = Duration::from_secs(5);
 /// The soak's etcd: three members, every endpoint given to fleetd and fleetctl.
 const ETCD_MEMBERS: usize = 3;
 /// How long a machine stays cut off: longer than the agent TTL, so its units move.
 const PARTITION: Duration = Duration::from_secs(10);
-/// After a machine is back (healed, fleetd restarted) it may take this long to read its
-/// schedule and stop its stale copies: part of the documented window (guarantees.md).
+/// After a machine cut off the network is healed it may take this long to read its schedule
+/// and stop its stale copies: part of the documented window (guarantees.md).
 const HEAL_BOUND: Duration = Duration::from_secs(10);
 /// Every fault is followed by convergence within this bound.
 const CONVERGE: Duration = Duration::from_secs(45);
@@ -73,6 +79,8 @@ const POLL_EVERY: Duration = Duration::from_millis(300);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
     FleetdKill,
+    FleetdStop,
+    FleetdHang,
     EtcdFreeze,
     PowerLoss,
     NetworkCut,
@@ -142,11 +150,38 @@ fn pick(rng: &mut Rng, round: usize, plan: &[Fault], cluster: &Cluster) -> Fault
     if let Some(f) = plan.get(round) {
         return *f;
     }
-    let mut menu = vec![Fault::FleetdKill, Fault::EtcdFreeze, Fault::NetworkCut];
+    let mut menu = vec![
+        Fault::FleetdKill,
+        Fault::FleetdStop,
+        Fault::FleetdHang,
+        Fault::EtcdFreeze,
+        Fault::NetworkCut,
+    ];
     if cluster.etcd_members() > 1 {
         menu.push(Fault::EtcdMemberKill);
     }
     menu[rng.below(menu.len() as u64) as usize]
+}
+
+/// How long a stopped or hung fleetd stays away this round.
+fn away(rng: &mut Rng) -> Duration {
+    AWAY + Duration::from_millis(rng.below(TTL.as_millis() as u64))
+}
+
+/// The window of a machine whose fleetd was told to stop or hang at `asked` and had by
+/// `stopped`. Its fence fires a TTL after fleetd's last renewal, which is at most a renewal
+/// period (TTL/3) before `asked`; another period is left for a renewal sent late, so the fence
+/// fires no earlier than TTL/3 after `asked`. It fires at the latest a TTL after `stopped` and
+/// has stopped every copy [`fleet_core::fence::MARGIN`] later (the engine's wait rests on
+/// that), seen by the poller within [`check::SLACK`]. A stop outside, once fleetd is back
+/// say, is not the fence's.
+fn fenced(victim: &Machine, asked: Instant, stopped: Instant) -> Window {
+    Window {
+        kind: WindowKind::Fenced,
+        machine: victim.name().to_owned(),
+        from: asked + TTL / 3,
+        to: stopped + TTL + fleet_core::fence::MARGIN + check::SLACK,
+    }
 }
 
 /// Injects `fault` and returns once it is over (fleetd restarted, etcd thawed, network
@@ -169,12 +204,26 @@ fn inject(
                 .main_pid("fleet.service")?
                 .context("fleetd not running")?;
             victim.kill_fleetd(Signal::Kill)?;
+            // Back within the TTL: no window, nothing may stop or move.
             support::wait_fleetd_restarted(victim, old)?;
-            record.windows.push(Window {
-                machine: victim.name().to_owned(),
-                from: start,
-                to: Instant::now() + HEAL_BOUND,
-            });
+            Ok(Some(victim.name().to_owned()))
+        }
+        Fault::FleetdStop => {
+            let away = away(rng);
+            victim.stop_fleetd()?;
+            record.windows.push(fenced(victim, start, Instant::now()));
+            // How long it stays stopped is the fault itself.
+            std::thread::sleep(away);
+            victim.start_fleetd()?;
+            Ok(Some(victim.name().to_owned()))
+        }
+        Fault::FleetdHang => {
+            let away = away(rng);
+            victim.kill_fleetd(Signal::Stop)?;
+            record.windows.push(fenced(victim, start, Instant::now()));
+            // How long it stays hung is the fault itself.
+            std::thread::sleep(away);
+            victim.kill_fleetd(Signal::Cont)?;
             Ok(Some(victim.name().to_owned()))
         }
         Fault::EtcdFreeze => {
@@ -204,6 +253,7 @@ fn inject(
             std::thread::sleep(PARTITION);
             victim.heal_network()?;
             record.windows.push(Window {
+                kind: WindowKind::Partition,
                 machine: victim.name().to_owned(),
                 from: start,
                 to: Instant::now() + HEAL_BOUND,
@@ -334,6 +384,13 @@ fn wanted_when_ready(registry: &TestRegistry) -> Result<BTreeMap<String, Want>> 
 
 // --- the soak ------------------------------------------------------------------------------
 
+/// What an etcd freeze must not change, read just before it.
+struct BeforeFreeze {
+    /// The presence leases of the machines with power.
+    leases: BTreeMap<String, i64>,
+    runs: BTreeMap<String, Placed>,
+}
+
 /// One soak's state, beside the recorders (which have views of the cluster of their own).
 struct Soak<'a> {
     /// The cluster the faults are injected into (a member kill changes its etcd state).
@@ -364,16 +421,61 @@ impl Soak<'_> {
         Ok(leases)
     }
 
+    /// After an etcd freeze, once convergence is proven and the engine's hold has run out (at
+    /// `held_until`): every unit the round's operations did not name runs where it ran before,
+    /// the very same run (MainPID and InvocationID). A stalled etcd is no reason to stop, move
+    /// or restart anything (issue 12 item 2), even when it cost every lease: the engine holds
+    /// machines that vanish together until they register again. Returns how many of the
+    /// machines' leases it cost, of how many.
+    fn freeze_moved_nothing(
+        &self,
+        before: BeforeFreeze,
+        done: &[Op],
+        held_until: Instant,
+    ) -> Result<(usize, usize)> {
+        // A unit the engine held and then moved anyway would show only after the grace.
+        std::thread::sleep(held_until.saturating_duration_since(Instant::now()));
+        // Every machine registered again by now: a lease that lapsed was replaced.
+        let after = self.powered_leases()?;
+        let lost = before
+            .leases
+            .iter()
+            .filter(|(k, l)| after.get(*k) != Some(*l))
+            .count();
+        let touched: BTreeSet<&str> = done.iter().map(|op| op.unit.as_str()).collect();
+        let now = running(self.cluster)?;
+        let changed: Vec<String> = before
+            .runs
+            .iter()
+            .filter(|(unit, _)| !touched.contains(unit.as_str()))
+            .filter(|(unit, was)| now.get(*unit) != Some(*was))
+            .map(|(unit, was)| format!("{unit}: {was:?} -> {:?}", now.get(unit)))
+            .collect();
+        ensure!(
+            changed.is_empty(),
+            "units the churn did not touch changed machine, MainPID or InvocationID across \
+             the etcd freeze (it cost {lost} of {} leases): {changed:?}",
+            before.leases.len()
+        );
+        Ok((lost, before.leases.len()))
+    }
+
     /// One round: `fault` under churn, then convergence within [`CONVERGE`].
     fn round(&mut self, round: usize, fault: Fault) -> Result<()> {
         let registry = self.registry;
         let mut churn_rng = Rng::from_seed(self.rng.next());
         let spacing = Duration::from_millis(200 + self.rng.below(800));
         let before_freeze = match fault {
-            Fault::EtcdFreeze => Some((self.powered_leases()?, running(self.cluster)?)),
-            Fault::FleetdKill | Fault::PowerLoss | Fault::NetworkCut | Fault::EtcdMemberKill => {
-                None
-            }
+            Fault::EtcdFreeze => Some(BeforeFreeze {
+                leases: self.powered_leases()?,
+                runs: running(self.cluster)?,
+            }),
+            Fault::FleetdKill
+            | Fault::FleetdStop
+            | Fault::FleetdHang
+            | Fault::PowerLoss
+            | Fault::NetworkCut
+            | Fault::EtcdMemberKill => None,
         };
         let at = Instant::now();
         let (rng, versions, paths, record, view) = (
@@ -391,39 +493,27 @@ impl Soak<'_> {
             Ok((hit?, done?))
         })?;
         let lasted = at.elapsed();
+        // The engine's hold of machines that vanished at a thaw lasts 2 x TTL.
+        let held_until = Instant::now() + 2 * TTL + check::SLACK;
         let cluster = &*self.cluster;
         let want = wanted_when_ready(registry)?;
         support::wait_registered(cluster, registry)?;
         wait_converged(cluster, registry, &want, CONVERGE).with_context(|| {
             format!("round {round}: no convergence within {CONVERGE:?} after {fault:?}")
         })?;
-        if let Some((leases, runs)) = before_freeze {
-            // Every machine registered again by now: a lease that lapsed was replaced.
-            let after = self.powered_leases()?;
-            ensure!(
-                after == leases,
-                "round {round}: the freeze cost a lease (a machine's presence ran out, so its \
-                 units may move): before {leases:?}, after {after:?}"
-            );
-            // A stalled etcd is no reason to stop, move or restart anything (issue 12 item 2).
-            let touched: BTreeSet<&str> = done.iter().map(|op| op.unit.as_str()).collect();
-            let now = running(cluster)?;
-            let changed: Vec<String> = runs
-                .iter()
-                .filter(|(unit, _)| !touched.contains(unit.as_str()))
-                .filter(|(unit, was)| now.get(*unit) != Some(*was))
-                .map(|(unit, was)| format!("{unit}: {was:?} -> {:?}", now.get(unit)))
-                .collect();
-            ensure!(
-                changed.is_empty(),
-                "round {round}: units the churn did not touch changed machine, MainPID or \
-                 InvocationID across the etcd freeze: {changed:?}"
-            );
-        }
         let converged_in = at.elapsed() - lasted;
+        let leases = match before_freeze {
+            Some(before) => {
+                let (lost, of) = self
+                    .freeze_moved_nothing(before, &done, held_until)
+                    .with_context(|| format!("round {round}"))?;
+                format!("; it cost {lost} of {of} leases, and no unit moved")
+            }
+            None => String::new(),
+        };
         eprintln!(
             "round {round} at {:.1} s: {fault:?} on {hit:?} for {lasted:.1?}, converged \
-             {converged_in:.1?} later; {} operations",
+             {converged_in:.1?} later; {} operations{leases}",
             at.duration_since(self.start).as_secs_f64(),
             done.len()
         );
@@ -493,6 +583,20 @@ impl Soak<'_> {
             self.record.changes.len(),
             seen.events
         );
+        let windows = |kind| {
+            self.record
+                .windows
+                .iter()
+                .filter(|w| w.kind == kind)
+                .count()
+        };
+        eprintln!(
+            "chaos: {} partition windows; {} fenced windows, in which {} runs stopped (the \
+             fence's)",
+            windows(WindowKind::Partition),
+            windows(WindowKind::Fenced),
+            check::fenced_stops(&self.record)
+        );
     }
 }
 
@@ -548,6 +652,8 @@ fn without_control(record: &Record, start: Instant, control: &Control) -> Result
 fn first_faults(rng: &mut Rng, cluster: &Cluster) -> Vec<Fault> {
     let mut plan = vec![
         Fault::FleetdKill,
+        Fault::FleetdStop,
+        Fault::FleetdHang,
         Fault::EtcdFreeze,
         Fault::NetworkCut,
         Fault::PowerLoss,
@@ -570,7 +676,7 @@ fn soak_chaos_of_faults_under_fleetctl_churn_breaks_no_invariant() -> Result<()>
         .and_then(|s| s.parse().ok())
         .map_or(BUDGET, Duration::from_secs);
     let spec = FleetdSpec {
-        agent_ttl: AGENT_TTL.to_owned(),
+        agent_ttl: format!("{}s", TTL.as_secs()),
         ..FleetdSpec::default().with_env("FLEET_ENGINE_RECONCILE_INTERVAL", "0.5")
     };
     cleanup_stale()?;

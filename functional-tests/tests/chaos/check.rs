@@ -2,18 +2,32 @@
 //! every machine's systemd, changes of schedule entries in etcd's history, the faults'
 //! windows). No I/O, so its rules are tested on their own below.
 //!
-//! A *run* is one InvocationID of a unit on a machine, from the first poll that saw it active
-//! to the last; it *ended* at the first later poll of that machine that did not. The rules:
+//! A *run* is one InvocationID of a unit on a machine, from the first poll that saw it running
+//! to the last; it *ended* at the first later poll of that machine that did not. A *window* is
+//! a span in which one machine is excused something, of one of two kinds
+//! (docs/guarantees.md, promise 2):
+//! - [`WindowKind::Partition`]: the machine is cut off the network (from etcd and from every
+//!   peer) while its fleetd lives, until it can read its schedule again. It keeps its copies
+//!   while the engine starts them elsewhere: the one documented double run.
+//! - [`WindowKind::Fenced`]: the machine's fleetd is stopped or hung for longer than the
+//!   agent TTL, from the earliest moment its fence may fire to the latest moment it has
+//!   stopped everything. Its fence stops its non-global units before the engine moves them,
+//!   so it excuses those stops and never a double run.
+//!
+//! A fleetd killed and restarted within the TTL has no window at all: its fence is pushed
+//! forward before it fires and its lease is resumed, so nothing stops and nothing moves.
+//!
+//! The rules:
 //! - a non-global unit has at most one run at a time; two runs overlap only while one of
-//!   their machines is inside a documented window (cut off the network, or fleetd down, plus
-//!   the time it takes to hear about its schedule afterwards), docs/guarantees.md promise 2;
+//!   their machines is inside a partition window;
 //! - a run ends only for a reason: a user's operation on that unit (`stop`, `destroy`,
 //!   `start --replace`) issued while it ran, each used for one run at most; or a move off a
-//!   machine inside a documented window (a change or deletion of its schedule entry on that
-//!   machine while the machine was cut off, or its fleetd down), each change used for one run
-//!   at most; or its machine lost power. Any other stop is a violation, the engine's own
-//!   moves and restarts in place included: a schedule change alone justifies nothing, since
-//!   the engine writes those too (after a mass lease expiry, say).
+//!   machine inside a partition window (a change or deletion of its schedule entry on that
+//!   machine while the machine was cut off), each change used for one run at most; or the
+//!   fence of its machine inside a fenced window; or its machine lost power. Any other stop
+//!   is a violation, the engine's own moves and restarts in place included: a schedule change
+//!   alone justifies nothing, since the engine writes those too (after a mass lease expiry,
+//!   say).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -29,7 +43,7 @@ pub struct RunRecord {
     pub invocation: String,
     pub first: Instant,
     pub last_seen: Instant,
-    /// The first poll of its machine that no longer saw it active.
+    /// The first poll of its machine that no longer saw it running.
     pub ended: Option<Instant>,
 }
 
@@ -71,9 +85,19 @@ pub struct Op {
     pub succeeded: bool,
 }
 
-/// A machine inside a documented window (partition or fleetd down) from `from` to `to`.
+/// What a window excuses (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowKind {
+    /// Cut off the network with fleetd alive: double runs, and stops that move a unit off it.
+    Partition,
+    /// fleetd stopped or hung past the TTL: stops of its runs (its fence), never double runs.
+    Fenced,
+}
+
+/// `machine` inside a documented window of `kind` from `from` to `to`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Window {
+    pub kind: WindowKind,
     pub machine: String,
     pub from: Instant,
     pub to: Instant,
@@ -100,11 +124,31 @@ fn secs(at: Instant, start: Instant) -> f64 {
     at.saturating_duration_since(start).as_secs_f64()
 }
 
-fn inside_window(record: &Record, machine: &str, from: Instant, to: Instant) -> bool {
+/// Whether `machine` is inside a window of `kind` from `from` to `to`.
+fn inside_window(
+    record: &Record,
+    kind: WindowKind,
+    machine: &str,
+    from: Instant,
+    to: Instant,
+) -> bool {
     record
         .windows
         .iter()
-        .any(|w| w.machine == machine && w.from <= from && to <= w.to)
+        .any(|w| w.kind == kind && w.machine == machine && w.from <= from && to <= w.to)
+}
+
+/// How many runs ended inside a fenced window of their machine: the fence's stops, for the
+/// soak's report (a fenced window in which nothing stopped proves little).
+pub fn fenced_stops(record: &Record) -> usize {
+    record
+        .runs
+        .iter()
+        .filter(|r| {
+            r.ended
+                .is_some_and(|e| inside_window(record, WindowKind::Fenced, &r.machine, e, e))
+        })
+        .count()
 }
 
 fn double_runs(record: &Record, start: Instant) -> Vec<String> {
@@ -123,14 +167,15 @@ fn double_runs(record: &Record, start: Instant) -> Vec<String> {
                 if from > to {
                     continue;
                 }
-                if inside_window(record, &a.machine, from, to)
-                    || inside_window(record, &b.machine, from, to)
+                // Only a partition: a fenced machine's copies are stopped before they move.
+                if inside_window(record, WindowKind::Partition, &a.machine, from, to)
+                    || inside_window(record, WindowKind::Partition, &b.machine, from, to)
                 {
                     continue;
                 }
                 out.push(format!(
                     "{unit} ran on {} (invocation {}) and {} (invocation {}) at once from \
-                     {:.1} s to {:.1} s, outside any documented window",
+                     {:.1} s to {:.1} s, outside any partition window",
                     a.machine,
                     a.invocation,
                     b.machine,
@@ -162,13 +207,12 @@ fn unjustified_stops(record: &Record, start: Instant) -> Vec<String> {
         {
             continue;
         }
-        // A move off a machine inside a window first: its stale copy's stop must not use up
-        // an operation that a later stop of the live copy needs.
-        let in_window = record
-            .windows
-            .iter()
-            .any(|w| w.machine == run.machine && w.from <= end && end <= w.to);
-        let moved = in_window
+        // The fence and a move off a machine inside a partition first: a stale copy's stop
+        // must not use up an operation that a later stop of the live copy needs.
+        if inside_window(record, WindowKind::Fenced, &run.machine, end, end) {
+            continue;
+        }
+        let moved = inside_window(record, WindowKind::Partition, &run.machine, end, end)
             .then(|| {
                 record.changes.iter().enumerate().find(|(i, c)| {
                     !used_changes.contains(i)
@@ -195,8 +239,8 @@ fn unjustified_stops(record: &Record, start: Instant) -> Vec<String> {
                 used_ops.insert(i);
             }
             None => out.push(format!(
-                "{} on {} (invocation {}) stopped at {:.1} s without a user operation or a \
-                 move off a machine in a documented window",
+                "{} on {} (invocation {}) stopped at {:.1} s without a user operation, a \
+                 move off a machine in a partition window or its machine's fence",
                 run.unit,
                 run.machine,
                 run.invocation,
@@ -234,8 +278,26 @@ mod tests {
         }
     }
 
+    fn window(start: Instant, kind: WindowKind, m: &str, from: u64, to: u64) -> Window {
+        Window {
+            kind,
+            machine: m.to_owned(),
+            from: at(start, from),
+            to: at(start, to),
+        }
+    }
+
+    fn op(start: Instant, verb: Verb, s: u64) -> Op {
+        Op {
+            at: at(start, s),
+            unit: "u.service".to_owned(),
+            verb,
+            succeeded: true,
+        }
+    }
+
     #[test]
-    fn two_overlapping_runs_are_a_violation_unless_inside_a_window() {
+    fn two_overlapping_runs_are_a_violation_unless_inside_a_partition_window() {
         let start = Instant::now();
         let mut record = Record {
             runs: vec![
@@ -250,21 +312,81 @@ mod tests {
             v[0].contains("(invocation m1-0)") && v[0].contains("(invocation m2-50)"),
             "both runs are named by their invocation: {v:?}"
         );
-        record.windows.push(Window {
-            machine: "m1".to_owned(),
-            from: at(start, 40),
-            to: at(start, 70),
-        });
+        record
+            .windows
+            .push(window(start, WindowKind::Partition, "m1", 40, 70));
         assert!(violations(&record, start).is_empty());
     }
 
-    fn op(start: Instant, verb: Verb, s: u64) -> Op {
-        Op {
-            at: at(start, s),
-            unit: "u.service".to_owned(),
-            verb,
-            succeeded: true,
-        }
+    #[test]
+    fn a_double_run_inside_a_fenced_window_is_a_violation() {
+        // The fence stops a stopped or hung fleetd's copies before the engine moves them:
+        // two copies at once mean it fired late or not at all.
+        let start = Instant::now();
+        let record = Record {
+            runs: vec![
+                run(start, "m1", 0, 20, true),
+                run(start, "m2", 18, 60, false),
+            ],
+            windows: vec![
+                window(start, WindowKind::Fenced, "m1", 5, 40),
+                window(start, WindowKind::Fenced, "m2", 5, 40),
+            ],
+            ..Record::default()
+        };
+        let v = violations(&record, start);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].contains("at once"), "{v:?}");
+    }
+
+    #[test]
+    fn a_double_run_only_partly_inside_a_partition_window_is_a_violation() {
+        let start = Instant::now();
+        let record = Record {
+            runs: vec![
+                run(start, "m1", 0, 30, true),
+                run(start, "m2", 10, 60, false),
+            ],
+            changes: vec![change(start, "m1", 12)],
+            windows: vec![window(start, WindowKind::Partition, "m1", 0, 25)],
+            ..Record::default()
+        };
+        let v = violations(&record, start);
+        assert_eq!(
+            v.len(),
+            2,
+            "the overlap and the stop after the window: {v:?}"
+        );
+    }
+
+    #[test]
+    fn a_run_stopped_inside_its_machines_fenced_window_needs_no_reason() {
+        let start = Instant::now();
+        let mut record = Record {
+            runs: vec![run(start, "m1", 0, 10, true)],
+            windows: vec![window(start, WindowKind::Fenced, "m1", 5, 20)],
+            ..Record::default()
+        };
+        assert!(violations(&record, start).is_empty());
+        // Before the fence could fire, or on another machine, the stop is unexplained.
+        record.windows = vec![window(start, WindowKind::Fenced, "m1", 12, 20)];
+        assert_eq!(violations(&record, start).len(), 1);
+        record.windows = vec![window(start, WindowKind::Fenced, "m2", 5, 20)];
+        assert_eq!(violations(&record, start).len(), 1);
+    }
+
+    #[test]
+    fn a_fenced_stop_leaves_the_operation_for_the_live_copy() {
+        let start = Instant::now();
+        let record = Record {
+            runs: vec![run(start, "m1", 0, 8, true), run(start, "m2", 10, 20, true)],
+            ops: vec![op(start, Verb::Stop, 9)],
+            windows: vec![window(start, WindowKind::Fenced, "m1", 5, 30)],
+            ..Record::default()
+        };
+        let v = violations(&record, start);
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(fenced_stops(&record), 1);
     }
 
     #[test]
@@ -308,11 +430,9 @@ mod tests {
         };
         assert_eq!(violations(&record, start).len(), 1);
         // The same move off a machine cut off the network is the documented window.
-        record.windows.push(Window {
-            machine: "m1".to_owned(),
-            from: at(start, 5),
-            to: at(start, 20),
-        });
+        record
+            .windows
+            .push(window(start, WindowKind::Partition, "m1", 5, 20));
         assert!(violations(&record, start).is_empty());
     }
 
@@ -323,11 +443,7 @@ mod tests {
             runs: vec![run(start, "m1", 0, 10, true), run(start, "m2", 5, 12, true)],
             changes: vec![change(start, "m1", 6)],
             ops: vec![op(start, Verb::Destroy, 9)],
-            windows: vec![Window {
-                machine: "m1".to_owned(),
-                from: at(start, 0),
-                to: at(start, 20),
-            }],
+            windows: vec![window(start, WindowKind::Partition, "m1", 0, 20)],
             ..Record::default()
         };
         let v = violations(&record, start);
@@ -353,11 +469,7 @@ mod tests {
         let record = Record {
             runs: vec![run(start, "m1", 100, 110, true)],
             changes: vec![change(start, "m2", 110), change(start, "m1", 10)],
-            windows: vec![Window {
-                machine: "m1".to_owned(),
-                from: at(start, 0),
-                to: at(start, 200),
-            }],
+            windows: vec![window(start, WindowKind::Partition, "m1", 0, 200)],
             ..Record::default()
         };
         assert_eq!(violations(&record, start).len(), 1);

@@ -4,7 +4,7 @@
 
 use super::check::{Change, RunRecord};
 use super::{CONVERGE, POLL_EVERY, UNITS, unit_name, up};
-use crate::support::{PREFIX, units_on};
+use crate::support::{PREFIX, UnitView, units_on};
 use anyhow::{Context, Result, bail};
 use fleet_functional_tests::{Cluster, Machine, OutputExt, TestRegistry};
 use fleet_registry::kv::{EventKind, Kv, WatchMessage};
@@ -24,8 +24,16 @@ pub struct Seen {
     pub events: usize,
 }
 
+/// Whether a unit in this state may have processes: any state but `inactive` and `failed`.
+/// A copy the fence is stopping (`deactivating`, SIGTERM sent, SIGKILL after a grace) still
+/// runs; counting only `active` would hide a double run in exactly that margin.
+fn may_run(view: &UnitView) -> bool {
+    view.active != "inactive" && view.active != "failed"
+}
+
 /// Polls systemd on every running machine until `stop`: opens a run when a unit is first
-/// seen active with an invocation, closes it at the first poll of that machine without it.
+/// seen running ([`may_run`]) with an invocation, closes it at the first poll of that machine
+/// without it.
 pub fn poll_systemd(cluster: &Cluster, seen: &Mutex<Seen>, stop: &AtomicBool) {
     let names: Vec<String> = (0..UNITS).map(unit_name).collect();
     while !stop.load(Ordering::SeqCst) {
@@ -38,7 +46,7 @@ pub fn poll_systemd(cluster: &Cluster, seen: &Mutex<Seen>, stop: &AtomicBool) {
             seen.polls += 1;
             let active: BTreeSet<(String, String, String)> = views
                 .iter()
-                .filter(|(_, v)| v.is_active() && !v.invocation.is_empty())
+                .filter(|(_, v)| may_run(v) && !v.invocation.is_empty())
                 .map(|(u, v)| (m.name().to_owned(), u.clone(), v.invocation.clone()))
                 .collect();
             let gone: Vec<_> = seen
