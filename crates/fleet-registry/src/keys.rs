@@ -19,13 +19,14 @@
 //! | `P/drain/<machine>`               | [`DrainRecord`] JSON          | none       |
 //! | `P/moving/<name>`                 | [`MoveRecord`] JSON           | none       |
 //! | `P/placement/<name>/<machine>`    | empty (the schedule by unit)  | none       |
-//! | `P/left/<name>/<machine>`         | empty (placement history)     | none       |
+//! | `P/left/<name>/<machine>`         | [`LeftCopy`] (history)        | none       |
 //!
 //! [`UnitRecord`]: crate::UnitRecord
 //! [`ScheduleEntry`]: crate::ScheduleEntry
 //! [`UnitStateRecord`]: crate::UnitStateRecord
 //! [`DrainRecord`]: crate::DrainRecord
 //! [`MoveRecord`]: crate::MoveRecord
+//! [`LeftCopy`]: crate::LeftCopy
 
 use fleet_core::{MachineId, UnitHash, UnitName};
 
@@ -67,10 +68,11 @@ pub enum Key {
         unit: UnitName,
         machine: MachineId,
     },
-    /// The placement history: `unit` left `machine` while a copy may still have run there.
-    /// Written by the engine in the transaction that deletes the schedule entry, deleted by
-    /// it once that copy has stopped or the machine is gone; only such a machine (or one the
-    /// unit is scheduled on) may hold the unit's next placement back (issue 36).
+    /// The placement history: `unit` left `machine` while a copy may still have run there;
+    /// the value says what the machine had published of it ([`crate::LeftCopy`]). Written by
+    /// the engine in the transaction that deletes the schedule entry, deleted by it once that
+    /// copy has stopped or the machine is gone; only such a machine (or one the unit is
+    /// scheduled on) may hold the unit's next placement back (issue 36).
     Left {
         unit: UnitName,
         machine: MachineId,

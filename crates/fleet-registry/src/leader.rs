@@ -18,7 +18,7 @@ use crate::kv::{
     TxnOpResponse,
 };
 use crate::per_machine::PerMachine;
-use crate::records::{MoveRecord, ScheduleEntry};
+use crate::records::{LeftCopy, MoveRecord, ScheduleEntry};
 use crate::registry::{Registry, encode};
 use crate::snapshot::Snapshot;
 use crate::watch::WatchHints;
@@ -54,10 +54,20 @@ pub enum EngineWrite {
     /// Delete an entry of a machine's schedule.
     Unschedule { machine: MachineId, unit: UnitName },
     /// Delete an entry of a machine's schedule whose copy may still run there, and record at
-    /// `P/left/<unit>/<machine>`, in the same transaction, that the unit left it: the
-    /// placement history a new leader reads, so that copy still holds the unit's next
-    /// placement back until it has stopped.
-    Leave { machine: MachineId, unit: UnitName },
+    /// `P/left/<unit>/<machine>`, in the same transaction, that the unit left it and what the
+    /// machine had published of the copy: the placement history a new leader reads, so that
+    /// copy still holds the unit's next placement back until it has stopped.
+    Leave {
+        machine: MachineId,
+        unit: UnitName,
+        copy: LeftCopy,
+    },
+    /// Rewrite that record: the machine has published the copy since (see [`LeftCopy`]).
+    Record {
+        unit: UnitName,
+        machine: MachineId,
+        copy: LeftCopy,
+    },
     /// Withdraw that record: the copy stopped, the machine is gone, or the unit is back.
     Forget { unit: UnitName, machine: MachineId },
     /// Publish why a unit cannot be placed, at `P/unscheduled/<unit>`.
@@ -85,7 +95,7 @@ impl EngineWrite {
             EngineWrite::Unschedule { .. } | EngineWrite::Leave { .. } => 1,
             // A record is forgotten only once its copy has stopped (or its machine is gone):
             // it may share the transactions of the schedule entries that this allows.
-            EngineWrite::Schedule(_) | EngineWrite::Forget { .. } => 2,
+            EngineWrite::Schedule(_) | EngineWrite::Record { .. } | EngineWrite::Forget { .. } => 2,
             EngineWrite::Unschedulable { .. } | EngineWrite::ClearUnschedulable { .. } => 3,
             EngineWrite::Moved { .. } => 4,
             EngineWrite::Disruption { .. } => 5,
@@ -414,15 +424,28 @@ impl<K: Kv> Leadership<K> {
                 ops.push(delete(keys.schedule(machine, unit)));
                 ops.push(delete(keys.placement(unit, machine)));
             }
-            EngineWrite::Leave { machine, unit } => {
+            EngineWrite::Leave {
+                machine,
+                unit,
+                copy,
+            } => {
                 ops.push(delete(keys.schedule(machine, unit)));
                 ops.push(delete(keys.placement(unit, machine)));
                 ops.push(TxnOp::Put {
                     key: keys.left(unit, machine),
-                    value: Vec::new(),
+                    value: copy.value().to_vec(),
                     lease: None,
                 });
             }
+            EngineWrite::Record {
+                unit,
+                machine,
+                copy,
+            } => ops.push(TxnOp::Put {
+                key: keys.left(unit, machine),
+                value: copy.value().to_vec(),
+                lease: None,
+            }),
             EngineWrite::Forget { unit, machine } => ops.push(delete(keys.left(unit, machine))),
             EngineWrite::Unschedulable { unit, reason } => ops.push(TxnOp::Put {
                 key: keys.unscheduled(unit),
@@ -820,7 +843,8 @@ mod tests {
     }
 
     /// Issue 36: the record that a unit left a machine lands with the deletion of its entry
-    /// there, so no leader ever sees the entry gone without the record.
+    /// there, so no leader ever sees the entry gone without the record; it says what the
+    /// machine had published of the copy, and is rewritten once the machine publishes it.
     #[tokio::test(start_paused = true)]
     async fn records_that_a_unit_left_in_the_transaction_that_unschedules_it() {
         let reg = registry();
@@ -833,6 +857,7 @@ mod tests {
         let leave = EngineWrite::Leave {
             machine: machine("m1"),
             unit: x.clone(),
+            copy: LeftCopy::Unpublished,
         };
         let written = a.write(&[leave]).await.unwrap().unwrap();
         assert_eq!(written, before + 1, "one transaction");
@@ -841,7 +866,16 @@ mod tests {
         let left = keys_under(&reg, &reg.keys().lefts()).await;
         assert_eq!(left, ["/leader-test/left/x.service/m1"]);
         let snap = reg.snapshot().await.unwrap();
-        assert!(snap.left[&x].contains_key(&machine("m1")));
+        assert_eq!(snap.left[&x][&machine("m1")], LeftCopy::Unpublished);
+        a.write(&[EngineWrite::Record {
+            unit: x.clone(),
+            machine: machine("m1"),
+            copy: LeftCopy::Running,
+        }])
+        .await
+        .unwrap();
+        let snap = reg.snapshot().await.unwrap();
+        assert_eq!(snap.left[&x][&machine("m1")], LeftCopy::Running);
         a.write(&[EngineWrite::Forget {
             unit: x.clone(),
             machine: machine("m1"),

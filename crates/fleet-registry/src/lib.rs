@@ -42,7 +42,7 @@ pub use page::UnitsPage;
 pub use per_machine::PerMachine;
 pub use read::{Listing, Skipped};
 pub use records::{
-    DrainRecord, MoveRecord, ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord,
+    DrainRecord, LeftCopy, MoveRecord, ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord,
     UnitStateRecord,
 };
 pub use registry::Registry;

@@ -271,10 +271,22 @@ impl<K: Kv> LiveView<K> {
                 EngineWrite::Unschedule { machine, unit } => {
                     snap.remove(keys, &keys.schedule(machine, unit));
                 }
-                EngineWrite::Leave { machine, unit } => {
+                EngineWrite::Leave {
+                    machine,
+                    unit,
+                    copy,
+                } => {
                     snap.remove(keys, &keys.schedule(machine, unit));
                     snap.remove(keys, &keys.left(unit, machine));
-                    snap.insert_left(unit.clone(), machine.clone());
+                    snap.insert_left(unit.clone(), machine.clone(), *copy);
+                }
+                EngineWrite::Record {
+                    unit,
+                    machine,
+                    copy,
+                } => {
+                    snap.remove(keys, &keys.left(unit, machine));
+                    snap.insert_left(unit.clone(), machine.clone(), *copy);
                 }
                 EngineWrite::Forget { unit, machine } => {
                     snap.remove(keys, &keys.left(unit, machine));

@@ -15,7 +15,9 @@ use std::fmt;
 use crate::error::RegistryError;
 use crate::keys::{Key, Keys};
 use crate::kv::{KeyValue, Revision};
-use crate::records::{DrainRecord, MoveRecord, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
+use crate::records::{
+    DrainRecord, LeftCopy, MoveRecord, ScheduleEntry, Unit, UnitRecord, UnitStateRecord,
+};
 
 /// A stored value a listing left out: it does not parse, or it names another key than the
 /// one it is stored under.
@@ -134,16 +136,18 @@ pub(crate) fn unscheduled(keys: &Keys, kv: &KeyValue) -> Result<(UnitName, Strin
     Ok((name, String::from_utf8_lossy(&kv.value).into_owned()))
 }
 
-/// A `left/<name>/<machine>` record of the placement history (its value is empty: the key
-/// says it all).
+/// A `left/<name>/<machine>` record of the placement history: what the machine had
+/// published of the copy when the unit left it.
 pub(crate) fn left(
     keys: &Keys,
     kv: &KeyValue,
-) -> Result<(UnitName, fleet_core::MachineId), Skipped> {
-    match Key::parse(keys, &kv.key) {
-        Some(Key::Left { unit, machine }) => Ok((unit, machine)),
-        _ => Err(skipped(keys, kv, "the key names no unit and machine")),
-    }
+) -> Result<(UnitName, fleet_core::MachineId, LeftCopy), Skipped> {
+    let Some(Key::Left { unit, machine }) = Key::parse(keys, &kv.key) else {
+        return Err(skipped(keys, kv, "the key names no unit and machine"));
+    };
+    let copy = LeftCopy::from_value(&kv.value)
+        .ok_or_else(|| skipped(keys, kv, "not a kind of copy a unit left"))?;
+    Ok((unit, machine, copy))
 }
 
 /// The part of the key after `base`, parsed.

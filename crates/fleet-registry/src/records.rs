@@ -133,6 +133,43 @@ pub struct DrainRecord {
     pub since: u64,
 }
 
+/// What the machine a unit left had published of the unit's copy there when the engine
+/// deleted its entry: the value of `P/left/<name>/<machine>`, which says when the engine may
+/// believe that copy stopped (issue 36). A published state can lag what the machine runs: its
+/// agent publishes at the end of a pass, after the starts it made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeftCopy {
+    /// A state whose copy may be running: the copy has stopped once the machine publishes no
+    /// such state. The empty value, as every record was before the other kinds.
+    Running,
+    /// A state of a stopped copy (`inactive`, `failed`), which may predate a start: the copy
+    /// has stopped once the machine withdraws the state (its agent unloaded the unit, which it
+    /// does only once stopped).
+    Stopped,
+    /// No state: its agent may have started a copy and not published it yet. The copy has
+    /// stopped once the machine publishes a stopped one; a copy it publishes running makes
+    /// the record [`Running`](Self::Running).
+    Unpublished,
+}
+
+impl LeftCopy {
+    /// The stored value: empty, `stopped` or `unpublished`.
+    pub fn value(self) -> &'static [u8] {
+        match self {
+            LeftCopy::Running => b"",
+            LeftCopy::Stopped => b"stopped",
+            LeftCopy::Unpublished => b"unpublished",
+        }
+    }
+
+    /// The kind a stored value names; `None` for a value this version does not write.
+    pub fn from_value(value: &[u8]) -> Option<LeftCopy> {
+        [LeftCopy::Running, LeftCopy::Stopped, LeftCopy::Unpublished]
+            .into_iter()
+            .find(|kind| kind.value() == value)
+    }
+}
+
 /// A unit the engine took off drained machine `from`: it counts against that drain's
 /// `parallel` until it is active on another machine. Written by the engine's leadership in
 /// the transaction that unschedules the unit there, so a new leader knows the moves on their
@@ -141,4 +178,19 @@ pub struct DrainRecord {
 pub struct MoveRecord {
     pub unit: UnitName,
     pub from: MachineId,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records written before the kinds existed (always of a running copy) are empty.
+    #[test]
+    fn a_left_copy_reads_back_from_its_value_and_an_empty_one_is_running() {
+        for kind in [LeftCopy::Running, LeftCopy::Stopped, LeftCopy::Unpublished] {
+            assert_eq!(LeftCopy::from_value(kind.value()), Some(kind));
+        }
+        assert_eq!(LeftCopy::from_value(b""), Some(LeftCopy::Running));
+        assert_eq!(LeftCopy::from_value(b"running"), None);
+    }
 }

@@ -14,7 +14,7 @@ use crate::kv::{KeyValue, Kv, KvError, Revision};
 use crate::metadata::{self, DynamicMetadata};
 use crate::per_machine::PerMachine;
 use crate::read::{self, Skipped};
-use crate::records::{DrainRecord, MoveRecord, ScheduleEntry, Unit, UnitStateRecord};
+use crate::records::{DrainRecord, LeftCopy, MoveRecord, ScheduleEntry, Unit, UnitStateRecord};
 use crate::registry::Registry;
 
 /// Units, schedule, machines, their dynamic metadata, drains, published states and the
@@ -39,8 +39,9 @@ pub struct Snapshot {
     /// Units the engine is moving off a drained machine.
     pub moving: BTreeMap<UnitName, MoveRecord>,
     /// The placement history: unit -> the machines it left while a copy may still have run
-    /// there (`P/left/<name>/<machine>`), until the engine saw that copy stop.
-    pub left: BTreeMap<UnitName, PerMachine<()>>,
+    /// there (`P/left/<name>/<machine>`), with what each had published of it then, until the
+    /// engine saw that copy stop.
+    pub left: BTreeMap<UnitName, PerMachine<LeftCopy>>,
     /// Values that could not be read, by key: left out of every map above, so a corrupt unit
     /// record reads as no unit, a corrupt schedule entry as no entry.
     pub skipped: BTreeMap<String, Skipped>,
@@ -90,9 +91,14 @@ impl Snapshot {
         place(&mut self.schedule, e.name.clone(), e.machine.clone(), e);
     }
 
-    pub(crate) fn insert_left(&mut self, mut unit: UnitName, mut machine: MachineId) {
+    pub(crate) fn insert_left(
+        &mut self,
+        mut unit: UnitName,
+        mut machine: MachineId,
+        copy: LeftCopy,
+    ) {
         self.share(&mut unit, &mut machine);
-        place(&mut self.left, unit, machine, ());
+        place(&mut self.left, unit, machine, copy);
     }
 
     /// Adds the value stored at `kv`, if its key is of a kind the snapshot keeps (units,
@@ -143,9 +149,9 @@ impl Snapshot {
             Kind::Moving => read::moving(keys, kv).map(|m| {
                 self.moving.insert(m.unit.clone(), m);
             }),
-            Kind::Left => read::left(keys, kv).map(|(mut unit, mut machine)| {
+            Kind::Left => read::left(keys, kv).map(|(mut unit, mut machine, copy)| {
                 naming.unwrap_or(self).share(&mut unit, &mut machine);
-                place(&mut self.left, unit, machine, ());
+                place(&mut self.left, unit, machine, copy);
             }),
             // Placements mirror the schedule, which the snapshot holds already.
             Kind::File | Kind::FileRef | Kind::Engine | Kind::Placement => return None,

@@ -606,7 +606,8 @@ async fn lists_more_than_a_page_and_4_mib_of_unit_files<K: Kv>(reg: Registry<K>)
 
 /// The unreadable values of the corrupt-value tests: a non-JSON unit record, a good record
 /// under another unit's key, a non-JSON schedule entry, state and machine, a file that does
-/// not parse, an unscheduled reason under a key that is no unit name.
+/// not parse, an unscheduled reason under a key that is no unit name, a placement history
+/// record of a kind no engine writes.
 fn corrupt_keys(p: &str) -> Vec<(String, &'static str)> {
     vec![
         (format!("{p}unit/evil1.service"), "not json"),
@@ -625,6 +626,7 @@ fn corrupt_keys(p: &str) -> Vec<(String, &'static str)> {
             "[Service\nExecStart=/bin/true\n",
         ),
         (format!("{p}unscheduled/bad name"), "why"),
+        (format!("{p}left/evil5.service/m1"), "running?"),
     ]
 }
 
@@ -647,6 +649,7 @@ async fn listings_skip_unreadable_values_and_name_their_keys<K: Kv>(reg: Registr
     assert_eq!(snap.units, good.units);
     assert_eq!(snap.machines, good.machines);
     assert!(snap.schedule.is_empty() && snap.states.is_empty() && snap.unscheduled.is_empty());
+    assert!(snap.left.is_empty());
     let skipped: Vec<&str> = snap.skipped.keys().map(String::as_str).collect();
     let mut want: Vec<&str> = corrupt.iter().map(|(k, _)| k.as_str()).collect();
     want.retain(|k| !k.contains("/file/"));

@@ -17,7 +17,8 @@
 
 use fleet_registry::kv::{Kv, Revision};
 use fleet_registry::{
-    EngineWrite, Leadership, LiveView, MoveRecord, Registry, RegistryError, Touched, WatchHints,
+    EngineWrite, Leadership, LeftCopy, LiveView, MoveRecord, Registry, RegistryError, Touched,
+    WatchHints,
 };
 use std::time::Duration;
 use tokio::sync::watch;
@@ -486,6 +487,7 @@ fn write_of(decision: &Decision) -> EngineWrite {
         } => EngineWrite::Leave {
             machine: machine.clone(),
             unit: unit.clone(),
+            copy: LeftCopy::Running,
         },
         DecisionKind::Forget { unit, machine } => EngineWrite::Forget {
             unit: unit.clone(),

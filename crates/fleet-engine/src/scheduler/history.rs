@@ -20,7 +20,7 @@
 //! is a *stray* ([`strays`]): ignored for placement, reported by the engine.
 
 use fleet_core::{MachineId, Requirements, UnitFile, UnitHash, UnitName};
-use fleet_registry::{PerMachine, ScheduleEntry, Snapshot, UnitStateRecord};
+use fleet_registry::{LeftCopy, PerMachine, ScheduleEntry, Snapshot, UnitStateRecord};
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::cluster::Cluster;
@@ -30,7 +30,7 @@ use super::decision::{Decision, DecisionKind, Reason};
 #[derive(Debug, Clone, Copy)]
 pub(super) struct History<'s> {
     schedule: &'s BTreeMap<UnitName, PerMachine<ScheduleEntry>>,
-    left: &'s BTreeMap<UnitName, PerMachine<()>>,
+    left: &'s BTreeMap<UnitName, PerMachine<LeftCopy>>,
     states: &'s BTreeMap<UnitName, PerMachine<UnitStateRecord>>,
 }
 

@@ -4,7 +4,8 @@
 use super::*;
 use fleet_core::{DesiredState, MachineInfo, SystemdState};
 use fleet_registry::{
-    DrainRecord, MoveRecord, ReplaceState, ScheduleEntry, Unit, UnitRecord, UnitStateRecord,
+    DrainRecord, LeftCopy, MoveRecord, ReplaceState, ScheduleEntry, Unit, UnitRecord,
+    UnitStateRecord,
 };
 
 mod delta;
@@ -189,7 +190,7 @@ impl World {
     /// whose copy may still run does).
     pub fn left(mut self, unit: &str, machine: &str) -> World {
         let left = self.snap.left.entry(name(unit)).or_default();
-        left.insert(mid(machine), ());
+        left.insert(mid(machine), LeftCopy::Running);
         self
     }
 
@@ -232,7 +233,7 @@ impl World {
                     }
                     if *record_left {
                         let left = self.snap.left.entry(unit.clone()).or_default();
-                        left.insert(machine.clone(), ());
+                        left.insert(machine.clone(), LeftCopy::Running);
                     }
                 }
                 DecisionKind::Forget { unit, machine } => {
