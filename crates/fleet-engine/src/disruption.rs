@@ -11,7 +11,10 @@
 //!
 //! - **Settle.** A vanished machine's units stay for [`DisruptionConfig::settle`] first, so
 //!   that machines vanishing together (leases etcd revokes in one sweep) are judged together,
-//!   and so that the machine's fence (`fleet_core::fence`) has stopped its copies.
+//!   and so that the machine's fence (`fleet_core::fence`) has stopped its copies. A machine's
+//!   units are those scheduled there and those that left it while a copy may still have run
+//!   there (a `P/left` record, `scheduler/history.rs`): the fence stops a copy still stopping
+//!   as it stops the others, and until then neither may run elsewhere.
 //! - **Disruption.** When more than [`DisruptionConfig::threshold`] of the machines vanished
 //!   within one [`DisruptionConfig::window`] (the agent TTL), the cause is etcd or the network,
 //!   not the machines: every machine that vanished in that window is *held*, its units stay,
@@ -211,7 +214,7 @@ impl Disruption {
         &mut self,
         now: Instant,
         snap: &Snapshot,
-        on: &BTreeMap<&MachineId, Vec<&UnitName>>,
+        on: &BTreeMap<&MachineId, BTreeSet<&UnitName>>,
     ) {
         // A machine whose record cannot be read has not vanished: its key is there.
         let present = crate::unreadable::present_machines(snap);
@@ -321,12 +324,19 @@ fn earliest(a: Option<Instant>, b: Instant) -> Option<Instant> {
     Some(a.map_or(b, |a| a.min(b)))
 }
 
-/// The units scheduled on each machine, in ID then name order.
-fn units_by_machine(snap: &Snapshot) -> BTreeMap<&MachineId, Vec<&UnitName>> {
-    let mut on: BTreeMap<&MachineId, Vec<&UnitName>> = BTreeMap::new();
-    for (unit, entries) in &snap.schedule {
-        for machine in entries.keys() {
-            on.entry(machine).or_default().push(unit);
+/// The units of each machine: scheduled there, or recorded as having left it while a copy
+/// may still run there (its record goes once that copy stopped, or once the machine is gone
+/// and this rule lets its units move).
+fn units_by_machine(snap: &Snapshot) -> BTreeMap<&MachineId, BTreeSet<&UnitName>> {
+    let mut on: BTreeMap<&MachineId, BTreeSet<&UnitName>> = BTreeMap::new();
+    for (unit, machines) in &snap.schedule {
+        for machine in machines.keys() {
+            on.entry(machine).or_default().insert(unit);
+        }
+    }
+    for (unit, machines) in &snap.left {
+        for machine in machines.keys() {
+            on.entry(machine).or_default().insert(unit);
         }
     }
     on

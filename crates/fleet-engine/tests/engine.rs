@@ -655,6 +655,50 @@ async fn only_a_machine_the_unit_left_holds_it_back_across_a_leader_change<K: Kv
     second.shutdown().await;
 }
 
+/// Issue 36: `fleetctl drain` takes a unit off m1 while it runs; its stop is slow, and m1's
+/// fleetd dies before it is over. m1's states go with its lease, but the unit moves only once
+/// the settle is over (m1's fence has stopped the copy by then), and its record goes then.
+async fn a_unit_that_left_a_vanished_machine_moves_only_after_its_settle<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    let m1 = join(&reg, "m1").await;
+    join(&reg, "m2").await;
+    submit(&reg, "a.service").await;
+    let e = start(&reg, "e", t);
+    eventually(t.prompt, "a on m1", || async {
+        schedule(&reg).await.get("a.service") == Some(&vec!["m1".to_owned()])
+    })
+    .await;
+    publish(&reg, ("m1", &m1), "a.service", "active").await;
+    UnitsRole::new(reg.clone())
+        .drain(&machine("m1"), 1)
+        .await
+        .unwrap();
+    let left = || async {
+        let snap = reg.snapshot().await.unwrap();
+        snap.left.contains_key(&name("a.service"))
+    };
+    eventually(t.prompt, "a left m1, recorded", || async {
+        left().await && !schedule(&reg).await.contains_key("a.service")
+    })
+    .await;
+    publish(&reg, ("m1", &m1), "a.service", "deactivating").await;
+    leave(&reg, &m1).await;
+    let settle = DisruptionConfig::for_ttl(t.agent_ttl).settle;
+    sleep(settle - t.prompt.min(settle / 4)).await;
+    assert!(
+        !schedule(&reg).await.contains_key("a.service"),
+        "placed before m1's fence stopped its copy"
+    );
+    assert!(left().await, "the record went before the settle");
+    eventually(settle + t.prompt, "a on m2 after the settle", || async {
+        schedule(&reg).await.get("a.service") == Some(&vec!["m2".to_owned()]) && !left().await
+    })
+    .await;
+    e.shutdown().await;
+}
+
 async fn drains_a_machine_one_move_at_a_time_across_a_leader_change<K: Kv>(
     reg: Registry<K>,
     t: Timing,
@@ -859,6 +903,7 @@ on_both!(
     schedules_more_units_than_one_transaction_holds,
     moves_a_replaced_unit_only_once_its_previous_copy_has_stopped,
     only_a_machine_the_unit_left_holds_it_back_across_a_leader_change,
+    a_unit_that_left_a_vanished_machine_moves_only_after_its_settle,
     drains_a_machine_one_move_at_a_time_across_a_leader_change,
     placements_follow_the_schedule_and_a_new_leader_repairs_them,
 );

@@ -93,12 +93,23 @@ impl Cluster {
         self
     }
 
-    /// What the engine's moves do: the units of `m` leave it.
+    /// What the engine's moves do: the units of `m` leave it (and their records go).
     fn moved_off(&mut self, m: &str) {
         for entries in self.snap.schedule.values_mut() {
             entries.remove(&mid(m));
         }
         self.snap.schedule.retain(|_, e| !e.is_empty());
+        for records in self.snap.left.values_mut() {
+            records.remove(&mid(m));
+        }
+        self.snap.left.retain(|_, r| !r.is_empty());
+    }
+
+    /// The registry records that `unit` left `m` while a copy may still run there.
+    fn left(&mut self, unit: &str, m: &str) -> &mut Cluster {
+        let records = self.snap.left.entry(name(unit)).or_default();
+        records.insert(mid(m), fleet_registry::LeftCopy::Running);
+        self
     }
 }
 
@@ -211,6 +222,37 @@ fn a_machine_the_schedule_names_but_never_seen_counts_as_just_vanished() {
     let a = fresh.assess(c.start + secs(5.0), &c.snap);
     assert_eq!(held(&a), ["u1-0.service", "u2-0.service"]);
     assert!(a.hold.is_some());
+}
+
+/// Issue 36: a unit that left a machine whose copy may still be stopping there stays off every
+/// other machine until that machine's fence has stopped it, like the machine's own units.
+#[test]
+fn a_unit_that_left_a_vanished_machine_is_held_like_its_units() {
+    let mut c = Cluster::new(3, 1, cfg());
+    c.left("x.service", "m1").left("y.service", "m2");
+    c.vanish("m1");
+    let a = c.at(10.0);
+    assert_eq!(held(&a), ["u1-0.service", "x.service"]);
+    assert_eq!(a.recheck, Some(c.start + secs(11.0)));
+    let a = c.at(11.0);
+    assert!(a.held.is_empty(), "{a:?}");
+    assert_eq!(a.moving, 2);
+}
+
+#[test]
+fn a_unit_that_left_a_machine_held_in_a_disruption_stays_for_the_grace() {
+    let mut c = Cluster::new(3, 0, cfg());
+    c.left("x.service", "m0");
+    c.vanish("m0").vanish("m1");
+    let a = c.at(10.0);
+    assert_eq!(held(&a), ["x.service"]);
+    assert_eq!(a.hold.expect("a hold").held, [mid("m0")]);
+    assert_eq!(held(&c.at(15.9)), ["x.service"]);
+    assert!(c.at(16.0).held.is_empty());
+    // Its record forgotten, the machine is no longer waited for.
+    c.moved_off("m0");
+    assert_eq!(c.at(17.0), Assessment::default());
+    assert!(c.d.quiet());
 }
 
 #[test]

@@ -259,11 +259,14 @@ impl<K: Kv> Leading<K> {
             };
             let load = self.load.get_or_insert_with(|| Load::of(view.snapshot()));
             let others = load.without(view.snapshot(), &touched);
+            let none = BTreeSet::new();
+            let held = assessment.as_ref().map_or(&none, |a| &a.held);
             let plan = plan_delta_on(
                 view.snapshot(),
                 view.files(),
                 &touched,
                 entangled,
+                held,
                 others.clone(),
             );
             delta = Some((touched, others));

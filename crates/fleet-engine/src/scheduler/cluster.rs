@@ -271,6 +271,11 @@ impl<'s> Cluster<'s> {
             && !self.history.recorded(unit, machine)
     }
 
+    /// Whether the engine holds `unit` where it is (see [`crate::disruption`]).
+    pub fn is_held(&self, unit: &UnitName) -> bool {
+        self.held.contains(unit)
+    }
+
     /// Whether `machine` is there: live, or its record cannot be read (its key is, on its
     /// lease).
     pub fn is_there(&self, machine: &MachineId) -> bool {

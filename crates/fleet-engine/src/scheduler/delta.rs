@@ -88,9 +88,10 @@ fn plain(reqs: &Requirements) -> bool {
 }
 
 /// The plan of `snapshot` as far as the `touched` units are concerned, which is the whole
-/// plan's when `snapshot` was at a fixed point before they changed (the previous plan's
-/// decisions applied) and they can be planned alone; `None` when they cannot (see the
-/// module). `entangled` is [`Entangled::of`] the snapshot before the change.
+/// plan's ([`plan_holding`](super::plan_holding) the same `held` units) when `snapshot` was at
+/// a fixed point before they changed (the previous plan's decisions applied) and they can be
+/// planned alone; `None` when they cannot (see the module). `entangled` is [`Entangled::of`]
+/// the snapshot before the change.
 ///
 /// A machine's loss is such a change: [`touched_by_loss`] says which units it touches.
 pub fn plan_delta(
@@ -98,9 +99,10 @@ pub fn plan_delta(
     files: &BTreeMap<UnitHash, UnitFile>,
     touched: &BTreeSet<UnitName>,
     entangled: &Entangled,
+    held: &BTreeSet<UnitName>,
 ) -> Option<Plan> {
     let others = Load::of(snapshot).without(snapshot, touched);
-    plan_delta_on(snapshot, files, touched, entangled, others)
+    plan_delta_on(snapshot, files, touched, entangled, held, others)
 }
 
 /// [`plan_delta`] with the load of the units other than the touched ones given: what a
@@ -110,6 +112,7 @@ pub fn plan_delta_on(
     files: &BTreeMap<UnitHash, UnitFile>,
     touched: &BTreeSet<UnitName>,
     entangled: &Entangled,
+    held: &BTreeSet<UnitName>,
     others: Load,
 ) -> Option<Plan> {
     let quiet = snapshot.skipped.is_empty()
@@ -132,20 +135,20 @@ pub fn plan_delta_on(
         }
     }
     let part = part_of(snapshot, touched);
-    let none = BTreeSet::new();
     Some(plan_cluster(
         &part,
-        Cluster::with_base(&part, files, &none, others.0),
+        Cluster::with_base(&part, files, held, others.0),
     ))
 }
 
 /// The units to plan with [`plan_delta`] after machines were lost, besides the `changed`
 /// ones: the units with an entry on a machine the snapshot does not have (one that is
-/// gone), those with a record that they left such a machine (it holds them back no more),
-/// and the units no machine could take, whose recorded reason counts the machines.
-/// Left out are the `held` units the whole plan (`plan_holding`) leaves exactly as they are,
-/// those still wanted: their entries then count as load like any other unit's. A held unit
-/// destroyed or made inactive is unscheduled by the whole plan too, so it stays in.
+/// gone), those with a record that they left such a machine (its fence has stopped the copy
+/// once they are no longer held), and the units no machine could take, whose recorded reason
+/// counts the machines. Left out are the `held` units the whole plan (`plan_holding`) leaves
+/// exactly as they are, those still wanted: their entries then count as load like any other
+/// unit's. A held unit destroyed or made inactive is unscheduled by the whole plan too, so it
+/// stays in (and keeps its records, as there).
 pub fn touched_by_loss(
     snapshot: &Snapshot,
     changed: &BTreeSet<UnitName>,

@@ -14,9 +14,11 @@
 //!   ([`Cluster::leaves_copy`]), so a new leader knows it as well as the old one did,
 //!
 //! and only while that machine is there (its record is, readable or not): once its lease is
-//! gone, its states are gone with it. A record is withdrawn ([`forgotten`]) once the machine
-//! publishes no state of the unit that may be running, once the machine is gone, or once the
-//! unit is scheduled there again. Anything else a machine publishes about a unit it may run
+//! gone, its states are gone with it, and its fence stops the copy. Until the fence has, the
+//! engine holds the unit like the machine's scheduled ones ([`crate::disruption`] counts the
+//! record as the machine's): it is not placed elsewhere. A record is withdrawn ([`forgotten`])
+//! once the machine publishes no state of the unit that may be running, once the machine is
+//! gone and its unit no longer held, or once the unit is scheduled there again. Anything else a machine publishes about a unit it may run
 //! is a *stray* ([`strays`]): ignored for placement, reported by the engine.
 
 use fleet_core::{MachineId, Requirements, UnitFile, UnitHash, UnitName};
@@ -75,9 +77,10 @@ impl<'s> History<'s> {
     }
 }
 
-/// The records of the history the plan withdraws, each with why: its machine is gone, the
-/// unit is scheduled there again (the entry speaks for it), or the machine publishes no copy
-/// that may be running. Only the records of the units in the plan's snapshot: a plan of a few
+/// The records of the history the plan withdraws, each with why: its machine is gone (and the
+/// unit is not held: a held unit keeps its record while the machine's fence may still be
+/// stopping the copy), the unit is scheduled there again (the entry speaks for it), or the
+/// machine publishes no copy that may be running. Only the records of the units in the plan's snapshot: a plan of a few
 /// units (`delta.rs`) leaves the others' records to the next whole plan.
 pub(super) fn forgotten(snapshot: &Snapshot, c: &Cluster<'_>) -> Vec<Decision> {
     let history = History::of(snapshot);
@@ -85,6 +88,9 @@ pub(super) fn forgotten(snapshot: &Snapshot, c: &Cluster<'_>) -> Vec<Decision> {
     for (unit, machines) in &snapshot.left {
         for machine in machines.keys() {
             let reason = if !c.is_there(machine) {
+                if c.is_held(unit) {
+                    continue;
+                }
                 Reason::MachineGone {
                     machine: machine.clone(),
                 }

@@ -94,6 +94,27 @@ fn a_left_copy_stops_holding_once_its_machine_is_gone() {
     );
 }
 
+/// The engine holds such a unit while the gone machine's fence may still be stopping the copy
+/// (`crate::disruption`): it stays unplaced, and its record stays with it.
+#[test]
+fn a_unit_that_left_a_gone_machine_stays_unplaced_and_recorded_while_held() {
+    let w = m1_busy()
+        .machine("m3", &[])
+        .unit("a.service", Launched, "MachineID=m2")
+        .left("a.service", "m3")
+        .without_machine("m3");
+    let held = BTreeSet::from([name("a.service")]);
+    let plan = plan_holding(&w.snap, &w.files, &held);
+    assert_eq!(lines(&plan.decisions), Vec::<String>::new());
+    assert_eq!(
+        lines(&w.plan()),
+        [
+            "schedule a.service on m2 (launched): target state launched and unit not scheduled",
+            "forget a.service left m3: target machine m3 went away",
+        ]
+    );
+}
+
 /// A new leader knows only the registry: a plan of a fresh snapshot holding the record,
 /// and nothing of the plan that wrote it, still waits for the copy.
 #[test]

@@ -539,7 +539,7 @@ proptest! {
         }
         let entangled = Entangled::of(&w.snap, &w.files);
         let touched: BTreeSet<UnitName> = changes.iter().map(|c| change(&mut w, c)).collect();
-        if let Some(part) = plan_delta(&w.snap, &w.files, &touched, &entangled) {
+        if let Some(part) = plan_delta(&w.snap, &w.files, &touched, &entangled, &BTreeSet::new()) {
             let whole = plan(&w.snap, &w.files);
             prop_assert_eq!(lines(&part.decisions), lines(&whole.decisions));
             prop_assert_eq!(part, whole);
@@ -565,17 +565,17 @@ proptest! {
         let entangled = Entangled::of(&w.snap, &w.files);
         let changed: BTreeSet<UnitName> = changes.iter().map(|c| change(&mut w, c)).collect();
         let w = w.without_machine(MACHINES[lost]);
-        // The rule holds units of gone machines only.
+        // The rule holds units of gone machines only: scheduled there, or recorded as left.
         let on_gone = touched_by_loss(&w.snap, &BTreeSet::new(), &BTreeSet::new());
         let held: BTreeSet<UnitName> = on_gone
             .iter()
-            .filter(|u| w.snap.schedule.contains_key(*u))
+            .filter(|u| w.snap.schedule.contains_key(*u) || w.snap.left.contains_key(*u))
             .enumerate()
             .filter(|(i, _)| kept[*i % kept.len()])
             .map(|(_, u)| u.clone())
             .collect();
         let touched = touched_by_loss(&w.snap, &changed, &held);
-        if let Some(part) = plan_delta(&w.snap, &w.files, &touched, &entangled) {
+        if let Some(part) = plan_delta(&w.snap, &w.files, &touched, &entangled, &held) {
             let whole = plan_holding(&w.snap, &w.files, &held);
             prop_assert_eq!(lines(&part.decisions), lines(&whole.decisions));
             prop_assert_eq!(part, whole);
