@@ -48,6 +48,7 @@ pub enum TaskType {
     Update,
     Schedule,
     Forget,
+    Record,
     Unschedulable,
     ClearUnschedulable,
     MoveOver,
@@ -61,6 +62,7 @@ impl TaskType {
             DecisionKind::Update { .. } => TaskType::Update,
             DecisionKind::Schedule { .. } => TaskType::Schedule,
             DecisionKind::Forget { .. } => TaskType::Forget,
+            DecisionKind::Record { .. } => TaskType::Record,
             DecisionKind::Unschedulable { .. } => TaskType::Unschedulable,
             DecisionKind::ClearUnschedulable { .. } => TaskType::ClearUnschedulable,
             DecisionKind::MoveOver { .. } => TaskType::MoveOver,
@@ -74,6 +76,7 @@ impl TaskType {
             TaskType::Update => "update",
             TaskType::Schedule => "schedule",
             TaskType::Forget => "forget",
+            TaskType::Record => "record",
             TaskType::Unschedulable => "unschedulable",
             TaskType::ClearUnschedulable => "clear_unschedulable",
             TaskType::MoveOver => "move_over",
@@ -164,6 +167,7 @@ pub fn outcome(decision: &Decision, leaving: &HashSet<&UnitName>) -> Option<Outc
         | DecisionKind::Unschedule { .. }
         | DecisionKind::Update { .. }
         | DecisionKind::Forget { .. }
+        | DecisionKind::Record { .. }
         | DecisionKind::ClearUnschedulable { .. }
         | DecisionKind::MoveOver { .. } => None,
     }

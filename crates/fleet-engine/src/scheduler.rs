@@ -14,8 +14,9 @@
 //! - A non-global unit is not placed while another machine still publishes a running copy
 //!   of it, one that is there and in the unit's placement history (scheduled there, or left
 //!   lately, [`history`]): it waits, with a reason, until that copy has stopped. A copy any
-//!   other machine publishes holds nothing back. The entry of a copy that may still run is
-//!   deleted with a record that the unit left (withdrawn once the copy stopped).
+//!   other machine publishes holds nothing back. The entry of a non-global unit on a
+//!   machine that is there is deleted with a record that the unit left, saying what the
+//!   machine had published of its copy (withdrawn once the copy stopped).
 //! - Of two units on one machine that conflict, the first in name order stays; a unit that
 //!   another unit there `Replaces=` is displaced (fleet #1698) to another machine able to
 //!   run it. A non-global unit wins over a global one.
@@ -400,7 +401,8 @@ fn scheduled_in(snapshot: &Snapshot, unit: &UnitName, machine: &MachineId) -> bo
 }
 
 /// The snapshot's entries the plan deletes. One whose machine may still run a copy records
-/// that the unit left it ([`Cluster::leaves_copy`]).
+/// that the unit left it, and what the machine had published of the copy
+/// ([`Cluster::leaves_copy`]).
 fn removals<'a>(snapshot: &'a Snapshot, c: &'a Cluster<'_>) -> impl Iterator<Item = Decision> + 'a {
     c.removed
         .iter()
@@ -411,7 +413,7 @@ fn removals<'a>(snapshot: &'a Snapshot, c: &'a Cluster<'_>) -> impl Iterator<Ite
             kind: DecisionKind::Unschedule {
                 unit: unit.clone(),
                 machine: machine.clone(),
-                record_left: c.leaves_copy(unit, machine),
+                left: c.leaves_copy(unit, machine),
             },
             reason: reason.clone(),
         })

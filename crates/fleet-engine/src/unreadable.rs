@@ -115,7 +115,7 @@ impl Unreadable {
                 kind: DecisionKind::Unschedule {
                     unit: unit.clone(),
                     machine: machine.clone(),
-                    record_left: false,
+                    left: None,
                 },
                 reason: Reason::Unreadable { key: key.clone() },
             })

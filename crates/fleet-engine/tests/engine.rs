@@ -7,7 +7,7 @@ use fleet_registry::kv::{
     Compare, Hook, Hooked, Kv, KvError, LeaseId, MemKv, Outcome, Rbac, Request, Txn, TxnOp,
 };
 use fleet_registry::testing::TestEtcd;
-use fleet_registry::{MachineRole, Presence, Registry, UnitStateRecord, UnitsRole, rbac};
+use fleet_registry::{LeftCopy, MachineRole, Presence, Registry, UnitStateRecord, UnitsRole, rbac};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
@@ -655,6 +655,70 @@ async fn only_a_machine_the_unit_left_holds_it_back_across_a_leader_change<K: Kv
     second.shutdown().await;
 }
 
+/// Issue 36: m1's agent starts a unit and has not published it when the unit is unloaded; it
+/// publishes the copy after. The record says so, so the copy counts (it is no stray): started
+/// again, pinned to m2, the unit waits for it, under the next leader too, until it stops.
+async fn a_copy_published_after_its_unit_left_holds_it_back_across_a_leader_change<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    let m1 = join(&reg, "m1").await;
+    join(&reg, "m2").await;
+    submit(&reg, "a.service").await;
+    let first = start(&reg, "e1", t);
+    eventually(t.prompt, "a on m1", || async {
+        schedule(&reg).await.get("a.service") == Some(&vec!["m1".to_owned()])
+    })
+    .await;
+    let units = UnitsRole::new(reg.clone());
+    let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
+    units
+        .set_desired(&unit, DesiredState::Inactive)
+        .await
+        .unwrap();
+    let left = || async {
+        let snap = reg.snapshot().await.unwrap();
+        let on = snap.left.get(&name("a.service"));
+        on.and_then(|ms| ms.get(&machine("m1"))).copied()
+    };
+    eventually(t.prompt, "a left m1, its copy unpublished", || async {
+        left().await == Some(LeftCopy::Unpublished) && schedule(&reg).await.is_empty()
+    })
+    .await;
+    publish(&reg, ("m1", &m1), "a.service", "active").await;
+    first.shutdown().await;
+    let second = start(&reg, "e2", t);
+    eventually(t.prompt, "e2 leads", || leader_is(&reg, Some("e2"))).await;
+    let unit = reg.unit(&name("a.service")).await.unwrap().unwrap();
+    let file = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n\n[X-Fleet]\nMachineID=m2\n");
+    units
+        .replace_unit(&unit, &file.unwrap(), DesiredState::Launched)
+        .await
+        .unwrap();
+    eventually(t.prompt, "a waits for the copy on m1", || async {
+        let snap = reg.snapshot().await.unwrap();
+        snap.unscheduled.get(&name("a.service")).map(String::as_str)
+            == Some("waiting for the previous copy on m1 to stop")
+    })
+    .await;
+    assert!(schedule(&reg).await.is_empty());
+    assert_eq!(left().await, Some(LeftCopy::Running), "recorded as running");
+    MachineRole::new(reg.clone(), machine("m1"))
+        .remove_state(&name("a.service"))
+        .await
+        .unwrap();
+    eventually(
+        t.prompt,
+        "a on m2 once stopped on m1, the record gone",
+        || async {
+            schedule(&reg).await.get("a.service") == Some(&vec!["m2".to_owned()])
+                && left().await.is_none()
+        },
+    )
+    .await;
+    second.shutdown().await;
+}
+
 /// Issue 36: `fleetctl drain` takes a unit off m1 while it runs; its stop is slow, and m1's
 /// fleetd dies before it is over. m1's states go with its lease, but the unit moves only once
 /// the settle is over (m1's fence has stopped the copy by then), and its record goes then.
@@ -904,6 +968,7 @@ on_both!(
     moves_a_replaced_unit_only_once_its_previous_copy_has_stopped,
     only_a_machine_the_unit_left_holds_it_back_across_a_leader_change,
     a_unit_that_left_a_vanished_machine_moves_only_after_its_settle,
+    a_copy_published_after_its_unit_left_holds_it_back_across_a_leader_change,
     drains_a_machine_one_move_at_a_time_across_a_leader_change,
     placements_follow_the_schedule_and_a_new_leader_repairs_them,
 );

@@ -2,6 +2,7 @@
 
 use fleet_core::{DesiredState, MachineId, SystemdState, UnitHash, UnitName};
 use serde::{Deserialize, Serialize};
+use std::fmt;
 
 use crate::kv::Revision;
 
@@ -167,6 +168,21 @@ impl LeftCopy {
         [LeftCopy::Running, LeftCopy::Stopped, LeftCopy::Unpublished]
             .into_iter()
             .find(|kind| kind.value() == value)
+    }
+
+    /// `running`, `stopped` or `unpublished`: the kind in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeftCopy::Running => "running",
+            LeftCopy::Stopped => "stopped",
+            LeftCopy::Unpublished => "unpublished",
+        }
+    }
+}
+
+impl fmt::Display for LeftCopy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

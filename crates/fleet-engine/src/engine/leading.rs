@@ -478,7 +478,7 @@ fn write_of(decision: &Decision) -> EngineWrite {
         DecisionKind::Unschedule {
             unit,
             machine,
-            record_left: false,
+            left: None,
         } => EngineWrite::Unschedule {
             machine: machine.clone(),
             unit: unit.clone(),
@@ -486,15 +486,24 @@ fn write_of(decision: &Decision) -> EngineWrite {
         DecisionKind::Unschedule {
             unit,
             machine,
-            record_left: true,
+            left: Some(copy),
         } => EngineWrite::Leave {
             machine: machine.clone(),
             unit: unit.clone(),
-            copy: LeftCopy::Running,
+            copy: *copy,
         },
         DecisionKind::Forget { unit, machine } => EngineWrite::Forget {
             unit: unit.clone(),
             machine: machine.clone(),
+        },
+        DecisionKind::Record {
+            unit,
+            machine,
+            copy,
+        } => EngineWrite::Record {
+            unit: unit.clone(),
+            machine: machine.clone(),
+            copy: *copy,
         },
         kind @ (DecisionKind::Update { .. } | DecisionKind::Schedule { .. }) => {
             EngineWrite::Schedule(kind.schedule_entry().expect("an entry's decision"))
@@ -520,12 +529,20 @@ fn log_decision(decision: &Decision) {
         DecisionKind::Unschedule {
             unit,
             machine,
-            record_left,
+            left,
         } => {
+            let record_left = left.map_or("no", LeftCopy::as_str);
             info!(unit = %unit, machine = %machine, reason = %reason, record_left, "unscheduling unit");
         }
         DecisionKind::Forget { unit, machine } => {
             debug!(unit = %unit, machine = %machine, reason = %reason, "forgetting that unit left machine");
+        }
+        DecisionKind::Record {
+            unit,
+            machine,
+            copy,
+        } => {
+            debug!(unit = %unit, machine = %machine, copy = %copy, reason = %reason, "recording the copy a unit left");
         }
         DecisionKind::Update {
             unit,

@@ -50,7 +50,7 @@ fn a_schedule_is_a_placement_unless_the_unit_leaves_another_machine() {
         kind: DecisionKind::Unschedule {
             unit: unit("b.service"),
             machine: machine("m2"),
-            record_left: false,
+            left: None,
         },
         reason: Reason::MachineGone {
             machine: machine("m2"),

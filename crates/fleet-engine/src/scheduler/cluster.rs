@@ -8,7 +8,7 @@ use fleet_core::{
     ActiveState, DesiredState, LoadState, MachineId, MachineInfo, RequirementError, Requirements,
     UnitFile, UnitHash, UnitName, units_conflict,
 };
-use fleet_registry::{MoveRecord, PerMachine, Snapshot, UnitStateRecord};
+use fleet_registry::{LeftCopy, MoveRecord, PerMachine, Snapshot, UnitStateRecord};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -38,6 +38,10 @@ pub(super) struct Cluster<'s> {
     /// What agents publish: only read to hold a unit back while a copy of it still runs, and
     /// to see a drain move arrive.
     states: &'s BTreeMap<UnitName, PerMachine<UnitStateRecord>>,
+    /// The snapshot's schedule and units and their files: what a unit the plan does not
+    /// place was (global or not) when it leaves a machine.
+    snapshot: &'s Snapshot,
+    files: &'s BTreeMap<UnitHash, UnitFile>,
     /// Where each unit ran lately: whose published copies may hold it back.
     history: History<'s>,
     /// Units the plan places: wanted, with a known file.
@@ -97,7 +101,7 @@ impl<'s> Cluster<'s> {
     /// whose record cannot be read (see [`crate::unreadable`]).
     pub fn new(
         snapshot: &'s Snapshot,
-        files: &BTreeMap<UnitHash, UnitFile>,
+        files: &'s BTreeMap<UnitHash, UnitFile>,
         held: &'s BTreeSet<UnitName>,
     ) -> Cluster<'s> {
         Cluster::with_base(snapshot, files, held, HashMap::new())
@@ -107,7 +111,7 @@ impl<'s> Cluster<'s> {
     /// snapshot places there.
     pub fn with_base(
         snapshot: &'s Snapshot,
-        files: &BTreeMap<UnitHash, UnitFile>,
+        files: &'s BTreeMap<UnitHash, UnitFile>,
         held: &'s BTreeSet<UnitName>,
         base_load: HashMap<MachineId, usize>,
     ) -> Cluster<'s> {
@@ -122,6 +126,8 @@ impl<'s> Cluster<'s> {
         let mut cluster = Cluster {
             machines: snapshot.machines_with_metadata(),
             states: &snapshot.states,
+            snapshot,
+            files,
             history: History::of(snapshot),
             specs: BTreeMap::new(),
             frozen: unreadable.units.clone(),
@@ -260,15 +266,36 @@ impl<'s> Cluster<'s> {
             .find(|m| *m != machine && self.is_there(m) && self.history.knows(unit, m))
     }
 
-    /// Whether deleting `unit`'s entry on `machine` leaves a copy that may still run there
-    /// and that the history does not record yet: the engine then records that the unit left
-    /// the machine, in the same transaction. A unit known to be global is never held back,
-    /// so its copies need no record.
-    pub fn leaves_copy(&self, unit: &UnitName, machine: &MachineId) -> bool {
-        !self.is_global(unit)
-            && self.is_there(machine)
-            && self.history.may_run(unit, machine)
-            && !self.history.recorded(unit, machine)
+    /// What the machine published of `unit`'s copy, when deleting its entry there leaves a
+    /// copy that may still run and that the history does not record yet: the engine then
+    /// records that the unit left the machine, in the same transaction. Any machine that is
+    /// there may run one, whatever it published: a state lags its agent's starts (it
+    /// publishes at the end of a pass), so no state, or a stopped one, may hide a copy just
+    /// started. A unit known to be global is never held back, so its copies need no record;
+    /// a machine that is gone has its fence, and the disruption rule waits for it.
+    pub fn leaves_copy(&self, unit: &UnitName, machine: &MachineId) -> Option<LeftCopy> {
+        let recorded = self.history.recorded(unit, machine).is_some();
+        (self.is_there(machine) && !recorded && !self.known_global(unit, machine))
+            .then(|| self.history.published(unit, machine))
+    }
+
+    /// Whether `unit` is global by the file the plan places it with, or, for a unit it does
+    /// not place (inactive, destroyed), by its record's file or its entry's on `machine`.
+    fn known_global(&self, unit: &UnitName, machine: &MachineId) -> bool {
+        if let Some(spec) = self.specs.get(unit) {
+            return spec.reqs.global;
+        }
+        let record = self.snapshot.units.get(unit).map(|u| u.hash());
+        let entry = self
+            .snapshot
+            .schedule
+            .get(unit)
+            .and_then(|ms| ms.get(machine));
+        let file = record
+            .into_iter()
+            .chain(entry.map(|e| e.hash))
+            .find_map(|hash| self.files.get(&hash));
+        file.is_some_and(|f| Requirements::global(unit, f))
     }
 
     /// Whether the engine holds `unit` where it is (see [`crate::disruption`]).

@@ -5,7 +5,7 @@
 //! ID, so that they stay one readable line at 50 machines.
 
 use fleet_core::{DesiredState, MachineId, RequirementError, UnitHash, UnitName};
-use fleet_registry::ScheduleEntry;
+use fleet_registry::{LeftCopy, ScheduleEntry};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,14 +26,15 @@ pub enum DecisionKind {
     /// before its entry there is deleted, so a move is never on its way unrecorded (a
     /// recorded move whose unit is still there is simply made again).
     Moving { unit: UnitName, from: MachineId },
-    /// Delete the unit's entry on `machine`. With `record_left`, the machine may still run a
-    /// copy: record at `P/left/<unit>/<machine>`, in the same transaction, that the unit
-    /// left it, so that the copy holds the unit's next placement back until it has stopped,
-    /// under this leader or the next (see `history.rs`).
+    /// Delete the unit's entry on `machine`. With `left`, the machine may still run a copy:
+    /// record at `P/left/<unit>/<machine>`, in the same transaction, that the unit left it
+    /// and what the machine had published of the copy, so that the copy holds the unit's
+    /// next placement back until it has stopped, under this leader or the next (see
+    /// `history.rs`).
     Unschedule {
         unit: UnitName,
         machine: MachineId,
-        record_left: bool,
+        left: Option<LeftCopy>,
     },
     /// Rewrite the unit's entry on `machine` (same machine; a new hash, desired state,
     /// restart generation or replace option).
@@ -58,6 +59,13 @@ pub enum DecisionKind {
     },
     /// Withdraw the record that the unit left `machine`: that machine holds it back no more.
     Forget { unit: UnitName, machine: MachineId },
+    /// Rewrite the record that the unit left `machine`: the copy unpublished when the unit
+    /// left is published now, so it has stopped once no longer published running.
+    Record {
+        unit: UnitName,
+        machine: MachineId,
+        copy: LeftCopy,
+    },
     /// The unit cannot be placed; publish the reason at `P/unscheduled/<unit>`.
     Unschedulable { unit: UnitName },
     /// Remove a previously published reason: the unit is placed or no longer wanted.
@@ -73,6 +81,7 @@ impl DecisionKind {
             | Self::Update { unit, .. }
             | Self::Schedule { unit, .. }
             | Self::Forget { unit, .. }
+            | Self::Record { unit, .. }
             | Self::Unschedulable { unit }
             | Self::ClearUnschedulable { unit }
             | Self::Moving { unit, .. }
@@ -87,6 +96,7 @@ impl DecisionKind {
             | Self::Update { machine, .. }
             | Self::Schedule { machine, .. } => Some(machine),
             Self::Forget { .. }
+            | Self::Record { .. }
             | Self::Unschedulable { .. }
             | Self::ClearUnschedulable { .. }
             | Self::Moving { .. }
@@ -126,6 +136,7 @@ impl DecisionKind {
             }),
             Self::Unschedule { .. }
             | Self::Forget { .. }
+            | Self::Record { .. }
             | Self::Unschedulable { .. }
             | Self::ClearUnschedulable { .. }
             | Self::Moving { .. }
@@ -250,9 +261,11 @@ pub enum Reason {
     /// lately, is there and still publishes a running (starting, stopping) copy of it: two
     /// copies of a non-global unit never run at once.
     WaitingForPreviousCopy { machine: MachineId },
-    /// The copy the unit left on `machine` has stopped: the machine publishes none that may
-    /// be running.
+    /// The copy the unit left on `machine` has stopped: the machine publishes it stopped, or
+    /// withdrew the state it had published (see `fleet_registry::LeftCopy`).
     CopyStopped { machine: MachineId },
+    /// `machine` publishes the copy it had not published when the unit left it.
+    CopyPublished { machine: MachineId },
     /// The unit is scheduled on `machine` again: its entry there speaks for its copy.
     ScheduledAgain { machine: MachineId },
     /// `MachineOf=` names a unit that is not scheduled anywhere.
@@ -326,6 +339,7 @@ impl fmt::Display for Reason {
                 write!(f, "waiting for the previous copy on {machine} to stop")
             }
             Self::CopyStopped { machine } => write!(f, "the copy on {machine} has stopped"),
+            Self::CopyPublished { machine } => write!(f, "the copy on {machine} is published"),
             Self::ScheduledAgain { machine } => write!(f, "scheduled on {machine} again"),
             Self::PeerNotScheduled { peer } => {
                 write!(f, "required peer unit {peer} is not scheduled")

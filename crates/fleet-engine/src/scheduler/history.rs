@@ -9,17 +9,22 @@
 //!
 //! - a machine the unit is scheduled on, as the snapshot has it (an entry this very plan
 //!   removes counts), or
-//! - a machine the unit left while a copy may still have run there: the engine records that
-//!   (`P/left/<unit>/<machine>`, [`Snapshot::left`]) in the transaction that deletes the entry
-//!   ([`Cluster::leaves_copy`]), so a new leader knows it as well as the old one did,
+//! - a machine the unit left while a copy may still run there: any machine that is there,
+//!   whatever it published, since a state lags its agent's starts (it publishes at the end of
+//!   its pass, so a copy just started shows no state, or a state from before the start). The
+//!   engine records that (`P/left/<unit>/<machine>`, [`Snapshot::left`]), with what the
+//!   machine had published of the copy ([`LeftCopy`]), in the transaction that deletes the
+//!   entry ([`Cluster::leaves_copy`]), so a new leader knows it as well as the old one did,
 //!
 //! and only while that machine is there (its record is, readable or not): once its lease is
 //! gone, its states are gone with it, and its fence stops the copy. Until the fence has, the
 //! engine holds the unit like the machine's scheduled ones ([`crate::disruption`] counts the
 //! record as the machine's): it is not placed elsewhere. A record is withdrawn ([`forgotten`])
-//! once the machine publishes no state of the unit that may be running, once the machine is
-//! gone and its unit no longer held, or once the unit is scheduled there again. Anything else a machine publishes about a unit it may run
-//! is a *stray* ([`strays`]): ignored for placement, reported by the engine.
+//! once the machine shows the copy stopped (how depends on what it had published: see
+//! [`forgotten`]), once the machine is gone and its unit no longer held, or once the unit is
+//! scheduled there again. A copy no state shows holds nothing back (the engine cannot know of
+//! it); once published running, it does. Anything else a machine publishes about a unit it
+//! may run is a *stray* ([`strays`]): ignored for placement, reported by the engine.
 
 use fleet_core::{MachineId, Requirements, UnitFile, UnitHash, UnitName};
 use fleet_registry::{LeftCopy, PerMachine, ScheduleEntry, Snapshot, UnitStateRecord};
@@ -50,22 +55,26 @@ impl<'s> History<'s> {
         self.schedule
             .get(unit)
             .is_some_and(|ms| ms.contains_key(machine))
-            || self.recorded(unit, machine)
+            || self.recorded(unit, machine).is_some()
     }
 
-    /// Whether the registry records that `unit` left `machine`.
-    pub fn recorded(&self, unit: &UnitName, machine: &MachineId) -> bool {
-        self.left
-            .get(unit)
-            .is_some_and(|ms| ms.contains_key(machine))
+    /// What the registry records `machine` had published of `unit` when the unit left it, if
+    /// it records that the unit left it.
+    pub fn recorded(&self, unit: &UnitName, machine: &MachineId) -> Option<LeftCopy> {
+        self.left.get(unit).and_then(|ms| ms.get(machine)).copied()
     }
 
-    /// Whether `machine` publishes a copy of `unit` that may be running.
-    pub fn may_run(&self, unit: &UnitName, machine: &MachineId) -> bool {
-        self.states
-            .get(unit)
-            .and_then(|states| states.get(machine))
-            .is_some_and(|state| state.systemd.active_state().may_be_running())
+    /// What `machine` publishes of `unit`'s copy, as a record of the history keeps it.
+    pub fn published(&self, unit: &UnitName, machine: &MachineId) -> LeftCopy {
+        match self.state(unit, machine) {
+            None => LeftCopy::Unpublished,
+            Some(state) if state.systemd.active_state().may_be_running() => LeftCopy::Running,
+            Some(_) => LeftCopy::Stopped,
+        }
+    }
+
+    fn state(&self, unit: &UnitName, machine: &MachineId) -> Option<&'s UnitStateRecord> {
+        self.states.get(unit).and_then(|states| states.get(machine))
     }
 
     /// The machines that publish a copy of `unit` that may be running, in ID order.
@@ -77,42 +86,78 @@ impl<'s> History<'s> {
     }
 }
 
-/// The records of the history the plan withdraws, each with why: its machine is gone (and the
-/// unit is not held: a held unit keeps its record while the machine's fence may still be
-/// stopping the copy), the unit is scheduled there again (the entry speaks for it), or the
-/// machine publishes no copy that may be running. Only the records of the units in the plan's snapshot: a plan of a few
-/// units (`delta.rs`) leaves the others' records to the next whole plan.
+/// The records of the history the plan withdraws or rewrites, each with why. A record goes
+/// once its machine is gone (and the unit is not held: a held unit keeps its record while the
+/// machine's fence may still be stopping the copy), once the unit is scheduled there again
+/// (the entry speaks for it), or once the copy has stopped as the record's kind tells it
+/// ([`LeftCopy`]): a copy published running is no longer published so; a copy published
+/// stopped, whose state may predate a start, is no longer published at all (its agent
+/// unloaded the unit, which it does only once stopped); an unpublished copy is published
+/// stopped. An unpublished copy published running is recorded as running from then on.
+/// Only the records of the units in the plan's snapshot: a plan of a few units (`delta.rs`)
+/// leaves the others' records to the next whole plan.
 pub(super) fn forgotten(snapshot: &Snapshot, c: &Cluster<'_>) -> Vec<Decision> {
     let history = History::of(snapshot);
     let mut out = Vec::new();
     for (unit, machines) in &snapshot.left {
-        for machine in machines.keys() {
-            let reason = if !c.is_there(machine) {
-                if c.is_held(unit) {
-                    continue;
-                }
-                Reason::MachineGone {
-                    machine: machine.clone(),
-                }
-            } else if c.has(unit, machine) {
-                Reason::ScheduledAgain {
-                    machine: machine.clone(),
-                }
-            } else if !history.may_run(unit, machine) {
-                Reason::CopyStopped {
-                    machine: machine.clone(),
-                }
-            } else {
+        for (machine, copy) in machines {
+            let Some((kind, reason)) = withdrawal(&history, c, unit, machine, *copy) else {
                 continue;
-            };
-            let kind = DecisionKind::Forget {
-                unit: unit.clone(),
-                machine: machine.clone(),
             };
             out.push(Decision { kind, reason });
         }
     }
     out
+}
+
+/// What becomes of the record that `unit` left `machine`, whose copy was `copy`: `None`, it
+/// stays as it is.
+fn withdrawal(
+    history: &History<'_>,
+    c: &Cluster<'_>,
+    unit: &UnitName,
+    machine: &MachineId,
+    copy: LeftCopy,
+) -> Option<(DecisionKind, Reason)> {
+    let machine = machine.clone();
+    let forget = |reason| {
+        let kind = DecisionKind::Forget {
+            unit: unit.clone(),
+            machine: machine.clone(),
+        };
+        Some((kind, reason))
+    };
+    if !c.is_there(&machine) {
+        if c.is_held(unit) {
+            return None;
+        }
+        return forget(Reason::MachineGone {
+            machine: machine.clone(),
+        });
+    }
+    if c.has(unit, &machine) {
+        return forget(Reason::ScheduledAgain {
+            machine: machine.clone(),
+        });
+    }
+    match (copy, history.published(unit, &machine)) {
+        (LeftCopy::Running, LeftCopy::Stopped | LeftCopy::Unpublished)
+        | (LeftCopy::Stopped, LeftCopy::Unpublished)
+        | (LeftCopy::Unpublished, LeftCopy::Stopped) => forget(Reason::CopyStopped {
+            machine: machine.clone(),
+        }),
+        (LeftCopy::Unpublished, LeftCopy::Running) => {
+            let kind = DecisionKind::Record {
+                unit: unit.clone(),
+                machine: machine.clone(),
+                copy: LeftCopy::Running,
+            };
+            Some((kind, Reason::CopyPublished { machine }))
+        }
+        (LeftCopy::Running, LeftCopy::Running)
+        | (LeftCopy::Stopped, LeftCopy::Running | LeftCopy::Stopped)
+        | (LeftCopy::Unpublished, LeftCopy::Unpublished) => None,
+    }
 }
 
 /// The stray states of `units`: a machine there publishes a copy of a wanted, non-global

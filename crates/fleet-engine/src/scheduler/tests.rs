@@ -194,6 +194,20 @@ impl World {
         self
     }
 
+    /// `unit` is wanted `desired` now (`fleetctl start`, `stop`, `unload`).
+    pub fn desired(mut self, unit: &str, desired: DesiredState) -> World {
+        let u = self.snap.units.get_mut(&name(unit)).expect("unit exists");
+        u.record.desired = desired;
+        self
+    }
+
+    /// The registry records that `unit` left `machine`, whose copy was `copy` then.
+    pub fn left_as(mut self, unit: &str, machine: &str, copy: LeftCopy) -> World {
+        let left = self.snap.left.entry(name(unit)).or_default();
+        left.insert(mid(machine), copy);
+        self
+    }
+
     /// `machine`'s agent withdraws its state of `unit` (it unloaded it).
     pub fn without_state(mut self, unit: &str, machine: &str) -> World {
         if let Some(states) = self.snap.states.get_mut(&name(unit)) {
@@ -224,17 +238,25 @@ impl World {
                 DecisionKind::Unschedule {
                     unit,
                     machine,
-                    record_left,
+                    left,
                 } => {
                     let entries = self.snap.schedule.entry(unit.clone()).or_default();
                     entries.remove(machine);
                     if entries.is_empty() {
                         self.snap.schedule.remove(unit);
                     }
-                    if *record_left {
+                    if let Some(copy) = left {
                         let left = self.snap.left.entry(unit.clone()).or_default();
-                        left.insert(machine.clone(), LeftCopy::Running);
+                        left.insert(machine.clone(), *copy);
                     }
+                }
+                DecisionKind::Record {
+                    unit,
+                    machine,
+                    copy,
+                } => {
+                    let left = self.snap.left.entry(unit.clone()).or_default();
+                    left.insert(machine.clone(), *copy);
                 }
                 DecisionKind::Forget { unit, machine } => {
                     let left = self.snap.left.entry(unit.clone()).or_default();
@@ -300,14 +322,24 @@ fn line(d: &Decision) -> String {
         DecisionKind::Unschedule {
             unit,
             machine,
-            record_left: false,
+            left: None,
         } => format!("unschedule {unit} from {machine}: {r}"),
         DecisionKind::Unschedule {
             unit,
             machine,
-            record_left: true,
+            left: Some(LeftCopy::Running),
         } => format!("unschedule {unit} from {machine}, recording it left: {r}"),
+        DecisionKind::Unschedule {
+            unit,
+            machine,
+            left: Some(copy @ (LeftCopy::Stopped | LeftCopy::Unpublished)),
+        } => format!("unschedule {unit} from {machine}, recording it left {copy}: {r}"),
         DecisionKind::Forget { unit, machine } => format!("forget {unit} left {machine}: {r}"),
+        DecisionKind::Record {
+            unit,
+            machine,
+            copy,
+        } => format!("record {unit} left {machine} {copy}: {r}"),
         DecisionKind::Update {
             unit,
             machine,
@@ -406,7 +438,7 @@ fn unschedules_a_unit_whose_target_state_becomes_inactive() {
     let w = w.entry_with("a.service", "m1", unit_file("", 0).hash(), Launched);
     assert_eq!(
         lines(&w.plan()),
-        ["unschedule a.service from m1: target state inactive"]
+        ["unschedule a.service from m1, recording it left unpublished: target state inactive"]
     );
 }
 
@@ -419,7 +451,7 @@ fn unschedules_the_entries_of_a_destroyed_unit() {
     w.snap.units.clear();
     assert_eq!(
         lines(&w.plan()),
-        ["unschedule a.service from m2: unit destroyed"]
+        ["unschedule a.service from m2, recording it left unpublished: unit destroyed"]
     );
 }
 
@@ -539,7 +571,10 @@ fn keeps_one_entry_of_a_non_global_unit_scheduled_twice() {
     let w = w.entry("a.service", "m1").entry("a.service", "m2");
     assert_eq!(
         lines(&w.plan()),
-        ["unschedule a.service from m2: unit is already scheduled on m1"]
+        [
+            "unschedule a.service from m2, recording it left unpublished: unit is already \
+             scheduled on m1"
+        ]
     );
 }
 
@@ -604,7 +639,8 @@ fn moves_a_unit_whose_new_file_names_another_machine() {
     assert_eq!(
         lines(&w.plan()),
         [
-            "unschedule a.service from m1: target machine m1 unable to run unit: \
+            "unschedule a.service from m1, recording it left unpublished: target machine m1 \
+             unable to run unit: \
              machine ID does not match required \"m2\"",
             "schedule a.service on m2 (launched): target machine m1 unable to run unit: \
              machine ID does not match required \"m2\"",
@@ -659,7 +695,8 @@ fn moves_a_unit_when_its_machine_metadata_changes() {
     assert_eq!(
         w.settle(),
         [
-            "unschedule a.service from m1: target machine m1 unable to run unit: \
+            "unschedule a.service from m1, recording it left unpublished: target machine m1 \
+             unable to run unit: \
              machine metadata lacks role=web",
             "schedule a.service on m2 (launched): target machine m1 unable to run unit: \
              machine metadata lacks role=web",
@@ -822,7 +859,8 @@ fn of_two_conflicting_units_on_one_machine_the_first_in_name_order_stays() {
     assert_eq!(
         lines(&w.plan()),
         [
-            "unschedule b.service from m1: target machine m1 unable to run unit: \
+            "unschedule b.service from m1, recording it left unpublished: target machine m1 \
+             unable to run unit: \
              conflicts with unit a.service scheduled here",
             "schedule b.service on m2 (launched): target machine m1 unable to run unit: \
              conflicts with unit a.service scheduled here",
@@ -919,7 +957,8 @@ fn a_replacing_unit_may_take_the_replaced_units_machine_which_is_displaced() {
     assert_eq!(
         lines(&w.plan()),
         [
-            "unschedule old.service from m1: replaced by unit new.service on machine m1",
+            "unschedule old.service from m1, recording it left unpublished: replaced by unit \
+             new.service on machine m1",
             "schedule new.service on m1 (launched): target state launched and unit not scheduled",
             "schedule old.service on m2 (launched): replaced by unit new.service on machine m1",
         ]
@@ -936,7 +975,8 @@ fn a_replaced_unit_with_nowhere_else_to_go_is_unschedulable() {
     assert_eq!(
         lines(&w.plan()),
         [
-            "unschedule old.service from m1: replaced by unit new.service on machine m1",
+            "unschedule old.service from m1, recording it left unpublished: replaced by unit \
+             new.service on machine m1",
             "schedule new.service on m1 (launched): target state launched and unit not scheduled",
             "unschedulable old.service: no machine able to run unit: \
              1 machine runs new.service, which replaces it",
@@ -967,7 +1007,8 @@ fn a_new_unit_that_evens_the_load_lets_a_held_unit_land_where_its_copy_runs() {
     assert_eq!(
         lines(&w.plan()),
         [
-            "unschedule old.service from m1: replaced by unit new.service on machine m1",
+            "unschedule old.service from m1, recording it left unpublished: replaced by unit \
+             new.service on machine m1",
             "schedule new.service on m1 (loaded): target state loaded and unit not scheduled",
             "schedule old.service on m2 (loaded): replaced by unit new.service on machine m1",
             "schedule x.service on m2 (loaded): target state loaded and unit not scheduled",
@@ -1167,7 +1208,8 @@ fn never_places_a_unit_whose_options_fleet_refuses() {
     assert_eq!(
         lines(&w.plan()),
         [
-            "unschedule a.service from m1: invalid [X-Fleet] options: \
+            "unschedule a.service from m1, recording it left unpublished: invalid [X-Fleet] \
+             options: \
              MachineID cannot be used with Conflicts",
             "unschedulable a.service: invalid [X-Fleet] options: \
              MachineID cannot be used with Conflicts",

@@ -237,20 +237,109 @@ fn a_global_unit_leaves_no_record() {
     );
 }
 
+/// A stopped copy holds nothing back, but its state may predate a start its agent has not
+/// published yet: the record stays until the machine withdraws the state (its agent unloads
+/// the unit only once stopped), and a copy published running meanwhile holds the unit.
 #[test]
-fn a_copy_that_is_not_running_leaves_no_record() {
-    let w = two_machines()
-        .unit_version("a.service", Launched, "MachineID=m2", 1)
-        .entry_with("a.service", "m1", unit_file("", 0).hash(), Launched)
+fn a_copy_published_stopped_is_recorded_until_its_machine_withdraws_the_state() {
+    let mut w = m1_busy()
+        .unit("a.service", Launched, "")
+        .entry("a.service", "m1")
+        .state("a.service", "m1", "inactive")
+        .desired("a.service", Inactive);
+    assert_eq!(
+        w.settle(),
+        ["unschedule a.service from m1, recording it left stopped: target state inactive"]
+    );
+    assert_eq!(
+        w.snap.left[&name("a.service")][&mid("m1")],
+        LeftCopy::Stopped
+    );
+    let mut w = w.state("a.service", "m1", "failed");
+    assert!(w.settle().is_empty(), "still published, stopped or not");
+    let mut w = w
+        .state("a.service", "m1", "active")
+        .desired("a.service", Launched);
+    assert_eq!(
+        w.settle(),
+        ["unschedulable a.service: waiting for the previous copy on m1 to stop"]
+    );
+    let mut w = w.without_state("a.service", "m1");
+    assert_eq!(
+        w.settle(),
+        [
+            "schedule a.service on m2 (launched): target state launched and unit not scheduled",
+            "forget a.service left m1: the copy on m1 has stopped",
+            "clear a.service: unit is scheduled now",
+        ]
+    );
+}
+
+/// The copy m1's agent started and has not published yet when the unit leaves (issue 36):
+/// recorded as unpublished, it stays recorded while m1 publishes nothing, holds the unit once
+/// published running (and is then recorded as running), and goes once stopped.
+#[test]
+fn a_copy_unpublished_when_its_unit_left_holds_the_unit_once_published() {
+    let mut w = m1_busy()
+        .unit("a.service", Launched, "")
+        .entry("a.service", "m1")
+        .desired("a.service", Inactive);
+    assert_eq!(
+        w.settle(),
+        ["unschedule a.service from m1, recording it left unpublished: target state inactive"]
+    );
+    assert_eq!(
+        w.snap.left[&name("a.service")][&mid("m1")],
+        LeftCopy::Unpublished
+    );
+    assert!(w.settle().is_empty(), "m1 has published nothing yet");
+    let mut w = w.state("a.service", "m1", "active");
+    assert!(strays_of(&w).is_empty(), "no stray: a left m1");
+    assert_eq!(
+        w.settle(),
+        ["record a.service left m1 running: the copy on m1 is published"]
+    );
+    let mut w = w.desired("a.service", Launched);
+    assert_eq!(
+        w.settle(),
+        ["unschedulable a.service: waiting for the previous copy on m1 to stop"]
+    );
+    let mut w = w.without_state("a.service", "m1");
+    assert_eq!(
+        w.settle(),
+        [
+            "schedule a.service on m2 (launched): target state launched and unit not scheduled",
+            "forget a.service left m1: the copy on m1 has stopped",
+            "clear a.service: unit is scheduled now",
+        ]
+    );
+}
+
+#[test]
+fn an_unpublished_copy_published_stopped_is_forgotten() {
+    let w = m1_busy()
+        .unit("a.service", Launched, "MachineID=m2")
+        .left_as("a.service", "m1", LeftCopy::Unpublished)
         .state("a.service", "m1", "inactive");
     assert_eq!(
         lines(&w.plan()),
         [
-            "unschedule a.service from m1: target machine m1 unable to run unit: machine ID \
-             does not match required \"m2\"",
-            "schedule a.service on m2 (launched): target machine m1 unable to run unit: \
-             machine ID does not match required \"m2\"",
+            "schedule a.service on m2 (launched): target state launched and unit not scheduled",
+            "forget a.service left m1: the copy on m1 has stopped",
         ]
+    );
+}
+
+/// An unpublished copy holds nothing back while unpublished: the unit is placed (the limit
+/// docs/engine.md states), and the record stays for the copy that may still show up.
+#[test]
+fn an_unpublished_copy_holds_nothing_back_until_published() {
+    let w = m1_busy()
+        .unit("a.service", Launched, "MachineID=m2")
+        .left_as("a.service", "m1", LeftCopy::Unpublished);
+    assert_eq!(
+        lines(&w.plan()),
+        ["schedule a.service on m2 (launched): target state launched and unit not scheduled"]
     );
 }
 

@@ -185,7 +185,7 @@ fn a_new_placement_generation_moves_the_unit_to_the_least_loaded_other_machine()
     assert_eq!(
         w.settle(),
         [
-            "unschedule a.service from m1: reschedule 1 requested",
+            "unschedule a.service from m1, recording it left unpublished: reschedule 1 requested",
             "schedule a.service on m3 (launched): reschedule 1 requested",
         ]
     );

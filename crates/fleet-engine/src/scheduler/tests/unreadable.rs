@@ -79,7 +79,7 @@ fn a_unit_whose_unreadable_record_is_destroyed_is_unscheduled() {
     w.snap.skipped.clear();
     assert_eq!(
         lines(&w.plan()),
-        ["unschedule a.service from m1: unit destroyed"]
+        ["unschedule a.service from m1, recording it left unpublished: unit destroyed"]
     );
 }
 
@@ -121,7 +121,7 @@ fn a_destroyed_unit_on_a_machine_whose_record_is_unreadable_is_still_unscheduled
     w.snap.units.remove(&name("a.service"));
     assert_eq!(
         lines(&w.plan()),
-        ["unschedule a.service from m1: unit destroyed"]
+        ["unschedule a.service from m1, recording it left unpublished: unit destroyed"]
     );
 }
 
