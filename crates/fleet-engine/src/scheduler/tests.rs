@@ -13,6 +13,7 @@ mod drain;
 mod history;
 mod props;
 mod replace;
+mod sim;
 mod unreadable;
 
 use DesiredState::{Inactive, Launched, Loaded};
