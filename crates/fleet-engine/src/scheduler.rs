@@ -51,7 +51,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cluster::{Cluster, Slot};
 pub use decision::{Decision, DecisionKind, Reason, Violation};
-pub use delta::{Entangled, Load, plan_delta, plan_delta_on, touched_by_loss};
+pub use delta::{Entangled, Load, plan_delta, plan_delta_holding, plan_delta_on, touched_by_loss};
 pub use explain::{
     DrainStatus, Explanation, MachineVerdict, Rejection, Status, drain_status, explain,
 };

@@ -88,13 +88,24 @@ fn plain(reqs: &Requirements) -> bool {
 }
 
 /// The plan of `snapshot` as far as the `touched` units are concerned, which is the whole
-/// plan's ([`plan_holding`](super::plan_holding) the same `held` units) when `snapshot` was at
-/// a fixed point before they changed (the previous plan's decisions applied) and they can be
-/// planned alone; `None` when they cannot (see the module). `entangled` is [`Entangled::of`]
-/// the snapshot before the change.
+/// plan's when `snapshot` was at a fixed point before they changed (the previous plan's
+/// decisions applied) and they can be planned alone; `None` when they cannot (see the
+/// module). `entangled` is [`Entangled::of`] the snapshot before the change.
 ///
-/// A machine's loss is such a change: [`touched_by_loss`] says which units it touches.
+/// A machine's loss is such a change: [`touched_by_loss`] says which units it touches, and
+/// [`plan_delta_holding`] plans it with the units the disruption rule holds.
 pub fn plan_delta(
+    snapshot: &Snapshot,
+    files: &BTreeMap<UnitHash, UnitFile>,
+    touched: &BTreeSet<UnitName>,
+    entangled: &Entangled,
+) -> Option<Plan> {
+    plan_delta_holding(snapshot, files, touched, entangled, &BTreeSet::new())
+}
+
+/// [`plan_delta`], which is then the whole plan's that holds the same `held` units
+/// ([`plan_holding`](super::plan_holding)).
+pub fn plan_delta_holding(
     snapshot: &Snapshot,
     files: &BTreeMap<UnitHash, UnitFile>,
     touched: &BTreeSet<UnitName>,

@@ -24,7 +24,7 @@ fn settled() -> World {
 
 fn delta(w: &World, before: &Entangled, touched: &[&str]) -> Option<Plan> {
     let touched: BTreeSet<UnitName> = touched.iter().map(|u| name(u)).collect();
-    plan_delta(&w.snap, &w.files, &touched, before, &BTreeSet::new())
+    plan_delta(&w.snap, &w.files, &touched, before)
 }
 
 #[test]

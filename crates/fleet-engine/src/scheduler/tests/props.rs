@@ -524,7 +524,7 @@ proptest! {
         }
         let entangled = Entangled::of(&w.snap, &w.files);
         let touched: BTreeSet<UnitName> = changes.iter().map(|c| change(&mut w, c)).collect();
-        if let Some(part) = plan_delta(&w.snap, &w.files, &touched, &entangled, &BTreeSet::new()) {
+        if let Some(part) = plan_delta(&w.snap, &w.files, &touched, &entangled) {
             let whole = plan(&w.snap, &w.files);
             prop_assert_eq!(lines(&part.decisions), lines(&whole.decisions));
             prop_assert_eq!(part, whole);
@@ -560,7 +560,7 @@ proptest! {
             .map(|(_, u)| u.clone())
             .collect();
         let touched = touched_by_loss(&w.snap, &changed, &held);
-        if let Some(part) = plan_delta(&w.snap, &w.files, &touched, &entangled, &held) {
+        if let Some(part) = plan_delta_holding(&w.snap, &w.files, &touched, &entangled, &held) {
             let whole = plan_holding(&w.snap, &w.files, &held);
             prop_assert_eq!(lines(&part.decisions), lines(&whole.decisions));
             prop_assert_eq!(part, whole);
