@@ -652,11 +652,16 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         self.skipped = now;
     }
 
+    /// A unit of `deny_units`, or one named like the fence's own units, which fleetd stops
+    /// and replaces by name (`systemd::fence::FENCE_PREFIX`), whatever the configuration.
     fn is_denied(&self, name: &UnitName) -> bool {
-        self.cfg
-            .deny_units
-            .iter()
-            .any(|g| glob_match(g, name.as_str()))
+        name.as_str()
+            .starts_with(crate::systemd::fence::FENCE_PREFIX)
+            || self
+                .cfg
+                .deny_units
+                .iter()
+                .any(|g| glob_match(g, name.as_str()))
     }
 
     /// Reads systemd's state and the units directory again: of the units of `names` only, or
