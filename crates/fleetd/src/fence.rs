@@ -40,6 +40,20 @@ pub fn spawn(
     Ok(())
 }
 
+/// Why `agent_ttl` leaves the fence no room, if it does: a push waits for a renewal, sent a
+/// third of the TTL after the last one and answered (or given up) within
+/// `etcd_request_timeout`; a push later than the TTL fires the fence of a live fleetd.
+pub fn too_tight(agent_ttl: Duration, request_timeout: Duration) -> Option<String> {
+    let worst = agent_ttl / 3 + request_timeout;
+    (worst >= agent_ttl).then(|| {
+        format!(
+            "agent_ttl {agent_ttl:?} is too short for etcd_request_timeout {request_timeout:?}: \
+             a renewal may end {worst:?} after the last one, when the fence has fired; use an \
+             agent_ttl of at least 3 x (etcd_request_timeout + fleetd's restart delay)"
+        )
+    })
+}
+
 /// Says, at warning, when the fence will stop this machine's non-global units now that
 /// fleetd stops, and writes it into the machine's presence record for `fleetctl
 /// list-machines`. The record keeps its lease: the engine must not move anything before the
@@ -159,4 +173,18 @@ async fn fence(units_dir: &Path) -> Result<()> {
         "fence: this machine's non-global units are stopped; fleetd starts what is still scheduled here when it returns"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_ttl_a_renewal_may_outlast_is_too_tight() {
+        let s = Duration::from_secs;
+        assert!(too_tight(s(3), s(1)).is_none());
+        assert!(too_tight(s(30), s(1)).is_none());
+        assert!(too_tight(s(3), s(2)).unwrap().contains("too short"));
+        assert!(too_tight(Duration::from_millis(1500), s(1)).is_some());
+    }
 }

@@ -97,6 +97,11 @@ fn main() -> ExitCode {
             ),
         }
     }
+    if let Some(why) = fence::too_tight(config.agent_ttl, config.etcd_request_timeout)
+        .filter(|_| !config.disable_fence)
+    {
+        warn!(reason = %why, "the fence may stop the units of a live fleetd");
+    }
     // Blocking threads only run short file operations of the units directory. tokio's
     // default of 512 let a 1,000-unit start spawn ~40, each with its own malloc arena that
     // keeps its memory after the thread exits (issue 6: RSS under 20 MB with 1,000 units).
