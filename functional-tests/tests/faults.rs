@@ -667,9 +667,18 @@ fn when_the_leader_dies_mid_scheduling_another_finishes_and_nothing_is_ever_sche
         support::dump(&registry, &format!("{}schedule/", support::PREFIX))
             .map_or(0, |(_, kvs)| kvs.len())
     };
+    // The batches after the second wait for the kill: on a fast machine (or a slow poll of the
+    // count) the leader once scheduled all 150 before the kill landed.
+    let killed = std::sync::atomic::AtomicBool::new(false);
     let at_kill = std::thread::scope(|s| -> Result<usize> {
         let submitter = s.spawn(|| -> Result<()> {
-            for batch in &batches {
+            for (i, batch) in batches.iter().enumerate() {
+                if i == 2 {
+                    wait_for(TIMEOUT, POLL, || {
+                        killed.load(std::sync::atomic::Ordering::Relaxed)
+                    })
+                    .context("the leader was never killed")?;
+                }
                 no_block(&cluster, "start", batch)?;
             }
             Ok(())
@@ -677,6 +686,7 @@ fn when_the_leader_dies_mid_scheduling_another_finishes_and_nothing_is_ever_sche
         wait_for(TIMEOUT, Duration::from_millis(5), || count() >= threshold)
             .context("nothing scheduled")?;
         dead.kill_fleetd(Signal::Kill)?;
+        killed.store(true, std::sync::atomic::Ordering::Relaxed);
         let at_kill = count();
         // No restart: leadership must pass to another machine.
         dead.stop_fleetd()?;
