@@ -29,6 +29,7 @@ pub mod presence;
 mod revivals;
 pub mod systemd;
 pub mod units_dir;
+pub mod witness;
 
 pub use agent::{Agent, AgentConfig, Progress};
 #[cfg(any(test, feature = "fake"))]

@@ -13,16 +13,22 @@
 //! It publishes the deadline of the machine's fence (`crate::fence`), which stops the units
 //! only if fleetd stops publishing.
 //!
+//! While etcd does not answer, the keeper asks the other machines (`crate::witness`) whether
+//! they reach it: if one does, this machine is cut off alone, and the fence is left (or put
+//! back) at the last renewal's send time plus the TTL, which the lease cannot outlive.
+//!
 //! The first failed renewal of a run of failures is news too: the keeper sends the same
 //! presence again. The agent takes any presence news to mean that the watch of its schedule
 //! may be late (a partition, a frozen etcd), so that it re-reads the schedule instead of
 //! applying the events one response at a time as they trickle in (see `Agent::run`).
 
 use crate::fence::Deadline;
+use crate::witness::{Evidence, Witnesses};
 use fleet_core::{Backoff, MachineInfo};
 use fleet_registry::kv::{Kv, KvError, LeaseId};
 use fleet_registry::{MachineRole, Presence, RegistryError};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -48,6 +54,15 @@ fn next_keep_alive(ttl: Duration, last_failed: bool, since_renewal: Duration) ->
     }
 }
 
+/// A run of failed renewals or registrations, from the first failure to the next success.
+#[derive(Debug, Default)]
+struct FailureRun {
+    /// The send time of the run's first failed request.
+    since: Option<Instant>,
+    /// Whether the peers said this machine is cut off (logged once per change).
+    cut_off: bool,
+}
+
 /// Keeps one machine registered: `info` on a lease of `ttl`, whose ID is saved in `lease_file`.
 #[derive(Debug)]
 pub struct PresenceKeeper<K> {
@@ -61,6 +76,13 @@ pub struct PresenceKeeper<K> {
     /// expire before; while etcd does not answer, now plus the TTL (an alive fleetd that
     /// cannot reach etcd does not fence its units on that ground alone). `None`: no fence.
     pub fence: Option<watch::Sender<Option<Deadline>>>,
+    /// The other machines, asked while etcd does not answer (`crate::witness`). `None`: no
+    /// one is asked, and an alive fleetd never fences on etcd's silence.
+    pub witnesses: Option<Arc<dyn Witnesses>>,
+    /// Where the keeper publishes the send time of its last successful renewal (or
+    /// registration): what this machine answers the peers that ask it (fleetd's health
+    /// route). `None`: not published.
+    pub renewals: Option<watch::Sender<Option<Instant>>>,
 }
 
 impl<K: Kv> PresenceKeeper<K> {
@@ -86,12 +108,29 @@ impl<K: Kv> PresenceKeeper<K> {
         }
     }
 
-    /// After a failed renewal or registration: an etcd that does not answer, or is overloaded,
-    /// is no reason to fence (an outage must stop nothing), so the deadline moves on; an etcd
-    /// that refused this machine's credentials (revoked, wrong, not permitted) is, since the
-    /// lease will expire and the engine will move the units, so the deadline stays where the
-    /// last success put it.
-    fn push_fence_unless_refused(&self, error: &RegistryError) {
+    /// Publishes a success: the fence moves to `sent` plus the TTL, and the peers that ask
+    /// hear that this machine reached etcd at `sent`.
+    fn renewed(&self, sent: Instant) {
+        self.push_fence(sent);
+        if let Some(renewals) = &self.renewals {
+            renewals.send_replace(Some(sent));
+        }
+    }
+
+    /// After a failed renewal or registration, in a run of failures that began with a request
+    /// sent at `since`; `renewed`: the send time of the last success, if this run has one.
+    /// An etcd that refused this machine's credentials (revoked, wrong, not permitted) will
+    /// let the lease expire while the engine moves the units: the deadline stays where the
+    /// last success put it. An etcd that does not answer is an outage unless a peer reaches
+    /// it ([`Witnesses`]): then this machine is cut off alone and the deadline goes back to
+    /// `renewed` plus the TTL; else it moves on (an outage must stop nothing).
+    async fn after_failure(
+        &self,
+        error: &RegistryError,
+        since: Instant,
+        renewed: Option<Instant>,
+        run: &mut FailureRun,
+    ) {
         let refused = matches!(
             error,
             RegistryError::Kv {
@@ -101,11 +140,62 @@ impl<K: Kv> PresenceKeeper<K> {
                 ..
             }
         );
-        if !refused {
-            self.push_fence(Instant::now());
-        } else if self.fence.is_some() {
-            warn!(error = %error, "etcd refused this machine: its fence is not pushed forward and will stop its non-global units unless a renewal succeeds first");
+        if refused {
+            if self.fence.is_some() {
+                warn!(error = %error, "etcd refused this machine: its fence is not pushed forward and will stop its non-global units unless a renewal succeeds first");
+            }
+            return;
         }
+        let evidence = match (&self.fence, &self.witnesses) {
+            (Some(_), Some(witnesses)) => Some(witnesses.ask(since.elapsed()).await),
+            _ => None,
+        };
+        match evidence {
+            Some(evidence @ Evidence::CutOff { .. }) => {
+                if let Some(renewed) = renewed {
+                    self.pull_fence(renewed);
+                }
+                if !run.cut_off {
+                    let deadline = self.fence.as_ref().and_then(|f| *f.borrow());
+                    warn!(evidence = %evidence, deadline = ?deadline.map(|d| d.at.saturating_duration_since(Instant::now())), "this machine is cut off from etcd while others reach it: its fence will stop its non-global units at the lease's end unless a renewal succeeds first");
+                }
+                run.cut_off = true;
+            }
+            other => {
+                if run.cut_off {
+                    info!(evidence = ?other.map(|e| e.to_string()), "no peer reaches etcd now: the fence moves on again");
+                }
+                run.cut_off = false;
+                self.push_fence(Instant::now());
+            }
+        }
+    }
+
+    /// Puts the fence's deadline back at `renewed` plus the TTL, taking back the pushes made
+    /// while etcd did not answer (the lease cannot outlive that instant).
+    fn pull_fence(&self, renewed: Instant) {
+        if let Some(fence) = &self.fence {
+            let now = Instant::now();
+            let at = renewed + self.ttl;
+            fence.send_if_modified(|d| {
+                let later = d.is_none_or(|d| d.at > at);
+                if later {
+                    *d = Some(Deadline::pushed(*d, at, now));
+                }
+                later
+            });
+        }
+    }
+
+    /// The send time of the registration that just succeeded, as its fence deadline says
+    /// (now, without a fence): the instant the lease was granted no earlier than.
+    fn registered_at(&self) -> Instant {
+        let now = Instant::now();
+        self.fence
+            .as_ref()
+            .and_then(|f| f.borrow().map(|d| d.at.checked_sub(self.ttl)))
+            .flatten()
+            .map_or(now, |at| at.min(now))
     }
 
     /// The span of everything the keeper does: its logs name the machine, however many
@@ -127,6 +217,7 @@ impl<K: Kv> PresenceKeeper<K> {
         // pushes the fence forward, and must come before the deadline pushed last.
         let cap = (self.ttl / 3).clamp(Duration::from_millis(200), Duration::from_secs(5));
         let mut backoff = Backoff::new(Duration::from_millis(200), cap);
+        let mut run = FailureRun::default();
         loop {
             let sent = Instant::now();
             match self
@@ -135,14 +226,15 @@ impl<K: Kv> PresenceKeeper<K> {
                 .await
             {
                 Ok(p) => {
-                    self.push_fence(sent);
+                    self.renewed(sent);
                     self.save_lease(p.lease());
                     info!(machine = %self.info.id, lease = p.lease().0, resumed = p.resumed(), "machine registered");
                     return Ok(p);
                 }
                 Err(e @ RegistryError::DuplicateMachine(_)) => return Err(e),
                 Err(e) => {
-                    self.push_fence_unless_refused(&e);
+                    let since = *run.since.get_or_insert(sent);
+                    self.after_failure(&e, since, None, &mut run).await;
                     let delay = backoff.next_delay();
                     warn!(error = %e, retry_in = ?delay, "registering machine failed; retrying");
                     tokio::time::sleep(delay).await;
@@ -170,9 +262,11 @@ impl<K: Kv> PresenceKeeper<K> {
         tx: watch::Sender<Option<Presence>>,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<(), RegistryError> {
-        // The start of the last successful keep-alive: etcd renewed the lease no earlier.
-        let mut renewed = Instant::now();
+        // The start of the last successful keep-alive (or registration): etcd renewed the
+        // lease no earlier.
+        let mut renewed = self.registered_at();
         let mut failures = 0u32;
+        let mut run = FailureRun::default();
         loop {
             let delay = next_keep_alive(self.ttl, failures > 0, renewed.elapsed());
             tokio::select! {
@@ -182,7 +276,8 @@ impl<K: Kv> PresenceKeeper<K> {
             let sent = Instant::now();
             match self.registry.keep_alive(&presence).await {
                 Ok(()) => {
-                    self.push_fence(sent);
+                    self.renewed(sent);
+                    run = FailureRun::default();
                     if failures > 0 {
                         info!(failures, since_renewal = ?sent - renewed, "machine lease refreshed again");
                     }
@@ -195,12 +290,14 @@ impl<K: Kv> PresenceKeeper<K> {
                 }) => {
                     warn!("machine lease expired; registering again");
                     presence = self.registering().await?;
-                    renewed = Instant::now();
+                    renewed = self.registered_at();
                     failures = 0;
+                    run = FailureRun::default();
                     let _ = tx.send(Some(presence));
                 }
                 Err(e) => {
-                    self.push_fence_unless_refused(&e);
+                    let since = *run.since.get_or_insert(sent);
+                    self.after_failure(&e, since, Some(renewed), &mut run).await;
                     failures += 1;
                     if failures == 1 {
                         // Not a new lease, but news: see the module doc.
@@ -222,9 +319,10 @@ impl<K: Kv> PresenceKeeper<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::witness::Fixed;
     use fleet_registry::Registry;
     use fleet_registry::kv::{Hook, Hooked, MemKv, Request};
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
     const TTL: Duration = Duration::from_secs(3);
 
@@ -279,6 +377,8 @@ mod tests {
         first: Presence,
         presence: watch::Receiver<Option<Presence>>,
         fence: watch::Receiver<Option<Deadline>>,
+        renewals: watch::Receiver<Option<Instant>>,
+        witnesses: Fixed,
         lease_file: std::path::PathBuf,
         _shutdown: watch::Sender<bool>,
     }
@@ -317,6 +417,11 @@ mod tests {
         ));
         let _ = std::fs::remove_file(&lease_file);
         let (fence_tx, fence) = watch::channel(None);
+        let (renewals_tx, renewals) = watch::channel(None);
+        let witnesses = Fixed::new(Evidence::NoneReached {
+            asked: 2,
+            answered: 0,
+        });
         let keeper = PresenceKeeper {
             registry: MachineRole::new(registry.clone(), "m1".parse().unwrap()),
             info: MachineInfo {
@@ -331,6 +436,8 @@ mod tests {
             ttl: TTL,
             lease_file: lease_file.clone(),
             fence: Some(fence_tx),
+            witnesses: Some(Arc::new(witnesses.clone())),
+            renewals: Some(renewals_tx),
         };
         let first = keeper.register().await.unwrap();
         let (tx, presence) = watch::channel(Some(first));
@@ -342,6 +449,8 @@ mod tests {
             first,
             presence,
             fence,
+            renewals,
+            witnesses,
             lease_file,
             _shutdown: shutdown,
         }
@@ -389,6 +498,95 @@ mod tests {
         let w = keep_failing(ms(500)..ms(60_000), ms(10), true).await;
         tokio::time::sleep(ms(2500)).await;
         assert_eq!(w.fence.borrow().map(|d| d.at - start), Some(TTL));
+    }
+
+    /// Issue 36: a machine whose peers reach etcd while it cannot is cut off alone; its
+    /// fence goes back to the last renewal plus the TTL, and moves on again once a renewal
+    /// succeeds.
+    #[tokio::test(start_paused = true)]
+    async fn a_machine_cut_off_alone_takes_back_its_fence_to_the_lease_end() {
+        let start = Instant::now();
+        // Renewed at 1 s; from 1.5 s every keep-alive fails after 1 s (until 6 s).
+        let w = keep_with(ms(1500)..ms(6000), ms(1000)).await;
+        let deadline = || w.fence.borrow().map(|d| d.at - start);
+        tokio::time::sleep(ms(3100)).await;
+        assert_eq!(
+            deadline(),
+            Some(ms(3000) + TTL),
+            "an outage, as far as it knows"
+        );
+        assert_eq!(*w.renewals.borrow(), Some(start + ms(1000)));
+        w.witnesses.set(Evidence::CutOff { by: "m2".into() });
+        tokio::time::sleep(ms(1500)).await;
+        assert_eq!(
+            deadline(),
+            Some(ms(1000) + TTL),
+            "the lease's end, no later"
+        );
+        w.witnesses.set(Evidence::NoneReached {
+            asked: 2,
+            answered: 2,
+        });
+        // Past the TTL, the next keep-alive goes at 5.25 s and fails at 6.25 s.
+        tokio::time::sleep(ms(2000)).await;
+        assert_eq!(deadline(), Some(ms(6250) + TTL), "an outage again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn peers_are_asked_about_the_time_since_the_first_failure_only() {
+        #[derive(Debug, Default)]
+        struct Recorder(Mutex<Vec<Duration>>);
+        impl Witnesses for Recorder {
+            fn ask(&self, within: Duration) -> crate::witness::Asked<'_> {
+                self.0.lock().unwrap().push(within);
+                Box::pin(async {
+                    Evidence::NoneReached {
+                        asked: 0,
+                        answered: 0,
+                    }
+                })
+            }
+        }
+        let registry = Registry::new(
+            Hooked {
+                inner: MemKv::new(),
+                hook: Flaky {
+                    start: Instant::now(),
+                    failing: ms(500)..ms(60_000),
+                    latency: ms(1000),
+                    refuse: false,
+                    sent: Arc::default(),
+                },
+            },
+            "/t/",
+        );
+        let recorder = Arc::new(Recorder::default());
+        let (fence_tx, _fence) = watch::channel(None);
+        let keeper = PresenceKeeper {
+            registry: MachineRole::new(registry, "m1".parse().unwrap()),
+            info: MachineInfo {
+                id: "m1".parse().unwrap(),
+                public_ip: String::new(),
+                metadata: Default::default(),
+                version: "test".into(),
+                disable_engine: true,
+                api: String::new(),
+                fence_at: None,
+            },
+            ttl: TTL,
+            lease_file: std::env::temp_dir()
+                .join(format!("fleet-agent-presence-asked-{}", std::process::id())),
+            fence: Some(fence_tx),
+            witnesses: Some(recorder.clone()),
+            renewals: None,
+        };
+        let first = keeper.register().await.unwrap();
+        let (tx, _rx) = watch::channel(Some(first));
+        let (_shutdown, shutdown_rx) = watch::channel(false);
+        tokio::spawn(keeper.keep(first, tx, shutdown_rx));
+        // Keep-alives sent at 1 s (fails at 2 s) and 2.25 s (fails at 3.25 s).
+        tokio::time::sleep(ms(3500)).await;
+        assert_eq!(*recorder.0.lock().unwrap(), [ms(1000), ms(2250)]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -490,6 +688,8 @@ mod tests {
             ttl: TTL,
             lease_file: lease_file.clone(),
             fence: None,
+            witnesses: None,
+            renewals: None,
         };
         let first = keeper().register().await.unwrap();
         let (tx, _rx) = watch::channel(Some(first));

@@ -70,6 +70,9 @@ pub enum Action {
     Journal,
     Explain,
     Metrics,
+    /// Answer whether this machine reaches etcd: any client let in may ask, with or
+    /// without a role (a peer fleetd, [`crate::health`]).
+    Health,
 }
 
 impl Action {
@@ -81,7 +84,8 @@ impl Action {
             | Action::Status
             | Action::Journal
             | Action::Explain
-            | Action::Metrics => true,
+            | Action::Metrics
+            | Action::Health => true,
             Action::Submit
             | Action::Load
             | Action::Start
@@ -114,6 +118,7 @@ impl Action {
             Action::Journal => "read unit journals",
             Action::Explain => "explain units",
             Action::Metrics => "read metrics",
+            Action::Health => "ask whether this machine reaches etcd",
         }
     }
 }
@@ -170,6 +175,7 @@ pub fn action_of(method: &Method, path: &str, query: &str, body: Option<&[u8]>) 
             _ => None,
         },
         Route::Explain(_) => get(Action::Explain),
+        Route::Health => get(Action::Health),
         Route::Inspect(_, crate::routes::Aspect::Status) => get(Action::Status),
         Route::Inspect(_, crate::routes::Aspect::Journal) => get(Action::Journal),
     }
@@ -457,8 +463,12 @@ pub enum Refusal {
 }
 
 /// The decision: `Ok` to go on, or why not. A request with no action (no such route or
-/// method) goes on only with a role: the router answers it without the registry.
+/// method) goes on only with a role: the router answers it without the registry. The
+/// health question needs no role ([`Action::Health`]).
 pub fn decide(principal: &Principal, action: Option<Action>) -> Result<(), Refusal> {
+    if action == Some(Action::Health) {
+        return Ok(());
+    }
     let Some(role) = principal.role else {
         return Err(Refusal::NoRole(principal.shown()));
     };

@@ -73,6 +73,8 @@ pub enum ApiError {
     WholeWithToken,
     #[error("parallel must be a whole number from 1, got {0:?}")]
     BadParallel(String),
+    #[error("within must be a whole number of milliseconds from 1 to 3600000, got {0:?}")]
+    BadWithin(String),
     #[error("expect must be absent or a unit file hash, got {0:?}")]
     BadExpect(String),
     /// A `POST /units` of more units than [`fleet_ops::wire::MAX_CREATES`].
@@ -167,6 +169,7 @@ impl ApiError {
             | Self::WholeWithToken
             | Self::BadParallel(_)
             | Self::BadExpect(_)
+            | Self::BadWithin(_)
             | Self::TooManyCreates { .. }
             | Self::CreatedTwice(_)
             | Self::CreateWithoutName

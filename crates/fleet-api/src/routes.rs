@@ -60,6 +60,8 @@ pub struct Api<K> {
     roles: Option<Roles>,
     /// The view the listing of every unit is served from; None: each page reads etcd.
     held: Option<HeldView<K>>,
+    /// What `GET /health` answers from; None: that path is a 404.
+    health: Option<crate::health::Health>,
 }
 
 impl<K: Kv> Api<K> {
@@ -77,7 +79,14 @@ impl<K: Kv> Api<K> {
             exposed: None,
             roles: None,
             held: None,
+            health: None,
         }
+    }
+
+    /// `GET /health` answers whether this machine reached etcd lately ([`crate::health`]).
+    pub fn with_health(mut self, health: crate::health::Health) -> Api<K> {
+        self.health = Some(health);
+        self
     }
 
     /// `GET /units` listings of every unit come from a view of the registry held while
@@ -246,6 +255,8 @@ pub(crate) enum Route<'a> {
     Drains,
     Drain(&'a str),
     Explain(&'a str),
+    /// Whether this machine reaches etcd ([`crate::health`]).
+    Health,
     /// `/units/<name>/status` and `/units/<name>/journal`.
     Inspect(&'a str, inspect::Aspect),
 }
@@ -264,6 +275,7 @@ impl Route<'_> {
             Route::Drains => "/drains",
             Route::Drain(_) => "/drains/{machine}",
             Route::Explain(_) => "/explain/{name}",
+            Route::Health => "/health",
             Route::Inspect(_, inspect::Aspect::Status) => "/units/{name}/status",
             Route::Inspect(_, inspect::Aspect::Journal) => "/units/{name}/journal",
         }
@@ -296,6 +308,7 @@ pub(crate) fn parse_path(path: &str) -> Option<Route<'_>> {
         "/units" => Some(Route::Units),
         "/state" => Some(Route::States),
         "/drains" => Some(Route::Drains),
+        "/health" => Some(Route::Health),
         _ => item("/units")
             .map(Route::Unit)
             .or_else(|| item("/state").map(Route::State))
@@ -385,6 +398,10 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
             maintenance::drain(&api.cluster, machine, method, &parallel).await
         }
         (Route::Explain(unit), method) => maintenance::explain(&api.cluster, unit, method).await,
+        (Route::Health, method) => {
+            let within = query_values(&query.raw, crate::health::WITHIN);
+            crate::health::handle(api.health.as_ref(), method, &within).await
+        }
         (Route::Inspect(unit, aspect), method) => {
             inspect::handle(api, unit, aspect, method, &query).await
         }

@@ -140,6 +140,8 @@ pub async fn run(args: ProbeArgs) -> Result<()> {
         ttl: parse_secs(&args.agent_ttl)?,
         lease_file: args.lease_file.clone(),
         fence: None,
+        witnesses: None,
+        renewals: None,
     };
     let presence = keeper.register().await?;
     let calls = CallCounts::timed();

@@ -258,6 +258,8 @@ impl Sim {
             ttl: spec.agent_ttl,
             lease_file: scratch.lease_file(&machine_id(i)),
             fence: None,
+            witnesses: None,
+            renewals: None,
         });
         let registered = register(keepers).await?;
         let joined_in = started.elapsed();

@@ -133,6 +133,22 @@ impl<K: Kv> MachineRole<K> {
         self.registry.machine_states(&self.machine).await
     }
 
+    /// Every other machine's presence record (without its dynamic metadata): the peers this
+    /// machine asks whether they reach etcd when it cannot (`fleet_agent::witness`).
+    pub async fn peers(&self) -> Result<Vec<MachineInfo>> {
+        let keys = self.registry.keys();
+        let res = self
+            .registry
+            .kv()
+            .range(&keys.machines(), true, None)
+            .await
+            .map_err(RegistryError::kv("listing the peer machines"))?;
+        let mut skipped = Vec::new();
+        let mut peers = read::all(&res.kvs, |kv| read::machine(keys, kv), &mut skipped);
+        peers.retain(|m| m.id != self.machine);
+        Ok(peers)
+    }
+
     // ---- presence -------------------------------------------------------------------------
 
     /// Registers the machine's presence (`info` is its record) on a new lease of `ttl`. If the

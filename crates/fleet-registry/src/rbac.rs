@@ -163,12 +163,14 @@ pub fn engine(keys: &Keys) -> RoleSpec {
 }
 
 /// Machine `m`'s own keys: its presence and its unit states (read-write), its schedule and
-/// the unit files (read).
+/// the unit files (read), and every machine's presence (read): the peers it asks whether
+/// they reach etcd when it cannot (issue 36, `fleet_agent::witness`).
 pub fn machine(keys: &Keys, m: &MachineId) -> RoleSpec {
     RoleSpec {
         name: machine_role_name(m),
         permissions: vec![
             Permission::key(Access::ReadWrite, keys.machine(m)),
+            Permission::prefix(Access::Read, keys.machines()),
             Permission::prefix(Access::ReadWrite, keys.machine_states(m)),
             Permission::prefix(Access::Read, keys.machine_schedule(m)),
             Permission::prefix(Access::Read, keys.files()),
@@ -368,6 +370,8 @@ mod tests {
         let role = machine(&keys, &m("m1"));
         assert!(role.permits(Access::Write, "/p/machine/m1"));
         assert!(!role.permits(Access::Write, "/p/machine/m10"));
+        // Others' presence is read (its peers), never written.
+        assert!(role.permits(Access::Read, "/p/machine/m2"));
         assert!(role.permits(Access::Write, "/p/unit-state/m1/a.service"));
         assert!(!role.permits(Access::Write, "/p/unit-state/m2/a.service"));
         assert!(role.permits(Access::Read, "/p/schedule/m1/a.service"));

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::config::{Advertise, ApiConfig, ListenAddr, SocketAccess, SocketGroup};
 
-mod tls;
+pub(crate) mod tls;
 
 /// Sockets passed by systemd, taken (and the variables cleared) before any thread starts.
 #[derive(Debug, Default)]

@@ -16,6 +16,7 @@ mod metrics;
 mod notify;
 mod public_ip;
 mod report;
+mod witness;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -192,13 +193,27 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         .await
         .context("connecting to etcd for the API")?;
     let inspector = std::sync::Arc::new(inspect::SystemInspector::new(systemd.clone()));
+    // This machine's answer to peers asking whether it reaches etcd: its renewals, or a
+    // probe on the keeper's connection (issue 36, src/witness.rs).
+    let (renewals_tx, renewals_rx) = watch::channel(None);
+    let (presence_tx, presence_seen) = watch::channel(None);
+    let reach = witness::LeaseReach::new(
+        renewals_rx,
+        presence_seen,
+        MachineRole::new(registry.clone(), machine.clone()),
+    );
+    let health = fleet_api::health::Health {
+        machine: machine.to_string(),
+        reach: std::sync::Arc::new(reach),
+    };
     let served = api::build(
         Registry::new(metrics.registry.meter(api_kv), &config.etcd_key_prefix),
         &config.api,
         VERSION,
         Some((machine.clone(), inspector, config.deny_units.clone())),
         &metrics,
-    );
+    )
+    .with_health(health);
     api::spawn(&mut tasks, served, listeners, shutdown_rx.clone());
     // Armed before this machine registers: a fleetd restarted while etcd is away pushes the
     // fence of the one before it forward, so that it stops nothing.
@@ -220,6 +235,8 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         ttl: config.agent_ttl,
         lease_file: runtime_dir.join("fleetd.lease"),
         fence: (!config.disable_fence).then_some(fence_tx),
+        witnesses: witness::spawn(&mut tasks, &config, &registry, &machine, &shutdown_rx)?,
+        renewals: Some(renewals_tx),
     };
     notifier.status("registering this machine in etcd");
     let presence = keeper
@@ -229,7 +246,8 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     info!(machine = %machine, version = VERSION, "fleetd started");
     notifier.status("registered; reconciling the units scheduled here");
 
-    let (presence_tx, presence_rx) = watch::channel(Some(presence));
+    presence_tx.send_replace(Some(presence));
+    let presence_rx = presence_tx.subscribe();
     let last_presence = presence_rx.clone();
     let mut agent_cfg = AgentConfig::new(machine.clone());
     agent_cfg.deny_units = config.deny_units.clone();

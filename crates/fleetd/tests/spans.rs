@@ -67,6 +67,8 @@ async fn every_span_of_the_agent_the_engine_and_the_presence_keeper_names_the_ma
         ttl: Duration::from_secs(3),
         lease_file: lease_file.clone(),
         fence: None,
+        witnesses: None,
+        renewals: None,
     };
     let presence = keeper.register().await.unwrap();
     let (presence_tx, presence_rx) = watch::channel(Some(presence));

@@ -199,6 +199,8 @@ fn every_route_and_method_names_its_action() {
         (Method::PATCH, "/drains/m1", "", None, None),
         (Method::GET, "/explain/a.service", "", None, Some(Explain)),
         (Method::PUT, "/explain/a.service", "", None, None),
+        (Method::GET, "/health", "within=100", None, Some(Health)),
+        (Method::PUT, "/health", "", None, None),
         (
             Method::GET,
             "/units/a.service/status",
@@ -350,6 +352,9 @@ fn a_certificate_without_a_role_is_refused_even_what_no_route_takes() {
             Err(Refusal::NoRole("CN=bob".into()))
         );
     }
+    // A peer fleetd asks whether this machine reaches etcd with its own certificate, which
+    // no role names (issue 36).
+    assert_eq!(decide(&nobody, Some(Action::Health)), Ok(()));
     let viewer = Principal {
         role: Some(Role::Viewer),
         ..nobody

@@ -219,3 +219,57 @@ async fn etcd_refusing_fleetds_own_user_is_a_403_saying_so() {
              (refused by etcd's RBAC)"}})
     );
 }
+
+/// A machine that last reached etcd `ago` before now.
+#[derive(Debug)]
+struct ReachedAgo(Duration);
+
+impl crate::health::Reach for ReachedAgo {
+    fn reached_within(
+        &self,
+        within: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+        let reached = self.0 <= within;
+        Box::pin(async move { reached })
+    }
+}
+
+/// Issue 36: a peer fleetd asks with its own API certificate, which no role names; it gets
+/// its answer, and nothing else of the API.
+#[tokio::test]
+async fn any_certificate_asks_whether_this_machine_reaches_etcd_and_nothing_more() {
+    let kv = MemKv::new();
+    let registry = Registry::new(kv.clone(), "/fleet/");
+    let health = crate::health::Health {
+        machine: "m1".into(),
+        reach: std::sync::Arc::new(ReachedAgo(Duration::from_millis(700))),
+    };
+    let api = Api::new(registry.clone(), 100, VERSION)
+        .with_roles(Roles::new([(Subject::Cn("bob".into()), Role::Viewer)]).unwrap())
+        .with_health(health);
+    let f = Fixture {
+        registry,
+        router: router(api),
+    };
+    let peer = cert("m2 fleetd");
+    let ask = |q: &str| request(&peer, Method::GET, &format!("/fleet/v1/health?{q}"), None);
+    let a = f.send(ask("within=1000")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.body, json!({"machineID": "m1", "etcdReached": true}));
+    let a = f.send(ask("within=500")).await;
+    assert_eq!(a.body, json!({"machineID": "m1", "etcdReached": false}));
+    for bad in ["", "within=0", "within=soon"] {
+        let a = f.send(ask(bad)).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let a = f
+        .send(request(&peer, Method::GET, "/fleet/v1/units", None))
+        .await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN);
+    // Without a health source (a library caller), there is no such path.
+    let (plain, _) = fixture(100);
+    assert_eq!(
+        plain.get("/fleet/v1/health?within=10").await.status,
+        StatusCode::NOT_FOUND
+    );
+}

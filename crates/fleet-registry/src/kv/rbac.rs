@@ -281,10 +281,12 @@ mod tests {
             .unwrap();
         let err = host.range("/p/schedule/", true, None).await.unwrap_err();
         assert_eq!(denied(err).1, "read prefix /p/schedule/");
-        // Its own presence is one key: readable alone, not as a prefix (m1 would cover m10).
+        // Its own presence is one key: writable alone, not as a prefix (m1 would cover m10);
+        // every presence is read (its peers, issue 36).
         host.range("/p/machine/m1", false, None).await.unwrap();
-        host.range("/p/machine/m1", true, None).await.unwrap_err();
-        host.range("/p/machine/", true, None).await.unwrap_err();
+        host.range("/p/machine/", true, None).await.unwrap();
+        let err = host.range("/p/", true, None).await.unwrap_err();
+        assert_eq!(denied(err).1, "read prefix /p/");
     }
 
     #[tokio::test]

@@ -8,11 +8,11 @@
 use anyhow::{Context, Result, bail};
 use std::path::Path;
 use std::sync::Arc;
-use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
-use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig, crypto};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::config::ApiTlsFiles;
 
@@ -45,6 +45,28 @@ pub fn acceptor(files: &ApiTlsFiles) -> Result<TlsAcceptor> {
             )
         })?;
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The connector of this fleetd's questions to its peers' APIs (`crate::witness`): it trusts
+/// the same authority and presents fleetd's own certificate as its client certificate (which
+/// therefore needs the `clientAuth` extended key usage as well as `serverAuth`).
+pub fn connector(files: &ApiTlsFiles) -> Result<TlsConnector> {
+    let provider = Arc::new(crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    for cert in certs(&files.ca)? {
+        roots
+            .add(cert)
+            .with_context(|| format!("api_cafile {}: not a CA certificate", files.ca.display()))?;
+    }
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .with_context(|| format!("api_keyfile {}: no private key", files.key.display()))?;
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("api tls: protocol versions")?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certs(&files.cert)?, key)
+        .context("api_certfile and api_keyfile: not a client certificate and its key")?;
+    Ok(TlsConnector::from(Arc::new(config)))
 }
 
 /// Every certificate of a PEM file; none is an error.
