@@ -108,7 +108,15 @@ impl ApiCerts {
         std::fs::create_dir_all(dir)?;
         let san = format!("IP:{ip}");
         let subject = "/CN=fleet functional server";
-        self.leaf(dir, "server", subject, "ca", "serverAuth", Some(&san))?;
+        // clientAuth too: fleetd presents it when it asks its peers (issue 36).
+        self.leaf(
+            dir,
+            "server",
+            subject,
+            "ca",
+            "serverAuth,clientAuth",
+            Some(&san),
+        )?;
         std::fs::copy(self.ca(), dir.join("ca.pem"))?;
         Ok(())
     }

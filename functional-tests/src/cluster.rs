@@ -318,6 +318,22 @@ impl Cluster {
         self.state.etcd_endpoint().unwrap_or_default()
     }
 
+    /// Cuts `machine` off etcd alone: every member listens on the bridge's address, which
+    /// gets a blackhole route inside the machine; the other machines stay in reach (unlike
+    /// [`Machine::cut_network`]).
+    pub fn cut_from_etcd(&self, machine: &Machine) -> Result<()> {
+        machine.cut_from(self.etcd_ip()?)
+    }
+
+    pub fn heal_from_etcd(&self, machine: &Machine) -> Result<()> {
+        machine.heal_from(self.etcd_ip()?)
+    }
+
+    fn etcd_ip(&self) -> Result<std::net::Ipv4Addr> {
+        let subnet = self.state.subnet.context("the cluster has no network")?;
+        Ok(crate::state::bridge_ip(subnet))
+    }
+
     /// Every etcd member's client URL, member 0 first.
     pub fn etcd_endpoints(&self) -> Vec<String> {
         self.state.etcd_endpoints()

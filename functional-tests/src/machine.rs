@@ -336,6 +336,16 @@ impl Machine {
         net::set_link(&self.state.resource, true)
     }
 
+    /// Cuts the machine off `ip` alone (a blackhole route inside it): packets to it are
+    /// dropped, every other machine is still in reach. See [`crate::Cluster::cut_from_etcd`].
+    pub fn cut_from(&self, ip: std::net::Ipv4Addr) -> Result<()> {
+        net::blackhole(&self.state.resource, ip, true)
+    }
+
+    pub fn heal_from(&self, ip: std::net::Ipv4Addr) -> Result<()> {
+        net::blackhole(&self.state.resource, ip, false)
+    }
+
     /// Where `path` (absolute, inside the machine) is seen from the host.
     fn host_path(&self, path: &str) -> Result<PathBuf> {
         let relative = path

@@ -175,6 +175,19 @@ pub fn set_link(name: &str, up: bool) -> Result<()> {
     cmd::run("ip", ["link", "set", name, if up { "up" } else { "down" }]).map(drop)
 }
 
+/// Adds (`on`) or removes a blackhole route to `ip` in network namespace `netns`: packets to
+/// it are dropped there, while the rest of the network works (issue 36: a machine cut off
+/// from etcd alone, its peers still in reach). Removing one that is not there is fine.
+pub fn blackhole(netns: &str, ip: Ipv4Addr, on: bool) -> Result<()> {
+    let target = format!("{ip}/32");
+    let verb = if on { "add" } else { "del" };
+    let result = cmd::run("ip", ["-n", netns, "route", verb, "blackhole", &target]);
+    if result.is_err() && !on {
+        return Ok(());
+    }
+    result.map(drop)
+}
+
 /// Deletes network namespace `name`. Gone already is fine. The kernel frees the namespace (and
 /// any veth end still in it) asynchronously, once its last process is gone.
 pub fn delete_netns(name: &str) -> Result<()> {

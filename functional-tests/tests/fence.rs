@@ -247,6 +247,41 @@ fn a_hung_fleetd_fences_its_units_before_they_run_elsewhere() -> Result<()> {
     support::finish(cluster)
 }
 
+/// The port of the machines' TLS API, which their peers ask whether they reach etcd.
+const API_PORT: u16 = 49155;
+
+/// A machine cut off alone from etcd (a blackhole route to etcd inside it; its peers still
+/// in reach) for 3 x TTL: its peers say they reach etcd, so its fence fires at its lease's
+/// end, before the engine starts its units elsewhere. Never two copies; the global unit
+/// keeps running. Then the route is healed: three machines again, still never two copies.
+#[test]
+fn a_machine_cut_off_alone_from_etcd_fences_its_units_before_they_run_elsewhere() -> Result<()> {
+    let (cluster, registry) = start(3, spec().with_api_tls(API_PORT))?;
+    let units = start_units(&cluster, 7)?;
+    let victim = busiest(&cluster, &units)?;
+    let ((), doubles) = sampled(&cluster, &units, || {
+        cluster.cut_from_etcd(victim)?;
+        std::thread::sleep(3 * TTL);
+        let moved = ensure_moved(&cluster, &units, victim);
+        cluster.heal_from_etcd(victim)?;
+        moved?;
+        wait_registered(&cluster, &registry)?;
+        std::thread::sleep(2 * TTL);
+        ensure_moved(&cluster, &units, victim)
+    })?;
+    doubles.ensure_none()?;
+    let log = support::fleetd_log_all(victim)?;
+    ensure!(
+        log.contains("cut off from etcd while others reach it"),
+        "the cut-off fleetd did not say why it fenced:\n{log}"
+    );
+    eprintln!(
+        "{} samples of every machine's systemd, no double run",
+        doubles.samples
+    );
+    support::finish(cluster)
+}
+
 /// A restart of fleetd within the TTL re-arms the fence before it fires: every unit keeps its
 /// very process, and no fence ever ran. A fence that fires while fleetd lives (here run by
 /// hand, as one whose new timer PID 1 armed late) reads the deadline fleetd pushed and stands
