@@ -7,7 +7,7 @@
 mod support;
 
 use anyhow::{Context, Result, bail, ensure};
-use fleet_functional_tests::{FleetdSpec, Machine, wait_for_value};
+use fleet_functional_tests::{FleetdSpec, Machine, wait_for, wait_for_value};
 use serde_json::{Value, json};
 use std::net::{SocketAddr, TcpStream};
 use support::{POLL, TIMEOUT, finish, fleetctl_ok, http_exchange, start};
@@ -554,8 +554,13 @@ fn a_client_written_from_fleets_api_document_works() -> Result<()> {
 /// `dist/fleet.socket`, with a TCP listener added by a drop-in, hands fleetd its sockets:
 /// fleetd serves them (no `api_listen` is configured, so the TCP port answers only through
 /// systemd) instead of opening its own.
+///
+/// The attack of issue 37, item 1: a TCP socket on every address while fleetd has no TLS
+/// would serve every host of the network as admin. fleetd refuses to start and names the
+/// socket; only `api_allow_plain_tcp=true` makes it serve that socket plain.
 #[test]
-fn fleetd_serves_the_sockets_systemd_passes() -> Result<()> {
+fn a_passed_tcp_socket_without_tls_is_refused_unless_plain_tcp_is_allowed_then_served() -> Result<()>
+{
     const ACTIVATED_PORT: u16 = 54729;
     let (cluster, _registry) = start(1, FleetdSpec::default())?;
     let machine = &cluster.machines()[0];
@@ -570,6 +575,23 @@ fn fleetd_serves_the_sockets_systemd_passes() -> Result<()> {
     )?;
     machine.systemctl_ok(&["daemon-reload"])?;
     machine.systemctl_ok(&["start", "fleet.socket"])?;
+    machine.start_fleetd()?;
+    let refusal = format!("systemd passed TCP socket 0.0.0.0:{ACTIVATED_PORT}");
+    wait_for(TIMEOUT, POLL, || {
+        support::fleetd_log_all(machine).is_ok_and(|log| log.contains(&refusal))
+    })
+    .with_context(|| format!("fleetd did not refuse the plain socket: {refusal:?}"))?;
+    let log = support::fleetd_log_all(machine)?;
+    ensure!(
+        log.contains("api_allow_plain_tcp=true"),
+        "fleetd did not say how to fix it:\n{log}"
+    );
+    machine.stop_fleetd()?;
+    machine.write_file(
+        "/run/systemd/system/fleet.service.d/plain.conf",
+        "[Service]\nEnvironment=FLEET_API_ALLOW_PLAIN_TCP=true\n",
+    )?;
+    machine.systemctl_ok(&["daemon-reload"])?;
     machine.start_fleetd()?;
     let to = SocketAddr::from((machine.ip(), ACTIVATED_PORT));
     let body = wait_body(to, "/fleet/v1/machines", |b| {

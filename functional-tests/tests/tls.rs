@@ -45,6 +45,8 @@ fn use_tls_etcd(machine: &Machine, certs: &TestCerts, endpoint: &str, ca: &Path)
         let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         machine.write_file(&format!("{MACHINE_TLS_DIR}/{name}"), bytes)?;
     }
+    // fleetd refuses a private key others may read (issue 37).
+    machine.sh(&format!("chmod 0600 {MACHINE_TLS_DIR}/client.key"))?;
     machine.write_file(
         "/run/fleet/tls.env",
         format!(

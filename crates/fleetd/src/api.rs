@@ -76,6 +76,10 @@ pub fn listeners(config: &ApiConfig, activated: Activated) -> Result<Vec<Listene
     for socket in activated.listeners {
         out.push(match socket {
             ActivatedSocket::Tcp(l) => {
+                let addr = l.local_addr().context("a TCP socket systemd passed")?;
+                if let Some(why) = plain_refused(config, addr) {
+                    bail!("systemd passed TCP socket {addr}: {why}");
+                }
                 l.set_nonblocking(true)?;
                 tcp(tokio::net::TcpListener::from_std(l)?)
             }
@@ -109,6 +113,32 @@ pub fn listeners(config: &ApiConfig, activated: Activated) -> Result<Vec<Listene
         });
     }
     Ok(out)
+}
+
+/// Why a plain TCP listener on `addr` is refused, if it is (issue 37): without TLS, plain TCP
+/// serves everyone who reaches it as admin, so only loopback is taken unless
+/// `api_allow_plain_tcp=true`. The same rule as `api_listen`'s (`crate::config::api`).
+fn plain_refused(config: &ApiConfig, addr: std::net::SocketAddr) -> Option<String> {
+    (config.tls.is_none() && !addr.ip().is_loopback() && !config.allow_plain_tcp).then(|| {
+        format!(
+            "{} is not a loopback address and fleetd has no TLS: plain TCP would serve anyone \
+             who reaches it as admin (set api_cafile, api_certfile and api_keyfile to serve \
+             TLS, or api_allow_plain_tcp=true)",
+            addr.ip()
+        )
+    })
+}
+
+/// Warns of each plain TCP listener: whoever reaches it is admin (every local user, for a
+/// loopback one).
+pub fn warn_plain(listeners: &[Listener]) {
+    for l in listeners {
+        if let Listener::Tcp(tcp) = l
+            && let Ok(addr) = tcp.local_addr()
+        {
+            warn!(listener = %addr, "plain TCP api listener: whoever reaches it (every local user, on loopback) may do everything (admin); serve TLS for roles");
+        }
+    }
 }
 
 /// The group (None: leave it) and mode of the unix sockets fleetd makes. The default group
@@ -298,7 +328,33 @@ mod tests {
             roles: Default::default(),
             socket_access: SocketAccess::default(),
             held_view: true,
+            allow_plain_tcp: false,
         }
+    }
+
+    /// Issue 37, item 1: a TCP socket systemd passes follows `api_listen`'s rule. Without
+    /// TLS, one on a wildcard address would serve every host of the network as admin: fleetd
+    /// refuses to start and names it, unless `api_allow_plain_tcp=true`; loopback is taken.
+    #[tokio::test]
+    async fn a_passed_plain_tcp_socket_off_loopback_is_refused_unless_plain_tcp_is_allowed() {
+        let dir = temp_dir("passed");
+        let mut cfg = config(&dir.join("fleet.sock"));
+        let passed = |addr: &str| Activated {
+            listeners: vec![ActivatedSocket::Tcp(
+                std::net::TcpListener::bind(addr).unwrap(),
+            )],
+        };
+        let e = listeners(&cfg, passed("0.0.0.0:0"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("systemd passed TCP socket 0.0.0.0:"), "{e}");
+        assert!(e.contains("api_allow_plain_tcp=true"), "{e}");
+        let served = listeners(&cfg, passed("127.0.0.1:0")).unwrap();
+        assert!(matches!(served[..], [Listener::Tcp(_)]), "{served:?}");
+        cfg.allow_plain_tcp = true;
+        let served = listeners(&cfg, passed("0.0.0.0:0")).unwrap();
+        assert!(matches!(served[..], [Listener::Tcp(_)]), "{served:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod api;
 mod etcd_auth;
 mod file;
 mod sample;
+mod secrets;
 mod units_dir;
 mod values;
 
@@ -104,10 +105,10 @@ pub struct Ignored {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Warning {
     Ignored(Ignored),
-    /// `etcd_password` is in a config file others may read (`etcd_password_file` is not).
-    PasswordReadable {
-        path: PathBuf,
-        mode: u32,
+    /// The etcd password goes to `endpoint` over plain `http://` (issue 37): whoever sees
+    /// the network may read it.
+    PasswordInClear {
+        endpoint: String,
     },
 }
 
@@ -561,12 +562,30 @@ pub fn load(
 ) -> Result<Config> {
     let mut raw = load_file(file)?;
     let path = file.unwrap_or(Path::new(file::DEFAULT_CONFIG_FILE));
-    if let Some((path, mode)) = etcd_auth::exposed(&raw, path) {
-        warnings.push(Warning::PasswordReadable { path, mode });
+    let set = from_set(set)?;
+    if let Some(why) = secrets::exposed(&raw, path, &given.0)
+        .or_else(|| secrets::exposed(&BTreeMap::new(), path, &set))
+    {
+        bail!("{why}");
     }
     raw.extend(given.0.clone());
-    raw.extend(from_set(set)?);
-    build(&raw, warnings)
+    raw.extend(set);
+    let config = build(&raw, warnings)?;
+    if let Some(why) = secrets::exposed_keys(&config) {
+        bail!("{why}");
+    }
+    if config.etcd_auth.is_some() {
+        warnings.extend(
+            config
+                .etcd_servers
+                .iter()
+                .filter(|e| e.starts_with("http://"))
+                .map(|e| Warning::PasswordInClear {
+                    endpoint: e.clone(),
+                }),
+        );
+    }
+    Ok(config)
 }
 
 /// Builds the configuration from the layered raw values; `warnings` receives the keys given
@@ -871,7 +890,7 @@ mod tests {
             .iter()
             .filter_map(|w| match w {
                 Warning::Ignored(i) => Some((i.key, i.source.as_str())),
-                Warning::PasswordReadable { .. } => None,
+                Warning::PasswordInClear { .. } => None,
             })
             .collect();
         assert_eq!(

@@ -91,10 +91,9 @@ fn main() -> ExitCode {
             config::Warning::Ignored(i) => {
                 warn!(key = i.key, source = %i.source, "config key accepted but ignored");
             }
-            config::Warning::PasswordReadable { path, mode } => warn!(
-                path = %path.display(),
-                mode = format_args!("{mode:04o}"),
-                "etcd_password is in a config file others can read; use etcd_password_file"
+            config::Warning::PasswordInClear { endpoint } => warn!(
+                endpoint = %endpoint,
+                "the etcd password goes over plain http to this endpoint: whoever sees the network may read it; use https:// endpoints"
             ),
         }
     }
@@ -179,6 +178,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let listeners = api::listeners(&config.api, activated)?;
+    api::warn_plain(&listeners);
     info.api = api::advertised(&config.api, &listeners, &info.public_ip);
     debug!(api = %info.api, "api address for this machine's presence");
     // Before the API: its status route reads unit properties through this connection.

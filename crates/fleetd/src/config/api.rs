@@ -8,8 +8,9 @@
 //! - `api_cafile`, `api_certfile`, `api_keyfile` (all three or none): every TCP listener
 //!   (`api_listen`'s and systemd's) speaks TLS with this certificate and key, and requires a
 //!   client certificate signed by the CA. Unix sockets stay plain: their file mode guards them.
-//! - `api_allow_plain_tcp`: plain TCP listeners serve anyone who can reach them, so without
-//!   TLS only loopback addresses are taken unless this is true.
+//! - `api_allow_plain_tcp`: plain TCP listeners serve anyone who can reach them, as admin, so
+//!   without TLS only loopback addresses are taken unless this is true: `api_listen`'s here,
+//!   the TCP sockets systemd passes when fleetd starts (`crate::api::listeners`, issue 37).
 //! - `api_advertise`: the URL other machines' fleetctl reach this fleetd's API at
 //!   (`https://HOST:PORT` or `http://HOST:PORT`), published in this machine's presence for
 //!   `fleetctl status` and `journal` (issue 16). Unset: derived from the first TCP listener
@@ -66,6 +67,9 @@ pub struct ApiConfig {
     pub socket_access: SocketAccess,
     /// Whether unit listings come from a held view of the registry.
     pub held_view: bool,
+    /// `api_allow_plain_tcp`: plain TCP on other than loopback addresses, `api_listen`'s and
+    /// those systemd passes.
+    pub allow_plain_tcp: bool,
 }
 
 /// Who may use the unix sockets fleetd makes.
@@ -212,6 +216,7 @@ pub fn build(raw: &BTreeMap<String, Raw>) -> Result<ApiConfig> {
         roles,
         socket_access,
         held_view,
+        allow_plain_tcp: allow_plain,
     })
 }
 

@@ -9,7 +9,7 @@
 use anyhow::{Result, anyhow};
 use fleet_registry::kv::EtcdAuth;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::Raw;
 use fleet_registry::input::shorten;
@@ -62,11 +62,26 @@ pub fn build(raw: &BTreeMap<String, Raw>) -> Result<Option<EtcdAuth>> {
 }
 
 /// The password in `path`: its first line, without the line end (`echo pw > file` works).
+/// A file its group or others may read is refused (issue 37): any of them could use fleetd's
+/// etcd user.
 pub fn read_password(path: &Path) -> Result<String, String> {
     use std::io::Read;
     let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_PASSWORD_BYTES + 1).read_to_end(&mut bytes))
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot be read: {e}"))?;
+    if !meta.is_file() {
+        return Err("is not a regular file".to_owned());
+    }
+    super::secrets::exposed_mode(&meta).map_or(Ok(()), |mode| {
+        Err(format!(
+            "may be read by its group or others (mode {mode:04o}): chmod 0600 {}",
+            path.display()
+        ))
+    })?;
+    file.take(MAX_PASSWORD_BYTES + 1)
+        .read_to_end(&mut bytes)
         .map_err(|e| format!("cannot be read: {e}"))?;
     if bytes.len() as u64 > MAX_PASSWORD_BYTES {
         return Err(format!("is larger than {MAX_PASSWORD_BYTES} bytes"));
@@ -77,15 +92,6 @@ pub fn read_password(path: &Path) -> Result<String, String> {
         return Err("holds no password (its first line is empty)".to_owned());
     }
     Ok(line.to_owned())
-}
-
-/// The config file that gives `etcd_password` while others may read it, with its mode:
-/// anyone on the host could then use fleetd's etcd user.
-pub fn exposed(file: &BTreeMap<String, Raw>, path: &Path) -> Option<(PathBuf, u32)> {
-    use std::os::unix::fs::PermissionsExt;
-    file.get("etcd_password")?;
-    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
-    (mode & 0o004 != 0).then(|| (path.to_path_buf(), mode))
 }
 
 #[cfg(test)]
@@ -108,7 +114,14 @@ mod tests {
             .collect()
     }
 
-    fn scratch(test: &str) -> PathBuf {
+    /// Writes `text` into `path`, mode 0600.
+    fn private(path: &Path, text: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    fn scratch(test: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("fleetd-auth-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
@@ -124,7 +137,7 @@ mod tests {
     fn a_password_file_gives_its_first_line_without_the_newline() {
         let dir = scratch("file");
         let path = dir.join("pw");
-        std::fs::write(&path, "s3cret\n").unwrap();
+        private(&path, "s3cret\n");
         let given = raw(&[
             ("etcd_username", "fleet-host-m1"),
             ("etcd_password_file", path.to_str().unwrap()),
@@ -181,7 +194,7 @@ mod tests {
         );
         let dir = scratch("empty");
         let path = dir.join("pw");
-        std::fs::write(&path, "\n").unwrap();
+        private(&path, "\n");
         let e = build(&raw(&[
             ("etcd_username", "u"),
             ("etcd_password_file", path.to_str().unwrap()),
@@ -190,22 +203,5 @@ mod tests {
         .to_string();
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(e.contains("holds no password"), "{e}");
-    }
-
-    #[test]
-    fn a_password_in_a_world_readable_config_file_is_exposed_and_one_in_a_private_file_is_not() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = scratch("exposed");
-        let path = dir.join("fleet.conf");
-        std::fs::write(&path, "etcd_password=x\n").unwrap();
-        let file = raw(&[("etcd_password", "x")]);
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let open = exposed(&file, &path);
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
-        let closed = exposed(&file, &path);
-        let without = exposed(&raw(&[("etcd_username", "u")]), &path);
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(open, Some((path, 0o644)));
-        assert_eq!((closed, without), (None, None));
     }
 }
