@@ -430,6 +430,99 @@ fn a_configured_deny_list_refuses_the_units_it_names() -> Result<()> {
     support::finish(cluster)
 }
 
+/// Issue 37, item 9, the attack: a unit whose `[Install] Alias=` names the host's own unit (an
+/// operator's file in systemd's runtime directory) or a unit of `deny_units`. Enabling it
+/// would link fleet's file in place of the host's (`/run/systemd/system` comes first in the
+/// search path, and the enable forces). fleetd refuses both and writes nothing of them; the
+/// host's file stays a file, its unit keeps its process; a unit with an alias of its own runs
+/// and answers to it.
+#[test]
+fn an_alias_over_a_host_unit_or_a_denied_one_is_refused_and_the_host_unit_stays() -> Result<()> {
+    let spec = agent_only().with_env("FLEET_DENY_UNITS", "vault.service");
+    let (cluster, registry) = start(1, spec)?;
+    let m1 = &cluster.machines()[0];
+    let host_file = format!("{RUNTIME_UNIT_DIR}/operator.service");
+    let host_text = sleeper(700_011);
+    m1.write_file(&host_file, &host_text)?;
+    m1.systemctl_ok(&["daemon-reload"])?;
+    m1.systemctl_ok(&["start", "operator.service"])?;
+    let before = identities(m1, &["operator.service"])?;
+    // A unit of the host's own, from /lib (the harness masks every other one the OS ships;
+    // with deny_units set, dbus is not in it).
+    let shipped = "dbus.service";
+    let fragment = m1.systemctl_ok(&["show", "-p", "FragmentPath", shipped])?;
+    ensure!(
+        fragment.contains("/lib/systemd/system/"),
+        "{shipped}: {fragment:?}"
+    );
+    let aliased = |alias: &str, n: u32| {
+        format!(
+            "[Service]\nExecStart=/bin/sleep {n}\n[Install]\nAlias={alias}\n\
+             WantedBy=multi-user.target\n"
+        )
+    };
+    let units = [
+        ("hijack.service", aliased(shipped, 700_012)),
+        ("overwrite.service", aliased("operator.service", 700_015)),
+        ("escape.service", aliased("vault.service", 700_013)),
+        ("named.service", aliased("also-named.service", 700_014)),
+    ];
+    for (unit, text) in &units {
+        registry.submit_and_schedule(m1.id(), unit, text, DesiredState::Launched)?;
+    }
+    wait_running(&registry, m1, "named.service")?;
+    let link = m1.sh(&format!(
+        "readlink -f {RUNTIME_UNIT_DIR}/also-named.service"
+    ))?;
+    ensure!(
+        link.trim() == format!("{UNITS_DIR}/named.service"),
+        "the alias of a unit's own does not link to it: {link:?}"
+    );
+    let refused = ["hijack.service", "overwrite.service", "escape.service"];
+    let message = "refusing to manage unit: an alias it asks for is not its to take";
+    wait_for(TIMEOUT, POLL, || {
+        support::fleetd_log_all(m1)
+            .is_ok_and(|log| refused.iter().all(|u| logged(&log, message, u)))
+    })
+    .with_context(|| {
+        format!(
+            "fleetd did not refuse both aliases; its log:\n{}",
+            support::fleetd_log_all(m1).unwrap_or_default()
+        )
+    })?;
+    ensure!(
+        !file_exists(m1, &format!("{RUNTIME_UNIT_DIR}/{shipped}"))?,
+        "an alias was linked over the host's {shipped}"
+    );
+    m1.systemctl_ok(&["daemon-reload"])?;
+    let now = m1.systemctl_ok(&["show", "-p", "FragmentPath", shipped])?;
+    ensure!(now == fragment, "{shipped} now comes from {now:?}");
+    let kind = m1.sh(&format!("stat -c %F {host_file}"))?;
+    ensure!(
+        kind.trim() == "regular file",
+        "{host_file} is now a {kind:?}"
+    );
+    ensure!(
+        m1.read_file(&host_file)? == host_text,
+        "{host_file} changed"
+    );
+    ensure!(
+        identities(m1, &["operator.service"])? == before,
+        "the host's unit was touched"
+    );
+    for unit in refused {
+        ensure!(
+            !file_exists(m1, &format!("{UNITS_DIR}/{unit}"))?,
+            "{unit} was written into the units directory"
+        );
+        ensure!(
+            registry.unit_state(unit, m1.id())?.is_none(),
+            "a state of {unit} was published"
+        );
+    }
+    support::finish(cluster)
+}
+
 /// The operator's own units next to fleet's: a unit file written into systemd's runtime
 /// directory and a unit linked there from elsewhere, both running, each with the name of a
 /// unit then scheduled to the machine; and files in the units directory that are not units.

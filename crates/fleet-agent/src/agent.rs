@@ -29,6 +29,7 @@ use crate::metrics::{Metrics, TaskResult, UnitCounts};
 use crate::plan::{self, TaskKind, UnitFileState};
 use crate::revivals::{self, Revivals};
 
+mod aliases;
 mod doubt;
 mod resync;
 use resync::Resync;
@@ -121,6 +122,9 @@ pub struct Agent<K, M> {
     /// Failed units restarted lately, whose next restart waits.
     revivals: Revivals,
     denied: BTreeSet<UnitName>,
+    /// Each unit with `[Install] Alias=` checked (`aliases`): for its file's hash, why it may
+    /// not have them (None: it may).
+    alias_verdicts: BTreeMap<UnitName, (UnitHash, Option<String>)>,
     /// Unreadable schedule entries by key, with the revision each was written at: each is
     /// warned about once, not on every read of the schedule.
     skipped: BTreeMap<String, Revision>,
@@ -164,6 +168,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             backoff: BTreeMap::new(),
             revivals,
             denied: BTreeSet::new(),
+            alias_verdicts: BTreeMap::new(),
             skipped: BTreeMap::new(),
             ledger: Ledger::load(cfg_restarts_dir),
             publish_complete: true,
@@ -799,6 +804,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         for name in self.foreign(&desired).await {
             desired.hold(name);
         }
+        for name in self.aliased(&desired).await {
+            desired.hold(name);
+        }
         let mut waiting = desired.held.clone();
         waiting.extend(
             self.backoff
@@ -922,6 +930,72 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             .collect();
         self.current.restart_pending = pending;
         self.mark_unpublished(changed);
+    }
+
+    /// Desired units whose file asks for an alias they may not have (`aliases`): held, and
+    /// warned of once per file. An alias whose source cannot be read holds its unit this
+    /// pass: fail closed.
+    async fn aliased(&mut self, desired: &Desired) -> Vec<UnitName> {
+        let mut held = Vec::new();
+        let mut unchecked = Vec::new();
+        for (name, unit) in &desired.units {
+            let Some(words) = self.files.get(&unit.hash).map(aliases::aliases) else {
+                continue;
+            };
+            match self.alias_verdicts.get(name) {
+                _ if words.is_empty() => {}
+                Some((hash, verdict)) if *hash == unit.hash => {
+                    if verdict.is_some() {
+                        held.push(name.clone());
+                    }
+                }
+                _ => unchecked.push((name.clone(), unit.hash, words)),
+            }
+        }
+        for (name, hash, words) in unchecked {
+            match self.alias_refusal(desired, &name, &words).await {
+                Ok(verdict) => {
+                    if let Some(why) = &verdict {
+                        warn!(unit = %name, reason = %why, "refusing to manage unit: an alias it asks for is not its to take");
+                        held.push(name.clone());
+                    }
+                    self.alias_verdicts.insert(name, (hash, verdict));
+                }
+                Err(e) => {
+                    warn!(unit = %name, error = %e, "reading where systemd has a unit's alias from failed; leaving the unit as it is");
+                    held.push(name);
+                }
+            }
+        }
+        held
+    }
+
+    /// Why `name` may not have the aliases `words`, if it may not.
+    async fn alias_refusal(
+        &self,
+        desired: &Desired,
+        name: &UnitName,
+        words: &[String],
+    ) -> Result<Option<String>, crate::ManagerError> {
+        for word in words {
+            let parsed = word.parse::<UnitName>().ok();
+            let source = match &parsed {
+                Some(alias) if alias != name => Some(self.manager.source(alias).await?),
+                _ => None,
+            };
+            let alias = aliases::Alias {
+                name: word,
+                denied: parsed.as_ref().is_some_and(|a| self.is_denied(a)),
+                fleets: parsed.as_ref().is_some_and(|a| {
+                    desired.units.contains_key(a) || self.current.units.contains_key(a)
+                }),
+                source: source.as_ref(),
+            };
+            if let Some(why) = aliases::refusal(name, &alias) {
+                return Ok(Some(why));
+            }
+        }
+        Ok(None)
     }
 
     /// Desired units that systemd has from a unit file outside our units directory (an

@@ -1,0 +1,123 @@
+//! `[Install] Alias=` of fleet's units (issue 37, item 9). Enabling a unit links each of its
+//! aliases into `/run/systemd/system`, which comes before `/etc` and `/lib` in systemd's
+//! search path, and `EnableUnitFiles(runtime, force)` replaces what is there: a fleet unit
+//! with `Alias=ssh.service` would stand in for the host's sshd, and one aliased to a unit of
+//! `deny_units` would escape that list. So a unit is held (never loaded, linked or started)
+//! while an alias of it names a denied unit, a unit systemd has from a file outside fleet's
+//! units directory (an operator's), or another of fleet's units, or is no unit name at all.
+//! Checked once per unit file (its hash): an alias fleet linked itself resolves to fleet's
+//! own directory afterwards, which is no reason to refuse.
+
+use fleet_core::{UnitFile, UnitName};
+
+use crate::manager::UnitSource;
+
+/// The aliases a unit file asks for: every word of every `[Install] Alias=` line.
+pub fn aliases(file: &UnitFile) -> Vec<String> {
+    file.values("Install", "Alias")
+        .flat_map(str::split_whitespace)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What is known of one alias of a unit.
+#[derive(Debug)]
+pub struct Alias<'a> {
+    pub name: &'a str,
+    /// Whether it matches `deny_units` (or the fence's prefix).
+    pub denied: bool,
+    /// Whether fleet has a unit of that name here (scheduled, or in its units directory).
+    pub fleets: bool,
+    /// Where systemd has a unit of that name from, if asked.
+    pub source: Option<&'a UnitSource>,
+}
+
+/// Why `unit` may not have `alias`, if it may not.
+pub fn refusal(unit: &UnitName, alias: &Alias<'_>) -> Option<String> {
+    let name = alias.name;
+    if name.parse::<UnitName>().is_err() {
+        return Some(format!("Alias={name} is no unit name"));
+    }
+    if name == unit.as_str() {
+        return None;
+    }
+    if alias.denied {
+        return Some(format!("Alias={name} names a unit of deny_units"));
+    }
+    if alias.fleets {
+        return Some(format!("Alias={name} names another of fleet's units"));
+    }
+    match alias.source {
+        Some(UnitSource::Foreign { fragment }) => Some(format!(
+            "Alias={name} names the host's unit from {}",
+            fragment.display()
+        )),
+        Some(UnitSource::NoFile | UnitSource::UnitsDir) | None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(name: &str) -> UnitName {
+        name.parse().unwrap()
+    }
+
+    fn alias<'a>(name: &'a str, source: Option<&'a UnitSource>) -> Alias<'a> {
+        Alias {
+            name,
+            denied: false,
+            fleets: false,
+            source,
+        }
+    }
+
+    #[test]
+    fn every_word_of_every_alias_line_is_an_alias() {
+        let file = UnitFile::parse(
+            b"[Service]\nExecStart=/bin/true\n[Install]\nAlias=a.service b.service\nAlias=c.service\nWantedBy=multi-user.target\n",
+        )
+        .unwrap();
+        assert_eq!(aliases(&file), ["a.service", "b.service", "c.service"]);
+    }
+
+    #[test]
+    fn an_alias_over_a_hosts_unit_a_denied_one_or_another_fleet_unit_is_refused() {
+        let web = unit("web.service");
+        let foreign = UnitSource::Foreign {
+            fragment: "/lib/systemd/system/ssh.service".into(),
+        };
+        let why = refusal(&web, &alias("ssh.service", Some(&foreign))).unwrap();
+        assert!(why.contains("the host's unit from /lib/systemd/system/ssh.service"));
+        let denied = Alias {
+            denied: true,
+            ..alias("sshd.service", Some(&UnitSource::NoFile))
+        };
+        assert!(refusal(&web, &denied).unwrap().contains("deny_units"));
+        let other = Alias {
+            fleets: true,
+            ..alias("db.service", Some(&UnitSource::UnitsDir))
+        };
+        assert!(
+            refusal(&web, &other)
+                .unwrap()
+                .contains("another of fleet's")
+        );
+        assert!(refusal(&web, &alias("../x", None)).is_some());
+    }
+
+    #[test]
+    fn a_new_name_or_one_fleet_linked_itself_is_fine() {
+        let web = unit("web.service");
+        assert_eq!(
+            refusal(&web, &alias("www.service", Some(&UnitSource::NoFile))),
+            None
+        );
+        assert_eq!(
+            refusal(&web, &alias("www.service", Some(&UnitSource::UnitsDir))),
+            None
+        );
+        assert_eq!(refusal(&web, &alias("web.service", None)), None);
+    }
+}
