@@ -262,7 +262,14 @@ fn a_machine_cut_off_alone_from_etcd_fences_its_units_before_they_run_elsewhere(
     let ((), doubles) = sampled(&cluster, &units, || {
         cluster.cut_from_etcd(victim)?;
         std::thread::sleep(3 * TTL);
-        let moved = ensure_moved(&cluster, &units, victim);
+        let moved = ensure_moved(&cluster, &units, victim).with_context(|| {
+            let log = support::fleetd_log_all(victim).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            format!(
+                "the cut-off fleetd's last lines (newest first):\n{}",
+                tail.join("\n")
+            )
+        });
         cluster.heal_from_etcd(victim)?;
         moved?;
         wait_registered(&cluster, &registry)?;

@@ -4,8 +4,9 @@
 //! `GET /fleet/v1/health`).
 //!
 //! The peers are the other machines whose presence publishes an API address, read from
-//! etcd at start and every [`REFRESH`] (so a machine cut off knows them from before the
-//! cut). At most [`MAX_ASKED`] of them, chosen at random, are asked at once, each for at
+//! etcd at start, again 1, 2, 4, 8 and 16 s later (machines that boot together register at
+//! about the same time), then every [`REFRESH`]: a machine cut off knows them from before
+//! the cut. At most [`MAX_ASKED`] of them, chosen at random, are asked at once, each for at
 //! most [`ASK_TIMEOUT`]; the first that reached etcd ends the question. Over `https://`,
 //! fleetd presents its own API certificate (`api_certfile`, which then needs `clientAuth`)
 //! and trusts `api_cafile`; without them it asks only `http://` peers.
@@ -91,6 +92,7 @@ impl PeerWitnesses {
     ) {
         let this = self.clone();
         let task = async move {
+            let mut next = Duration::from_secs(1);
             loop {
                 match role.peers().await {
                     Ok(machines) => this.set_peers(machines),
@@ -98,8 +100,9 @@ impl PeerWitnesses {
                 }
                 tokio::select! {
                     _ = shutdown.changed() => return Ok(()),
-                    _ = tokio::time::sleep(REFRESH) => {}
+                    _ = tokio::time::sleep(next) => {}
                 }
+                next = (next * 2).min(REFRESH);
             }
         };
         tasks.spawn(task.instrument(tracing::info_span!("witnesses")));
