@@ -119,6 +119,18 @@ pub fn render_env(env: &BTreeMap<String, String>) -> String {
         .collect()
 }
 
+/// The hardening lines of `dist/fleet.service` (issue 37): every functional test runs fleetd
+/// under them, so none of them may break what the tests prove.
+fn hardening() -> String {
+    const DIST: &str = include_str!("../../dist/fleet.service");
+    DIST.lines()
+        .skip_while(|l| !l.starts_with("# --- hardening"))
+        .take_while(|l| !l.starts_with("# --- end hardening"))
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 /// The fleetd unit. `RestartSec`/`StartLimitIntervalSec=0`: a fleetd that exits while etcd is
 /// down keeps being restarted instead of giving up (and leaving the machine `degraded`).
 /// `Type=simple` with `NotifyAccess=main`, unlike `dist/fleet.service`'s `Type=notify`: fleetd's
@@ -140,7 +152,8 @@ NotifyAccess=main
 Restart=on-failure
 RestartSec=1s
 KillMode=process
-"
+{hardening}",
+        hardening = hardening()
     )
 }
 
@@ -164,6 +177,22 @@ pub const MACHINE_TARGET: &str = "fleet-machine.target";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_machines_fleetd_runs_under_the_hardening_of_the_shipped_unit() {
+        let unit = unit_file();
+        for line in [
+            "ProtectSystem=full",
+            "UMask=0077",
+            "SystemCallFilter=@system-service",
+        ] {
+            assert!(
+                unit.contains(&format!("\n{line}\n")),
+                "{line} missing:\n{unit}"
+            );
+        }
+        assert!(!unit.contains("# ---"), "{unit}");
+    }
 
     #[test]
     fn env_file_has_the_harness_keys_and_extra_ones_win() {
