@@ -663,7 +663,6 @@ fn a_schedule_entry_with_a_path_for_a_name_writes_nothing_anywhere() -> Result<(
     wait_running(&registry, m1, keep)?;
     let before = identities(m1, &[keep])?;
     let hash = registry.create_unit("decoy.service", &sleeper(800_001), DesiredState::Launched)?;
-    let cursor = journal_cursor(m1)?;
     let tricks = [
         "../../../etc/systemd/system/evil.service",
         "..%2f..%2fevil.service",
@@ -681,8 +680,10 @@ fn a_schedule_entry_with_a_path_for_a_name_writes_nothing_anywhere() -> Result<(
         registry.put_raw(&key, value.to_string().as_bytes())?;
         keys.push(key);
     }
+    // The whole log: the keys are new, and a line logged within milliseconds of a cursor was
+    // seen to fall before it (`support::fleetd_log_all`).
     wait_for(TIMEOUT, POLL, || {
-        fleetd_log(m1, &cursor).is_ok_and(|l| {
+        support::fleetd_log_all(m1).is_ok_and(|l| {
             keys.iter().all(|k| {
                 l.lines().any(|line| {
                     line.contains("skipping unreadable schedule entry") && line.contains(k.as_str())
@@ -693,7 +694,7 @@ fn a_schedule_entry_with_a_path_for_a_name_writes_nothing_anywhere() -> Result<(
     .with_context(|| {
         format!(
             "fleetd did not report every unreadable schedule entry; its log:\n{}",
-            fleetd_log(m1, &cursor).unwrap_or_default()
+            support::fleetd_log_all(m1).unwrap_or_default()
         )
     })?;
     // The names each trick would write, and no broader: the machine's root is the host's,

@@ -27,6 +27,7 @@ use crate::witness::{Evidence, Witnesses};
 use fleet_core::{Backoff, MachineInfo};
 use fleet_registry::kv::{Kv, KvError, LeaseId};
 use fleet_registry::{MachineRole, Presence, RegistryError};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,7 +96,15 @@ impl<K: Kv> PresenceKeeper<K> {
         if let Some(dir) = self.lease_file.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        if let Err(e) = std::fs::write(&self.lease_file, lease.0.to_string()) {
+        // 0600: the lease ID is a credential of sorts (etcd lets any user keep a lease alive).
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&self.lease_file)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, lease.0.to_string().as_bytes()));
+        if let Err(e) = written {
             warn!(path = %self.lease_file.display(), error = %e, "could not save lease id; a restart will wait for the old lease to expire");
         }
     }

@@ -105,12 +105,13 @@ pub struct UnitsDir {
 }
 
 impl UnitsDir {
-    /// Opens `path`, creating it (mode 0755) if absent, and removes temporary files an
+    /// Opens `path`, creating it (mode 0700: a unit file may hold secrets in `Environment=`,
+    /// and only systemd, root, needs to read it) if absent, and removes temporary files an
     /// interrupted write left behind.
     pub fn open(path: PathBuf, runtime_dir: PathBuf) -> Result<UnitsDir, ManagerError> {
         fs::DirBuilder::new()
             .recursive(true)
-            .mode(0o755)
+            .mode(0o700)
             .create(&path)
             .map_err(|source| ManagerError::CreateUnitsDir {
                 path: path.clone(),
@@ -379,11 +380,11 @@ fn write_new(path: &Path, bytes: &[u8]) -> io::Result<()> {
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o644)
+        .mode(0o600)
         .open(path)?;
     file.write_all(bytes)?;
-    // The umask may have narrowed the mode; systemd only needs to read it, others may too.
-    file.set_permissions(fs::Permissions::from_mode(0o644))?;
+    // Only systemd (root) reads it: a unit file may hold secrets in `Environment=` (issue 37).
+    file.set_permissions(fs::Permissions::from_mode(0o600))?;
     // No fsync: /run is a tmpfs, and the rename is what makes the write atomic to readers.
     Ok(())
 }
@@ -427,15 +428,15 @@ mod tests {
     }
 
     #[test]
-    fn creates_the_directory_with_mode_0755() {
+    fn creates_the_directory_with_mode_0700() {
         let scratch = Scratch::new("create");
         let dir = scratch.open();
         let mode = fs::metadata(dir.path()).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o755 & !current_umask());
+        assert_eq!(mode & 0o777, 0o700 & !current_umask());
     }
 
     #[test]
-    fn writes_canonical_text_with_mode_0644_and_lists_its_hash() {
+    fn writes_canonical_text_with_mode_0600_and_lists_its_hash() {
         let scratch = Scratch::new("write");
         let dir = scratch.open();
         let file = unit("[Service]\n  ExecStart = /bin/true  \n");
@@ -447,7 +448,7 @@ mod tests {
         assert_eq!(fs::read_to_string(&path).unwrap(), file.canonical());
         assert_eq!(
             fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-            0o644
+            0o600
         );
         let listed = dir.list().unwrap();
         assert_eq!(listed.len(), 1);

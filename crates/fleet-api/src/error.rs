@@ -73,6 +73,10 @@ pub enum ApiError {
     WholeWithToken,
     #[error("parallel must be a whole number from 1, got {0:?}")]
     BadParallel(String),
+    /// A journal asked of a unit that is not a service: a slice's or a target's journal
+    /// would be every unit's under it (issue 37).
+    #[error("the journal is served for .service units only, not {0}")]
+    JournalOfNonService(UnitName),
     #[error("within must be a whole number of milliseconds from 1 to 3600000, got {0:?}")]
     BadWithin(String),
     #[error("expect must be absent or a unit file hash, got {0:?}")]
@@ -170,6 +174,7 @@ impl ApiError {
             | Self::BadParallel(_)
             | Self::BadExpect(_)
             | Self::BadWithin(_)
+            | Self::JournalOfNonService(_)
             | Self::TooManyCreates { .. }
             | Self::CreatedTwice(_)
             | Self::CreateWithoutName

@@ -225,6 +225,21 @@ impl<K: Kv> Registry<K> {
             })
     }
 
+    /// Whether `machine`'s schedule has a readable entry for `unit`: one key, which the
+    /// machine's own role may read (issue 37: an agent-only host's API answers status and
+    /// journal requests of its own units without reading the rest of the registry).
+    pub async fn scheduled_on(&self, machine: &MachineId, unit: &UnitName) -> Result<bool> {
+        let res = self
+            .kv
+            .range(&self.keys.schedule(machine, unit), false, None)
+            .await
+            .map_err(RegistryError::kv("reading a schedule entry"))?;
+        Ok(res
+            .kvs
+            .iter()
+            .any(|kv| read::schedule_entry(&self.keys, kv).is_ok()))
+    }
+
     /// Every readable schedule entry of `machine`, at one revision.
     pub async fn machine_schedule(
         &self,

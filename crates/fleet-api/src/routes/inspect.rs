@@ -83,6 +83,13 @@ pub(crate) async fn handle<K: Kv>(
     let inspection = api.inspection.as_ref().ok_or(ApiError::NotInspecting)?;
     // A name that cannot name a unit names none.
     let name: UnitName = name.parse().map_err(|_| ApiError::UnitNotFound)?;
+    // Only a service's own lines: systemctl and journalctl match a slice's (or a scope's)
+    // journal by every unit under it, so `system.slice` would read every service's.
+    let service = name.unit_type() == fleet_core::UnitType::Service;
+    if journal.is_some() && !service {
+        return Err(ApiError::JournalOfNonService(name));
+    }
+    let lines = if service { lines } else { 0 };
     scheduled_here(api, &inspection.machine, &name).await?;
     if inspection
         .deny_units
@@ -107,14 +114,33 @@ pub(crate) async fn handle<K: Kv>(
 }
 
 /// The unit must be fleet's and scheduled on `here` (a global unit: `here` is one of the
-/// machines it applies to), as the registry's schedule says: the one reading every listing
-/// and `explain` use.
+/// machines it applies to), as `here`'s own schedule says: one key its machine role may read,
+/// so that an agent-only host serves its own units' status and journal (issue 37). Only a
+/// unit not scheduled here is looked up in the rest of the registry, to say where it runs;
+/// a host that may not read that says only that it is not here.
 async fn scheduled_here<K: Kv>(
     api: &Api<K>,
     here: &MachineId,
     name: &UnitName,
 ) -> Result<(), ApiError> {
-    let Some(unit) = api.cluster.unit(name).await? else {
+    if api
+        .cluster
+        .registry()
+        .scheduled_on(here, name)
+        .await
+        .map_err(OpsError::from)?
+    {
+        return Ok(());
+    }
+    let unit = match api.cluster.unit(name).await {
+        Ok(unit) => unit,
+        Err(OpsError::Registry(fleet_registry::RegistryError::Kv {
+            cause: fleet_registry::kv::KvError::PermissionDenied { .. },
+            ..
+        })) => return Err(ApiError::NotScheduled(name.clone())),
+        Err(e) => return Err(e.into()),
+    };
+    let Some(unit) = unit else {
         return Err(OpsError::NoSuchUnit(name.clone()).into());
     };
     let machines = &unit.status.machines;

@@ -401,3 +401,65 @@ async fn journals_beyond_the_limit_are_503_until_one_ends() {
     drop(open.pop());
     assert_eq!(journal_response(&f, path).await.status(), StatusCode::OK);
 }
+
+/// Issue 37, item 6: an agent-only host's etcd user holds its machine role alone, which
+/// reads its own schedule but not the units. Its API still serves the status of a unit
+/// scheduled there, and says of one scheduled elsewhere only that it is not here (404),
+/// never a 403.
+#[tokio::test]
+async fn an_agent_only_host_serves_its_own_units_status_with_its_machine_role_alone() {
+    use fleet_registry::kv::Rbac;
+    let (f, kv, fake) = inspecting();
+    scheduled(&f, "a.service", &[HERE]).await;
+    scheduled(&f, "b.service", &["m2"]).await;
+    let keys = fleet_registry::Keys::new("/fleet/");
+    let role = fleet_registry::rbac::machine(&keys, &HERE.parse().unwrap());
+    let confined = Rbac::new(kv, "fleet-host-m1", vec![role]);
+    let api = Api::new(Registry::new(confined, "/fleet/"), 100, VERSION)
+        .with_inspector(HERE.parse().unwrap(), Arc::new(fake.clone()));
+    let router = router(api);
+    let get = |path: &'static str| {
+        let router = router.clone();
+        async move {
+            let req = Request::get(path).body(Body::empty()).unwrap();
+            router.oneshot(req).await.unwrap().status()
+        }
+    };
+    assert_eq!(
+        get("/fleet/v1/units/a.service/status").await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get("/fleet/v1/units/b.service/status").await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        get("/fleet/v1/units/b.service/journal").await,
+        StatusCode::NOT_FOUND
+    );
+}
+
+/// Issue 37, item 10: a unit named like a slice would read every service's journal under it
+/// (systemctl and journalctl match a slice's journal by its members). Its journal is refused
+/// (400) before anything runs, and its status comes without journal lines.
+#[tokio::test]
+async fn a_slices_journal_is_refused_and_its_status_carries_no_journal_lines() {
+    let (f, _, fake) = inspecting();
+    scheduled(&f, "system.slice", &[HERE]).await;
+    let answer = f.get("/fleet/v1/units/system.slice/journal?lines=50").await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+    assert_eq!(
+        answer.body["error"]["message"],
+        "the journal is served for .service units only, not system.slice"
+    );
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+    let answer = f.get("/fleet/v1/units/system.slice/status?lines=50").await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    assert_eq!(
+        fake.calls(),
+        [Call::Status {
+            unit: "system.slice".parse().unwrap(),
+            lines: 0
+        }]
+    );
+}

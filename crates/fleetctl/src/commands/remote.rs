@@ -319,10 +319,17 @@ pub async fn status<C: Cluster>(
                              ({machine} publishes none, or --ssh was given)"
                         );
                     }
-                    let cmd: Vec<String> =
-                        ["systemctl", "status", "-l", "--no-pager", name.as_str()]
-                            .map(String::from)
-                            .to_vec();
+                    // `--`: the name is an argument, never an option (issue 37).
+                    let cmd: Vec<String> = [
+                        "systemctl",
+                        "status",
+                        "-l",
+                        "--no-pager",
+                        "--",
+                        name.as_str(),
+                    ]
+                    .map(String::from)
+                    .to_vec();
                     // systemctl writes to this process's stdout: ours must be out first.
                     if let Err(e) = ctx.out.flush() {
                         ctx.write_failed.get_or_insert(e);
@@ -397,8 +404,7 @@ pub async fn journal<C: Cluster>(
             cmd.extend(
                 [
                     "journalctl",
-                    "--unit",
-                    name.as_str(),
+                    &format!("--unit={name}"),
                     "--no-pager",
                     "-n",
                     &opts.lines.to_string(),
