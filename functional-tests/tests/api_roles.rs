@@ -296,3 +296,114 @@ fn roles_decide_what_each_certificate_may_do_and_refusals_write_nothing() -> Res
     .context("the operator's stop never stopped the unit")?;
     finish(cluster)
 }
+
+/// fleetd's memory, in kB: its resident set now and its high-water mark.
+fn fleetd_memory(machine: &fleet_functional_tests::Machine) -> Result<(u64, u64)> {
+    let pid = machine
+        .main_pid("fleet.service")?
+        .context("fleetd is not running")?;
+    let status = machine.read_file(&format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .with_context(|| format!("no {name} in /proc/{pid}/status"))
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Issue 37, item 4, the attack: a viewer (one certificate) sends 200 `PUT`s of 4 MiB at
+/// once, each `{"options":[0,0,…]}`. Each is refused (403) before its body is read, so
+/// fleetd's memory grows by less than 50 MB (parsed as values, each body cost ~100 MB), and
+/// the registry is unchanged.
+#[test]
+fn two_hundred_refused_4_mib_puts_from_a_viewer_cost_fleetd_less_than_50_mb() -> Result<()> {
+    const PUTS: usize = 200;
+    const BODY: usize = 4 * 1024 * 1024;
+    let spec = FleetdSpec::default()
+        .with_api_tls(PORT)
+        .with_env("FLEET_API_VIEWERS", "CN=vera");
+    let (cluster, registry) = start(1, spec)?;
+    let machine = &cluster.machines()[0];
+    let addr = SocketAddr::from((machine.ip(), PORT));
+    let certs: ApiCerts = cluster.api_certs().context("no certificates")?;
+    let (cert, key) = certs.client("vera", "vera", &[])?;
+    let before = writable(&registry)?;
+    let (rss_before, _) = fleetd_memory(machine)?;
+
+    let provider = Arc::new(crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(certs.ca())? {
+        roots.add(c?)?;
+    }
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            CertificateDer::pem_file_iter(&cert)?.collect::<Result<Vec<_>, _>>()?,
+            PrivateKeyDer::from_pem_file(&key)?,
+        )?;
+    let connector = TlsConnector::from(Arc::new(config));
+    // `{"options":[0,0,…,0]}`, exactly BODY bytes.
+    let mut body = b"{\"options\":[0".to_vec();
+    while body.len() + 4 < BODY {
+        body.extend_from_slice(b",0");
+    }
+    body.extend_from_slice(b"]}");
+    let body = Arc::new(body);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let statuses: Vec<String> = rt.block_on(async {
+        let tasks: Vec<_> = (0..PUTS)
+            .map(|i| {
+                let (connector, body) = (connector.clone(), body.clone());
+                tokio::spawn(async move {
+                    let tcp = tokio::net::TcpStream::connect(addr).await?;
+                    let name = ServerName::IpAddress(addr.ip().into());
+                    let tls = connector.connect(name, tcp).await?;
+                    let (mut read, mut write) = tokio::io::split(tls);
+                    let head = format!(
+                        "PUT /fleet/v1/units/big-{i}.service HTTP/1.1\r\nHost: fleet\r\n\
+                         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    // fleetd answers without reading the body, and may close before it
+                    // is all sent: the writer's errors are expected.
+                    let writer = tokio::spawn(async move {
+                        let _ = write.write_all(head.as_bytes()).await;
+                        let _ = write.write_all(&body).await;
+                        write
+                    });
+                    let mut answer = vec![0u8; 512];
+                    let n = tokio::time::timeout(TIMEOUT, read.read(&mut answer)).await??;
+                    writer.abort();
+                    let text = String::from_utf8_lossy(&answer[..n]).into_owned();
+                    anyhow::Ok(text.lines().next().unwrap_or_default().to_owned())
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.map_err(anyhow::Error::from).and_then(|r| r)?);
+        }
+        anyhow::Ok(out)
+    })?;
+    let refused = statuses.iter().filter(|s| s.contains(" 403 ")).count();
+    ensure!(refused == PUTS, "not every PUT was a 403: {statuses:?}");
+    let (_, hwm_after) = fleetd_memory(machine)?;
+    let grew_mb = hwm_after.saturating_sub(rss_before) / 1024;
+    eprintln!(
+        "fleetd: {rss_before} kB before, peak {hwm_after} kB during {PUTS} refused 4 MiB PUTs"
+    );
+    ensure!(
+        grew_mb < 50,
+        "fleetd's memory peaked {grew_mb} MB above its resident set before the {PUTS} PUTs"
+    );
+    ensure!(
+        writable(&registry)? == before,
+        "the refused PUTs changed the registry"
+    );
+    finish(cluster)
+}

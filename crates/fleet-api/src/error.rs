@@ -123,6 +123,8 @@ pub enum ApiError {
     NotInspecting,
     #[error("already streaming {0} journals; try again later")]
     TooManyJournals(usize),
+    #[error("already answering {0} status requests; try again later")]
+    TooManyStatuses(usize),
     #[error("inspecting the unit failed: {0}")]
     Inspect(#[from] InspectError),
     #[error(transparent)]
@@ -151,7 +153,7 @@ impl ApiError {
             | Self::ScheduledElsewhere { .. }
             | Self::Refused(_)
             | Self::NotInspecting => StatusCode::NOT_FOUND,
-            Self::TooManyJournals(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::TooManyJournals(_) | Self::TooManyStatuses(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Inspect(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NoMethodsHere | Self::WrongMethod(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::ContentTypeCount(_) | Self::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -31,6 +31,10 @@ pub const DEFAULT_OUTPUT: &str = "short";
 /// Journal streams served at once by one fleetd: each is a journalctl process.
 pub const MAX_JOURNALS: usize = 64;
 
+/// Status requests answered at once by one fleetd: each runs `systemctl status` (issue 37: a
+/// client asking thousands at once must not fork thousands of processes).
+pub const MAX_STATUSES: usize = 16;
+
 /// What `GET /units/<name>/journal` asks of journalctl.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalRequest {

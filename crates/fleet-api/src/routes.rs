@@ -41,6 +41,10 @@ pub const PREFIXES: [&str; 2] = ["/fleet/v1", "/v1-alpha"];
 /// Largest request body read: a unit file may be 1 MiB, and JSON escaping can double it.
 const MAX_BODY: usize = 4 * 1024 * 1024;
 
+/// The most of a refused request's body read to name its action in the refusal (issue 37):
+/// a viewer's 4 MiB `PUT` costs this, not the body, before it is refused.
+const REFUSED_BODY_READ: usize = 64 * 1024;
+
 /// What the handlers share.
 #[derive(Debug)]
 pub struct Api<K> {
@@ -209,17 +213,20 @@ async fn dispatch<K: Kv>(State(api): State<Arc<Api<K>>>, req: Request) -> Respon
 
 /// The request, with its [`Principal`] among its extensions, if its client may do what it
 /// asks; else the refusal (403). Decided before any handler runs, so a refused request
-/// reads and writes nothing. A `PUT` of a unit is read here (its body names its action) and
-/// handed on whole.
+/// reads and writes nothing. The body is never read here for a role that may do every
+/// action (operator, admin): it goes to the handler untouched. A viewer may do no write, so
+/// its `PUT` or `POST` is refused whatever it holds; at most [`REFUSED_BODY_READ`] bytes of
+/// it are read, only to name the action (a larger one is named as its method and query
+/// say), and nothing of it is kept (issue 37: 200 refused 4 MiB bodies must not cost
+/// 800 MiB).
 async fn authorize<K>(api: &Api<K>, req: Request) -> Result<Request, ApiError> {
     let principal = Principal::of(req.extensions().get::<Peer>(), api.roles.as_ref());
     let query = req.uri().query().unwrap_or("").to_owned();
     let (mut parts, body) = req.into_parts();
-    let (body, read) = if principal.role.is_some() && authz::needs_body(&parts.method, &query) {
-        let bytes = axum::body::to_bytes(body, MAX_BODY)
-            .await
-            .map_err(ApiError::ReadBody)?;
-        (axum::body::Body::from(bytes.clone()), Some(bytes))
+    let may_refuse_a_write = principal.role == Some(Role::Viewer);
+    let (body, read) = if may_refuse_a_write && authz::needs_body(&parts.method, &query) {
+        let bytes = axum::body::to_bytes(body, REFUSED_BODY_READ).await.ok();
+        (axum::body::Body::empty(), bytes)
     } else {
         (body, None)
     };
@@ -512,7 +519,60 @@ async fn whole_units<K: Kv>(
         Some(listing) => listing,
         None => api.cluster.units(names).await?,
     };
-    Ok(unit_page(listing, String::new(), query.full))
+    Ok(streamed_unit_page(listing, query.full))
+}
+
+/// Units written into one streamed chunk of a whole listing.
+const STREAMED_UNITS: usize = 512;
+
+/// The whole listing as [`unit_page`] writes it, but serialized [`STREAMED_UNITS`] units at
+/// a time as the client reads (issue 37): 100,000 units in the full view would otherwise be
+/// one buffer of their whole JSON beside the listing itself.
+fn streamed_unit_page(listing: fleet_ops::UnitListing, full: bool) -> Response {
+    if listing.units.is_empty() {
+        return unit_page(listing, String::new(), full);
+    }
+    let skipped = if full { listing.skipped } else { Vec::new() };
+    let units = listing.units;
+    let chunks = futures::stream::unfold(Some(0usize), move |at| {
+        let step = at.map(|at| {
+            let end = (at + STREAMED_UNITS).min(units.len());
+            let mut chunk = if at == 0 {
+                b"{\"units\":[".to_vec()
+            } else {
+                b",".to_vec()
+            };
+            for (i, unit) in units[at..end].iter().enumerate() {
+                if i > 0 {
+                    chunk.push(b',');
+                }
+                let wire = convert::unit_to_wire(unit, full);
+                serde_json::to_writer(&mut chunk, &wire).expect("API entities always serialize");
+            }
+            if end < units.len() {
+                return (chunk, Some(end));
+            }
+            chunk.push(b']');
+            if !skipped.is_empty() {
+                chunk.extend_from_slice(b",\"skipped\":");
+                serde_json::to_writer(&mut chunk, &skipped).expect("strings serialize");
+            }
+            chunk.push(b'}');
+            (chunk, None)
+        });
+        std::future::ready(step.map(|(chunk, next)| {
+            (
+                Ok::<_, std::convert::Infallible>(bytes::Bytes::from(chunk)),
+                next,
+            )
+        }))
+    });
+    let mut resp = (StatusCode::OK, axum::body::Body::from_stream(chunks)).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
 }
 
 fn unit_page(listing: fleet_ops::UnitListing, next_page_token: String, full: bool) -> Response {

@@ -790,6 +790,22 @@ async fn states_are_listed_and_filtered_by_machine_and_unit() {
     );
 }
 
+/// Issue 37, item 4: the whole listing of units is written a chunk at a time, and reads as
+/// the same JSON as pages of it: every unit once, in order, across chunk boundaries.
+#[tokio::test(start_paused = true)]
+async fn a_whole_listing_streams_in_chunks_and_reads_as_every_page_together() {
+    let (f, _) = fixture(100);
+    let names: Vec<String> = (0..1100).map(|i| format!("u{i:04}.service")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    create_units(&f, &refs).await;
+    let whole = f.get("/fleet/v1/units?view=full&pageSize=0").await;
+    assert_eq!(whole.status, StatusCode::OK);
+    assert_eq!(whole.content_type.as_deref(), Some("application/json"));
+    assert_eq!(names_of(&whole), names);
+    let first = f.get("/fleet/v1/units?view=full&pageSize=1100").await;
+    assert_eq!(whole.body["units"], first.body["units"]);
+}
+
 /// The full view's `pageSize=0`: states, machines and units whole, in one page without a
 /// token (fleetctl's ask); not with a token, and not in fleet's view, where `pageSize`
 /// means nothing.

@@ -34,6 +34,8 @@ struct State {
     /// Journal streams dropped so far.
     dropped: usize,
     fail: bool,
+    /// While set, each status waits for a permit of it (a slow `systemctl status`).
+    status_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 /// Clones share their state.
@@ -51,6 +53,13 @@ impl FakeInspector {
     /// Every call so far, in order.
     pub fn calls(&self) -> Vec<Call> {
         self.lock().calls.clone()
+    }
+
+    /// Holds every status from now on until the returned gate gives it a permit.
+    pub fn hold_statuses(&self) -> Arc<tokio::sync::Semaphore> {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        self.lock().status_gate = Some(gate.clone());
+        gate
     }
 
     /// Every call fails from now on (`systemctl` could not be run).
@@ -119,6 +128,10 @@ impl Inspector for FakeInspector {
                 unit: unit.clone(),
                 lines,
             })?;
+            let gate = self.lock().status_gate.clone();
+            if let Some(gate) = gate {
+                gate.acquire().await.map(|p| p.forget()).ok();
+            }
             Ok(StatusReport {
                 text: format!("● {unit}\n   Active: active (running)\n"),
                 properties: BTreeMap::from([

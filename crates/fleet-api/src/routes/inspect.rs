@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 use super::{Api, Query, first};
 use crate::error::{ApiError, json_response};
 use crate::inspect::{
-    DEFAULT_LINES, DEFAULT_OUTPUT, Inspector, JournalRequest, MAX_JOURNALS, MAX_LINES,
+    DEFAULT_LINES, DEFAULT_OUTPUT, Inspector, JournalRequest, MAX_JOURNALS, MAX_LINES, MAX_STATUSES,
 };
 
 /// What a fleetd inspects its own units with.
@@ -28,6 +28,8 @@ pub(crate) struct Inspection {
     pub(crate) inspector: Arc<dyn Inspector>,
     /// One permit per journal being streamed.
     pub(crate) journals: Arc<Semaphore>,
+    /// One permit per status being answered.
+    pub(crate) statuses: Arc<Semaphore>,
     /// Globs of units this machine's agent refuses to manage (`deny_units`).
     pub(crate) deny_units: Vec<String>,
 }
@@ -38,6 +40,7 @@ impl Inspection {
             machine,
             inspector,
             journals: Arc::new(Semaphore::new(MAX_JOURNALS)),
+            statuses: Arc::new(Semaphore::new(MAX_STATUSES)),
             deny_units: Vec::new(),
         }
     }
@@ -100,6 +103,10 @@ pub(crate) async fn handle<K: Kv>(
     }
     match journal {
         None => {
+            let _permit = inspection
+                .statuses
+                .try_acquire()
+                .map_err(|_| ApiError::TooManyStatuses(MAX_STATUSES))?;
             let report = inspection.inspector.status(&name, lines).await?;
             let status = UnitStatus {
                 machine_id: inspection.machine.to_string(),

@@ -463,3 +463,35 @@ async fn a_slices_journal_is_refused_and_its_status_carries_no_journal_lines() {
         }]
     );
 }
+
+/// Issue 37, item 4: each status runs `systemctl status`; a client asking many at once gets
+/// a 503 past [`crate::inspect::MAX_STATUSES`] instead of forking that many processes, and
+/// the ones held finish.
+#[tokio::test]
+async fn statuses_past_the_cap_are_a_503_and_fork_nothing() {
+    use crate::inspect::MAX_STATUSES;
+    let (f, _, fake) = inspecting();
+    scheduled(&f, "a.service", &[HERE]).await;
+    let gate = fake.hold_statuses();
+    let held: Vec<_> = (0..MAX_STATUSES)
+        .map(|_| {
+            let router = f.router.clone();
+            tokio::spawn(async move {
+                let req = Request::get("/fleet/v1/units/a.service/status")
+                    .body(Body::empty())
+                    .unwrap();
+                router.oneshot(req).await.unwrap().status()
+            })
+        })
+        .collect();
+    while fake.calls().len() < MAX_STATUSES {
+        tokio::task::yield_now().await;
+    }
+    let answer = f.get("/fleet/v1/units/a.service/status").await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{answer:?}");
+    assert_eq!(fake.calls().len(), MAX_STATUSES);
+    gate.add_permits(MAX_STATUSES);
+    for h in held {
+        assert_eq!(h.await.unwrap(), StatusCode::OK);
+    }
+}
