@@ -39,6 +39,8 @@ pub enum ApiError {
     NotJson,
     #[error("unable to read body: {0}")]
     ReadBody(#[source] axum::Error),
+    #[error("the request body did not arrive within {0:?}")]
+    BodyTimeout(std::time::Duration),
     #[error("unable to decode body: {0}")]
     DecodeBody(#[source] serde_json::Error),
     #[error("name in URL {url:?} differs from unit name in request body {body:?}")]
@@ -156,6 +158,7 @@ impl ApiError {
             Self::TooManyJournals(_) | Self::TooManyStatuses(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Inspect(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NoMethodsHere | Self::WrongMethod(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::ContentTypeCount(_) | Self::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::DiscoveryNotGet
             | Self::ReadBody(_)

@@ -225,7 +225,7 @@ async fn authorize<K>(api: &Api<K>, req: Request) -> Result<Request, ApiError> {
     let (mut parts, body) = req.into_parts();
     let may_refuse_a_write = principal.role == Some(Role::Viewer);
     let (body, read) = if may_refuse_a_write && authz::needs_body(&parts.method, &query) {
-        let bytes = axum::body::to_bytes(body, REFUSED_BODY_READ).await.ok();
+        let bytes = read_body(body, REFUSED_BODY_READ).await.ok();
         (axum::body::Body::empty(), bytes)
     } else {
         (body, None)
@@ -322,6 +322,23 @@ pub(crate) fn parse_path(path: &str) -> Option<Route<'_>> {
             .or_else(|| item("/drains").map(Route::Drain))
             .or_else(|| item("/explain").map(Route::Explain))
             .or_else(|| inspect::parse(rest).map(|(name, a)| Route::Inspect(name, a))),
+    }
+}
+
+/// A request's body, at most `limit` bytes, within [`crate::serve::BODY_TIMEOUT`] (issue 37:
+/// a client sending a byte a second does not hold its connection for long).
+pub(crate) async fn read_body(
+    body: axum::body::Body,
+    limit: usize,
+) -> Result<bytes::Bytes, ApiError> {
+    match tokio::time::timeout(
+        crate::serve::BODY_TIMEOUT,
+        axum::body::to_bytes(body, limit),
+    )
+    .await
+    {
+        Ok(read) => read.map_err(ApiError::ReadBody),
+        Err(_) => Err(ApiError::BodyTimeout(crate::serve::BODY_TIMEOUT)),
     }
 }
 
@@ -643,9 +660,7 @@ async fn patch_machines<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, A
     if req.headers().contains_key(header::CONTENT_TYPE) {
         check_content_type(req.headers())?;
     }
-    let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
-        .await
-        .map_err(ApiError::ReadBody)?;
+    let body = read_body(req.into_body(), MAX_BODY).await?;
     let ops: Vec<entity::MetadataOp> =
         serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
     let changes = metadata_changes(&ops)?;

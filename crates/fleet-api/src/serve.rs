@@ -7,6 +7,13 @@
 //! idle or slow clients cannot take every file descriptor fleetd has. Each request carries
 //! the [`Peer`] its connection came from (a TLS client certificate's subject), which the
 //! router's authorization reads.
+//!
+//! Issue 37, item 3: connections are accepted as they come, and one over the listener's
+//! [`MAX_CONNECTIONS`], or over [`guard::MAX_PER_PEER`] from one address, is closed at once,
+//! so idle clients cannot leave the others waiting in the kernel's backlog. A TLS handshake
+//! and a request's headers each get [`HEADER_TIMEOUT`]; a body [`BODY_TIMEOUT`] (the
+//! handlers' reads); a write that waits [`guard::WRITE_STALL`] for the client to read ends
+//! the connection.
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -20,6 +27,10 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::authz::{CertSubject, Peer};
+
+mod guard;
+pub use guard::{MAX_PER_PEER, WRITE_STALL};
+use guard::{PeerSlots, Stalled};
 
 /// A listening socket the API is served on.
 pub enum Listener {
@@ -63,9 +74,12 @@ impl Listener {
 /// Connections served at once per listener.
 pub const MAX_CONNECTIONS: usize = 512;
 
-/// How long a connection may take to send a request's headers (also the idle limit between
-/// requests on a kept-alive connection).
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection may take for its TLS handshake, and to send a request's headers
+/// (also the idle limit between requests on a kept-alive connection).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a request's body may take to arrive, whole (a 4 MiB body at 1 Mbit/s takes 32 s).
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Pause after a failed `accept` (out of file descriptors): retrying at once would spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -75,29 +89,72 @@ pub async fn serve(listener: Listener, router: Router, mut shutdown: watch::Rece
     let name = listener.describe();
     info!(listener = %name, "serving fleet api");
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let peers = PeerSlots::default();
+    let mut refused = Refusals::default();
     loop {
         let accepted = tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => break,
-            accepted = async {
-                let slot = slots.clone().acquire_owned().await.expect("never closed");
-                (slot, accept(&listener).await)
-            } => accepted,
+            accepted = accept(&listener) => accepted,
         };
-        match accepted {
-            (slot, Ok(conn)) => {
-                let router = router.clone();
-                tokio::spawn(async move {
-                    serve_connection(conn, router).await;
-                    drop(slot);
-                });
-            }
-            (_, Err(e)) => {
+        let (conn, ip) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
                 warn!(listener = %name, error = %e, "failed accepting api connection");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
             }
-        }
+        };
+        // Over either bound the connection is closed at once (dropped), never queued.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refused.note(
+                &name,
+                "the listener serves its most connections already",
+                ip,
+            );
+            continue;
+        };
+        let peer_slot = match ip {
+            Some(ip) => match peers.take(ip) {
+                Some(s) => Some(s),
+                None => {
+                    refused.note(
+                        &name,
+                        "this address holds its most connections already",
+                        ip.into(),
+                    );
+                    continue;
+                }
+            },
+            None => None,
+        };
+        let router = router.clone();
+        tokio::spawn(async move {
+            serve_connection(conn, router).await;
+            drop((slot, peer_slot));
+        });
     }
     debug!(listener = %name, "fleet api listener stopped");
+}
+
+/// Refused connections, warned of at most once a minute per listener with a count.
+#[derive(Debug, Default)]
+struct Refusals {
+    since_warned: u64,
+    warned: Option<tokio::time::Instant>,
+}
+
+impl Refusals {
+    fn note(&mut self, listener: &str, why: &str, peer: Option<std::net::IpAddr>) {
+        self.since_warned += 1;
+        let due = self
+            .warned
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(60));
+        if due {
+            warn!(listener = %listener, peer = ?peer, refused = self.since_warned, reason = why, "api connections closed at once");
+            self.since_warned = 0;
+            self.warned = Some(tokio::time::Instant::now());
+        }
+    }
 }
 
 /// An accepted connection of either kind.
@@ -107,11 +164,18 @@ enum Conn {
     Tls(tokio::net::TcpStream, TlsAcceptor),
 }
 
-async fn accept(listener: &Listener) -> std::io::Result<Conn> {
+/// The next connection, with its peer's address (none over a unix socket).
+async fn accept(listener: &Listener) -> std::io::Result<(Conn, Option<std::net::IpAddr>)> {
     Ok(match listener {
-        Listener::Tcp(l) => Conn::Tcp(l.accept().await?.0),
-        Listener::Unix(l) => Conn::Unix(l.accept().await?.0),
-        Listener::Tls(l, acceptor) => Conn::Tls(l.accept().await?.0, acceptor.clone()),
+        Listener::Tcp(l) => {
+            let (s, a) = l.accept().await?;
+            (Conn::Tcp(s), Some(a.ip()))
+        }
+        Listener::Unix(l) => (Conn::Unix(l.accept().await?.0), None),
+        Listener::Tls(l, acceptor) => {
+            let (s, a) = l.accept().await?;
+            (Conn::Tls(s, acceptor.clone()), Some(a.ip()))
+        }
     })
 }
 
@@ -152,7 +216,7 @@ where
     let res = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
-        .serve_connection(TokioIo::new(stream), service)
+        .serve_connection(TokioIo::new(Stalled::new(stream)), service)
         .await;
     if let Err(e) = res {
         debug!(error = %e, "api connection ended with an error");

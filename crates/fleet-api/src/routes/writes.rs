@@ -11,7 +11,7 @@ use fleet_ops::{Cluster, Destroyed, Expect, PutOutcome, PutRequest, ReplaceHow, 
 use fleet_registry::kv::Kv;
 use http::StatusCode;
 
-use super::{Api, MAX_BODY, Query, check_content_type, first, query_values};
+use super::{Api, MAX_BODY, Query, check_content_type, first, query_values, read_body};
 use crate::entity;
 use crate::error::{ApiError, json_response};
 use crate::ops::unit_file;
@@ -50,9 +50,7 @@ pub(super) async fn put_unit<K: Kv>(
         None => None,
         Some(op) => Some(Op::parse(&op).ok_or(ApiError::UnknownOp(op))?),
     };
-    let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
-        .await
-        .map_err(ApiError::ReadBody)?;
+    let body = read_body(req.into_body(), MAX_BODY).await?;
     let wire: entity::Unit = serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
     let body_name = if wire.name.is_empty() {
         url_name
@@ -127,9 +125,7 @@ pub(super) async fn put_unit<K: Kv>(
 /// order.
 pub(super) async fn create_units<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> {
     check_content_type(req.headers())?;
-    let body = axum::body::to_bytes(req.into_body(), MAX_BODY)
-        .await
-        .map_err(ApiError::ReadBody)?;
+    let body = read_body(req.into_body(), MAX_BODY).await?;
     let asked: wire::Creates = serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
     if asked.units.len() > wire::MAX_CREATES {
         return Err(ApiError::TooManyCreates {

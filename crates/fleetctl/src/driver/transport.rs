@@ -28,8 +28,8 @@ use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
 use fleet_ops::OpsError;
 
 /// A kept connection older than this is not reused: fleetd closes connections idle for
-/// 30 s, and a request sent as it closes one would fail.
-const REUSE_WITHIN: Duration = Duration::from_secs(10);
+/// 10 s (`fleet_api::serve::HEADER_TIMEOUT`), and a request sent as it closes one would fail.
+const REUSE_WITHIN: Duration = Duration::from_secs(5);
 
 /// Kept-alive connections held for reuse: as many as requests a command sends at once
 /// (`fleet_ops::CREATES_IN_FLIGHT`), so 100,000 creates reuse 32 connections instead of

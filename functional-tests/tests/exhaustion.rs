@@ -1,0 +1,162 @@
+//! Issue 37, item 3, the attack: a network peer holds 600 idle connections to a machine's TLS
+//! API and trickles 50 requests' headers at one byte a second, with a certificate of the
+//! cluster. fleetd closes what one address holds past its share at once, and drops the slow
+//! ones at the header limit, so another client (fleetctl on another machine, over the same
+//! listener) is answered within 5 s throughout. Needs root.
+
+mod support;
+
+use anyhow::{Context, Result, ensure};
+use fleet_functional_tests::{ApiCerts, FleetdSpec, MACHINE_BIN_DIR};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::{finish, start};
+use tokio::io::AsyncWriteExt;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
+
+const PORT: u16 = 49158;
+const IDLE: usize = 600;
+const TRICKLING: usize = 50;
+/// How fast another client must be answered meanwhile.
+const ANSWERED_WITHIN: Duration = Duration::from_secs(5);
+
+fn connector(certs: &ApiCerts) -> Result<TlsConnector> {
+    let provider = Arc::new(crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(certs.ca())? {
+        roots.add(c?)?;
+    }
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            CertificateDer::pem_file_iter(certs.client_cert())?.collect::<Result<Vec<_>, _>>()?,
+            PrivateKeyDer::from_pem_file(certs.client_key())?,
+        )?;
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+/// The attack, until `stop`: IDLE plain connections that never speak, and TRICKLING TLS
+/// connections sending a request's headers a byte a second. Returns how many connections
+/// fleetd had closed by then (read side ended).
+async fn attack(
+    addr: SocketAddr,
+    connector: TlsConnector,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<usize> {
+    let mut idle = Vec::new();
+    for _ in 0..IDLE {
+        if let Ok(s) = tokio::net::TcpStream::connect(addr).await {
+            idle.push(s);
+        }
+    }
+    let mut trickles = Vec::new();
+    for _ in 0..TRICKLING {
+        let (connector, mut stop) = (connector.clone(), stop.clone());
+        trickles.push(tokio::spawn(async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await?;
+            let mut tls = connector
+                .connect(ServerName::IpAddress(addr.ip().into()), tcp)
+                .await?;
+            let request = b"GET /fleet/v1/units HTTP/1.1\r\nHost: fleet\r\nX-Slow: ";
+            for byte in request.iter().chain(std::iter::repeat(&b'a')) {
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => return anyhow::Ok(false),
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                if tls.write_all(&[*byte]).await.is_err() {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        }));
+    }
+    let mut stop = stop;
+    stop.wait_for(|s| *s).await?;
+    let mut closed = 0;
+    for t in trickles {
+        // Closed mid-request, or refused at the connection.
+        if matches!(t.await, Ok(Ok(true) | Err(_))) {
+            closed += 1;
+        }
+    }
+    let mut buf = [0u8; 1];
+    for s in &idle {
+        // A closed connection reads its end at once; an open one has nothing to read.
+        let ready = tokio::time::timeout(Duration::from_millis(50), s.readable()).await;
+        if ready.is_ok() && matches!(s.try_read(&mut buf), Ok(0) | Err(_)) {
+            closed += 1;
+        }
+    }
+    Ok(closed)
+}
+
+#[test]
+fn idle_and_trickling_connections_from_one_peer_leave_the_api_answering_others() -> Result<()>
+{
+    let (cluster, _registry) = start(2, FleetdSpec::default().with_api_tls(PORT))?;
+    let (target, client) = (&cluster.machines()[0], &cluster.machines()[1]);
+    let addr = SocketAddr::from((target.ip(), PORT));
+    let certs: ApiCerts = cluster.api_certs().context("no certificates")?;
+    // fleetctl on the other machine, with fleetctl's certificate, over the target's TLS API.
+    for (name, path) in [
+        ("ca.pem", certs.ca()),
+        ("client.pem", certs.client_cert()),
+        ("client.key", certs.client_key()),
+    ] {
+        client.write_file(&format!("/run/attack/{name}"), std::fs::read(&path)?)?;
+    }
+    let endpoint = format!("FLEETCTL_ENDPOINT=https://{addr}");
+    let fleetctl = format!("{MACHINE_BIN_DIR}/fleetctl");
+    let list = || -> Result<Duration> {
+        let started = Instant::now();
+        let out = client.exec(
+            "env",
+            [
+                endpoint.as_str(),
+                "FLEETCTL_DRIVER=api",
+                "FLEETCTL_CA_FILE=/run/attack/ca.pem",
+                "FLEETCTL_CERT_FILE=/run/attack/client.pem",
+                "FLEETCTL_KEY_FILE=/run/attack/client.key",
+                &fleetctl,
+                "list-machines",
+            ],
+        )?;
+        let took = started.elapsed();
+        ensure!(out.status.success(), "fleetctl failed: {out:?}");
+        Ok(took)
+    };
+    list().context("before the attack")?;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let attacker = rt.spawn(attack(addr, connector(&certs)?, stopped));
+    // Through the whole attack, past the header limit (10 s) that ends the trickles.
+    let mut slowest = Duration::ZERO;
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(15) {
+        let took = list().context("during the attack")?;
+        slowest = slowest.max(took);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    stop.send_replace(true);
+    let closed = rt.block_on(attacker)??;
+    eprintln!("slowest answer during the attack {slowest:?}; {closed} of {} attack connections closed by fleetd", IDLE + TRICKLING);
+    ensure!(
+        slowest < ANSWERED_WITHIN,
+        "another client waited {slowest:?} during the attack"
+    );
+    ensure!(
+        closed >= IDLE + TRICKLING - 64,
+        "fleetd kept {} of the attacker's connections",
+        IDLE + TRICKLING - closed
+    );
+    finish(cluster)
+}
