@@ -96,8 +96,7 @@ async fn attack(
 }
 
 #[test]
-fn idle_and_trickling_connections_from_one_peer_leave_the_api_answering_others() -> Result<()>
-{
+fn idle_and_trickling_connections_from_one_peer_leave_the_api_answering_others() -> Result<()> {
     let (cluster, _registry) = start(2, FleetdSpec::default().with_api_tls(PORT))?;
     let (target, client) = (&cluster.machines()[0], &cluster.machines()[1]);
     let addr = SocketAddr::from((target.ip(), PORT));
@@ -148,7 +147,10 @@ fn idle_and_trickling_connections_from_one_peer_leave_the_api_answering_others()
     }
     stop.send_replace(true);
     let closed = rt.block_on(attacker)??;
-    eprintln!("slowest answer during the attack {slowest:?}; {closed} of {} attack connections closed by fleetd", IDLE + TRICKLING);
+    eprintln!(
+        "slowest answer during the attack {slowest:?}; {closed} of {} attack connections closed by fleetd",
+        IDLE + TRICKLING
+    );
     ensure!(
         slowest < ANSWERED_WITHIN,
         "another client waited {slowest:?} during the attack"
