@@ -316,10 +316,13 @@ impl std::str::FromStr for Subject {
     }
 }
 
-/// Which subjects hold which role.
+/// Which subjects hold which role, and which hold none whatever else they name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Roles {
     by_subject: BTreeMap<Subject, Role>,
+    /// `api_deny` (issue 37): a certificate naming any of these has no role, even one its
+    /// other CN or groups would give.
+    denied: std::collections::BTreeSet<Subject>,
 }
 
 impl Roles {
@@ -342,15 +345,34 @@ impl Roles {
                 }
             }
         }
-        Ok(Roles { by_subject })
+        Ok(Roles {
+            by_subject,
+            denied: Default::default(),
+        })
+    }
+
+    /// The same table, with `denied` subjects holding no role whatever else they name.
+    pub fn denying(mut self, denied: impl IntoIterator<Item = Subject>) -> Roles {
+        self.denied.extend(denied);
+        self
     }
 
     pub fn is_empty(&self) -> bool {
         self.by_subject.is_empty()
     }
 
-    /// The role of a certificate: its CN's, else the highest of its groups'.
+    /// The role of a certificate: none if it names a denied subject (a CN or any group),
+    /// else its CN's, else the highest of its groups'.
     pub fn role_of(&self, cert: &CertSubject) -> Option<Role> {
+        let denied = cert
+            .common_names
+            .iter()
+            .map(|cn| Subject::Cn(cn.clone()))
+            .chain(cert.organizations.iter().map(|o| Subject::O(o.clone())))
+            .any(|s| self.denied.contains(&s));
+        if denied {
+            return None;
+        }
         let by_cn = cert
             .common_names
             .iter()

@@ -21,6 +21,7 @@ use tracing::{info, warn};
 
 use crate::config::{Advertise, ApiConfig, ListenAddr, SocketAccess, SocketGroup};
 
+mod crl;
 pub(crate) mod tls;
 
 /// Sockets passed by systemd, taken (and the variables cleared) before any thread starts.
@@ -486,6 +487,7 @@ mod tests {
             ca: certs.ca(),
             cert: certs.server_cert(),
             key: certs.server_key(),
+            crl: None,
         });
         let served = listeners(&cfg, Activated::default()).unwrap();
         assert!(matches!(served[0], Listener::Unix(_)));

@@ -467,6 +467,14 @@ pub const KEYS: &[Key] = &[
         "client certificate subjects with the API's viewer role (every read)",
     ),
     Key::api(
+        "api_deny",
+        "client certificate subjects (`CN=name` or `O=group`) refused everything, whatever role their other names give",
+    ),
+    Key::api(
+        "api_crlfile",
+        "PEM certificate revocation lists of api_cafile's authority; a revoked client certificate fails the handshake (read again when it changes)",
+    ),
+    Key::api(
         "api_socket_group",
         "group (name or number) of the API's unix sockets fleetd makes [default: fleet if it exists]",
     ),

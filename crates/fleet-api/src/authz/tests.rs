@@ -411,3 +411,25 @@ fn reads_the_cn_and_every_o_of_a_der_certificate() {
     assert_eq!(subject.to_string(), "CN=bob, O=dev, O=ops");
     assert_eq!(CertSubject::from_der(b"not der"), None);
 }
+
+/// Issue 37, item 5: a denied subject has no role, whatever its CN or groups would give; a
+/// `CN=` entry could lower a group's role only to viewer before.
+#[test]
+fn a_denied_subject_has_no_role_whatever_its_other_names_give() {
+    let roles = Roles::new([
+        (Subject::O("ops".into()), Role::Admin),
+        (Subject::Cn("mallory".into()), Role::Viewer),
+    ])
+    .unwrap()
+    .denying([
+        Subject::Cn("mallory".into()),
+        Subject::O("contractors".into()),
+    ]);
+    let cert = |cn: &str, orgs: &[&str]| CertSubject {
+        common_names: vec![cn.to_owned()],
+        organizations: orgs.iter().map(|o| o.to_string()).collect(),
+    };
+    assert_eq!(roles.role_of(&cert("alice", &["ops"])), Some(Role::Admin));
+    assert_eq!(roles.role_of(&cert("mallory", &["ops"])), None);
+    assert_eq!(roles.role_of(&cert("bob", &["ops", "contractors"])), None);
+}

@@ -10,7 +10,6 @@ use std::path::Path;
 use std::sync::Arc;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig, crypto};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
@@ -27,9 +26,7 @@ pub fn acceptor(files: &ApiTlsFiles) -> Result<TlsAcceptor> {
             .add(cert)
             .with_context(|| format!("api_cafile {}: not a CA certificate", files.ca.display()))?;
     }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .build()
-        .context("api_cafile: building the client certificate verifier")?;
+    let verifier = super::crl::verifier(Arc::new(roots), provider.clone(), files.crl.as_deref())?;
     let key = PrivateKeyDer::from_pem_file(&files.key)
         .with_context(|| format!("api_keyfile {}: no private key", files.key.display()))?;
     let config = ServerConfig::builder_with_provider(provider)
@@ -100,6 +97,7 @@ mod tests {
             ca: certs.ca(),
             cert: certs.server_cert(),
             key: certs.server_key(),
+            crl: None,
         }
     }
 
@@ -294,5 +292,98 @@ mod tests {
         bad.ca = certs.dir().join("missing.pem");
         let e = format!("{:#}", acceptor(&bad).err().unwrap());
         assert!(e.contains("missing.pem"), "{e}");
+    }
+
+    /// `openssl ca` over the test authority in `dir`: a CRL revoking `revoked`, into `out`.
+    fn write_crl(certs: &TestCerts, revoked: &[&Path], out: &Path) {
+        let dir = certs.dir();
+        let run = |args: &[&str]| {
+            let status = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success(), "openssl {args:?}");
+        };
+        std::fs::write(dir.join("index.txt"), "").unwrap();
+        std::fs::write(dir.join("crlnumber"), "01\n").unwrap();
+        std::fs::write(
+            dir.join("ca.cnf"),
+            "[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\ncrlnumber = crlnumber\n\
+             default_md = sha256\ndefault_crl_days = 30\n",
+        )
+        .unwrap();
+        for cert in revoked {
+            let cert = cert.display().to_string();
+            run(&[
+                "ca", "-config", "ca.cnf", "-keyfile", "ca.key", "-cert", "ca.pem", "-revoke",
+                &cert,
+            ]);
+        }
+        let out = out.display().to_string();
+        run(&[
+            "ca", "-config", "ca.cnf", "-keyfile", "ca.key", "-cert", "ca.pem", "-gencrl", "-out",
+            &out,
+        ]);
+    }
+
+    /// Issue 37, item 5: a certificate the authority revoked fails the handshake once it is
+    /// in `api_crlfile`, read again when the file changes, without a restart.
+    #[tokio::test]
+    async fn a_revoked_client_certificate_is_refused_once_the_crl_file_lists_it() {
+        let certs = TestCerts::generate(&[LOCALHOST]);
+        let crl = certs.dir().join("api.crl");
+        write_crl(&certs, &[], &crl);
+        let mut tls = files(&certs);
+        tls.crl = Some(crl.clone());
+        let listener = tokio::net::TcpListener::bind((LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let api = Api::new(Registry::new(MemKv::new(), "/t/"), 100, "0");
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let served = acceptor(&tls).unwrap();
+        tokio::spawn(fleet_api::serve(
+            Listener::Tls(listener, served),
+            fleet_api::router(api),
+            shutdown,
+        ));
+        let revoked = || {
+            client(
+                &certs.ca(),
+                Some((&certs.client_cert(), &certs.client_key())),
+            )
+        };
+        assert_eq!(
+            get_machines(addr, revoked()).await.unwrap(),
+            "HTTP/1.1 200 OK"
+        );
+
+        write_crl(&certs, &[&certs.client_cert()], &crl);
+        let deadline = tokio::time::Instant::now() + 3 * super::super::crl::RELOAD_EVERY;
+        loop {
+            if get_machines(addr, revoked()).await.is_err() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the revoked client is still served"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        // Another certificate of the authority still is (the server's has clientAuth).
+        let other = client(
+            &certs.ca(),
+            Some((&certs.server_cert(), &certs.server_key())),
+        );
+        assert_eq!(get_machines(addr, other).await.unwrap(), "HTTP/1.1 200 OK");
+        // A file that holds no list stops fleetd at startup, naming it.
+        std::fs::write(&crl, "").unwrap();
+        let Err(e) = acceptor(&tls) else {
+            panic!("an empty api_crlfile was taken");
+        };
+        assert!(
+            format!("{e:#}").contains("holds no revocation list"),
+            "{e:#}"
+        );
     }
 }

@@ -8,6 +8,10 @@
 //! - `api_cafile`, `api_certfile`, `api_keyfile` (all three or none): every TCP listener
 //!   (`api_listen`'s and systemd's) speaks TLS with this certificate and key, and requires a
 //!   client certificate signed by the CA. Unix sockets stay plain: their file mode guards them.
+//! - `api_crlfile`: PEM revocation lists of `api_cafile`'s authority; a revoked client
+//!   certificate fails the handshake; read again when it changes (`crate::api::crl`).
+//! - `api_deny`: subjects (`CN=` or `O=`) refused everything whatever role their other
+//!   names give (issue 37).
 //! - `api_allow_plain_tcp`: plain TCP listeners serve anyone who can reach them, as admin, so
 //!   without TLS only loopback addresses are taken unless this is true: `api_listen`'s here,
 //!   the TCP sockets systemd passes when fleetd starts (`crate::api::listeners`, issue 37).
@@ -118,6 +122,8 @@ pub struct ApiTlsFiles {
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// `api_crlfile`: revocation lists of `ca`'s authority (`crate::api::crl`).
+    pub crl: Option<PathBuf>,
 }
 
 /// A listener fleetd opens itself.
@@ -232,7 +238,18 @@ fn roles(raw: &BTreeMap<String, Raw>) -> Result<Roles> {
             entries.push((subject, role));
         }
     }
-    Roles::new(entries).map_err(|e| anyhow!("invalid api roles: {e}"))
+    let mut denied = Vec::new();
+    if let Some(r) = raw.get("api_deny") {
+        for item in r.value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let subject: Subject = item
+                .parse()
+                .map_err(|e: RolesError| anyhow!("invalid api_deny ({}): {e}", r.source))?;
+            denied.push(subject);
+        }
+    }
+    Roles::new(entries)
+        .map(|roles| roles.denying(denied))
+        .map_err(|e| anyhow!("invalid api roles: {e}"))
 }
 
 /// A group name as `groupadd` takes them, or a number.
@@ -298,11 +315,18 @@ fn tls_files(raw: &BTreeMap<String, Raw>) -> Result<Option<ApiTlsFiles>> {
     const KEYS: [&str; 3] = ["api_cafile", "api_certfile", "api_keyfile"];
     let [ca, cert, key] = KEYS.map(|k| raw.get(k).filter(|r| !r.value.is_empty()));
     match (ca, cert, key) {
+        (None, None, None) if raw.get("api_crlfile").is_some_and(|r| !r.value.is_empty()) => Err(
+            anyhow!("api_crlfile needs TLS: set api_cafile, api_certfile and api_keyfile"),
+        ),
         (None, None, None) => Ok(None),
         (Some(ca), Some(cert), Some(key)) => Ok(Some(ApiTlsFiles {
             ca: PathBuf::from(&ca.value),
             cert: PathBuf::from(&cert.value),
             key: PathBuf::from(&key.value),
+            crl: raw
+                .get("api_crlfile")
+                .filter(|r| !r.value.is_empty())
+                .map(|r| PathBuf::from(&r.value)),
         })),
         _ => {
             let missing: Vec<&str> = KEYS
@@ -416,6 +440,7 @@ mod tests {
                 ca: "/etc/fleet/ca.pem".into(),
                 cert: "/etc/fleet/api.pem".into(),
                 key: "/etc/fleet/api.key".into(),
+                crl: None,
             })
         );
         assert_eq!(build(&raw(&[])).unwrap().tls, None);

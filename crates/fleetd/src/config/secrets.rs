@@ -154,6 +154,7 @@ mod tests {
             ca: dir.join("ca.pem"),
             cert: dir.join("api.pem"),
             key: key.clone(),
+            crl: None,
         });
         let e = exposed_keys(&config).unwrap();
         assert!(e.starts_with("api_keyfile "), "{e}");

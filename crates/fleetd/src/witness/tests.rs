@@ -58,6 +58,7 @@ fn files(certs: &TestCerts) -> crate::config::ApiTlsFiles {
         ca: certs.ca(),
         cert: certs.server_cert(),
         key: certs.server_key(),
+        crl: None,
     }
 }
 
