@@ -100,6 +100,11 @@ pub struct Global {
     /// serves them over its API.
     #[arg(long, global = true, env = "FLEETCTL_SSH")]
     pub ssh: bool,
+    /// Follow a machine's published `http://` API address for status and journal (only
+    /// `https://` ones are followed otherwise: a plain one sends the request, and your trust
+    /// in the answer, over the network in clear).
+    #[arg(long, global = true, env = "FLEETCTL_ALLOW_HTTP_REMOTE")]
+    pub allow_http_remote: bool,
     /// Print debug logs.
     #[arg(long, global = true, env = "FLEETCTL_DEBUG")]
     pub debug: bool,

@@ -13,3 +13,4 @@ pub mod local;
 pub mod output;
 pub mod ranges;
 mod table;
+pub mod terminal;

@@ -68,6 +68,8 @@ pub struct Here {
     pub socket: Option<String>,
     /// `--ssh`: fleet's way only.
     pub ssh: bool,
+    /// `--allow-http-remote`: a machine's published `http://` address is followed too.
+    pub http_remote: bool,
 }
 
 impl Here {
@@ -84,6 +86,7 @@ impl Here {
                 .map(|s| s.trim().to_owned()),
             socket,
             ssh: global.ssh,
+            http_remote: global.allow_http_remote,
         }
     }
 
@@ -106,6 +109,8 @@ pub fn route(here: &Here, machine: &MachineId, info: Option<&MachineInfo>) -> Re
         && let Some(m) = info
         && !m.api.is_empty()
     {
+        followed(&m.api, here.http_remote)
+            .map_err(|why| anyhow::anyhow!("machine {machine} publishes the API address {:?}, which fleetctl does not follow: {why}", fleet_registry::input::shorten(&m.api)))?;
         return Ok(Route::Api(m.api.clone()));
     }
     match info {
@@ -115,6 +120,29 @@ pub fn route(here: &Here, machine: &MachineId, info: Option<&MachineInfo>) -> Re
         Some(_) => bail!("machine {machine} has no public IP to reach it at"),
         None => bail!("machine {machine} is not in the cluster any more"),
     }
+}
+
+/// Why a machine's published API address is not followed, if it is not (issue 37): the
+/// address is what that host says, so only `https://HOST:PORT` (checked against the API
+/// driver's authority) by default, `http://HOST:PORT` with `--allow-http-remote`, and never
+/// a unix socket, a path or credentials.
+fn followed(url: &str, http_remote: bool) -> Result<(), String> {
+    let (scheme, rest) = url.split_once("://").ok_or("not a URL")?;
+    match scheme {
+        "https" => {}
+        "http" if http_remote => {}
+        "http" => {
+            return Err("plain http (use --ssh, or --allow-http-remote to follow it)".into());
+        }
+        _ => return Err(format!("a {scheme}:// address (only https:// is followed)")),
+    }
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    let bad =
+        |c: char| matches!(c, '/' | '?' | '#' | '@' | '\\') || c.is_control() || c.is_whitespace();
+    if authority.is_empty() || authority.chars().any(bad) || !authority.contains(':') {
+        return Err("not HOST:PORT".into());
+    }
+    Ok(())
 }
 
 /// The ssh argv up to and including the host: `ssh -p PORT -o ... -l USER -- IP`.
@@ -356,9 +384,15 @@ pub async fn status<C: Cluster>(
     }
 }
 
-/// `text` as systemctl prints it, ending with one newline.
+/// `text` as systemctl prints it, ending with one newline; on a terminal with its control
+/// characters shown, not obeyed (`crate::terminal`).
 fn print_text<C>(ctx: &mut Ctx<C>, doc: &UnitStatus) {
-    ctx.print(&doc.text);
+    if crate::terminal::stdout_is_terminal() {
+        let shown = crate::terminal::neutralize(doc.text.as_bytes());
+        ctx.print(&String::from_utf8_lossy(&shown));
+    } else {
+        ctx.print(&doc.text);
+    }
     if !doc.text.ends_with('\n') {
         ctx.say("");
     }
@@ -451,9 +485,15 @@ async fn journal_over_api<C: Cluster>(
         .journal(name, &query)
         .await
         .with_context(failed)?;
+    let terminal = crate::terminal::stdout_is_terminal();
     let copy = async {
         while let Some(chunk) = stream.next_chunk().await? {
-            let written = ctx.out.write_all(&chunk).and_then(|()| ctx.out.flush());
+            let shown = if terminal {
+                crate::terminal::neutralize(&chunk)
+            } else {
+                std::borrow::Cow::Borrowed(chunk.as_ref())
+            };
+            let written = ctx.out.write_all(&shown).and_then(|()| ctx.out.flush());
             if let Err(e) = written {
                 // The exit code comes from the failed write (`Ctx::finish`).
                 ctx.write_failed.get_or_insert(e);
@@ -503,6 +543,46 @@ mod tests {
             machine: Some(THIS.into()),
             socket: socket.map(str::to_owned),
             ssh,
+            http_remote: false,
+        }
+    }
+
+    /// Issue 37, item 8: a machine's published address is what that host says. Only
+    /// `https://HOST:PORT` is followed by default; `http://` with `--allow-http-remote`;
+    /// never a socket, a path, credentials or a control character.
+    #[test]
+    fn only_an_https_host_and_port_a_machine_publishes_is_followed() {
+        let asked = |api: &str, http_remote: bool| {
+            let (id, info) = machine(OTHER, "10.0.0.2", api);
+            let here = Here {
+                http_remote,
+                ..here(None, false)
+            };
+            route(&here, &id, Some(&info)).map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            asked("https://10.0.0.2:49153", false).unwrap(),
+            Route::Api("https://10.0.0.2:49153".into())
+        );
+        assert!(
+            asked("http://10.0.0.2:49153", false)
+                .unwrap_err()
+                .contains("--allow-http-remote")
+        );
+        assert_eq!(
+            asked("http://10.0.0.2:49153", true).unwrap(),
+            Route::Api("http://10.0.0.2:49153".into())
+        );
+        for bad in [
+            "unix:///var/run/fleet.sock",
+            "file:///etc/passwd",
+            "https://10.0.0.2:49153/x",
+            "https://user:pw@10.0.0.2:49153",
+            "https://10.0.0.2",
+            "https://10.0.0.2:1\x1b[2J",
+        ] {
+            let e = asked(bad, true).unwrap_err();
+            assert!(e.contains("which fleetctl does not follow"), "{bad}: {e}");
         }
     }
 

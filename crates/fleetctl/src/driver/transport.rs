@@ -36,6 +36,10 @@ const REUSE_WITHIN: Duration = Duration::from_secs(5);
 /// opening one per request.
 const IDLE_KEPT: usize = fleet_ops::CREATES_IN_FLIGHT;
 
+/// The largest answer read (a page of 65,535 units in the full view is tens of MB): a
+/// server that sends more is cut off rather than filling this process's memory.
+const MAX_ANSWER: usize = 512 * 1024 * 1024;
+
 /// The `Host` of requests over a unix socket (fleet's client sends the same).
 const UNIX_HOST: &str = "domain-sock";
 
@@ -154,7 +158,10 @@ impl Transport {
         let request = request.body(Full::new(Bytes::from(body.unwrap_or_default())))?;
         let response = sender.send_request(request).await?;
         let status = response.status();
-        let body = response.into_body().collect().await?.to_bytes();
+        let body = http_body_util::Limited::new(response.into_body(), MAX_ANSWER)
+            .collect()
+            .await?
+            .to_bytes();
         self.put_idle(sender);
         Ok(Answer { status, body })
     }

@@ -113,12 +113,20 @@ impl UnitApi {
         })
     }
 
-    /// A whole (short) body, within the request timeout.
+    /// A whole (short) body, at most [`MAX_STATUS_BODY`], within the request timeout: a
+    /// machine's fleetd is another host, and may lie (issue 37).
     async fn whole(&self, body: Incoming) -> Result<Bytes, OpsError> {
         let timeout = self.transport.timeout();
-        match tokio::time::timeout(timeout, body.collect()).await {
+        let limited = http_body_util::Limited::new(body, MAX_STATUS_BODY);
+        match tokio::time::timeout(timeout, limited.collect()).await {
             Ok(Ok(collected)) => Ok(collected.to_bytes()),
-            Ok(Err(e)) => Err(cut(self.endpoint(), e)),
+            Ok(Err(e)) => Err(OpsError::Transport {
+                what: format!(
+                    "the answer of {} was cut off, or larger than {MAX_STATUS_BODY} bytes",
+                    self.endpoint()
+                ),
+                cause: e,
+            }),
             Err(elapsed) => Err(OpsError::Transport {
                 what: format!(
                     "reading the answer of {} (request timeout {timeout:?})",
@@ -148,6 +156,9 @@ impl JournalStream {
         }
     }
 }
+
+/// The largest status (or error) answer read from a unit's fleetd.
+pub const MAX_STATUS_BODY: usize = 8 * 1024 * 1024;
 
 fn cut(endpoint: &str, e: hyper::Error) -> OpsError {
     OpsError::Transport {
