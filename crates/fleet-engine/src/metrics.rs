@@ -187,6 +187,7 @@ pub struct Metrics {
     decisions: Family<OutcomeLabels, Counter>,
     waiting_for_copy: Gauge,
     stray_states: Gauge,
+    unreadable: Gauge,
 }
 
 impl Default for Metrics {
@@ -203,6 +204,7 @@ impl Default for Metrics {
             decisions: Family::default(),
             waiting_for_copy: Gauge::default(),
             stray_states: Gauge::default(),
+            unreadable: Gauge::default(),
         }
     }
 }
@@ -264,7 +266,20 @@ impl Metrics {
              on lately: ignored for placement",
             m.stray_states.clone(),
         );
+        registry.register(
+            "unreadable_registry_values",
+            "Registry values the engine's view left out, as of its last pass: corrupt, at a key \
+             of another record, or larger than a record of their kind may be (a host writing \
+             past its bounds under its own prefix)",
+            m.unreadable.clone(),
+        );
         m
+    }
+
+    /// How many registry values the view left out.
+    pub(crate) fn unreadable(&self, count: usize) {
+        self.unreadable
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn leading(&self, leading: bool) {

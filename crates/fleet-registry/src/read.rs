@@ -99,13 +99,38 @@ pub(crate) fn schedule_entry(keys: &Keys, kv: &KeyValue) -> Result<ScheduleEntry
     at_own_key(keys, kv, e, own)
 }
 
+/// The largest unit state record read (issue 37): one is a few hundred bytes (its drop-ins'
+/// names included); a machine's credentials may write any value under its own prefix, and
+/// every engine's and API's view would hold it.
+pub const MAX_STATE_BYTES: usize = 16 * 1024;
+
+/// The largest presence record read: its configured metadata included.
+pub const MAX_MACHINE_BYTES: usize = 64 * 1024;
+
+/// `kv` is skipped, unread, when its value is larger than a `what` may be.
+fn bounded(keys: &Keys, kv: &KeyValue, max: usize, what: &str) -> Result<(), Skipped> {
+    if kv.value.len() <= max {
+        return Ok(());
+    }
+    Err(skipped(
+        keys,
+        kv,
+        format!(
+            "{} bytes, more than a {what} may hold ({max})",
+            kv.value.len()
+        ),
+    ))
+}
+
 pub(crate) fn state(keys: &Keys, kv: &KeyValue) -> Result<UnitStateRecord, Skipped> {
+    bounded(keys, kv, MAX_STATE_BYTES, "unit state")?;
     let s: UnitStateRecord = json(keys, kv)?;
     let own = keys.state(&s.machine, &s.name);
     at_own_key(keys, kv, s, own)
 }
 
 pub(crate) fn machine(keys: &Keys, kv: &KeyValue) -> Result<MachineInfo, Skipped> {
+    bounded(keys, kv, MAX_MACHINE_BYTES, "presence record")?;
     let m: MachineInfo = json(keys, kv)?;
     let own = keys.machine(&m.id);
     at_own_key(keys, kv, m, own)
@@ -176,4 +201,48 @@ pub(crate) fn all<T>(
         }
     }
     items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &str, value: Vec<u8>) -> KeyValue {
+        KeyValue {
+            key: key.to_owned(),
+            value,
+            create_revision: 1,
+            mod_revision: 1,
+            version: 1,
+            lease: 0,
+        }
+    }
+
+    /// Issue 37, item 7: a host may write any value under its own prefix; a state or a
+    /// presence record past its bound is skipped unread (named by its key, so the engine
+    /// keeps the machine as there), whatever it holds.
+    #[test]
+    fn a_state_or_presence_past_its_bound_is_skipped_unread_naming_its_key() {
+        let keys = Keys::new("/p/");
+        let padding = "x".repeat(MAX_STATE_BYTES);
+        let state = format!(
+            r#"{{"name":"a.service","machine":"m1","hash":null,"systemd":{{"load":"loaded","active":"active","sub":"running"}},"pad":"{padding}"}}"#
+        );
+        let s =
+            super::state(&keys, &kv("/p/unit-state/m1/a.service", state.into_bytes())).unwrap_err();
+        assert!(
+            s.detail.contains("more than a unit state may hold"),
+            "{}",
+            s.detail
+        );
+        assert!(matches!(s.named.as_deref(), Some(Key::State { .. })));
+        let big = vec![b' '; MAX_MACHINE_BYTES + 1];
+        let m = super::machine(&keys, &kv("/p/machine/m1", big)).unwrap_err();
+        assert!(
+            m.detail.contains("more than a presence record may hold"),
+            "{}",
+            m.detail
+        );
+        assert!(matches!(m.named.as_deref(), Some(Key::Machine(_))));
+    }
 }

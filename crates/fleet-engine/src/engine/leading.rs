@@ -302,6 +302,7 @@ impl<K: Kv> Leading<K> {
         view.record_writes(&writes);
         let planned = delta.as_ref().filter(|_| !whole).map(|(t, _)| t.as_ref());
         let snapshot = view.snapshot();
+        self.metrics.unreadable(snapshot.skipped.len());
         let found = match planned {
             Some(units) => strays(snapshot, view.files(), units),
             None => strays(snapshot, view.files(), snapshot.states.keys()),
