@@ -188,6 +188,18 @@ fn a_bad_fleetd_configuration_stops_it_at_once_with_a_clear_message_and_writes_n
             ),
             "cannot read /dev/zero: not a regular file".into(),
         ),
+        // Issue 38, item 1: the API's TLS files are read capped too (this one allocated
+        // 2 GiB and aborted).
+        (
+            "api-ca-device",
+            // Its own runtime directory, new: fleetd gets as far as its listeners.
+            format!(
+                "etcd_servers={endpoint}\nunits_directory=/run/fleet-bad-api/units\n\
+                 api_listen=tcp:127.0.0.1:0\napi_cafile=/dev/zero\n\
+                 api_certfile=/dev/zero\napi_keyfile=/run/fleet-bad-api/absent.key\n"
+            ),
+            "cannot read /dev/zero: not a regular file".into(),
+        ),
     ];
     let (rev0, before) = dump(&registry, "/")?;
     let mut failures = Vec::new();

@@ -155,6 +155,35 @@ fn check_pem_file(path: &Path) -> Result<(), KvError> {
     Ok(())
 }
 
+/// The bytes of a PEM file: a regular file of at most [`MAX_PEM_BYTES`], read with that cap
+/// (issue 38: `/dev/zero` named as a certificate must be refused, not read until memory runs
+/// out). The error says which and why, without the contents.
+pub fn read_pem_file(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file =
+        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "cannot read {}: not a regular file",
+            path.display()
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_PEM_BYTES {
+        return Err(format!(
+            "cannot read {}: too large for a PEM file (max {MAX_PEM_BYTES} bytes)",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}
+
 /// At most 200 characters of `s`, then `…`: a value echoed in an error stays readable.
 pub fn shorten(s: &str) -> String {
     const MAX: usize = 200;
@@ -263,5 +292,23 @@ mod tests {
         let short = shorten(&long);
         assert_eq!(short.chars().count(), 201);
         assert!(short.ends_with('…'));
+    }
+
+    /// Issue 38, item 1: a special file named as a certificate is refused at once, not read
+    /// until memory runs out; a large regular file past the cap too.
+    #[test]
+    fn a_pem_file_is_a_regular_file_read_with_a_cap() {
+        let e = read_pem_file(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        let dir = std::env::temp_dir().join(format!("fleet-pem-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big.pem");
+        std::fs::write(&big, vec![b'a'; MAX_PEM_BYTES as usize + 1]).unwrap();
+        let e = read_pem_file(&big).unwrap_err();
+        assert!(e.contains("too large for a PEM file"), "{e}");
+        let small = dir.join("small.pem");
+        std::fs::write(&small, b"-----BEGIN X-----\n").unwrap();
+        assert_eq!(read_pem_file(&small).unwrap(), b"-----BEGIN X-----\n");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

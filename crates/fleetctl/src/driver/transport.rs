@@ -448,8 +448,14 @@ fn connector(ca: &Path, tls: &TlsFiles) -> Result<TlsConnector, EndpointError> {
         (None, None) => builder.with_no_client_auth(),
         (Some(cert), Some(key)) => {
             let chain = certs(cert)?;
+            let key_bytes = fleet_registry::input::read_pem_file(key).map_err(|why| {
+                EndpointError::TlsFile {
+                    path: key.clone(),
+                    why,
+                }
+            })?;
             let key_der =
-                PrivateKeyDer::from_pem_file(key).map_err(|e| EndpointError::TlsFile {
+                PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|e| EndpointError::TlsFile {
                     path: key.clone(),
                     why: format!("no private key: {e}"),
                 })?;
@@ -475,8 +481,10 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, EndpointError> {
         path: path.to_path_buf(),
         why,
     };
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+    // Capped (issue 38): `--ca-file /dev/zero` is refused, not read until memory runs out.
+    let bytes = fleet_registry::input::read_pem_file(path).map_err(err)?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| err(e.to_string()))?;
     if certs.is_empty() {
         return Err(err("holds no certificate".into()));

@@ -65,8 +65,9 @@ fn build(
 
 /// Every revocation list of a PEM file; none is an error.
 fn read_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>> {
-    let lists = CertificateRevocationListDer::pem_file_iter(path)
-        .and_then(|lists| lists.collect::<Result<Vec<_>, _>>())
+    let bytes = fleet_registry::input::read_pem_file(path).map_err(anyhow::Error::msg)?;
+    let lists = CertificateRevocationListDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("api_crlfile {}: reading revocation lists", path.display()))?;
     if lists.is_empty() {
         anyhow::bail!("api_crlfile {} holds no revocation list", path.display());

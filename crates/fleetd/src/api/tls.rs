@@ -27,8 +27,7 @@ pub fn acceptor(files: &ApiTlsFiles) -> Result<TlsAcceptor> {
             .with_context(|| format!("api_cafile {}: not a CA certificate", files.ca.display()))?;
     }
     let verifier = super::crl::verifier(Arc::new(roots), provider.clone(), files.crl.as_deref())?;
-    let key = PrivateKeyDer::from_pem_file(&files.key)
-        .with_context(|| format!("api_keyfile {}: no private key", files.key.display()))?;
+    let key = private_key(&files.key)?;
     let config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .context("api tls: protocol versions")?
@@ -55,8 +54,7 @@ pub fn connector(files: &ApiTlsFiles) -> Result<TlsConnector> {
             .add(cert)
             .with_context(|| format!("api_cafile {}: not a CA certificate", files.ca.display()))?;
     }
-    let key = PrivateKeyDer::from_pem_file(&files.key)
-        .with_context(|| format!("api_keyfile {}: no private key", files.key.display()))?;
+    let key = private_key(&files.key)?;
     let config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .context("api tls: protocol versions")?
@@ -66,10 +64,19 @@ pub fn connector(files: &ApiTlsFiles) -> Result<TlsConnector> {
     Ok(TlsConnector::from(Arc::new(config)))
 }
 
-/// Every certificate of a PEM file; none is an error.
+/// The private key of `api_keyfile`, read capped (issue 38: `/dev/zero` is refused, not
+/// read until memory runs out).
+fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
+    let bytes = fleet_registry::input::read_pem_file(path).map_err(anyhow::Error::msg)?;
+    PrivateKeyDer::from_pem_slice(&bytes)
+        .with_context(|| format!("api_keyfile {}: no private key", path.display()))
+}
+
+/// Every certificate of a PEM file, read capped; none is an error.
 fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+    let bytes = fleet_registry::input::read_pem_file(path).map_err(anyhow::Error::msg)?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("reading certificates from {}", path.display()))?;
     if certs.is_empty() {
         bail!("{} holds no certificate", path.display());
