@@ -139,8 +139,10 @@ lint:
 demo: build
 	@FLEET_BIN_DIR="$(TARGET_DIR)/debug" bash scripts/demo.sh "$(DEMO_DIR)"
 
+# FLEET_BIN_DIR: the binaries the demo was started with (the demo prints it when it is not the
+# debug build's).
 demo-down:
-	@if [ -f "$(DEMO_DIR)/cluster.json" ]; then "$(TARGET_DIR)/debug/fleet-cluster" down --dir "$(DEMO_DIR)"; else echo "no demo cluster at $(DEMO_DIR)"; fi
+	@if [ -f "$(DEMO_DIR)/cluster.json" ]; then "$(or $(FLEET_BIN_DIR),$(TARGET_DIR)/debug)/fleet-cluster" down --dir "$(DEMO_DIR)"; else echo "no demo cluster at $(DEMO_DIR)"; fi
 
 # Every benchmark of issues 6 and 15 (not part of `make test`), each scenario writing its section
 # of docs/benchmarks.md: release build, then e2e, one-agent, plan, scale, api, plot. Needs root; ~7 min

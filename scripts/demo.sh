@@ -95,6 +95,6 @@ $(grep -E '^ +m[0-9]+ ' "$dir.up.log" | sed 's/^ */  /')
 
 Tear it down:
 
-  make -C $(q "$root") DEMO_DIR=$(q "$dir") demo-down
+  make -C $(q "$root") DEMO_DIR=$(q "$dir") FLEET_BIN_DIR=$(q "$bin") demo-down
   # or: $(q "$bin/fleet-cluster") down --dir $(q "$dir")
 EOF

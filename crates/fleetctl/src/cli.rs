@@ -460,6 +460,9 @@ pub struct DrainArgs {
     /// Return once the machine is marked, without waiting for its units to move.
     #[arg(long)]
     pub no_block: bool,
+    /// Wait this many attempts (2 s each) for the units to move; 0 waits forever.
+    #[arg(long, default_value_t = 0)]
+    pub block_attempts: u32,
     /// The machine: its ID or a unique prefix of a live machine's ID.
     pub machine: String,
 }

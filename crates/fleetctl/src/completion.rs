@@ -16,15 +16,19 @@ pub enum Shell {
     Fish,
 }
 
-/// Writes the completion script for `shell` to `out`.
-pub fn write_completion(shell: Shell, out: &mut dyn Write) {
+/// Writes the completion script for `shell` to `out`. clap_complete panics when its own
+/// write fails (`fleetctl completion bash | head -1`, issue 38), so the script is made in
+/// memory and written here, a closed pipe an error like any other.
+pub fn write_completion(shell: Shell, out: &mut dyn Write) -> std::io::Result<()> {
     let mut cmd = Cli::command();
     let shell = match shell {
         Shell::Bash => clap_complete::Shell::Bash,
         Shell::Zsh => clap_complete::Shell::Zsh,
         Shell::Fish => clap_complete::Shell::Fish,
     };
-    clap_complete::generate(shell, &mut cmd, "fleetctl", out);
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "fleetctl", &mut script);
+    out.write_all(&script)
 }
 
 /// Writes `fleetctl.1` and `fleetctl-<command>.1` for every visible command into `dir`;
@@ -57,12 +61,28 @@ mod tests {
     fn every_shell_gets_a_script_that_names_the_commands() {
         for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
             let mut out = Vec::new();
-            write_completion(shell, &mut out);
+            write_completion(shell, &mut out).unwrap();
             let text = String::from_utf8(out).expect("utf-8");
             for word in ["list-units", "list-unit-files", "block-attempts"] {
                 assert!(text.contains(word), "{shell:?} script lacks {word}");
             }
         }
+    }
+
+    /// Issue 38, item 7: a reader that goes away is an error to return, not a panic.
+    #[test]
+    fn a_closed_pipe_is_an_error_not_a_panic() {
+        struct Closed;
+        impl Write for Closed {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let e = write_completion(Shell::Bash, &mut Closed).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
     }
 
     #[test]

@@ -165,8 +165,9 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Completion(a) => {
             let mut out = std::io::stdout();
-            fleetctl::completion::write_completion(a.shell, &mut out);
-            return written(std::io::Write::flush(&mut out));
+            let wrote = fleetctl::completion::write_completion(a.shell, &mut out)
+                .and_then(|()| std::io::Write::flush(&mut out));
+            return written(wrote);
         }
         Command::Man(a) => {
             fleetctl::completion::write_man_pages(&a.dir)
@@ -340,7 +341,7 @@ async fn execute<C: Cluster>(
             let opts = commands::maintenance::DrainOptions {
                 parallel: a.parallel,
                 force: a.force,
-                no_block: a.no_block,
+                block: commands::wait::Block::from_flags(a.no_block, a.block_attempts),
             };
             commands::maintenance::drain(ctx, &a.machine, opts).await
         }

@@ -22,8 +22,8 @@ pub struct DrainOptions {
     pub parallel: u32,
     /// Exit 0 even when units cannot leave the machine.
     pub force: bool,
-    /// Return once the machine is marked, without waiting for its units to leave.
-    pub no_block: bool,
+    /// How long to wait for its units to leave (`--no-block`, `--block-attempts`).
+    pub block: super::wait::Block,
 }
 
 /// The machine `arg` names: a live machine's full ID or a prefix of exactly one; anything
@@ -70,8 +70,8 @@ pub async fn drain<C: Cluster>(ctx: &mut Ctx<C>, arg: &str, opts: DrainOptions) 
         "Machine {machine} drained: it takes no new units; moving {} unit(s) off it, {parallel} at a time",
         status.moving.len() + status.queued.len()
     ));
-    if !opts.no_block {
-        status = wait_drained(ctx, &machine, status).await?;
+    if opts.block != super::wait::Block::No {
+        status = wait_drained(ctx, &machine, status, opts.block).await?;
     }
     report_stuck(ctx, &machine, &status, opts.force)
 }
@@ -80,7 +80,9 @@ async fn wait_drained<C: Cluster>(
     ctx: &mut Ctx<C>,
     machine: &MachineId,
     mut status: DrainStatus,
+    block: super::wait::Block,
 ) -> Result<DrainStatus> {
+    let deadline = block.deadline(tokio::time::Instant::now());
     let mut reported: BTreeSet<fleet_core::UnitName> = BTreeSet::new();
     let mut watched: BTreeSet<fleet_core::UnitName> = BTreeSet::new();
     let mut changes = None;
@@ -98,6 +100,15 @@ async fn wait_drained<C: Cluster>(
         }
         if status.done {
             return Ok(status);
+        }
+        if let (Some(deadline), super::wait::Block::Attempts(n)) = (deadline, block)
+            && tokio::time::Instant::now() >= deadline
+        {
+            bail!(
+                "machine {machine} still has {} unit(s) on their way off it after {n} attempt(s); \
+                 it stays drained, and they keep moving",
+                on_way.len()
+            );
         }
         if on_way != watched || changes.is_none() {
             watched.extend(on_way.iter().cloned());

@@ -43,7 +43,7 @@ impl Block {
         }
     }
 
-    fn deadline(self, start: Instant) -> Option<Instant> {
+    pub fn deadline(self, start: Instant) -> Option<Instant> {
         match self {
             Block::No => Some(start),
             Block::Forever => None,
