@@ -350,8 +350,20 @@ pub const KEYS: &[Key] = &[
     Key::value(
         "deny_units",
         Some(DEFAULT_DENY_UNITS),
-        "unit name globs fleetd refuses to manage, `a,b*`",
+        "unit name globs fleetd refuses to manage, `a,b*`; `none`: every unit may be managed",
         |c, v| {
+            // Empty dropped the default protection without a word (issue 38): it must be said.
+            if v.trim().is_empty() {
+                return Err(
+                    "is empty, which would drop the protection of fleetd, dbus, systemd's \
+                            own units, ssh and etcd; write deny_units=none to manage every unit"
+                        .into(),
+                );
+            }
+            if v.trim() == "none" {
+                c.deny_units = Vec::new();
+                return Ok(());
+            }
             let globs = split_globs(v);
             for glob in &globs {
                 fleet_core::xfleet::check_glob("deny_units", glob).map_err(|e| e.to_string())?;
@@ -987,6 +999,10 @@ mod tests {
             (
                 &[("deny_units", "[")],
                 "deny_units \"[\" is not a valid glob",
+            ),
+            (
+                &[("deny_units", "")],
+                "write deny_units=none to manage every unit",
             ),
             (
                 &[("deny_units", "a.service,b c.service")],
