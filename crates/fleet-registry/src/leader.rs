@@ -9,7 +9,7 @@ use fleet_core::{MachineId, UnitName};
 use futures::{StreamExt, stream};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::error::{RegistryError, Result};
 use crate::keys::Keys;
@@ -159,10 +159,20 @@ impl<K: Kv> EngineRole<K> {
             Some(TxnOpResponse::Get(kvs)) => kvs.first().cloned(),
             Some(TxnOpResponse::Put | TxnOpResponse::Delete(_)) | None => None,
         };
-        let Some(holder) = holder.filter(|kv| kv.value == me.as_str().as_bytes()) else {
+        let Some(holder) = holder else {
             return Ok(false);
         };
-        debug!(machine = %me, "taking over our own engine leader key");
+        if holder.value == me.as_str().as_bytes() {
+            debug!(machine = %me, "taking over our own engine leader key");
+        } else if let Some(why) = self.stale(&holder).await? {
+            warn!(
+                holder = %String::from_utf8_lossy(&holder.value),
+                reason = why,
+                "taking over a stale engine leader key"
+            );
+        } else {
+            return Ok(false);
+        }
         let take_over = Txn {
             compares: vec![Compare::mod_revision(&key, holder.mod_revision)],
             success: vec![put],
@@ -173,6 +183,20 @@ impl<K: Kv> EngineRole<K> {
             .txn(take_over, "taking over engine leadership")
             .await?;
         Ok(res.succeeded)
+    }
+
+    /// Why the leader key `holder` leads nothing, if it does not (issue 38): written without
+    /// a lease (by hand: it would never expire, and no engine would ever lead again), or
+    /// holding no machine ID. Taking it over is safe: every write of an engine that thinks it
+    /// leads is fenced on the key's value and lease.
+    async fn stale(&self, holder: &crate::kv::KeyValue) -> Result<Option<&'static str>> {
+        if holder.lease == 0 {
+            return Ok(Some("it has no lease"));
+        }
+        let names_a_machine = std::str::from_utf8(&holder.value)
+            .ok()
+            .is_some_and(|v| v.parse::<MachineId>().is_ok());
+        Ok((!names_a_machine).then_some("it names no machine"))
     }
 
     /// The leadership `me` holds (or held) on `lease`, without campaigning: a test writes
@@ -569,6 +593,39 @@ mod tests {
                 .is_none()
         );
         assert_eq!(reg.leader().await.unwrap(), Some(machine("a")));
+    }
+
+    /// Issue 38, item 3: a leader key put by hand without a lease never expires; it no
+    /// longer stops every engine from leading forever.
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_key_without_a_lease_or_a_machine_is_taken_over() {
+        let reg = registry();
+        let key = reg.keys().leader();
+        for stray in ["ffffffffffffffffffffffffffffffff", "not a machine"] {
+            let put = TxnOp::Put {
+                key: key.clone(),
+                value: stray.as_bytes().to_vec(),
+                lease: None,
+            };
+            let txn = Txn {
+                compares: vec![],
+                success: vec![put],
+                failure: vec![],
+            };
+            reg.kv().txn(txn).await.unwrap();
+            let won = campaigner(&reg).campaign(&machine("a"), TTL).await.unwrap();
+            assert!(won.is_some(), "{stray:?} held the key");
+            assert_eq!(reg.leader().await.unwrap(), Some(machine("a")));
+            let delete = Txn {
+                compares: vec![],
+                success: vec![TxnOp::Delete {
+                    key: key.clone(),
+                    prefix: false,
+                }],
+                failure: vec![],
+            };
+            reg.kv().txn(delete).await.unwrap();
+        }
     }
 
     #[tokio::test(start_paused = true)]
