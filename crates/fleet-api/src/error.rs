@@ -43,6 +43,9 @@ pub enum ApiError {
     BodyTimeout(std::time::Duration),
     #[error("unable to decode body: {0}")]
     DecodeBody(#[source] serde_json::Error),
+    /// Issue 38: JSON arrays where fleet's entities are objects.
+    #[error("unable to decode body: {0}")]
+    BodyShape(&'static str),
     #[error("name in URL {url:?} differs from unit name in request body {body:?}")]
     NameMismatch { url: String, body: String },
     #[error(transparent)]
@@ -163,6 +166,7 @@ impl ApiError {
             Self::DiscoveryNotGet
             | Self::ReadBody(_)
             | Self::DecodeBody(_)
+            | Self::BodyShape(_)
             | Self::NameMismatch { .. }
             | Self::BadName(_)
             | Self::BadState(_)

@@ -20,6 +20,7 @@ pub mod ops;
 pub mod page;
 pub mod routes;
 pub mod serve;
+mod shape;
 
 pub use error::{ApiError, ETCD_UNREACHABLE};
 pub use inspect::{InspectError, Inspector};

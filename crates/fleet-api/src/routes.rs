@@ -661,6 +661,9 @@ async fn patch_machines<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, A
         check_content_type(req.headers())?;
     }
     let body = read_body(req.into_body(), MAX_BODY).await?;
+    if let Some(why) = crate::shape::refusal(&body, crate::shape::Top::Array) {
+        return Err(ApiError::BodyShape(why));
+    }
     let ops: Vec<entity::MetadataOp> =
         serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
     let changes = metadata_changes(&ops)?;

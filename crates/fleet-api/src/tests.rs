@@ -1092,3 +1092,25 @@ async fn options_of_interleaved_sections_are_one_unit_file_and_trailing_blanks_a
 mod extensions;
 mod inspect;
 mod roles;
+
+/// Issue 38, item 9: serde would take a JSON array for a struct; fleet answered 400, and so
+/// does this API, writing nothing.
+#[tokio::test]
+async fn arrays_where_entities_are_objects_are_a_400_and_write_nothing() {
+    let (f, _) = fixture(100);
+    let unit = json!(["x.service", [{"section": "Service", "name": "ExecStart", "value": "/bin/true"}], "launched"]);
+    let answer = f.put("/fleet/v1/units/x.service", unit).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+    let nested =
+        json!({"desiredState": "launched", "options": [["Service", "ExecStart", "/bin/true"]]});
+    let answer = f.put("/fleet/v1/units/x.service", nested).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
+    assert!(
+        answer.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("holds an array where an object belongs"),
+        "{answer:?}"
+    );
+    assert!(f.get("/fleet/v1/units/x.service").await.status == StatusCode::NOT_FOUND);
+}

@@ -51,6 +51,9 @@ pub(super) async fn put_unit<K: Kv>(
         Some(op) => Some(Op::parse(&op).ok_or(ApiError::UnknownOp(op))?),
     };
     let body = read_body(req.into_body(), MAX_BODY).await?;
+    if let Some(why) = crate::shape::refusal(&body, crate::shape::Top::Object) {
+        return Err(ApiError::BodyShape(why));
+    }
     let wire: entity::Unit = serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
     let body_name = if wire.name.is_empty() {
         url_name
@@ -126,6 +129,9 @@ pub(super) async fn put_unit<K: Kv>(
 pub(super) async fn create_units<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> {
     check_content_type(req.headers())?;
     let body = read_body(req.into_body(), MAX_BODY).await?;
+    if let Some(why) = crate::shape::refusal(&body, crate::shape::Top::Object) {
+        return Err(ApiError::BodyShape(why));
+    }
     let asked: wire::Creates = serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
     if asked.units.len() > wire::MAX_CREATES {
         return Err(ApiError::TooManyCreates {
