@@ -173,7 +173,7 @@ impl Requirements {
         let replaces = !self.replaces.is_empty();
         if self.machine_id.is_some() {
             let with = [
-                (peers, "Peers"),
+                (peers, "MachineOf"),
                 (conflicts, "Conflicts"),
                 (self.global, "Global"),
                 (replaces, "Replaces"),
@@ -183,7 +183,7 @@ impl Requirements {
             }
         }
         if self.global && peers {
-            return Err(RequirementError::GlobalWith("Peers"));
+            return Err(RequirementError::GlobalWith("MachineOf"));
         }
         if self.global && replaces {
             return Err(RequirementError::GlobalWith("Replaces"));

@@ -390,7 +390,7 @@ async fn impossible_x_fleet_combinations_are_refused_with_fleets_messages() {
         (
             "id-peers",
             "MachineID=abc\nMachineOf=a.service",
-            "MachineID cannot be used with Peers",
+            "MachineID cannot be used with MachineOf",
         ),
         (
             "id-conflicts",
@@ -405,7 +405,7 @@ async fn impossible_x_fleet_combinations_are_refused_with_fleets_messages() {
         (
             "global-peers",
             "Global=true\nMachineOf=a.service",
-            "Global cannot be used with Peers",
+            "Global cannot be used with MachineOf",
         ),
         (
             "global-replaces",

@@ -940,6 +940,7 @@ mod tests {
             ("agent_ttl", "25h", "must be at most 86400s"),
             ("agent_ttl", "500ms", "must be at least 1s"),
             ("agent_ttl", "0s", "must be at least 1s"),
+            ("agent_ttl", "0", "must be at least 1s"),
             ("etcd_request_timeout", "1e19", "must be at most 86400s"),
             (
                 "etcd_request_timeout",

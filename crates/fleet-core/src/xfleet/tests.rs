@@ -231,7 +231,7 @@ fn validates_with_fleets_messages_in_fleets_order() {
         ("MachineID=abc\nMachineMetadata=a=b", None),
         (
             "MachineID=abc\nMachineOf=a.service",
-            Some("MachineID cannot be used with Peers"),
+            Some("MachineID cannot be used with MachineOf"),
         ),
         (
             "MachineID=abc\nConflicts=a.service",
@@ -248,7 +248,7 @@ fn validates_with_fleets_messages_in_fleets_order() {
         ),
         (
             "X-ConditionMachineBootID=abc\nMachineOf=a.service\nConflicts=b.service\nGlobal=true\nReplaces=c.service",
-            Some("MachineID cannot be used with Peers"),
+            Some("MachineID cannot be used with MachineOf"),
         ),
         (
             "MachineID=abc\nConflicts=b.service\nGlobal=true\nReplaces=c.service",
@@ -260,16 +260,16 @@ fn validates_with_fleets_messages_in_fleets_order() {
         ),
         (
             "MachineID=\nMachineOf=a.service",
-            Some("MachineID cannot be used with Peers"),
+            Some("MachineID cannot be used with MachineOf"),
         ),
         ("MachineID=abc\nConflicts=", None),
         (
             "Global=true\nMachineOf=a.service",
-            Some("Global cannot be used with Peers"),
+            Some("Global cannot be used with MachineOf"),
         ),
         (
             "Global=true\nMachineOf=a.service\nReplaces=b.service",
-            Some("Global cannot be used with Peers"),
+            Some("Global cannot be used with MachineOf"),
         ),
         (
             "Global=true\nReplaces=a.service",

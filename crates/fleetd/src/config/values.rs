@@ -119,6 +119,10 @@ fn go_seconds(s: &str) -> Result<f64, String> {
     if rest.is_empty() {
         return Err(bad());
     }
+    // Go takes a bare 0 without a unit; the minimum then says what is wrong (issue 38).
+    if rest == "0" {
+        return Ok(0.0);
+    }
     let mut total = 0.0;
     while !rest.is_empty() {
         let num_end = rest
