@@ -39,6 +39,8 @@ pub enum ApiError {
     NotJson,
     #[error("unable to read body: {0}")]
     ReadBody(#[source] axum::Error),
+    #[error("the request body is larger than {0} bytes")]
+    BodyTooLarge(usize),
     #[error("the request body did not arrive within {0:?}")]
     BodyTimeout(std::time::Duration),
     #[error("unable to decode body: {0}")]
@@ -162,6 +164,7 @@ impl ApiError {
             Self::Inspect(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NoMethodsHere | Self::WrongMethod(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ContentTypeCount(_) | Self::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::DiscoveryNotGet
             | Self::ReadBody(_)

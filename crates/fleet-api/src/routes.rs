@@ -337,9 +337,24 @@ pub(crate) async fn read_body(
     )
     .await
     {
-        Ok(read) => read.map_err(ApiError::ReadBody),
+        Ok(Ok(bytes)) => Ok(bytes),
+        // Past the limit is the client's request being too large: 413 (issue 38).
+        Ok(Err(e)) if too_large(&e) => Err(ApiError::BodyTooLarge(limit)),
+        Ok(Err(e)) => Err(ApiError::ReadBody(e)),
         Err(_) => Err(ApiError::BodyTimeout(crate::serve::BODY_TIMEOUT)),
     }
+}
+
+/// Whether a body read failed at its length limit.
+fn too_large(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// What a request's query asks beyond fleet's parameters.

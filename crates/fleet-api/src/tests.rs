@@ -1114,3 +1114,19 @@ async fn arrays_where_entities_are_objects_are_a_400_and_write_nothing() {
     );
     assert!(f.get("/fleet/v1/units/x.service").await.status == StatusCode::NOT_FOUND);
 }
+
+/// Issue 38, item 10: a body past the API's limit is the client's request being too large:
+/// 413 with fleet's error entity, not a 400.
+#[tokio::test]
+async fn a_body_past_the_limit_is_a_413_with_the_error_entity() {
+    let (f, _) = fixture(100);
+    let big = "x".repeat(5 * 1024 * 1024);
+    let answer = f
+        .put("/fleet/v1/units/x.service", json!({ "desiredState": big }))
+        .await;
+    assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE, "{answer:?}");
+    assert_eq!(
+        answer.body["error"]["message"],
+        "the request body is larger than 4194304 bytes"
+    );
+}
