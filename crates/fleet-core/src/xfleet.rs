@@ -98,6 +98,10 @@ pub enum RequirementError {
     },
     #[error("MachineOf cannot name the unit itself")]
     PeerIsItself,
+    #[error("MachineOf {} names a template, which never runs: name one of its instances", quote(.0))]
+    PeerIsATemplate(String),
+    #[error("Replaces {} names the unit itself, which could never be placed", quote(.0))]
+    ReplacesItself(String),
     #[error("{key} {} is not a valid glob", quote(value))]
     BadGlob { key: &'static str, value: String },
     #[error("{key} {} can never match a unit name", quote(value))]

@@ -32,6 +32,10 @@ pub fn check_values(name: &UnitName, file: &UnitFile) -> Result<(), RequirementE
     for value in values.all(&MACHINE_OF_KEYS) {
         match value.parse::<UnitName>() {
             Ok(peer) if &peer == name => return Err(RequirementError::PeerIsItself),
+            // A template never runs, so a unit beside one never would (issue 38).
+            Ok(peer) if peer.is_template() => {
+                return Err(RequirementError::PeerIsATemplate(value));
+            }
             Ok(_) => {}
             Err(reason) => return Err(RequirementError::PeerNotAUnit { value, reason }),
         }
@@ -43,6 +47,11 @@ pub fn check_values(name: &UnitName, file: &UnitFile) -> Result<(), RequirementE
     }
     for glob in values.all(&["Replaces"]) {
         check_glob("Replaces", &glob)?;
+        // A unit that names itself to replace could never be placed (issue 38). A glob that
+        // also matches it (`web@*.service`) is fine: the scheduler skips the unit itself.
+        if glob == name.as_str() {
+            return Err(RequirementError::ReplacesItself(glob));
+        }
     }
     // An empty `MachineMetadata=` or `Global=` says nothing, and fleet read it as nothing.
     for pair in values

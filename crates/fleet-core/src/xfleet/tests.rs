@@ -465,6 +465,14 @@ fn values_fleet_took_silently_are_refused_at_the_door() {
             "MachineOf cannot name the unit itself",
         ),
         (
+            "MachineOf=db@.service",
+            r#"MachineOf "db@.service" names a template, which never runs: name one of its instances"#,
+        ),
+        (
+            "Replaces=web@1.service",
+            r#"Replaces "web@1.service" names the unit itself, which could never be placed"#,
+        ),
+        (
             "MachineOf=bad name.service",
             r#"MachineOf "bad name.service" is not a unit name: invalid character ' ' in unit name"#,
         ),
