@@ -1010,6 +1010,10 @@ mod tests {
                 "can never match a unit name",
             ),
             (&[("metadata", "a=b,a=c")], "key \"a\" is given twice"),
+            (
+                &[("metadata", "a=b\u{1b}[2J")],
+                "the value of \"a\" holds a control character",
+            ),
             (&[("units_directory", "")], "invalid units_directory \"\""),
             (&[("units_directory", "/")], "is the root directory"),
             (

@@ -99,12 +99,27 @@ pub fn parse_metadata(s: &str) -> Result<BTreeMap<String, String>, String> {
                 "{k:?} is not a valid metadata key ([A-Za-z0-9_.-]+)"
             ));
         }
+        // What the API and set-metadata refuse, refused here too (issue 38).
+        if v.chars().any(char::is_control) {
+            return Err(format!("the value of {k:?} holds a control character"));
+        }
         if out.insert(k.to_owned(), v.to_owned()).is_some() {
             return Err(format!("key {k:?} is given twice"));
         }
     }
+    let size: usize = out.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > MAX_METADATA_BYTES {
+        return Err(format!(
+            "{size} bytes of metadata, more than {MAX_METADATA_BYTES}: the machine's presence \
+             record must stay small enough for every reader"
+        ));
+    }
     Ok(out)
 }
+
+/// The most configured metadata (keys and values) a machine publishes: its presence record
+/// is read back only up to 64 KiB (`fleet_registry::read::MAX_MACHINE_BYTES`).
+pub const MAX_METADATA_BYTES: usize = 16 * 1024;
 
 /// Go's duration syntax (`30s`, `1m30s`, `500ms`, `2h`) as seconds, unbounded, so a huge
 /// value is a range error of [`duration_in`], not a panic.
@@ -154,4 +169,27 @@ pub fn split_globs(s: &str) -> Vec<String> {
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 38, item 11: what the API refuses of metadata, `--metadata` refuses too, and a
+    /// machine's metadata stays small enough for its presence record to be read back.
+    #[test]
+    fn metadata_with_a_control_character_or_past_its_size_is_refused() {
+        assert!(
+            parse_metadata("a=b\nc")
+                .unwrap_err()
+                .contains("control character")
+        );
+        let big = format!("a={}", "x".repeat(MAX_METADATA_BYTES));
+        assert!(
+            parse_metadata(&big)
+                .unwrap_err()
+                .contains("bytes of metadata")
+        );
+        assert_eq!(parse_metadata("region=eu,disk=ssd").unwrap().len(), 2);
+    }
 }
