@@ -156,10 +156,14 @@ pub fn fail_if_any<C>(
     if !unwritten.is_empty() {
         let first = &unwritten[0].0;
         let last = &unwritten[unwritten.len() - 1].0;
+        // Issue 38: one unit is one unit, not "1 units (a ... a)".
+        let which = match unwritten.len() {
+            1 => format!("1 unit was not written ({first})"),
+            n => format!("{n} units were not written ({first} ... {last})"),
+        };
         ctx.warn(format!(
-            "{} units were not written ({first} ... {last}): writing stopped at the first \
-             failure; the same command again does the rest",
-            unwritten.len()
+            "{which}: writing stopped at the first failure; the same command again does the \
+             rest"
         ));
     }
     match (failures.len(), unwritten.len()) {
