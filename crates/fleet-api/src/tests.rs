@@ -1130,3 +1130,36 @@ async fn a_body_past_the_limit_is_a_413_with_the_error_entity() {
         "the request body is larger than 4194304 bytes"
     );
 }
+
+/// Issue 38, item 4: a unit record whose file is gone from the registry answered 409
+/// "changed concurrently, try again" on every read. It is an error that says what is wrong;
+/// `destroy` still removes the unit.
+#[tokio::test]
+async fn a_unit_whose_file_is_missing_is_reported_as_such_and_destroy_removes_it() {
+    use fleet_registry::kv::{Kv, Txn, TxnOp};
+    let (f, kv) = fixture(100);
+    create_units(&f, &["a.service"]).await;
+    let hash = file("/bin/true").hash();
+    let delete = Txn {
+        compares: vec![],
+        success: vec![TxnOp::Delete {
+            key: f.registry.keys().file(&hash),
+            prefix: false,
+        }],
+        failure: vec![],
+    };
+    kv.txn(delete).await.unwrap();
+    let answer = f.get("/fleet/v1/units/a.service").await;
+    assert_ne!(answer.status, StatusCode::CONFLICT, "{answer:?}");
+    let message = answer.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("is missing from the registry"),
+        "{answer:?}"
+    );
+    let answer = f.request(Method::DELETE, "/fleet/v1/units/a.service").await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT, "{answer:?}");
+    assert_eq!(
+        f.get("/fleet/v1/units/a.service").await.status,
+        StatusCode::NOT_FOUND
+    );
+}

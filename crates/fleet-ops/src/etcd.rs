@@ -71,13 +71,14 @@ impl<K: Kv> RegistryCluster<K> {
     /// The unit's record and file, read again while a concurrent replace collects the file
     /// between the two reads.
     async fn unit_with_file(&self, name: &UnitName) -> Result<Option<(Unit, UnitFile)>, OpsError> {
+        let mut missing = Missing::default();
         for _ in 0..ATTEMPTS {
             let Some(unit) = self.registry.unit(name).await? else {
                 return Ok(None);
             };
             match self.registry.unit_file(&unit).await {
                 Ok(file) => return Ok(Some((unit, file))),
-                Err(RegistryError::FileMissing { .. }) => continue,
+                Err(e @ RegistryError::FileMissing { .. }) => missing.again(&unit, e)?,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -192,6 +193,25 @@ impl<K: Kv> RegistryCluster<K> {
     }
 }
 
+/// A unit record whose file was missing at the last read. A replace may have collected the
+/// file between the two reads: the record then changed, and reading again finds the new one.
+/// The same record twice without its file is no race but a registry that lost the file
+/// (issue 38): an error saying so, not a "changed concurrently, try again" forever.
+#[derive(Debug, Default)]
+struct Missing {
+    revision: Option<i64>,
+}
+
+impl Missing {
+    fn again(&mut self, unit: &Unit, e: RegistryError) -> Result<(), OpsError> {
+        if self.revision == Some(unit.mod_revision) {
+            return Err(e.into());
+        }
+        self.revision = Some(unit.mod_revision);
+        Ok(())
+    }
+}
+
 impl<K: Kv> Cluster for RegistryCluster<K> {
     type Changes = RegistryChanges<K>;
 
@@ -201,6 +221,7 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
 
     async fn unit(&self, name: &UnitName) -> Result<Option<UnitView>, OpsError> {
         let names = BTreeSet::from([name.clone()]);
+        let mut missing = Missing::default();
         for _ in 0..ATTEMPTS {
             // Only this unit's keys (issue 19): the same cost at 100,000 units as at 10.
             let snap = self.registry.units_snapshot(&names).await?;
@@ -215,7 +236,7 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
             match self.registry.unit_file(unit).await {
                 Ok(file) => return Ok(Some(views::unit_view(&snap, unit, &file))),
                 // Collected by a replace since the read: read again, as a client would.
-                Err(RegistryError::FileMissing { .. }) => continue,
+                Err(e @ RegistryError::FileMissing { .. }) => missing.again(unit, e)?,
                 Err(e) => return Err(e.into()),
             }
         }
