@@ -59,6 +59,16 @@ pub struct Global {
         visible_alias = "etcd-keyfile"
     )]
     pub key_file: Option<std::path::PathBuf>,
+    /// CA file of fleet's API (https://) when it differs from etcd's: the API driver and
+    /// status/journal use it instead of --ca-file (with --driver=etcd, --ca-file is etcd's).
+    #[arg(long, global = true, env = "FLEETCTL_API_CA_FILE")]
+    pub api_ca_file: Option<std::path::PathBuf>,
+    /// Client certificate for fleet's API, instead of --cert-file.
+    #[arg(long, global = true, env = "FLEETCTL_API_CERT_FILE")]
+    pub api_cert_file: Option<std::path::PathBuf>,
+    /// Client key for fleet's API, instead of --key-file.
+    #[arg(long, global = true, env = "FLEETCTL_API_KEY_FILE")]
+    pub api_key_file: Option<std::path::PathBuf>,
     /// etcd user to authenticate as, with --driver=etcd; its password comes from
     /// --password-file or the variable FLEETCTL_PASSWORD (never from the command line).
     #[arg(long, global = true, env = "FLEETCTL_USERNAME")]
@@ -282,6 +292,27 @@ pub struct Submit {
 }
 
 /// `--no-block` and `--block-attempts`, as fleet has them.
+impl Global {
+    /// The TLS files for fleet's API (issue 38): the `--api-*` ones when any is given, else
+    /// the shared ones. etcd and the fleetds may have different authorities.
+    pub fn api_tls(&self) -> fleet_registry::kv::TlsFiles {
+        let api = [&self.api_ca_file, &self.api_cert_file, &self.api_key_file];
+        if api.iter().any(|f| f.is_some()) {
+            fleet_registry::kv::TlsFiles {
+                ca_file: self.api_ca_file.clone(),
+                cert_file: self.api_cert_file.clone(),
+                key_file: self.api_key_file.clone(),
+            }
+        } else {
+            fleet_registry::kv::TlsFiles {
+                ca_file: self.ca_file.clone(),
+                cert_file: self.cert_file.clone(),
+                key_file: self.key_file.clone(),
+            }
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct BlockFlags {
     /// Do not wait until the units reach their state before exiting.

@@ -87,7 +87,7 @@ fn request_timeout(global: &cli::Global) -> Duration {
 
 /// The API driver's client of the fleetd at `endpoint`; nothing is sent yet.
 fn connect_api(global: &cli::Global, endpoint: &str) -> Result<HttpCluster> {
-    HttpCluster::new(endpoint, &tls_files(global), request_timeout(global))
+    HttpCluster::new(endpoint, &global.api_tls(), request_timeout(global))
         .map_err(|e| anyhow::anyhow!("Unable to initialize client: {e}"))
 }
 

@@ -276,11 +276,8 @@ pub struct Reach {
 impl Reach {
     pub fn of(global: &Global) -> Reach {
         Reach {
-            tls: TlsFiles {
-                ca_file: global.ca_file.clone(),
-                cert_file: global.cert_file.clone(),
-                key_file: global.key_file.clone(),
-            },
+            // The fleetds' authority, which may differ from etcd's (issue 38).
+            tls: global.api_tls(),
             // In range: `cli::parse_seconds` took at most a day.
             timeout: Duration::from_secs_f64(global.request_timeout),
         }
@@ -545,6 +542,36 @@ mod tests {
             ssh,
             http_remote: false,
         }
+    }
+
+    /// Issue 38, item 6: etcd and the fleetds may have different authorities, so the
+    /// `--api-*` files, when given, are the ones status and journal present to fleetds.
+    #[test]
+    fn the_api_files_reach_fleetds_and_the_shared_ones_otherwise() {
+        let shared = global(&["--ca-file", "/etcd-ca.pem"]);
+        assert_eq!(
+            Reach::of(&shared).tls.ca_file.as_deref(),
+            Some(std::path::Path::new("/etcd-ca.pem"))
+        );
+        let both = global(&[
+            "--ca-file",
+            "/etcd-ca.pem",
+            "--api-ca-file",
+            "/api-ca.pem",
+            "--api-cert-file",
+            "/me.pem",
+            "--api-key-file",
+            "/me.key",
+        ]);
+        let tls = Reach::of(&both).tls;
+        assert_eq!(
+            tls.ca_file.as_deref(),
+            Some(std::path::Path::new("/api-ca.pem"))
+        );
+        assert_eq!(
+            tls.key_file.as_deref(),
+            Some(std::path::Path::new("/me.key"))
+        );
     }
 
     /// Issue 37, item 8: a machine's published address is what that host says. Only
