@@ -20,13 +20,8 @@ pub fn acceptor(files: &ApiTlsFiles) -> Result<TlsAcceptor> {
     // The provider is named, not taken from the process default: that default is chosen at
     // run time and fails when more than one provider is compiled in.
     let provider = Arc::new(crypto::ring::default_provider());
-    let mut roots = RootCertStore::empty();
-    for cert in certs(&files.ca)? {
-        roots
-            .add(cert)
-            .with_context(|| format!("api_cafile {}: not a CA certificate", files.ca.display()))?;
-    }
-    let verifier = super::crl::verifier(Arc::new(roots), provider.clone(), files.crl.as_deref())?;
+    let roots = Arc::new(roots(&files.ca)?);
+    let verifier = super::crl::verifier(roots, provider.clone(), files.crl.as_deref())?;
     let key = private_key(&files.key)?;
     let config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -48,12 +43,7 @@ pub fn acceptor(files: &ApiTlsFiles) -> Result<TlsAcceptor> {
 /// therefore needs the `clientAuth` extended key usage as well as `serverAuth`).
 pub fn connector(files: &ApiTlsFiles) -> Result<TlsConnector> {
     let provider = Arc::new(crypto::ring::default_provider());
-    let mut roots = RootCertStore::empty();
-    for cert in certs(&files.ca)? {
-        roots
-            .add(cert)
-            .with_context(|| format!("api_cafile {}: not a CA certificate", files.ca.display()))?;
-    }
+    let roots = roots(&files.ca)?;
     let key = private_key(&files.key)?;
     let config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -62,6 +52,17 @@ pub fn connector(files: &ApiTlsFiles) -> Result<TlsConnector> {
         .with_client_auth_cert(certs(&files.cert)?, key)
         .context("api_certfile and api_keyfile: not a client certificate and its key")?;
     Ok(TlsConnector::from(Arc::new(config)))
+}
+
+/// The authority of `api_cafile`: the roots clients are checked against, and peers too.
+fn roots(ca: &Path) -> Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for cert in certs(ca)? {
+        roots
+            .add(cert)
+            .with_context(|| format!("api_cafile {}: not a CA certificate", ca.display()))?;
+    }
+    Ok(roots)
 }
 
 /// The private key of `api_keyfile`, read capped (issue 38: `/dev/zero` is refused, not
