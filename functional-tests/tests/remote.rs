@@ -7,10 +7,11 @@
 //! machine with that IP and runs the remote command, so what is checked is fleetctl's choice
 //! of machine and the command line it sends. Needs root.
 
+mod support;
+
 use anyhow::{Context, Result, ensure};
 use fleet_functional_tests::{
-    Cluster, ClusterSpec, FleetdSpec, Machine, ProcId, Signal, cleanup_stale, leftovers, wait_for,
-    wait_for_value,
+    Cluster, FleetdSpec, Machine, ProcId, Signal, leftovers, wait_for, wait_for_value,
 };
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -125,9 +126,9 @@ fn last_tick(output: &str) -> Option<u64> {
 
 #[test]
 fn status_and_journal_come_from_each_units_own_fleetd_with_no_sshd_anywhere() -> Result<()> {
-    cleanup_stale()?;
-    let spec = FleetdSpec::default().with_api_tls(API_PORT);
-    let cluster = Cluster::start(ClusterSpec::with_fleetd(3, spec))?;
+    // Registered first: the harness's fleetd is `Type=simple`, so a running machine may not
+    // listen yet (CI, 2026-12-04: the submit below met "connection refused").
+    let (cluster, _registry) = support::start(3, FleetdSpec::default().with_api_tls(API_PORT))?;
     let units_dir = cluster.dir().join("units");
     std::fs::create_dir_all(&units_dir)?;
     std::fs::write(units_dir.join("tick@.service"), TICK)?;
