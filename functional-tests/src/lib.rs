@@ -31,6 +31,7 @@ mod fleetd;
 mod machine;
 mod net;
 mod proc;
+mod reference;
 mod registry;
 mod state;
 mod wait;
@@ -45,6 +46,7 @@ pub use fleetd::{
 };
 pub use machine::Machine;
 pub use proc::ProcId;
+pub use reference::{REFERENCE_DIR_VAR, reference_fleet_dir, reference_fleetctl};
 pub use registry::TestRegistry;
 pub use state::{
     ClusterState, EtcdMember, EtcdState, MachineState, RunId, default_bin_dir, functional_dir,

@@ -460,11 +460,12 @@ async fn a_template_can_be_created_inactive_but_never_activated() {
 }
 
 #[tokio::test]
-async fn other_options_replace_the_content_and_keep_or_raise_the_state() {
+async fn other_options_in_fleets_form_replace_the_content_and_leave_the_unit_inactive() {
+    // fleet's fleetctl sends `start --replace` so, then waits for `inactive` (issue 38).
     let (f, _) = fixture(100);
     f.put(
         "/fleet/v1/units/a.service",
-        json!({"options": options("/bin/true"), "desiredState": "loaded"}),
+        json!({"options": options("/bin/true"), "desiredState": "launched"}),
     )
     .await;
     let answer = f
@@ -476,11 +477,7 @@ async fn other_options_replace_the_content_and_keep_or_raise_the_state() {
     assert_eq!(answer.status, StatusCode::CREATED, "{answer:?}");
     let unit = f.unit("a.service").await.unwrap();
     assert_eq!(unit.hash(), file("/bin/false").hash());
-    assert_eq!(
-        unit.desired(),
-        DesiredState::Loaded,
-        "a replace kept the state"
-    );
+    assert_eq!(unit.desired(), DesiredState::Inactive);
     // The old file is gone with its last reference.
     assert!(
         f.registry
@@ -489,13 +486,51 @@ async fn other_options_replace_the_content_and_keep_or_raise_the_state() {
             .unwrap()
             .is_none()
     );
+    // A state asked with them is taken as asked.
+    for (exec, state, desired) in [
+        ("/bin/sleep 1", "launched", DesiredState::Launched),
+        ("/bin/sleep 2", "loaded", DesiredState::Loaded),
+    ] {
+        let answer = f
+            .put(
+                "/fleet/v1/units/a.service",
+                json!({"options": options(exec), "desiredState": state}),
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::CREATED);
+        assert_eq!(f.unit("a.service").await.unwrap().desired(), desired);
+    }
+}
+
+#[tokio::test]
+async fn other_options_in_the_full_view_replace_the_content_and_keep_or_raise_the_state() {
+    let (f, _) = fixture(100);
+    f.put(
+        "/fleet/v1/units/a.service",
+        json!({"options": options("/bin/true"), "desiredState": "loaded"}),
+    )
+    .await;
     let answer = f
         .put(
-            "/fleet/v1/units/a.service",
+            "/fleet/v1/units/a.service?view=full",
+            json!({"options": options("/bin/false")}),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+    let unit = f.unit("a.service").await.unwrap();
+    assert_eq!(unit.hash(), file("/bin/false").hash());
+    assert_eq!(
+        unit.desired(),
+        DesiredState::Loaded,
+        "a replace kept the state"
+    );
+    let answer = f
+        .put(
+            "/fleet/v1/units/a.service?view=full",
             json!({"options": options("/bin/sleep 1"), "desiredState": "launched"}),
         )
         .await;
-    assert_eq!(answer.status, StatusCode::CREATED);
+    assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(
         f.unit("a.service").await.unwrap().desired(),
         DesiredState::Launched
@@ -503,7 +538,7 @@ async fn other_options_replace_the_content_and_keep_or_raise_the_state() {
 }
 
 #[tokio::test]
-async fn a_replace_that_would_lower_the_state_is_409_and_writes_nothing() {
+async fn a_replace_in_the_full_view_that_would_lower_the_state_is_409_and_writes_nothing() {
     let (f, _) = fixture(100);
     f.put(
         "/fleet/v1/units/a.service",
@@ -511,14 +546,16 @@ async fn a_replace_that_would_lower_the_state_is_409_and_writes_nothing() {
     )
     .await;
     let before = f.revision().await;
-    assert_error(
-        &f.put(
-            "/fleet/v1/units/a.service",
+    let answer = f
+        .put(
+            "/fleet/v1/units/a.service?view=full",
             json!({"options": options("/bin/false"), "desiredState": "inactive"}),
         )
-        .await,
-        StatusCode::CONFLICT,
-        "can not replace Unit(a.service) in state 'launched' with desiredState 'inactive'",
+        .await;
+    assert_eq!(answer.status, StatusCode::CONFLICT, "{answer:?}");
+    assert_eq!(
+        answer.body["error"]["reason"], "replaceLowers",
+        "{answer:?}"
     );
     assert_eq!(f.revision().await, before);
 }

@@ -260,13 +260,19 @@ fn place_unplaced(c: &mut Cluster<'_>) -> bool {
 }
 
 /// The least-loaded machine able to run `unit` (ties by machine ID), or why there is none.
-/// The machine a `--reschedule` avoids comes last, whatever its load.
+/// The machine a `--reschedule` avoids comes last, whatever its load; the machine a replace
+/// in fleet's form keeps comes first while it is live and able.
 fn choose(c: &Cluster<'_>, unit: &UnitName) -> Result<MachineId, Reason> {
     if c.machines.is_empty() {
         return Err(Reason::NoMachines);
     }
     if let Some(peer) = c.reqs(unit).machine_of.iter().find(|p| !c.is_placed(p)) {
         return Err(Reason::PeerNotScheduled { peer: peer.clone() });
+    }
+    if let Some(m) = c.preferred(unit)
+        && place_violation(c, unit, m).is_none()
+    {
+        return Ok(m.clone());
     }
     let avoided = c.avoided(unit);
     if let Some(m) = c.least_loaded(avoided)

@@ -44,9 +44,10 @@ impl PutPlan {
 
 /// What a put does to `existing` (with its file). fleet's rules, made right where fleet was
 /// wrong: a template is never activated, not even when created; a replace never lowers the
-/// desired state (fleet reset it to `inactive`). The same file, or none, with no desired
-/// state is `Unchanged` (fleetctl's submit of a unit already there); a state alone may lower
-/// (fleet's `PUT` with `desiredState` is how its clients stop and unload).
+/// desired state (fleet reset it to `inactive`), unless it comes in fleet's form
+/// ([`ReplaceHow::fleet_form`]), whose clients wait for that reset. The same file, or none,
+/// with no desired state is `Unchanged` (fleetctl's submit of a unit already there); a state
+/// alone may lower (fleet's `PUT` with `desiredState` is how its clients stop and unload).
 pub fn decide_put(
     req: &PutRequest,
     existing: Option<(&Unit, &UnitFile)>,
@@ -65,9 +66,12 @@ pub fn decide_put(
     if let Some(file) = &req.file
         && file.hash() != existing_file.hash()
     {
-        let desired = req.desired.unwrap_or(existing.desired());
+        let desired = match req.how.fleet_form {
+            true => req.desired.unwrap_or(DesiredState::Inactive),
+            false => req.desired.unwrap_or(existing.desired()),
+        };
         template_check(name, desired)?;
-        if desired < existing.desired() {
+        if desired < existing.desired() && !req.how.fleet_form {
             return Err(OpsError::ReplaceLowers {
                 name: name.clone(),
                 existing: existing.desired(),
@@ -151,8 +155,9 @@ pub fn decide_restart(unit: &Unit) -> Result<RestartPlan, OpsError> {
 }
 
 /// The replace options recorded with the new version of `existing`. `placed` is the machine
-/// it runs on now (what `reschedule` avoids); `global` whether the new file is global: only
-/// a global unit is rolled machine by machine, any other is replaced at once.
+/// it runs on now (what `reschedule` avoids, what fleet's form keeps); `global` whether the
+/// new file is global: only a global unit is rolled machine by machine, any other is
+/// replaced at once.
 pub fn replace_state(
     how: ReplaceHow,
     existing: &Unit,
@@ -168,6 +173,7 @@ pub fn replace_state(
         } else {
             None
         },
+        prefer: placed.filter(|_| how.fleet_form).cloned(),
         rollout: (how.rolling && global).then(|| Rollout {
             previous: existing.hash(),
             updated: BTreeSet::new(),

@@ -148,7 +148,7 @@ impl<K: Kv> RegistryCluster<K> {
                 file,
                 desired,
             } => {
-                let placed = if req.how.reschedule {
+                let placed = if req.how.reschedule || req.how.fleet_form {
                     self.placed(&req.name).await?
                 } else {
                     None

@@ -97,6 +97,11 @@ pub struct ReplaceHow {
     pub reschedule: bool,
     /// `--rolling`: machines take the new version only as `advance_rollout` lets them.
     pub rolling: bool,
+    /// fleet's replace, what a `PUT` in fleet's form gets (no extension asked): the new
+    /// content with the state asked, `inactive` when none (lower than now too), and the
+    /// unit's machine kept for the launch that follows. fleet's clients wait for
+    /// `inactive` before they launch again.
+    pub fleet_form: bool,
 }
 
 /// A create, a replace or a desired-state change of one unit.

@@ -207,7 +207,7 @@ async fn a_reschedule_avoids_the_machine_a_unit_runs_on<K: Kv>(reg: Registry<K>)
     req.how = ReplaceHow {
         no_restart: true,
         reschedule: true,
-        rolling: false,
+        ..ReplaceHow::default()
     };
     c.put(req).await.unwrap();
     let record = reg.unit(&name("a.service")).await.unwrap().unwrap().record;

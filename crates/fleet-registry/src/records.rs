@@ -42,6 +42,11 @@ pub struct ReplaceState {
     /// With a new placement generation: the machine to avoid if another one can run it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub avoid: Option<MachineId>,
+    /// The machine the unit's next placement takes while it is live and able to run it:
+    /// where it ran when a replace in fleet's form (which leaves it `inactive`) came, so
+    /// that the launch that follows brings it back there, as the client expects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefer: Option<MachineId>,
     /// A rolling replace in progress: machines not in `updated` keep `previous`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<Rollout>,

@@ -129,6 +129,7 @@ async fn activate<C: Cluster>(ctx: &mut Ctx<C>, a: cli::Activate, verb: Verb) ->
         no_restart: a.no_restart,
         reschedule: a.reschedule,
         rolling: a.rolling.is_some(),
+        fleet_form: false,
     };
     match a.rolling {
         Some(step) => {

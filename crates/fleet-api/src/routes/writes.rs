@@ -81,10 +81,11 @@ pub(super) async fn put_unit<K: Kv>(
         [] => None,
         options => Some(unit_file(&name, options)?),
     };
-    let how = ReplaceHow {
+    let mut how = ReplaceHow {
         no_restart: flag(&query.raw, wire::NO_RESTART),
         reschedule: flag(&query.raw, wire::RESCHEDULE),
         rolling: flag(&query.raw, wire::ROLLING),
+        fleet_form: false,
     };
     let expect = match first(&query.raw, wire::EXPECT) {
         None => None,
@@ -93,6 +94,9 @@ pub(super) async fn put_unit<K: Kv>(
             v.parse().map_err(|_| ApiError::BadExpect(v.clone()))?,
         )),
     };
+    // A request that asks for none of the extensions is fleet's, and its client waits for
+    // fleet's answer to a replace: the unit `inactive` with its new content (issue 38).
+    how.fleet_form = !query.full && how == ReplaceHow::default() && expect.is_none();
     let req = PutRequest {
         name,
         file,

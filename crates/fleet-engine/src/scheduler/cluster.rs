@@ -256,6 +256,12 @@ impl<'s> Cluster<'s> {
         self.specs.get(unit)?.replace.avoid.as_ref()
     }
 
+    /// The live machine a replace in fleet's form asked `unit` to come back to, if any.
+    pub fn preferred(&self, unit: &UnitName) -> Option<&MachineId> {
+        let prefer = self.specs.get(unit)?.replace.prefer.as_ref()?;
+        self.machines.contains_key(prefer).then_some(prefer)
+    }
+
     /// A machine other than `machine`, in `unit`'s history and there, that publishes a copy
     /// of `unit` that may still be running (see [`super::history`]). A machine that is gone
     /// never holds a unit back (its states went with its lease), nor does one the unit was

@@ -215,6 +215,7 @@ fn a_reschedule_avoids_where_the_unit_runs_and_only_a_global_unit_rolls() {
         no_restart: true,
         reschedule: true,
         rolling: true,
+        fleet_form: false,
     };
     let state = replace_state(how, &existing, Some(&machine('a')), true);
     assert!(state.no_restart);
@@ -230,4 +231,36 @@ fn a_reschedule_avoids_where_the_unit_runs_and_only_a_global_unit_rolls() {
     assert_eq!(replace_state(how, &existing, None, false).rollout, None);
     let plain = replace_state(ReplaceHow::default(), &existing, Some(&machine('a')), true);
     assert_eq!(plain, ReplaceState::default());
+}
+
+#[test]
+fn a_replace_in_fleets_form_leaves_the_unit_inactive_and_keeps_its_machine() {
+    let existing = unit("a.service", PLAIN, DesiredState::Launched);
+    let old = file(PLAIN);
+    let mut req = put("a.service", Some(OTHER), None);
+    req.how.fleet_form = true;
+    let plan = decide_put(&req, Some((&existing, &old))).unwrap();
+    assert!(matches!(
+        plan,
+        PutPlan::Replace {
+            desired: DesiredState::Inactive,
+            ..
+        }
+    ));
+    // A state asked in fleet's form is taken as asked, lower than now too.
+    req.desired = Some(DesiredState::Loaded);
+    let plan = decide_put(&req, Some((&existing, &old))).unwrap();
+    assert!(matches!(
+        plan,
+        PutPlan::Replace {
+            desired: DesiredState::Loaded,
+            ..
+        }
+    ));
+    let state = replace_state(req.how, &existing, Some(&machine('a')), false);
+    assert_eq!(state.prefer, Some(machine('a')));
+    assert_eq!(state.avoid, None);
+    // Ours keeps the state and asks for no machine.
+    let plain = replace_state(ReplaceHow::default(), &existing, Some(&machine('a')), false);
+    assert_eq!(plain.prefer, None);
 }

@@ -41,12 +41,14 @@ pub(super) struct GenUnit {
 }
 
 /// Replace options: no restart; a placement generation (0 to 2) with a machine to avoid
-/// (4 = a dead one); a rolling replace from version 0 or 9 that has reached some machines.
+/// (4 = a dead one); a machine to prefer (fleet's form; 4 = a dead one); a rolling replace
+/// from version 0 or 9 that has reached some machines.
 #[derive(Debug, Clone)]
 struct GenReplace {
     no_restart: bool,
     placement: u64,
     avoid: Option<usize>,
+    prefer: Option<usize>,
     rollout: Option<(u32, Vec<usize>)>,
 }
 
@@ -55,6 +57,7 @@ fn gen_replace() -> impl Strategy<Value = GenReplace> {
         prop::bool::weighted(0.2),
         prop::sample::select(vec![0u64, 0, 1, 2]),
         prop::option::of(0..5usize),
+        prop::option::weighted(0.2, 0..5usize),
         prop::option::weighted(
             0.3,
             (
@@ -63,12 +66,15 @@ fn gen_replace() -> impl Strategy<Value = GenReplace> {
             ),
         ),
     )
-        .prop_map(|(no_restart, placement, avoid, rollout)| GenReplace {
-            no_restart,
-            placement,
-            avoid,
-            rollout,
-        })
+        .prop_map(
+            |(no_restart, placement, avoid, prefer, rollout)| GenReplace {
+                no_restart,
+                placement,
+                avoid,
+                prefer,
+                rollout,
+            },
+        )
 }
 
 impl GenReplace {
@@ -77,6 +83,7 @@ impl GenReplace {
             no_restart: self.no_restart,
             placement: self.placement,
             avoid: self.avoid.map(|m| mid(MACHINES[m])),
+            prefer: self.prefer.map(|m| mid(MACHINES[m])),
             rollout: self.rollout.as_ref().map(|(previous, updated)| Rollout {
                 previous: unit_file("", *previous).hash(),
                 updated: updated.iter().map(|m| mid(MACHINES[*m])).collect(),

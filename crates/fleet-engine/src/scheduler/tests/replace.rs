@@ -549,3 +549,39 @@ fn a_dependent_of_a_held_peer_waits_for_the_peer() {
     assert_eq!(w.placement()["db.service"], ["m2"]);
     assert_eq!(w.placement()["side.service"], ["m2"]);
 }
+
+/// A replace in fleet's form: the unit went inactive, and comes back to `machine`.
+fn prefer(machine: &str) -> ReplaceState {
+    ReplaceState {
+        prefer: Some(mid(machine)),
+        ..ReplaceState::default()
+    }
+}
+
+#[test]
+fn a_unit_replaced_in_fleets_form_is_launched_again_on_its_machine_though_it_is_busier() {
+    let w = two_machines()
+        .unit("a.service", Launched, "")
+        .unit("b.service", Launched, "")
+        .unit("c.service", Launched, "")
+        .entry("b.service", "m1")
+        .entry("c.service", "m1");
+    let mut w = w.replace("a.service", prefer("m1"));
+    w.settle();
+    assert_eq!(w.placement()["a.service"], ["m1"]);
+}
+
+#[test]
+fn the_machine_a_replace_in_fleets_form_kept_is_skipped_when_it_cannot_run_the_unit_or_is_gone() {
+    let w = World::new()
+        .machine("m1", &[("role", "db")])
+        .machine("m2", &[("role", "web")])
+        .unit("a.service", Launched, "MachineMetadata=role=web")
+        .unit("b.service", Launched, "");
+    let mut w = w
+        .replace("a.service", prefer("m1"))
+        .replace("b.service", prefer("m9"));
+    w.settle();
+    assert_eq!(w.placement()["a.service"], ["m2"]);
+    assert_eq!(w.placement()["b.service"], ["m1"]);
+}
