@@ -665,6 +665,47 @@ async fn more_than_4_mib_of_unit_files_still_list() {
     assert_eq!(env.dump().await, before, "a listing changed etcd");
 }
 
+/// Issue 38: units that fit one by one fit in one command. 5 files of ~1 MiB were one 4.8 MB
+/// request (`grpc: received message larger than max`), 200 of 96 KB one too (`request is too
+/// large`), and nothing was written; batches are now cut by bytes as well as by count.
+#[tokio::test]
+async fn many_large_units_are_submitted_and_replaced_in_one_command() {
+    let env = Env::new("many-large").await;
+    let big: Vec<String> = (0..5)
+        .map(|i| env.write(&format!("big{i}.service"), near_limit_file(i)))
+        .collect();
+    let mut args = vec!["submit"];
+    args.extend(big.iter().map(String::as_str));
+    let o = env.fleetctl(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let medium: Vec<String> = (0..200)
+        .map(|i| {
+            let mut text = format!("[Service]\nExecStart=/bin/sleep {i}\n");
+            for line in 0..95 {
+                text.push_str(&format!("Environment=X{line}={}\n", "x".repeat(1000)));
+            }
+            env.write(&format!("mid{i}.service"), text)
+        })
+        .collect();
+    let mut args = vec!["submit"];
+    args.extend(medium.iter().map(String::as_str));
+    let o = env.fleetctl(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // And a replace of the five large ones at once.
+    for (i, path) in big.iter().enumerate() {
+        std::fs::write(path, near_limit_file(100 + i)).unwrap();
+    }
+    let mut args = vec!["submit", "--replace"];
+    args.extend(big.iter().map(String::as_str));
+    let o = env.fleetctl(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = env.fleetctl(&["list-unit-files", "--no-legend", "--fields=unit"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 206, "{}", stderr(&o));
+    let o = env.fleetctl(&["cat", "big3.service"]);
+    assert!(stdout(&o).contains("Description=big 103"), "{}", stderr(&o));
+}
+
 /// Issue 13: one non-JSON value made every listing fail for everyone, and destroy too.
 /// Listings skip it with a warning naming the key (exit 0, the table still prints); destroy
 /// removes it, and nothing else.

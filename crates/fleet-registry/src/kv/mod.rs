@@ -30,6 +30,17 @@ pub const RANGE_PAGE: usize = 500;
 /// etcd's default `--max-txn-ops`: a transaction may hold at most this many operations.
 pub const MAX_TXN_OPS: usize = 128;
 
+/// The bytes of keys and values a transaction of many units carries at most. etcd 3.4's
+/// default `--max-request-bytes` is 1.5 MiB (its gRPC limit 2 MiB) and a unit file is at
+/// most [`fleet_core::unit_file::MAX_UNIT_FILE_BYTES`] (1 MiB), so a unit alone always fits; a batch
+/// takes another only while the sum stays within this, so that any set of units that fit
+/// one by one fit together (issue 38: 5 files of 965 KB were one 4.8 MB request).
+pub const MAX_TXN_BYTES: usize = 1024 * 1024;
+
+/// What one put of a batch costs beyond a unit file's bytes, at most: its key (the prefix,
+/// a unit name of up to 256 bytes, a hash) and a unit record, with room to spare.
+pub const TXN_OP_BYTES: usize = 1024;
+
 /// An etcd revision (cluster-wide, monotonically increasing).
 pub type Revision = i64;
 

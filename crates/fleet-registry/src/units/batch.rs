@@ -5,8 +5,10 @@
 //!
 //! Batches fit etcd's default `--max-txn-ops` ([`MAX_TXN_OPS`]), which bounds the compares
 //! and each branch's operations separately: a unit takes one compare and two puts, a distinct
-//! file one more put, so instances of one template go 63 to a transaction. [`batches`] is the
-//! pure rule that cuts a list into such transactions; fleetd never needs the limit raised.
+//! file one more put, so instances of one template go 63 to a transaction. They fit its
+//! default request size too ([`MAX_TXN_BYTES`]): large distinct files go a few at a time, a
+//! file of the largest size alone. [`batches`] is the pure rule that cuts a list into such
+//! transactions; fleetd never needs a limit raised.
 //!
 //! What a batch does not do: decide. A batch that finds any of its units already there writes
 //! nothing and says so; the caller then creates those units one by one (the per-unit path
@@ -25,7 +27,9 @@ use std::ops::Range;
 use tracing::debug;
 
 use crate::error::{RegistryError, Result};
-use crate::kv::{Compare, Kv, KvError, MAX_TXN_OPS, Revision, Txn, TxnResult};
+use crate::kv::{
+    Compare, Kv, KvError, MAX_TXN_BYTES, MAX_TXN_OPS, Revision, TXN_OP_BYTES, Txn, TxnResult,
+};
 use crate::records::{ReplaceState, Unit, UnitRecord};
 use crate::registry::{encode, put};
 
@@ -83,24 +87,40 @@ fn success_ops(units: usize, files: usize) -> usize {
     2 * units + files
 }
 
+/// The request bytes `ops` puts of small keys and records cost, with `file` when it is new
+/// to the batch (at most: see [`TXN_OP_BYTES`]).
+pub(crate) fn txn_bytes(ops: usize, file: Option<&UnitFile>) -> usize {
+    ops * TXN_OP_BYTES + file.map_or(0, |f| f.canonical().len())
+}
+
 /// Cuts `units` into consecutive batches, each one transaction within [`MAX_TXN_OPS`]
-/// compares and operations. A name seen again starts a new batch (etcd refuses a transaction
-/// that puts one key twice), where the absent compare then finds the earlier one.
+/// compares and operations and [`MAX_TXN_BYTES`] bytes (a unit alone is a batch whatever its
+/// size). A name seen again starts a new batch (etcd refuses a transaction that puts one key
+/// twice), where the absent compare then finds the earlier one.
 pub fn batches(units: &[NewUnit<'_>]) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let mut start = 0;
+    let mut bytes = 0;
     let mut names: BTreeSet<&UnitName> = BTreeSet::new();
     let mut hashes: BTreeSet<UnitHash> = BTreeSet::new();
     for (i, unit) in units.iter().enumerate() {
         let hash = unit.file.hash();
+        let cost = |hashes: &BTreeSet<UnitHash>| {
+            txn_bytes(2, (!hashes.contains(&hash)).then_some(unit.file))
+        };
         let files = hashes.len() + usize::from(!hashes.contains(&hash));
-        let fits = i - start < MAX_TXN_OPS && success_ops(i - start + 1, files) <= MAX_TXN_OPS;
-        if !fits || names.contains(unit.name) {
+        let fits = i - start < MAX_TXN_OPS
+            && success_ops(i - start + 1, files) <= MAX_TXN_OPS
+            && bytes + cost(&hashes) <= MAX_TXN_BYTES;
+        if i > start && (!fits || names.contains(unit.name)) {
             out.push(start..i);
             start = i;
+            bytes = 0;
             names.clear();
             hashes.clear();
         }
+        // After a cut the file is new to the batch again.
+        bytes += cost(&hashes);
         names.insert(unit.name);
         hashes.insert(hash);
     }
@@ -299,6 +319,45 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A unit file of about `kib` KiB, distinct by `i`.
+    fn big_file(i: usize, kib: usize) -> UnitFile {
+        let mut text = format!("[Service]\nExecStart=/bin/{i}\n");
+        for line in 0..kib {
+            text.push_str(&format!("Environment=X{line}={}\n", "x".repeat(1000)));
+        }
+        UnitFile::parse(text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn large_files_go_as_many_to_a_transaction_as_fit_etcds_request_size() {
+        // Issue 38: 5 files of 965 KB went as one 4.8 MB request, 200 of 96 KB as one too.
+        for (count, kib) in [(5, 965), (200, 96), (3, 1020)] {
+            let names: Vec<UnitName> = (0..count).map(name).collect();
+            let files: Vec<UnitFile> = (0..count).map(|i| big_file(i, kib)).collect();
+            let units = new_units(&names, &files);
+            let ranges = batches(&units);
+            assert_eq!(ranges.iter().map(|r| r.len()).sum::<usize>(), count);
+            for r in &ranges {
+                let bytes: usize = units[r.clone()]
+                    .iter()
+                    .map(|u| txn_bytes(2, Some(u.file)))
+                    .sum();
+                assert!(
+                    r.len() == 1 || bytes <= MAX_TXN_BYTES,
+                    "{count} x {kib} KiB: {r:?} is {bytes} bytes"
+                );
+            }
+            // Nothing cut finer than it must be: each batch but the last is full.
+            if kib == 96 {
+                assert!(ranges[0].len() >= 9, "{ranges:?}");
+            }
+        }
+        // A file of the largest size is a batch of its own, never an empty one before it.
+        let names = [name(0), name(1)];
+        let files = [big_file(0, 1030), big_file(1, 1)];
+        assert_eq!(batches(&new_units(&names, &files)), vec![0..1, 1..2]);
     }
 
     #[test]

@@ -18,10 +18,11 @@ use std::ops::Range;
 use tracing::debug;
 
 use crate::error::{RegistryError, Result};
-use crate::kv::{Compare, Kv, MAX_TXN_OPS, Txn};
+use crate::kv::{Compare, Kv, MAX_TXN_BYTES, MAX_TXN_OPS, Txn};
 use crate::records::{ReplaceState, Unit, UnitRecord};
 use crate::registry::{delete, encode, put};
 
+use super::batch::txn_bytes;
 use super::{UnitsRole, dropped_hashes, referenced};
 
 /// One change of a batch, to a unit as it was read.
@@ -98,29 +99,36 @@ impl Change<'_> {
 }
 
 /// Cuts `changes` into consecutive batches, each one transaction within [`MAX_TXN_OPS`]
-/// compares and operations (a distinct file counts once per batch). A name seen again starts
-/// a new batch: etcd refuses a transaction that writes one key twice.
+/// compares and operations (a distinct file counts once per batch) and [`MAX_TXN_BYTES`]
+/// bytes (a change alone is a batch whatever its size). A name seen again starts a new
+/// batch: etcd refuses a transaction that writes one key twice.
 pub fn change_batches(changes: &[Change<'_>]) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut ops = 0;
+    let mut bytes = 0;
     let mut names: BTreeSet<&UnitName> = BTreeSet::new();
     let mut hashes: BTreeSet<UnitHash> = BTreeSet::new();
     for (i, change) in changes.iter().enumerate() {
         let file = change.file().map(UnitFile::hash);
         let own = change.own_ops();
-        let new_file =
-            |hashes: &BTreeSet<UnitHash>| usize::from(file.is_some_and(|h| !hashes.contains(&h)));
-        let fits = i - start < MAX_TXN_OPS && ops + own + new_file(&hashes) <= MAX_TXN_OPS;
+        let is_new = |hashes: &BTreeSet<UnitHash>| file.is_some_and(|h| !hashes.contains(&h));
+        let cost =
+            |hashes: &BTreeSet<UnitHash>| txn_bytes(own, change.file().filter(|_| is_new(hashes)));
+        let fits = i - start < MAX_TXN_OPS
+            && ops + own + usize::from(is_new(&hashes)) <= MAX_TXN_OPS
+            && bytes + cost(&hashes) <= MAX_TXN_BYTES;
         if i > start && (!fits || names.contains(change.name())) {
             out.push(start..i);
             start = i;
             ops = 0;
+            bytes = 0;
             names.clear();
             hashes.clear();
         }
         // After a cut the file is new to the batch again.
-        ops += own + new_file(&hashes);
+        bytes += cost(&hashes);
+        ops += own + usize::from(is_new(&hashes));
         names.insert(change.name());
         hashes.extend(file);
     }
@@ -288,5 +296,32 @@ mod tests {
         ];
         assert_eq!(sizes(&changes), vec![2, 2]);
         assert!(change_batches(&[]).is_empty());
+    }
+
+    #[test]
+    fn replaces_with_large_files_go_as_many_to_a_transaction_as_fit_etcds_request_size() {
+        // Issue 38: `submit --replace` of 5 files of 965 KB was one 4.8 MB request.
+        let old = file("/bin/old");
+        let news: Vec<UnitFile> = (0..5)
+            .map(|i| {
+                let mut text = format!("[Service]\nExecStart=/bin/{i}\n");
+                for line in 0..965 {
+                    text.push_str(&format!("Environment=X{line}={}\n", "x".repeat(1000)));
+                }
+                UnitFile::parse(text.as_bytes()).unwrap()
+            })
+            .collect();
+        let units: Vec<Unit> = (0..5).map(|i| unit(i, &old)).collect();
+        let changes: Vec<Change<'_>> = units
+            .iter()
+            .zip(&news)
+            .map(|(existing, file)| Change::Replace {
+                existing,
+                file,
+                desired: DesiredState::Launched,
+                replace: ReplaceState::default(),
+            })
+            .collect();
+        assert_eq!(sizes(&changes), vec![1, 1, 1, 1, 1]);
     }
 }

@@ -162,8 +162,8 @@ pub fn fail_if_any<C>(
             n => format!("{n} units were not written ({first} ... {last})"),
         };
         ctx.warn(format!(
-            "{which}: writing stopped at the first failure; the same command again does the \
-             rest"
+            "{which}: writing stopped at the first failure; once it is fixed, the same command \
+             again writes the rest"
         ));
     }
     match (failures.len(), unwritten.len()) {
