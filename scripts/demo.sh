@@ -72,7 +72,7 @@ cat <<EOF
 The cluster is up and stays up. Use it:
 
   export FLEETCTL_ENDPOINT=$api
-  export FLEETCTL_CA_FILE=$(q "$ca") FLEETCTL_CERT_FILE=$(q "$cert") FLEETCTL_KEY_FILE=$(q "$key")
+  export FLEETCTL_API_CA_FILE=$(q "$ca") FLEETCTL_API_CERT_FILE=$(q "$cert") FLEETCTL_API_KEY_FILE=$(q "$key")
   alias fleetctl=$(q "$bin/fleetctl")
   cd $(q "$dir/units")
   fleetctl list-units
@@ -84,8 +84,15 @@ The cluster is up and stays up. Use it:
 
 fleetctl talks to the API of m1's fleetd over TLS ($api); status and journal
 ask the fleetd of the unit's own machine, at the address it publishes (\`fleetctl journal -f
-hello.service\` follows until Ctrl-C). Or over etcd: FLEETCTL_DRIVER=etcd FLEETCTL_ENDPOINT=$endpoint
-without the TLS files.
+hello.service\` follows until Ctrl-C). The FLEETCTL_API_* files are the fleetds' authority
+and fleetctl's certificate; etcd's own files, if it had TLS, would be FLEETCTL_CA_FILE and
+friends.
+
+Or over etcd, fleetctl reading and writing the registry itself (status and journal still ask
+each unit's fleetd, with the API files above):
+
+  FLEETCTL_DRIVER=etcd FLEETCTL_ENDPOINT=$endpoint fleetctl list-units
+  FLEETCTL_DRIVER=etcd FLEETCTL_ENDPOINT=$endpoint fleetctl status hello.service
 
 Enter a machine (its own systemd, journal and network; no sshd: \`fleetctl ssh\` needs one),
 with fleetd's own log \`journalctl -u fleet\` and its warnings \`journalctl -u fleet -p warning\`.

@@ -94,7 +94,18 @@ fn every_command_the_demo_prints_works_in_the_demo() -> Result<()> {
             "{command} in {printed}"
         );
     }
-    let session = format!("set -e\nshopt -s expand_aliases\n{}\n", usage.join("\n"));
+    // Then the etcd driver's lines, in the same shell (issue 38: status needs the API's files
+    // while etcd's are other ones, or none).
+    let over_etcd = block(&printed, "with the API files above):");
+    assert!(
+        over_etcd.iter().any(|l| l.ends_with("fleetctl status hello.service")),
+        "{printed}"
+    );
+    let session = format!(
+        "set -e\nshopt -s expand_aliases\n{}\necho over-etcd\n{}\n",
+        usage.join("\n"),
+        over_etcd.join("\n")
+    );
     let file = dir.join("usage.sh");
     std::fs::write(&file, &session)?;
     let listed = ok(
@@ -105,6 +116,11 @@ fn every_command_the_demo_prints_works_in_the_demo() -> Result<()> {
     // status and journal, from the host, through the TLS API of the unit's own fleetd.
     assert!(listed.contains("Active: active (running)"), "{listed}");
     assert!(listed.contains("Hello, world"), "{listed}");
+    let (_, etcd_part) = listed.split_once("over-etcd").context("no etcd part")?;
+    assert!(
+        etcd_part.contains("hello.service") && etcd_part.contains("Active: active (running)"),
+        "{listed}"
+    );
 
     // Each machine's nsenter line, with a command typed into the shell it opens.
     let machines: Vec<&str> = printed
