@@ -43,6 +43,8 @@ pub enum ApiError {
     BodyTooLarge(usize),
     #[error("the request body did not arrive within {0:?}")]
     BodyTimeout(std::time::Duration),
+    #[error("unsupported expectation {}", fleet_core::quote::quote(.0))]
+    Expectation(String),
     #[error("unable to decode body: {0}")]
     DecodeBody(#[source] serde_json::Error),
     /// Issue 38: JSON arrays where fleet's entities are objects.
@@ -165,6 +167,7 @@ impl ApiError {
             Self::NoMethodsHere | Self::WrongMethod(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Expectation(_) => StatusCode::EXPECTATION_FAILED,
             Self::ContentTypeCount(_) | Self::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::DiscoveryNotGet
             | Self::ReadBody(_)
@@ -253,7 +256,9 @@ fn ops_status(e: &OpsError) -> StatusCode {
             ..
         }) => StatusCode::FORBIDDEN,
         OpsError::Registry(RegistryError::Conflict(_)) => StatusCode::CONFLICT,
-        OpsError::Registry(RegistryError::TooManyChanges { .. }) => StatusCode::BAD_REQUEST,
+        OpsError::Registry(
+            RegistryError::TooManyChanges { .. } | RegistryError::ValueTooLarge { .. },
+        ) => StatusCode::BAD_REQUEST,
         OpsError::Registry(_) | OpsError::Transport { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         OpsError::Api { code, .. } => {
             StatusCode::from_u16(*code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)

@@ -11,6 +11,7 @@ pub mod discovery;
 pub mod entity;
 pub mod error;
 mod group;
+mod head;
 pub mod health;
 pub mod held;
 pub mod inspect;

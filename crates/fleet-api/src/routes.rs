@@ -183,7 +183,11 @@ async fn dispatch<K: Kv>(State(api): State<Arc<Api<K>>>, req: Request) -> Respon
     let path = req.uri().path().to_owned();
     let template = template_of(&path);
     let full = is_full(req.uri().query().unwrap_or(""));
-    let answer = match authorize(&api, req).await {
+    let answer = match crate::head::check(&req, MAX_BODY) {
+        Err(e) => Err(e),
+        Ok(()) => authorize(&api, req).await,
+    };
+    let answer = match answer {
         Err(e) => Err(e),
         Ok(req) => match (&api.exposed, path == metrics::PATH) {
             (Some(exposed), true) => match method {

@@ -28,7 +28,9 @@ use tracing::{debug, info, warn};
 
 use crate::authz::{CertSubject, Peer};
 
+mod bare;
 mod guard;
+use bare::BareErrors;
 pub use guard::{MAX_PER_PEER, WRITE_STALL};
 use guard::{PeerSlots, Stalled};
 
@@ -216,7 +218,7 @@ where
     let res = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
-        .serve_connection(TokioIo::new(Stalled::new(stream)), service)
+        .serve_connection(TokioIo::new(BareErrors::new(Stalled::new(stream))), service)
         .await;
     if let Err(e) = res {
         debug!(error = %e, "api connection ended with an error");

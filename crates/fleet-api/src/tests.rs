@@ -1057,6 +1057,11 @@ async fn a_bad_patch_operation_is_400_and_nothing_of_the_patch_is_applied() {
             json!({"op": "add", "path": "/m1/metadata/foo", "value": "a\nb"}),
             "invalid value: metadata values are one line of printable text",
         ),
+        // Issue 38: 3.85 MB of metadata was etcd's refusal, a 500.
+        (
+            json!({"op": "add", "path": "/m1/metadata/big", "value": "x".repeat(3_850_000)}),
+            "a metadata value of 3850000 bytes, more than the 4096 allowed",
+        ),
     ] {
         let answer = f.patch(json!([good.clone(), bad])).await;
         assert_error(&answer, StatusCode::BAD_REQUEST, message);
@@ -1127,6 +1132,7 @@ async fn options_of_interleaved_sections_are_one_unit_file_and_trailing_blanks_a
 }
 
 mod extensions;
+mod http_edges;
 mod inspect;
 mod roles;
 

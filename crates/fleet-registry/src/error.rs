@@ -35,6 +35,13 @@ pub enum RegistryError {
     /// One transaction cannot hold that many changes (etcd's `--max-txn-ops`).
     #[error("{count} changes in one request, at most {max} are applied together")]
     TooManyChanges { count: usize, max: usize },
+    /// A value larger than the registry takes for it (a client's mistake, not etcd's).
+    #[error("{what} of {size} bytes, more than the {max} allowed")]
+    ValueTooLarge {
+        what: &'static str,
+        size: usize,
+        max: usize,
+    },
     /// A [`LiveView`](crate::LiveView) cannot follow the registry any more (its watch ended
     /// or fell behind a compaction); a new view reads everything again.
     #[error("lost track of the registry: {0}")]
@@ -58,7 +65,8 @@ impl RegistryError {
             | Self::DuplicateMachine(_)
             | Self::ForeignMachine { .. }
             | Self::LostLeadership
-            | Self::TooManyChanges { .. } => false,
+            | Self::TooManyChanges { .. }
+            | Self::ValueTooLarge { .. } => false,
         }
     }
 }

@@ -37,7 +37,10 @@ pub use kv::MAX_TXN_OPS;
 pub use leader::{EngineRole, EngineWrite, Fence, Leadership};
 pub use live::{LiveView, Touched};
 pub use machine::{MachineRole, Presence, ScheduleChange};
-pub use metadata::{DynamicMetadata, MetadataChange, MetadataKey, MetadataKeyError, apply_dynamic};
+pub use metadata::{
+    DynamicMetadata, MAX_METADATA_VALUE_BYTES, MetadataChange, MetadataKey, MetadataKeyError,
+    apply_dynamic,
+};
 pub use page::UnitsPage;
 pub use per_machine::PerMachine;
 pub use read::{Listing, Skipped};

@@ -139,14 +139,28 @@ impl<K: Kv> Registry<K> {
     }
 }
 
+/// The largest dynamic metadata value: a machine's metadata is matched by units'
+/// `MachineMetadata=` and shown in listings, and a whole change of [`MAX_TXN_OPS`] values
+/// stays far below etcd's request limit (issue 38: a 3.85 MB value was etcd's 500).
+pub const MAX_METADATA_VALUE_BYTES: usize = 4096;
+
 /// Metadata is written by the API, through the units role (docs/registry.md, Roles).
 impl<K: Kv> UnitsRole<K> {
     /// Applies `changes` in one transaction, all or nothing; of several changes to one key
     /// the last wins (etcd refuses a transaction that names a key twice). At most
-    /// [`MAX_TXN_OPS`] distinct keys.
+    /// [`MAX_TXN_OPS`] distinct keys, each value at most [`MAX_METADATA_VALUE_BYTES`].
     pub async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()> {
         let mut last: BTreeMap<(&MachineId, &MetadataKey), &MetadataChange> = BTreeMap::new();
         for change in changes {
+            if let MetadataChange::Set { value, .. } = change
+                && value.len() > MAX_METADATA_VALUE_BYTES
+            {
+                return Err(RegistryError::ValueTooLarge {
+                    what: "a metadata value",
+                    size: value.len(),
+                    max: MAX_METADATA_VALUE_BYTES,
+                });
+            }
             last.insert(change.target(), change);
         }
         if last.len() > MAX_TXN_OPS {
