@@ -6,7 +6,7 @@
 //! Dynamic metadata wins over the machine's configured metadata (fleetd's `metadata=`) and
 //! the scheduler acts on it at once (docs/api.md, "PATCH /machines"). Only dynamic values can
 //! be removed: after `unset-metadata` of a key the machine's configuration also sets, the
-//! configured value shows again, and a warning says so.
+//! configured value shows again, and the command fails naming it (the key was not unset).
 
 use anyhow::{Context, Result, bail};
 use fleet_core::{MachineId, MachineInfo};
@@ -118,8 +118,9 @@ pub async fn set<C: Cluster>(ctx: &mut Ctx<C>, arg: &str, args: &[String]) -> Re
     Ok(())
 }
 
-/// `fleetctl unset-metadata MACHINE key...`: removes the dynamic values, and warns about the
-/// keys the machine still shows (its configured metadata).
+/// `fleetctl unset-metadata MACHINE key...`: removes the dynamic values, and fails naming the
+/// keys the machine still shows (its configured metadata): those were not unset, and a
+/// command that did not do what it was asked exits non-zero (issue 38).
 pub async fn unset<C: Cluster>(ctx: &mut Ctx<C>, arg: &str, args: &[String]) -> Result<()> {
     let keys = parse_keys(args)?;
     let machine = resolve_machine(ctx, arg).await?;
@@ -134,20 +135,24 @@ pub async fn unset<C: Cluster>(ctx: &mut Ctx<C>, arg: &str, args: &[String]) -> 
         .change_metadata(&changes)
         .await
         .with_context(|| format!("unsetting metadata of machine {machine}"))?;
-    let listed: Vec<&str> = keys.iter().map(MetadataKey::as_str).collect();
-    ctx.say(format!("Machine {machine}: unset {}", listed.join(", ")));
-    if let Some(after) = shown(ctx, &machine).await? {
-        let kept: Vec<String> = keys
+    // A machine not registered shows nothing: every key is gone from what it will show.
+    let after = shown(ctx, &machine).await?.unwrap_or_default();
+    let (kept, gone): (Vec<&MetadataKey>, Vec<&MetadataKey>) =
+        keys.iter().partition(|k| after.contains_key(k.as_str()));
+    if !gone.is_empty() {
+        let listed: Vec<&str> = gone.iter().map(|k| k.as_str()).collect();
+        ctx.say(format!("Machine {machine}: unset {}", listed.join(", ")));
+    }
+    if !kept.is_empty() {
+        let kept: Vec<String> = kept
             .iter()
-            .filter_map(|k| after.get(k.as_str()).map(|v| format!("{k}={v}")))
+            .map(|k| format!("{k}={}", after[k.as_str()]))
             .collect();
-        if !kept.is_empty() {
-            ctx.warn(format!(
-                "Warning: machine {machine} still has {}: its fleetd's configured metadata \
-                 (unset-metadata removes only what set-metadata set)",
-                kept.join(", ")
-            ));
-        }
+        bail!(
+            "machine {machine} still has {}: its fleetd's configured metadata (its metadata= \
+             setting); unset-metadata removes only what set-metadata set",
+            kept.join(", ")
+        );
     }
     Ok(())
 }
