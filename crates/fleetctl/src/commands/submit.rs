@@ -149,7 +149,7 @@ async fn prepare_one<C: Cluster>(
         } else {
             find_new_content(ctx, registry, arg, name).await?
         };
-        let file = file.ok_or_else(|| not_found(name))?;
+        let file = file.ok_or_else(|| not_found(name, arg))?;
         check_requirements(ctx, name, &file)?;
         return Ok(Action::Create(file));
     };
@@ -313,7 +313,19 @@ fn no_template(name: &UnitName, template: &UnitName) -> anyhow::Error {
     )
 }
 
-fn not_found(name: &UnitName) -> anyhow::Error {
+fn not_found(name: &UnitName, arg: &str) -> anyhow::Error {
+    let looked = local_path(arg);
+    // `submit /dev/stdin` looked for /dev/stdin.service (issue 38): the file named is there,
+    // but fleetctl takes a unit's name from its file's, and that name is no unit's.
+    if looked.as_os_str() != arg && std::path::Path::new(arg).exists() {
+        return anyhow!(
+            "{:?} is not named as a unit file: fleetctl names a unit after its file, and found \
+             no {:?} and no Unit({name}) in the Registry; name the file NAME.service (or \
+             .socket, .timer, ...) and give that",
+            shorten(arg),
+            shorten(&looked.to_string_lossy())
+        );
+    }
     anyhow!("unable to find Unit({name}) in Registry or on filesystem")
 }
 
