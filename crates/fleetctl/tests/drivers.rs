@@ -169,6 +169,10 @@ async fn an_endpoint_on_etcds_port_picks_etcd_and_any_other_the_api() {
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("GET /fleet/v1/state"), "{err}");
+    assert!(
+        err.contains("no fleetd listens at 127.0.0.1:1 (connection refused)"),
+        "{err}"
+    );
     let o = env
         .fleetctl(
             &["--endpoint=unix:///nonexistent/fleet.sock".into()],
@@ -178,8 +182,22 @@ async fn an_endpoint_on_etcds_port_picks_etcd_and_any_other_the_api() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("unix:///nonexistent/fleet.sock"), "{err}");
     // The cause once, the query left out of the message.
-    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    assert_eq!(err.matches("does not exist").count(), 1, "{err}");
     assert!(err.contains("GET /fleet/v1/machines at unix://"), "{err}");
+    // Issue 38: what that means, and what to do from a host without a fleetd; no word of
+    // etcd's health, which the API driver never asked about.
+    assert!(
+        err.contains(
+            "no fleetd runs on this host: its socket /nonexistent/fleet.sock does not exist"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("point fleetctl elsewhere with --endpoint (or FLEETCTL_ENDPOINT)"),
+        "{err}"
+    );
+    assert!(err.contains("with --driver etcd"), "{err}");
+    assert!(!err.contains("etcd unhealthy"), "{err}");
     let o = env
         .fleetctl(
             &[
