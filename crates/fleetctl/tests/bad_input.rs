@@ -513,7 +513,7 @@ async fn unknown_commands_flags_and_fields_are_refused() {
         ),
         (
             vec!["--driver", "grpc", "list-units"],
-            "unrecognized driver \"grpc\" (expected \"api\" or \"etcd\")",
+            "invalid value 'grpc' for '--driver <DRIVER>'\n  [possible values: api, etcd]",
         ),
     ];
     env.refuses_all(&cases).await;
