@@ -1,6 +1,9 @@
 //! Shell completion scripts and man pages, both generated from the command line's own
 //! definition ([`crate::cli::Cli`]), so they cannot drift from the flags fleetctl takes.
-//! Neither talks to a cluster.
+//! Neither talks to a cluster while it is made; bash's script asks it for unit names and
+//! machine IDs as it completes ([`names`]).
+
+mod names;
 
 use clap::CommandFactory;
 use std::io::Write;
@@ -28,6 +31,9 @@ pub fn write_completion(shell: Shell, out: &mut dyn Write) -> std::io::Result<()
     };
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut cmd, "fleetctl", &mut script);
+    if shell == clap_complete::Shell::Bash {
+        script.extend_from_slice(names::bash(&cmd).as_bytes());
+    }
     out.write_all(&script)
 }
 
