@@ -128,7 +128,7 @@ fn a_state_a_machine_publishes_for_a_unit_never_scheduled_there_holds_nothing_ba
     wait_for(TIMEOUT, POLL, || {
         fleetd_log_all(leader).is_ok_and(|log| {
             logged(&log, "ignoring a stray unit state", "pinned.service")
-                && log.contains(&format!("machine={}", m1.id()))
+                && log.contains(&format!("from={}", m1.id()))
         })
     })
     .with_context(|| format!("{} did not report m1's stray state", leader.name()))?;

@@ -11,6 +11,7 @@
 //! runs an engine by mistake neither spins nor stops; the rest of fleetd goes on.
 
 mod copies;
+mod decision_log;
 mod leading;
 
 use crate::disruption::DisruptionConfig;

@@ -1,7 +1,7 @@
 //! fleetctl's command line, with fleet's commands, flags and `FLEETCTL_<FLAG>` environment
 //! defaults. Unlike fleet, short flags such as `-l` work and every error exits non-zero.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueHint};
 
 use crate::driver::Driver;
 
@@ -19,27 +19,70 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
-/// Flags every command takes, each also read from `FLEETCTL_<FLAG>`. A command's help lists
-/// them under their own heading, apart from the command's flags.
+/// What a command's help says instead of listing the global flags again.
+pub const GLOBALS_NOTE: &str = "Global options (--endpoint, --driver, --ca-file, ...) are taken \
+    here too; `fleetctl --help` lists them.";
+
+/// fleetctl's command line as it parses and prints help. Every command takes the global
+/// flags, but only `fleetctl --help` lists them (issue 38: each command's help repeated all
+/// of them, ~40 lines, after its own). Each command gets a hidden copy of every global flag
+/// before clap propagates them (clap skips an argument a command already has), so they parse
+/// there as before; completion scripts are made from [`Cli::command`], where they show.
+pub fn command() -> clap::Command {
+    let cmd = Cli::command();
+    let globals: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .cloned()
+        .collect();
+    hide_globals(cmd, &globals)
+}
+
+fn hide_globals(cmd: clap::Command, globals: &[clap::Arg]) -> clap::Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name().to_owned())
+        .collect();
+    names.iter().fold(cmd, |cmd, name| {
+        cmd.mut_subcommand(name, |sub| {
+            let sub = globals
+                .iter()
+                .fold(sub, |sub, a| sub.arg(a.clone().hide(true)));
+            hide_globals(sub.after_help(GLOBALS_NOTE), globals)
+        })
+    })
+}
+
+/// Parses the process's arguments with [`command`]; exits with clap's message and status on
+/// a bad one, as `Cli::parse` does.
+pub fn parse() -> Cli {
+    let mut cmd = command();
+    let matches = cmd.get_matches_mut();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd).exit())
+}
+
+/// Flags every command takes, each also read from `FLEETCTL_<FLAG>`, listed by `fleetctl
+/// --help` under their own heading ([`command`]).
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Global options")]
 pub struct Global {
     /// Location of the fleet API with --driver=api (unix:///PATH, http://HOST:PORT or
     /// https://HOST:PORT), or of etcd with --driver=etcd (comma-separated URLs).
     /// [default: unix:///var/run/fleet.sock; with --driver=etcd, http://127.0.0.1:2379]
-    #[arg(long, global = true, env = "FLEETCTL_ENDPOINT")]
+    #[arg(long, global = true, env = "FLEETCTL_ENDPOINT", value_hint = ValueHint::Url)]
     pub endpoint: Option<String>,
     /// Key prefix of the fleet registry in etcd.
-    #[arg(long, global = true, env = "FLEETCTL_ETCD_KEY_PREFIX", default_value = fleet_registry::DEFAULT_PREFIX)]
+    #[arg(long, global = true, env = "FLEETCTL_ETCD_KEY_PREFIX", default_value = fleet_registry::DEFAULT_PREFIX, value_hint = ValueHint::Other)]
     pub etcd_key_prefix: String,
     /// Seconds to wait for each request to etcd or to fleet's API.
-    #[arg(long, global = true, env = "FLEETCTL_REQUEST_TIMEOUT", default_value_t = 3.0, value_parser = parse_seconds)]
+    #[arg(long, global = true, env = "FLEETCTL_REQUEST_TIMEOUT", default_value_t = 3.0, value_parser = parse_seconds, value_hint = ValueHint::Other)]
     pub request_timeout: f64,
     /// CA file of the TLS certificate of fleet's API (https://) or of etcd.
     #[arg(
         long,
         global = true,
         env = "FLEETCTL_CA_FILE",
+        value_hint = ValueHint::FilePath,
         visible_alias = "etcd-cafile"
     )]
     pub ca_file: Option<std::path::PathBuf>,
@@ -48,6 +91,7 @@ pub struct Global {
         long,
         global = true,
         env = "FLEETCTL_CERT_FILE",
+        value_hint = ValueHint::FilePath,
         visible_alias = "etcd-certfile"
     )]
     pub cert_file: Option<std::path::PathBuf>,
@@ -56,32 +100,33 @@ pub struct Global {
         long,
         global = true,
         env = "FLEETCTL_KEY_FILE",
+        value_hint = ValueHint::FilePath,
         visible_alias = "etcd-keyfile"
     )]
     pub key_file: Option<std::path::PathBuf>,
     /// CA file of fleet's API (https://) when it differs from etcd's: the API driver and
     /// status/journal use it instead of --ca-file (with --driver=etcd, --ca-file is etcd's).
-    #[arg(long, global = true, env = "FLEETCTL_API_CA_FILE")]
+    #[arg(long, global = true, env = "FLEETCTL_API_CA_FILE", value_hint = ValueHint::FilePath)]
     pub api_ca_file: Option<std::path::PathBuf>,
     /// Client certificate for fleet's API, instead of --cert-file.
-    #[arg(long, global = true, env = "FLEETCTL_API_CERT_FILE")]
+    #[arg(long, global = true, env = "FLEETCTL_API_CERT_FILE", value_hint = ValueHint::FilePath)]
     pub api_cert_file: Option<std::path::PathBuf>,
     /// Client key for fleet's API, instead of --key-file.
-    #[arg(long, global = true, env = "FLEETCTL_API_KEY_FILE")]
+    #[arg(long, global = true, env = "FLEETCTL_API_KEY_FILE", value_hint = ValueHint::FilePath)]
     pub api_key_file: Option<std::path::PathBuf>,
     /// etcd user to authenticate as, with --driver=etcd; its password comes from
     /// --password-file or the variable FLEETCTL_PASSWORD (never from the command line).
-    #[arg(long, global = true, env = "FLEETCTL_USERNAME")]
+    #[arg(long, global = true, env = "FLEETCTL_USERNAME", value_hint = ValueHint::Other)]
     pub username: Option<String>,
     /// File whose first line is --username's password.
-    #[arg(long, global = true, env = "FLEETCTL_PASSWORD_FILE")]
+    #[arg(long, global = true, env = "FLEETCTL_PASSWORD_FILE", value_hint = ValueHint::FilePath)]
     pub password_file: Option<std::path::PathBuf>,
     /// How fleetctl reaches the cluster: `api` (fleetd's HTTP API) or `etcd` (the registry
     /// directly). [default: api; etcd when the endpoint's port is 2379 or 4001]
-    #[arg(long, global = true, env = "FLEETCTL_DRIVER", value_parser = parse_driver)]
+    #[arg(long, global = true, env = "FLEETCTL_DRIVER", value_parser = driver_parser())]
     pub driver: Option<Driver>,
     /// SSH bastion `host[:port]` used to reach machines for status and journal.
-    #[arg(long, global = true, env = "FLEETCTL_TUNNEL", default_value = "", hide_default_value = true, value_parser = parse_tunnel)]
+    #[arg(long, global = true, env = "FLEETCTL_TUNNEL", default_value = "", hide_default_value = true, value_parser = parse_tunnel, value_hint = ValueHint::Hostname)]
     pub tunnel: String,
     /// SSH user for status and journal on remote machines.
     #[arg(
@@ -89,11 +134,12 @@ pub struct Global {
         global = true,
         env = "FLEETCTL_SSH_USERNAME",
         default_value = "core",
-        value_parser = parse_ssh_username
+        value_parser = parse_ssh_username,
+        value_hint = ValueHint::Username
     )]
     pub ssh_username: String,
     /// Seconds to wait for an SSH connection.
-    #[arg(long, global = true, env = "FLEETCTL_SSH_TIMEOUT", default_value_t = 10.0, value_parser = parse_seconds)]
+    #[arg(long, global = true, env = "FLEETCTL_SSH_TIMEOUT", default_value_t = 10.0, value_parser = parse_seconds, value_hint = ValueHint::Other)]
     pub ssh_timeout: f64,
     /// Verify remote host keys.
     #[arg(long, global = true, env = "FLEETCTL_STRICT_HOST_KEY_CHECKING", default_value_t = true, action = clap::ArgAction::Set)]
@@ -103,7 +149,8 @@ pub struct Global {
         long,
         global = true,
         env = "FLEETCTL_KNOWN_HOSTS_FILE",
-        default_value = "~/.fleetctl/known_hosts"
+        default_value = "~/.fleetctl/known_hosts",
+        value_hint = ValueHint::FilePath
     )]
     pub known_hosts_file: String,
     /// Reach machines over ssh for status and journal (fleet's way), even where their fleetd
@@ -123,8 +170,10 @@ pub struct Global {
     pub version: bool,
 }
 
-fn parse_driver(s: &str) -> Result<Driver, String> {
-    s.parse()
+/// `api` or `etcd`, as possible values: help and completion offer them (not files).
+fn driver_parser() -> impl clap::builder::TypedValueParser<Value = Driver> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["api", "etcd"]).try_map(|s| s.parse::<Driver>())
 }
 
 /// The longest timeout fleetctl takes: a day. Longer values are typos, and ones past
@@ -287,7 +336,9 @@ pub struct Submit {
     /// Replace the unit in the registry if its content differs from the local file.
     #[arg(long)]
     pub replace: bool,
-    /// Units (unit names or paths to unit files).
+    /// Units: paths to unit files (a file's name is its unit's: hello.service), or names of
+    /// instances to make from a template (web@1 from web@.service here or in the cluster).
+    #[arg(value_name = "UNIT", value_hint = ValueHint::FilePath)]
     pub units: Vec<String>,
 }
 
@@ -350,6 +401,9 @@ pub struct Activate {
     pub rolling: Option<u32>,
     #[command(flatten)]
     pub block: BlockFlags,
+    /// Units: names (hello.service; hello is hello.service; web@1 an instance of web@.service,
+    /// web@{1..3} three of them) or paths to unit files, whose name is the unit's.
+    #[arg(value_name = "UNIT", value_hint = ValueHint::FilePath)]
     pub units: Vec<String>,
 }
 
@@ -357,6 +411,9 @@ pub struct Activate {
 pub struct Blocking {
     #[command(flatten)]
     pub block: BlockFlags,
+    /// Units in the cluster: names such as hello.service, hello (a .service) or web@1, and
+    /// ranges such as web@{1..3}.
+    #[arg(value_name = "UNIT", value_hint = ValueHint::Other)]
     pub units: Vec<String>,
 }
 
@@ -369,6 +426,8 @@ pub struct StatusArgs {
     /// machine; an array when there are several). json needs the machines' API.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub output: String,
+    /// Units whose status to print (hello.service, or hello for it).
+    #[arg(value_name = "UNIT", value_hint = ValueHint::Other)]
     pub units: Vec<String>,
 }
 
@@ -413,16 +472,23 @@ pub struct JournalArgs {
     /// SSH port of the machines.
     #[arg(long, default_value_t = 22)]
     pub ssh_port: u16,
+    /// The unit whose journal to print (hello.service, or hello for it).
+    #[arg(value_name = "UNIT", value_hint = ValueHint::Other)]
     pub units: Vec<String>,
 }
 
 #[derive(Debug, Args)]
 pub struct Units {
+    /// Units to remove from the cluster (stopped and unloaded first): names such as
+    /// hello.service, hello (a .service) or web@1, and ranges such as web@{1..3}.
+    #[arg(value_name = "UNIT", value_hint = ValueHint::Other)]
     pub units: Vec<String>,
 }
 
 #[derive(Debug, Args)]
 pub struct Cat {
+    /// Units whose file to print (hello.service, or hello for it).
+    #[arg(value_name = "UNIT", value_hint = ValueHint::Other)]
     pub units: Vec<String>,
 }
 
@@ -527,6 +593,8 @@ pub struct ExplainArgs {
     /// Output format: text, or json (one document, the API's `GET /explain/<unit>`).
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub output: String,
+    /// The unit to explain (hello.service, or hello for it).
+    #[arg(value_name = "UNIT", value_hint = ValueHint::Other)]
     pub unit: String,
 }
 
@@ -596,3 +664,6 @@ pub struct AuthRemoveHost {
     /// The machine's ID.
     pub machine: String,
 }
+
+#[cfg(test)]
+mod tests;

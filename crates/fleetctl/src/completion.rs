@@ -1,6 +1,9 @@
 //! Shell completion scripts and man pages, both generated from the command line's own
 //! definition ([`crate::cli::Cli`]), so they cannot drift from the flags fleetctl takes.
-//! Neither talks to a cluster.
+//! Neither talks to a cluster while it is made; bash's script asks it for unit names and
+//! machine IDs as it completes ([`names`]).
+
+mod names;
 
 use clap::CommandFactory;
 use std::io::Write;
@@ -28,14 +31,20 @@ pub fn write_completion(shell: Shell, out: &mut dyn Write) -> std::io::Result<()
     };
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut cmd, "fleetctl", &mut script);
+    if shell == clap_complete::Shell::Bash {
+        script.extend_from_slice(names::bash(&cmd).as_bytes());
+    }
     out.write_all(&script)
 }
 
 /// Writes `fleetctl.1` and `fleetctl-<command>.1` for every visible command into `dir`;
-/// returns the files written.
+/// returns the files written. The pages are those of `--help` ([`crate::cli::command`]): a
+/// command's page leaves the global flags to fleetctl.1. Built first, so that each command
+/// knows its full name: a page's synopsis reads `fleetctl start ...`, not `start ...`.
 pub fn write_man_pages(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
     std::fs::create_dir_all(dir)?;
-    let cmd = Cli::command();
+    let mut cmd = crate::cli::command();
+    cmd.build();
     let mut written = Vec::new();
     let mut page = |name: String, cmd: clap::Command| -> std::io::Result<()> {
         let path = dir.join(format!("{name}.1"));
@@ -46,7 +55,11 @@ pub fn write_man_pages(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
         Ok(())
     };
     page("fleetctl".into(), cmd.clone())?;
-    for sub in cmd.get_subcommands().filter(|c| !c.is_hide_set()) {
+    // Not clap's `help` command, which building added: `fleetctl help X` is X's page.
+    let pages = cmd
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set() && c.get_name() != "help");
+    for sub in pages {
         let name = format!("fleetctl-{}", sub.get_name());
         page(name, sub.clone())?;
     }
@@ -96,8 +109,18 @@ mod tests {
         assert!(names.contains(&"fleetctl.1".to_owned()));
         assert!(names.contains(&"fleetctl-start.1".to_owned()));
         assert!(!names.iter().any(|n| n == "fleetctl-man.1"));
+        assert!(!names.iter().any(|n| n == "fleetctl-help.1"), "{names:?}");
         let start = std::fs::read_to_string(dir.join("fleetctl-start.1")).unwrap();
         assert!(start.contains("replace"), "{start}");
+        // Issue 38: the synopsis is the command as typed, and the global flags are left to
+        // fleetctl.1.
+        assert!(
+            start.contains(".SH SYNOPSIS\n\\fBfleetctl start\\fR"),
+            "{start}"
+        );
+        assert!(!start.contains("\\fB\\-\\-endpoint\\fR"), "{start}");
+        let top = std::fs::read_to_string(dir.join("fleetctl.1")).unwrap();
+        assert!(top.contains("\\fB\\-\\-endpoint\\fR"), "{top}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -14,6 +14,7 @@ mod creates;
 pub mod http;
 mod transport;
 pub mod unit_api;
+mod unreached;
 mod watch;
 
 pub use http::HttpCluster;

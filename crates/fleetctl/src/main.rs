@@ -2,7 +2,6 @@
 //! talking to its etcd registry directly (`--driver=etcd`); [`fleetctl::driver`] decides.
 
 use anyhow::Result;
-use clap::Parser;
 use fleet_ops::Cluster;
 use fleet_ops::etcd::RegistryCluster;
 use fleet_registry::Registry;
@@ -21,7 +20,7 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 const DEBUG_FILTER: &str = "warn,fleetctl=debug,fleet_=debug";
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = cli::parse();
     if cli.global.debug {
         // fleet's own debug output, not tower's, hyper's and h2's; RUST_LOG replaces it.
         let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| DEBUG_FILTER.to_owned());
@@ -150,8 +149,7 @@ async fn run(cli: Cli) -> Result<()> {
     let command = match cli.command {
         Some(c) => c,
         None => {
-            use clap::CommandFactory;
-            Cli::command().print_help()?;
+            cli::command().print_help()?;
             return Ok(());
         }
     };

@@ -290,6 +290,31 @@ async fn a_path_argument_names_the_unit_by_its_last_component_only() {
     );
 }
 
+/// Issue 38: `submit /dev/stdin` said "unable to find Unit(stdin.service)". The file named is
+/// there; its name is no unit's, and fleetctl names a unit after its file: the message says so.
+#[tokio::test]
+async fn a_file_not_named_as_a_unit_is_refused_saying_why() {
+    let env = Env::new("not-a-unit-name").await;
+    env.write("hello", HELLO);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["submit", "/dev/stdin"],
+            "\"/dev/stdin\" is not named as a unit file: fleetctl names a unit after its file, \
+             and found no \"/dev/stdin.service\" and no Unit(stdin.service) in the Registry",
+        ),
+        (
+            vec!["start", "--no-block", "hello"],
+            "\"hello\" is not named as a unit file",
+        ),
+        // No such file at all: fleet's own message.
+        (
+            vec!["submit", "absent"],
+            "unable to find Unit(absent.service) in Registry or on filesystem",
+        ),
+    ];
+    env.refuses_all(&cases).await;
+}
+
 #[tokio::test]
 async fn malformed_and_oversized_unit_files_are_refused() {
     let env = Env::new("files").await;
@@ -488,7 +513,7 @@ async fn unknown_commands_flags_and_fields_are_refused() {
         ),
         (
             vec!["--driver", "grpc", "list-units"],
-            "unrecognized driver \"grpc\" (expected \"api\" or \"etcd\")",
+            "invalid value 'grpc' for '--driver <DRIVER>'\n  [possible values: api, etcd]",
         ),
     ];
     env.refuses_all(&cases).await;

@@ -140,12 +140,17 @@ async fn differing_local_file_warns_and_replace_swaps_content() {
     let changed = "[Service]\nExecStart=/bin/sleep 1000\n";
     env.write("hello.service", changed);
 
+    // fleet's warning, then a non-zero exit: the command did not do what it was asked
+    // (issue 38; fleet exited 0).
     let before = env.dump().await;
     let o = env.fleetctl(&["submit", path]);
-    ok(&o);
-    assert!(stderr(&o).contains(
-        "WARNING: Unit hello.service in registry differs from local unit file hello.service. Add --replace to override."
-    ), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o),
+        "WARNING: Unit hello.service in registry differs from local unit file hello.service. Add --replace to override.\n\
+         Unit hello.service was left as the registry has it, not as its local file says: `submit --replace` replaces it\n"
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stdout(&o), "");
     assert_eq!(env.dump().await, before);
 
     let o = env.fleetctl(&["submit", "--replace", path]);
@@ -246,13 +251,15 @@ async fn a_local_template_differing_from_the_registry_one_is_warned_about() {
     );
     assert_eq!(stdout(&env.fleetctl(&["cat", "hello@2"])), v1);
 
-    // An instance already registered: fleet's own warning, nothing written.
+    // An instance already registered: fleet's own warning, nothing written, and an exit
+    // that says so.
     let before = env.dump().await;
     let o = env.fleetctl(&["submit", "./hello@1.service"]);
-    ok(&o);
+    assert_eq!(o.status.code(), Some(1));
     assert_eq!(
         stderr(&o),
-        "WARNING: Unit hello@1.service in registry differs from local template unit file ./hello@1.service. Add --replace to override.\n"
+        "WARNING: Unit hello@1.service in registry differs from local template unit file ./hello@1.service. Add --replace to override.\n\
+         Unit hello@1.service was left as the registry has it, not as its local file says: `submit --replace` replaces it\n"
     );
     assert_eq!(env.dump().await, before);
 
@@ -353,12 +360,14 @@ async fn many_arguments_resolve_as_they_did_one_at_a_time() {
         "tpl@2.service",
         "a.service",
     ]);
-    ok(&o);
+    // The others are written; a.service is not, which fails the command (issue 38).
+    assert_eq!(o.status.code(), Some(1));
     assert_eq!(
         stdout(&o),
         "Unit b.service inactive\nUnit tpl@1.service inactive\nUnit tpl@2.service inactive\n"
     );
-    let warning = "WARNING: Unit a.service in registry differs from local unit file a.service. Add --replace to override.\n";
+    let warning = "WARNING: Unit a.service in registry differs from local unit file a.service. Add --replace to override.\n\
+                   Unit a.service was left as the registry has it, not as its local file says: `submit --replace` replaces it\n";
     // a.service, named twice, is resolved once (issue 13).
     assert_eq!(stderr(&o), warning);
     assert_eq!(

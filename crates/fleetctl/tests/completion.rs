@@ -1,7 +1,12 @@
 //! The completion scripts load in the shells they are for, and complete fleetctl's commands;
-//! the man pages are written. No cluster is needed.
+//! the man pages are written. No cluster is needed, but for the unit names and machine IDs
+//! bash completes from one (a test etcd).
 
+use fleet_core::MachineInfo;
+use fleet_registry::Registry;
+use fleet_registry::testing::{TestEtcd, machine_running};
 use std::process::Command;
+use std::time::Duration;
 
 fn fleetctl(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_fleetctl"))
@@ -74,5 +79,125 @@ fn man_pages_are_written_for_fleetctl_and_its_commands() {
             "{page}: {text}"
         );
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// What bash completes for the line `fleetctl <line>` (the cursor at its end) with `script`
+/// loaded, `env` set: the registered function called as bash calls it.
+fn bash_completes_line(script: &std::path::Path, line: &str, env: &[(&str, &str)]) -> Vec<String> {
+    // As bash calls it: the command as typed is the first word and the function's $1.
+    let full = format!("{} {line}", env!("CARGO_BIN_EXE_fleetctl"));
+    let probe = format!(
+        "source {script}; f=$(complete -p fleetctl | sed -n 's/.*-F \\([^ ]*\\).*/\\1/p'); \
+         COMP_LINE='{full}'; COMP_POINT={point}; read -ra COMP_WORDS <<< \"$COMP_LINE\"; \
+         [[ $COMP_LINE == *' ' ]] && COMP_WORDS+=(''); COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 )); \
+         prev=${{COMP_WORDS[COMP_CWORD-1]}}; \
+         \"$f\" \"${{COMP_WORDS[0]}}\" \"${{COMP_WORDS[COMP_CWORD]}}\" \"$prev\"; \
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        script = script.display(),
+        point = full.len(),
+    );
+    let mut bash = Command::new("bash");
+    bash.args(["--noprofile", "--norc", "-c", &probe])
+        .env_remove("FLEETCTL_ENDPOINT")
+        .env_remove("FLEETCTL_DRIVER");
+    for (k, v) in env {
+        bash.env(k, v);
+    }
+    let out = bash.output().expect("bash runs");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn bash_script(dir: &std::path::Path) -> std::path::PathBuf {
+    let out = fleetctl(&["completion", "bash"]);
+    assert!(out.status.success(), "{out:?}");
+    std::fs::create_dir_all(dir).unwrap();
+    let script = dir.join("fleetctl.bash");
+    std::fs::write(&script, &out.stdout).unwrap();
+    script
+}
+
+/// Issue 38: `--driver` is completed with its values, not files.
+#[test]
+fn the_driver_flag_completes_with_its_values() {
+    let dir =
+        std::env::temp_dir().join(format!("fleetctl-completion-driver-{}", std::process::id()));
+    let script = bash_script(&dir);
+    assert_eq!(
+        bash_completes_line(&script, "--driver ", &[]),
+        ["api", "etcd"]
+    );
+    assert_eq!(
+        bash_completes_line(&script, "list-units --driver e", &[]),
+        ["etcd"]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 38: unit names and machine IDs come from the cluster the line reaches: the
+/// variables, or the global flags typed on it.
+#[tokio::test]
+async fn bash_completes_unit_names_and_machine_ids_from_the_cluster() {
+    let etcd = TestEtcd::start().await;
+    let dir =
+        std::env::temp_dir().join(format!("fleetctl-completion-names-{}", std::process::id()));
+    let script = bash_script(&dir);
+    let endpoint = etcd.endpoint();
+    for unit in ["web.service", "worker.service", "db.service"] {
+        let path = dir.join(unit);
+        std::fs::write(&path, "[Service]\nExecStart=/bin/true\n").unwrap();
+        let out = fleetctl(&[
+            "--driver=etcd",
+            "--endpoint",
+            &endpoint,
+            "submit",
+            path.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    let registry = Registry::new(etcd.kv().await, fleet_registry::DEFAULT_PREFIX);
+    let info = MachineInfo {
+        id: "4f1e2a10aaaa".parse().unwrap(),
+        public_ip: "10.0.0.1".into(),
+        metadata: Default::default(),
+        version: "test".into(),
+        disable_engine: false,
+        api: String::new(),
+        fence_at: None,
+    };
+    machine_running(&registry, &info, Duration::from_secs(3600), &[]).await;
+
+    let by_env = [
+        ("FLEETCTL_DRIVER", "etcd"),
+        ("FLEETCTL_ENDPOINT", endpoint.as_str()),
+    ];
+    let units = bash_completes_line(&script, "stop w", &by_env);
+    assert_eq!(units, ["web.service", "worker.service"]);
+    let units = bash_completes_line(&script, "destroy web.service ", &by_env);
+    assert!(units.contains(&"db.service".to_owned()), "{units:?}");
+    let machines = bash_completes_line(&script, "set-metadata 4f", &by_env);
+    assert_eq!(machines, ["4f1e2a10aaaa"]);
+    // After the machine come key=value pairs: no names.
+    let after = bash_completes_line(&script, "set-metadata 4f1e2a10aaaa 4", &by_env);
+    assert_eq!(after, Vec::<String>::new());
+    // The global flags typed on the line reach the same cluster, before or after the command.
+    let typed = format!("--driver etcd --endpoint={endpoint} cat d");
+    assert_eq!(bash_completes_line(&script, &typed, &[]), ["db.service"]);
+    let typed = format!("explain --driver=etcd --endpoint {endpoint} d");
+    assert_eq!(bash_completes_line(&script, &typed, &[]), ["db.service"]);
+    // The value of a flag is not a unit.
+    let flag = bash_completes_line(&script, "stop --block-attempts ", &by_env);
+    assert!(!flag.contains(&"db.service".to_owned()), "{flag:?}");
+    // No cluster there: no names, no noise, at once.
+    let nowhere = [("FLEETCTL_ENDPOINT", "unix:///nonexistent/fleet.sock")];
+    assert_eq!(
+        bash_completes_line(&script, "stop w", &nowhere),
+        Vec::<String>::new()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -296,17 +296,19 @@ async fn set_and_unset_metadata_write_over_either_driver_and_refuse_bad_input_wr
         &env.fleetctl(Driver::Api, &["unset-metadata", "m1", "region", "role"])
             .await,
     );
-    assert_eq!(o.0, Some(0), "{o:?}");
-    assert_eq!(o.1, "Machine m1aa: unset region, role\n");
-    // role is configured too: removing the dynamic value shows the configured one again.
+    // role is configured too: removing the dynamic value shows the configured one again, so
+    // role was not unset, and the command fails saying so (issue 38).
+    assert_eq!(o.0, Some(1), "{o:?}");
+    assert_eq!(o.1, "Machine m1aa: unset region\n");
     let listed = json(&env.both(&["list-machines", "--output=json"]).await);
     assert_eq!(
         metadata(&listed),
         serde_json::json!({"az": "b", "role": "web"})
     );
-    assert!(
-        o.2.contains("machine m1aa still has role=web: its fleetd's configured metadata"),
-        "{o:?}"
+    assert_eq!(
+        o.2,
+        "machine m1aa still has role=web: its fleetd's configured metadata (its metadata= \
+         setting); unset-metadata removes only what set-metadata set\n"
     );
     let o = shown(
         &env.fleetctl(Driver::Etcd, &["unset-metadata", "m1", "az"])

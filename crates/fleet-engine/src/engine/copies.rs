@@ -138,7 +138,7 @@ pub(super) fn report(
     for (unit, machine) in copies.strays(planned, found) {
         warn!(
             unit = %unit,
-            machine = %machine,
+            from = %machine,
             "ignoring a stray unit state: the unit was not scheduled on that machine lately"
         );
     }

@@ -17,8 +17,7 @@
 
 use fleet_registry::kv::{Kv, Revision};
 use fleet_registry::{
-    EngineWrite, Leadership, LeftCopy, LiveView, MoveRecord, Registry, RegistryError, Touched,
-    WatchHints,
+    EngineWrite, Leadership, LiveView, MoveRecord, Registry, RegistryError, Touched, WatchHints,
 };
 use std::time::Duration;
 use tokio::sync::watch;
@@ -27,6 +26,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, debug_span, info, warn};
 
 use super::copies::{self, Copies};
+use super::decision_log;
 use super::{EngineConfig, Flow, stop_requested};
 use crate::disruption::{Assessment, Disruption, Hold};
 use crate::metrics::{Failure, Metrics};
@@ -349,7 +349,7 @@ impl<K: Kv> Leading<K> {
             "engine pass done"
         );
         self.log_assessment(&assessment);
-        plan.decisions.iter().for_each(log_decision);
+        plan.decisions.iter().for_each(decision_log::log);
         Ok(())
     }
 }
@@ -521,59 +521,5 @@ fn write_of(decision: &Decision) -> EngineWrite {
             from: from.clone(),
         }),
         DecisionKind::MoveOver { unit } => EngineWrite::Moved { unit: unit.clone() },
-    }
-}
-
-fn log_decision(decision: &Decision) {
-    let reason = &decision.reason;
-    match &decision.kind {
-        DecisionKind::Unschedule {
-            unit,
-            machine,
-            left,
-        } => {
-            let record_left = left.map_or("no", LeftCopy::as_str);
-            info!(unit = %unit, machine = %machine, reason = %reason, record_left, "unscheduling unit");
-        }
-        DecisionKind::Forget { unit, machine } => {
-            debug!(unit = %unit, machine = %machine, reason = %reason, "forgetting that unit left machine");
-        }
-        DecisionKind::Record {
-            unit,
-            machine,
-            copy,
-        } => {
-            debug!(unit = %unit, machine = %machine, copy = %copy, reason = %reason, "recording the copy a unit left");
-        }
-        DecisionKind::Update {
-            unit,
-            machine,
-            hash,
-            desired,
-            ..
-        } => {
-            info!(unit = %unit, machine = %machine, hash = %hash, desired = %desired, reason = %reason, "updating unit in place");
-        }
-        DecisionKind::Schedule {
-            unit,
-            machine,
-            hash,
-            desired,
-            ..
-        } => {
-            info!(unit = %unit, machine = %machine, hash = %hash, desired = %desired, reason = %reason, "scheduling unit");
-        }
-        DecisionKind::Unschedulable { unit } => {
-            warn!(unit = %unit, reason = %reason, "unit cannot be scheduled");
-        }
-        DecisionKind::ClearUnschedulable { unit } => {
-            info!(unit = %unit, reason = %reason, "unit no longer unschedulable");
-        }
-        DecisionKind::Moving { unit, from } => {
-            info!(unit = %unit, machine = %from, reason = %reason, "moving unit off drained machine");
-        }
-        DecisionKind::MoveOver { unit } => {
-            info!(unit = %unit, reason = %reason, "drain move over");
-        }
     }
 }

@@ -42,7 +42,12 @@ pub async fn load_or_start<C: Cluster>(
         target: target_of(verb),
         wait: block != Block::No,
     };
-    let (prepared, mut files) = submit::resolve(ctx, args, replace, verb)
+    // A local file that differs was warned about; load and start go on with the registry's.
+    let submit::Resolved {
+        prepared,
+        mut files,
+        ..
+    } = submit::resolve(ctx, args, replace, verb)
         .await
         .map_err(|e| e.context("Error creating units"))?;
     let cluster = ctx.cluster.clone();

@@ -15,8 +15,9 @@ use crate::cli::{Format, ListMachines, ListUnitFiles, ListUnits, Listing};
 use crate::{output, table};
 
 const UNITS_FAILED: &str = "Error retrieving list of units from repository";
-const MACHINES_FAILED: &str =
-    "Error retrieving list of active machines (etcd unhealthy, lost quorum, or unreachable)";
+// Not fleet's "(etcd unhealthy, lost quorum, or unreachable)": over the API driver etcd may
+// have nothing to do with it, and the cause that follows says what went wrong.
+const MACHINES_FAILED: &str = "Error retrieving list of active machines";
 
 /// Each table's columns without `--fields`: fleet's defaults (cli.rs's help names them; a test
 /// below holds the two together).

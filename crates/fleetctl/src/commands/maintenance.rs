@@ -176,13 +176,16 @@ pub async fn explain<C: Cluster>(ctx: &mut Ctx<C>, arg: &str, json: bool) -> Res
         .explain(&name)
         .await
         .with_context(|| format!("explaining unit {name}"))?;
+    let missing = e.status == ExplainStatus::NotFound;
     if json {
+        // The document says `not_found` to a script; the exit status and stderr say it too.
         let text = serde_json::to_string_pretty(&e).context("encoding the explanation")?;
         ctx.say(text);
-    } else {
+    } else if !missing {
+        // A missing unit is said once, on stderr, not as a status, a summary and an error.
         ctx.print(&explanation_text(&e));
     }
-    if e.status == ExplainStatus::NotFound {
+    if missing {
         bail!("Unit {name} does not exist");
     }
     Ok(())

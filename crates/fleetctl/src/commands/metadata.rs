@@ -6,7 +6,7 @@
 //! Dynamic metadata wins over the machine's configured metadata (fleetd's `metadata=`) and
 //! the scheduler acts on it at once (docs/api.md, "PATCH /machines"). Only dynamic values can
 //! be removed: after `unset-metadata` of a key the machine's configuration also sets, the
-//! configured value shows again, and a warning says so.
+//! configured value shows again, and the command fails naming it (the key was not unset).
 
 use anyhow::{Context, Result, bail};
 use fleet_core::{MachineId, MachineInfo};
@@ -35,16 +35,20 @@ pub fn parse_pairs(args: &[String]) -> Result<Vec<(MetadataKey, String)>> {
         };
         let key = parse_key(key, &mut seen)?;
         if value.is_empty() {
-            bail!("the value of metadata key {key:?} is empty (unset-metadata removes a key)");
+            bail!(
+                "the value of metadata key {:?} is empty (unset-metadata removes a key)",
+                key.as_str()
+            );
         }
         if value
             .chars()
             .any(|c| c == '=' || c.is_whitespace() || c.is_control())
         {
             bail!(
-                "the value {:?} of metadata key {key:?} has whitespace, '=' or a control \
+                "the value {:?} of metadata key {:?} has whitespace, '=' or a control \
                  character: MachineMetadata= could never match it",
-                shorten(value)
+                shorten(value),
+                key.as_str()
             );
         }
         pairs.push((key, value.to_owned()));
@@ -69,7 +73,7 @@ fn parse_key(key: &str, seen: &mut BTreeSet<MetadataKey>) -> Result<MetadataKey>
         )
     })?;
     if !seen.insert(key.clone()) {
-        bail!("metadata key {key:?} is given twice");
+        bail!("metadata key {:?} is given twice", key.as_str());
     }
     Ok(key)
 }
@@ -114,8 +118,9 @@ pub async fn set<C: Cluster>(ctx: &mut Ctx<C>, arg: &str, args: &[String]) -> Re
     Ok(())
 }
 
-/// `fleetctl unset-metadata MACHINE key...`: removes the dynamic values, and warns about the
-/// keys the machine still shows (its configured metadata).
+/// `fleetctl unset-metadata MACHINE key...`: removes the dynamic values, and fails naming the
+/// keys the machine still shows (its configured metadata): those were not unset, and a
+/// command that did not do what it was asked exits non-zero (issue 38).
 pub async fn unset<C: Cluster>(ctx: &mut Ctx<C>, arg: &str, args: &[String]) -> Result<()> {
     let keys = parse_keys(args)?;
     let machine = resolve_machine(ctx, arg).await?;
@@ -130,20 +135,24 @@ pub async fn unset<C: Cluster>(ctx: &mut Ctx<C>, arg: &str, args: &[String]) -> 
         .change_metadata(&changes)
         .await
         .with_context(|| format!("unsetting metadata of machine {machine}"))?;
-    let listed: Vec<&str> = keys.iter().map(MetadataKey::as_str).collect();
-    ctx.say(format!("Machine {machine}: unset {}", listed.join(", ")));
-    if let Some(after) = shown(ctx, &machine).await? {
-        let kept: Vec<String> = keys
+    // A machine not registered shows nothing: every key is gone from what it will show.
+    let after = shown(ctx, &machine).await?.unwrap_or_default();
+    let (kept, gone): (Vec<&MetadataKey>, Vec<&MetadataKey>) =
+        keys.iter().partition(|k| after.contains_key(k.as_str()));
+    if !gone.is_empty() {
+        let listed: Vec<&str> = gone.iter().map(|k| k.as_str()).collect();
+        ctx.say(format!("Machine {machine}: unset {}", listed.join(", ")));
+    }
+    if !kept.is_empty() {
+        let kept: Vec<String> = kept
             .iter()
-            .filter_map(|k| after.get(k.as_str()).map(|v| format!("{k}={v}")))
+            .map(|k| format!("{k}={}", after[k.as_str()]))
             .collect();
-        if !kept.is_empty() {
-            ctx.warn(format!(
-                "Warning: machine {machine} still has {}: its fleetd's configured metadata \
-                 (unset-metadata removes only what set-metadata set)",
-                kept.join(", ")
-            ));
-        }
+        bail!(
+            "machine {machine} still has {}: its fleetd's configured metadata (its metadata= \
+             setting); unset-metadata removes only what set-metadata set",
+            kept.join(", ")
+        );
     }
     Ok(())
 }
@@ -183,21 +192,29 @@ mod tests {
         );
         assert!(err(parse_pairs(&args(&["re gion=x"]))).contains("must be letters"));
         assert!(err(parse_pairs(&args(&["=x"]))).contains("must be letters"));
-        assert!(err(parse_pairs(&args(&["region="]))).contains("is empty"));
+        assert_eq!(
+            err(parse_pairs(&args(&["region="]))),
+            "the value of metadata key \"region\" is empty (unset-metadata removes a key)"
+        );
         for bad in ["region=a b", "region=a=b", "region=a\tb", "region=a\u{7}"] {
-            assert!(
-                err(parse_pairs(&args(&[bad]))).contains("could never match it"),
-                "{bad:?}"
-            );
+            let e = err(parse_pairs(&args(&[bad])));
+            assert!(e.contains("of metadata key \"region\" has"), "{bad:?}: {e}");
+            assert!(e.contains("could never match it"), "{bad:?}: {e}");
         }
-        assert!(err(parse_pairs(&args(&["a=1", "a=2"]))).contains("given twice"));
+        assert_eq!(
+            err(parse_pairs(&args(&["a=1", "a=2"]))),
+            "metadata key \"a\" is given twice"
+        );
         assert!(err(parse_pairs(&[])).starts_with("No metadata given"));
     }
 
     #[test]
     fn keys_to_unset_are_parsed_each_once() {
         assert_eq!(parse_keys(&args(&["a", "b.c"])).unwrap().len(), 2);
-        assert!(err(parse_keys(&args(&["a", "a"]))).contains("given twice"));
+        assert_eq!(
+            err(parse_keys(&args(&["a", "a"]))),
+            "metadata key \"a\" is given twice"
+        );
         assert!(err(parse_keys(&args(&["a=1"]))).contains("must be letters"));
         assert!(err(parse_keys(&[])).starts_with("No metadata keys given"));
     }

@@ -97,21 +97,34 @@ pub async fn prepare<C: Cluster>(
     replace: bool,
     verb: Verb,
 ) -> Result<Vec<Prepared>> {
-    Ok(resolve(ctx, args, replace, verb).await?.0)
+    Ok(resolve(ctx, args, replace, verb).await?.prepared)
 }
 
-/// [`prepare`], with the file of every registered unit it read, by hash.
+/// What [`resolve`] found.
+#[derive(Debug)]
+pub struct Resolved {
+    pub prepared: Vec<Prepared>,
+    /// The file of every registered unit read, by hash.
+    pub files: BTreeMap<UnitHash, UnitFile>,
+    /// Units kept as the registry has them although their local file (or template) differs:
+    /// without `--replace`, each was warned about.
+    pub differing: Vec<UnitName>,
+}
+
+/// [`prepare`], with the file of every registered unit it read and the units whose local
+/// file differs from the registry's.
 pub async fn resolve<C: Cluster>(
     ctx: &mut Ctx<C>,
     args: &[String],
     replace: bool,
     verb: Verb,
-) -> Result<(Vec<Prepared>, BTreeMap<UnitHash, UnitFile>)> {
+) -> Result<Resolved> {
     if args.is_empty() {
         bail!("No units given");
     }
     let mut registered = Registered::new(ctx.cluster.clone(), args);
     let mut prepared = Vec::with_capacity(args.len());
+    let mut differing = Vec::new();
     // The first argument naming each unit: a later one is the same unit, acted on once.
     let mut first: BTreeMap<UnitName, &str> = BTreeMap::new();
     for arg in args {
@@ -128,19 +141,33 @@ pub async fn resolve<C: Cluster>(
                 name.unit_type().suffix()
             );
         }
-        let action = prepare_one(ctx, &mut registered, arg, &name, replace, verb).await?;
+        let unit = Argument { arg, name: &name };
+        let action = prepare_one(ctx, &mut registered, unit, replace, verb, &mut differing).await?;
         prepared.push(Prepared { name, action });
     }
-    Ok((prepared, registered.files))
+    Ok(Resolved {
+        prepared,
+        files: registered.files,
+        differing,
+    })
 }
 
+/// An argument and the unit it names.
+#[derive(Debug, Clone, Copy)]
+struct Argument<'a> {
+    arg: &'a str,
+    name: &'a UnitName,
+}
+
+/// The action for one argument. A unit kept although its local file differs (without
+/// `--replace`) is warned about and added to `differing`.
 async fn prepare_one<C: Cluster>(
     ctx: &mut Ctx<C>,
     registry: &mut Registered<C>,
-    arg: &str,
-    name: &UnitName,
+    Argument { arg, name }: Argument<'_>,
     replace: bool,
     verb: Verb,
+    differing: &mut Vec<UnitName>,
 ) -> Result<Action> {
     let existing = registry.unit(name).await?;
     let Some(existing) = existing else {
@@ -149,12 +176,14 @@ async fn prepare_one<C: Cluster>(
         } else {
             find_new_content(ctx, registry, arg, name).await?
         };
-        let file = file.ok_or_else(|| not_found(name))?;
+        let file = file.ok_or_else(|| not_found(name, arg))?;
         check_requirements(ctx, name, &file)?;
         return Ok(Action::Create(file));
     };
     if !replace {
-        warn_if_local_differs(ctx, arg, name, &existing);
+        if warn_if_local_differs(ctx, arg, name, &existing) {
+            differing.push(name.clone());
+        }
         return Ok(Action::Keep(existing.status));
     }
     let file = find_replacement(registry, arg, name)
@@ -198,11 +227,17 @@ fn same_content_twice(name: &UnitName, earlier: &str, arg: &str) -> Result<()> {
     }
 }
 
-/// Without `--replace` a registered unit is kept; a local file that says otherwise is only
-/// reported, as fleet does. The local files are read for that comparison alone
+/// Without `--replace` a registered unit is kept; a local file that says otherwise is
+/// reported as fleet does, and `true` returned (`submit` then fails; `load` and `start` go on
+/// with the registry's version). The local files are read for that comparison alone
 /// (`peek_unit_file`), so one that cannot be read or parsed is passed over rather than
 /// failing a command that would not have used it.
-fn warn_if_local_differs<C>(ctx: &mut Ctx<C>, arg: &str, name: &UnitName, existing: &UnitView) {
+fn warn_if_local_differs<C>(
+    ctx: &mut Ctx<C>,
+    arg: &str,
+    name: &UnitName,
+    existing: &UnitView,
+) -> bool {
     let own = local_path(arg);
     let local = if own.exists() {
         // The unit's own file decides what is compared, even when it is unreadable.
@@ -218,7 +253,9 @@ fn warn_if_local_differs<C>(ctx: &mut Ctx<C>, arg: &str, name: &UnitName, existi
         // fleet names the argument here, even when the template is what differs.
         let shown = UnitName::with_default_type(arg);
         ctx.warn(differs_warning(name, kind, &shown));
+        return true;
     }
+    false
 }
 
 /// Which local file a registry unit was compared with, as the warning names it.
@@ -313,7 +350,19 @@ fn no_template(name: &UnitName, template: &UnitName) -> anyhow::Error {
     )
 }
 
-fn not_found(name: &UnitName) -> anyhow::Error {
+fn not_found(name: &UnitName, arg: &str) -> anyhow::Error {
+    let looked = local_path(arg);
+    // `submit /dev/stdin` looked for /dev/stdin.service (issue 38): the file named is there,
+    // but fleetctl takes a unit's name from its file's, and that name is no unit's.
+    if looked.as_os_str() != arg && std::path::Path::new(arg).exists() {
+        return anyhow!(
+            "{:?} is not named as a unit file: fleetctl names a unit after its file, and found \
+             no {:?} and no Unit({name}) in the Registry; name the file NAME.service (or \
+             .socket, .timer, ...) and give that",
+            shorten(arg),
+            shorten(&looked.to_string_lossy())
+        );
+    }
     anyhow!("unable to find Unit({name}) in Registry or on filesystem")
 }
 
@@ -405,7 +454,11 @@ fn outcome_status(outcome: PutOutcome) -> UnitStatus {
 
 /// `fleetctl submit [--replace] UNIT...`
 pub async fn run<C: Cluster>(ctx: &mut Ctx<C>, args: &[String], replace: bool) -> Result<()> {
-    let prepared = prepare(ctx, args, replace, Verb::Submit)
+    let Resolved {
+        prepared,
+        differing,
+        ..
+    } = resolve(ctx, args, replace, Verb::Submit)
         .await
         .context("Error creating units")?;
     let announce: Vec<bool> = prepared
@@ -427,5 +480,23 @@ pub async fn run<C: Cluster>(ctx: &mut Ctx<C>, args: &[String], replace: bool) -
             Err(e) => failures.push((name, e)),
         }
     }
-    super::fail_if_any(ctx, "Error creating", failures)
+    super::fail_if_any(ctx, "Error creating", failures)?;
+    not_submitted(&differing)
+}
+
+/// Issue 38: a submit that kept a unit as the registry has it, while the local file says
+/// otherwise, did not do what it was asked (fleet exited 0 after its warning).
+fn not_submitted(differing: &[UnitName]) -> Result<()> {
+    match differing {
+        [] => Ok(()),
+        [one] => bail!(
+            "Unit {one} was left as the registry has it, not as its local file says: \
+             `submit --replace` replaces it"
+        ),
+        [first, .., last] => bail!(
+            "{} units were left as the registry has them, not as their local files say \
+             ({first} ... {last}): `submit --replace` replaces them",
+            differing.len()
+        ),
+    }
 }

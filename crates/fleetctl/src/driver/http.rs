@@ -109,7 +109,7 @@ impl HttpCluster {
         request_timeout: Duration,
     ) -> Result<HttpCluster, EndpointError> {
         Ok(HttpCluster {
-            transport: Arc::new(Transport::new(endpoint, tls, request_timeout)?),
+            transport: Arc::new(Transport::new(endpoint, tls, request_timeout)?.guiding()),
             poll: POLL_INTERVAL,
             page_size: PAGE_SIZE,
             whole_listings: true,

@@ -27,6 +27,8 @@ use tokio_rustls::rustls::{ClientConfig, RootCertStore, crypto};
 
 use fleet_ops::OpsError;
 
+use super::unreached::{self, Guide, Place};
+
 /// A kept connection older than this is not reused: fleetd closes connections idle for
 /// 10 s (`fleet_api::serve::HEADER_TIMEOUT`), and a request sent as it closes one would fail.
 const REUSE_WITHIN: Duration = Duration::from_secs(5);
@@ -63,6 +65,8 @@ pub struct Transport {
     /// The endpoint's path, before `/fleet/v1` (empty, or `/base` without a trailing `/`).
     base: String,
     timeout: Duration,
+    /// Whether a failed connect says how to point fleetctl elsewhere ([`Transport::guiding`]).
+    guide: Guide,
     idle: Mutex<Vec<(SendRequest<Full<Bytes>>, Instant)>>,
 }
 
@@ -108,8 +112,16 @@ impl Transport {
             host,
             base,
             timeout,
+            guide: Guide::None,
             idle: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The driver's own endpoint, which the user chose: a failed connect also says how to
+    /// point fleetctl at another fleetd or at etcd.
+    pub fn guiding(mut self) -> Transport {
+        self.guide = Guide::Elsewhere;
+        self
     }
 
     /// Sends one request to `/fleet/v1<path_and_query>` and reads the whole answer, within
@@ -231,15 +243,30 @@ impl Transport {
     }
 
     async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, BoxError> {
+        let unreached = |place, e: std::io::Error| -> BoxError {
+            unreached::explain(place, &e, self.guide).into()
+        };
         match &self.target {
-            Target::Unix(path) => handshake(tokio::net::UnixStream::connect(path).await?).await,
-            Target::Tcp(addr) => handshake(tokio::net::TcpStream::connect(addr).await?).await,
+            Target::Unix(path) => {
+                let io = tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(|e| unreached(Place::Socket(path), e))?;
+                handshake(io).await
+            }
+            Target::Tcp(addr) => {
+                let io = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| unreached(Place::Address(addr), e))?;
+                handshake(io).await
+            }
             Target::Tls {
                 addr,
                 name,
                 connector,
             } => {
-                let tcp = tokio::net::TcpStream::connect(addr).await?;
+                let tcp = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| unreached(Place::Address(addr), e))?;
                 handshake(connector.connect(name.clone(), tcp).await?).await
             }
         }

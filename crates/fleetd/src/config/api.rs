@@ -277,6 +277,13 @@ fn advertise_url(value: &str) -> Result<String, String> {
     if scheme != "https" && scheme != "http" {
         return Err(format!("scheme {scheme:?} is not https or http"));
     }
+    // Before HOST:PORT is split: `https://h:1/path` is a URL with a path, not port "1/path".
+    if let Some(at) = rest.find(['/', '?', '#']) {
+        return Err(format!(
+            "has a path or query ({:?}); clients add the API's paths themselves: give only https://HOST:PORT",
+            &rest[at..]
+        ));
+    }
     let (host, port) = match rest.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() => (host, port),
         _ => return Err(format!("{rest:?} is not HOST:PORT")),
@@ -491,7 +498,12 @@ mod tests {
             ("https://10.0.0.2", "is not HOST:PORT"),
             ("https://10.0.0.2:0", "port \"0\" is not a number"),
             ("https://10.0.0.2:99999", "port \"99999\""),
-            ("https://10.0.0.2:80/fleet", "port \"80/fleet\""),
+            (
+                "https://10.0.0.2:80/fleet",
+                "has a path or query (\"/fleet\")",
+            ),
+            ("https://10.0.0.2:1/path", "has a path or query (\"/path\")"),
+            ("https://10.0.0.2:1?x=1", "has a path or query (\"?x=1\")"),
             ("https://fe80::1:443", "host \"fe80::1\" is no IP address"),
             ("https://user@host:443", "host \"user@host\""),
             ("https://:443", "is not HOST:PORT"),
