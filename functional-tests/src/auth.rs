@@ -40,6 +40,19 @@ pub fn credentials(dir: &Path, user: &str) -> Result<EtcdAuth> {
     })
 }
 
+/// Machine `id`'s own etcd credentials, as its fleetd holds them: what a test uses to act
+/// with exactly one host's foothold.
+pub fn host_credentials(id: &MachineId) -> EtcdAuth {
+    EtcdAuth {
+        username: fleet_registry::rbac::host_user_name(id),
+        password: host_password(id),
+    }
+}
+
+fn host_password(id: &MachineId) -> String {
+    format!("host-{id}")
+}
+
 /// fleetctl's environment to run as `user` over the etcd driver.
 pub fn fleetctl_env(dir: &Path, user: &str) -> [(&'static str, PathBuf); 2] {
     [
@@ -123,7 +136,7 @@ pub(crate) fn add_host(
     full: bool,
 ) -> Result<String> {
     let path = stage_fleet.join("etcd-password");
-    write_password(&path, &format!("host-{id}"))?;
+    write_password(&path, &host_password(id))?;
     grant(state, id, &path, full)?;
     let user = fleet_registry::rbac::host_user_name(id);
     Ok(format!(

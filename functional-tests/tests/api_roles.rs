@@ -9,7 +9,7 @@
 mod support;
 
 use anyhow::{Context, Result, ensure};
-use fleet_functional_tests::{ApiCerts, Cluster, FleetdSpec, wait_for};
+use fleet_functional_tests::{ApiCerts, Cluster, EtcdAuthSpec, FleetdSpec, wait_for};
 use fleet_registry::Keys;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -141,6 +141,7 @@ fn error_entity(code: u16, message: &str) -> Value {
 #[test]
 fn roles_decide_what_each_certificate_may_do_and_refusals_write_nothing() -> Result<()> {
     let spec = FleetdSpec::default()
+        .with_etcd_auth(EtcdAuthSpec::default())
         .with_api_tls(PORT)
         .with_env("FLEET_API_OPERATORS", "CN=olga")
         .with_env("FLEET_API_VIEWERS", "O=watchers, CN=vera");
@@ -323,6 +324,7 @@ fn two_hundred_refused_4_mib_puts_from_a_viewer_cost_fleetd_less_than_50_mb() ->
     const PUTS: usize = 200;
     const BODY: usize = 4 * 1024 * 1024;
     let spec = FleetdSpec::default()
+        .with_etcd_auth(EtcdAuthSpec::default())
         .with_api_tls(PORT)
         .with_env("FLEET_API_VIEWERS", "CN=vera");
     let (cluster, registry) = start(1, spec)?;

@@ -10,19 +10,21 @@
 mod support;
 
 use anyhow::{Context, Result, bail, ensure};
-use fleet_core::{MachineId, UnitName};
+use fleet_core::UnitName;
 use fleet_functional_tests::auth::{OPERATOR, ROOT, VIEWER};
 use fleet_functional_tests::{
     Cluster, ClusterSpec, EtcdAuthSpec, FleetdSpec, OutputExt, TestRegistry, cleanup_stale,
     wait_for,
 };
 use fleet_registry::Keys;
-use fleet_registry::kv::{EtcdAuth, Kv};
+use fleet_registry::kv::Kv;
 use std::time::Duration;
 use support::{POLL, PREFIX, sleeper};
 
 /// Starts, moves and leader changes: a few agent TTLs each at most.
 const CONVERGE: Duration = Duration::from_secs(60);
+/// The port of every machine's TLS API listener (each machine has its own network).
+const API_PORT: u16 = 49153;
 /// fleetctl's wait for a start: 20 attempts of 2 s, so that a unit that never runs fails the
 /// test instead of hanging it.
 const BLOCK: &str = "--block-attempts=20";
@@ -36,6 +38,7 @@ fn with_etcd_auth_on_the_cluster_works_and_each_credential_is_confined() -> Resu
     };
     let spec = FleetdSpec::default()
         .with_env("FLEET_ENGINE_RECONCILE_INTERVAL", "0.5")
+        .with_api_tls(API_PORT)
         .with_etcd_auth(auth);
     let mut cluster = Cluster::start(ClusterSpec::with_fleetd(3, spec).with_etcd_members(3))?;
     cluster.set_driver(fleet_functional_tests::Driver::Etcd);
@@ -46,6 +49,7 @@ fn with_etcd_auth_on_the_cluster_works_and_each_credential_is_confined() -> Resu
     a_viewer_lists_but_cannot_start_and_the_error_says_why(&cluster, &root, &dir)?;
     a_host_cannot_write_another_machines_keys_a_unit_or_the_leader_key(&cluster, &root)?;
     start_replace_and_destroy_work_as_the_operator(&cluster, &dir)?;
+    status_and_journal_of_a_unit_on_an_agent_only_host_come_from_its_fleetd(&cluster, &dir)?;
     a_unit_moves_off_a_lost_machine(&cluster, &dir)?;
     a_host_without_the_engine_role_never_leads(&cluster, &root)?;
     root_lists_the_users_reruns_setup_and_retires_a_host(&cluster)
@@ -114,6 +118,49 @@ fn start_replace_and_destroy_work_as_the_operator(
     .context("destroyed unit still listed")
 }
 
+/// Issue 37: on an agent-only host (m3: its machine role only, as docs/deploy.md sets hosts
+/// up) the fleetd serving a unit's status and journal reads nothing but its own schedule. The
+/// operator's fleetctl over etcd gets both from m3's fleetd over its TLS API, with the API's
+/// own files beside etcd's credentials.
+fn status_and_journal_of_a_unit_on_an_agent_only_host_come_from_its_fleetd(
+    cluster: &Cluster,
+    dir: &std::path::Path,
+) -> Result<()> {
+    let m3 = cluster.machine("m3")?;
+    let text = format!(
+        "[Service]\nExecStart=/bin/bash -c 'while true; do echo auth-tick; sleep 0.5; done'\n\n\
+         [X-Fleet]\nMachineID={}\n",
+        m3.id()
+    );
+    let file = write_unit(dir, "auth-s.service", &text)?;
+    cluster.fleetctl(["start", BLOCK, &file])?.checked()?;
+    wait_active(cluster, "auth-s.service")?;
+    let certs = cluster.api_certs().context("no API certificates")?;
+    let (ca, cert, key) = (certs.ca(), certs.client_cert(), certs.client_key());
+    let api = [
+        "--api-ca-file".as_ref(),
+        ca.as_os_str(),
+        "--api-cert-file".as_ref(),
+        cert.as_os_str(),
+        "--api-key-file".as_ref(),
+        key.as_os_str(),
+    ];
+    let with = |more: &[&str]| -> Result<String> {
+        let args = api.iter().copied().chain(more.iter().map(|a| a.as_ref()));
+        Ok(cluster.fleetctl(args)?.checked()?)
+    };
+    let status = with(&["status", "auth-s.service"])?;
+    ensure!(status.contains("Active: active (running)"), "{status}");
+    let mut last = String::new();
+    wait_for(CONVERGE, POLL, || {
+        last = with(&["journal", "--lines", "5", "auth-s.service"]).unwrap_or_default();
+        last.contains("auth-tick")
+    })
+    .with_context(|| format!("journal from m3's fleetd: {last}"))?;
+    cluster.fleetctl(["destroy", "auth-s.service"])?.checked()?;
+    Ok(())
+}
+
 /// Each write of machine 3's user (its machine role only: an engine host is trusted with
 /// every schedule, a host whose API writes with units) to machine 1's schedule, state and presence, to a unit and to the leader key is
 /// refused, and the key (read as root) is as it was.
@@ -123,7 +170,11 @@ fn a_host_cannot_write_another_machines_keys_a_unit_or_the_leader_key(
 ) -> Result<()> {
     let m1 = cluster.machine("m1")?.id().clone();
     let m3 = cluster.machine("m3")?.id().clone();
-    let host = TestRegistry::connect_as(&cluster.etcd_endpoint(), PREFIX, Some(host_auth(&m3)))?;
+    let host = TestRegistry::connect_as(
+        &cluster.etcd_endpoint(),
+        PREFIX,
+        Some(fleet_functional_tests::auth::host_credentials(&m3)),
+    )?;
     let keys = Keys::new(PREFIX);
     let unit: UnitName = "auth-a.service".parse()?;
     for key in [
@@ -234,20 +285,17 @@ fn root_lists_the_users_reruns_setup_and_retires_a_host(cluster: &Cluster) -> Re
         .checked()?;
     let list = cluster.fleetctl_as(ROOT, ["auth", "list"])?.checked()?;
     ensure!(!list.contains(&host), "{host} still in {list}");
-    let retired = TestRegistry::connect_as(&cluster.etcd_endpoint(), PREFIX, Some(host_auth(&m3)))?;
+    let retired = TestRegistry::connect_as(
+        &cluster.etcd_endpoint(),
+        PREFIX,
+        Some(fleet_functional_tests::auth::host_credentials(&m3)),
+    )?;
     let e = match retired.machine_ids() {
         Ok(ids) => bail!("a removed host's user still reads: {ids:?}"),
         Err(e) => format!("{e:#}"),
     };
     ensure!(e.contains("refused the credentials"), "{e}");
     Ok(())
-}
-
-fn host_auth(m: &MachineId) -> EtcdAuth {
-    EtcdAuth {
-        username: fleet_registry::rbac::host_user_name(m),
-        password: format!("host-{m}"),
-    }
 }
 
 fn raw_get(reg: &TestRegistry, key: &str) -> Result<Option<Vec<u8>>> {

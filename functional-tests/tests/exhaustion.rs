@@ -7,7 +7,7 @@
 mod support;
 
 use anyhow::{Context, Result, ensure};
-use fleet_functional_tests::{ApiCerts, FleetdSpec, MACHINE_BIN_DIR};
+use fleet_functional_tests::{ApiCerts, EtcdAuthSpec, FleetdSpec, MACHINE_BIN_DIR};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -97,7 +97,10 @@ async fn attack(
 
 #[test]
 fn idle_and_trickling_connections_from_one_peer_leave_the_api_answering_others() -> Result<()> {
-    let (cluster, _registry) = start(2, FleetdSpec::default().with_api_tls(PORT))?;
+    let spec = FleetdSpec::default()
+        .with_etcd_auth(EtcdAuthSpec::default())
+        .with_api_tls(PORT);
+    let (cluster, _registry) = start(2, spec)?;
     let (target, client) = (&cluster.machines()[0], &cluster.machines()[1]);
     let addr = SocketAddr::from((target.ip(), PORT));
     let certs: ApiCerts = cluster.api_certs().context("no certificates")?;

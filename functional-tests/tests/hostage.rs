@@ -2,11 +2,14 @@
 //! may write any unit state under its own prefix (`P/unit-state/<M>/<unit>`); a state there
 //! for a unit never scheduled on M holds nothing back. The unit starts on another machine at
 //! once, the leader reports the stray state, and the unit never runs on two machines. Three
-//! machines of real systemd and a real etcd; needs root.
+//! machines of real systemd and a real etcd with its auth on, as `fleetctl auth setup` makes
+//! it: the false states are written with the lying machine's own credentials, the one
+//! foothold a compromised host holds (issue 37). Needs root.
 
 use anyhow::{Context, Result, ensure};
 use fleet_core::{MachineId, SystemdState};
-use fleet_functional_tests::{Cluster, FleetdSpec, TestRegistry, wait_for};
+use fleet_functional_tests::auth::host_credentials;
+use fleet_functional_tests::{Cluster, EtcdAuthSpec, FleetdSpec, TestRegistry, wait_for};
 use fleet_registry::{Keys, UnitStateRecord};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -22,9 +25,11 @@ const WITHIN: Duration = Duration::from_secs(15);
 /// How long a unit is watched after it started, for a second copy that comes late.
 const AFTER: Duration = Duration::from_secs(3);
 
-/// Writes, as etcd's root user, what machine `on` would publish if it ran `unit`:
+/// Writes, as machine `on`'s own etcd user, what `on` would publish if it ran `unit`:
 /// `loaded/active/running`.
-fn fake_running(registry: &TestRegistry, on: &MachineId, unit: &str) -> Result<()> {
+fn fake_running(cluster: &Cluster, on: &MachineId, unit: &str) -> Result<()> {
+    let registry =
+        TestRegistry::connect_as(&cluster.etcd_endpoint(), PREFIX, Some(host_credentials(on)))?;
     let state = UnitStateRecord {
         name: unit.parse()?,
         machine: on.clone(),
@@ -95,14 +100,15 @@ fn active_on_one_machine(
 
 #[test]
 fn a_state_a_machine_publishes_for_a_unit_never_scheduled_there_holds_nothing_back() -> Result<()> {
-    let (cluster, registry) = start(3, FleetdSpec::default())?;
+    let spec = FleetdSpec::default().with_etcd_auth(EtcdAuthSpec::default());
+    let (cluster, registry) = start(3, spec)?;
     let (m1, m2) = (cluster.machine("m1")?, cluster.machine("m2")?);
     // m1 claims to run both units, m2 the free one too: before this rule either claim held
     // the unit back for good (the pinned one cannot go to m1, so the claim always came
     // from another machine; the free one, wherever it went, had a claim elsewhere).
-    fake_running(&registry, m1.id(), "pinned.service")?;
-    fake_running(&registry, m1.id(), "free.service")?;
-    fake_running(&registry, m2.id(), "free.service")?;
+    fake_running(&cluster, m1.id(), "pinned.service")?;
+    fake_running(&cluster, m1.id(), "free.service")?;
+    fake_running(&cluster, m2.id(), "free.service")?;
     let pinned = format!("{}\n[X-Fleet]\nMachineID={}\n", sleeper(360_001), m2.id());
     let texts: BTreeMap<String, String> = [
         ("pinned.service".to_owned(), pinned),
