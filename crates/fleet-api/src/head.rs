@@ -14,9 +14,12 @@ use crate::error::ApiError;
 pub fn check(req: &Request, max_body: usize) -> Result<(), ApiError> {
     let headers = req.headers();
     for expect in headers.get_all(header::EXPECT) {
+        // A list (RFC 9110): empty members say nothing.
         let value = String::from_utf8_lossy(expect.as_bytes()).into_owned();
-        if !value.trim().eq_ignore_ascii_case("100-continue") {
-            return Err(ApiError::Expectation(value));
+        for member in value.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+            if !member.eq_ignore_ascii_case("100-continue") {
+                return Err(ApiError::Expectation(member.to_owned()));
+            }
         }
     }
     let announced = headers
@@ -58,6 +61,8 @@ mod tests {
     #[test]
     fn only_the_100_continue_expectation_is_met() {
         assert!(check(&request(&[("expect", "100-Continue")]), 10).is_ok());
+        assert!(check(&request(&[("expect", "")]), 10).is_ok());
+        assert!(check(&request(&[("expect", " , 100-continue")]), 10).is_ok());
         let err = check(&request(&[("expect", "teapot")]), 10).unwrap_err();
         assert_eq!(err.status(), http::StatusCode::EXPECTATION_FAILED);
         assert_eq!(err.to_string(), "unsupported expectation \"teapot\"");

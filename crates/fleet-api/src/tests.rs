@@ -538,6 +538,30 @@ async fn other_options_in_the_full_view_replace_the_content_and_keep_or_raise_th
 }
 
 #[tokio::test]
+async fn a_replace_naming_any_replace_parameter_is_ours_whatever_its_value() {
+    let (f, _) = fixture(100);
+    f.put(
+        "/fleet/v1/units/a.service",
+        json!({"options": options("/bin/true"), "desiredState": "launched"}),
+    )
+    .await;
+    for (i, query) in ["reschedule=false", "noRestart=0", "rolling=no"]
+        .iter()
+        .enumerate()
+    {
+        let answer = f
+            .put(
+                &format!("/fleet/v1/units/a.service?{query}"),
+                json!({"options": options(&format!("/bin/sleep {i}"))}),
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{query}: {answer:?}");
+        let unit = f.unit("a.service").await.unwrap();
+        assert_eq!(unit.desired(), DesiredState::Launched, "{query}");
+    }
+}
+
+#[tokio::test]
 async fn a_replace_in_the_full_view_that_would_lower_the_state_is_409_and_writes_nothing() {
     let (f, _) = fixture(100);
     f.put(

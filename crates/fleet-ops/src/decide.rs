@@ -154,13 +154,14 @@ pub fn decide_restart(unit: &Unit) -> Result<RestartPlan, OpsError> {
     }
 }
 
-/// The replace options recorded with the new version of `existing`. `placed` is the machine
-/// it runs on now (what `reschedule` avoids, what fleet's form keeps); `global` whether the
-/// new file is global: only a global unit is rolled machine by machine, any other is
-/// replaced at once.
+/// The replace options recorded with the new version of `existing`, to be `desired`. `placed`
+/// is the machine it runs on now (what `reschedule` avoids, what fleet's form keeps for the
+/// launch that follows when it leaves the unit inactive); `global` whether the new file is
+/// global: only a global unit is rolled machine by machine, any other is replaced at once.
 pub fn replace_state(
     how: ReplaceHow,
     existing: &Unit,
+    desired: DesiredState,
     placed: Option<&MachineId>,
     global: bool,
 ) -> ReplaceState {
@@ -173,7 +174,9 @@ pub fn replace_state(
         } else {
             None
         },
-        prefer: placed.filter(|_| how.fleet_form).cloned(),
+        prefer: placed
+            .filter(|_| how.fleet_form && desired == DesiredState::Inactive)
+            .cloned(),
         rollout: (how.rolling && global).then(|| Rollout {
             previous: existing.hash(),
             updated: BTreeSet::new(),

@@ -148,13 +148,15 @@ impl<K: Kv> RegistryCluster<K> {
                 file,
                 desired,
             } => {
-                let placed = if req.how.reschedule || req.how.fleet_form {
+                let keeps_machine = req.how.fleet_form && desired == DesiredState::Inactive;
+                let placed = if req.how.reschedule || keeps_machine {
                     self.placed(&req.name).await?
                 } else {
                     None
                 };
                 let global = Requirements::global(&req.name, &file);
-                let state = decide::replace_state(req.how, &existing, placed.as_ref(), global);
+                let state =
+                    decide::replace_state(req.how, &existing, desired, placed.as_ref(), global);
                 match self
                     .units
                     .replace_unit_with(&existing, &file, desired, state)

@@ -216,6 +216,50 @@ async fn a_reschedule_avoids_the_machine_a_unit_runs_on<K: Kv>(reg: Registry<K>)
     assert!(record.replace.no_restart);
 }
 
+/// fleet's form keeps the unit's machine for the launch that follows, only when it leaves the
+/// unit inactive, and only until the unit is made inactive again.
+async fn a_replace_in_fleets_form_keeps_the_machine_for_the_next_launch_only<K: Kv>(
+    reg: Registry<K>,
+) {
+    let c = RegistryCluster::new(reg.clone());
+    let a = name("a.service");
+    c.put(create(
+        "a.service",
+        file("/bin/a"),
+        Some(DesiredState::Launched),
+    ))
+    .await
+    .unwrap();
+    schedule(&reg, "a.service", "m1", &file("/bin/a")).await;
+    let fleets = |exec: &str, desired| {
+        let mut req = create("a.service", file(exec), desired);
+        req.how.fleet_form = true;
+        req
+    };
+    c.put(fleets("/bin/b", None)).await.unwrap();
+    let record = reg.unit(&a).await.unwrap().unwrap().record;
+    assert_eq!(record.desired, DesiredState::Inactive);
+    assert_eq!(record.replace.prefer, Some(machine("m1")));
+    c.set_state(&a, StateChange::Raise(DesiredState::Launched))
+        .await
+        .unwrap();
+    let record = reg.unit(&a).await.unwrap().unwrap().record;
+    assert_eq!(
+        record.replace.prefer,
+        Some(machine("m1")),
+        "kept for the launch"
+    );
+    c.set_state(&a, StateChange::Unload).await.unwrap();
+    let record = reg.unit(&a).await.unwrap().unwrap().record;
+    assert_eq!(record.replace.prefer, None, "made inactive again");
+    // A replace in fleet's form that asks for a placed state keeps no machine.
+    c.put(fleets("/bin/c", Some(DesiredState::Launched)))
+        .await
+        .unwrap();
+    let record = reg.unit(&a).await.unwrap().unwrap().record;
+    assert_eq!(record.replace.prefer, None);
+}
+
 async fn listings_show_placement_current_state_and_only_named_units<K: Kv>(reg: Registry<K>) {
     let c = RegistryCluster::new(reg.clone());
     for n in ["a.service", "b.service", "c.service"] {
@@ -1109,6 +1153,7 @@ contract!(
     put_creates_replaces_sets_state_or_leaves_a_unit_alone,
     refused_puts_write_nothing,
     a_reschedule_avoids_the_machine_a_unit_runs_on,
+    a_replace_in_fleets_form_keeps_the_machine_for_the_next_launch_only,
     listings_show_placement_current_state_and_only_named_units,
     listings_skip_unreadable_values_and_say_so,
     states_are_filtered_and_machines_carry_metadata_and_notice,

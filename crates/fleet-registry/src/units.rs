@@ -243,10 +243,15 @@ impl<K: Kv> UnitsRole<K> {
 
     /// Sets the desired state of `existing`, if it is unchanged since it was read.
     pub async fn set_desired(&self, existing: &Unit, desired: DesiredState) -> Result<Unit> {
-        let record = UnitRecord {
+        let mut record = UnitRecord {
             desired,
             ..existing.record.clone()
         };
+        // The machine a replace in fleet's form kept is for the launch that follows it; once
+        // the unit is made inactive again, the next launch places it afresh.
+        if desired == DesiredState::Inactive {
+            record.replace.prefer = None;
+        }
         self.write_record(existing, record, "setting desired state")
             .await
     }

@@ -94,9 +94,17 @@ pub(super) async fn put_unit<K: Kv>(
             v.parse().map_err(|_| ApiError::BadExpect(v.clone()))?,
         )),
     };
-    // A request that asks for none of the extensions is fleet's, and its client waits for
+    // A request that names none of the extensions is fleet's, and its client waits for
     // fleet's answer to a replace: the unit `inactive` with its new content (issue 38).
-    how.fleet_form = !query.full && how == ReplaceHow::default() && expect.is_none();
+    let extension = [
+        wire::NO_RESTART,
+        wire::RESCHEDULE,
+        wire::ROLLING,
+        wire::EXPECT,
+    ]
+    .iter()
+    .any(|key| !query_values(&query.raw, key).is_empty());
+    how.fleet_form = !query.full && !extension;
     let req = PutRequest {
         name,
         file,

@@ -31,8 +31,15 @@ impl<S> BareErrors<S> {
     }
 }
 
-/// The status of `head` if it is one of hyper's own error answers.
+/// The most hyper's own error answer takes: a status line and three short headers.
+const BARE_HEAD_MAX: usize = 512;
+
+/// The status of `written` if it is one of hyper's own error answers. Cheap on anything
+/// else: a body written in many pieces is looked at only for its first bytes.
 fn bare_status(written: &[u8]) -> Option<u16> {
+    if written.len() > BARE_HEAD_MAX || !written.starts_with(b"HTTP/1.1 4") {
+        return None;
+    }
     let end = written.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = std::str::from_utf8(&written[..end])
         .ok()?
@@ -163,6 +170,9 @@ mod tests {
         assert_eq!(bare_status(ours), None);
         let with_body = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\nx";
         assert_eq!(bare_status(with_body), None);
+        let mut long = hypers.to_vec();
+        long.resize(BARE_HEAD_MAX + 1, b'x');
+        assert_eq!(bare_status(&long), None, "only a short head is looked into");
         let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
         assert_eq!(bare_status(ok), None);
     }

@@ -217,7 +217,13 @@ fn a_reschedule_avoids_where_the_unit_runs_and_only_a_global_unit_rolls() {
         rolling: true,
         fleet_form: false,
     };
-    let state = replace_state(how, &existing, Some(&machine('a')), true);
+    let state = replace_state(
+        how,
+        &existing,
+        DesiredState::Launched,
+        Some(&machine('a')),
+        true,
+    );
     assert!(state.no_restart);
     assert_eq!(state.placement, 1);
     assert_eq!(state.avoid, Some(machine('a')));
@@ -228,8 +234,17 @@ fn a_reschedule_avoids_where_the_unit_runs_and_only_a_global_unit_rolls() {
             updated: BTreeSet::new()
         })
     );
-    assert_eq!(replace_state(how, &existing, None, false).rollout, None);
-    let plain = replace_state(ReplaceHow::default(), &existing, Some(&machine('a')), true);
+    assert_eq!(
+        replace_state(how, &existing, DesiredState::Launched, None, false).rollout,
+        None
+    );
+    let plain = replace_state(
+        ReplaceHow::default(),
+        &existing,
+        DesiredState::Launched,
+        Some(&machine('a')),
+        true,
+    );
     assert_eq!(plain, ReplaceState::default());
 }
 
@@ -257,10 +272,31 @@ fn a_replace_in_fleets_form_leaves_the_unit_inactive_and_keeps_its_machine() {
             ..
         }
     ));
-    let state = replace_state(req.how, &existing, Some(&machine('a')), false);
+    let state = replace_state(
+        req.how,
+        &existing,
+        DesiredState::Inactive,
+        Some(&machine('a')),
+        false,
+    );
     assert_eq!(state.prefer, Some(machine('a')));
     assert_eq!(state.avoid, None);
+    // A unit left placed needs no machine kept: nothing would ever clear it.
+    let placed = replace_state(
+        req.how,
+        &existing,
+        DesiredState::Loaded,
+        Some(&machine('a')),
+        false,
+    );
+    assert_eq!(placed.prefer, None);
     // Ours keeps the state and asks for no machine.
-    let plain = replace_state(ReplaceHow::default(), &existing, Some(&machine('a')), false);
+    let plain = replace_state(
+        ReplaceHow::default(),
+        &existing,
+        DesiredState::Inactive,
+        Some(&machine('a')),
+        false,
+    );
     assert_eq!(plain.prefer, None);
 }

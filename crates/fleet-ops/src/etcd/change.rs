@@ -66,7 +66,7 @@ impl<K: Kv> RegistryCluster<K> {
                     desired,
                 }) => {
                     let global = Requirements::global(&req.name, &file);
-                    let replace = decide::replace_state(req.how, &existing, None, global);
+                    let replace = decide::replace_state(req.how, &existing, desired, None, global);
                     planned.push(Planned {
                         at,
                         file,
