@@ -98,7 +98,9 @@ fn every_command_the_demo_prints_works_in_the_demo() -> Result<()> {
     // while etcd's are other ones, or none).
     let over_etcd = block(&printed, "with the API files above):");
     assert!(
-        over_etcd.iter().any(|l| l.ends_with("fleetctl status hello.service")),
+        over_etcd
+            .iter()
+            .any(|l| l.ends_with("fleetctl status hello.service")),
         "{printed}"
     );
     let session = format!(
