@@ -119,7 +119,7 @@ uninstall:
 	  "$(DESTDIR)$(FISHCOMPDIR)"/fleetd.fish "$(DESTDIR)$(FISHCOMPDIR)"/fleetctl.fish
 	-rmdir "$(DESTDIR)$(SYSCONFDIR)/fleet" 2>/dev/null
 
-# The Debian package `fleet` (packaging/deb/README.md): `make install` into a staging tree
+# The Debian package `fleet` (docs/deploy.md, section 1): `make install` into a staging tree
 # with Debian's paths, plus packaging/deb's control files, built with dpkg-deb. Into
 # $(PACKAGE_DIR) (default target/package); DEB_VERSION (default the workspace's version, -1)
 # names it. Then checked with lintian: an error fails the build.

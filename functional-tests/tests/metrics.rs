@@ -163,5 +163,38 @@ fn metrics_move_with_a_scheduling_burst_and_one_machine_leads() -> Result<()> {
         leaders(&after) == 1,
         "not exactly one leader after the burst"
     );
+    // Issue 38: what a dashboard and an alert need from a fleetd that never failed: its
+    // version, the process's standard metrics, and failure series at 0 (not absent).
+    for (m, s) in machines.iter().zip(&after) {
+        let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
+        ensure!(
+            s.sum("fleet_build_info", &[&version]) == 1.0,
+            "{}: no fleet_build_info{{{version}}} 1",
+            m.name()
+        );
+        for name in [
+            "process_resident_memory_bytes",
+            "process_start_time_seconds",
+            "process_open_fds",
+            "process_max_fds",
+        ] {
+            ensure!(
+                s.sum(name, &[]) > 0.0,
+                "{}: {name} is not positive",
+                m.name()
+            );
+        }
+        for series in [
+            "fleet_agent_dbus_errors_total{type=\"start\"}",
+            "fleet_engine_reconcile_failure_count_total{type=\"registry\"}",
+            "fleet_registry_etcd_errors_total{type=\"txn\",error=\"unavailable\"}",
+        ] {
+            ensure!(
+                s.samples.contains_key(series),
+                "{}: no series {series}",
+                m.name()
+            );
+        }
+    }
     finish(cluster)
 }

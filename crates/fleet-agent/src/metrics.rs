@@ -35,6 +35,12 @@ pub enum TaskResult {
 }
 
 impl TaskResult {
+    pub const ALL: [TaskResult; 3] = [
+        TaskResult::Succeeded,
+        TaskResult::Failed,
+        TaskResult::Skipped,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             TaskResult::Succeeded => "succeeded",
@@ -49,6 +55,15 @@ impl TaskResult {
 pub struct Kind(pub TaskKind);
 
 impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind(TaskKind::Unload),
+        Kind(TaskKind::Load),
+        Kind(TaskKind::ReloadUnitFiles),
+        Kind(TaskKind::Stop),
+        Kind(TaskKind::Start),
+        Kind(TaskKind::Restart),
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self.0 {
             TaskKind::Unload => "unload",
@@ -256,7 +271,25 @@ impl Metrics {
             Unit::Seconds,
             m.dbus_duration.clone(),
         );
+        m.zeroed();
         m
+    }
+
+    /// Every series of the counters and of the units gauge at 0, so that a scrape shows them
+    /// before their first change: an alert on `rate(fleet_agent_dbus_errors_total[5m])` sees
+    /// nothing of a series that does not exist yet.
+    fn zeroed(&self) {
+        for kind in Kind::ALL {
+            for result in TaskResult::ALL {
+                self.tasks.get_or_create_owned(&TaskLabels { kind, result });
+            }
+        }
+        for r#type in Call::ALL {
+            self.dbus_errors.get_or_create_owned(&CallLabels { r#type });
+        }
+        for state in State::ALL {
+            self.units.get_or_create_owned(&StateLabels { state });
+        }
     }
 
     /// `manager`, with every call timed and its errors counted here.

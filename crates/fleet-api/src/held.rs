@@ -109,6 +109,14 @@ pub enum Bypass {
 }
 
 impl Bypass {
+    pub const ALL: [Bypass; 5] = [
+        Bypass::Unreadable,
+        Bypass::Starting,
+        Bypass::Lost,
+        Bypass::Behind,
+        Bypass::Moved,
+    ];
+
     /// The metric label of a page read from etcd for this reason.
     pub fn as_str(self) -> &'static str {
         match self {

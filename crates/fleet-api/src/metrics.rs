@@ -124,6 +124,13 @@ impl Metrics {
             "Pages of the unit listing asked of the held view, by what served them: `view`, or why etcd did (`unreadable`, `starting`, `lost`, `behind`, `moved`)",
             m.held_pages.clone(),
         );
+        // Each way a page can be served, at 0 from the start: an alert on the rate of pages
+        // etcd served instead of the view sees nothing of a series that does not exist yet.
+        // Requests stay unset until answered: their status codes are an open set.
+        let served = std::iter::once("view").chain(crate::held::Bypass::ALL.map(|b| b.as_str()));
+        for served in served {
+            m.held_pages.get_or_create_owned(&ServedLabels { served });
+        }
         m
     }
 

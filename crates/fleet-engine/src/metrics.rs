@@ -31,6 +31,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    pub const ALL: [Outcome; 3] = [Outcome::Placed, Outcome::Waiting, Outcome::Moved];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Placed => "placed",
@@ -55,6 +57,18 @@ pub enum TaskType {
 }
 
 impl TaskType {
+    pub const ALL: [TaskType; 9] = [
+        TaskType::Moving,
+        TaskType::Unschedule,
+        TaskType::Update,
+        TaskType::Schedule,
+        TaskType::Forget,
+        TaskType::Record,
+        TaskType::Unschedulable,
+        TaskType::ClearUnschedulable,
+        TaskType::MoveOver,
+    ];
+
     fn of(kind: &DecisionKind) -> TaskType {
         match kind {
             DecisionKind::Moving { .. } => TaskType::Moving,
@@ -94,6 +108,8 @@ pub enum Failure {
 }
 
 impl Failure {
+    pub const ALL: [Failure; 2] = [Failure::LostLeadership, Failure::Registry];
+
     pub(crate) fn of(err: &RegistryError) -> Failure {
         if let RegistryError::LostLeadership = err {
             Failure::LostLeadership
@@ -273,7 +289,27 @@ impl Metrics {
              past its bounds under its own prefix)",
             m.unreadable.clone(),
         );
+        m.zeroed();
         m
+    }
+
+    /// Every series of the counters at 0, so that a scrape shows them before their first
+    /// increment: an alert on `rate(..._failure_count_total[5m])` sees nothing of a series
+    /// that does not exist yet, and the first failure would go unnoticed.
+    fn zeroed(&self) {
+        for r#type in TaskType::ALL {
+            self.tasks.get_or_create_owned(&TaskLabels { r#type });
+            self.task_failures
+                .get_or_create_owned(&TaskLabels { r#type });
+        }
+        for r#type in Failure::ALL {
+            self.reconcile_failures
+                .get_or_create_owned(&FailureLabels { r#type });
+        }
+        for outcome in Outcome::ALL {
+            self.decisions
+                .get_or_create_owned(&OutcomeLabels { outcome });
+        }
     }
 
     /// How many registry values the view left out.

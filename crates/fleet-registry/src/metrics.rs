@@ -6,8 +6,8 @@
 //!
 //! Names start from fleet's (`operation_count_total`, `operation_failed_count_total`,
 //! `operation_duration_seconds`, with fleet's `type` label); docs/operating.md lists them. The
-//! hot path allocates nothing: labels are enums, and a family's series exist after the first
-//! request of their kind.
+//! hot path allocates nothing: labels are enums, and every counter's series exist from the start,
+//! at 0.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -36,6 +36,16 @@ pub enum Op {
 }
 
 impl Op {
+    pub const ALL: [Op; 7] = [
+        Op::Range,
+        Op::Read,
+        Op::Txn,
+        Op::Grant,
+        Op::KeepAlive,
+        Op::Revoke,
+        Op::Watch,
+    ];
+
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -70,6 +80,17 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    pub const ALL: [ErrorKind; 8] = [
+        ErrorKind::Unavailable,
+        ErrorKind::Timeout,
+        ErrorKind::Compacted,
+        ErrorKind::LeaseNotFound,
+        ErrorKind::Refused,
+        ErrorKind::PermissionDenied,
+        ErrorKind::AuthFailed,
+        ErrorKind::Config,
+    ];
+
     fn of(e: &KvError) -> ErrorKind {
         match e {
             KvError::Unavailable { .. } => ErrorKind::Unavailable,
@@ -169,7 +190,23 @@ impl Metrics {
             Unit::Seconds,
             m.duration.clone(),
         );
+        m.zeroed();
         m
+    }
+
+    /// Every series of the counters at 0, so that a scrape shows them before the first
+    /// request of their kind: an alert on `rate(fleet_registry_etcd_errors_total[5m])` sees
+    /// nothing of a series that does not exist yet, and the first failure would go unnoticed.
+    fn zeroed(&self) {
+        for op in Op::ALL {
+            let labels = OpLabels { r#type: op };
+            self.operations.get_or_create_owned(&labels);
+            self.failures.get_or_create_owned(&labels);
+            for error in ErrorKind::ALL {
+                self.errors
+                    .get_or_create_owned(&ErrorLabels { r#type: op, error });
+            }
+        }
     }
 
     /// `kv`, with every request counted and timed here.

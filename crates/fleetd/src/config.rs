@@ -10,6 +10,8 @@
 //! returned by [`build`] so that fleetd warns about it, naming the key.
 
 mod api;
+#[cfg(test)]
+mod deploy_doc;
 mod etcd_auth;
 mod file;
 mod sample;

@@ -151,7 +151,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         tls: config.tls(),
         auth: config.etcd_auth.clone(),
     };
-    let metrics = metrics::Metrics::new();
+    let metrics = metrics::Metrics::new(VERSION);
     let kv = EtcdKv::connect(&etcd).await.context("connecting to etcd")?;
     let registry = Registry::new(metrics.registry.meter(kv), &config.etcd_key_prefix);
     let public_ip = config
