@@ -371,6 +371,16 @@ impl Keys {
         Some(self.split(key)?.0)
     }
 
+    /// The machine whose prefix `P/unit-state/<machine>/` holds `key`, whether or not the
+    /// rest of the key parses: what counts against that machine's bound on states
+    /// (`read::MAX_STATES_PER_MACHINE`), since its etcd role may write any key there.
+    pub fn state_machine(&self, key: &str) -> Option<MachineId> {
+        match self.split(key)? {
+            (Kind::State, rest) => rest.split_once('/')?.0.parse().ok(),
+            _ => None,
+        }
+    }
+
     /// The kind of `key` and the rest of it after `<kind>/`.
     fn split<'a>(&self, key: &'a str) -> Option<(Kind, &'a str)> {
         let (kind, rest) = key.strip_prefix(&self.prefix)?.split_once('/')?;

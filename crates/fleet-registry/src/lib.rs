@@ -40,7 +40,7 @@ pub use machine::{MachineRole, Presence, ScheduleChange};
 pub use metadata::{DynamicMetadata, MetadataChange, MetadataKey, MetadataKeyError, apply_dynamic};
 pub use page::UnitsPage;
 pub use per_machine::PerMachine;
-pub use read::{Listing, Skipped};
+pub use read::{Listing, MAX_STATES_PER_MACHINE, Skipped, StateBound};
 pub use records::{
     DrainRecord, LeftCopy, MoveRecord, ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord,
     UnitStateRecord,

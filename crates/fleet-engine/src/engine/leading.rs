@@ -302,7 +302,8 @@ impl<K: Kv> Leading<K> {
         view.record_writes(&writes);
         let planned = delta.as_ref().filter(|_| !whole).map(|(t, _)| t.as_ref());
         let snapshot = view.snapshot();
-        self.metrics.unreadable(snapshot.skipped.len());
+        self.metrics
+            .unreadable(snapshot.skipped.len(), snapshot.state_bound.past_total());
         let found = match planned {
             Some(units) => strays(snapshot, view.files(), units),
             None => strays(snapshot, view.files(), snapshot.states.keys()),
