@@ -929,6 +929,34 @@ async fn placements_follow_the_schedule_and_a_new_leader_repairs_them<K: Kv>(
     b.shutdown().await;
 }
 
+/// Issue 38, item 12: a key under `schedule/` whose parts do not parse names no entry and
+/// was warned about forever. The leader deletes it (fenced, like its other writes), whether
+/// it was there when the view was read or came later, and leaves every entry alone.
+async fn the_leader_deletes_schedule_keys_that_name_no_entry<K: Kv>(reg: Registry<K>, t: Timing) {
+    let stray = |rest: &str| format!("{PREFIX}schedule/{rest}");
+    let schedule_keys = || async {
+        let res = reg.raw_kv().range(&stray(""), true, None).await.unwrap();
+        res.kvs
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect::<Vec<String>>()
+    };
+    join(&reg, "m1").await;
+    reg.put_raw(&stray("m1/../../etc.service"), "{}").await;
+    reg.put_raw(&stray("m1/bad name"), "x").await;
+    let a = start(&reg, "a", t);
+    submit(&reg, "kept.service").await;
+    let only_kept = || async { schedule_keys().await == [stray("m1/kept.service")] };
+    eventually(t.prompt, "strays deleted, kept.service placed", only_kept).await;
+    reg.put_raw(&stray("no machine!/x.service"), "x").await;
+    submit(&reg, "other.service").await;
+    eventually(t.prompt, "the later stray deleted", || async {
+        schedule_keys().await == [stray("m1/kept.service"), stray("m1/other.service")]
+    })
+    .await;
+    a.shutdown().await;
+}
+
 macro_rules! on_both {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -971,6 +999,7 @@ on_both!(
     a_copy_published_after_its_unit_left_holds_it_back_across_a_leader_change,
     drains_a_machine_one_move_at_a_time_across_a_leader_change,
     placements_follow_the_schedule_and_a_new_leader_repairs_them,
+    the_leader_deletes_schedule_keys_that_name_no_entry,
 );
 
 // ---- MemKv only: what only the fake can count or cut ------------------------------------------

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use crate::error::{RegistryError, Result};
-use crate::keys::Keys;
+use crate::keys::{Keys, StrayScheduleKey};
 use crate::kv::{
     CmpOp, CmpTarget, Compare, KeyValue, Kv, KvError, LeaseId, MAX_TXN_OPS, Revision, Txn, TxnOp,
     TxnOpResponse,
@@ -80,6 +80,9 @@ pub enum EngineWrite {
     Moving(MoveRecord),
     /// Withdraw that record: the move is over (or no longer wanted).
     Moved { unit: UnitName },
+    /// Delete a key under `P/schedule/` that names no entry (issue 38): left alone it would
+    /// be warned about by every reader forever.
+    DeleteStray(StrayScheduleKey),
 }
 
 /// Engine transactions of one kind in flight at once (see [`Leadership::write`]).
@@ -92,7 +95,9 @@ impl EngineWrite {
     fn kind(&self) -> u8 {
         match self {
             EngineWrite::Moving(_) => 0,
-            EngineWrite::Unschedule { .. } | EngineWrite::Leave { .. } => 1,
+            EngineWrite::Unschedule { .. }
+            | EngineWrite::Leave { .. }
+            | EngineWrite::DeleteStray(_) => 1,
             // A record is forgotten only once its copy has stopped (or its machine is gone):
             // it may share the transactions of the schedule entries that this allows.
             EngineWrite::Schedule(_) | EngineWrite::Record { .. } | EngineWrite::Forget { .. } => 2,
@@ -491,6 +496,7 @@ impl<K: Kv> Leadership<K> {
                 lease: None,
             }),
             EngineWrite::Moved { unit } => ops.push(delete(keys.moving(unit))),
+            EngineWrite::DeleteStray(key) => ops.push(delete(key.as_str().to_owned())),
         }
     }
 }

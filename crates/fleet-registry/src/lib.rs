@@ -32,7 +32,7 @@ mod watch;
 
 pub use error::{RegistryError, Result};
 pub use few::{UnitsView, concerns};
-pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind};
+pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind, StrayScheduleKey};
 pub use kv::MAX_TXN_OPS;
 pub use leader::{EngineRole, EngineWrite, Fence, Leadership};
 pub use live::{LiveView, Touched};

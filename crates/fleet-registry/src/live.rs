@@ -304,6 +304,9 @@ impl<K: Kv> LiveView<K> {
                 EngineWrite::Moved { unit } => {
                     snap.remove(keys, &keys.moving(unit));
                 }
+                EngineWrite::DeleteStray(key) => {
+                    snap.remove(keys, key.as_str());
+                }
                 // Not part of the view: only fleetctl reads it.
                 EngineWrite::Disruption { .. } => {}
             }
