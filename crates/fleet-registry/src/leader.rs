@@ -23,6 +23,9 @@ use crate::registry::{Registry, encode};
 use crate::snapshot::Snapshot;
 use crate::watch::WatchHints;
 
+mod stray;
+pub use stray::LeaderKey;
+
 /// Guards an engine write: it applies only while `key` still holds `value` (our leadership).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
@@ -169,7 +172,7 @@ impl<K: Kv> EngineRole<K> {
         };
         if holder.value == me.as_str().as_bytes() {
             debug!(machine = %me, "taking over our own engine leader key");
-        } else if let Some(why) = self.stale(&holder).await? {
+        } else if let Some(why) = stray::stale(&holder) {
             warn!(
                 holder = %String::from_utf8_lossy(&holder.value),
                 reason = why,
@@ -188,20 +191,6 @@ impl<K: Kv> EngineRole<K> {
             .txn(take_over, "taking over engine leadership")
             .await?;
         Ok(res.succeeded)
-    }
-
-    /// Why the leader key `holder` leads nothing, if it does not (issue 38): written without
-    /// a lease (by hand: it would never expire, and no engine would ever lead again), or
-    /// holding no machine ID. Taking it over is safe: every write of an engine that thinks it
-    /// leads is fenced on the key's value and lease.
-    async fn stale(&self, holder: &crate::kv::KeyValue) -> Result<Option<&'static str>> {
-        if holder.lease == 0 {
-            return Ok(Some("it has no lease"));
-        }
-        let names_a_machine = std::str::from_utf8(&holder.value)
-            .ok()
-            .is_some_and(|v| v.parse::<MachineId>().is_ok());
-        Ok((!names_a_machine).then_some("it names no machine"))
     }
 
     /// The leadership `me` holds (or held) on `lease`, without campaigning: a test writes

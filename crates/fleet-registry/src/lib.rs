@@ -34,7 +34,7 @@ pub use error::{RegistryError, Result};
 pub use few::{UnitsView, concerns};
 pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind, StrayScheduleKey};
 pub use kv::MAX_TXN_OPS;
-pub use leader::{EngineRole, EngineWrite, Fence, Leadership};
+pub use leader::{EngineRole, EngineWrite, Fence, LeaderKey, Leadership};
 pub use live::{LiveView, Touched};
 pub use machine::{MachineRole, Presence, ScheduleChange};
 pub use metadata::{DynamicMetadata, MetadataChange, MetadataKey, MetadataKeyError, apply_dynamic};
