@@ -26,7 +26,9 @@ pub use watch::RegistryChanges;
 
 use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitName};
 use fleet_registry::kv::Kv;
-use fleet_registry::{CreateOutcome, MetadataChange, Registry, RegistryError, Unit, UnitsRole};
+use fleet_registry::{
+    CreateOutcome, LeaderKey, MetadataChange, Registry, RegistryError, Unit, UnitsRole,
+};
 use std::collections::BTreeSet;
 use tracing::debug;
 
@@ -269,12 +271,19 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     async fn machines(&self) -> Result<MachineListing, OpsError> {
         let machines = self.registry.machines().await?;
         let notice = self.registry.disruption().await?;
+        let leader = self.registry.leader_key(None).await?;
         let drains = self.registry.drains().await?;
         let skipped = machines.skipped.iter().chain(&drains.skipped);
+        let leader_notice = match leader {
+            // No key is a moment of an election, or a cluster without engines.
+            LeaderKey::Vacant | LeaderKey::Held { .. } => None,
+            LeaderKey::Unregistered { .. } | LeaderKey::Stray { .. } => Some(leader.to_string()),
+        };
         Ok(MachineListing {
             machines: machines.items,
             skipped: skipped.map(ToString::to_string).collect(),
             notice,
+            leader_notice,
             drained: drains.items,
         })
     }

@@ -1132,6 +1132,61 @@ async fn a_unit_whose_file_is_missing_is_reported_by_every_listing_and_destroyed
     assert!(listing.skipped.is_empty(), "{:?}", listing.skipped);
 }
 
+/// Issue 38, item 3: `list-machines` says when the engine leader key leads nothing fleet
+/// knows of (no unit is scheduled meanwhile), and nothing while a registered machine leads
+/// or during an election.
+async fn machines_say_when_the_leader_key_leads_nothing<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let leader = reg.keys().leader();
+    assert_eq!(c.machines().await.unwrap().leader_notice, None);
+    reg.put_raw(&leader, "ffff").await;
+    let notice = c
+        .machines()
+        .await
+        .unwrap()
+        .leader_notice
+        .unwrap_or_default();
+    assert!(
+        notice.contains("leads nothing (it has no lease)"),
+        "{notice}"
+    );
+    let lease = reg.raw_kv().grant(Duration::from_secs(600)).await.unwrap();
+    let on_lease = Txn {
+        success: vec![TxnOp::Put {
+            key: leader.clone(),
+            value: b"ghost".to_vec(),
+            lease: Some(lease),
+        }],
+        ..Txn::default()
+    };
+    reg.raw_kv().txn(on_lease).await.unwrap();
+    let notice = c
+        .machines()
+        .await
+        .unwrap()
+        .leader_notice
+        .unwrap_or_default();
+    assert!(
+        notice.contains("names machine ghost, which is not registered"),
+        "{notice}"
+    );
+    let ghost = MachineInfo {
+        id: machine("ghost"),
+        public_ip: String::new(),
+        metadata: Default::default(),
+        version: "test".into(),
+        disable_engine: false,
+        api: String::new(),
+        fence_at: None,
+    };
+    reg.put_raw(
+        &reg.keys().machine(&ghost.id),
+        &serde_json::to_string(&ghost).unwrap(),
+    )
+    .await;
+    assert_eq!(c.machines().await.unwrap().leader_notice, None);
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -1167,6 +1222,7 @@ contract!(
     restart_bumps_the_generation_or_launches,
     destroy_removes_units_and_unreadable_records,
     a_unit_whose_file_is_missing_is_reported_by_every_listing_and_destroyed,
+    machines_say_when_the_leader_key_leads_nothing,
     a_rolling_replace_advances_then_finishes,
     a_watch_sees_its_units_states_and_machines_change,
     a_create_that_loses_a_race_to_the_same_content_is_unchanged,
