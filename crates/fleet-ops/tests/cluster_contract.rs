@@ -1170,6 +1170,16 @@ async fn machines_say_when_the_leader_key_leads_nothing<K: Kv>(reg: Registry<K>)
         notice.contains("names machine ghost, which is not registered"),
         "{notice}"
     );
+    // explain does not promise a next pass that no engine makes.
+    c.put(create(
+        "a.service",
+        file("/bin/a"),
+        Some(DesiredState::Launched),
+    ))
+    .await
+    .unwrap();
+    let why = c.explain(&name("a.service")).await.unwrap().summary;
+    assert!(why.ends_with(&format!("; but {notice}")), "{why}");
     let ghost = MachineInfo {
         id: machine("ghost"),
         public_ip: String::new(),
