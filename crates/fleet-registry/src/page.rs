@@ -143,8 +143,10 @@ impl<K: Kv> Registry<K> {
                     snap.insert(keys, &kv);
                 }
             }
+            // A page reads one key past the bound: how many more there are, it does not know.
             for (m, rev) in past {
-                snap.skip(read::states_past_bound(keys, &m, bound.past(&m), rev));
+                let past = read::Past::AtLeast(bound.past(&m));
+                snap.skip(read::states_past_bound(keys, &m, past, rev));
             }
         }
         Ok(UnitsPage {

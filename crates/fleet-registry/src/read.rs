@@ -183,13 +183,31 @@ fn decrement(counts: &mut BTreeMap<MachineId, usize>, machine: &MachineId) -> us
     left
 }
 
+/// How many keys of a machine's states a reader left out past the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Past {
+    /// That many: the reader read the machine's whole prefix.
+    Exactly(usize),
+    /// At least that many: the reader stopped reading there (a page of units).
+    AtLeast(usize),
+}
+
+impl fmt::Display for Past {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Past::Exactly(n) => write!(f, "{n}"),
+            Past::AtLeast(n) => write!(f, "at least {n}"),
+        }
+    }
+}
+
 /// What a reader reports of `machine`'s states past the bound: one value skipped at its
 /// state prefix, however many keys are left out (`past`), so that a host writing a million
 /// keys costs one report, not a million. `mod_revision` is that of the last key left out.
 pub(crate) fn states_past_bound(
     keys: &Keys,
     machine: &MachineId,
-    past: usize,
+    past: Past,
     mod_revision: Revision,
 ) -> Skipped {
     Skipped {
@@ -323,7 +341,12 @@ pub(crate) fn states(
         }
     }
     for (machine, rev) in last_past {
-        skipped.push(states_past_bound(keys, &machine, bound.past(&machine), rev));
+        skipped.push(states_past_bound(
+            keys,
+            &machine,
+            Past::Exactly(bound.past(&machine)),
+            rev,
+        ));
     }
     items
 }

@@ -182,7 +182,7 @@ impl Snapshot {
         mod_revision: Revision,
     ) -> Option<&Skipped> {
         let past = self.state_bound.past(machine);
-        let s = read::states_past_bound(keys, machine, past, mod_revision);
+        let s = read::states_past_bound(keys, machine, read::Past::Exactly(past), mod_revision);
         let key = s.key.clone();
         self.skip(s);
         (past == 1).then(|| self.skipped.get(&key)).flatten()
@@ -200,7 +200,12 @@ impl Snapshot {
             self.skipped.remove(&prefix);
         } else if let Some(s) = self.skipped.get(&prefix) {
             let rev = s.mod_revision;
-            self.skip(read::states_past_bound(keys, &machine, past, rev));
+            self.skip(read::states_past_bound(
+                keys,
+                &machine,
+                read::Past::Exactly(past),
+                rev,
+            ));
         }
     }
 
