@@ -30,6 +30,7 @@ use crate::plan::{self, TaskKind, UnitFileState};
 use crate::revivals::{self, Revivals};
 
 mod aliases;
+mod bound;
 mod doubt;
 mod resync;
 use resync::Resync;
@@ -131,6 +132,9 @@ pub struct Agent<K, M> {
     ledger: Ledger,
     /// Whether the last publish got every state out.
     publish_complete: bool,
+    /// How many units the last publish left out past the bound on states (`bound`): warned
+    /// about when it changes, not on every pass.
+    past_bound: usize,
     /// The units whose state to publish may have changed since the last publish; `None`:
     /// any of them (after a full read, a new lease or a failed publish).
     unpublished: Option<BTreeSet<UnitName>>,
@@ -172,6 +176,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             skipped: BTreeMap::new(),
             ledger: Ledger::load(cfg_restarts_dir),
             publish_complete: true,
+            past_bound: 0,
             unpublished: None,
             progress: watch::Sender::new(Progress::default()),
             metrics: Metrics::default(),
@@ -1103,33 +1108,10 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         // Whatever fails below is retried with every state compared again.
         self.unpublished = Some(BTreeSet::new());
         let registry = &self.registry;
-        // Many states to a transaction (a machine given 1,000 units publishes 8, not 1,000),
-        // a few transactions at once. A failed one leaves its states for the retry.
-        let chunks: Vec<Vec<UnitStateRecord>> =
-            changed.chunks(MAX_TXN_OPS).map(<[_]>::to_vec).collect();
-        let published: Vec<(Vec<UnitStateRecord>, bool)> = futures::stream::iter(chunks)
-            .map(|chunk| async move {
-                let ok = registry.publish_states(&presence, &chunk).await;
-                if let Err(e) = &ok {
-                    debug!(units = chunk.len(), error = %e, "publishing states failed");
-                }
-                (chunk, ok.is_ok())
-            })
-            .buffer_unordered(PUBLISHES)
-            .collect()
-            .await;
         let mut complete = true;
-        for (chunk, ok) in published {
-            if ok {
-                for r in chunk {
-                    self.published.insert(r.name.clone(), r);
-                }
-            } else {
-                complete = false;
-            }
-        }
-        // Withdrawn together too: a destroyed batch is gone from the registry as soon as it is
-        // stopped, not one round trip per unit later.
+        // Withdrawn first, together: a destroyed batch is gone from the registry as soon as
+        // it is stopped, not one round trip per unit later, and what it frees under the bound
+        // on states is free for the states published next.
         let chunks: Vec<Vec<UnitName>> = gone.chunks(MAX_TXN_OPS).map(<[_]>::to_vec).collect();
         let withdrawn: Vec<(Vec<UnitName>, bool)> = futures::stream::iter(chunks)
             .map(|chunk| async move {
@@ -1147,6 +1129,46 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             } else {
                 complete = false;
             }
+        }
+        let (changed, past_bound) = bound::fit(&self.published, changed);
+        if past_bound != self.past_bound {
+            self.past_bound = past_bound;
+            if past_bound > 0 {
+                warn!(
+                    machine = %self.cfg.machine,
+                    units = past_bound,
+                    bound = fleet_registry::MAX_STATES_PER_MACHINE,
+                    "more units here than a machine may publish states of; theirs are not published"
+                );
+            }
+        }
+        // Many states to a transaction (a machine given 1,000 units publishes 8, not 1,000),
+        // a few transactions at once. A failed one leaves its states for the retry.
+        let chunks: Vec<Vec<UnitStateRecord>> =
+            changed.chunks(MAX_TXN_OPS).map(<[_]>::to_vec).collect();
+        let published: Vec<(Vec<UnitStateRecord>, bool)> = futures::stream::iter(chunks)
+            .map(|chunk| async move {
+                let ok = registry.publish_states(&presence, &chunk).await;
+                if let Err(e) = &ok {
+                    debug!(units = chunk.len(), error = %e, "publishing states failed");
+                }
+                (chunk, ok.is_ok())
+            })
+            .buffer_unordered(PUBLISHES)
+            .collect()
+            .await;
+        for (chunk, ok) in published {
+            if ok {
+                for r in chunk {
+                    self.published.insert(r.name.clone(), r);
+                }
+            } else {
+                complete = false;
+            }
+        }
+        if past_bound > 0 {
+            // Compared again on the next pass: a withdrawal may have made room by then.
+            self.unpublished = None;
         }
         if !complete {
             self.unpublished = None;

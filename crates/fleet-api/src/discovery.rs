@@ -186,6 +186,7 @@ fn schemas() -> Value {
             "nextPageToken": string(),
             "skipped": strings(),
             "disruptionNotice": string(),
+            "engineLeaderNotice": string(),
         })),
         "MachineMetadataPatch": {
             "id": "MachineMetadataPatch",

@@ -349,7 +349,8 @@ fn apply_while_held<K: Kv>(shared: &Arc<Mutex<Held<K>>>, generation: u64, idle: 
 
 /// At most `limit` units of `snap` after the unit named `after` (from the first without
 /// one), with the cursor of the next page when more follow. A unit whose file is not in
-/// `files` is left out, as a corrupt record is. What could not be read is reported as a
+/// `files` is left out, as a corrupt record is, and reported: as its unreadable file, or as
+/// a file missing from the registry. What could not be read is reported as a
 /// listing from etcd reports it (`report`): a page, the values of its own units' keys (its
 /// records, schedule entries, states, reasons and files; a key naming nothing, on the
 /// first page); the whole listing, everything (`snap.skipped`, and the `unreadable` files
@@ -372,6 +373,15 @@ pub fn page_of<'a>(
         .iter()
         .filter_map(|u| Some(views::unit_view(snap, u, files.get(&u.hash())?)))
         .collect();
+    let unreadable: Vec<&Skipped> = unreadable.collect();
+    let unreadable_hashes: BTreeSet<UnitHash> = unreadable
+        .iter()
+        .filter_map(|s| match s.named.as_deref() {
+            Some(Key::File(hash)) => Some(*hash),
+            _ => None,
+        })
+        .collect();
+    let missing = views::missing_files(page.iter().copied(), files, &unreadable_hashes);
     // The page's names: after `after`, up to its last unit (to the end on the last page).
     let last = page.last().filter(|_| more).map(|u| u.name().as_str());
     let on_page = |name: &UnitName| {
@@ -393,7 +403,7 @@ pub fn page_of<'a>(
         (Report::Page, None) => first,
     };
     // Only the files some listed unit names, as a listing from etcd reads only those.
-    let mut unreadable = unreadable.peekable();
+    let mut unreadable = unreadable.into_iter().peekable();
     let named: BTreeSet<UnitHash> = match (unreadable.peek(), report) {
         (None, _) => BTreeSet::new(),
         (Some(_), Report::Page) => page.iter().map(|u| u.hash()).collect(),
@@ -407,6 +417,7 @@ pub fn page_of<'a>(
         .filter(reported)
         .chain(unreadable)
         .map(ToString::to_string)
+        .chain(missing)
         .collect();
     let next = page.last().filter(|_| more).map(|u| UnitsCursor {
         after: u.name().to_string(),

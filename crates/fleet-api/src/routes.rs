@@ -468,6 +468,7 @@ async fn list_machines<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, A
     if query.full && paging.is_first() {
         page.skipped = listing.skipped;
         page.disruption_notice = listing.notice.unwrap_or_default();
+        page.engine_leader_notice = listing.leader_notice.unwrap_or_default();
     }
     Ok(json_response(StatusCode::OK, &page))
 }

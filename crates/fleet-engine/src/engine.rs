@@ -13,13 +13,14 @@
 mod copies;
 mod decision_log;
 mod leading;
+mod stray;
 
 use crate::disruption::DisruptionConfig;
 use crate::metrics::Metrics;
 use fleet_core::MachineId;
 use fleet_core::backoff::Backoff;
 use fleet_registry::kv::{Kv, KvError};
-use fleet_registry::{EngineRole, Leadership, Registry, RegistryError};
+use fleet_registry::{EngineRole, LeaderKey, Leadership, Registry, RegistryError};
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
@@ -72,10 +73,12 @@ impl EngineConfig {
 }
 
 /// How a phase of the loop ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Flow {
     /// Campaign (again).
     Campaign,
+    /// Take over the leader key, which has named an unregistered machine for too long.
+    TakeOver(LeaderKey),
     /// Shutdown was requested; return.
     Shutdown,
 }
@@ -90,23 +93,35 @@ pub async fn run<K: Kv>(
 ) {
     info!(machine = %cfg.machine, lease_ttl = ?cfg.lease_ttl, "engine started");
     let mut refused = Refused::new(cfg.reconcile_interval);
+    let mut take_over = None;
     while !stopping(&shutdown) {
-        if campaign_once(&registry, &cfg, &mut refused, &mut shutdown).await == Flow::Shutdown {
-            break;
+        let held = take_over.take();
+        match campaign_once(&registry, &cfg, &mut refused, &mut shutdown, held).await {
+            Flow::Shutdown => break,
+            Flow::TakeOver(key) => take_over = Some(key),
+            Flow::Campaign => {}
         }
     }
     info!(machine = %cfg.machine, "engine stopped");
 }
 
-/// One campaign, then leading or following until that ends.
+/// One campaign (or the take-over of `held`, a key naming an unregistered machine), then
+/// leading or following until that ends.
 async fn campaign_once<K: Kv>(
     registry: &Registry<K>,
     cfg: &EngineConfig,
     refused: &mut Refused,
     shutdown: &mut watch::Receiver<bool>,
+    held: Option<LeaderKey>,
 ) -> Flow {
     let role = EngineRole::new(registry.clone());
-    let outcome = role.campaign(&cfg.machine, cfg.lease_ttl).await;
+    let outcome = match &held {
+        Some(key) => {
+            role.take_over_unregistered(&cfg.machine, cfg.lease_ttl, key)
+                .await
+        }
+        None => role.campaign(&cfg.machine, cfg.lease_ttl).await,
+    };
     if outcome.is_ok() {
         refused.permitted();
     }
@@ -232,17 +247,38 @@ async fn follow<K: Kv>(
     debug!(leader = %leader, "following engine leader");
     let net = leading::SAFETY_NET.max(cfg.lease_ttl);
     let mut recheck = Backoff::new(net * 3 / 4, net * 5 / 4);
+    let grace = stray::grace(cfg);
+    let mut suspicion: Option<stray::Suspicion> = None;
     loop {
+        // Whether the key leads anything (issue 38): at once, then on the slow re-check in
+        // case the watch missed a change, and when a suspicion ripens. Campaign only if the
+        // key is gone, leads nothing (or cannot be read), without granting a lease for
+        // nothing.
+        let key = match registry.leader_key(Some(&cfg.machine)).await {
+            Ok(key) => key,
+            Err(_) => return Flow::Campaign,
+        };
+        match stray::judge(suspicion, &key, tokio::time::Instant::now(), grace) {
+            stray::Verdict::Campaign => return Flow::Campaign,
+            stray::Verdict::TakeOver => return Flow::TakeOver(key),
+            stray::Verdict::Follow(now) => {
+                if now.is_some() && suspicion.is_none() {
+                    warn!(key = %key, grace = ?grace, "engine leader key names an unregistered machine; taking it over if it stays so");
+                }
+                suspicion = now;
+            }
+        }
+        let mut delay = recheck.next_delay();
+        if let Some(s) = &suspicion {
+            delay = delay.min(
+                s.due(grace)
+                    .saturating_duration_since(tokio::time::Instant::now()),
+            );
+        }
         tokio::select! {
             () = stop_requested(shutdown) => return Flow::Shutdown,
             _ = hints.changed() => return Flow::Campaign,
-            () = tokio::time::sleep(recheck.next_delay()) => {}
-        }
-        // The slow re-check in case the watch missed a change: campaign only if the key
-        // is gone (or cannot be read), without granting a lease for nothing.
-        match registry.leader().await {
-            Ok(Some(_)) => continue,
-            Ok(None) | Err(_) => return Flow::Campaign,
+            () = tokio::time::sleep(delay) => {}
         }
     }
 }

@@ -204,6 +204,7 @@ pub struct Metrics {
     waiting_for_copy: Gauge,
     stray_states: Gauge,
     unreadable: Gauge,
+    states_past_bound: Gauge,
 }
 
 impl Default for Metrics {
@@ -221,6 +222,7 @@ impl Default for Metrics {
             waiting_for_copy: Gauge::default(),
             stray_states: Gauge::default(),
             unreadable: Gauge::default(),
+            states_past_bound: Gauge::default(),
         }
     }
 }
@@ -289,6 +291,13 @@ impl Metrics {
              past its bounds under its own prefix)",
             m.unreadable.clone(),
         );
+        registry.register(
+            "unit_states_past_bound",
+            "Unit states the engine's view left out unread, as of its last pass, because their \
+             machine publishes more than a machine may (10,000): a host writing past its bound \
+             under its own prefix (each such machine is also one unreadable registry value)",
+            m.states_past_bound.clone(),
+        );
         m.zeroed();
         m
     }
@@ -312,10 +321,13 @@ impl Metrics {
         }
     }
 
-    /// How many registry values the view left out.
-    pub(crate) fn unreadable(&self, count: usize) {
+    /// How many registry values the view left out, and how many states past their machine's
+    /// bound.
+    pub(crate) fn unreadable(&self, count: usize, states_past_bound: usize) {
         self.unreadable
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+        self.states_past_bound
+            .set(i64::try_from(states_past_bound).unwrap_or(i64::MAX));
     }
 
     pub(crate) fn leading(&self, leading: bool) {

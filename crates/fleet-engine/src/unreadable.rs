@@ -17,10 +17,14 @@
 //!   unit, and none of its units is moved (how many at a time is unknown) until the mark
 //!   reads again or is removed. A drain move record that cannot be read counts for nothing.
 //!
-//! Keys whose parts do not parse name nothing and are left as they are (and warned about).
+//! Keys whose parts do not parse name nothing and are left as they are (and warned about),
+//! except under `schedule/`, which the engine owns: such a key is deleted, once, in the
+//! pass that first sees it (issue 38: `schedule/m1/../../etc.service` was warned about by
+//! every reader forever). No agent runs anything for it, so its deletion changes nothing
+//! but the warnings.
 
 use fleet_core::{MachineId, UnitName};
-use fleet_registry::{Key, Snapshot};
+use fleet_registry::{Key, Keys, Snapshot, StrayScheduleKey};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -122,6 +126,14 @@ impl Unreadable {
             .collect();
         decisions.splice(0..0, deletes);
     }
+}
+
+/// The keys under `schedule/` of `snap` that name no entry: to be deleted.
+pub(crate) fn stray_schedule_keys(snap: &Snapshot, keys: &Keys) -> Vec<StrayScheduleKey> {
+    snap.skipped
+        .keys()
+        .filter_map(|key| keys.stray_schedule_key(key))
+        .collect()
 }
 
 /// Every machine that is there, readable or not.

@@ -7,7 +7,10 @@ use fleet_registry::kv::{
     Compare, Hook, Hooked, Kv, KvError, LeaseId, MemKv, Outcome, Rbac, Request, Txn, TxnOp,
 };
 use fleet_registry::testing::TestEtcd;
-use fleet_registry::{LeftCopy, MachineRole, Presence, Registry, UnitStateRecord, UnitsRole, rbac};
+use fleet_registry::{
+    EngineRole, EngineWrite, LeftCopy, MachineRole, Presence, Registry, RegistryError,
+    UnitStateRecord, UnitsRole, rbac,
+};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
@@ -929,6 +932,76 @@ async fn placements_follow_the_schedule_and_a_new_leader_repairs_them<K: Kv>(
     b.shutdown().await;
 }
 
+/// Issue 38, item 12: a key under `schedule/` whose parts do not parse names no entry and
+/// was warned about forever. The leader deletes it (fenced, like its other writes), whether
+/// it was there when the view was read or came later, and leaves every entry alone.
+async fn the_leader_deletes_schedule_keys_that_name_no_entry<K: Kv>(reg: Registry<K>, t: Timing) {
+    let stray = |rest: &str| format!("{PREFIX}schedule/{rest}");
+    let schedule_keys = || async {
+        let res = reg.raw_kv().range(&stray(""), true, None).await.unwrap();
+        res.kvs
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect::<Vec<String>>()
+    };
+    join(&reg, "m1").await;
+    reg.put_raw(&stray("m1/../../etc.service"), "{}").await;
+    reg.put_raw(&stray("m1/bad name"), "x").await;
+    let a = start(&reg, "a", t);
+    submit(&reg, "kept.service").await;
+    let only_kept = || async { schedule_keys().await == [stray("m1/kept.service")] };
+    eventually(t.prompt, "strays deleted, kept.service placed", only_kept).await;
+    reg.put_raw(&stray("no machine!/x.service"), "x").await;
+    submit(&reg, "other.service").await;
+    eventually(t.prompt, "the later stray deleted", || async {
+        schedule_keys().await == [stray("m1/kept.service"), stray("m1/other.service")]
+    })
+    .await;
+    a.shutdown().await;
+}
+
+/// Issue 38, item 3: a leader key on a live lease that names a machine with no presence
+/// record (a decommissioned host's engine, a hand-made lease kept alive) stopped all
+/// scheduling for good. A registered engine follows it for two agent TTLs (a real leader's
+/// agent re-registers within one), then takes it over; the holder's fenced writes are
+/// refused from then on, so there is never a second leader.
+async fn a_leader_key_naming_an_unregistered_machine_is_taken_over_after_the_grace<K: Kv>(
+    reg: Registry<K>,
+    t: Timing,
+) {
+    join(&reg, "m1").await;
+    let ghost = usurp(&reg, "ghost").await;
+    let deposed = EngineRole::new(reg.clone()).leadership_of(&machine("ghost"), ghost);
+    let m1 = start(&reg, "m1", t);
+    submit(&reg, "waiting.service").await;
+    sleep(t.agent_ttl).await;
+    assert!(
+        leader_is(&reg, Some("ghost")).await,
+        "taken over before the grace"
+    );
+    assert!(schedule(&reg).await.is_empty(), "scheduled without leading");
+    eventually(t.agent_ttl * 2 + t.prompt, "m1 took the key over", || {
+        leader_is(&reg, Some("m1"))
+    })
+    .await;
+    eventually(t.prompt, "waiting.service scheduled", || async {
+        schedule(&reg).await.contains_key("waiting.service")
+    })
+    .await;
+    let refused = deposed
+        .write(&[EngineWrite::Unschedule {
+            machine: machine("m1"),
+            unit: name("waiting.service"),
+        }])
+        .await;
+    assert!(
+        matches!(refused, Err(RegistryError::LostLeadership)),
+        "{refused:?}"
+    );
+    assert!(schedule(&reg).await.contains_key("waiting.service"));
+    m1.shutdown().await;
+}
+
 macro_rules! on_both {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -971,6 +1044,8 @@ on_both!(
     a_copy_published_after_its_unit_left_holds_it_back_across_a_leader_change,
     drains_a_machine_one_move_at_a_time_across_a_leader_change,
     placements_follow_the_schedule_and_a_new_leader_repairs_them,
+    the_leader_deletes_schedule_keys_that_name_no_entry,
+    a_leader_key_naming_an_unregistered_machine_is_taken_over_after_the_grace,
 );
 
 // ---- MemKv only: what only the fake can count or cut ------------------------------------------
@@ -1108,6 +1183,8 @@ async fn a_follower_reads_the_leader_key_about_once_a_minute_and_takes_over_at_o
     let leader_kv = MemKv::new();
     let reg = Registry::new(leader_kv.clone(), PREFIX);
     join(&reg, "m1").await;
+    // A registered leader: each re-check reads its key and its presence (issue 38).
+    join(&reg, "a").await;
     let a = start(&reg, "a", MEM);
     eventually(MEM.prompt, "a leads", || async {
         leader_is(&reg, Some("a")).await
@@ -1130,8 +1207,9 @@ async fn a_follower_reads_the_leader_key_about_once_a_minute_and_takes_over_at_o
     );
     let reads = key_reads - before.1;
     assert!(
-        (7..=14).contains(&reads),
-        "{reads} reads of the leader key in 10 minutes (every 45-75 s expected)"
+        (14..=28).contains(&reads),
+        "{reads} reads of the leader key and its holder's presence in 10 minutes (every 45-75 \
+         s expected)"
     );
     a.shutdown().await;
     eventually(MEM.prompt, "b took over", || async {

@@ -26,7 +26,9 @@ pub use watch::RegistryChanges;
 
 use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitName};
 use fleet_registry::kv::Kv;
-use fleet_registry::{CreateOutcome, MetadataChange, Registry, RegistryError, Unit, UnitsRole};
+use fleet_registry::{
+    CreateOutcome, LeaderKey, MetadataChange, Registry, RegistryError, Unit, UnitsRole,
+};
 use std::collections::BTreeSet;
 use tracing::debug;
 
@@ -195,6 +197,19 @@ impl<K: Kv> RegistryCluster<K> {
     }
 }
 
+impl<K: Kv> RegistryCluster<K> {
+    /// What is wrong with the engine leader key, when it leads nothing fleet knows of (issue
+    /// 38): nothing is scheduled meanwhile.
+    async fn leader_notice(&self) -> Result<Option<String>, OpsError> {
+        let leader = self.registry.leader_key(None).await?;
+        Ok(match leader {
+            // No key is a moment of an election, or a cluster without engines.
+            LeaderKey::Vacant | LeaderKey::Held { .. } => None,
+            LeaderKey::Unregistered { .. } | LeaderKey::Stray { .. } => Some(leader.to_string()),
+        })
+    }
+}
+
 /// A unit record whose file was missing at the last read. A replace may have collected the
 /// file between the two reads: the record then changed, and reading again finds the new one.
 /// The same record twice without its file is no race but a registry that lost the file
@@ -271,12 +286,14 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     async fn machines(&self) -> Result<MachineListing, OpsError> {
         let machines = self.registry.machines().await?;
         let notice = self.registry.disruption().await?;
+        let leader_notice = self.leader_notice().await?;
         let drains = self.registry.drains().await?;
         let skipped = machines.skipped.iter().chain(&drains.skipped);
         Ok(MachineListing {
             machines: machines.items,
             skipped: skipped.map(ToString::to_string).collect(),
             notice,
+            leader_notice,
             drained: drains.items,
         })
     }
@@ -410,7 +427,12 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
 
     async fn explain(&self, name: &UnitName) -> Result<Explanation, OpsError> {
         let (snap, files) = self.scheduler_view().await?;
-        Ok(fleet_engine::explain(&snap, &files, name))
+        let mut explanation = fleet_engine::explain(&snap, &files, name);
+        // "The engine places it in its next pass" is false while no engine can lead.
+        if let Some(notice) = self.leader_notice().await? {
+            explanation.summary = format!("{}; but {notice}", explanation.summary);
+        }
+        Ok(explanation)
     }
 
     async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<(), OpsError> {

@@ -84,6 +84,9 @@ pub struct MachineListing {
     pub machines: Vec<MachineInfo>,
     pub skipped: Vec<String>,
     pub notice: Option<String>,
+    /// What is wrong with the engine leader key, when it leads nothing fleet knows of (it
+    /// names an unregistered machine, or is stray): no unit is scheduled meanwhile (issue 38).
+    pub leader_notice: Option<String>,
     /// Drain marks, by machine (machines not registered included).
     pub drained: Vec<fleet_registry::DrainRecord>,
 }

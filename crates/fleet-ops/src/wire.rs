@@ -289,6 +289,9 @@ pub struct MachinePage {
     pub skipped: Vec<String>,
     #[serde(default, skip_serializing_if = "is_empty")]
     pub disruption_notice: String,
+    /// What is wrong with the engine leader key, when it leads nothing fleet knows of.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub engine_leader_notice: String,
 }
 
 /// `PUT /units/<name>?op=...`: the operations fleet's API has no method for. The body is a

@@ -1125,6 +1125,122 @@ async fn put_many_if_replaces_many_units_per_transaction<K: Kv>(reg: Registry<K>
     assert!(refs.is_empty(), "{refs:?}");
 }
 
+/// Issue 38, item 4: a unit record whose file is gone from the registry was left out of
+/// `list-unit-files` and `GET /units` without a word. Every listing (whole, a page, a page
+/// after a cursor, a few named, and past the size that reads every file at once) reports it
+/// as it reports a corrupt record, naming the fix, and `destroy` removes it.
+async fn a_unit_whose_file_is_missing_is_reported_by_every_listing_and_destroyed<K: Kv>(
+    reg: Registry<K>,
+) {
+    let c = RegistryCluster::new(reg.clone());
+    for i in 0..70 {
+        let n = format!("a{i:02}.service");
+        c.put(create(&n, file(&format!("/bin/{n}")), None))
+            .await
+            .unwrap();
+    }
+    c.put(create("b.service", file("/bin/b"), None))
+        .await
+        .unwrap();
+    let delete = Txn {
+        success: vec![TxnOp::Delete {
+            key: reg.keys().file(&file("/bin/b").hash()),
+            prefix: false,
+        }],
+        ..Txn::default()
+    };
+    reg.raw_kv().txn(delete).await.unwrap();
+    let reported = |skipped: &[String]| {
+        skipped.iter().any(|s| {
+            s.contains("b.service")
+                && s.contains("is missing from the registry")
+                && s.contains("fleetctl destroy b.service")
+        })
+    };
+    let listing = c.units(None).await.unwrap();
+    assert_eq!(listing.units.len(), 70);
+    assert!(reported(&listing.skipped), "{:?}", listing.skipped);
+    let (page, _) = c.units_page(None, 0, 100).await.unwrap();
+    assert!(reported(&page.skipped), "{:?}", page.skipped);
+    let (page, _) = c.units_after(None, 100).await.unwrap();
+    assert!(reported(&page.skipped), "{:?}", page.skipped);
+    let few = BTreeSet::from([name("b.service")]);
+    let named = c.units(Some(&few)).await.unwrap();
+    assert!(named.units.is_empty());
+    assert!(reported(&named.skipped), "{:?}", named.skipped);
+    assert_eq!(
+        c.destroy(&name("b.service")).await.unwrap(),
+        Destroyed::Unit
+    );
+    let listing = c.units(None).await.unwrap();
+    assert!(listing.skipped.is_empty(), "{:?}", listing.skipped);
+}
+
+/// Issue 38, item 3: `list-machines` says when the engine leader key leads nothing fleet
+/// knows of (no unit is scheduled meanwhile), and nothing while a registered machine leads
+/// or during an election.
+async fn machines_say_when_the_leader_key_leads_nothing<K: Kv>(reg: Registry<K>) {
+    let c = RegistryCluster::new(reg.clone());
+    let leader = reg.keys().leader();
+    assert_eq!(c.machines().await.unwrap().leader_notice, None);
+    reg.put_raw(&leader, "ffff").await;
+    let notice = c
+        .machines()
+        .await
+        .unwrap()
+        .leader_notice
+        .unwrap_or_default();
+    assert!(
+        notice.contains("leads nothing (it has no lease)"),
+        "{notice}"
+    );
+    let lease = reg.raw_kv().grant(Duration::from_secs(600)).await.unwrap();
+    let on_lease = Txn {
+        success: vec![TxnOp::Put {
+            key: leader.clone(),
+            value: b"ghost".to_vec(),
+            lease: Some(lease),
+        }],
+        ..Txn::default()
+    };
+    reg.raw_kv().txn(on_lease).await.unwrap();
+    let notice = c
+        .machines()
+        .await
+        .unwrap()
+        .leader_notice
+        .unwrap_or_default();
+    assert!(
+        notice.contains("names machine ghost, which is not registered"),
+        "{notice}"
+    );
+    // explain does not promise a next pass that no engine makes.
+    c.put(create(
+        "a.service",
+        file("/bin/a"),
+        Some(DesiredState::Launched),
+    ))
+    .await
+    .unwrap();
+    let why = c.explain(&name("a.service")).await.unwrap().summary;
+    assert!(why.ends_with(&format!("; but {notice}")), "{why}");
+    let ghost = MachineInfo {
+        id: machine("ghost"),
+        public_ip: String::new(),
+        metadata: Default::default(),
+        version: "test".into(),
+        disable_engine: false,
+        api: String::new(),
+        fence_at: None,
+    };
+    reg.put_raw(
+        &reg.keys().machine(&ghost.id),
+        &serde_json::to_string(&ghost).unwrap(),
+    )
+    .await;
+    assert_eq!(c.machines().await.unwrap().leader_notice, None);
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -1160,6 +1276,8 @@ contract!(
     state_changes_follow_fleetctls_rules,
     restart_bumps_the_generation_or_launches,
     destroy_removes_units_and_unreadable_records,
+    a_unit_whose_file_is_missing_is_reported_by_every_listing_and_destroyed,
+    machines_say_when_the_leader_key_leads_nothing,
     a_rolling_replace_advances_then_finishes,
     a_watch_sees_its_units_states_and_machines_change,
     a_create_that_loses_a_race_to_the_same_content_is_unchanged,

@@ -142,7 +142,7 @@ impl<K: Kv> Registry<K> {
             kvs.extend(read);
         }
         let mut skipped = Vec::new();
-        let mut items = read::all(&kvs, |kv| read::state(keys, kv), &mut skipped);
+        let mut items = read::states(keys, &kvs, &mut skipped);
         items.sort_by(|a, b| (&a.name, &a.machine).cmp(&(&b.name, &b.machine)));
         Ok(Listing {
             revision,

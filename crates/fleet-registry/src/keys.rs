@@ -371,6 +371,23 @@ impl Keys {
         Some(self.split(key)?.0)
     }
 
+    /// `key`, when it is under `P/schedule/` and its parts do not parse (see
+    /// [`StrayScheduleKey`]).
+    pub fn stray_schedule_key(&self, key: &str) -> Option<StrayScheduleKey> {
+        let stray = self.kind(key) == Some(Kind::Schedule) && Key::parse(self, key).is_none();
+        stray.then(|| StrayScheduleKey(key.to_owned()))
+    }
+
+    /// The machine whose prefix `P/unit-state/<machine>/` holds `key`, whether or not the
+    /// rest of the key parses: what counts against that machine's bound on states
+    /// (`read::MAX_STATES_PER_MACHINE`), since its etcd role may write any key there.
+    pub fn state_machine(&self, key: &str) -> Option<MachineId> {
+        match self.split(key)? {
+            (Kind::State, rest) => rest.split_once('/')?.0.parse().ok(),
+            _ => None,
+        }
+    }
+
     /// The kind of `key` and the rest of it after `<kind>/`.
     fn split<'a>(&self, key: &'a str) -> Option<(Kind, &'a str)> {
         let (kind, rest) = key.strip_prefix(&self.prefix)?.split_once('/')?;
@@ -391,6 +408,25 @@ impl Keys {
             _ => return None,
         };
         Some((kind, rest))
+    }
+}
+
+/// A key under `P/schedule/` whose parts do not parse (`schedule/m1/../../etc.service`,
+/// `schedule/m1/bad name`): it names no entry, so no agent runs anything for it and no
+/// decision about a unit ever deletes it (issue 38). Built only from such a key, so the
+/// engine's delete of it (`EngineWrite::DeleteStray`) can delete nothing else.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StrayScheduleKey(String);
+
+impl StrayScheduleKey {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for StrayScheduleKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use crate::error::{RegistryError, Result};
-use crate::keys::Keys;
+use crate::keys::{Keys, StrayScheduleKey};
 use crate::kv::{
     CmpOp, CmpTarget, Compare, KeyValue, Kv, KvError, LeaseId, MAX_TXN_OPS, Revision, Txn, TxnOp,
     TxnOpResponse,
@@ -22,6 +22,9 @@ use crate::records::{LeftCopy, MoveRecord, ScheduleEntry};
 use crate::registry::{Registry, encode};
 use crate::snapshot::Snapshot;
 use crate::watch::WatchHints;
+
+mod stray;
+pub use stray::LeaderKey;
 
 /// Guards an engine write: it applies only while `key` still holds `value` (our leadership).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +83,9 @@ pub enum EngineWrite {
     Moving(MoveRecord),
     /// Withdraw that record: the move is over (or no longer wanted).
     Moved { unit: UnitName },
+    /// Delete a key under `P/schedule/` that names no entry (issue 38): left alone it would
+    /// be warned about by every reader forever.
+    DeleteStray(StrayScheduleKey),
 }
 
 /// Engine transactions of one kind in flight at once (see [`Leadership::write`]).
@@ -92,7 +98,9 @@ impl EngineWrite {
     fn kind(&self) -> u8 {
         match self {
             EngineWrite::Moving(_) => 0,
-            EngineWrite::Unschedule { .. } | EngineWrite::Leave { .. } => 1,
+            EngineWrite::Unschedule { .. }
+            | EngineWrite::Leave { .. }
+            | EngineWrite::DeleteStray(_) => 1,
             // A record is forgotten only once its copy has stopped (or its machine is gone):
             // it may share the transactions of the schedule entries that this allows.
             EngineWrite::Schedule(_) | EngineWrite::Record { .. } | EngineWrite::Forget { .. } => 2,
@@ -164,7 +172,7 @@ impl<K: Kv> EngineRole<K> {
         };
         if holder.value == me.as_str().as_bytes() {
             debug!(machine = %me, "taking over our own engine leader key");
-        } else if let Some(why) = self.stale(&holder).await? {
+        } else if let Some(why) = stray::stale(&holder) {
             warn!(
                 holder = %String::from_utf8_lossy(&holder.value),
                 reason = why,
@@ -183,20 +191,6 @@ impl<K: Kv> EngineRole<K> {
             .txn(take_over, "taking over engine leadership")
             .await?;
         Ok(res.succeeded)
-    }
-
-    /// Why the leader key `holder` leads nothing, if it does not (issue 38): written without
-    /// a lease (by hand: it would never expire, and no engine would ever lead again), or
-    /// holding no machine ID. Taking it over is safe: every write of an engine that thinks it
-    /// leads is fenced on the key's value and lease.
-    async fn stale(&self, holder: &crate::kv::KeyValue) -> Result<Option<&'static str>> {
-        if holder.lease == 0 {
-            return Ok(Some("it has no lease"));
-        }
-        let names_a_machine = std::str::from_utf8(&holder.value)
-            .ok()
-            .is_some_and(|v| v.parse::<MachineId>().is_ok());
-        Ok((!names_a_machine).then_some("it names no machine"))
     }
 
     /// The leadership `me` holds (or held) on `lease`, without campaigning: a test writes
@@ -491,6 +485,7 @@ impl<K: Kv> Leadership<K> {
                 lease: None,
             }),
             EngineWrite::Moved { unit } => ops.push(delete(keys.moving(unit))),
+            EngineWrite::DeleteStray(key) => ops.push(delete(key.as_str().to_owned())),
         }
     }
 }

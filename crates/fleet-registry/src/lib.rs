@@ -32,9 +32,9 @@ mod watch;
 
 pub use error::{RegistryError, Result};
 pub use few::{UnitsView, concerns};
-pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind};
+pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind, StrayScheduleKey};
 pub use kv::MAX_TXN_OPS;
-pub use leader::{EngineRole, EngineWrite, Fence, Leadership};
+pub use leader::{EngineRole, EngineWrite, Fence, LeaderKey, Leadership};
 pub use live::{LiveView, Touched};
 pub use machine::{MachineRole, Presence, ScheduleChange};
 pub use metadata::{
@@ -43,7 +43,7 @@ pub use metadata::{
 };
 pub use page::UnitsPage;
 pub use per_machine::PerMachine;
-pub use read::{Listing, Skipped};
+pub use read::{Listing, MAX_STATES_PER_MACHINE, Skipped, StateBound};
 pub use records::{
     DrainRecord, LeftCopy, MoveRecord, ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord,
     UnitStateRecord,

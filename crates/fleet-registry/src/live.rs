@@ -304,6 +304,9 @@ impl<K: Kv> LiveView<K> {
                 EngineWrite::Moved { unit } => {
                     snap.remove(keys, &keys.moving(unit));
                 }
+                EngineWrite::DeleteStray(key) => {
+                    snap.remove(keys, key.as_str());
+                }
                 // Not part of the view: only fleetctl reads it.
                 EngineWrite::Disruption { .. } => {}
             }
@@ -394,7 +397,12 @@ impl<K: Kv> LiveView<K> {
             Kind::Unscheduled => &mut touched.unscheduled,
         };
         *flag = true;
-        self.snapshot.remove(keys, &kv.key);
+        let held = self.snapshot.remove(keys, &kv.key);
+        // A key that existed but held nothing here was a state left out past its machine's
+        // bound (a put of version 1 creates its key).
+        if kind == Kind::State && !held && (event.kind == EventKind::Delete || kv.version > 1) {
+            self.snapshot.release_past_state(keys, &kv.key);
+        }
         if event.kind == EventKind::Put
             && let Some(s) = self.snapshot.insert(keys, kv)
         {

@@ -122,17 +122,31 @@ impl<K: Kv> Registry<K> {
                 .flat_map(|m| {
                     [
                         names_on(&keys.schedule(m, first), &keys.schedule(m, last)),
-                        names_on(&keys.state(m, first), &keys.state(m, last)),
+                        states_on(&keys.state(m, first), &keys.state(m, last)),
                     ]
                 })
                 .collect();
+            // A machine's states are read in key order, at most its bound and one more.
+            let mut bound = read::StateBound::default();
+            let mut past = BTreeMap::new();
             for kv in self.gets_at(&reads, snap.revision).await? {
+                if let Some(m) = keys.state_machine(&kv.key)
+                    && !bound.take(&m)
+                {
+                    past.insert(m, kv.mod_revision);
+                    continue;
+                }
                 if let Some(Key::Schedule { unit, .. } | Key::State { unit, .. }) =
                     Key::parse(keys, &kv.key)
                     && names.contains(&unit)
                 {
                     snap.insert(keys, &kv);
                 }
+            }
+            // A page reads one key past the bound: how many more there are, it does not know.
+            for (m, rev) in past {
+                let past = read::Past::AtLeast(bound.past(&m));
+                snap.skip(read::states_past_bound(keys, &m, past, rev));
             }
         }
         Ok(UnitsPage {
@@ -257,6 +271,13 @@ fn gone(cause: &KvError) -> bool {
 /// The keys from `first` to `last` inclusive.
 fn names_on(first: &str, last: &str) -> Read {
     Read::interval(first, format!("{last}\0"), 0)
+}
+
+/// The states of one machine from `first` to `last`: at most
+/// [`read::MAX_STATES_PER_MACHINE`] and one more, so that a host that wrote a million keys
+/// between two names of a page costs a page no more than its bound (issue 37).
+fn states_on(first: &str, last: &str) -> Read {
+    Read::interval(first, format!("{last}\0"), read::MAX_STATES_PER_MACHINE + 1)
 }
 
 /// The first key under `dir` after `dir<after>` (all of `dir` without `after`): the key

@@ -8,8 +8,9 @@
 //! caller that decides what a skip means (fleetctl prints it, the engine and agents log it
 //! once per change) reports it.
 
-use fleet_core::{MachineInfo, UnitFile, UnitHash, UnitName};
+use fleet_core::{MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
 use serde::de::DeserializeOwned;
+use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::error::RegistryError;
@@ -107,6 +108,119 @@ pub const MAX_STATE_BYTES: usize = 16 * 1024;
 /// The largest presence record read: its configured metadata included.
 pub const MAX_MACHINE_BYTES: usize = 64 * 1024;
 
+/// The most keys one machine's state prefix (`P/unit-state/<M>/`) is read for (issue 37):
+/// a machine's etcd role may write any number of keys there, and every engine's and API's
+/// view would hold them. An agent publishes one state per unit it runs and never more than
+/// this (`fleet-agent`'s publish), far above what one machine runs (the benchmarks run 3,000
+/// units on one machine; systemd slows down long before 10,000). Every key there counts,
+/// readable or not, so that unreadable values past the bound cost nothing either.
+pub const MAX_STATES_PER_MACHINE: usize = 10_000;
+
+/// How many keys of each machine's state prefix a reader took in (each one read, readable
+/// or skipped on its own), and how many past [`MAX_STATES_PER_MACHINE`] it left out unread.
+/// Which keys are taken is the order the reader meets them: key order in a read (a
+/// machine's prefix is read in order, one interval of the read), arrival order in a view
+/// that follows the watch (a key freed later does not bring in one left out before).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateBound {
+    taken: BTreeMap<MachineId, usize>,
+    past: BTreeMap<MachineId, usize>,
+}
+
+impl StateBound {
+    /// Whether one more key of `machine`'s states may be read; counted either way.
+    pub(crate) fn take(&mut self, machine: &MachineId) -> bool {
+        let taken = self.taken.entry(machine.clone()).or_default();
+        if *taken < MAX_STATES_PER_MACHINE {
+            *taken += 1;
+            return true;
+        }
+        *self.past.entry(machine.clone()).or_default() += 1;
+        false
+    }
+
+    /// A key of `machine`'s states that was taken in is gone.
+    pub(crate) fn release_taken(&mut self, machine: &MachineId) {
+        decrement(&mut self.taken, machine);
+    }
+
+    /// A key of `machine`'s states that was left out is gone; how many are left out now.
+    pub(crate) fn release_past(&mut self, machine: &MachineId) -> usize {
+        decrement(&mut self.past, machine)
+    }
+
+    /// How many of `machine`'s state keys were left out.
+    pub fn past(&self, machine: &MachineId) -> usize {
+        self.past.get(machine).copied().unwrap_or(0)
+    }
+
+    /// How many state keys were left out, over every machine.
+    pub fn past_total(&self) -> usize {
+        self.past.values().sum()
+    }
+
+    /// Takes in the counts of a part read apart (of other machines' keys).
+    pub(crate) fn absorb(&mut self, part: StateBound) {
+        for (machine, n) in part.taken {
+            *self.taken.entry(machine).or_default() += n;
+        }
+        for (machine, n) in part.past {
+            *self.past.entry(machine).or_default() += n;
+        }
+    }
+}
+
+/// `machine`'s count less one (gone at zero); what is left.
+fn decrement(counts: &mut BTreeMap<MachineId, usize>, machine: &MachineId) -> usize {
+    let Some(n) = counts.get_mut(machine) else {
+        return 0;
+    };
+    *n = n.saturating_sub(1);
+    let left = *n;
+    if left == 0 {
+        counts.remove(machine);
+    }
+    left
+}
+
+/// How many keys of a machine's states a reader left out past the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Past {
+    /// That many: the reader read the machine's whole prefix.
+    Exactly(usize),
+    /// At least that many: the reader stopped reading there (a page of units).
+    AtLeast(usize),
+}
+
+impl fmt::Display for Past {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Past::Exactly(n) => write!(f, "{n}"),
+            Past::AtLeast(n) => write!(f, "at least {n}"),
+        }
+    }
+}
+
+/// What a reader reports of `machine`'s states past the bound: one value skipped at its
+/// state prefix, however many keys are left out (`past`), so that a host writing a million
+/// keys costs one report, not a million. `mod_revision` is that of the last key left out.
+pub(crate) fn states_past_bound(
+    keys: &Keys,
+    machine: &MachineId,
+    past: Past,
+    mod_revision: Revision,
+) -> Skipped {
+    Skipped {
+        key: keys.machine_states(machine),
+        mod_revision,
+        detail: format!(
+            "machine {machine} publishes more unit states than a machine may \
+             ({MAX_STATES_PER_MACHINE}); {past} past the bound left out unread"
+        ),
+        named: None,
+    }
+}
+
 /// `kv` is skipped, unread, when its value is larger than a `what` may be.
 fn bounded(keys: &Keys, kv: &KeyValue, max: usize, what: &str) -> Result<(), Skipped> {
     if kv.value.len() <= max {
@@ -199,6 +313,40 @@ pub(crate) fn all<T>(
             Ok(item) => items.push(item),
             Err(s) => skipped.push(s),
         }
+    }
+    items
+}
+
+/// Decodes the states of `kvs`, in the order given, at most [`MAX_STATES_PER_MACHINE`] keys
+/// of each machine: the rest are left out unread, reported once per machine.
+pub(crate) fn states(
+    keys: &Keys,
+    kvs: &[KeyValue],
+    skipped: &mut Vec<Skipped>,
+) -> Vec<UnitStateRecord> {
+    let mut bound = StateBound::default();
+    let mut last_past: BTreeMap<MachineId, Revision> = BTreeMap::new();
+    let mut items = Vec::with_capacity(kvs.len().min(MAX_STATES_PER_MACHINE));
+    for kv in kvs {
+        if let Some(machine) = keys.state_machine(&kv.key)
+            && !bound.take(&machine)
+        {
+            let rev = last_past.entry(machine).or_default();
+            *rev = (*rev).max(kv.mod_revision);
+            continue;
+        }
+        match state(keys, kv) {
+            Ok(s) => items.push(s),
+            Err(s) => skipped.push(s),
+        }
+    }
+    for (machine, rev) in last_past {
+        skipped.push(states_past_bound(
+            keys,
+            &machine,
+            Past::Exactly(bound.past(&machine)),
+            rev,
+        ));
     }
     items
 }

@@ -317,7 +317,7 @@ impl<K: Kv> Registry<K> {
             .await
             .map_err(RegistryError::kv(op))?;
         let mut skipped = Vec::new();
-        let items = read::all(&res.kvs, |kv| read::state(&self.keys, kv), &mut skipped);
+        let items = read::states(&self.keys, &res.kvs, &mut skipped);
         Ok(Listing {
             revision: res.revision,
             items,

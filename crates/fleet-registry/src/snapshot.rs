@@ -43,8 +43,11 @@ pub struct Snapshot {
     /// engine saw that copy stop.
     pub left: BTreeMap<UnitName, PerMachine<LeftCopy>>,
     /// Values that could not be read, by key: left out of every map above, so a corrupt unit
-    /// record reads as no unit, a corrupt schedule entry as no entry.
+    /// record reads as no unit, a corrupt schedule entry as no entry. A machine's states past
+    /// [`read::MAX_STATES_PER_MACHINE`] are one value here, at its state prefix.
     pub skipped: BTreeMap<String, Skipped>,
+    /// How many keys of each machine's states were taken in, and left out past the bound.
+    pub state_bound: read::StateBound,
 }
 
 impl Snapshot {
@@ -133,10 +136,17 @@ impl Snapshot {
                 naming.unwrap_or(self).share(&mut e.name, &mut e.machine);
                 place(&mut self.schedule, e.name.clone(), e.machine.clone(), e);
             }),
-            Kind::State => read::state(keys, kv).map(|mut s| {
-                naming.unwrap_or(self).share(&mut s.name, &mut s.machine);
-                place(&mut self.states, s.name.clone(), s.machine.clone(), s);
-            }),
+            Kind::State => {
+                if let Some(machine) = keys.state_machine(&kv.key)
+                    && !self.state_bound.take(&machine)
+                {
+                    return self.past_bound(keys, &machine, kv.mod_revision);
+                }
+                read::state(keys, kv).map(|mut s| {
+                    naming.unwrap_or(self).share(&mut s.name, &mut s.machine);
+                    place(&mut self.states, s.name.clone(), s.machine.clone(), s);
+                })
+            }
             Kind::Unscheduled => read::unscheduled(keys, kv).map(|(unit, reason)| {
                 self.unscheduled.insert(unit, reason);
             }),
@@ -162,38 +172,76 @@ impl Snapshot {
         self.skipped.get(&key)
     }
 
+    /// Records one more of `machine`'s states left out past the bound, at its state prefix;
+    /// returned (to be reported) only for the first, so that a host writing a million keys
+    /// costs one warning.
+    fn past_bound(
+        &mut self,
+        keys: &Keys,
+        machine: &MachineId,
+        mod_revision: Revision,
+    ) -> Option<&Skipped> {
+        let past = self.state_bound.past(machine);
+        let s = read::states_past_bound(keys, machine, read::Past::Exactly(past), mod_revision);
+        let key = s.key.clone();
+        self.skip(s);
+        (past == 1).then(|| self.skipped.get(&key)).flatten()
+    }
+
+    /// A state key that was left out past its machine's bound is gone (a view following the
+    /// watch knows it existed, and that [`remove`](Self::remove) found nothing there).
+    pub(crate) fn release_past_state(&mut self, keys: &Keys, key: &str) {
+        let Some(machine) = keys.state_machine(key) else {
+            return;
+        };
+        let past = self.state_bound.release_past(&machine);
+        let prefix = keys.machine_states(&machine);
+        if past == 0 {
+            self.skipped.remove(&prefix);
+        } else if let Some(s) = self.skipped.get(&prefix) {
+            let rev = s.mod_revision;
+            self.skip(read::states_past_bound(
+                keys,
+                &machine,
+                read::Past::Exactly(past),
+                rev,
+            ));
+        }
+    }
+
     /// Removes what is stored at `key`: its skipped value, or what the key names. A key that
-    /// names nothing (its parts do not parse) can hold nothing but a skipped value.
-    pub(crate) fn remove(&mut self, keys: &Keys, key: &str) {
-        self.skipped.remove(key);
+    /// names nothing (its parts do not parse) can hold nothing but a skipped value. Whether
+    /// anything was there.
+    pub(crate) fn remove(&mut self, keys: &Keys, key: &str) -> bool {
+        let held = self.skipped.remove(key).is_some() | self.remove_named(keys, key);
+        if held && let Some(machine) = keys.state_machine(key) {
+            self.state_bound.release_taken(&machine);
+        }
+        held
+    }
+
+    /// Removes what `key` names from its map; whether it held anything.
+    fn remove_named(&mut self, keys: &Keys, key: &str) -> bool {
         match Key::parse(keys, key) {
-            Some(Key::Unit(unit)) => {
-                self.units.remove(&unit);
-            }
-            Some(Key::Machine(machine)) => {
-                self.machines.remove(&machine);
-            }
+            Some(Key::Unit(unit)) => self.units.remove(&unit).is_some(),
+            Some(Key::Machine(machine)) => self.machines.remove(&machine).is_some(),
             Some(Key::Schedule { machine, unit }) => {
                 remove_inner(&mut self.schedule, &unit, &machine)
             }
             Some(Key::State { unit, machine }) => remove_inner(&mut self.states, &unit, &machine),
-            Some(Key::Unscheduled(unit)) => {
-                self.unscheduled.remove(&unit);
-            }
+            Some(Key::Unscheduled(unit)) => self.unscheduled.remove(&unit).is_some(),
             Some(Key::Metadata { machine, key }) => {
-                if let Some(values) = self.metadata.get_mut(&machine) {
-                    values.remove(key.as_str());
-                    if values.is_empty() {
-                        self.metadata.remove(&machine);
-                    }
+                let Some(values) = self.metadata.get_mut(&machine) else {
+                    return false;
+                };
+                let held = values.remove(key.as_str()).is_some();
+                if values.is_empty() {
+                    self.metadata.remove(&machine);
                 }
+                held
             }
-            Some(Key::Drain(machine)) => {
-                self.drained.remove(&machine);
-            }
-            Some(Key::Moving(unit)) => {
-                self.moving.remove(&unit);
-            }
+            Some(Key::Drain(machine)) => self.drained.remove(&machine).is_some(),
+            Some(Key::Moving(unit)) => self.moving.remove(&unit).is_some(),
             Some(Key::Left { unit, machine }) => remove_inner(&mut self.left, &unit, &machine),
             Some(
                 Key::File(_)
@@ -202,7 +250,7 @@ impl Snapshot {
                 | Key::Disruption
                 | Key::Placement { .. },
             )
-            | None => {}
+            | None => false,
         }
     }
 }
@@ -217,17 +265,20 @@ fn place<V>(
     map.entry(unit).or_default().insert(machine, value);
 }
 
+/// Removes `unit`'s value on `machine` from `map`; whether there was one.
 fn remove_inner<V>(
     map: &mut BTreeMap<UnitName, PerMachine<V>>,
     unit: &UnitName,
     machine: &MachineId,
-) {
-    if let Some(inner) = map.get_mut(unit) {
-        inner.remove(machine);
-        if inner.is_empty() {
-            map.remove(unit);
-        }
+) -> bool {
+    let Some(inner) = map.get_mut(unit) else {
+        return false;
+    };
+    let held = inner.remove(machine).is_some();
+    if inner.is_empty() {
+        map.remove(unit);
     }
+    held
 }
 
 impl<K: Kv> Registry<K> {
@@ -483,6 +534,7 @@ impl Snapshot {
         merge(&mut self.moving, part.moving);
         merge(&mut self.left, part.left);
         merge(&mut self.skipped, part.skipped);
+        self.state_bound.absorb(part.state_bound);
     }
 }
 

@@ -1046,6 +1046,126 @@ async fn live_view_names_the_units_that_changed<K: Kv>(reg: Registry<K>) {
     );
 }
 
+// ---- issue 37: a host filling its own state prefix ---------------------------------------------
+
+/// A state of unit `s<i>.service` on m1, its key and JSON.
+fn numbered_state(keys: &Keys, i: usize) -> (String, Vec<u8>) {
+    let record = UnitStateRecord {
+        name: name(&format!("s{i:05}.service")),
+        machine: machine("m1"),
+        hash: None,
+        systemd: SystemdState::not_found(),
+        drop_ins: Vec::new(),
+        restart: 0,
+        restart_pending: false,
+    };
+    let key = keys.state(&record.machine, &record.name);
+    (key, serde_json::to_vec(&record).unwrap())
+}
+
+/// Puts the states `range` of m1 raw, as its etcd credentials may; the revision reached.
+async fn put_numbered_states<K: Kv>(reg: &Registry<K>, range: std::ops::Range<usize>) -> i64 {
+    let ops: Vec<TxnOp> = range
+        .map(|i| {
+            let (key, value) = numbered_state(reg.keys(), i);
+            TxnOp::Put {
+                key,
+                value,
+                lease: None,
+            }
+        })
+        .collect();
+    let mut revision = 0;
+    for chunk in ops.chunks(fleet_registry::MAX_TXN_OPS) {
+        let txn = Txn {
+            success: chunk.to_vec(),
+            ..Txn::default()
+        };
+        revision = reg.raw_kv().txn(txn).await.unwrap().revision;
+    }
+    revision
+}
+
+async fn delete_raw<K: Kv>(reg: &Registry<K>, key: String) -> i64 {
+    let txn = Txn {
+        success: vec![TxnOp::Delete { key, prefix: false }],
+        ..Txn::default()
+    };
+    reg.raw_kv().txn(txn).await.unwrap().revision
+}
+
+async fn follow_to<K: Kv>(view: &mut LiveView<K>, revision: i64) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while view.revision() < revision {
+            view.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the view follows");
+}
+
+/// Issue 37, item 7: one machine's credentials write more states under its prefix than a
+/// machine may publish. Every reader takes the first `MAX_STATES_PER_MACHINE` in key order,
+/// leaves the rest out unread and reports them once, at the machine's state prefix; the view
+/// that follows the watch counts them as they come and go.
+async fn a_machines_states_past_its_bound_are_left_out_and_reported_once<K: Kv>(reg: Registry<K>) {
+    use fleet_registry::MAX_STATES_PER_MACHINE as MAX;
+    let m1 = machine("m1");
+    let prefix = reg.keys().machine_states(&m1);
+    put_numbered_states(&reg, 0..MAX + 5).await;
+    let past_name = |i: usize| name(&format!("s{i:05}.service"));
+
+    let snap = reg.snapshot().await.unwrap();
+    assert_eq!(snap.states.len(), MAX);
+    assert!(snap.states.contains_key(&past_name(MAX - 1)));
+    assert!(!snap.states.contains_key(&past_name(MAX)));
+    assert_eq!(snap.state_bound.past(&m1), 5);
+    assert_eq!(snap.skipped.len(), 1, "{:?}", snap.skipped);
+    let report = &snap.skipped[&prefix];
+    assert!(
+        report
+            .detail
+            .contains("more unit states than a machine may (10000); 5 past"),
+        "{}",
+        report.detail
+    );
+
+    for listing in [
+        reg.unit_states().await.unwrap(),
+        reg.machine_states(&m1).await.unwrap(),
+    ] {
+        assert_eq!(listing.items.len(), MAX);
+        assert_eq!(listing.skipped.len(), 1);
+        assert_eq!(listing.skipped[0].key, prefix);
+    }
+
+    let mut view = LiveView::start(reg.clone()).await.unwrap();
+    assert_eq!(view.snapshot(), &snap);
+    // A new key while the machine is at its bound is left out too, one more counted.
+    let rev = put_numbered_states(&reg, MAX + 5..MAX + 6).await;
+    follow_to(&mut view, rev).await;
+    assert_eq!(view.snapshot().state_bound.past(&m1), 6);
+    assert_eq!(view.snapshot().states.len(), MAX);
+    // A key taken in goes: the next new key fits (the view takes keys as they come).
+    let (first, _) = numbered_state(reg.keys(), 0);
+    let rev = delete_raw(&reg, first).await;
+    follow_to(&mut view, rev).await;
+    assert_eq!(view.snapshot().states.len(), MAX - 1);
+    let rev = put_numbered_states(&reg, MAX + 6..MAX + 7).await;
+    follow_to(&mut view, rev).await;
+    assert_eq!(view.snapshot().states.len(), MAX);
+    assert!(view.snapshot().states.contains_key(&past_name(MAX + 6)));
+    // Keys left out go: counted down; the report goes with the last.
+    for i in MAX..MAX + 6 {
+        let (key, _) = numbered_state(reg.keys(), i);
+        let rev = delete_raw(&reg, key).await;
+        follow_to(&mut view, rev).await;
+        assert_eq!(view.snapshot().state_bound.past(&m1), MAX + 5 - i);
+    }
+    assert!(view.snapshot().skipped.is_empty());
+    assert_eq!(view.snapshot(), &reg.snapshot().await.unwrap());
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -1092,6 +1212,7 @@ contract!(
     live_view_skips_unreadable_values_until_they_are_repaired,
     a_committed_destroy_or_replace_succeeds_when_collecting_its_file_fails,
     creates_units_in_batches_etcd_takes_and_none_over_an_existing_one,
+    a_machines_states_past_its_bound_are_left_out_and_reported_once,
 );
 
 // ---- issue 17: each role handle on the fake RBAC store holding only its role -------------------

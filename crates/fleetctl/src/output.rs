@@ -39,6 +39,9 @@ pub struct Machines {
     /// The engine's disruption notice, when it holds rescheduling.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disruption_notice: Option<String>,
+    /// What is wrong with the engine leader key, when it leads nothing fleet knows of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_leader_notice: Option<String>,
 }
 
 impl UnitFiles {
@@ -78,6 +81,7 @@ impl Machines {
             drains: listing.drained.clone(),
             skipped: listing.skipped.clone(),
             disruption_notice: listing.notice.clone(),
+            engine_leader_notice: listing.leader_notice.clone(),
         }
     }
 }

@@ -171,6 +171,18 @@ async fn populate(registry: &Registry<MemKv>) {
     registry
         .put_raw(&keys.file(&file("/bin/orphan").hash()), "\u{0}no unit")
         .await;
+    // A unit whose file is gone from the registry is left out and reported (issue 38).
+    create_with(registry, "w.service", DesiredState::Inactive, "/bin/gone").await;
+    let delete = fleet_registry::kv::Txn {
+        success: vec![fleet_registry::kv::TxnOp::Delete {
+            key: keys.file(&file("/bin/gone").hash()),
+            prefix: false,
+        }],
+        ..Default::default()
+    };
+    fleet_registry::kv::Kv::txn(registry.raw_kv(), delete)
+        .await
+        .unwrap();
 }
 
 #[tokio::test(start_paused = true)]
@@ -198,8 +210,13 @@ async fn a_held_listing_lists_what_pages_read_from_etcd_list() {
         }
         let full = skipped_of(&pages(&b.held_router, "/fleet/v1/units?view=full").await);
         let full: Vec<String> = full.iter().map(ToString::to_string).collect();
-        assert_eq!(full.len(), 3, "{full:?}");
+        assert_eq!(full.len(), 4, "{full:?}");
         assert!(full.iter().any(|s| s.contains("/fleet/file/")), "{full:?}");
+        assert!(
+            full.iter()
+                .any(|s| s.contains("w.service") && s.contains("missing from the registry")),
+            "{full:?}"
+        );
         let whole = get(&b.held_router, "/fleet/v1/units?view=full&pageSize=0").await;
         let paged = pages(&b.plain, "/fleet/v1/units?view=full").await;
         assert_eq!(units_of(std::slice::from_ref(&whole)), units_of(&paged));

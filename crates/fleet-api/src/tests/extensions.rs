@@ -83,11 +83,18 @@ async fn the_full_view_of_states_and_machines_adds_generations_versions_and_the_
     f.registry
         .put_raw(&f.registry.keys().disruption(), "rescheduling held")
         .await;
+    // A leader key without a lease leads nothing (issue 38): said beside the machines.
+    f.registry
+        .put_raw(&f.registry.keys().leader(), "ffff")
+        .await;
     let page = f.get("/fleet/v1/machines?view=full").await.body;
     assert_eq!(page["disruptionNotice"], "rescheduling held");
+    let leader = page["engineLeaderNotice"].as_str().unwrap_or_default();
+    assert!(leader.contains("leads nothing (it has no lease)"), "{page}");
     assert_eq!(page["machines"][0]["version"], VERSION);
     let plain = f.get("/fleet/v1/machines").await.body;
     assert!(plain.get("disruptionNotice").is_none(), "{plain}");
+    assert!(plain.get("engineLeaderNotice").is_none(), "{plain}");
     assert!(plain["machines"][0].get("version").is_none(), "{plain}");
     let states = f
         .get("/fleet/v1/state?view=full&unitName=a.service&unitName=b.service&machineID=m1")

@@ -142,7 +142,7 @@ fn figures(
     row(
         &mut t,
         format!(
-            "idle: the {} followers' reads of the leader key per minute (a jittered 45–75 s safety net each)",
+            "idle: the {} followers' reads of the leader key and its holder's presence per minute (a jittered 45–75 s safety net each)",
             idle.followers
         ),
         format!("{:.1}", per_min(idle.follower_reads)),

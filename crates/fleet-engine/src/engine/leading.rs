@@ -284,6 +284,9 @@ impl<K: Kv> Leading<K> {
         };
         let planned_in = started.elapsed();
         let mut writes: Vec<EngineWrite> = plan.decisions.iter().map(write_of).collect();
+        let stray_keys =
+            crate::unreadable::stray_schedule_keys(view.snapshot(), self.registry.keys());
+        writes.extend(stray_keys.iter().cloned().map(EngineWrite::DeleteStray));
         let notice = assessment.hold.as_ref().map(ToString::to_string);
         if self.notice.as_ref() != Some(&notice) {
             writes.push(EngineWrite::Disruption {
@@ -299,10 +302,14 @@ impl<K: Kv> Leading<K> {
             return Err(err);
         }
         self.metrics.reconciled(&plan, started.elapsed());
+        for key in &stray_keys {
+            info!(key = %key, "deleted a schedule key that names no entry");
+        }
         view.record_writes(&writes);
         let planned = delta.as_ref().filter(|_| !whole).map(|(t, _)| t.as_ref());
         let snapshot = view.snapshot();
-        self.metrics.unreadable(snapshot.skipped.len());
+        self.metrics
+            .unreadable(snapshot.skipped.len(), snapshot.state_bound.past_total());
         let found = match planned {
             Some(units) => strays(snapshot, view.files(), units),
             None => strays(snapshot, view.files(), snapshot.states.keys()),

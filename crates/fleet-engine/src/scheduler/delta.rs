@@ -213,6 +213,7 @@ fn part_of(snapshot: &Snapshot, touched: &BTreeSet<UnitName>) -> Snapshot {
         moving: BTreeMap::new(),
         left: only(&snapshot.left, touched),
         skipped: BTreeMap::new(),
+        state_bound: Default::default(),
     }
 }
 

@@ -31,6 +31,8 @@ const CONCURRENT_READS: usize = 32;
 struct Files {
     files: BTreeMap<UnitHash, UnitFile>,
     skipped: Vec<String>,
+    /// The files in `skipped`: present but not readable.
+    unreadable: BTreeSet<UnitHash>,
     missing: bool,
 }
 
@@ -71,12 +73,25 @@ impl<K: Kv> RegistryCluster<K> {
             .values()
             .filter_map(|u| Some(views::unit_view(snap, u, files.items.get(&u.hash())?)))
             .collect();
-        let skipped = snap
+        let unreadable: BTreeSet<UnitHash> = files
+            .skipped
+            .iter()
+            .filter_map(|s| match s.named.as_deref() {
+                Some(fleet_registry::Key::File(hash)) => Some(*hash),
+                _ => None,
+            })
+            .collect();
+        let mut skipped: Vec<String> = snap
             .skipped
             .values()
             .chain(&files.skipped)
             .map(ToString::to_string)
             .collect();
+        skipped.extend(views::missing_files(
+            snap.units.values(),
+            &files.items,
+            &unreadable,
+        ));
         let next = page.next.map(|after| UnitsCursor {
             after,
             revision: snap.revision,
@@ -128,6 +143,8 @@ impl<K: Kv> RegistryCluster<K> {
                 continue;
             }
             // A unit whose file cannot be read is left out, as a corrupt record is.
+            let missing =
+                views::missing_files(page.iter().copied(), &files.files, &files.unreadable);
             let units = page
                 .into_iter()
                 .filter_map(|u| Some(views::unit_view(&snap, u, files.files.get(&u.hash())?)))
@@ -137,6 +154,7 @@ impl<K: Kv> RegistryCluster<K> {
                 skipped.extend(snap.skipped.values().map(ToString::to_string));
             }
             skipped.extend(files.skipped);
+            skipped.extend(missing);
             return Ok((UnitListing { units, skipped }, more));
         }
     }
@@ -156,14 +174,21 @@ impl<K: Kv> RegistryCluster<K> {
                 .iter()
                 .map(|h| self.registry.keys().file(h))
                 .collect();
+            let skipped: Vec<&fleet_registry::Skipped> = all
+                .skipped
+                .iter()
+                .filter(|s| keys.contains(&s.key))
+                .collect();
             return Ok(Files {
                 missing: false,
-                skipped: all
-                    .skipped
+                unreadable: skipped
                     .iter()
-                    .filter(|s| keys.contains(&s.key))
-                    .map(ToString::to_string)
+                    .filter_map(|s| match s.named.as_deref() {
+                        Some(fleet_registry::Key::File(hash)) => Some(*hash),
+                        _ => None,
+                    })
                     .collect(),
+                skipped: skipped.iter().map(ToString::to_string).collect(),
                 files: all.items,
             });
         }
@@ -176,6 +201,7 @@ impl<K: Kv> RegistryCluster<K> {
         let mut files = Files {
             files: BTreeMap::new(),
             skipped: Vec::new(),
+            unreadable: BTreeSet::new(),
             missing: false,
         };
         for (hash, res) in read {
@@ -184,9 +210,12 @@ impl<K: Kv> RegistryCluster<K> {
                     files.files.insert(hash, file);
                 }
                 Ok(None) => files.missing = true,
-                Err(RegistryError::Corrupt { key, detail }) => files
-                    .skipped
-                    .push(format!("skipped corrupt registry value at {key}: {detail}")),
+                Err(RegistryError::Corrupt { key, detail }) => {
+                    files.unreadable.insert(hash);
+                    files
+                        .skipped
+                        .push(format!("skipped corrupt registry value at {key}: {detail}"));
+                }
                 Err(e) => return Err(e.into()),
             }
         }

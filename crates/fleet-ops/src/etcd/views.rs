@@ -2,7 +2,7 @@
 //! definition of a unit's current state, its machines and its restart generation, used by
 //! every listing, by `GET /units` and by waits.
 
-use fleet_core::{ActiveState, DesiredState, Requirements, UnitFile, UnitName};
+use fleet_core::{ActiveState, DesiredState, Requirements, UnitFile, UnitHash, UnitName};
 use fleet_registry::{Snapshot, Unit, UnitStateRecord};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -48,6 +48,29 @@ pub fn current_state(snap: &Snapshot, name: &UnitName) -> DesiredState {
         best = best.max(here);
     }
     best
+}
+
+/// The units of a listing that it leaves out because their file is neither in `files` nor
+/// reported unreadable (`unreadable`): a record whose file the registry lost (issue 38),
+/// each reported as the skipped-record warning reports a corrupt record, naming the way
+/// out.
+pub fn missing_files<'a>(
+    units: impl IntoIterator<Item = &'a Unit>,
+    files: &BTreeMap<UnitHash, UnitFile>,
+    unreadable: &BTreeSet<UnitHash>,
+) -> Vec<String> {
+    units
+        .into_iter()
+        .filter(|u| !files.contains_key(&u.hash()) && !unreadable.contains(&u.hash()))
+        .map(|u| {
+            format!(
+                "skipped unit {name}: its unit file {hash} is missing from the registry \
+                 (fleetctl destroy {name} removes the unit)",
+                name = u.name(),
+                hash = u.hash()
+            )
+        })
+        .collect()
 }
 
 /// A unit with its file, placed as the snapshot says.

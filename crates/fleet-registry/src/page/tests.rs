@@ -256,3 +256,40 @@ async fn files_are_read_at_the_pages_revision() {
     assert!(files.items.contains_key(&unit.hash()), "collected since");
     assert!(files.skipped.is_empty());
 }
+
+/// Issue 37: a host writes more states than its bound between two names of a page. The
+/// page reads at most the bound and one more of that machine's states, takes the states a
+/// whole snapshot takes of its units, and reports the machine as past its bound.
+#[tokio::test(start_paused = true)]
+async fn a_page_reads_no_more_of_a_machines_states_than_its_bound() {
+    use crate::read::MAX_STATES_PER_MACHINE as MAX;
+    let reg = registry(&["a.service", "z.service"]).await;
+    let keys = reg.keys().clone();
+    let m0 = machine(0);
+    let ops = (0..MAX + 3)
+        .map(|i| {
+            let state = UnitStateRecord {
+                name: name(&format!("b{i:05}.service")),
+                machine: m0.clone(),
+                hash: None,
+                systemd: SystemdState::not_found(),
+                drop_ins: vec![],
+                restart: 0,
+                restart_pending: false,
+            };
+            put(keys.state(&m0, &state.name), encode(&state))
+        })
+        .collect();
+    write(&reg, ops).await;
+    let full = reg.snapshot().await.unwrap();
+    let page = reg.units_page(None, 100, None).await.unwrap();
+    let (a, z) = (name("a.service"), name("z.service"));
+    assert!(page.snapshot.states[&a].get(&m0).is_some());
+    // z.service sorts after the host's 10,003 keys: past the bound, in a page as in a
+    // snapshot.
+    assert!(page.snapshot.states[&z].get(&m0).is_none());
+    assert_eq!(page.snapshot.states.get(&z), full.states.get(&z));
+    assert_eq!(page.snapshot.states.len(), 2);
+    let report = &page.snapshot.skipped[&keys.machine_states(&m0)];
+    assert!(report.detail.contains("(10000); at least 1 past the bound"));
+}

@@ -226,6 +226,9 @@ pub async fn list_machines<C: Cluster>(ctx: &mut Ctx<C>, args: &ListMachines) ->
     if let Some(notice) = listing.notice {
         ctx.warn(format!("Warning: {notice}"));
     }
+    if let Some(notice) = listing.leader_notice {
+        ctx.warn(format!("Warning: {notice}"));
+    }
     for m in &listing.machines {
         if let Some(at) = m.fence_at {
             let legend = machine_legend(&m.id, &by_id, args.listing.full);

@@ -324,6 +324,9 @@ impl Cluster for HttpCluster {
             if listing.notice.is_none() && !page.disruption_notice.is_empty() {
                 listing.notice = Some(page.disruption_notice);
             }
+            if listing.leader_notice.is_none() && !page.engine_leader_notice.is_empty() {
+                listing.leader_notice = Some(page.engine_leader_notice);
+            }
         }
         let answer = self.send(Method::GET, "/drains", &[], None).await?;
         listing.drained = decode::<wire::DrainList>(&answer, None)?.drains;

@@ -147,6 +147,7 @@ fn machines() -> Machines {
         machines: vec![machine("m1", "0.1.0")],
         skipped: vec!["/_coreos.com/fleet/machines/m2/object: not JSON".into()],
         notice: Some("rescheduling held".into()),
+        leader_notice: Some("the engine leader key names machine ghost".into()),
         drained: vec![fleet_registry::DrainRecord {
             machine: id("m1"),
             parallel: 2,
