@@ -14,7 +14,7 @@ mod support;
 use anyhow::{Context, Result, ensure};
 use fleet_core::DesiredState;
 use fleet_functional_tests::{
-    FleetdSpec, MACHINE_BIN_DIR, Machine, TestRegistry, wait_for, wait_for_value,
+    EtcdAuthSpec, FleetdSpec, MACHINE_BIN_DIR, Machine, TestRegistry, wait_for, wait_for_value,
 };
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -450,7 +450,10 @@ fn a_configured_deny_list_refuses_the_units_it_names() -> Result<()> {
 /// and answers to it.
 #[test]
 fn an_alias_over_a_host_unit_or_a_denied_one_is_refused_and_the_host_unit_stays() -> Result<()> {
-    let spec = agent_only().with_env("FLEET_DENY_UNITS", "vault.service");
+    // etcd's auth on (issue 37): fleetd acts with its host's own user, as deployed.
+    let spec = agent_only()
+        .with_env("FLEET_DENY_UNITS", "vault.service")
+        .with_etcd_auth(EtcdAuthSpec::default());
     let (cluster, registry) = start(1, spec)?;
     let m1 = &cluster.machines()[0];
     let host_file = format!("{RUNTIME_UNIT_DIR}/operator.service");
