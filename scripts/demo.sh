@@ -6,8 +6,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${1:-$root/target/demo}
-# The debug build: wherever cargo's target directory is (the Makefile passes it).
-bin=${FLEET_BIN_DIR:-$root/target/debug}
+# The debug build: wherever cargo's target directory is (the Makefile passes it; run alone,
+# CARGO_TARGET_DIR or target/ says).
+bin=${FLEET_BIN_DIR:-${CARGO_TARGET_DIR:-$root/target}/debug}
 mkdir -p "$(dirname "$dir")"
 
 if [ -f "$dir/cluster.json" ]; then

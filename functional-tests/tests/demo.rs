@@ -68,17 +68,42 @@ fn block<'a>(text: &'a str, heading: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// How the demo is told where the binaries are.
+#[derive(Debug, Clone, Copy)]
+enum Binaries {
+    /// `FLEET_BIN_DIR`, as `make demo` starts it.
+    Named,
+    /// Not at all: `bash scripts/demo.sh` alone finds them in cargo's target directory
+    /// (`CARGO_TARGET_DIR`, else `target/`).
+    Found,
+}
+
 #[test]
 fn every_command_the_demo_prints_works_in_the_demo() -> Result<()> {
     cleanup_stale()?;
-    let dir = functional_dir().join(format!("demo-{}", std::process::id()));
+    demo_works(Binaries::Named)?;
+    demo_works(Binaries::Found)
+}
+
+fn demo_works(binaries: Binaries) -> Result<()> {
+    let dir = functional_dir().join(format!("demo-{}-{binaries:?}", std::process::id()));
     let _demo = Demo(dir.clone());
     let script = workspace().join("scripts/demo.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(&dir)
-        .env("FLEET_BIN_DIR", default_bin_dir())
-        .output()?;
+    let mut command = Command::new("bash");
+    command.arg(&script).arg(&dir);
+    match binaries {
+        Binaries::Named => command.env("FLEET_BIN_DIR", default_bin_dir()),
+        Binaries::Found => {
+            let target = default_bin_dir()
+                .parent()
+                .context("the binaries' directory has no parent")?
+                .to_path_buf();
+            command
+                .env_remove("FLEET_BIN_DIR")
+                .env("CARGO_TARGET_DIR", target)
+        }
+    };
+    let out = command.output()?;
     let printed = ok("scripts/demo.sh", out)?;
     assert!(printed.contains("hello.service"), "{printed}");
 
