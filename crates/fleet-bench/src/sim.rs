@@ -68,7 +68,7 @@ pub struct SimSpec {
 /// write into each read transaction and each `Txn` with compares (docs/benchmarks.md, "The
 /// scheduler's own curve, etcd's stall, …"), so under 5,000 machines' keep-alives a larger
 /// buffer stalls etcd: `scale` at 100,000 units launched in 295 s with the defaults and in
-/// 72 s with these, with etcd's CPU at 343 s and 65 s. docs/operations.md recommends them
+/// 72 s with these, with etcd's CPU at 343 s and 65 s. docs/deploy.md recommends them
 /// for large clusters. `FLEET_BENCH_ETCD_DEFAULTS=1` runs etcd without them.
 pub const ETCD_TUNING: [&str; 2] = [
     "--backend-batch-limit=1000",
