@@ -54,23 +54,7 @@ pub(super) async fn put_unit<K: Kv>(
     if let Some(why) = crate::shape::refusal(&body, crate::shape::Top::Object) {
         return Err(ApiError::BodyShape(why));
     }
-    let wire: entity::Unit = serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
-    let body_name = if wire.name.is_empty() {
-        url_name
-    } else {
-        wire.name.as_str()
-    };
-    if body_name != url_name {
-        return Err(ApiError::NameMismatch {
-            url: url_name.to_owned(),
-            body: body_name.to_owned(),
-        });
-    }
-    let name: UnitName = url_name.parse()?;
-    let desired = match wire.desired_state.as_str() {
-        "" => None,
-        s => Some(s.parse::<DesiredState>()?),
-    };
+    let (wire, name, desired) = named_unit(url_name, &body)?;
     if let Some(op) = op {
         if !wire.options.is_empty() {
             return Err(ApiError::OpWithOptions(op.as_str()));
@@ -81,30 +65,7 @@ pub(super) async fn put_unit<K: Kv>(
         [] => None,
         options => Some(unit_file(&name, options)?),
     };
-    let mut how = ReplaceHow {
-        no_restart: flag(&query.raw, wire::NO_RESTART),
-        reschedule: flag(&query.raw, wire::RESCHEDULE),
-        rolling: flag(&query.raw, wire::ROLLING),
-        fleet_form: false,
-    };
-    let expect = match first(&query.raw, wire::EXPECT) {
-        None => None,
-        Some(v) if v == wire::EXPECT_ABSENT => Some(Expect::Absent),
-        Some(v) => Some(Expect::Content(
-            v.parse().map_err(|_| ApiError::BadExpect(v.clone()))?,
-        )),
-    };
-    // A request that names none of the extensions is fleet's, and its client waits for
-    // fleet's answer to a replace: the unit `inactive` with its new content (issue 38).
-    let extension = [
-        wire::NO_RESTART,
-        wire::RESCHEDULE,
-        wire::ROLLING,
-        wire::EXPECT,
-    ]
-    .iter()
-    .any(|key| !query_values(&query.raw, key).is_empty());
-    how.fleet_form = !query.full && !extension;
+    let (how, expect) = replace_how(query)?;
     let req = PutRequest {
         name,
         file,
@@ -129,6 +90,60 @@ pub(super) async fn put_unit<K: Kv>(
         PutOutcome::Unchanged(_) => StatusCode::NO_CONTENT,
     };
     Ok(status.into_response())
+}
+
+/// A `PUT`'s body: the unit it names (the URL's, which a name in the body must equal) and the
+/// desired state it asks, if any.
+fn named_unit(
+    url_name: &str,
+    body: &[u8],
+) -> Result<(entity::Unit, UnitName, Option<DesiredState>), ApiError> {
+    let wire: entity::Unit = serde_json::from_slice(body).map_err(ApiError::DecodeBody)?;
+    let body_name = if wire.name.is_empty() {
+        url_name
+    } else {
+        wire.name.as_str()
+    };
+    if body_name != url_name {
+        return Err(ApiError::NameMismatch {
+            url: url_name.to_owned(),
+            body: body_name.to_owned(),
+        });
+    }
+    let name: UnitName = url_name.parse()?;
+    let desired = match wire.desired_state.as_str() {
+        "" => None,
+        s => Some(s.parse::<DesiredState>()?),
+    };
+    Ok((wire, name, desired))
+}
+
+/// How a `PUT` that replaces a unit's content replaces it, and what it expects of the unit.
+/// A request that names none of the extensions is fleet's, and its client waits for fleet's
+/// answer to a replace: the unit `inactive` with its new content (issue 38).
+fn replace_how(query: &Query) -> Result<(ReplaceHow, Option<Expect>), ApiError> {
+    let expect = match first(&query.raw, wire::EXPECT) {
+        None => None,
+        Some(v) if v == wire::EXPECT_ABSENT => Some(Expect::Absent),
+        Some(v) => Some(Expect::Content(
+            v.parse().map_err(|_| ApiError::BadExpect(v.clone()))?,
+        )),
+    };
+    let extension = [
+        wire::NO_RESTART,
+        wire::RESCHEDULE,
+        wire::ROLLING,
+        wire::EXPECT,
+    ]
+    .iter()
+    .any(|key| !query_values(&query.raw, key).is_empty());
+    let how = ReplaceHow {
+        no_restart: flag(&query.raw, wire::NO_RESTART),
+        reschedule: flag(&query.raw, wire::RESCHEDULE),
+        rolling: flag(&query.raw, wire::ROLLING),
+        fleet_form: !query.full && !extension,
+    };
+    Ok((how, expect))
 }
 
 /// `POST /units?view=full` (docs/api.md "Creates in one request"): each unit created as a
