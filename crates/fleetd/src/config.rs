@@ -14,6 +14,7 @@ mod api;
 mod deploy_doc;
 mod etcd_auth;
 mod file;
+mod layers;
 mod sample;
 mod secrets;
 mod units_dir;
@@ -22,20 +23,19 @@ mod values;
 pub use api::{
     Advertise, ApiConfig, ApiTlsFiles, DEFAULT_SOCKET_GROUP, ListenAddr, SocketAccess, SocketGroup,
 };
+pub use layers::{Given, load};
 pub use sample::sample;
 
 use anyhow::{Result, anyhow, bail};
-use clap::parser::ValueSource;
-use clap::{Arg, ArgMatches, Command};
+use clap::Arg;
 use fleet_registry::DEFAULT_PREFIX;
 use fleet_registry::input::shorten;
 use fleet_registry::kv::{EtcdAuth, TlsFiles};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::logging::LogFormat;
-use file::load_file;
 use values::{MIN_INTERVAL, SECOND, Syntax, duration_in, parse_bool, parse_list, split_globs};
 
 /// The configuration, typed. `Default` is only the blank its rows write into: fleet's
@@ -514,100 +514,6 @@ fn non_empty_path(v: &str) -> Option<PathBuf> {
 
 fn key(name: &str) -> Option<&'static Key> {
     KEYS.iter().find(|k| k.name == name)
-}
-
-/// The flag and environment layers, read by clap (a flag wins over its `FLEET_<KEY>`; an
-/// empty variable counts as unset).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Given(pub BTreeMap<String, Raw>);
-
-impl clap::FromArgMatches for Given {
-    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
-        let mut out = BTreeMap::new();
-        for key in KEYS {
-            let Some(value) = matches.get_one::<String>(key.name) else {
-                continue;
-            };
-            let source = match matches.value_source(key.name) {
-                Some(ValueSource::EnvVariable) if value.is_empty() => continue,
-                Some(ValueSource::EnvVariable) => format!("environment {}", key.env()),
-                _ => format!("flag --{}", key.flag()),
-            };
-            let value = value.clone();
-            out.insert(key.name.to_owned(), Raw { value, source });
-        }
-        Ok(Self(out))
-    }
-
-    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
-        *self = Self::from_arg_matches(matches)?;
-        Ok(())
-    }
-}
-
-impl clap::Args for Given {
-    fn augment_args(cmd: Command) -> Command {
-        cmd.args(KEYS.iter().map(Key::arg))
-    }
-
-    fn augment_args_for_update(cmd: Command) -> Command {
-        Self::augment_args(cmd)
-    }
-}
-
-/// The `--set key=value` layer, over every other.
-pub fn from_set(pairs: &[String]) -> Result<BTreeMap<String, Raw>> {
-    let mut out = BTreeMap::new();
-    for pair in pairs {
-        let Some((k, v)) = pair.split_once('=') else {
-            bail!("--set expects key=value, got {:?}", shorten(pair));
-        };
-        let source = "flag --set".to_owned();
-        out.insert(
-            k.to_owned(),
-            Raw {
-                value: v.to_owned(),
-                source,
-            },
-        );
-    }
-    Ok(out)
-}
-
-/// Reads the layers, lowest first: the file (`--config`, else the default file if it exists),
-/// the environment and flags (`given`), `--set`; then builds the configuration.
-pub fn load(
-    file: Option<&Path>,
-    given: &Given,
-    set: &[String],
-    warnings: &mut Vec<Warning>,
-) -> Result<Config> {
-    let mut raw = load_file(file)?;
-    let path = file.unwrap_or(Path::new(file::DEFAULT_CONFIG_FILE));
-    let set = from_set(set)?;
-    if let Some(why) = secrets::exposed(&raw, path, &given.0)
-        .or_else(|| secrets::exposed(&BTreeMap::new(), path, &set))
-    {
-        bail!("{why}");
-    }
-    raw.extend(given.0.clone());
-    raw.extend(set);
-    let config = build(&raw, warnings)?;
-    if let Some(why) = secrets::exposed_keys(&config) {
-        bail!("{why}");
-    }
-    if config.etcd_auth.is_some() {
-        warnings.extend(
-            config
-                .etcd_servers
-                .iter()
-                .filter(|e| e.starts_with("http://"))
-                .map(|e| Warning::PasswordInClear {
-                    endpoint: e.clone(),
-                }),
-        );
-    }
-    Ok(config)
 }
 
 /// Builds the configuration from the layered raw values; `warnings` receives the keys given

@@ -1,8 +1,9 @@
 use super::file::{load_file, parse_file};
 use super::values::parse_metadata;
 use super::*;
-use clap::{Args, FromArgMatches};
+use clap::{Args, Command, FromArgMatches};
 use fleet_engine::DisruptionConfig;
+use std::path::Path;
 
 fn raw(pairs: &[(&str, &str)]) -> BTreeMap<String, Raw> {
     pairs
