@@ -1,3 +1,4 @@
+use super::pages::{PAGE_PER_SECOND, after, next_page_keys, split};
 use super::*;
 
 fn cfg(endpoints: &[&str], tls: TlsFiles) -> EtcdConfig {
