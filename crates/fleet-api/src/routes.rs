@@ -7,7 +7,7 @@
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use http::{HeaderValue, Method, StatusCode, header};
 use percent_encoding::percent_decode_str;
 use std::sync::Arc;
 use tracing::{debug, info, warn};
@@ -28,22 +28,22 @@ use crate::held::{HeldView, Report};
 use crate::maintenance;
 use crate::metrics::{self, Metrics};
 use crate::ops::metadata_changes;
-use crate::page::{Cursor, PageToken, UnitsToken};
+use crate::page::{Cursor, UnitsToken};
 
+mod body;
 mod inspect;
+mod query;
 mod writes;
 
+use body::{
+    MAX_BODY, REFUSED_BODY_READ, check_content_type, read_body, streamed_unit_page, unit_page,
+};
 pub(crate) use inspect::Aspect;
+use query::{Query, encode, first, listing_paging, page_limit, unit_names, whole_asked};
+pub(crate) use query::{is_full, query_values};
 
 /// Prefixes the API answers under; fleet kept the pre-1.0 one as an alias.
 pub const PREFIXES: [&str; 2] = ["/fleet/v1", "/v1-alpha"];
-
-/// Largest request body read: a unit file may be 1 MiB, and JSON escaping can double it.
-const MAX_BODY: usize = 4 * 1024 * 1024;
-
-/// The most of a refused request's body read to name its action in the refusal (issue 37):
-/// a viewer's 4 MiB `PUT` costs this, not the body, before it is refused.
-const REFUSED_BODY_READ: usize = 64 * 1024;
 
 /// What the handlers share.
 #[derive(Debug)]
@@ -329,52 +329,6 @@ pub(crate) fn parse_path(path: &str) -> Option<Route<'_>> {
     }
 }
 
-/// A request's body, at most `limit` bytes, within [`crate::serve::BODY_TIMEOUT`] (issue 37:
-/// a client sending a byte a second does not hold its connection for long).
-pub(crate) async fn read_body(
-    body: axum::body::Body,
-    limit: usize,
-) -> Result<bytes::Bytes, ApiError> {
-    match tokio::time::timeout(
-        crate::serve::BODY_TIMEOUT,
-        axum::body::to_bytes(body, limit),
-    )
-    .await
-    {
-        Ok(Ok(bytes)) => Ok(bytes),
-        // Past the limit is the client's request being too large: 413 (issue 38).
-        Ok(Err(e)) if too_large(&e) => Err(ApiError::BodyTooLarge(limit)),
-        Ok(Err(e)) => Err(ApiError::ReadBody(e)),
-        Err(_) => Err(ApiError::BodyTimeout(crate::serve::BODY_TIMEOUT)),
-    }
-}
-
-/// Whether a body read failed at its length limit.
-fn too_large(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        if s.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        source = s.source();
-    }
-    false
-}
-
-/// What a request's query asks beyond fleet's parameters.
-#[derive(Debug, Clone)]
-struct Query {
-    raw: String,
-    /// `?view=full`: the extensions (docs/api.md "Extensions").
-    full: bool,
-}
-
-pub(crate) fn is_full(query: &str) -> bool {
-    query_values(query, wire::VIEW)
-        .iter()
-        .any(|v| v == wire::VIEW_FULL)
-}
-
 async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> {
     let decoded = percent_decode_str(req.uri().path()).decode_utf8_lossy();
     let route = parse_path(&decoded).ok_or(ApiError::NoSuchPath)?;
@@ -559,82 +513,6 @@ async fn whole_units<K: Kv>(
     Ok(streamed_unit_page(listing, query.full))
 }
 
-/// Units written into one streamed chunk of a whole listing.
-const STREAMED_UNITS: usize = 512;
-
-/// The whole listing as [`unit_page`] writes it, but serialized [`STREAMED_UNITS`] units at
-/// a time as the client reads (issue 37): 100,000 units in the full view would otherwise be
-/// one buffer of their whole JSON beside the listing itself.
-fn streamed_unit_page(listing: fleet_ops::UnitListing, full: bool) -> Response {
-    if listing.units.is_empty() {
-        return unit_page(listing, String::new(), full);
-    }
-    let skipped = if full { listing.skipped } else { Vec::new() };
-    let units = listing.units;
-    let chunks = futures::stream::unfold(Some(0usize), move |at| {
-        let step = at.map(|at| {
-            let end = (at + STREAMED_UNITS).min(units.len());
-            let mut chunk = if at == 0 {
-                b"{\"units\":[".to_vec()
-            } else {
-                b",".to_vec()
-            };
-            for (i, unit) in units[at..end].iter().enumerate() {
-                if i > 0 {
-                    chunk.push(b',');
-                }
-                let wire = convert::unit_to_wire(unit, full);
-                serde_json::to_writer(&mut chunk, &wire).expect("API entities always serialize");
-            }
-            if end < units.len() {
-                return (chunk, Some(end));
-            }
-            chunk.push(b']');
-            if !skipped.is_empty() {
-                chunk.extend_from_slice(b",\"skipped\":");
-                serde_json::to_writer(&mut chunk, &skipped).expect("strings serialize");
-            }
-            chunk.push(b'}');
-            (chunk, None)
-        });
-        std::future::ready(step.map(|(chunk, next)| {
-            (
-                Ok::<_, std::convert::Infallible>(bytes::Bytes::from(chunk)),
-                next,
-            )
-        }))
-    });
-    let mut resp = (StatusCode::OK, axum::body::Body::from_stream(chunks)).into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
-}
-
-fn unit_page(listing: fleet_ops::UnitListing, next_page_token: String, full: bool) -> Response {
-    let page = entity::UnitPage {
-        units: listing
-            .units
-            .iter()
-            .map(|u| convert::unit_to_wire(u, full))
-            .collect(),
-        next_page_token,
-        skipped: if full { listing.skipped } else { Vec::new() },
-    };
-    json_response(StatusCode::OK, &page)
-}
-
-/// `unitName` values that name units; None when there are none. A value that cannot name a
-/// unit matches nothing.
-fn unit_names(query: &str) -> Option<BTreeSet<UnitName>> {
-    let values = query_values(query, wire::UNIT_NAME);
-    if values.is_empty() {
-        return None;
-    }
-    Some(values.iter().filter_map(|v| v.parse().ok()).collect())
-}
-
 async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, ApiError> {
     // The token first: a bad one is a 400 without a registry read.
     let paging = listing_paging(api, query)?;
@@ -696,140 +574,5 @@ async fn patch_machines<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, A
     Ok(resp)
 }
 
-/// fleet's rule: exactly one `Content-Type`, `application/json` with any parameters.
-fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
-    let values: Vec<&HeaderValue> = headers.get_all(header::CONTENT_TYPE).iter().collect();
-    let [value] = values[..] else {
-        return Err(ApiError::ContentTypeCount(values.len()));
-    };
-    let media = value.to_str().unwrap_or("");
-    let media = media.split(';').next().unwrap_or("").trim();
-    if media != "application/json" {
-        return Err(ApiError::NotJson);
-    }
-    Ok(())
-}
-
-/// The page a request asks for. Pages hold `token_limit` entries, or in the full view the
-/// `pageSize` asked (fleetctl lists 10,000 units in one request instead of 100); a token
-/// carries its page size, so it must come with the same one.
-fn page_token<K>(api: &Api<K>, query: &Query) -> Result<PageToken, ApiError> {
-    let values = query_values(&query.raw, "nextPageToken");
-    Ok(PageToken::from_request(&values, page_limit(api, query)?)?)
-}
-
-/// How a listing that reads everything for each page (states, machines) is cut.
-enum Paging {
-    Pages(PageToken),
-    /// The full view's `pageSize=0`: the whole listing in one page, read once; fleetctl
-    /// asks so (100,000 states in pages of 65,535 read them all twice).
-    Whole,
-}
-
-impl Paging {
-    fn slice<T>(&self, items: Vec<T>) -> (Vec<T>, Option<PageToken>) {
-        match self {
-            Paging::Pages(token) => token.slice(items),
-            Paging::Whole => (items, None),
-        }
-    }
-
-    fn is_first(&self) -> bool {
-        match self {
-            Paging::Pages(token) => token.page == 1,
-            Paging::Whole => true,
-        }
-    }
-}
-
-fn listing_paging<K>(api: &Api<K>, query: &Query) -> Result<Paging, ApiError> {
-    if whole_asked(query)? {
-        return Ok(Paging::Whole);
-    }
-    Ok(Paging::Pages(page_token(api, query)?))
-}
-
-/// Whether the full view's `pageSize=0` asks for the whole listing (never with a token).
-fn whole_asked(query: &Query) -> Result<bool, ApiError> {
-    if query.full && first(&query.raw, wire::PAGE_SIZE).as_deref() == Some(wire::WHOLE_LISTING) {
-        if !query_values(&query.raw, "nextPageToken").is_empty() {
-            return Err(ApiError::WholeWithToken);
-        }
-        return Ok(true);
-    }
-    Ok(false)
-}
-
-/// Entries per page: `token_limit`, or the full view's `pageSize`.
-fn page_limit<K>(api: &Api<K>, query: &Query) -> Result<u16, ApiError> {
-    match first(&query.raw, wire::PAGE_SIZE) {
-        Some(size) if query.full => match size.parse::<u16>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(ApiError::BadPageSize(size)),
-        },
-        Some(_) | None => Ok(api.token_limit),
-    }
-}
-
-fn encode(token: Option<PageToken>) -> String {
-    token.map(PageToken::encode).unwrap_or_default()
-}
-
-fn first(query: &str, key: &str) -> Option<String> {
-    query_values(query, key).into_iter().next()
-}
-
-/// Every value of `key` in a URL query, decoded as Go's `url.ParseQuery` does (`+` is a
-/// space). A token's `=` padding may come unescaped: only the first `=` splits.
-pub(crate) fn query_values(query: &str, key: &str) -> Vec<String> {
-    let decode = |s: &str| {
-        percent_decode_str(&s.replace('+', " "))
-            .decode_utf8_lossy()
-            .into_owned()
-    };
-    query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .filter_map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (decode(k) == key).then(|| decode(v))
-        })
-        .collect()
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_name_resources_under_both_prefixes() {
-        for prefix in PREFIXES {
-            let p = |s: &str| format!("{prefix}{s}");
-            assert_eq!(parse_path(&p("")), Some(Route::Root));
-            assert_eq!(parse_path(&p("/units")), Some(Route::Units));
-            assert_eq!(
-                parse_path(&p("/units/a@1.service")),
-                Some(Route::Unit("a@1.service"))
-            );
-            assert_eq!(
-                parse_path(&p("/state/a.service")),
-                Some(Route::State("a.service"))
-            );
-            assert_eq!(parse_path(&p("/units/")), None);
-            assert_eq!(parse_path(&p("/units/a/b")), None);
-            assert_eq!(parse_path(&p("/")), None);
-            assert_eq!(parse_path(&p("/unitsx")), None);
-        }
-        assert_eq!(parse_path("/"), Some(Route::Root));
-        assert_eq!(parse_path("/fleet/v2/units"), None);
-    }
-
-    #[test]
-    fn query_values_decode_like_go() {
-        let q = "nextPageToken=ZAACAA==&unitName=a%40b.service&x=1+2&unitName=c";
-        assert_eq!(query_values(q, "nextPageToken"), vec!["ZAACAA=="]);
-        assert_eq!(query_values(q, "unitName"), vec!["a@b.service", "c"]);
-        assert_eq!(query_values(q, "x"), vec!["1 2"]);
-        assert!(query_values(q, "machineID").is_empty());
-    }
-}
+mod tests;

@@ -7,10 +7,17 @@
 //! units directory (an operator's), or another of fleet's units, or is no unit name at all.
 //! Checked once per unit file (its hash): an alias fleet linked itself resolves to fleet's
 //! own directory afterwards, which is no reason to refuse.
+//!
+//! The policy is pure ([`refusal`]); the agent's check ([`Agent::aliased`]) asks systemd where
+//! each alias comes from and holds what the policy refuses.
 
 use fleet_core::{UnitFile, UnitName};
+use fleet_registry::kv::Kv;
+use tracing::warn;
 
-use crate::manager::UnitSource;
+use super::Agent;
+use crate::desired::Desired;
+use crate::manager::{UnitManager, UnitSource};
 
 /// The aliases a unit file asks for: every word of every `[Install] Alias=` line.
 pub fn aliases(file: &UnitFile) -> Vec<String> {
@@ -53,6 +60,74 @@ pub fn refusal(unit: &UnitName, alias: &Alias<'_>) -> Option<String> {
             fragment.display()
         )),
         Some(UnitSource::NoFile | UnitSource::UnitsDir) | None => None,
+    }
+}
+
+impl<K: Kv, M: UnitManager> Agent<K, M> {
+    /// Desired units whose file asks for an alias they may not have (`aliases`): held, and
+    /// warned of once per file. An alias whose source cannot be read holds its unit this
+    /// pass: fail closed.
+    pub(super) async fn aliased(&mut self, desired: &Desired) -> Vec<UnitName> {
+        let mut held = Vec::new();
+        let mut unchecked = Vec::new();
+        for (name, unit) in &desired.units {
+            let Some(words) = self.files.get(&unit.hash).map(aliases) else {
+                continue;
+            };
+            match self.alias_verdicts.get(name) {
+                _ if words.is_empty() => {}
+                Some((hash, verdict)) if *hash == unit.hash => {
+                    if verdict.is_some() {
+                        held.push(name.clone());
+                    }
+                }
+                _ => unchecked.push((name.clone(), unit.hash, words)),
+            }
+        }
+        for (name, hash, words) in unchecked {
+            match self.alias_refusal(desired, &name, &words).await {
+                Ok(verdict) => {
+                    if let Some(why) = &verdict {
+                        warn!(unit = %name, reason = %why, "refusing to manage unit: an alias it asks for is not its to take");
+                        held.push(name.clone());
+                    }
+                    self.alias_verdicts.insert(name, (hash, verdict));
+                }
+                Err(e) => {
+                    warn!(unit = %name, error = %e, "reading where systemd has a unit's alias from failed; leaving the unit as it is");
+                    held.push(name);
+                }
+            }
+        }
+        held
+    }
+
+    /// Why `name` may not have the aliases `words`, if it may not.
+    async fn alias_refusal(
+        &self,
+        desired: &Desired,
+        name: &UnitName,
+        words: &[String],
+    ) -> Result<Option<String>, crate::ManagerError> {
+        for word in words {
+            let parsed = word.parse::<UnitName>().ok();
+            let source = match &parsed {
+                Some(alias) if alias != name => Some(self.manager.source(alias).await?),
+                _ => None,
+            };
+            let alias = Alias {
+                name: word,
+                denied: parsed.as_ref().is_some_and(|a| self.is_denied(a)),
+                fleets: parsed.as_ref().is_some_and(|a| {
+                    desired.units.contains_key(a) || self.current.units.contains_key(a)
+                }),
+                source: source.as_ref(),
+            };
+            if let Some(why) = refusal(name, &alias) {
+                return Ok(Some(why));
+            }
+        }
+        Ok(None)
     }
 }
 

@@ -2,6 +2,7 @@
 //! the global flags are listed once (`fleetctl --help`) and taken everywhere (issue 38).
 
 use super::*;
+use crate::driver::Driver;
 
 /// Every command, subcommands of subcommands too, with its path (`auth setup`).
 fn every_command(cmd: &clap::Command, path: &str, out: &mut Vec<(String, clap::Command)>) {
