@@ -158,6 +158,10 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     /// Runs until `shutdown` becomes true. Never stops or removes units because of shutdown:
     /// the units keep running and a restarted agent adopts them.
     #[tracing::instrument(name = "agent", skip_all, fields(machine = %self.cfg.machine))]
+    #[allow(
+        clippy::too_many_lines,
+        reason = "the agent's select! loop, one arm per event it waits on, as fleet's reconcile loop reads"
+    )]
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut changes = self.manager.changes();
         let Some(revision) = self.boot(&mut shutdown).await else {
@@ -430,6 +434,10 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         unfinished
     }
 
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one pass in the order it runs: desired, current, plan, execute, record; issue 39 item 1 splits it"
+    )]
     async fn plan_and_execute(&mut self, scope: Option<&BTreeSet<UnitName>>) -> PassOutcome {
         let now = Instant::now();
         let in_doubt = self.doubt.in_doubt(now);

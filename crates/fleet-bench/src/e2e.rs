@@ -158,6 +158,10 @@ fn measure(
     })
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a report's text, written top to bottom as it reads"
+)]
 fn render(r: &E2e) -> String {
     let (runs, units) = (r.runs, r.units);
     let mut out = format!(

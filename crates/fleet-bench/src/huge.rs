@@ -139,6 +139,10 @@ struct Reached {
 }
 
 /// Runs the scenario; returns its Markdown section.
+#[allow(
+    clippy::too_many_lines,
+    reason = "the scenario's steps in the order they run, each measured where it happens"
+)]
 pub async fn run(spec: HugeSpec) -> Result<String> {
     let wall = SystemTime::now();
     let started = Instant::now();
@@ -265,6 +269,10 @@ fn mib(bytes: f64) -> String {
     format!("{:.0} MiB", bytes / (1024.0 * 1024.0))
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a report's text, written top to bottom as it reads"
+)]
 fn render(spec: &HugeSpec, r: &Reached, peak: f64, view: &ViewMemory, etcd: &Metrics) -> String {
     let mut t = Table::new(&["figure", "measured", "target", ""]);
     let reached = |d: Option<Duration>, n: usize| match d {

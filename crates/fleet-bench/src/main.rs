@@ -178,6 +178,7 @@ enum Scenario {
     AgentProbe(probe::ProbeArgs),
 }
 
+#[allow(clippy::too_many_lines, reason = "one arm per bench, each a few lines")]
 fn main() -> Result<()> {
     let cli = Cli::parse();
     if let Ok(filter) = std::env::var("FLEET_BENCH_LOG") {

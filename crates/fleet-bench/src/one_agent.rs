@@ -115,6 +115,10 @@ fn measure(
     })
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "a report's text, written top to bottom as it reads"
+)]
 fn render(r: &OneAgent) -> String {
     let (units, idle) = (r.units, r.idle.as_secs());
     let mut out = format!(

@@ -145,6 +145,10 @@ const COLOURS: [&str; 6] = [
 ];
 
 /// Time to "all launched" against units, one line per machine count.
+#[allow(
+    clippy::too_many_lines,
+    reason = "an SVG drawn element by element, in document order"
+)]
 pub fn draw(results: &[Converged], machines: &[usize], units: &[usize]) -> String {
     let max_u = units.iter().copied().max().unwrap_or(1) as f64;
     let max_t = results

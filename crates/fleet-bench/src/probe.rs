@@ -100,6 +100,10 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Passes {
     }
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "the probe's steps in the order they run, each measured where it happens"
+)]
 pub async fn run(args: ProbeArgs) -> Result<()> {
     let counters = Counters::new();
     let passes = Passes {

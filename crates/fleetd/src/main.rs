@@ -35,6 +35,10 @@ use lock::lock_runtime_dir;
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const MACHINE_ID_FILE: &str = "/etc/machine-id";
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "the command line's early exits, then the configuration and logging, in the order fleetd needs them"
+)]
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     if cli.print_version || cli.positional == ["version"] {
@@ -141,6 +145,10 @@ fn machine_id() -> Result<MachineId> {
         .with_context(|| format!("invalid machine ID in {MACHINE_ID_FILE}"))
 }
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "fleetd's startup in the order it must happen (lock, listeners, API, fence, registration, agent, engine) and its stop; each step says why it comes where it does"
+)]
 async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let notifier = std::sync::Arc::new(notify::Notifier::from_env());
     notify::spawn_watchdog(notifier.clone());

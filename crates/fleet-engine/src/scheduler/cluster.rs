@@ -111,6 +111,10 @@ impl<'s> Cluster<'s> {
 
     /// [`new`](Self::new), each machine's load counting `base_load` more units than the
     /// snapshot places there.
+    #[allow(
+        clippy::too_many_lines,
+        reason = "builds every index of the plan's view in one pass over the snapshot"
+    )]
     pub fn with_base(
         snapshot: &'s Snapshot,
         files: &'s BTreeMap<UnitHash, UnitFile>,
