@@ -79,7 +79,7 @@ fn tls_files(global: &cli::Global) -> TlsFiles {
     }
 }
 
-// In range: `cli::parse_seconds` took at most a day.
+// In range: `cli::global::parse_seconds` took at most a day.
 fn request_timeout(global: &cli::Global) -> Duration {
     Duration::from_secs_f64(global.request_timeout)
 }

@@ -183,7 +183,7 @@ fn parse_tunnel(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
-/// `--no-block` and `--block-attempts`, as fleet has them.
+/// What the global flags decide beyond their own values.
 impl Global {
     /// The TLS files for fleet's API (issue 38): the `--api-*` ones when any is given, else
     /// the shared ones. etcd and the fleetds may have different authorities.

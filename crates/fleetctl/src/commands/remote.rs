@@ -278,7 +278,7 @@ impl Reach {
         Reach {
             // The fleetds' authority, which may differ from etcd's (issue 38).
             tls: global.api_tls(),
-            // In range: `cli::parse_seconds` took at most a day.
+            // In range: `cli::global::parse_seconds` took at most a day.
             timeout: Duration::from_secs_f64(global.request_timeout),
         }
     }
