@@ -1,7 +1,7 @@
 //! Shell completion scripts and man pages, both generated from the command line's own
 //! definition ([`crate::cli::Cli`]), so they cannot drift from the flags fleetctl takes.
-//! Neither talks to a cluster while it is made; bash's script asks it for unit names and
-//! machine IDs as it completes ([`names`]).
+//! Neither talks to a cluster while it is made; the scripts ask it for unit names and
+//! machine IDs as they complete ([`names`]).
 
 mod names;
 
@@ -24,17 +24,22 @@ pub enum Shell {
 /// memory and written here, a closed pipe an error like any other.
 pub fn write_completion(shell: Shell, out: &mut dyn Write) -> std::io::Result<()> {
     let mut cmd = Cli::command();
-    let shell = match shell {
+    let generator = match shell {
         Shell::Bash => clap_complete::Shell::Bash,
         Shell::Zsh => clap_complete::Shell::Zsh,
         Shell::Fish => clap_complete::Shell::Fish,
     };
     let mut script = Vec::new();
-    clap_complete::generate(shell, &mut cmd, "fleetctl", &mut script);
-    if shell == clap_complete::Shell::Bash {
-        script.extend_from_slice(names::bash(&cmd).as_bytes());
-    }
-    out.write_all(&script)
+    clap_complete::generate(generator, &mut cmd, "fleetctl", &mut script);
+    let script = String::from_utf8(script).map_err(std::io::Error::other)?;
+    let script = match shell {
+        Shell::Bash => script + &names::bash(&cmd),
+        // clap's zsh script unchanged if its shape is not the one names::zsh knows: commands
+        // and flags still complete (a unit test fails first).
+        Shell::Zsh => names::zsh(&cmd, &script).unwrap_or(script),
+        Shell::Fish => script + &names::fish(&cmd),
+    };
+    out.write_all(script.as_bytes())
 }
 
 /// Writes `fleetctl.1` and `fleetctl-<command>.1` for every visible command into `dir`;
@@ -79,6 +84,28 @@ mod tests {
             for word in ["list-units", "list-unit-files", "block-attempts"] {
                 assert!(text.contains(word), "{shell:?} script lacks {word}");
             }
+        }
+    }
+
+    /// The zsh script wraps clap's function: if clap's output changes shape, this fails
+    /// before users lose the names.
+    #[test]
+    fn the_zsh_script_wraps_clap_s_function_under_the_name_zsh_calls() {
+        let mut out = Vec::new();
+        write_completion(Shell::Zsh, &mut out).unwrap();
+        let text = String::from_utf8(out).expect("utf-8");
+        assert_eq!(text.matches("\n_fleetctl_clap() {\n").count(), 1);
+        assert_eq!(text.matches("\n_fleetctl() {\n").count(), 1);
+        let wrapper = text.find("\n_fleetctl() {\n").unwrap();
+        let register = text
+            .rfind("if [ \"$funcstack[1]\" = \"_fleetctl\" ]")
+            .unwrap();
+        assert!(
+            wrapper < register,
+            "the wrapper must be defined before it is registered"
+        );
+        for placeholder in ["@GLOBAL", "@VALUED@", "@UNITS@", "@MACHINES@"] {
+            assert!(!text.contains(placeholder), "{placeholder} left");
         }
     }
 

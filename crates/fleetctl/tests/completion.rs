@@ -139,14 +139,11 @@ fn the_driver_flag_completes_with_its_values() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Issue 38: unit names and machine IDs come from the cluster the line reaches: the
-/// variables, or the global flags typed on it.
-#[tokio::test]
-async fn bash_completes_unit_names_and_machine_ids_from_the_cluster() {
+/// A test etcd holding three units (`web`, `worker`, `db`) and one machine (`4f1e2a10aaaa`),
+/// with the directory its unit files were written in.
+async fn cluster_with_names(dir: &std::path::Path) -> TestEtcd {
     let etcd = TestEtcd::start().await;
-    let dir =
-        std::env::temp_dir().join(format!("fleetctl-completion-names-{}", std::process::id()));
-    let script = bash_script(&dir);
+    std::fs::create_dir_all(dir).unwrap();
     let endpoint = etcd.endpoint();
     for unit in ["web.service", "worker.service", "db.service"] {
         let path = dir.join(unit);
@@ -171,6 +168,18 @@ async fn bash_completes_unit_names_and_machine_ids_from_the_cluster() {
         fence_at: None,
     };
     machine_running(&registry, &info, Duration::from_secs(3600), &[]).await;
+    etcd
+}
+
+/// Issue 38: unit names and machine IDs come from the cluster the line reaches: the
+/// variables, or the global flags typed on it.
+#[tokio::test]
+async fn bash_completes_unit_names_and_machine_ids_from_the_cluster() {
+    let dir =
+        std::env::temp_dir().join(format!("fleetctl-completion-names-{}", std::process::id()));
+    let etcd = cluster_with_names(&dir).await;
+    let script = bash_script(&dir);
+    let endpoint = etcd.endpoint();
 
     let by_env = [
         ("FLEETCTL_DRIVER", "etcd"),
@@ -199,5 +208,139 @@ async fn bash_completes_unit_names_and_machine_ids_from_the_cluster() {
         bash_completes_line(&script, "stop w", &nowhere),
         Vec::<String>::new()
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The `PATH` that finds this build's fleetctl first, as a shell would find it by name.
+fn path_with_fleetctl() -> String {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fleetctl"));
+    let dir = bin.parent().expect("fleetctl's directory").display();
+    format!("{dir}:{}", std::env::var("PATH").unwrap_or_default())
+}
+
+/// What fish completes for `fleetctl <line>` (the cursor at its end), with fleetctl's fish
+/// script loaded and run in `cwd`: fish's own `complete -C`, one candidate a line (its
+/// description after a tab left off).
+fn fish_completes(script: &std::path::Path, cwd: &std::path::Path, line: &str) -> Vec<String> {
+    let probe = format!("source {}; complete -C'fleetctl {line}'", script.display());
+    let out = Command::new("fish")
+        .args(["--no-config", "-c", &probe])
+        .current_dir(cwd)
+        .env("PATH", path_with_fleetctl())
+        .output()
+        .expect("fish runs");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split('\t').next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Fish completes unit names and machine IDs from the cluster the line reaches, as bash does.
+#[tokio::test]
+async fn fish_completes_unit_names_and_machine_ids_from_the_cluster() {
+    let dir = std::env::temp_dir().join(format!("fleetctl-completion-fish-{}", std::process::id()));
+    let etcd = cluster_with_names(&dir).await;
+    let out = fleetctl(&["completion", "fish"]);
+    assert!(out.status.success(), "{out:?}");
+    let script = dir.join("fleetctl.fish");
+    std::fs::write(&script, &out.stdout).unwrap();
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let endpoint = etcd.endpoint();
+    let globals = format!("--driver etcd --endpoint {endpoint}");
+
+    let units = fish_completes(&script, &empty, &format!("{globals} stop w"));
+    assert_eq!(units, ["web.service", "worker.service"]);
+    let machines = fish_completes(&script, &empty, &format!("{globals} set-metadata 4f"));
+    assert_eq!(machines, ["4f1e2a10aaaa"]);
+    let after = fish_completes(
+        &script,
+        &empty,
+        &format!("{globals} set-metadata 4f1e2a10aaaa "),
+    );
+    assert_eq!(after, Vec::<String>::new());
+    let flag = fish_completes(
+        &script,
+        &empty,
+        &format!("{globals} stop --block-attempts "),
+    );
+    assert_eq!(flag, Vec::<String>::new());
+    let equals = fish_completes(
+        &script,
+        &empty,
+        &format!("cat --driver=etcd --endpoint={endpoint} d"),
+    );
+    assert_eq!(equals, ["db.service"]);
+    // Commands still complete as clap's script completes them.
+    let commands = fish_completes(&script, &empty, "list-u");
+    assert_eq!(commands, ["list-units", "list-unit-files"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// What an interactive zsh shows after `fleetctl <line>` and a TAB, with fleetctl's zsh script
+/// installed as `_fleetctl` in its `fpath` and compinit run, as a user's shell has it: driven
+/// through zsh's own pseudo-terminal module, read until `expect` shows (or 10 s). `first`, if
+/// not empty, is completed first and erased (Ctrl-U): the completion under test is then zsh's
+/// second, after the autoloaded file has replaced its own function.
+fn zsh_completes(fpath: &std::path::Path, first: &str, line: &str, expect: &str) -> String {
+    let probe = format!(
+        r#"zmodload zsh/zpty
+zpty z zsh -f -i
+zpty -w z 'PS1="%% "; fpath=({fpath} $fpath); autoload -Uz compinit; compinit -u -D'
+[[ -n '{first}' ]] && zpty -n -w z $'fleetctl {first}\t\x15'
+zpty -n -w z $'fleetctl {line}\t'
+all=""
+for i in {{1..100}}; do
+    while zpty -rt z chunk; do all+=$chunk; done
+    [[ $all == *'{expect}'* ]] && break
+    sleep 0.1
+done
+zpty -d z
+print -r -- "$all""#,
+        fpath = fpath.display()
+    );
+    let out = Command::new("zsh")
+        .args(["-f", "-c", &probe])
+        .current_dir(fpath)
+        .env("PATH", path_with_fleetctl())
+        .output()
+        .expect("zsh runs");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Zsh completes unit names and machine IDs from the cluster, and keeps doing so after its
+/// first completion (clap's function is wrapped under the name zsh autoloads).
+#[tokio::test]
+async fn zsh_completes_unit_names_and_machine_ids_from_the_cluster() {
+    let dir = std::env::temp_dir().join(format!("fleetctl-completion-zsh-{}", std::process::id()));
+    let etcd = cluster_with_names(&dir).await;
+    let fpath = dir.join("fpath");
+    std::fs::create_dir_all(&fpath).unwrap();
+    let out = fleetctl(&["completion", "zsh"]);
+    assert!(out.status.success(), "{out:?}");
+    std::fs::write(fpath.join("_fleetctl"), &out.stdout).unwrap();
+    let endpoint = etcd.endpoint();
+    let globals = format!("--driver etcd --endpoint {endpoint}");
+
+    let shown = zsh_completes(
+        &fpath,
+        "list-unit-f",
+        &format!("{globals} stop "),
+        "worker.service",
+    );
+    for unit in ["web.service", "worker.service", "db.service"] {
+        assert!(shown.contains(unit), "{unit} not offered:\n{shown}");
+    }
+    let shown = zsh_completes(
+        &fpath,
+        "",
+        &format!("{globals} set-metadata 4"),
+        "4f1e2a10aaaa",
+    );
+    assert!(shown.contains("4f1e2a10aaaa"), "{shown}");
+    let shown = zsh_completes(&fpath, "", "list-unit-f", "list-unit-files");
+    assert!(shown.contains("list-unit-files"), "{shown}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -1,12 +1,13 @@
-//! Unit names and machine IDs in bash completion (issue 38: kubectl completes names, fleetctl
-//! completed only files). clap's script completes commands, flags and their values; this
-//! wraps it, and where a command takes units or machines of the cluster it asks the cluster
+//! Unit names and machine IDs in completion, for bash, zsh and fish (kubectl completes
+//! names; fleet's fleetctl completed only files). clap's script completes commands, flags and
+//! their values; this wraps it, and where a command takes units or machines of the cluster it asks the cluster
 //! with fleetctl's own listings (`list-unit-files --fields unit`, `list-machines --fields
 //! machine`), reached as the line being completed would reach it: the `FLEETCTL_*` variables
 //! and the global flags typed on it. A cluster that does not answer (within 2 s unless
 //! `FLEETCTL_REQUEST_TIMEOUT` says otherwise) adds no names and prints nothing.
 //!
-//! Only bash: zsh and fish get clap's scripts as they are.
+//! The shell code is in `names.{bash,zsh,fish}`, each filled with the command line's own
+//! flags and commands, so that it cannot drift from them.
 
 use clap::Arg;
 
@@ -22,22 +23,79 @@ pub const FILE_COMMANDS: [&str; 2] = ["load", "start"];
 pub const MACHINE_COMMANDS: [&str; 5] =
     ["drain", "undrain", "set-metadata", "unset-metadata", "ssh"];
 
+/// The flags of the command line, as the scripts below need them to find the command word
+/// and the arguments after it, and what they pass on to the listings.
+struct Flags {
+    /// Every flag that takes its value as the next word.
+    valued: Vec<String>,
+    /// Of those, the global ones (they reach the cluster).
+    globals: Vec<String>,
+}
+
+impl Flags {
+    fn of(cmd: &clap::Command) -> Self {
+        let (mut valued, mut globals) = (Vec::new(), Vec::new());
+        collect_valued(cmd, &mut valued, &mut globals);
+        for list in [&mut valued, &mut globals] {
+            list.sort();
+            list.dedup();
+        }
+        Self { valued, globals }
+    }
+
+    /// `template` with its placeholders filled: each list joined by `sep`, each item made a
+    /// pattern by `quote`.
+    fn fill(&self, template: &str, sep: &str, quote: fn(&str) -> String) -> String {
+        let join = |items: Vec<String>| -> String {
+            let quoted: Vec<String> = items.iter().map(|i| quote(i)).collect();
+            quoted.join(sep)
+        };
+        let names = |list: &[&str]| join(list.iter().map(|s| (*s).to_owned()).collect());
+        let with_equals = self.globals.iter().map(|g| format!("{g}=*")).collect();
+        template
+            .replace("@GLOBAL@", &join(self.globals.clone()))
+            .replace("@GLOBAL_EQ@", &join(with_equals))
+            .replace("@VALUED@", &join(self.valued.clone()))
+            .replace("@UNITS@", &names(&UNIT_COMMANDS))
+            .replace("@FILES@", &names(&FILE_COMMANDS))
+            .replace("@MACHINES@", &names(&MACHINE_COMMANDS))
+    }
+}
+
+/// As it is: flags and command names are plain words, and `*` is a pattern's.
+fn bare(word: &str) -> String {
+    word.to_owned()
+}
+
+/// Fish's `switch` and `contains` take quoted words; `*` still matches inside `case`.
+fn fish_quoted(word: &str) -> String {
+    format!("'{word}'")
+}
+
 /// The bash that wraps clap's `_fleetctl` (`cmd`: the command line clap's script was made from).
 pub fn bash(cmd: &clap::Command) -> String {
-    let mut valued = Vec::new();
-    let mut globals = Vec::new();
-    collect_valued(cmd, &mut valued, &mut globals);
-    valued.sort();
-    valued.dedup();
-    globals.sort();
-    globals.dedup();
-    let with_equals: Vec<String> = globals.iter().map(|g| format!("{g}=*")).collect();
-    BASH.replace("@GLOBAL@", &globals.join("|"))
-        .replace("@GLOBAL_EQ@", &with_equals.join("|"))
-        .replace("@VALUED@", &valued.join("|"))
-        .replace("@UNITS@", &UNIT_COMMANDS.join("|"))
-        .replace("@FILES@", &FILE_COMMANDS.join("|"))
-        .replace("@MACHINES@", &MACHINE_COMMANDS.join("|"))
+    format!("\n{}", Flags::of(cmd).fill(BASH, "|", bare))
+}
+
+/// clap's zsh `script` with unit names and machine IDs: its `_fleetctl` renamed
+/// `_fleetctl_clap` and wrapped by ours, put before the lines that register it. `None` when
+/// clap's script no longer has the shape this relies on (a test says so).
+pub fn zsh(cmd: &clap::Command, script: &str) -> Option<String> {
+    const CLAP_FN: &str = "\n_fleetctl() {\n";
+    const REGISTER: &str = "\nif [ \"$funcstack[1]\" = \"_fleetctl\" ]; then";
+    let at = script.rfind(REGISTER)?;
+    let (functions, register) = script.split_at(at);
+    if functions.matches(CLAP_FN).count() != 1 {
+        return None;
+    }
+    let functions = functions.replacen(CLAP_FN, "\n_fleetctl_clap() {\n", 1);
+    let ours = Flags::of(cmd).fill(ZSH, "|", bare);
+    Some(format!("{functions}\n{ours}{register}"))
+}
+
+/// The fish that adds unit names and machine IDs to clap's completions.
+pub fn fish(cmd: &clap::Command) -> String {
+    Flags::of(cmd).fill(FISH, " ", fish_quoted)
 }
 
 /// Every flag of `cmd` and its commands that takes its value as the next word, and of those
@@ -64,59 +122,9 @@ fn takes_next_word(arg: &Arg) -> bool {
     !arg.is_positional() && arg.get_action().takes_values() && !arg.is_require_equals_set()
 }
 
-const BASH: &str = r#"
-# Unit names and machine IDs from the cluster, as this line would reach it (fleetctl's
-# completion.rs, issue 38). Wraps clap's _fleetctl above.
-_fleetctl_with_names() {
-    local cur="$2" prev="$3"
-    _fleetctl "$@"
-    [[ "$cur" == -* ]] && return 0
-    case "$prev" in
-        @VALUED@) return 0 ;;
-    esac
-    local words=()
-    read -ra words <<< "${COMP_LINE:0:COMP_POINT}"
-    # The word being completed is no argument yet.
-    [[ -n "$cur" ]] && unset 'words[${#words[@]}-1]'
-    local globals=() sub="" args=0 i word
-    for (( i = 1; i < ${#words[@]}; i++ )); do
-        word="${words[i]}"
-        case "$word" in
-            @GLOBAL@) globals+=("$word" "${words[i+1]}"); i=$((i + 1)) ;;
-            @GLOBAL_EQ@) globals+=("$word") ;;
-            @VALUED@) i=$((i + 1)) ;;
-            -*) ;;
-            *) if [[ -z "$sub" ]]; then sub="$word"; else args=$((args + 1)); fi ;;
-        esac
-    done
-    local ask=()
-    case "$sub" in
-        @MACHINES@) (( args == 0 )) && ask+=(machines) ;;
-    esac
-    case "$sub" in
-        @UNITS@) ask+=(units) ;;
-        ssh) (( args == 0 )) && ask+=(units) ;;
-    esac
-    local kind names
-    for kind in "${ask[@]}"; do
-        case "$kind" in
-            units) names=$(FLEETCTL_REQUEST_TIMEOUT="${FLEETCTL_REQUEST_TIMEOUT:-2}" "$1" "${globals[@]}" list-unit-files --no-legend --fields unit 2>/dev/null) ;;
-            machines) names=$(FLEETCTL_REQUEST_TIMEOUT="${FLEETCTL_REQUEST_TIMEOUT:-2}" "$1" "${globals[@]}" list-machines --no-legend --full --fields machine 2>/dev/null) ;;
-        esac
-        COMPREPLY+=( $(compgen -W "$names" -- "$cur") )
-    done
-    case "$sub" in
-        @FILES@) COMPREPLY+=( $(compgen -f -- "$cur") ) ;;
-    esac
-    return 0
-}
-
-if [[ "${BASH_VERSINFO[0]}" -eq 4 && "${BASH_VERSINFO[1]}" -ge 4 || "${BASH_VERSINFO[0]}" -gt 4 ]]; then
-    complete -F _fleetctl_with_names -o nosort -o bashdefault -o default fleetctl
-else
-    complete -F _fleetctl_with_names -o bashdefault -o default fleetctl
-fi
-"#;
+const BASH: &str = include_str!("names.bash");
+const ZSH: &str = include_str!("names.zsh");
+const FISH: &str = include_str!("names.fish");
 
 #[cfg(test)]
 mod tests {
