@@ -9,6 +9,7 @@ pub mod commands;
 pub mod completion;
 pub mod credentials;
 pub mod driver;
+pub mod import;
 pub mod local;
 pub mod output;
 pub mod ranges;
