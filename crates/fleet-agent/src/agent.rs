@@ -29,6 +29,7 @@ mod boot;
 mod bound;
 mod config;
 mod doubt;
+mod migration;
 mod pending;
 mod publish;
 mod resync;
@@ -197,6 +198,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                         published = self.published.len(),
                         "initial reconcile complete"
                     );
+                    self.end_migration().await;
                 }
                 self.report_progress();
                 // States that could not be published (etcd away) are retried on their own:

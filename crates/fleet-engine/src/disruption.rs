@@ -326,18 +326,21 @@ fn earliest(a: Option<Instant>, b: Instant) -> Option<Instant> {
 
 /// The units of each machine: scheduled there, or recorded as having left it while a copy
 /// may still run there (its record goes once that copy stopped, or once the machine is gone
-/// and this rule lets its units move).
+/// and this rule lets its units move). Not those of a machine migrating from fleet v1: it has
+/// not vanished, it has not joined yet, and the scheduler keeps its units where they are.
 fn units_by_machine(snap: &Snapshot) -> BTreeMap<&MachineId, BTreeSet<&UnitName>> {
+    let migrating = crate::unreadable::migrating_machines(snap);
     let mut on: BTreeMap<&MachineId, BTreeSet<&UnitName>> = BTreeMap::new();
-    for (unit, machines) in &snap.schedule {
-        for machine in machines.keys() {
+    let mut add = |unit, machine| {
+        if !migrating.contains(machine) {
             on.entry(machine).or_default().insert(unit);
         }
+    };
+    for (unit, machines) in &snap.schedule {
+        machines.keys().for_each(|m| add(unit, m));
     }
     for (unit, machines) in &snap.left {
-        for machine in machines.keys() {
-            on.entry(machine).or_default().insert(unit);
-        }
+        machines.keys().for_each(|m| add(unit, m));
     }
     on
 }

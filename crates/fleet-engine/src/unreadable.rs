@@ -41,6 +41,9 @@ pub(crate) struct Unreadable {
     pub schedule: BTreeMap<String, (MachineId, UnitName)>,
     /// Machines whose drain mark cannot be read.
     pub drained: BTreeSet<MachineId>,
+    /// Machines whose migration mark cannot be read: held as if marked, since the mark
+    /// may say that copies fleet started run there.
+    pub migrating: BTreeSet<MachineId>,
 }
 
 impl Unreadable {
@@ -56,6 +59,9 @@ impl Unreadable {
                 }
                 Some(Key::Drain(machine)) => {
                     out.drained.insert(machine.clone());
+                }
+                Some(Key::Migrating(machine)) => {
+                    out.migrating.insert(machine.clone());
                 }
                 Some(Key::Schedule { machine, unit }) => {
                     let slot = (machine.clone(), unit.clone());
@@ -134,6 +140,12 @@ pub(crate) fn stray_schedule_keys(snap: &Snapshot, keys: &Keys) -> Vec<StraySche
         .keys()
         .filter_map(|key| keys.stray_schedule_key(key))
         .collect()
+}
+
+/// Every machine migrating from fleet v1 (`P/migrating/`), its mark readable or not.
+pub(crate) fn migrating_machines(snap: &Snapshot) -> BTreeSet<MachineId> {
+    let unreadable = Unreadable::of(snap).migrating;
+    snap.migrating.keys().cloned().chain(unreadable).collect()
 }
 
 /// Every machine that is there, readable or not.

@@ -211,6 +211,7 @@ pub fn concerns(
             | Key::Metadata { .. }
             | Key::Drain(_)
             | Key::Moving(_)
+            | Key::Migrating(_)
             | Key::Left { .. },
         )
         | None => false,

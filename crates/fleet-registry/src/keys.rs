@@ -20,6 +20,7 @@
 //! | `P/moving/<name>`                 | [`MoveRecord`] JSON           | none       |
 //! | `P/placement/<name>/<machine>`    | empty (the schedule by unit)  | none       |
 //! | `P/left/<name>/<machine>`         | [`LeftCopy`] (history)        | none       |
+//! | `P/migrating/<machine>`           | [`MigrationRecord`] JSON      | none       |
 //!
 //! [`UnitRecord`]: crate::UnitRecord
 //! [`ScheduleEntry`]: crate::ScheduleEntry
@@ -27,6 +28,7 @@
 //! [`DrainRecord`]: crate::DrainRecord
 //! [`MoveRecord`]: crate::MoveRecord
 //! [`LeftCopy`]: crate::LeftCopy
+//! [`MigrationRecord`]: crate::MigrationRecord
 
 use fleet_core::{MachineId, UnitHash, UnitName};
 
@@ -77,6 +79,11 @@ pub enum Key {
         unit: UnitName,
         machine: MachineId,
     },
+    /// `machine`'s units were imported from fleet v1 (`fleetctl import-fleet`) and it has not
+    /// joined ours yet: the engine keeps its schedule while it is absent, since the copies
+    /// fleet started there run on without any fence of ours. Deleted by the machine itself
+    /// once its agent has taken them over.
+    Migrating(MachineId),
 }
 
 /// The part of the schema a key is under, read from its first segment alone: a key of a
@@ -102,6 +109,8 @@ pub enum Kind {
     Placement,
     /// `left/<name>/<machine>`: the placement history, written by the engine.
     Left,
+    /// `migrating/<machine>`: written by `import-fleet`, deleted by the machine.
+    Migrating,
 }
 
 impl Key {
@@ -116,6 +125,7 @@ impl Key {
             Kind::Unscheduled => Key::Unscheduled(rest.parse().ok()?),
             Kind::Drain => Key::Drain(rest.parse().ok()?),
             Kind::Moving => Key::Moving(rest.parse().ok()?),
+            Kind::Migrating => Key::Migrating(rest.parse().ok()?),
             Kind::FileRef => {
                 let (hash, unit) = pair()?;
                 Key::FileRef {
@@ -183,6 +193,7 @@ impl Key {
             Key::Moving(unit) => keys.moving(unit),
             Key::Placement { unit, machine } => keys.placement(unit, machine),
             Key::Left { unit, machine } => keys.left(unit, machine),
+            Key::Migrating(machine) => keys.migrating(machine),
         }
     }
 
@@ -201,6 +212,7 @@ impl Key {
             Key::Moving(_) => Kind::Moving,
             Key::Placement { .. } => Kind::Placement,
             Key::Left { .. } => Kind::Left,
+            Key::Migrating(_) => Kind::Migrating,
         }
     }
 }
@@ -326,6 +338,15 @@ impl Keys {
         format!("{}drain/{machine}", self.prefix)
     }
 
+    /// The machines whose units were imported from fleet v1 and that have not joined yet.
+    pub fn migrations(&self) -> String {
+        format!("{}migrating/", self.prefix)
+    }
+
+    pub fn migrating(&self, machine: &MachineId) -> String {
+        format!("{}migrating/{machine}", self.prefix)
+    }
+
     /// The units the engine is moving off a drained machine, by unit.
     pub fn moves(&self) -> String {
         format!("{}moving/", self.prefix)
@@ -405,6 +426,7 @@ impl Keys {
             "moving" => Kind::Moving,
             "placement" => Kind::Placement,
             "left" => Kind::Left,
+            "migrating" => Kind::Migrating,
             _ => return None,
         };
         Some((kind, rest))
@@ -470,6 +492,7 @@ mod tests {
             Key::Disruption,
             Key::Unscheduled(u.clone()),
             Key::Drain("m3".parse().unwrap()),
+            Key::Migrating("m4".parse().unwrap()),
             Key::Moving(u.clone()),
             Key::Placement {
                 unit: u.clone(),
@@ -505,6 +528,7 @@ mod tests {
         assert_eq!(k.state(&m, &u), "/p/unit-state/m1/a.service");
         assert_eq!(k.machine_states(&m), "/p/unit-state/m1/");
         assert_eq!(k.left(&u, &m), "/p/left/a.service/m1");
+        assert_eq!(k.migrating(&m), "/p/migrating/m1");
         assert!(k.left(&u, &m).starts_with(&k.lefts()));
         assert_eq!(
             Key::parse(&k, &k.schedule(&m, &u)),
@@ -540,6 +564,7 @@ mod tests {
             ("/p/engine/other", Some(Kind::Engine)),
             ("/p/left/a.service", Some(Kind::Left)),
             ("/p/drain/a/b", Some(Kind::Drain)),
+            ("/p/migrating/a/b", Some(Kind::Migrating)),
             ("/p/moving/not a unit", Some(Kind::Moving)),
             ("/p/unit", None),
             ("/p/other/a.service", None),

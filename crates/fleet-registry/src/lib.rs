@@ -45,7 +45,7 @@ pub use page::UnitsPage;
 pub use per_machine::PerMachine;
 pub use read::{Listing, MAX_STATES_PER_MACHINE, Skipped, StateBound};
 pub use records::{
-    DrainRecord, LeftCopy, MoveRecord, ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord,
+    DrainRecord, LeftCopy, MigrationRecord, MoveRecord, ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord,
     UnitStateRecord,
 };
 pub use registry::Registry;

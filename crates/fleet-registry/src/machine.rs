@@ -349,4 +349,20 @@ impl<K: Kv> MachineRole<K> {
     pub async fn remove_state(&self, name: &UnitName) -> Result<()> {
         self.remove_states(std::slice::from_ref(name)).await
     }
+
+    /// Deletes this machine's migration mark (`P/migrating/<id>`, written by
+    /// `fleetctl import-fleet`): its agent has taken over the units fleet ran here, so the
+    /// engine treats it as any machine from now on. Whether there was one.
+    pub async fn end_migration(&self) -> Result<bool> {
+        let txn = Txn {
+            compares: vec![],
+            success: vec![delete(self.registry.keys().migrating(&self.machine))],
+            failure: vec![],
+        };
+        let res = self.registry.txn(txn, "ending this machine's migration").await?;
+        Ok(res
+            .responses
+            .iter()
+            .any(|r| matches!(r, TxnOpResponse::Delete(n) if *n > 0)))
+    }
 }

@@ -163,8 +163,9 @@ pub fn engine(keys: &Keys) -> RoleSpec {
 }
 
 /// Machine `m`'s own keys: its presence and its unit states (read-write), its schedule and
-/// the unit files (read), and every machine's presence (read): the peers it asks whether
-/// they reach etcd when it cannot (issue 36, `fleet_agent::witness`).
+/// the unit files (read), every machine's presence (read): the peers it asks whether
+/// they reach etcd when it cannot (issue 36, `fleet_agent::witness`), and its migration mark
+/// (read-write: it deletes it once it has taken over what fleet v1 ran there).
 pub fn machine(keys: &Keys, m: &MachineId) -> RoleSpec {
     RoleSpec {
         name: machine_role_name(m),
@@ -174,6 +175,7 @@ pub fn machine(keys: &Keys, m: &MachineId) -> RoleSpec {
             Permission::prefix(Access::ReadWrite, keys.machine_states(m)),
             Permission::prefix(Access::Read, keys.machine_schedule(m)),
             Permission::prefix(Access::Read, keys.files()),
+            Permission::key(Access::ReadWrite, keys.migrating(m)),
         ],
     }
 }

@@ -17,7 +17,7 @@ use crate::error::RegistryError;
 use crate::keys::{Key, Keys};
 use crate::kv::{KeyValue, Revision};
 use crate::records::{
-    DrainRecord, LeftCopy, MoveRecord, ScheduleEntry, Unit, UnitRecord, UnitStateRecord,
+    DrainRecord, LeftCopy, MigrationRecord, MoveRecord, ScheduleEntry, Unit, UnitRecord, UnitStateRecord,
 };
 
 /// A stored value a listing left out: it does not parse, or it names another key than the
@@ -254,6 +254,12 @@ pub(crate) fn drain(keys: &Keys, kv: &KeyValue) -> Result<DrainRecord, Skipped> 
     let d: DrainRecord = json(keys, kv)?;
     let own = keys.drain(&d.machine);
     at_own_key(keys, kv, d, own)
+}
+
+pub(crate) fn migrating(keys: &Keys, kv: &KeyValue) -> Result<MigrationRecord, Skipped> {
+    let m: MigrationRecord = json(keys, kv)?;
+    let own = keys.migrating(&m.machine);
+    at_own_key(keys, kv, m, own)
 }
 
 pub(crate) fn moving(keys: &Keys, kv: &KeyValue) -> Result<MoveRecord, Skipped> {

@@ -125,6 +125,19 @@ pub struct UnitStateRecord {
     pub restart_pending: bool,
 }
 
+/// A migration mark (`fleetctl import-fleet`): `machine` ran units under fleet v1 that were
+/// imported with their placement, and its fleetd of ours has not taken them over yet. No
+/// lease: it outlives everything until the machine's agent has adopted its units and deletes
+/// it, or an operator deletes it for a host that will never come.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrationRecord {
+    pub machine: MachineId,
+    /// When the import wrote it, in seconds since the UNIX epoch (shown only).
+    pub since: u64,
+    /// How many of the machine's units the import placed there (shown only).
+    pub units: u64,
+}
+
 /// A drain mark (`fleetctl drain`): the machine takes no new non-global unit, and the engine
 /// moves its non-global units off it, `parallel` at a time. Written by operators through the
 /// units role, with no lease: it outlives fleetd restarts and leader changes, and a machine

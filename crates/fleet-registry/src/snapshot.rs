@@ -14,7 +14,7 @@ use crate::kv::{KeyValue, Kv, KvError, Revision};
 use crate::metadata::{self, DynamicMetadata};
 use crate::per_machine::PerMachine;
 use crate::read::{self, Skipped};
-use crate::records::{DrainRecord, LeftCopy, MoveRecord, ScheduleEntry, Unit, UnitStateRecord};
+use crate::records::{DrainRecord, LeftCopy, MigrationRecord, MoveRecord, ScheduleEntry, Unit, UnitStateRecord};
 use crate::registry::Registry;
 
 /// Units, schedule, machines, their dynamic metadata, drains, published states and the
@@ -42,6 +42,8 @@ pub struct Snapshot {
     /// there (`P/left/<name>/<machine>`), with what each had published of it then, until the
     /// engine saw that copy stop.
     pub left: BTreeMap<UnitName, PerMachine<LeftCopy>>,
+    /// Machines whose units were imported from fleet v1 and that have not joined yet.
+    pub migrating: BTreeMap<MachineId, MigrationRecord>,
     /// Values that could not be read, by key: left out of every map above, so a corrupt unit
     /// record reads as no unit, a corrupt schedule entry as no entry. A machine's states past
     /// [`read::MAX_STATES_PER_MACHINE`] are one value here, at its state prefix.
@@ -159,6 +161,9 @@ impl Snapshot {
             Kind::Moving => read::moving(keys, kv).map(|m| {
                 self.moving.insert(m.unit.clone(), m);
             }),
+            Kind::Migrating => read::migrating(keys, kv).map(|m| {
+                self.migrating.insert(m.machine.clone(), m);
+            }),
             Kind::Left => read::left(keys, kv).map(|(mut unit, mut machine, copy)| {
                 naming.unwrap_or(self).share(&mut unit, &mut machine);
                 place(&mut self.left, unit, machine, copy);
@@ -242,6 +247,7 @@ impl Snapshot {
             }
             Some(Key::Drain(machine)) => self.drained.remove(&machine).is_some(),
             Some(Key::Moving(unit)) => self.moving.remove(&unit).is_some(),
+            Some(Key::Migrating(machine)) => self.migrating.remove(&machine).is_some(),
             Some(Key::Left { unit, machine }) => remove_inner(&mut self.left, &unit, &machine),
             Some(
                 Key::File(_)
@@ -335,6 +341,7 @@ impl<K: Kv> Registry<K> {
             keys.drains(),
             keys.moves(),
             keys.lefts(),
+            keys.migrations(),
         ];
         let abandoned = Arc::new(AtomicBool::new(false));
         let (pages, decoder) = Decoder::start(keys, revision, &abandoned);
@@ -533,6 +540,7 @@ impl Snapshot {
         merge(&mut self.drained, part.drained);
         merge(&mut self.moving, part.moving);
         merge(&mut self.left, part.left);
+        merge(&mut self.migrating, part.migrating);
         merge(&mut self.skipped, part.skipped);
         self.state_bound.absorb(part.state_bound);
     }

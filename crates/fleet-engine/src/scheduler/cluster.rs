@@ -231,7 +231,8 @@ impl<'s> Cluster<'s> {
                 error: error.clone(),
             });
         }
-        if !self.machines.contains_key(machine) && !self.held.contains(name) {
+        let absent = !self.machines.contains_key(machine) && !self.is_migrating(machine);
+        if absent && !self.held.contains(name) {
             return Some(Reason::MachineGone {
                 machine: machine.clone(),
             });
@@ -271,11 +272,19 @@ impl<'s> Cluster<'s> {
     /// A machine other than `machine`, in `unit`'s history and there, that publishes a copy
     /// of `unit` that may still be running (see [`super::history`]). A machine that is gone
     /// never holds a unit back (its states went with its lease), nor does one the unit was
-    /// not on lately (a stray state).
+    /// not on lately (a stray state). A machine migrating from fleet v1 publishes nothing
+    /// yet, but the copy fleet started there runs until its agent has joined and stopped it:
+    /// a record that the unit left it holds the unit back until then.
     pub fn previous_copy(&self, unit: &UnitName, machine: &MachineId) -> Option<&'s MachineId> {
-        self.history
+        let published = self
+            .history
             .running(unit)
-            .find(|m| *m != machine && self.is_there(m) && self.history.knows(unit, m))
+            .find(|m| *m != machine && self.is_there(m) && self.history.knows(unit, m));
+        published.or_else(|| {
+            self.history
+                .left_machines(unit)
+                .find(|m| *m != machine && self.is_migrating(m))
+        })
     }
 
     /// What the machine published of `unit`'s copy, when deleting its entry there leaves a
@@ -316,9 +325,20 @@ impl<'s> Cluster<'s> {
     }
 
     /// Whether `machine` is there: live, or its record cannot be read (its key is, on its
-    /// lease).
+    /// lease), or it is migrating ([`Self::is_migrating`]).
     pub fn is_there(&self, machine: &MachineId) -> bool {
-        self.machines.contains_key(machine) || self.unreadable.machines.contains(machine)
+        self.machines.contains_key(machine)
+            || self.unreadable.machines.contains(machine)
+            || self.is_migrating(machine)
+    }
+
+    /// Whether `machine`'s units were imported from fleet v1 and it has not joined yet (or its
+    /// mark cannot be read): copies fleet started may run there with no fence of ours, so
+    /// it counts as there. Its entries stay while it is absent, and a unit that leaves it is
+    /// held back from other machines until the machine joins and its agent is seen to have
+    /// stopped the copy, as for a live machine. Never a place to put a unit: it is absent.
+    pub fn is_migrating(&self, machine: &MachineId) -> bool {
+        self.snapshot.migrating.contains_key(machine) || self.unreadable.migrating.contains(machine)
     }
 
     /// Whether `unit` has `Conflicts=` or `Replaces=`: only such units make a pair invalid.

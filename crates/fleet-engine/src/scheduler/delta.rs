@@ -212,6 +212,7 @@ fn part_of(snapshot: &Snapshot, touched: &BTreeSet<UnitName>) -> Snapshot {
         drained: BTreeMap::new(),
         moving: BTreeMap::new(),
         left: only(&snapshot.left, touched),
+        migrating: snapshot.migrating.clone(),
         skipped: BTreeMap::new(),
         state_bound: Default::default(),
     }

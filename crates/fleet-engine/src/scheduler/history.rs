@@ -77,6 +77,11 @@ impl<'s> History<'s> {
         self.states.get(unit).and_then(|states| states.get(machine))
     }
 
+    /// The machines `unit` is recorded to have left, in ID order.
+    pub fn left_machines(&self, unit: &UnitName) -> impl Iterator<Item = &'s MachineId> {
+        self.left.get(unit).into_iter().flat_map(PerMachine::keys)
+    }
+
     /// The machines that publish a copy of `unit` that may be running, in ID order.
     pub fn running(&self, unit: &UnitName) -> impl Iterator<Item = &'s MachineId> {
         let states = self.states.get(unit).into_iter().flat_map(PerMachine::iter);

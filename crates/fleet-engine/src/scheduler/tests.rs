@@ -11,6 +11,7 @@ use fleet_registry::{
 mod delta;
 mod drain;
 mod history;
+mod migrating;
 mod props;
 mod replace;
 mod sim;
