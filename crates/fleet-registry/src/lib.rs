@@ -10,6 +10,7 @@
 mod drain;
 mod error;
 mod few;
+mod import;
 pub mod input;
 pub mod keys;
 pub mod kv;
@@ -32,6 +33,7 @@ mod watch;
 
 pub use error::{RegistryError, Result};
 pub use few::{UnitsView, concerns};
+pub use import::{ImportOutcome, ImportedUnit, Importer};
 pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind, StrayScheduleKey};
 pub use kv::MAX_TXN_OPS;
 pub use leader::{EngineRole, EngineWrite, Fence, LeaderKey, Leadership};
@@ -45,8 +47,8 @@ pub use page::UnitsPage;
 pub use per_machine::PerMachine;
 pub use read::{Listing, MAX_STATES_PER_MACHINE, Skipped, StateBound};
 pub use records::{
-    DrainRecord, LeftCopy, MigrationRecord, MoveRecord, ReplaceState, Rollout, ScheduleEntry, Unit, UnitRecord,
-    UnitStateRecord,
+    DrainRecord, LeftCopy, MigrationRecord, MoveRecord, ReplaceState, Rollout, ScheduleEntry, Unit,
+    UnitRecord, UnitStateRecord,
 };
 pub use registry::Registry;
 pub use snapshot::Snapshot;

@@ -389,9 +389,7 @@ impl<K: Kv> LiveView<K> {
             // Dynamic metadata and a drain change what a machine offers, as a new machine
             // record does.
             Kind::Machine if event.kind == EventKind::Delete => &mut touched.departed,
-            Kind::Machine | Kind::Metadata | Kind::Drain | Kind::Migrating => {
-                &mut touched.machines
-            }
+            Kind::Machine | Kind::Metadata | Kind::Drain | Kind::Migrating => &mut touched.machines,
             // Written by the leader alone, like schedules (and recorded in the same way).
             Kind::Moving | Kind::Left => &mut touched.schedules,
             Kind::Schedule => &mut touched.schedules,

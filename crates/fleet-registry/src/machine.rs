@@ -359,7 +359,10 @@ impl<K: Kv> MachineRole<K> {
             success: vec![delete(self.registry.keys().migrating(&self.machine))],
             failure: vec![],
         };
-        let res = self.registry.txn(txn, "ending this machine's migration").await?;
+        let res = self
+            .registry
+            .txn(txn, "ending this machine's migration")
+            .await?;
         Ok(res
             .responses
             .iter()

@@ -17,7 +17,8 @@ use crate::error::RegistryError;
 use crate::keys::{Key, Keys};
 use crate::kv::{KeyValue, Revision};
 use crate::records::{
-    DrainRecord, LeftCopy, MigrationRecord, MoveRecord, ScheduleEntry, Unit, UnitRecord, UnitStateRecord,
+    DrainRecord, LeftCopy, MigrationRecord, MoveRecord, ScheduleEntry, Unit, UnitRecord,
+    UnitStateRecord,
 };
 
 /// A stored value a listing left out: it does not parse, or it names another key than the

@@ -14,7 +14,9 @@ use crate::kv::{KeyValue, Kv, KvError, Revision};
 use crate::metadata::{self, DynamicMetadata};
 use crate::per_machine::PerMachine;
 use crate::read::{self, Skipped};
-use crate::records::{DrainRecord, LeftCopy, MigrationRecord, MoveRecord, ScheduleEntry, Unit, UnitStateRecord};
+use crate::records::{
+    DrainRecord, LeftCopy, MigrationRecord, MoveRecord, ScheduleEntry, Unit, UnitStateRecord,
+};
 use crate::registry::Registry;
 
 /// Units, schedule, machines, their dynamic metadata, drains, published states and the

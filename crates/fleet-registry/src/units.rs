@@ -368,7 +368,7 @@ impl<K: Kv> UnitsRole<K> {
 
     /// The ops that write a unit record with its file and reference. The file is always
     /// (re)written: a concurrent collection of the same hash may have just deleted it.
-    fn unit_write_ops(&self, record: &UnitRecord, file: &UnitFile) -> Vec<TxnOp> {
+    pub(crate) fn unit_write_ops(&self, record: &UnitRecord, file: &UnitFile) -> Vec<TxnOp> {
         vec![
             put(
                 self.registry.keys().file(&record.hash),

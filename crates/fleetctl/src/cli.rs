@@ -125,6 +125,10 @@ pub enum Command {
     /// Create and list fleet's etcd roles and users (as etcd's root user, --driver=etcd only).
     #[command(subcommand)]
     Auth(AuthCommand),
+    /// Take over a live fleet v1 cluster: copy its units, desired states and placement from
+    /// its etcd v2 registry into ours, so that our fleetds adopt the running units
+    /// (docs/migrating.md; --driver=etcd only).
+    ImportFleet(ImportFleetArgs),
     /// Print fleetctl's version and the versions the cluster's fleetds publish (fleetctl's
     /// alone, with a warning, when the cluster cannot be reached).
     Version(VersionArgs),
@@ -469,3 +473,34 @@ pub struct AuthRemoveHost {
 
 #[cfg(test)]
 mod tests;
+
+#[derive(Debug, Args)]
+pub struct ImportFleetArgs {
+    /// fleet v1's etcd: its client URLs (etcd's v2 API; etcd 3.x needs --enable-v2).
+    #[arg(long, value_name = "URL[,URL...]")]
+    pub from: String,
+    /// fleet's key prefix in that etcd (fleet's etcd_key_prefix).
+    #[arg(long, value_name = "PREFIX", default_value = "/_coreos.com/fleet/")]
+    pub from_prefix: String,
+    /// CA file of fleet's etcd's TLS certificate (https:// URLs).
+    #[arg(long, value_name = "FILE")]
+    pub from_ca_file: Option<std::path::PathBuf>,
+    /// Client certificate for fleet's etcd.
+    #[arg(long, value_name = "FILE", requires = "from_key_file")]
+    pub from_cert_file: Option<std::path::PathBuf>,
+    /// Key of --from-cert-file.
+    #[arg(long, value_name = "FILE", requires = "from_cert_file")]
+    pub from_key_file: Option<std::path::PathBuf>,
+    /// User of fleet's etcd (its v2 auth), with --from-password-file.
+    #[arg(long, value_name = "NAME", requires = "from_password_file")]
+    pub from_username: Option<String>,
+    /// File whose first line is --from-username's password.
+    #[arg(long, value_name = "FILE", requires = "from_username")]
+    pub from_password_file: Option<std::path::PathBuf>,
+    /// Print what would be imported, and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Take fleet's file for a unit ours has with another file.
+    #[arg(long)]
+    pub replace: bool,
+}

@@ -12,7 +12,7 @@
 mod answer;
 mod creates;
 pub mod http;
-mod transport;
+pub(crate) mod transport;
 pub mod unit_api;
 mod unreached;
 mod watch;

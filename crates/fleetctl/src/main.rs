@@ -181,6 +181,9 @@ async fn run(cli: Cli) -> Result<()> {
     if let Command::Auth(a) = command {
         return auth(&global, &chosen, a).await;
     }
+    if let Command::ImportFleet(a) = command {
+        return import_fleet(&global, &chosen, a).await;
+    }
     match chosen.driver {
         Driver::Api => {
             no_credentials_over_api(&global)?;
@@ -205,6 +208,29 @@ fn no_credentials_over_api(global: &cli::Global) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `fleetctl import-fleet`: fleet v1's registry read first, so that a wrong `--from` fails
+/// before anything of ours is touched; then planned, printed and written (docs/migrating.md).
+async fn import_fleet(
+    global: &cli::Global,
+    chosen: &driver::Selection,
+    a: cli::ImportFleetArgs,
+) -> Result<()> {
+    if chosen.driver == Driver::Api {
+        anyhow::bail!(
+            "fleetctl import-fleet writes units with their placement straight into the \
+             registry: use --driver=etcd (and --endpoint of our etcd); fleet's API cannot \
+             write a schedule"
+        );
+    }
+    let fleet = commands::import_fleet::read_fleet(&a, request_timeout(global)).await?;
+    let registry = connect_etcd(global, &chosen.endpoint).await?;
+    let mut ctx = local_ctx();
+    let outcome =
+        commands::import_fleet::run(&mut ctx, &registry, &fleet, a.dry_run, a.replace).await;
+    let output = ctx.finish();
+    outcome.and_then(|()| written(output))
 }
 
 /// `fleetctl auth ...`: parse and read the password files, then administer etcd as the
@@ -350,7 +376,11 @@ async fn execute<C: Cluster>(
         Command::Explain(a) => {
             commands::maintenance::explain(ctx, &a.unit, a.output == "json").await
         }
-        Command::Version(_) | Command::Completion(_) | Command::Man(_) | Command::Auth(_) => {
+        Command::Version(_)
+        | Command::Completion(_)
+        | Command::Man(_)
+        | Command::Auth(_)
+        | Command::ImportFleet(_) => {
             unreachable!("handled above")
         }
     }

@@ -117,6 +117,12 @@ impl Transport {
         })
     }
 
+    /// Another service than a fleetd (fleet v1's etcd): a refused connect names no fleetd.
+    pub fn not_fleetd(mut self) -> Transport {
+        self.guide = Guide::NotFleetd;
+        self
+    }
+
     /// The driver's own endpoint, which the user chose: a failed connect also says how to
     /// point fleetctl at another fleetd or at etcd.
     pub fn guiding(mut self) -> Transport {
@@ -136,7 +142,7 @@ impl Transport {
         // The message names the resource, not the query (pageSize, view and the names).
         let path = uri.split('?').next().unwrap_or(&uri);
         let what = || format!("{method} {path} at {}", self.shown);
-        match tokio::time::timeout(self.timeout, self.exchange(&method, &uri, body)).await {
+        match tokio::time::timeout(self.timeout, self.exchange(&method, &uri, body, None)).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => Err(OpsError::Transport {
                 what: what(),
@@ -149,11 +155,38 @@ impl Transport {
         }
     }
 
+    /// Sends a `GET` of `path_and_query` as it is (not under `/fleet/v1`: another service
+    /// than fleet's API, such as etcd's v2 keys), with `authorization` as that header.
+    pub async fn get_raw(
+        &self,
+        path_and_query: &str,
+        authorization: Option<&str>,
+    ) -> Result<Answer, OpsError> {
+        let uri = format!("{}{path_and_query}", self.base);
+        let path = uri.split('?').next().unwrap_or(&uri).to_owned();
+        let exchange = self.exchange(&Method::GET, &uri, None, authorization);
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(OpsError::Transport {
+                what: format!("GET {path} at {}", self.shown),
+                cause: explained(chain(e.as_ref())).into(),
+            }),
+            Err(elapsed) => Err(OpsError::Transport {
+                what: format!(
+                    "GET {path} at {} (request timeout {:?})",
+                    self.shown, self.timeout
+                ),
+                cause: Box::new(elapsed),
+            }),
+        }
+    }
+
     async fn exchange(
         &self,
         method: &Method,
         uri: &str,
         body: Option<Vec<u8>>,
+        authorization: Option<&str>,
     ) -> Result<Answer, BoxError> {
         let mut sender = match self.take_idle() {
             Some(s) => s,
@@ -166,6 +199,9 @@ impl Transport {
             .header(header::ACCEPT, "application/json");
         if body.is_some() {
             request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(value) = authorization {
+            request = request.header(header::AUTHORIZATION, value);
         }
         let request = request.body(Full::new(Bytes::from(body.unwrap_or_default())))?;
         let response = sender.send_request(request).await?;

@@ -22,6 +22,9 @@ pub enum Place<'a> {
 pub enum Guide {
     Elsewhere,
     None,
+    /// The endpoint is another service than a fleetd (fleet v1's etcd, for import-fleet):
+    /// its refusal is said as it is.
+    NotFleetd,
 }
 
 /// What to do from a host where no fleetd runs, or when the one named is down.
@@ -55,6 +58,10 @@ pub fn explain(place: Place<'_>, e: &std::io::Error, guide: Guide) -> String {
             ),
             false,
         ),
+        (Place::Address(a), ErrorKind::ConnectionRefused) if guide == Guide::NotFleetd => (
+            format!("nothing listens at {a} (connection refused)"),
+            false,
+        ),
         (Place::Address(a), ErrorKind::ConnectionRefused) => (
             format!("no fleetd listens at {a} (connection refused)"),
             true,
@@ -63,7 +70,7 @@ pub fn explain(place: Place<'_>, e: &std::io::Error, guide: Guide) -> String {
     };
     match (nobody, guide) {
         (true, Guide::Elsewhere) => format!("{why}; {ELSEWHERE}"),
-        (true, Guide::None) | (false, _) => why,
+        (true, Guide::None | Guide::NotFleetd) | (false, _) => why,
     }
 }
 

@@ -62,7 +62,9 @@ fn a_migration_mark_that_cannot_be_read_holds_as_one_that_can() {
 
 #[test]
 fn a_unit_stopped_while_its_machine_migrates_waits_for_that_machine_before_running_elsewhere() {
-    let mut w = imported_on_m3().migrating("m3").desired("a.service", Inactive);
+    let mut w = imported_on_m3()
+        .migrating("m3")
+        .desired("a.service", Inactive);
     let plan = w.plan();
     assert_eq!(
         lines(&plan),
@@ -76,9 +78,7 @@ fn a_unit_stopped_while_its_machine_migrates_waits_for_that_machine_before_runni
     );
     // Once the machine has joined and its agent is seen to have stopped the copy, the unit
     // goes where the rules put it.
-    let w = w
-        .machine("m3", &[])
-        .state("a.service", "m3", "inactive");
+    let w = w.machine("m3", &[]).state("a.service", "m3", "inactive");
     let mut w = w;
     w.snap.migrating.clear();
     let placed: Vec<String> = lines(&w.plan())
@@ -90,9 +90,7 @@ fn a_unit_stopped_while_its_machine_migrates_waits_for_that_machine_before_runni
 
 #[test]
 fn a_migrating_machine_is_never_a_place_for_a_new_unit() {
-    let w = World::new()
-        .unit("b.service", Launched, "")
-        .migrating("m3");
+    let w = World::new().unit("b.service", Launched, "").migrating("m3");
     let plan = lines(&w.plan());
     assert!(plan.iter().all(|l| !l.contains("on m3")), "{plan:?}");
 }
