@@ -13,7 +13,7 @@
 mod copies;
 mod decision_log;
 mod leading;
-mod planner;
+pub(crate) mod planner;
 mod stray;
 
 use crate::disruption::DisruptionConfig;

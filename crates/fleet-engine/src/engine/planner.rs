@@ -32,7 +32,7 @@ type Files = BTreeMap<UnitHash, UnitFile>;
 
 /// What one leadership's passes remember between them.
 #[derive(Debug)]
-pub(super) struct PassPlanner {
+pub(crate) struct PassPlanner {
     /// The presence history of this leadership: which vanished machines' units stay.
     disruption: Disruption,
     /// Whether the last plan held a unit back until a copy on another machine stops. Only
@@ -70,7 +70,7 @@ pub(super) struct PassPlanner {
 
 /// Which units a pass planned.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Scope {
+pub(crate) enum Scope {
     /// Every unit.
     Whole,
     /// These units alone (a delta): its decisions are the whole plan's.
@@ -79,7 +79,7 @@ pub(super) enum Scope {
 
 /// What one pass plans, and what it must write beside the plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct PassPlan {
+pub(crate) struct PassPlan {
     pub plan: Plan,
     pub scope: Scope,
     /// What the disruption rule said (the default when it was not asked: a delta without a
@@ -225,6 +225,12 @@ impl PassPlanner {
         let plan = plan_delta_on(snapshot, files, &touched, entangled, held, others.clone())?;
         self.load = Some(others);
         Some((plan, touched))
+    }
+
+    /// The disruption rule's history, for a simulation's checks.
+    #[cfg(test)]
+    pub(crate) fn disruption_mut(&mut self) -> &mut Disruption {
+        &mut self.disruption
     }
 
     /// Takes in a pass whose writes landed: `snapshot` and `files` are the view with them
