@@ -13,6 +13,7 @@
 mod copies;
 mod decision_log;
 mod leading;
+pub(crate) mod planner;
 mod stray;
 
 use crate::disruption::DisruptionConfig;

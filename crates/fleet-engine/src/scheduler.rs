@@ -518,4 +518,4 @@ fn unschedulable(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -12,13 +12,19 @@
 //! settle, a mass vanishing, the move rate); the leader publishes why rescheduling is held
 //! at `P/engine/disruption`, in the same fenced writes, and passes again when a hold ends.
 //!
+//! What a pass plans (every unit, or only those that changed) and what passes remember
+//! between them is decided on data by [`PassPlanner`] (`engine/planner.rs`): a pass here only
+//! reads the view, asks it, writes fenced and records.
+//!
 //! At takeover the leader makes the placement mirror (`P/placement/<name>/<machine>`) match
 //! its view's schedule once; every schedule write after that carries its placement.
 
-use fleet_registry::kv::{Kv, Revision};
+use fleet_core::{UnitFile, UnitHash};
+use fleet_registry::kv::Kv;
 use fleet_registry::{
-    EngineWrite, Leadership, LiveView, MoveRecord, Registry, RegistryError, Touched, WatchHints,
+    EngineWrite, Leadership, LiveView, Registry, RegistryError, Snapshot, Touched, WatchHints,
 };
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -27,15 +33,11 @@ use tracing::{Instrument, debug, debug_span, info, warn};
 
 use super::copies::{self, Copies};
 use super::decision_log;
+use super::planner::{PassPlan, PassPlanner};
 use super::{EngineConfig, Flow, stop_requested};
-use crate::disruption::{Assessment, Disruption, Hold};
+use crate::disruption::{Assessment, Hold};
 use crate::metrics::{Failure, Metrics};
-use crate::scheduler::{
-    Decision, DecisionKind, Entangled, Load, plan_delta_on, plan_holding, strays, touched_by_loss,
-};
-use fleet_core::UnitName;
-use std::borrow::Cow;
-use std::collections::BTreeSet;
+use crate::scheduler::strays;
 
 /// The shortest re-check period honoured (a zero interval would spin).
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
@@ -53,43 +55,13 @@ pub(super) struct Leading<K> {
     lease_ttl: Duration,
     /// The registry as the next plan sees it; `None` until read (again).
     view: Option<LiveView<K>>,
-    /// Whether the last plan held a unit back until a copy on another machine stops. Only
-    /// then can a change of unit states change the plan, so only then do state changes
-    /// (which every agent writes on every unit's state change) start a pass.
-    waiting: bool,
-    /// The presence history of this leadership: which vanished machines' units stay.
-    disruption: Disruption,
-    /// When the last assessment changes by itself: a pass is due then.
-    recheck: Option<Instant>,
-    /// The disruption notice the registry holds, as far as we know (`None`: unknown, e.g.
-    /// at the start of leadership, so the first pass writes it either way).
-    notice: Option<Option<String>>,
+    /// What each pass plans, and what passes remember between them.
+    planner: PassPlanner,
     /// The hold last logged, to log a change once.
     logged_hold: Option<Hold>,
     /// Whether this leadership has made the placement mirror match its view's schedule (once,
     /// at takeover: from then on every schedule write carries its placement).
     placements_repaired: bool,
-    /// Whether the next pass must plan every unit: at the start, after a machine registered
-    /// or changed what it offers, and on the safety net. Otherwise a pass plans only the
-    /// units that changed when [`plan_delta`] can (see `scheduler/delta.rs`).
-    whole_due: bool,
-    /// Whether a machine left, or the disruption's re-check came, since the last pass: the
-    /// next one asks the disruption rule, and plans the lost machines' units it may move
-    /// with the units that changed.
-    loss_due: bool,
-    /// The units whose options tie them to others, as of the last whole plan (`None`: none
-    /// made yet with this view).
-    entangled: Option<Entangled>,
-    /// Each machine's schedule entries in the view, kept across delta passes (`None`:
-    /// counted at the next one). Only the leader writes schedules, and a delta pass
-    /// changes only its touched units' entries.
-    load: Option<Load>,
-    /// The view's revision after a whole plan that decided nothing, with nothing waiting,
-    /// held or due to change by itself: the plan of that revision is known to be empty, so
-    /// the safety net does not plan it again (issue 19: the idle leader's minute pass was a
-    /// fifth of an idle fleetd's CPU with 3,000 units). Any pass that is not such a plan
-    /// clears it.
-    settled: Option<Revision>,
     /// Units waiting for a previous copy, and stray states: what was reported of them.
     copies: Copies,
     metrics: Metrics,
@@ -112,17 +84,9 @@ impl<K: Kv> Leading<K> {
             retry: cfg.reconcile_interval.max(MIN_INTERVAL),
             lease_ttl: cfg.lease_ttl.max(MIN_INTERVAL * 3),
             view: None,
-            waiting: false,
-            disruption: Disruption::new(cfg.disruption, Instant::now()),
-            recheck: None,
-            notice: None,
+            planner: PassPlanner::new(cfg.disruption, Instant::now()),
             logged_hold: None,
             placements_repaired: false,
-            whole_due: true,
-            loss_due: false,
-            entangled: None,
-            load: None,
-            settled: None,
             copies: Copies::default(),
             metrics: cfg.metrics.clone(),
         }
@@ -170,11 +134,7 @@ impl<K: Kv> Leading<K> {
                 () = stop_requested(shutdown) => return Flow::Shutdown,
                 _ = lost.changed() => return Flow::Campaign,
                 change = changed(&mut self.view) => match change {
-                    Ok(touched) => {
-                        due = self.matters(touched);
-                        self.whole_due |= touched.machines;
-                        self.loss_due |= touched.departed;
-                    }
+                    Ok(touched) => due = self.planner.changed(touched),
                     Err(err) => {
                         warn!(error = %err, "engine lost track of the registry; reading it again");
                         self.view = None;
@@ -182,185 +142,81 @@ impl<K: Kv> Leading<K> {
                     }
                 },
                 _ = safety_net.tick() => {
-                    due = !self.settled_view();
-                    self.whole_due |= due;
+                    due = self.planner.safety_net(self.view.as_ref().map(LiveView::revision));
                 }
-                () = sleep_until(self.recheck) => {
+                () = sleep_until(self.planner.recheck()) => {
                     due = true;
-                    self.loss_due = true;
+                    self.planner.recheck_came();
                 }
             }
         }
     }
 
-    /// Whether the view is still at the revision of the last whole plan that found nothing
-    /// to do (see `settled`): planning it again would find nothing again, the planner being
-    /// a function of the view and of the disruption's assessment, which was quiet.
-    fn settled_view(&self) -> bool {
-        let revision = self.view.as_ref().map(LiveView::revision);
-        revision.is_some() && revision == self.settled
-    }
-
-    /// Whether a change can change the plan. Schedules and unschedulable reasons are written
-    /// by the leader alone and already recorded in the view when written: their echo is
-    /// not news. Unit states matter only while a unit waits for a copy to stop.
-    fn matters(&self, t: Touched) -> bool {
-        t.units || t.files || t.machines || t.departed || (t.states && self.waiting)
-    }
-
-    /// Plans on the view (reading it first if there is none), writes the decisions fenced,
+    /// Reads the view (if there is none), plans on it, writes the decisions fenced,
     /// records them in the view, then logs them.
-    #[allow(
-        clippy::too_many_lines,
-        reason = "the I/O shell of one pass: read, plan, write, record; its choice between a delta and a whole plan is to become a pure planner (issue 39, item 2)"
-    )]
     async fn pass(&mut self) -> Result<(), RegistryError> {
         let started = Instant::now();
-        self.settled = None;
-        if self.view.is_none() {
-            self.entangled = None;
-            self.load = None;
-            match LiveView::start(self.registry.clone()).await {
-                Ok(view) => self.view = Some(view),
-                Err(err) => {
-                    self.metrics.failed(Failure::of(&err), None);
-                    return Err(err);
-                }
-            }
+        if let Err(err) = self.read().await {
+            self.metrics.failed(Failure::of(&err), None);
+            return Err(err);
         }
         let view = self.view.as_mut().expect("just read");
-        if !self.placements_repaired {
-            // A previous leader may predate the mirror, or have been cut off mid-batch.
-            match self.leadership.repair_placements(view.snapshot()).await {
-                Ok(0) => {}
-                Ok(repaired) => info!(repaired, "placement mirror repaired from the schedule"),
-                Err(err) => {
-                    self.metrics.failed(Failure::of(&err), None);
-                    return Err(err);
-                }
-            }
-            self.placements_repaired = true;
-        }
         let changed = view.take_changed_units();
-        let partial = match (&changed, &self.entangled) {
-            (Some(units), Some(entangled)) if !self.whole_due && !self.waiting => {
-                Some((units, entangled))
-            }
-            _ => None,
-        };
-        // Machines left, or units of vanished machines wait: the disruption rule says which
-        // of those units stay (a settle, a hold, the move rate). A whole plan always asks.
-        let losing = self.loss_due || !self.disruption.quiet();
-        let mut assessment = (partial.is_none() || losing)
-            .then(|| self.disruption.assess(Instant::now(), view.snapshot()));
-        // The units a delta pass plans, and the load of the others.
-        let mut delta: Option<(Cow<'_, BTreeSet<UnitName>>, Load)> = None;
-        let part = partial.and_then(|(units, entangled)| {
-            let touched = match &assessment {
-                None => Cow::Borrowed(units),
-                // A loss is planned as a change of the lost machines' units that may move.
-                Some(a) => Cow::Owned(touched_by_loss(view.snapshot(), units, &a.held)),
-            };
-            let load = self.load.get_or_insert_with(|| Load::of(view.snapshot()));
-            let others = load.without(view.snapshot(), &touched);
-            let none = BTreeSet::new();
-            let held = assessment.as_ref().map_or(&none, |a| &a.held);
-            let plan = plan_delta_on(
-                view.snapshot(),
-                view.files(),
-                &touched,
-                entangled,
-                held,
-                others.clone(),
-            );
-            delta = Some((touched, others));
-            plan
-        });
-        let whole = part.is_none();
-        if whole && assessment.is_none() {
-            assessment = Some(self.disruption.assess(Instant::now(), view.snapshot()));
-        }
-        let assessed = assessment.is_some();
-        let assessment = assessment.unwrap_or_default();
-        let plan = match part {
-            Some(plan) => plan,
-            None => plan_holding(view.snapshot(), view.files(), &assessment.held),
-        };
+        let pass = self
+            .planner
+            .next(view.snapshot(), view.files(), changed, Instant::now());
         let planned_in = started.elapsed();
-        let mut writes: Vec<EngineWrite> = plan.decisions.iter().map(write_of).collect();
+        let mut writes: Vec<EngineWrite> = pass.decision_writes().collect();
         let stray_keys =
             crate::unreadable::stray_schedule_keys(view.snapshot(), self.registry.keys());
         writes.extend(stray_keys.iter().cloned().map(EngineWrite::DeleteStray));
-        let notice = assessment.hold.as_ref().map(ToString::to_string);
-        if self.notice.as_ref() != Some(&notice) {
-            writes.push(EngineWrite::Disruption {
-                notice: notice.clone(),
-            });
-        }
+        writes.extend(pass.notice_write());
         if let Err(err) = self.leadership.write(&writes).await {
             // Some of the writes may have landed: only a fresh read knows.
             self.view = None;
-            self.load = None;
-            self.notice = None;
-            self.metrics.failed(Failure::of(&err), Some(&plan));
+            self.planner.write_failed();
+            self.metrics.failed(Failure::of(&err), Some(&pass.plan));
             return Err(err);
         }
-        self.metrics.reconciled(&plan, started.elapsed());
+        self.metrics.reconciled(&pass.plan, started.elapsed());
         for key in &stray_keys {
             info!(key = %key, "deleted a schedule key that names no entry");
         }
         view.record_writes(&writes);
-        let planned = delta.as_ref().filter(|_| !whole).map(|(t, _)| t.as_ref());
-        let snapshot = view.snapshot();
-        self.metrics
-            .unreadable(snapshot.skipped.len(), snapshot.state_bound.past_total());
-        let found = match planned {
-            Some(units) => strays(snapshot, view.files(), units),
-            None => strays(snapshot, view.files(), snapshot.states.keys()),
-        };
-        let now = Instant::now();
-        copies::report(&mut self.copies, &self.metrics, now, &plan, planned, found);
-        self.notice = Some(notice);
-        self.waiting = !plan.waiting.is_empty();
-        let written_in = started.elapsed() - planned_in;
-        if assessed {
-            self.recheck = assessment.recheck;
-        }
-        let settled = whole
-            && writes.is_empty()
-            && !self.waiting
-            && self.recheck.is_none()
-            && self.disruption.quiet();
-        self.settled = settled.then(|| view.revision());
-        self.loss_due = false;
-        match delta.filter(|_| !whole) {
-            // The touched units' entries as written.
-            Some((touched, mut others)) => {
-                others.add(view.snapshot(), &touched);
-                self.load = Some(others);
-            }
-            None => {
-                self.entangled = Some(Entangled::of(view.snapshot(), view.files()));
-                self.whole_due = false;
-                self.load = None;
-            }
-        }
+        let (snapshot, files) = (view.snapshot(), view.files());
+        self.planner.done(&pass, snapshot, files, writes.is_empty());
+        record(&mut self.copies, &self.metrics, &pass, snapshot, files);
         debug!(
             revision = view.revision(),
-            planned = match (whole, losing) {
-                (true, _) => "all units",
-                (false, false) => "changed units",
-                (false, true) => "changed units and lost machines' units",
-            },
-            changed = changed.as_ref().map_or(0, BTreeSet::len),
-            decisions = plan.decisions.len(),
-            waiting = plan.waiting.len(),
+            planned = pass.what(),
+            changed = pass.changed,
+            decisions = pass.plan.decisions.len(),
+            waiting = pass.plan.waiting.len(),
             planned_in = ?planned_in,
-            written_in = ?written_in,
+            written_in = ?(started.elapsed() - planned_in),
             "engine pass done"
         );
-        self.log_assessment(&assessment);
-        plan.decisions.iter().for_each(decision_log::log);
+        self.log_assessment(&pass.assessment);
+        pass.plan.decisions.iter().for_each(decision_log::log);
+        Ok(())
+    }
+
+    /// Reads the view if there is none, and makes the placement mirror match its schedule
+    /// once per leadership.
+    async fn read(&mut self) -> Result<(), RegistryError> {
+        if self.view.is_none() {
+            self.view = Some(LiveView::start(self.registry.clone()).await?);
+            self.planner.new_view();
+        }
+        if !self.placements_repaired {
+            let view = self.view.as_ref().expect("just read");
+            // A previous leader may predate the mirror, or have been cut off mid-batch.
+            match self.leadership.repair_placements(view.snapshot()).await? {
+                0 => {}
+                repaired => info!(repaired, "placement mirror repaired from the schedule"),
+            }
+            self.placements_repaired = true;
+        }
         Ok(())
     }
 }
@@ -392,6 +248,25 @@ impl<K> Leading<K> {
             );
         }
     }
+}
+
+/// Counts what the view holds that cannot be read, and reports the strays among the
+/// units the pass planned and the units its plan holds back for a previous copy.
+fn record(
+    copies: &mut Copies,
+    metrics: &Metrics,
+    pass: &PassPlan,
+    snapshot: &Snapshot,
+    files: &BTreeMap<UnitHash, UnitFile>,
+) {
+    metrics.unreadable(snapshot.skipped.len(), snapshot.state_bound.past_total());
+    let planned = pass.planned();
+    let found = match planned {
+        Some(units) => strays(snapshot, files, units),
+        None => strays(snapshot, files, snapshot.states.keys()),
+    };
+    let now = Instant::now();
+    copies::report(copies, metrics, now, &pass.plan, planned, found);
 }
 
 /// Resolves at `at`; never without one.
@@ -482,55 +357,5 @@ async fn key_changed(key: &mut Option<WatchHints>) -> bool {
     match key {
         Some(hints) => hints.changed().await.is_some(),
         None => std::future::pending().await,
-    }
-}
-
-fn write_of(decision: &Decision) -> EngineWrite {
-    match &decision.kind {
-        DecisionKind::Unschedule {
-            unit,
-            machine,
-            left: None,
-        } => EngineWrite::Unschedule {
-            machine: machine.clone(),
-            unit: unit.clone(),
-        },
-        DecisionKind::Unschedule {
-            unit,
-            machine,
-            left: Some(copy),
-        } => EngineWrite::Leave {
-            machine: machine.clone(),
-            unit: unit.clone(),
-            copy: *copy,
-        },
-        DecisionKind::Forget { unit, machine } => EngineWrite::Forget {
-            unit: unit.clone(),
-            machine: machine.clone(),
-        },
-        DecisionKind::Record {
-            unit,
-            machine,
-            copy,
-        } => EngineWrite::Record {
-            unit: unit.clone(),
-            machine: machine.clone(),
-            copy: *copy,
-        },
-        kind @ (DecisionKind::Update { .. } | DecisionKind::Schedule { .. }) => {
-            EngineWrite::Schedule(kind.schedule_entry().expect("an entry's decision"))
-        }
-        DecisionKind::Unschedulable { unit } => EngineWrite::Unschedulable {
-            unit: unit.clone(),
-            reason: decision.reason.to_string(),
-        },
-        DecisionKind::ClearUnschedulable { unit } => {
-            EngineWrite::ClearUnschedulable { unit: unit.clone() }
-        }
-        DecisionKind::Moving { unit, from } => EngineWrite::Moving(MoveRecord {
-            unit: unit.clone(),
-            from: from.clone(),
-        }),
-        DecisionKind::MoveOver { unit } => EngineWrite::Moved { unit: unit.clone() },
     }
 }

@@ -12,7 +12,7 @@ mod delta;
 mod drain;
 mod history;
 mod migrating;
-mod props;
+pub(crate) mod props;
 mod replace;
 mod sim;
 mod unreadable;
@@ -21,20 +21,20 @@ use DesiredState::{Inactive, Launched, Loaded};
 
 /// A snapshot under construction, with the files its units name.
 #[derive(Debug, Clone, Default)]
-pub(super) struct World {
+pub(crate) struct World {
     pub snap: Snapshot,
     pub files: BTreeMap<UnitHash, UnitFile>,
 }
 
-pub(super) fn name(s: &str) -> UnitName {
+pub(crate) fn name(s: &str) -> UnitName {
     s.parse().unwrap()
 }
 
-pub(super) fn mid(s: &str) -> MachineId {
+pub(crate) fn mid(s: &str) -> MachineId {
     s.parse().unwrap()
 }
 
-pub(super) fn unit_file(xfleet: &str, version: u32) -> UnitFile {
+pub(crate) fn unit_file(xfleet: &str, version: u32) -> UnitFile {
     let text = format!("[Service]\nExecStart=/bin/sleep {version}\n\n[X-Fleet]\n{xfleet}\n");
     UnitFile::parse(text.as_bytes()).unwrap()
 }
@@ -314,7 +314,7 @@ impl World {
     }
 }
 
-pub(super) fn lines(decisions: &[Decision]) -> Vec<String> {
+pub(crate) fn lines(decisions: &[Decision]) -> Vec<String> {
     decisions.iter().map(line).collect()
 }
 
@@ -365,11 +365,11 @@ fn line(d: &Decision) -> String {
     }
 }
 
-pub(super) fn two_machines() -> World {
+pub(crate) fn two_machines() -> World {
     World::new().machine("m1", &[]).machine("m2", &[])
 }
 
-pub(super) fn placed(pairs: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+pub(crate) fn placed(pairs: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
     pairs
         .iter()
         .map(|(u, ms)| (u.to_string(), ms.iter().map(|m| m.to_string()).collect()))

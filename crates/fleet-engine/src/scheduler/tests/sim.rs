@@ -12,11 +12,15 @@
 //! ([`Disruption::assess`], with the simulated clock), as `engine/leading.rs` does, and a new
 //! leader may take over at any round, knowing only the registry. One machine may lie: it
 //! publishes `active` for every unit it runs no copy of.
+//! Here the leader plans every unit every round; [`passes`] runs the same with the leader's
+//! pass planner, which skips rounds and plans only what changed.
 //!
 //! The one pair of copies the check excuses is the documented limit of docs/engine.md
 //! ("Limits"): a unit placed while another machine, live, ran a copy of it that its agent had
 //! not published (no state, or a state from before it started it). Each copy remembers which
 //! other copies were unpublished when its machine was given the unit.
+
+mod passes;
 
 use super::props::{GenChange, GenWorld, MACHINES, UNITS, build, change, gen_change, gen_world};
 use super::*;
@@ -72,6 +76,9 @@ pub(super) struct Sim {
     liar: Option<MachineId>,
     /// The units ever scheduled on the liar: only those may wait for it.
     ever_on_liar: BTreeSet<UnitName>,
+    /// A leader that passes as `engine/leading.rs` does ([`passes`]); `None`: one that
+    /// plans every unit every round.
+    passes: Option<passes::Passes>,
 }
 
 fn cfg() -> DisruptionConfig {
@@ -109,6 +116,7 @@ impl Sim {
             next_copy: 0,
             liar: None,
             ever_on_liar: BTreeSet::new(),
+            passes: None,
         }
     }
 
@@ -127,10 +135,24 @@ impl Sim {
     }
 
     /// One engine pass: the disruption rule, then the plan of the registry holding what it
-    /// says, whose writes then land.
+    /// says, whose writes then land. A leader with [`passes`] passes only when that is due,
+    /// and plans what its pass planner says.
     pub fn engine(&mut self) {
+        if let Some(mut passes) = self.passes.take() {
+            if let Some(pass) = passes.next(&self.w, self.now) {
+                self.land(&pass.plan);
+                passes.done(&pass, &self.w);
+            }
+            self.passes = Some(passes);
+            return;
+        }
         let assessment = self.disruption.assess(self.now, &self.w.snap);
         let plan = plan_holding(&self.w.snap, &self.w.files, &assessment.held);
+        self.land(&plan);
+    }
+
+    /// The writes of `plan` land.
+    fn land(&mut self, plan: &Plan) {
         for d in &plan.decisions {
             if let DecisionKind::Schedule { unit, machine, .. } = &d.kind {
                 let unseen = self.unpublished_copies(unit, machine);
@@ -154,6 +176,9 @@ impl Sim {
     /// just vanished).
     pub fn new_leader(&mut self) {
         self.disruption = Disruption::new(cfg(), self.now);
+        if self.passes.is_some() {
+            self.passes = Some(passes::Passes::new(self.now));
+        }
     }
 
     /// The copies of `unit` on live machines other than `machine` whose machine publishes no
@@ -338,7 +363,11 @@ impl Sim {
                 machine
             );
         }
-        let held = self.disruption.assess(self.now, &self.w.snap).held;
+        let disruption = match &mut self.passes {
+            Some(passes) => passes.disruption_mut(),
+            None => &mut self.disruption,
+        };
+        let held = disruption.assess(self.now, &self.w.snap).held;
         prop_assert!(held.is_empty(), "still held: {held:?}");
         for (unit, machines) in &self.w.snap.left {
             for (machine, copy) in machines {
