@@ -67,6 +67,6 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             .cloned()
             .collect();
         self.current.restart_pending = pending;
-        self.mark_unpublished(changed);
+        self.publisher.touched(changed);
     }
 }
