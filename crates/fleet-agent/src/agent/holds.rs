@@ -147,7 +147,7 @@ mod tests {
             kind: TaskKind::Start,
             unit: name(unit),
             reason: Reason::DesiredLaunched {
-                active: active.into(),
+                active: fleet_core::ActiveState::parse(active),
             },
         }
     }
