@@ -2,13 +2,19 @@
 //! remove), then reconcile on every hint: a schedule change (a watch on this machine's own
 //! prefix only), a systemd signal, a retry coming due, or the periodic resync.
 //!
+//! A pass reads as fleet's `agent/reconcile.go`: what should run here (the schedule the
+//! [`ScheduleFollower`](follower) holds, less the units left alone this pass), what runs
+//! ([`Current`]), the plan between them (pure, [`mod@plan`]), its execution, then the states
+//! out ([`Publisher`](publisher)). Which units wait for a retry or a restart window is the
+//! [`Holds`](holds)' to say. The loop itself only wakes, reads and hands on.
+//!
 //! It fails closed: until the schedule has been read once, nothing is planned, so nothing is
 //! removed. While etcd is unreachable it keeps acting on the last schedule it read, so running
 //! units stay as they are. It never touches a unit outside its units directory.
 
-use fleet_core::{ActiveState, UnitFile, UnitHash, UnitName, glob_match};
-use fleet_registry::kv::{Kv, LeaseId, Revision};
-use fleet_registry::{Delta, MachineRole, Presence, ScheduleEntry, UnitStateRecord};
+use fleet_core::UnitName;
+use fleet_registry::kv::Kv;
+use fleet_registry::{Delta, MachineRole, Presence};
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 use tokio::sync::watch;
@@ -21,80 +27,53 @@ use crate::executor::{self, Outcome};
 use crate::ledger::Ledger;
 use crate::manager::{Change, UnitManager, UnitSource};
 use crate::metrics::{Metrics, TaskResult, UnitCounts};
-use crate::plan::{self, TaskKind};
-use crate::revivals::{self, Revivals};
+use crate::plan::{self, Task, TaskKind};
 
 mod aliases;
 mod boot;
 mod bound;
 mod config;
 mod doubt;
+mod follower;
+mod holds;
 mod migration;
 mod pending;
-mod publish;
+mod publisher;
 mod resync;
 mod retry;
-mod schedule;
 pub use config::{AgentConfig, Progress};
+use follower::{Followed, ScheduleFollower};
+use holds::Holds;
+use publisher::Publisher;
 use resync::Resync;
-use retry::Retry;
 
-/// Requests for unit files in flight at once, each of up to
-/// [`MAX_TXN_OPS`](fleet_registry::kv::MAX_TXN_OPS) files. One request per file, sequential,
-/// made an agent given 1,000 units wait for 1,000 round trips before it could plan
-/// (docs/benchmarks.md, item 3).
-const FILE_FETCHES: usize = 4;
+/// Questions to systemd in flight at once when asking where units come from: a pass with
+/// 3,000 new units asked them one after another, 3,000 serial round trips.
+const SOURCE_READS: usize = 4;
 
 /// The agent of one machine.
 #[derive(Debug)]
 pub struct Agent<K, M> {
-    registry: MachineRole<K>,
     manager: M,
     cfg: AgentConfig,
     presence: watch::Receiver<Option<Presence>>,
-    /// This machine's schedule; `None` until read once (fail closed).
-    desired: Option<BTreeMap<UnitName, ScheduleEntry>>,
-    /// The revision `desired` is the schedule at: watch events up to it are in it already.
-    schedule_revision: Revision,
-    /// The next change re-reads everything instead of applying the watch's events: events
-    /// were applied but a file they need could not be read, or this machine's lease was in
-    /// doubt (a failed renewal, a new lease) since the last full read. In that case the watch
-    /// may be late. After a partition heals, etcd's buffered responses arrive one by one. The
-    /// first of them can say "start U here" while a later one says "U moved elsewhere". Applied
-    /// one response at a time, they made an agent start a unit that already ran on another
-    /// machine, and then stop it (the chaos soak, seed 1796183104550035049).
-    schedule_stale: bool,
-    files: BTreeMap<UnitHash, UnitFile>,
+    /// This machine's schedule and the unit files it names.
+    schedule: ScheduleFollower<K>,
+    /// What this machine has: the units directory and systemd's view of it.
     current: Current,
-    published: BTreeMap<UnitName, UnitStateRecord>,
-    published_lease: Option<LeaseId>,
-    backoff: BTreeMap<UnitName, Retry>,
-    /// Failed units restarted lately, whose next restart waits.
-    revivals: Revivals,
-    denied: BTreeSet<UnitName>,
+    publisher: Publisher<K>,
+    /// Units waiting for a retry or for their restart window to close.
+    holds: Holds,
+    /// Scheduled units systemd has from an operator's file, each warned about once.
+    foreign: BTreeSet<UnitName>,
     /// Each unit with `[Install] Alias=` checked (`aliases`): for its file's hash, why it may
     /// not have them (None: it may).
-    alias_verdicts: BTreeMap<UnitName, (UnitHash, Option<String>)>,
-    /// Unreadable schedule entries by key, with the revision each was written at: each is
-    /// warned about once, not on every read of the schedule.
-    skipped: BTreeMap<String, Revision>,
+    alias_verdicts: BTreeMap<UnitName, (fleet_core::UnitHash, Option<String>)>,
     ledger: Ledger,
-    /// Whether the last publish got every state out.
-    publish_complete: bool,
-    /// How many units the last publish left out past the bound on states (`bound`): warned
-    /// about when it changes, not on every pass.
-    past_bound: usize,
-    /// The units whose state to publish may have changed since the last publish; `None`:
-    /// any of them (after a full read, a new lease or a failed publish).
-    unpublished: Option<BTreeSet<UnitName>>,
     progress: watch::Sender<Progress>,
     metrics: Metrics,
     /// The units gauge's counts, kept per unit.
     unit_counts: UnitCounts,
-    /// Whether the lease may have lapsed since the schedule was read ([`doubt`]).
-    doubt: doubt::LeaseDoubt,
-    /// Whether the last pass was held for that, to log each spell once.
-    held_in_doubt: bool,
 }
 
 impl<K: Kv, M: UnitManager> Agent<K, M> {
@@ -105,33 +84,20 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         presence: watch::Receiver<Option<Presence>>,
     ) -> Agent<K, M> {
         let cfg_restarts_dir = cfg.restarts_dir.clone();
-        let revivals = Revivals::new(cfg.backoff_min, cfg.backoff_max);
         Agent {
-            registry,
+            schedule: ScheduleFollower::new(registry.clone(), cfg.deny_units.clone()),
+            publisher: Publisher::new(registry),
+            holds: Holds::new(cfg.backoff_min, cfg.backoff_max),
             manager,
             cfg,
             presence,
-            desired: None,
-            schedule_revision: 0,
-            schedule_stale: false,
-            files: BTreeMap::new(),
             current: Current::default(),
-            published: BTreeMap::new(),
-            published_lease: None,
-            backoff: BTreeMap::new(),
-            revivals,
-            denied: BTreeSet::new(),
+            foreign: BTreeSet::new(),
             alias_verdicts: BTreeMap::new(),
-            skipped: BTreeMap::new(),
             ledger: Ledger::load(cfg_restarts_dir),
-            publish_complete: true,
-            past_bound: 0,
-            unpublished: None,
             progress: watch::Sender::new(Progress::default()),
             metrics: Metrics::default(),
             unit_counts: UnitCounts::default(),
-            doubt: doubt::LeaseDoubt::none(),
-            held_in_doubt: false,
         }
     }
 
@@ -141,7 +107,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         mut self,
         deadlines: watch::Receiver<Option<crate::fence::Deadline>>,
     ) -> Agent<K, M> {
-        self.doubt = doubt::LeaseDoubt::of(deadlines);
+        self.schedule.fenced(deadlines);
         self
     }
 
@@ -165,10 +131,10 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     )]
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut changes = self.manager.changes();
-        let Some(revision) = self.boot(&mut shutdown).await else {
+        if self.boot(&mut shutdown).await.is_none() {
             return;
-        };
-        let mut hints = self.registry.watch_schedule(revision + 1);
+        }
+        self.schedule.watch();
         // Jittered, so that agents started together do not resync together.
         let mut resync = Resync::new(self.cfg.resync_interval);
         let mut resync_at = Instant::now() + resync.next_delay();
@@ -195,7 +161,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     // job the boot decisions called for has been issued and awaited.
                     info!(
                         units = self.current.hashes.len(),
-                        published = self.published.len(),
+                        published = self.publisher.len(),
                         "initial reconcile complete"
                     );
                     self.end_migration().await;
@@ -203,18 +169,17 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 self.report_progress();
                 // States that could not be published (etcd away) are retried on their own:
                 // no watch event or systemd signal may come to wake us once etcd is back.
-                let publish_retry = if self.publish_complete {
+                let publish_retry = if self.publisher.complete() {
                     publish_backoff.reset();
                     None
                 } else {
                     Some(Instant::now() + publish_backoff.next_delay())
                 };
                 retry_at = self
-                    .backoff
-                    .values()
-                    .map(|b| b.until)
+                    .holds
+                    .next_due(Instant::now())
+                    .into_iter()
                     .chain(publish_retry)
-                    .chain(self.revivals.next_close(Instant::now()))
                     .min();
             }
             idle = false;
@@ -229,13 +194,13 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     info!("agent stopping; units keep running");
                     return;
                 }
-                Some(_) = hints.changed() => {
+                Some(()) = self.schedule.hinted() => {
                     // News of the lease that came with the events counts before them.
                     if presence.has_changed().unwrap_or(false) {
                         presence.borrow_and_update();
-                        self.schedule_stale = true;
+                        self.schedule.distrust_events();
                     }
-                    schedule = Some(hints.take());
+                    schedule = Some(self.schedule.take_delta());
                 }
                 change = changes.recv() => match change {
                     // Another unit of the machine (a timer's service, an operator's unit, a
@@ -260,24 +225,16 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     resync_at = Instant::now() + resync.next_delay();
                 }
                 _ = sleep_until(retry_at) => {}
-                Ok(()) = presence.changed() => self.schedule_stale = true,
+                Ok(()) = presence.changed() => self.schedule.distrust_events(),
             }
             if idle {
                 continue;
             }
-            if schedule.is_none() && self.doubt.wants_read(Instant::now()) {
+            if schedule.is_none() && self.schedule.wants_read(Instant::now()) {
                 schedule = Some(Delta::Gap);
             }
             if let Some(delta) = schedule {
-                match self.follow_schedule(delta).await {
-                    // Only these entries changed: only their units need reading again.
-                    Ok(Some(changed)) => reread = Some(changed),
-                    Ok(None) => reread = None,
-                    Err(e) => {
-                        warn!(error = %e, "reading schedule failed; keeping the last one");
-                        reread = None;
-                    }
-                }
+                reread = self.follow(delta).await;
             }
             self.refresh_current(details, reread.as_ref()).await;
             scope = reread.filter(|_| !details).map(|mut names| {
@@ -287,23 +244,38 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         }
     }
 
+    /// Brings the schedule up to date, giving a fresh chance to each unit whose entry changed.
+    /// Returns the units to read again: those whose entries changed when the watch's events
+    /// were applied, or (`None`) every one.
+    async fn follow(&mut self, delta: Delta) -> Option<BTreeSet<UnitName>> {
+        let followed = self.schedule.follow(delta).await;
+        self.holds.forget(&self.schedule.take_changed());
+        match followed {
+            Ok(Followed::Units(changed)) => Some(changed),
+            Ok(Followed::Whole) => None,
+            Err(e) => {
+                warn!(error = %e, "reading schedule failed; keeping the last one");
+                None
+            }
+        }
+    }
+
     /// Whether a change of `unit`'s systemd state may matter to this agent: the unit is
     /// scheduled here, in its units directory or known to systemd as one of those, or has a
     /// published state.
     fn concerns(&self, unit: &UnitName) -> bool {
-        self.desired.as_ref().is_some_and(|d| d.contains_key(unit))
+        self.schedule.is_scheduled(unit)
             || self.current.units.contains_key(unit)
             || self.current.hashes.contains_key(unit)
-            || self.published.contains_key(unit)
+            || self.publisher.has(unit)
     }
 
     /// Publishes the agent's [`Progress`] after a pass, when it changed.
     fn report_progress(&self) {
-        let desired = |n: &&UnitName| self.desired.as_ref().is_some_and(|d| d.contains_key(*n));
         let progress = Progress {
             reconciled: true,
             units: self.current.hashes.len(),
-            failing: self.backoff.keys().filter(desired).count(),
+            failing: self.holds.failing(|n| self.schedule.is_scheduled(n)),
         };
         self.progress.send_if_modified(|p| {
             let changed = *p != progress;
@@ -312,16 +284,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         });
     }
 
-    /// A unit of `deny_units`, or one named like the fence's own units, which fleetd stops
-    /// and replaces by name (`systemd::fence::FENCE_PREFIX`), whatever the configuration.
+    /// A unit of `deny_units`, or one named like the fence's own units ([`config::is_denied`]).
     fn is_denied(&self, name: &UnitName) -> bool {
-        name.as_str()
-            .starts_with(crate::systemd::fence::FENCE_PREFIX)
-            || self
-                .cfg
-                .deny_units
-                .iter()
-                .any(|g| glob_match(g, name.as_str()))
+        config::is_denied(&self.cfg.deny_units, name)
     }
 
     /// Reads systemd's state and the units directory again: of the units of `names` only, or
@@ -331,29 +296,23 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     async fn refresh_current(&mut self, details: bool, names: Option<&BTreeSet<UnitName>>) {
         match names {
             Some(names) if !details => {
-                let desired = self.desired.as_ref();
-                let scheduled = |n: &UnitName| desired.is_some_and(|d| d.contains_key(n));
+                let schedule = &self.schedule;
+                let scheduled = |n: &UnitName| schedule.is_scheduled(n);
                 if let Err(e) = self.current.refresh(&self.manager, names, scheduled).await {
                     warn!(error = %e, "reading systemd state failed");
                     return;
                 }
-                if let Some(unpublished) = &mut self.unpublished {
-                    unpublished.extend(names.iter().cloned());
-                }
+                self.publisher.touched(names.iter().cloned());
             }
             Some(_) | None => {
-                let also: BTreeSet<UnitName> = self
-                    .desired
-                    .as_ref()
-                    .map(|d| d.keys().cloned().collect())
-                    .unwrap_or_default();
+                let also = self.schedule.scheduled();
                 match Current::read(&self.manager, &also, &self.current.drop_ins).await {
                     Ok(mut current) => {
                         if details {
                             current.read_details(&self.manager).await;
                         }
                         self.current = current;
-                        self.unpublished = None;
+                        self.publisher.touched_all();
                     }
                     Err(e) => {
                         warn!(error = %e, "reading systemd state failed");
@@ -377,14 +336,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 .set_restarted_of(names, |n| ledger.get(n).map(|e| e.restart)),
             None => self.current.set_restarted(ledger.restarts_in_order()),
         };
-        self.mark_unpublished(restarted);
-    }
-
-    /// Notes units whose state to publish changed outside a read of them.
-    fn mark_unpublished(&mut self, names: impl IntoIterator<Item = UnitName>) {
-        if let Some(unpublished) = &mut self.unpublished {
-            unpublished.extend(names);
-        }
+        self.publisher.touched(restarted);
     }
 
     /// Plans and executes until nothing is left to do (bounded), then publishes states.
@@ -421,11 +373,11 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
             unfinished = outcome.touched;
         }
-        self.publish_complete = self.publish().await;
+        self.publish().await;
         if details_due {
             self.current.read_details(&self.manager).await;
-            self.unpublished = None;
-            self.publish_complete = self.publish().await;
+            self.publisher.touched_all();
+            self.publish().await;
         }
         match scope {
             Some(names) => self.unit_counts.count_of(&self.current.units, names),
@@ -436,29 +388,37 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         unfinished
     }
 
-    #[allow(
-        clippy::too_many_lines,
-        reason = "one pass in the order it runs: desired, current, plan, execute, record; issue 39 item 1 splits it"
-    )]
+    /// Publishes the states the pass recorded, on this machine's presence as it is now.
+    async fn publish(&mut self) {
+        let presence = *self.presence.borrow();
+        self.publisher.publish(presence, &self.current).await;
+    }
+
+    /// One round of a pass, as fleet's reconciler reads: desired, current, plan, execute.
     async fn plan_and_execute(&mut self, scope: Option<&BTreeSet<UnitName>>) -> PassOutcome {
         let now = Instant::now();
-        let in_doubt = self.doubt.in_doubt(now);
-        if in_doubt != self.held_in_doubt {
-            self.held_in_doubt = in_doubt;
-            if in_doubt {
-                warn!(
-                    "this machine's lease may have lapsed: acting on nothing until its schedule is read on a live lease"
-                );
-            } else {
-                info!("schedule read on a live lease; acting again");
-            }
-        }
-        let Some(schedule) = self.desired.as_ref().filter(|_| !in_doubt) else {
+        let Some(desired) = self.desired(scope, now).await else {
             return PassOutcome::default();
         };
+        let tasks = self.plan(&desired, scope, now);
+        if tasks.is_empty() {
+            return PassOutcome::default();
+        }
+        self.execute(&desired, tasks, now).await
+    }
+
+    /// What should run here, of the units of `scope` (`None`: every unit): the schedule, if it
+    /// may be acted on at `now`, with the units left alone this pass held (an operator's unit
+    /// of the same name, an alias the unit may not take).
+    async fn desired(
+        &mut self,
+        scope: Option<&BTreeSet<UnitName>>,
+        now: Instant,
+    ) -> Option<Desired> {
+        let (schedule, files) = self.schedule.trusted(now)?;
         let mut desired = match scope {
-            Some(names) => Desired::build_of(schedule, &self.files, names),
-            None => Desired::build(schedule, &self.files),
+            Some(names) => Desired::build_of(schedule, files, names),
+            None => Desired::build(schedule, files),
         };
         for name in self.foreign(&desired).await {
             desired.hold(name);
@@ -466,20 +426,19 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         for name in self.aliased(&desired).await {
             desired.hold(name);
         }
+        Some(desired)
+    }
+
+    /// The tasks that take what runs here to `desired`, for the units of `scope`, leaving the
+    /// units that wait (held this pass, or by [`Holds`]) as they are.
+    fn plan(
+        &mut self,
+        desired: &Desired,
+        scope: Option<&BTreeSet<UnitName>>,
+        now: Instant,
+    ) -> Vec<Task> {
         let mut waiting = desired.held.clone();
-        waiting.extend(
-            self.backoff
-                .iter()
-                .filter(|(_, b)| b.until > now)
-                .map(|(n, _)| n.clone()),
-        );
-        let units = &self.current.units;
-        waiting.extend(self.revivals.holding(now, |name| {
-            units
-                .get(name)
-                .and_then(|u| u.systemd.as_ref())
-                .is_some_and(|s| s.active_state() == ActiveState::Failed)
-        }));
+        waiting.extend(self.holds.waiting(now, &self.current.units));
         let (current, present) = (&self.current.units, &self.current.hashes);
         let (tasks, tracked) = match scope {
             Some(names) => (
@@ -493,15 +452,18 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         };
         // Units the ledger just met (adopted ones) carry its generation from now on.
         self.sync_restarted(Some(&tracked));
-        if tasks.is_empty() {
-            return PassOutcome::default();
-        }
+        tasks
+    }
+
+    /// Executes `tasks` and records what they came to: the metrics, the ledger, the holds.
+    async fn execute(&mut self, desired: &Desired, tasks: Vec<Task>, now: Instant) -> PassOutcome {
         let planned = tasks.clone();
         self.remember_running_versions(&tasks).await;
         let touched: BTreeSet<UnitName> = tasks.iter().map(|t| t.unit.clone()).collect();
         debug!(tasks = tasks.len(), "executing plan");
         let hashes = desired.hashes();
-        let outcome = executor::execute(&self.manager, tasks, &hashes, &self.files).await;
+        let files = self.schedule.files();
+        let outcome = executor::execute(&self.manager, tasks, &hashes, files).await;
         // The executor skips a reload that nothing needs.
         let reloaded = outcome
             .results
@@ -512,20 +474,8 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         }
         self.ledger
             .record_started(&desired.units, &planned, &outcome);
-        for unit in touched.iter().cloned() {
-            match outcome.failed.get(&unit) {
-                Some(_) => self.fail(unit, now),
-                None => {
-                    self.backoff.remove(&unit);
-                }
-            }
-        }
-        for task in planned.iter().filter(|t| revivals::is_revival(t)) {
-            if !outcome.failed.contains_key(&task.unit) {
-                let wait = self.revivals.restarted(&task.unit, now);
-                debug!(unit = %task.unit, next_restart_after = ?wait, "restarted a failed unit");
-            }
-        }
+        self.holds
+            .record(&planned, |unit| outcome.failed.contains_key(unit), now);
         PassOutcome {
             outcome,
             reloaded,
@@ -538,8 +488,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     /// A unit whose source cannot be read is held too, this pass: fail closed.
     async fn foreign(&mut self, desired: &Desired) -> Vec<UnitName> {
         let mut foreign = Vec::new();
-        // One call per unit without a file of ours: asked 32 at a time, not one after
-        // another (a pass with 3,000 new units made 3,000 serial round trips to systemd).
+        // One call per unit without a file of ours, a few at a time.
         let manager = &self.manager;
         let sources: Vec<(UnitName, Result<UnitSource, _>)> =
             futures::stream::iter(desired.unowned(&self.current.units))
@@ -547,14 +496,14 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     let source = manager.source(&name).await;
                     (name, source)
                 })
-                .buffered(FILE_FETCHES)
+                .buffered(SOURCE_READS)
                 .collect()
                 .await;
         for (name, source) in sources {
             match source {
                 Ok(UnitSource::NoFile | UnitSource::UnitsDir) => continue,
                 Ok(UnitSource::Foreign { fragment }) => {
-                    if self.denied.insert(name.clone()) {
+                    if self.foreign.insert(name.clone()) {
                         warn!(unit = %name, fragment = %fragment.display(), "refusing to manage unit: a unit file of that name outside the units directory is not fleet's");
                     }
                 }

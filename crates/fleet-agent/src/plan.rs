@@ -116,7 +116,7 @@ pub enum Reason {
     NotLinked,
     /// systemd runs the unit although no file of ours defines it (its load state is
     /// `not-found`, or the unit comes from elsewhere): what runs is unknown, so restart it.
-    RunningWithoutOurFile { active: String },
+    RunningWithoutOurFile { active: ActiveState },
     /// A file was written for a unit systemd has loaded from something else.
     UnitFileChanged,
     /// A file was removed for a unit systemd has loaded.
@@ -127,10 +127,10 @@ pub enum Reason {
     NotFoundBySystemd,
     /// The file was (re)loaded and the unit should run.
     LaunchAfterLoad,
-    /// Desired launched; systemd's ActiveState is `active`.
-    DesiredLaunched { active: String },
-    /// Desired loaded; systemd's ActiveState is `active`.
-    DesiredLoaded { active: String },
+    /// Desired launched; systemd's ActiveState, `active`, is not started.
+    DesiredLaunched { active: ActiveState },
+    /// Desired loaded; systemd's ActiveState, `active`, is started.
+    DesiredLoaded { active: ActiveState },
     /// A restart was asked for (`fleetctl restart`): generation `wanted`, done `done`.
     RestartRequested { done: u64, wanted: u64 },
     /// `--no-restart`: the file differs; swap it and reload, leave the process running.
@@ -243,29 +243,30 @@ fn plan_names<'a>(
 }
 
 /// The facts about one unit's current state the rules look at.
-struct View<'a> {
+struct View {
     file: UnitFileState,
-    active: &'a str,
-    running: bool,
+    active: ActiveState,
+    /// [`ActiveState::is_started`]: up or on its way up.
+    started: bool,
     /// systemd has a unit object with a definition, or a process, that the file on disk may
-    /// not match: `load != not-found`, or anything running.
+    /// not match: `load != not-found`, or anything started.
     holds: bool,
     not_found: bool,
     need_daemon_reload: bool,
     restarted: Option<u64>,
 }
 
-impl<'a> View<'a> {
-    fn of(current: Option<&'a CurrentUnit>) -> View<'a> {
+impl View {
+    fn of(current: Option<&CurrentUnit>) -> View {
         let systemd = current.and_then(|c| c.systemd.as_ref());
-        let active = systemd.map_or("inactive", |s| s.active.as_str());
-        let running = ActiveState::parse(active).is_running();
+        let active = systemd.map_or(ActiveState::Inactive, SystemdState::active_state);
+        let started = active.is_started();
         let not_found = systemd.is_none_or(|s| s.load_state() == LoadState::NotFound);
         View {
             file: current.map_or(UnitFileState::Absent, |c| c.file),
             active,
-            running,
-            holds: !not_found || running,
+            started,
+            holds: !not_found || started,
             not_found,
             need_daemon_reload: current.is_some_and(|c| c.need_daemon_reload),
             restarted: current.and_then(|c| c.restarted),
@@ -303,7 +304,7 @@ impl Plan {
         }
     }
 
-    fn undesired_unit(&mut self, name: &UnitName, view: &View<'_>) {
+    fn undesired_unit(&mut self, name: &UnitName, view: &View) {
         match view.file {
             // Not ours: fleet only removes what is in its units directory.
             UnitFileState::Absent => {}
@@ -316,13 +317,13 @@ impl Plan {
         }
     }
 
-    fn desired_unit(&mut self, name: &UnitName, want: &DesiredUnit, view: &View<'_>) {
+    fn desired_unit(&mut self, name: &UnitName, want: &DesiredUnit, view: &View) {
         match view.file {
             UnitFileState::Present { hash, linked } if hash == want.hash => {
                 self.same_file(name, want, view, linked);
             }
             UnitFileState::Present { hash, linked }
-                if want.no_restart && linked && view.running && !view.not_found =>
+                if want.no_restart && linked && view.started && !view.not_found =>
             {
                 // The new file goes in place and systemd reloads it; the running process is
                 // left alone and picks the new version up at its next restart.
@@ -341,8 +342,8 @@ impl Plan {
                 self.replace(name, want, view, reason);
             }
             UnitFileState::Unparseable => self.replace(name, want, view, Reason::FileUnparseable),
-            UnitFileState::Absent if view.running => {
-                let active = view.active.to_owned();
+            UnitFileState::Absent if view.started => {
+                let active = view.active.clone();
                 self.replace(name, want, view, Reason::RunningWithoutOurFile { active });
             }
             UnitFileState::Absent => {
@@ -358,7 +359,7 @@ impl Plan {
     }
 
     /// Stop what runs, swap the file, reload if systemd held the old definition, start again.
-    fn replace(&mut self, name: &UnitName, want: &DesiredUnit, view: &View<'_>, reason: Reason) {
+    fn replace(&mut self, name: &UnitName, want: &DesiredUnit, view: &View, reason: Reason) {
         self.push(TaskKind::Unload, name, reason.clone());
         self.push(TaskKind::Load, name, reason);
         if view.holds {
@@ -374,9 +375,9 @@ impl Plan {
         }
     }
 
-    fn same_file(&mut self, name: &UnitName, want: &DesiredUnit, view: &View<'_>, linked: bool) {
-        if view.not_found && view.running {
-            let active = view.active.to_owned();
+    fn same_file(&mut self, name: &UnitName, want: &DesiredUnit, view: &View, linked: bool) {
+        if view.not_found && view.started {
+            let active = view.active.clone();
             return self.replace(name, want, view, Reason::RunningWithoutOurFile { active });
         }
         if !linked {
@@ -392,13 +393,13 @@ impl Plan {
         } else if view.need_daemon_reload {
             self.need_reload(name, Reason::NeedDaemonReload);
         }
-        match (want.target, view.running) {
+        match (want.target, view.started) {
             (Target::Launched, false) => {
-                let active = view.active.to_owned();
+                let active = view.active.clone();
                 self.push(TaskKind::Start, name, Reason::DesiredLaunched { active });
             }
             (Target::Loaded, true) => {
-                let active = view.active.to_owned();
+                let active = view.active.clone();
                 self.push(TaskKind::Stop, name, Reason::DesiredLoaded { active });
             }
             (Target::Launched, true) => match view.restarted {

@@ -85,7 +85,7 @@ impl Revivals {
 pub fn is_revival(task: &Task) -> bool {
     task.kind == TaskKind::Start
         && matches!(&task.reason, Reason::DesiredLaunched { active }
-            if ActiveState::parse(active) == ActiveState::Failed)
+            if *active == ActiveState::Failed)
 }
 
 #[cfg(test)]
@@ -141,7 +141,7 @@ mod tests {
             kind,
             unit: name("a.service"),
             reason: Reason::DesiredLaunched {
-                active: active.to_owned(),
+                active: fleet_core::ActiveState::parse(active),
             },
         };
         assert!(is_revival(&task(TaskKind::Start, "failed")));

@@ -82,7 +82,7 @@ impl View {
             Some(Key::State { machine, unit }) => {
                 let active = value
                     .and_then(|v| serde_json::from_slice::<UnitStateRecord>(v).ok())
-                    .is_some_and(|r| r.systemd.active_state() == fleet_core::ActiveState::Active);
+                    .is_some_and(|r| r.systemd.active_state().satisfies_launched());
                 let (unit, machine) = (unit.to_string(), machine.to_string());
                 self.update(&unit.clone(), |v| {
                     let set = v.active.entry(unit).or_default();

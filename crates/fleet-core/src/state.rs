@@ -87,6 +87,19 @@ impl SystemdState {
 }
 
 /// systemd's ActiveState (systemd 262's set), with any other word kept as it came.
+///
+/// "Running" means three things, each its own predicate, and they differ:
+///
+/// | state                               | [`is_started`] | [`satisfies_launched`] | [`may_be_running`] |
+/// |-------------------------------------|----------------|------------------------|--------------------|
+/// | `active`                            | yes            | yes                    | yes                |
+/// | `activating` `reloading` `refreshing` | yes          | no                     | yes                |
+/// | `deactivating` `maintenance`, unknown | no           | no                     | yes                |
+/// | `inactive` `failed`                 | no             | no                     | no                 |
+///
+/// [`is_started`]: ActiveState::is_started
+/// [`satisfies_launched`]: ActiveState::satisfies_launched
+/// [`may_be_running`]: ActiveState::may_be_running
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ActiveState {
     Active,
@@ -131,9 +144,10 @@ impl ActiveState {
         }
     }
 
-    /// Whether the unit counts as launched: up, or on its way up. `deactivating` does not (on
-    /// its way down), nor does a word this code does not know.
-    pub fn is_running(&self) -> bool {
+    /// Whether the unit is started, as the agent's plan sees it: up, or on its way up, so a
+    /// start job would add nothing (and a unit desired loaded is stopped). `deactivating` is
+    /// not (on its way down), nor is a word this code does not know.
+    pub fn is_started(&self) -> bool {
         match self {
             Self::Active | Self::Activating | Self::Reloading | Self::Refreshing => true,
             Self::Inactive
@@ -144,8 +158,28 @@ impl ActiveState {
         }
     }
 
+    /// Whether the unit has reached what `launched` asks for: `active`, and nothing else.
+    /// What a wait for `launched` waits for (fleetctl's, the API's), what the engine counts as
+    /// a launched copy, and which units may run an older version of their file. Stricter than
+    /// [`is_started`](Self::is_started): a unit still `activating` has not got there.
+    pub fn satisfies_launched(&self) -> bool {
+        match self {
+            Self::Active => true,
+            Self::Reloading
+            | Self::Inactive
+            | Self::Failed
+            | Self::Activating
+            | Self::Deactivating
+            | Self::Maintenance
+            | Self::Refreshing
+            | Self::Unknown(_) => false,
+        }
+    }
+
     /// Whether processes of the unit may be alive: anything but `inactive` and `failed`, so
-    /// that a word this code does not know errs on the side of waiting.
+    /// that a word this code does not know errs on the side of waiting. What counts as a copy
+    /// left behind on a machine (the engine's history, the fence), and what a wait for
+    /// `loaded` waits to see go.
     pub fn may_be_running(&self) -> bool {
         match self {
             Self::Inactive | Self::Failed => false,
@@ -229,6 +263,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_three_meanings_of_running_differ_as_their_table_says() {
+        let table = [
+            ("active", true, true, true),
+            ("activating", true, false, true),
+            ("reloading", true, false, true),
+            ("refreshing", true, false, true),
+            ("deactivating", false, false, true),
+            ("maintenance", false, false, true),
+            ("hibernating", false, false, true),
+            ("inactive", false, false, false),
+            ("failed", false, false, false),
+        ];
+        for (word, started, launched, may_run) in table {
+            let state = ActiveState::parse(word);
+            assert_eq!(state.is_started(), started, "{word} is_started");
+            assert_eq!(
+                state.satisfies_launched(),
+                launched,
+                "{word} satisfies_launched"
+            );
+            assert_eq!(state.may_be_running(), may_run, "{word} may_be_running");
+        }
+    }
+
+    #[test]
     fn active_states_round_trip_through_systemds_words_and_keep_unknown_ones() {
         for word in [
             "active",
@@ -266,8 +325,8 @@ mod tests {
     }
 
     #[test]
-    fn a_unit_on_its_way_up_counts_as_running_one_on_its_way_down_does_not() {
-        let running: Vec<&str> = [
+    fn a_unit_on_its_way_up_counts_as_started_one_on_its_way_down_does_not() {
+        let started: Vec<&str> = [
             "active",
             "reloading",
             "inactive",
@@ -279,9 +338,9 @@ mod tests {
             "hibernating",
         ]
         .into_iter()
-        .filter(|w| ActiveState::parse(w).is_running())
+        .filter(|w| ActiveState::parse(w).is_started())
         .collect();
-        assert_eq!(running, ["active", "reloading", "activating", "refreshing"]);
+        assert_eq!(started, ["active", "reloading", "activating", "refreshing"]);
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind, StrayScheduleKey};
 pub use kv::MAX_TXN_OPS;
 pub use leader::{EngineRole, EngineWrite, Fence, LeaderKey, Leadership};
 pub use live::{LiveView, Touched};
-pub use machine::{MachineRole, Presence, ScheduleChange};
+pub use machine::{Batch, MachineRole, Presence, ScheduleChange};
 pub use metadata::{
     DynamicMetadata, MAX_METADATA_VALUE_BYTES, MetadataChange, MetadataKey, MetadataKeyError,
     apply_dynamic,

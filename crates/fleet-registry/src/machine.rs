@@ -20,6 +20,9 @@ use crate::records::{ScheduleEntry, UnitStateRecord};
 use crate::registry::{Registry, delete, encode};
 use crate::watch::WatchHints;
 
+mod batch;
+pub use batch::Batch;
+
 /// A machine's presence: the lease its record and published states hang on. Only
 /// [`MachineRole::register`] makes one, so a state can be published only on a lease the
 /// machine's own record was registered on.
@@ -120,7 +123,7 @@ impl<K: Kv> MachineRole<K> {
     }
 
     /// The files of `hashes`, at most [`MAX_TXN_OPS`], in one request (see
-    /// [`Registry::files_named`]).
+    /// [`Registry::files_named`]). Any number: [`files_batched`](Self::files_batched).
     pub async fn files(
         &self,
         hashes: &[UnitHash],
@@ -293,10 +296,10 @@ impl<K: Kv> MachineRole<K> {
         Ok(deleted)
     }
 
-    /// Withdraws the state of `name` on this machine (only this machine's entry).
     /// Publishes `states` (at most [`MAX_TXN_OPS`], all of this machine) in one transaction
     /// on the presence's lease: with 100,000 units on 5,000 machines, one transaction per
-    /// state was most of etcd's requests (docs/benchmarks.md, "Scale II").
+    /// state was most of etcd's requests (docs/benchmarks.md, "Scale II"). Any number:
+    /// [`publish_batch`](Self::publish_batch).
     pub async fn publish_states(
         &self,
         presence: &Presence,
@@ -326,7 +329,8 @@ impl<K: Kv> MachineRole<K> {
         Ok(())
     }
 
-    /// Withdraws the states of `names` (at most [`MAX_TXN_OPS`]) in one transaction.
+    /// Withdraws the states of `names` (at most [`MAX_TXN_OPS`]) in one transaction. Any
+    /// number: [`withdraw_batch`](Self::withdraw_batch).
     pub async fn remove_states(&self, names: &[UnitName]) -> Result<()> {
         if names.len() > MAX_TXN_OPS {
             return Err(RegistryError::TooManyChanges {
@@ -346,6 +350,7 @@ impl<K: Kv> MachineRole<K> {
         Ok(())
     }
 
+    /// Withdraws the state of `name` on this machine (only this machine's entry).
     pub async fn remove_state(&self, name: &UnitName) -> Result<()> {
         self.remove_states(std::slice::from_ref(name)).await
     }

@@ -71,7 +71,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         let mut held = Vec::new();
         let mut unchecked = Vec::new();
         for (name, unit) in &desired.units {
-            let Some(words) = self.files.get(&unit.hash).map(aliases) else {
+            let Some(words) = self.schedule.files().get(&unit.hash).map(aliases) else {
                 continue;
             };
             match self.alias_verdicts.get(name) {

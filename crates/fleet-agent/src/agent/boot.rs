@@ -1,10 +1,11 @@
 //! The agent's boot: systemd's state of the units directory, then this machine's schedule,
 //! each retried until it answers, and what will be kept, replaced or removed logged before
 //! anything is touched. Adopts the states a previous fleetd published under the resumed
-//! lease. Plans and executes nothing: the loop does, once boot has returned.
+//! lease, and deletes its old-layout ones. Plans and executes nothing: the loop does, once
+//! boot has returned.
 
 use fleet_core::{Backoff, UnitName};
-use fleet_registry::kv::{Kv, Revision};
+use fleet_registry::kv::Kv;
 use std::collections::{BTreeMap, BTreeSet};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -17,7 +18,7 @@ use crate::plan::UnitFileState;
 impl<K: Kv, M: UnitManager> Agent<K, M> {
     /// Builds the current state from systemd and reads the schedule (retrying until it can),
     /// logging what will be kept, replaced or removed. `None` on shutdown.
-    pub(super) async fn boot(&mut self, shutdown: &mut watch::Receiver<bool>) -> Option<Revision> {
+    pub(super) async fn boot(&mut self, shutdown: &mut watch::Receiver<bool>) -> Option<()> {
         let mut backoff = self.reconnect_backoff();
         loop {
             match Current::read(&self.manager, &BTreeSet::new(), &BTreeMap::new()).await {
@@ -38,10 +39,10 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             "preloaded units directory"
         );
         let mut backoff = self.reconnect_backoff();
-        let revision = loop {
-            match self.read_schedule().await {
-                Ok(rev) => match self.read_unfiled().await {
-                    Ok(()) => break rev,
+        loop {
+            match self.schedule.read().await {
+                Ok(()) => match self.read_unfiled().await {
+                    Ok(()) => break,
                     Err(e) => warn!(error = %e, "reading systemd state at boot failed; retrying"),
                 },
                 // Fail closed: nothing is removed until we know what should run here.
@@ -50,80 +51,39 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             if wait_or_shutdown(shutdown, &mut backoff).await {
                 return None;
             }
-        };
+        }
         self.log_boot_decisions();
-        self.adopt_published_states().await;
-        self.remove_legacy_states().await;
-        Some(revision)
+        let presence = *self.presence.borrow();
+        if let Some(presence) = presence {
+            self.publisher.adopt(presence).await;
+        }
+        let presence = *self.presence.borrow();
+        if let Some(presence) = presence {
+            self.publisher
+                .remove_legacy(presence, &self.known_units())
+                .await;
+        }
+        Some(())
     }
 
-    /// After an upgrade in place, the resumed lease still carries the previous fleetd's
-    /// old-layout state keys (`P/state/<unit>/<M>`), which nothing reads any more: delete
-    /// those of the units this machine knows (its schedule, its units directory, systemd's).
-    /// Best effort: a refusal (etcd auth enabled before the upgrade) leaves them to the lease.
-    async fn remove_legacy_states(&self) {
-        let Some(presence) = *self.presence.borrow() else {
-            return;
-        };
-        if !presence.resumed() {
-            return;
-        }
-        let names: Vec<UnitName> = self
-            .desired
-            .iter()
-            .flat_map(|d| d.keys())
-            .chain(self.current.units.keys())
-            .cloned()
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        match self.registry.remove_legacy_states(&names).await {
-            Ok(0) => {}
-            Ok(deleted) => info!(
-                deleted,
-                "deleted old-layout unit states of the resumed lease"
-            ),
-            Err(e) => {
-                info!(error = %e, "old-layout unit states not deleted; they go with the lease")
-            }
-        }
+    /// The units this machine knows: its schedule's, its units directory's, systemd's.
+    fn known_units(&self) -> Vec<UnitName> {
+        let mut names = self.schedule.scheduled();
+        names.extend(self.current.units.keys().cloned());
+        names.into_iter().collect()
     }
 
     /// systemd's state of the scheduled units without a file here, which the preload could
     /// not know to ask about.
     async fn read_unfiled(&mut self) -> Result<(), crate::manager::ManagerError> {
-        let names: BTreeSet<UnitName> = self
-            .desired
-            .as_ref()
-            .map(|d| d.keys().cloned().collect())
-            .unwrap_or_default();
+        let names = self.schedule.scheduled();
         self.current.read_unfiled(&self.manager, &names).await?;
         self.current.set_restarted(self.ledger.restarts_in_order());
         Ok(())
     }
 
-    /// States a previous fleetd published under the lease we resumed are ours now: knowing
-    /// them, the first publish withdraws those of units that are gone and skips unchanged ones.
-    async fn adopt_published_states(&mut self) {
-        let Some(presence) = *self.presence.borrow() else {
-            return;
-        };
-        match self.registry.published_states().await {
-            Ok(states) => {
-                self.published = states
-                    .items
-                    .into_iter()
-                    .filter(|s| s.machine == self.cfg.machine)
-                    .map(|s| (s.name.clone(), s))
-                    .collect();
-                self.published_lease = Some(presence.lease());
-            }
-            Err(e) => warn!(error = %e, "reading previously published states failed"),
-        }
-    }
-
     fn log_boot_decisions(&self) {
-        let desired = self.desired.as_ref().expect("read at boot");
+        let desired = self.schedule.schedule().expect("read at boot");
         for (name, unit) in &self.current.units {
             let state = unit
                 .systemd

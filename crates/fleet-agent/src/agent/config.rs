@@ -1,7 +1,8 @@
 //! What the agent is given ([`AgentConfig`]) and what it reports of itself ([`Progress`]).
-//! Plain data: the agent reads the one and publishes the other on a watch channel.
+//! Plain data: the agent reads the one and publishes the other on a watch channel; and the
+//! one rule on it, which units the agent refuses whatever the schedule says ([`is_denied`]).
 
-use fleet_core::MachineId;
+use fleet_core::{MachineId, UnitName, glob_match};
 use std::time::Duration;
 
 /// How the agent behaves.
@@ -43,4 +44,12 @@ pub struct Progress {
     pub units: usize,
     /// Units whose last task failed, waiting for their retry.
     pub failing: usize,
+}
+
+/// A unit of `deny_units`, or one named like the fence's own units, which fleetd stops and
+/// replaces by name (`systemd::fence::FENCE_PREFIX`), whatever the configuration.
+pub(super) fn is_denied(deny_units: &[String], name: &UnitName) -> bool {
+    name.as_str()
+        .starts_with(crate::systemd::fence::FENCE_PREFIX)
+        || deny_units.iter().any(|g| glob_match(g, name.as_str()))
 }

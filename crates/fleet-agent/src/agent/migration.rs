@@ -14,7 +14,7 @@ use crate::manager::UnitManager;
 impl<K: Kv, M: UnitManager> Agent<K, M> {
     /// Deletes this machine's migration mark, if there is one.
     pub(super) async fn end_migration(&self) {
-        match self.registry.end_migration().await {
+        match self.schedule.end_migration().await {
             Ok(true) => info!("took over the units imported from fleet; migration mark deleted"),
             Ok(false) => {}
             Err(e) => warn!(

@@ -2,7 +2,7 @@
 //! (`--no-restart`), which version and which invocation run, until systemd restarts it.
 //! Reads systemd's invocation ids and the ledger; stops, starts and restarts nothing.
 
-use fleet_core::{ActiveState, UnitName};
+use fleet_core::UnitName;
 use fleet_registry::kv::Kv;
 use std::collections::BTreeSet;
 use tracing::warn;
@@ -49,7 +49,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 .units
                 .get(&name)
                 .and_then(|u| u.systemd.as_ref())
-                .is_some_and(|s| s.active_state() == ActiveState::Active);
+                .is_some_and(|s| s.active_state().satisfies_launched());
             let now = match self.manager.details(&name).await {
                 Ok(d) => d.invocation_id,
                 Err(_) => continue,
@@ -67,6 +67,6 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             .cloned()
             .collect();
         self.current.restart_pending = pending;
-        self.mark_unpublished(changed);
+        self.publisher.touched(changed);
     }
 }

@@ -82,7 +82,7 @@ async fn restarting_a_unit_that_died_warns_once_with_why_it_died() {
         kind: TaskKind::Start,
         unit: unit.clone(),
         reason: Reason::DesiredLaunched {
-            active: "failed".to_owned(),
+            active: fleet_core::ActiveState::parse("failed"),
         },
     };
     let lines = Lines::default();
@@ -264,7 +264,7 @@ async fn stops_of_many_units_are_issued_without_awaiting_each_other() {
         let reason = match kind {
             TaskKind::Unload => Reason::NotScheduledHere,
             _ => Reason::DesiredLoaded {
-                active: "active".into(),
+                active: fleet_core::ActiveState::parse("active"),
             },
         };
         let tasks = units

@@ -31,7 +31,7 @@ pub(super) struct Record {
 
 impl Record {
     pub(super) fn running(&self) -> bool {
-        self.active_state().is_running()
+        self.active_state().is_started()
     }
 
     pub(super) fn active_state(&self) -> ActiveState {

@@ -239,7 +239,7 @@ fn starts_stopped_unit_desired_launched() {
             Some(current(linked(1), state("loaded", active))),
         );
         let reason = Reason::DesiredLaunched {
-            active: active.to_owned(),
+            active: fleet_core::ActiveState::parse(active),
         };
         assert_eq!(tasks, vec![(Start, reason)]);
     }
@@ -252,7 +252,7 @@ fn stops_running_unit_desired_loaded() {
         Some(current(linked(1), state("loaded", "active"))),
     );
     let reason = Reason::DesiredLoaded {
-        active: "active".to_owned(),
+        active: fleet_core::ActiveState::parse("active"),
     };
     assert_eq!(tasks, vec![(Stop, reason)]);
 }
@@ -302,7 +302,7 @@ fn reloads_linked_file_that_systemd_reports_not_found() {
         Some(current(linked(1), state("not-found", "inactive"))),
     );
     let start = Reason::DesiredLaunched {
-        active: "inactive".to_owned(),
+        active: fleet_core::ActiveState::parse("inactive"),
     };
     assert_eq!(
         tasks,
@@ -313,7 +313,7 @@ fn reloads_linked_file_that_systemd_reports_not_found() {
 #[test]
 fn restarts_unit_systemd_runs_without_our_file() {
     let running = Reason::RunningWithoutOurFile {
-        active: "active".to_owned(),
+        active: fleet_core::ActiveState::parse("active"),
     };
     let tasks = plan_one(
         Some(want(1, Target::Launched)),
@@ -414,7 +414,7 @@ fn reasons_read_like_fleets_log_lines() {
         "{text}"
     );
     let launched = Reason::DesiredLaunched {
-        active: "failed".to_owned(),
+        active: fleet_core::ActiveState::parse("failed"),
     };
     assert_eq!(
         launched.to_string(),

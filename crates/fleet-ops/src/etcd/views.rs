@@ -2,7 +2,7 @@
 //! definition of a unit's current state, its machines and its restart generation, used by
 //! every listing, by `GET /units` and by waits.
 
-use fleet_core::{ActiveState, DesiredState, Requirements, UnitFile, UnitHash, UnitName};
+use fleet_core::{DesiredState, Requirements, UnitFile, UnitHash, UnitName};
 use fleet_registry::{Snapshot, Unit, UnitStateRecord};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -39,7 +39,7 @@ pub fn current_state(snap: &Snapshot, name: &UnitName) -> DesiredState {
             continue;
         };
         let here = if entry.desired == DesiredState::Launched
-            && state.systemd.active_state() == ActiveState::Active
+            && state.systemd.active_state().satisfies_launched()
         {
             DesiredState::Launched
         } else {

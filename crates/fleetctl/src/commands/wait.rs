@@ -125,7 +125,7 @@ fn judge(snap: &WaitView, name: &UnitName, goal: Goal, full: bool) -> Verdict {
     }
     let active = ActiveState::parse(&state.active);
     match goal {
-        Goal::Launched if active == ActiveState::Active => {
+        Goal::Launched if active.satisfies_launched() => {
             Verdict::Reached(format!("Unit {name} launched on {legend}"))
         }
         Goal::Launched if active == ActiveState::Failed => Verdict::Failed(format!(

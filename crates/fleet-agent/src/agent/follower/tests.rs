@@ -1,0 +1,165 @@
+//! The schedule follower on the in-memory registry, on paused time.
+
+use super::*;
+use fleet_core::{DesiredState, MachineId};
+use fleet_registry::kv::MemKv;
+use fleet_registry::{Registry, UnitsRole};
+
+fn m1() -> MachineId {
+    "m1".parse().unwrap()
+}
+
+fn name(s: &str) -> UnitName {
+    s.parse().unwrap()
+}
+
+fn file(exec: &str) -> UnitFile {
+    UnitFile::parse(format!("[Service]\nExecStart={exec}\n").as_bytes()).unwrap()
+}
+
+struct World {
+    registry: Registry<MemKv>,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            registry: Registry::new(MemKv::new(), "/t/"),
+        }
+    }
+
+    fn follower(&self, deny_units: &[&str]) -> ScheduleFollower<MemKv> {
+        let role = MachineRole::new(self.registry.clone(), m1());
+        ScheduleFollower::new(role, deny_units.iter().map(|g| (*g).to_owned()).collect())
+    }
+
+    /// Puts `unit` with `f` in the registry and schedules it here.
+    async fn schedule(&self, unit: &str, f: &UnitFile) {
+        UnitsRole::new(self.registry.clone())
+            .create_unit(&name(unit), f, DesiredState::Launched)
+            .await
+            .unwrap();
+        let entry = ScheduleEntry {
+            name: name(unit),
+            machine: m1(),
+            hash: f.hash(),
+            desired: DesiredState::Launched,
+            restart: 0,
+            no_restart: false,
+            placement: 0,
+        };
+        self.registry.write_schedule(&[entry], &[]).await.unwrap();
+    }
+
+    async fn unschedule(&self, unit: &str) {
+        self.registry
+            .write_schedule(&[], &[(m1(), name(unit))])
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn there_is_no_schedule_to_act_on_until_it_is_read_once() {
+    let world = World::new();
+    world.schedule("a.service", &file("/bin/a")).await;
+    let mut follower = world.follower(&[]);
+    assert!(follower.trusted(Instant::now()).is_none());
+    assert!(follower.scheduled().is_empty());
+    follower.read().await.unwrap();
+    let (schedule, files) = follower.trusted(Instant::now()).expect("read");
+    assert!(schedule.contains_key(&name("a.service")));
+    assert!(files.contains_key(&file("/bin/a").hash()));
+    assert!(
+        follower.take_changed().is_empty(),
+        "the first read is no change"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_watchs_events_are_applied_and_name_the_units_that_changed() {
+    let world = World::new();
+    world.schedule("a.service", &file("/bin/a")).await;
+    let mut follower = world.follower(&[]);
+    follower.read().await.unwrap();
+    follower.watch();
+    world.schedule("b.service", &file("/bin/b")).await;
+    world.unschedule("a.service").await;
+    let mut changed = BTreeSet::new();
+    while changed.len() < 2 {
+        follower.hinted().await.expect("the watch runs");
+        let delta = follower.take_delta();
+        match follower.follow(delta).await.unwrap() {
+            Followed::Units(units) => changed.extend(units),
+            Followed::Whole => panic!("the events were all there"),
+        }
+    }
+    assert_eq!(
+        changed,
+        BTreeSet::from([name("a.service"), name("b.service")])
+    );
+    assert_eq!(follower.take_changed(), changed);
+    assert_eq!(follower.scheduled(), BTreeSet::from([name("b.service")]));
+    assert!(follower.files().contains_key(&file("/bin/b").hash()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_lease_change_the_next_change_reads_the_whole_schedule() {
+    let world = World::new();
+    let mut follower = world.follower(&[]);
+    follower.read().await.unwrap();
+    follower.watch();
+    world.schedule("a.service", &file("/bin/a")).await;
+    follower.hinted().await.expect("the watch runs");
+    follower.distrust_events();
+    let delta = follower.take_delta();
+    assert!(matches!(delta, Delta::Events(_)));
+    assert_eq!(follower.follow(delta).await.unwrap(), Followed::Whole);
+    assert_eq!(follower.take_changed(), BTreeSet::from([name("a.service")]));
+    // Trusted again: the next events are applied.
+    world.unschedule("a.service").await;
+    follower.hinted().await.expect("the watch runs");
+    let delta = follower.take_delta();
+    let followed = follower.follow(delta).await.unwrap();
+    assert_eq!(
+        followed,
+        Followed::Units(BTreeSet::from([name("a.service")]))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_whole_read_names_the_entries_that_differ_from_the_schedule_held() {
+    let world = World::new();
+    world.schedule("a.service", &file("/bin/a")).await;
+    world.schedule("b.service", &file("/bin/b")).await;
+    let mut follower = world.follower(&[]);
+    follower.read().await.unwrap();
+    world.schedule("a.service", &file("/bin/a2")).await;
+    world.unschedule("b.service").await;
+    world.schedule("c.service", &file("/bin/c")).await;
+    assert_eq!(follower.follow(Delta::Gap).await.unwrap(), Followed::Whole);
+    assert_eq!(
+        follower.take_changed(),
+        BTreeSet::from([name("a.service"), name("b.service"), name("c.service")])
+    );
+    assert!(
+        !follower.files().contains_key(&file("/bin/b").hash()),
+        "a file no entry names is dropped"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_unit_of_deny_units_is_never_in_the_schedule_held() {
+    let world = World::new();
+    world.schedule("sshd.service", &file("/bin/sshd")).await;
+    world.schedule("web.service", &file("/bin/web")).await;
+    let mut follower = world.follower(&["ssh*"]);
+    follower.read().await.unwrap();
+    assert_eq!(follower.scheduled(), BTreeSet::from([name("web.service")]));
+    follower.watch();
+    world.schedule("sshd.service", &file("/bin/sshd2")).await;
+    follower.hinted().await.expect("the watch runs");
+    let delta = follower.take_delta();
+    follower.follow(delta).await.unwrap();
+    assert!(!follower.is_scheduled(&name("sshd.service")));
+}
