@@ -12,7 +12,7 @@ use fleet_ops::{Cluster, Expect, PutOutcome, PutRequest, ReplaceHow, UnitStatus,
 use fleet_registry::input::shorten;
 use std::collections::{BTreeMap, BTreeSet};
 
-pub use fleet_ops::plan::{Action, Prepared};
+pub use crate::plan::{Action, Prepared};
 
 use super::Ctx;
 use crate::local::{local_path, local_template_path, peek_unit_file, read_unit_file};

@@ -8,9 +8,9 @@
 //! agent publishes at the end of its pass. A machine vanishes (its lease expires, its states
 //! go with it) with copies running or stopping there; its fence stops them at the latest its
 //! contract allows, `fleet_core::fence::MARGIN` after the engine saw it vanish; it may come
-//! back. The leader asks the disruption rule before each plan
-//! ([`Disruption::assess`], with the simulated clock), as `engine/leading.rs` does, and a new
-//! leader may take over at any round, knowing only the registry. One machine may lie: it
+//! back. The leader asks the disruption rule before each plan ([`Disruption::assess`], with
+//! the simulated clock), as fleet-engine's `engine/leading.rs` does, and a new leader may
+//! take over at any round, knowing only the registry. One machine may lie: it
 //! publishes `active` for every unit it runs no copy of.
 //!
 //! The one pair of copies the check excuses is the documented limit of docs/engine.md
