@@ -51,7 +51,7 @@ const TTL: Duration = Duration::from_secs(6);
 /// How long etcd stays frozen: 3 x TTL + 5 s, so that every machine's lease runs out at the
 /// thaw, all together. The fleetds live on and keep their fences pushed (a fleetd that cannot
 /// reach etcd does not fence itself), and the engine holds the units of machines that vanish
-/// together (`crates/fleet-engine/src/disruption.rs`) until they register again: nothing may
+/// together (`crates/fleet-scheduler/src/disruption.rs`) until they register again: nothing may
 /// stop, move or restart.
 const FREEZE: Duration = Duration::from_secs(3 * TTL.as_secs() + 5);
 /// How long a stopped or hung fleetd stays away: at least twice the TTL, so that its fence

@@ -14,7 +14,7 @@
 //! This module must not touch the registry or parse certificates' signatures: the TLS
 //! handshake has already verified the chain; only the subject is read here.
 
-use fleet_ops::wire::{self, Op};
+use fleet_api_wire::wire::{self, Op};
 use http::Method;
 use percent_encoding::percent_decode_str;
 use std::collections::BTreeMap;

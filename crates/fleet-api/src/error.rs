@@ -2,9 +2,9 @@
 //! one. The response is always fleet's error entity with a JSON content type.
 
 use axum::response::{IntoResponse, Response};
+use fleet_api_wire::convert::reason_of;
 use fleet_core::{MachineId, NameError, ParseError, RequirementError, StateError, UnitName};
 use fleet_ops::OpsError;
-use fleet_ops::convert::reason_of;
 use fleet_registry::RegistryError;
 use fleet_registry::kv::KvError;
 use http::{HeaderValue, StatusCode, header};
@@ -67,7 +67,7 @@ pub enum ApiError {
     BadRequirements(#[from] RequirementError),
     #[error("must provide DesiredState to update existing unit")]
     NoDesiredState,
-    /// An extension's `op` that is not one ([`fleet_ops::wire::Op`]).
+    /// An extension's `op` that is not one ([`fleet_api_wire::wire::Op`]).
     #[error("unknown op {0:?}")]
     UnknownOp(String),
     #[error("op {0} takes no options")]
@@ -90,7 +90,7 @@ pub enum ApiError {
     BadWithin(String),
     #[error("expect must be absent or a unit file hash, got {0:?}")]
     BadExpect(String),
-    /// A `POST /units` of more units than [`fleet_ops::wire::MAX_CREATES`].
+    /// A `POST /units` of more units than [`fleet_api_wire::wire::MAX_CREATES`].
     #[error("a request creates at most {max} units, got {got}")]
     TooManyCreates { got: usize, max: usize },
     /// A `POST /units` naming a unit twice, or a unit with no name.
@@ -110,7 +110,7 @@ pub enum ApiError {
     BadLines(String),
     #[error("follow must be true or false, got {0:?}")]
     BadFollow(String),
-    #[error("output must be one of {modes}, got {0:?}", modes = fleet_ops::wire::JOURNAL_OUTPUTS.join(", "))]
+    #[error("output must be one of {modes}, got {0:?}", modes = fleet_api_wire::wire::JOURNAL_OUTPUTS.join(", "))]
     BadOutput(String),
     /// The unit is fleet's but placed nowhere: no machine has its status or journal.
     #[error("unit {0} is not scheduled anywhere")]

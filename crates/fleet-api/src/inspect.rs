@@ -42,7 +42,7 @@ pub struct JournalRequest {
     pub lines: u32,
     /// `--follow`: keep streaming until the client goes away.
     pub follow: bool,
-    /// `--output`, one of [`fleet_ops::wire::JOURNAL_OUTPUTS`].
+    /// `--output`, one of [`fleet_api_wire::wire::JOURNAL_OUTPUTS`].
     pub output: &'static str,
 }
 

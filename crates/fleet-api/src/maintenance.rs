@@ -6,8 +6,8 @@
 //! - `GET /explain/<unit>`: why the unit is where it is, or nowhere.
 
 use axum::response::Response;
+use fleet_api_wire::wire::{self, DrainList, Undrained};
 use fleet_core::{MachineId, UnitName};
-use fleet_ops::wire::{self, DrainList, Undrained};
 use fleet_ops::{Cluster, RegistryCluster};
 use fleet_registry::kv::Kv;
 use http::{Method, StatusCode};

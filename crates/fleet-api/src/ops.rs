@@ -1,9 +1,12 @@
 //! What the handlers check on the wire before they call [`fleet_ops::Cluster`]: a unit's
-//! options as a unit file, and a metadata patch as changes. What a request does to the
-//! registry is decided by fleet-ops (`RegistryCluster`), the same code fleetctl's etcd driver
-//! runs, so the two can never disagree. Nothing here knows HTTP beyond the entities.
+//! options as a unit file, and a metadata patch as changes. Options become a file as
+//! fleetctl's API driver reads them (fleet-api-wire's `options_from_wire`), and the file's
+//! `[X-Fleet]` rules are checked by fleet-ops' `check_requirements`, as on every write path.
+//! What a request does to the registry is decided by fleet-ops (`RegistryCluster`), the same
+//! code fleetctl's etcd driver runs, so the two can never disagree. Nothing here knows HTTP
+//! beyond the entities.
 
-use fleet_core::{Requirements, UnitFile, UnitName, UnitOption};
+use fleet_core::{UnitFile, UnitName, UnitOption};
 use fleet_registry::MetadataChange;
 
 use crate::entity;
@@ -13,16 +16,7 @@ use crate::error::ApiError;
 /// would read must parse back to the same options (no newline smuggled into a value, no line
 /// over systemd's limit, not too big), and the `[X-Fleet]` requirements must be possible.
 pub fn unit_file(name: &UnitName, options: &[entity::UnitOption]) -> Result<UnitFile, ApiError> {
-    let file = UnitFile::from_options(
-        options
-            .iter()
-            .map(|o| UnitOption {
-                section: o.section.clone(),
-                name: o.name.clone(),
-                value: o.value.clone(),
-            })
-            .collect(),
-    );
+    let file = fleet_api_wire::convert::options_from_wire(options);
     if let Some(bad) = file.options().iter().find(|o| !representable(o)) {
         return Err(ApiError::OptionNotRepresentable(format!(
             "{}.{}",
@@ -35,8 +29,7 @@ pub fn unit_file(name: &UnitName, options: &[entity::UnitOption]) -> Result<Unit
         // Whatever else the text does not keep (trailing blanks a parser trims, a final `\`).
         return Err(ApiError::OptionsChangeWhenWritten);
     }
-    Requirements::from_unit(name, &file).validate()?;
-    fleet_core::xfleet::check_values(name, &file)?;
+    fleet_ops::decide::check_requirements(name, &file)?;
     Ok(file)
 }
 

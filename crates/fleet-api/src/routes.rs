@@ -12,9 +12,9 @@ use percent_encoding::percent_decode_str;
 use std::sync::Arc;
 use tracing::{debug, info, warn};
 
+use fleet_api_wire::convert;
+use fleet_api_wire::wire;
 use fleet_core::UnitName;
-use fleet_ops::convert;
-use fleet_ops::wire;
 use fleet_ops::{Cluster, RegistryCluster, StateFilter, UnitsCursor};
 use fleet_registry::Registry;
 use fleet_registry::kv::Kv;

@@ -2,7 +2,7 @@
 //! as read, and what a replace records. The etcd side reads, calls these, and writes
 //! conditionally; nothing here does I/O.
 
-use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitName};
+use fleet_core::{DesiredState, MachineId, RequirementError, Requirements, UnitFile, UnitName};
 use fleet_registry::{ReplaceState, Rollout, Unit};
 use std::collections::BTreeSet;
 
@@ -97,24 +97,30 @@ pub fn decide_put(
     }
 }
 
-fn template_check(name: &UnitName, desired: DesiredState) -> Result<(), OpsError> {
+/// fleet's template rule, for every write path (fleetctl checks it before it reads
+/// anything, and words it with a hint): a template (`name@.service`) is never activated,
+/// only ever `inactive`; its instances are what runs.
+pub fn template_check(name: &UnitName, desired: DesiredState) -> Result<(), OpsError> {
     if name.is_template() && desired != DesiredState::Inactive {
         return Err(OpsError::ActivateTemplate(name.clone()));
     }
     Ok(())
 }
 
-/// The `[X-Fleet]` requirements of a file must be possible and their values valid, as
-/// fleetctl checks a file it submits.
+/// The unit check of every write path (fleetctl's submit, the API's wire check, and
+/// [`decide_put`]): a file's `[X-Fleet]` requirements must be possible and their values
+/// valid. Each side words the error its own way ([`validate_file`] is fleetctl's).
+pub fn check_requirements(name: &UnitName, file: &UnitFile) -> Result<(), RequirementError> {
+    Requirements::from_unit(name, file).validate()?;
+    fleet_core::xfleet::check_values(name, file)
+}
+
+/// [`check_requirements`] as an [`OpsError`]: `<unit>: <reason>`, what fleetctl prints.
 pub fn validate_file(name: &UnitName, file: &UnitFile) -> Result<(), OpsError> {
-    let invalid = |e: fleet_core::RequirementError| OpsError::Invalid {
+    check_requirements(name, file).map_err(|e| OpsError::Invalid {
         name: name.clone(),
         reason: e.to_string(),
-    };
-    Requirements::from_unit(name, file)
-        .validate()
-        .map_err(invalid)?;
-    fleet_core::xfleet::check_values(name, file).map_err(invalid)
+    })
 }
 
 /// The desired state `change` sets on `unit`; `None` when it is already there.

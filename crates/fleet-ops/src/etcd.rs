@@ -422,12 +422,12 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
 
     async fn drain_status(&self, machine: &MachineId) -> Result<DrainStatus, OpsError> {
         let (snap, files) = self.scheduler_view().await?;
-        Ok(fleet_engine::drain_status(&snap, &files, machine))
+        Ok(fleet_scheduler::drain_status(&snap, &files, machine))
     }
 
     async fn explain(&self, name: &UnitName) -> Result<Explanation, OpsError> {
         let (snap, files) = self.scheduler_view().await?;
-        let mut explanation = fleet_engine::explain(&snap, &files, name);
+        let mut explanation = fleet_scheduler::explain(&snap, &files, name);
         // "The engine places it in its next pass" is false while no engine can lead.
         if let Some(notice) = self.leader_notice().await? {
             explanation.summary = format!("{}; but {notice}", explanation.summary);

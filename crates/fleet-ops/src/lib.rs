@@ -1,28 +1,29 @@
 //! fleet's operations on units, unit states and machines, behind one interface: [`Cluster`].
+//! This crate owns three things, and only these:
+//! - the interface and its model ([`model`]): what `submit`, `start`, `stop`, `destroy`, each
+//!   listing and each wait ask of the cluster, and the types a command prints from, so a
+//!   command prints the same bytes over either side. They carry fleet's entities' data plus
+//!   what fleetctl shows beyond fleet (unscheduled reasons, restart generations, pending
+//!   restarts, the disruption notice);
+//! - the pure decisions of the writes ([`decide`]), taken once for every side;
+//! - the side over etcd ([`etcd::RegistryCluster`], on the registry's `UnitsRole` and shared
+//!   reads), used by fleetctl's etcd driver and by fleetd's API handlers, so the two can
+//!   never disagree. Its `explain` and drain status are fleet-scheduler's, the engine's own
+//!   rules (re-exported here), without the engine.
 //!
-//! What `submit`, `start`, `stop`, `destroy`, each listing and each wait do to the cluster is
-//! decided here once. Two sides implement the interface:
-//! - over etcd (the registry's `UnitsRole` and shared reads): used by fleetctl's etcd driver
-//!   and by fleetd's API handlers, so the two can never disagree;
-//! - over HTTP (fleetctl's API driver): a client of fleetd's API, which serves the etcd side.
-//!
-//! The model types are what a command prints from, so a command prints the same bytes over
-//! either side. They carry fleet's entities' data plus what fleetctl shows beyond fleet
-//! (unscheduled reasons, restart generations, pending restarts, the disruption notice).
-//!
-//! This crate does no I/O of its own and knows neither HTTP nor clap.
+//! The other side, over HTTP, is fleetctl's API driver; the wire both it and the API speak
+//! is fleet-api-wire's. This crate knows neither HTTP nor clap, and does no I/O except
+//! through the registry.
 
-pub mod convert;
 pub mod decide;
 pub mod error;
 pub mod etcd;
 pub mod model;
-pub mod plan;
-pub mod wire;
 
 pub use error::OpsError;
 pub use etcd::{RegistryCluster, UnitsCursor};
-pub use fleet_engine::{
+/// What `explain` and a drain's status answer: fleet-scheduler's types.
+pub use fleet_scheduler::{
     DrainStatus, Explanation, MachineVerdict, Rejection, Status as ExplainStatus, Violation,
 };
 pub use model::{

@@ -195,6 +195,36 @@ pub struct WaitView {
     pub machines: BTreeMap<MachineId, MachineInfo>,
 }
 
+impl WaitView {
+    /// What a wait on `names` sees, on either side: of the units, states and machines given
+    /// (those of `names` or more), the named units, their states grouped by machine, and
+    /// every machine. The etcd side gives a snapshot's, the HTTP side its listings', so the
+    /// two views of one registry are equal and a wait judges them alike.
+    pub fn of(
+        names: &BTreeSet<UnitName>,
+        units: impl IntoIterator<Item = (UnitName, UnitStatus)>,
+        states: impl IntoIterator<Item = StateView>,
+        machines: impl IntoIterator<Item = MachineInfo>,
+    ) -> WaitView {
+        let units = units
+            .into_iter()
+            .filter(|(name, _)| names.contains(name))
+            .collect();
+        let mut by_unit: BTreeMap<UnitName, BTreeMap<MachineId, StateView>> = BTreeMap::new();
+        for s in states.into_iter().filter(|s| names.contains(&s.name)) {
+            by_unit
+                .entry(s.name.clone())
+                .or_default()
+                .insert(s.machine.clone(), s);
+        }
+        WaitView {
+            units,
+            states: by_unit,
+            machines: machines.into_iter().map(|m| (m.id.clone(), m)).collect(),
+        }
+    }
+}
+
 /// A watch of some units, from [`crate::Cluster::watch`].
 pub trait Changes: Send {
     /// The view as of now.

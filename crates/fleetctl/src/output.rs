@@ -1,5 +1,5 @@
 //! The JSON documents fleetctl prints with `--output json`: one per call, made of the API's
-//! full-view entities (`fleet_ops::wire`, the names `GET /fleet/v1/...?view=full` prints), so
+//! full-view entities (`fleet_api_wire::wire`, the names `GET /fleet/v1/...?view=full` prints), so
 //! a script reads the same fields from fleetctl as from the API. docs/operating.md, "JSON
 //! output", documents every field; the tests below hold the two together.
 //!
@@ -7,9 +7,9 @@
 //! `omitempty`); the top-level lists are always there, empty or not, so `jq '.units[]'`
 //! works on an empty cluster.
 
+use fleet_api_wire::convert;
+use fleet_api_wire::wire;
 use fleet_core::MachineInfo;
-use fleet_ops::convert;
-use fleet_ops::wire;
 use fleet_ops::{MachineListing, StateListing, UnitListing};
 use serde::Serialize;
 use std::collections::BTreeMap;

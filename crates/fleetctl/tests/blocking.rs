@@ -1,8 +1,9 @@
 //! fleetctl's blocking commands as a new user meets them (issue 16, first contact), end to end
 //! against a real etcd, over either driver (`FLEETCTL_TEST_DRIVER`, `over/mod.rs`): a unit no
-//! machine can take is reported with the engine's grouped reason (an engine runs here, on a
-//! thread of its own), Ctrl-C says what stays and exits 130, and running the same blocking
-//! command again waits for the state it promises instead of returning at once.
+//! machine can take is reported with the engine's grouped reason (the scheduler's, published
+//! here as the engine publishes it, on a thread of its own), Ctrl-C says what stays and exits
+//! 130, and running the same blocking command again waits for the state it promises instead
+//! of returning at once.
 
 mod over;
 
@@ -58,8 +59,12 @@ impl Env {
     }
 }
 
-/// An engine over the test etcd, on a thread with its own runtime (the tests block on
-/// fleetctl); stopped when dropped.
+/// The engine's part in these tests, played over the test etcd on a thread with its own
+/// runtime (the tests block on fleetctl): every 200 ms it plans the registry as it is with the
+/// engine's scheduler (fleet-scheduler) and writes the unscheduled reasons the plan
+/// publishes, at the key and in the form the engine writes them. fleetctl depends on neither
+/// the engine nor its leadership; fleet-engine's tests and the functional tests cover the
+/// engine publishing the same reasons. Stopped when dropped.
 struct Engine {
     stop: tokio::sync::watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -68,7 +73,7 @@ struct Engine {
 impl Engine {
     fn start(etcd: &TestEtcd) -> Engine {
         let config = etcd.config();
-        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let (stop, mut shutdown) = tokio::sync::watch::channel(false);
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -77,13 +82,30 @@ impl Engine {
             rt.block_on(async move {
                 let kv = EtcdKv::connect(&config).await.unwrap();
                 let registry = Registry::new(kv, DEFAULT_PREFIX);
-                let cfg = fleet_engine::EngineConfig::new(id('e'), Duration::from_millis(200));
-                fleet_engine::run(registry, cfg, shutdown).await;
+                loop {
+                    publish_reasons(&registry).await;
+                    tokio::select! {
+                        _ = shutdown.changed() => return,
+                        () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    }
+                }
             });
         });
         Engine {
             stop,
             thread: Some(thread),
+        }
+    }
+}
+
+/// One pass of [`Engine`]: the plan's new unscheduled reasons, written.
+async fn publish_reasons(registry: &Registry<EtcdKv>) {
+    let snapshot = registry.snapshot().await.unwrap();
+    let files = registry.files(None).await.unwrap().items;
+    for decision in fleet_scheduler::plan(&snapshot, &files).decisions {
+        if let fleet_scheduler::DecisionKind::Unschedulable { unit } = &decision.kind {
+            let key = registry.keys().unscheduled(unit);
+            registry.put_raw(&key, &decision.reason.to_string()).await;
         }
     }
 }

@@ -5,7 +5,7 @@
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 
-use fleet_ops::convert;
+use fleet_api_wire::convert;
 
 use crate::entity;
 use crate::error::{ApiError, json_response};

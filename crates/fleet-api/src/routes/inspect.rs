@@ -6,8 +6,8 @@
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
+use fleet_api_wire::wire::{self, UnitStatus};
 use fleet_core::{MachineId, UnitName};
-use fleet_ops::wire::{self, UnitStatus};
 use fleet_ops::{Cluster, OpsError};
 use fleet_registry::kv::Kv;
 use futures::StreamExt;

@@ -4,8 +4,8 @@
 use percent_encoding::percent_decode_str;
 use std::collections::BTreeSet;
 
+use fleet_api_wire::wire;
 use fleet_core::UnitName;
-use fleet_ops::wire;
 
 use super::Api;
 use crate::error::ApiError;

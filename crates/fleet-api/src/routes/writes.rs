@@ -4,9 +4,9 @@
 
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
+use fleet_api_wire::convert;
+use fleet_api_wire::wire::{self, Op, WriteResult};
 use fleet_core::{DesiredState, MachineId, UnitName};
-use fleet_ops::convert;
-use fleet_ops::wire::{self, Op, WriteResult};
 use fleet_ops::{Cluster, Destroyed, Expect, PutOutcome, PutRequest, ReplaceHow, StateChange};
 use fleet_registry::kv::Kv;
 use http::StatusCode;

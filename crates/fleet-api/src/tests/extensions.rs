@@ -586,7 +586,7 @@ async fn a_post_of_units_refuses_a_bad_request_whole() {
     let nameless = json!({"units": [unit("a.service"), {"options": options("/bin/t")}]});
     let answer = f.post("/fleet/v1/units?view=full", nameless).await;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{answer:?}");
-    let many: Vec<Value> = (0..=fleet_ops::wire::MAX_CREATES)
+    let many: Vec<Value> = (0..=fleet_api_wire::wire::MAX_CREATES)
         .map(|i| json!({"name": format!("a@{i}.service")}))
         .collect();
     let answer = f

@@ -215,7 +215,7 @@ async fn bad_lines_follow_or_output_are_400_and_run_nothing() {
     let (f, _, fake) = inspecting();
     scheduled(&f, "a.service", &[HERE]).await;
     let lines = "lines must be a whole number from 0 to 100000, got";
-    let modes = fleet_ops::wire::JOURNAL_OUTPUTS.join(", ");
+    let modes = fleet_api_wire::wire::JOURNAL_OUTPUTS.join(", ");
     for (query, message) in [
         ("lines=-1", format!("{lines} \"-1\"")),
         ("lines=%2B5", format!("{lines} \"+5\"")),

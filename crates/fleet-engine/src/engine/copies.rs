@@ -2,7 +2,7 @@
 //! wait for a copy on a machine of their placement history to stop, a warning when some have
 //! waited long (one for all of them, at most every [`WARN_EVERY`]: not one per pass, nor
 //! one per unit), and each stray state once, when it is first seen (see
-//! `scheduler/history.rs`). [`Copies`] is pure, the time passed in; [`report`] logs and
+//! `crates/fleet-scheduler/src/history.rs`). [`Copies`] is pure, the time passed in; [`report`] logs and
 //! sets the gauges.
 
 use fleet_core::{MachineId, UnitName};

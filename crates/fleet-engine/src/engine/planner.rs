@@ -227,12 +227,6 @@ impl PassPlanner {
         Some((plan, touched))
     }
 
-    /// The disruption rule's history, for a simulation's checks.
-    #[cfg(test)]
-    pub(crate) fn disruption_mut(&mut self) -> &mut Disruption {
-        &mut self.disruption
-    }
-
     /// Takes in a pass whose writes landed: `snapshot` and `files` are the view with them
     /// recorded, and `wrote_nothing` says whether the pass wrote anything at all.
     pub fn done(

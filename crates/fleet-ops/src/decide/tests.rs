@@ -92,6 +92,17 @@ fn a_template_is_never_activated_by_a_create_a_replace_or_a_state() {
 }
 
 #[test]
+fn the_template_rule_lets_a_template_be_only_inactive_and_an_instance_anything() {
+    let template = name("t@.service");
+    assert!(template_check(&template, DesiredState::Inactive).is_ok());
+    for desired in [DesiredState::Loaded, DesiredState::Launched] {
+        let err = template_check(&template, desired).unwrap_err();
+        assert_eq!(err.to_string(), "cannot activate template t@.service");
+        assert!(template_check(&name("t@1.service"), desired).is_ok());
+    }
+}
+
+#[test]
 fn other_content_replaces_keeping_or_raising_the_state_never_lowering_it() {
     let existing = unit("a.service", PLAIN, DesiredState::Loaded);
     let f = file(PLAIN);
@@ -157,6 +168,20 @@ fn impossible_requirements_are_refused_before_anything_is_written() {
     let err = decide_put(&put("a.service", Some(bad), None), None).unwrap_err();
     assert!(matches!(err, OpsError::Invalid { .. }), "{err}");
     assert!(err.to_string().starts_with("a.service: "), "{err}");
+}
+
+#[test]
+fn the_unit_check_says_why_and_each_side_words_it_from_the_same_error() {
+    let bad = file("[Service]\nExecStart=/bin/true\n[X-Fleet]\nGlobal=true\nMachineID=abc\n");
+    let n = name("a.service");
+    let reason = check_requirements(&n, &bad).unwrap_err().to_string();
+    // The API answers the reason alone; fleetctl names the unit first.
+    assert_eq!(
+        validate_file(&n, &bad).unwrap_err().to_string(),
+        format!("a.service: {reason}")
+    );
+    assert!(check_requirements(&n, &file(GLOBAL)).is_ok());
+    assert!(validate_file(&n, &file(PLAIN)).is_ok());
 }
 
 #[test]

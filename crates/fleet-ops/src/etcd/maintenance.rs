@@ -1,6 +1,6 @@
 //! What drain and explain read: the registry as the engine's scheduler sees it (one snapshot
-//! and every unit file at its revision), so that [`fleet_engine::explain`] and
-//! [`fleet_engine::drain_status`] answer with the engine's own rules.
+//! and every unit file at its revision), so that [`fleet_scheduler::explain`] and
+//! [`fleet_scheduler::drain_status`] answer with the engine's own rules.
 
 use fleet_core::{UnitFile, UnitHash};
 use fleet_registry::Snapshot;

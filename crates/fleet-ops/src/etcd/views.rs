@@ -121,28 +121,16 @@ pub fn state_view(s: &UnitStateRecord) -> StateView {
     into_state_view(s.clone())
 }
 
-/// What a wait on `names` sees in `snap`.
+/// What a wait on `names` sees in `snap` ([`WaitView::of`]).
 pub fn wait_view(snap: &Snapshot, names: &BTreeSet<UnitName>) -> WaitView {
     let units = names
         .iter()
-        .filter_map(|n| Some((n.clone(), status_of(snap, snap.units.get(n)?))))
-        .collect();
+        .filter_map(|n| Some((n.clone(), status_of(snap, snap.units.get(n)?))));
     let states = names
         .iter()
-        .filter_map(|n| {
-            let per_machine = snap.states.get(n)?;
-            let states: BTreeMap<_, _> = per_machine
-                .iter()
-                .map(|(m, s)| (m.clone(), state_view(s)))
-                .collect();
-            Some((n.clone(), states))
-        })
-        .collect();
-    WaitView {
-        units,
-        states,
-        machines: snap.machines.clone(),
-    }
+        .filter_map(|n| snap.states.get(n))
+        .flat_map(|per_machine| per_machine.iter().map(|(_, s)| state_view(s)));
+    WaitView::of(names, units, states, snap.machines.values().cloned())
 }
 
 #[cfg(test)]

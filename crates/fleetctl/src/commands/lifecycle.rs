@@ -7,9 +7,9 @@
 //! for the state it promises even when the unit already had that desired state (fleet
 //! returned at once, silently, although the unit was not running).
 
+use crate::plan::{self, Action, Placement, Prepared, Request, Step, Then, View};
 use anyhow::Result;
 use fleet_core::{DesiredState, MachineId, UnitName};
-use fleet_ops::plan::{self, Action, Placement, Prepared, Request, Step, Then, View};
 use fleet_ops::{Cluster, ReplaceHow, Restarted, StateChange, UnitView};
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};

@@ -18,9 +18,9 @@
 //! does.
 
 use anyhow::{Context, Result, bail};
+use fleet_api_wire::wire::UnitStatus;
 use fleet_core::{MachineId, MachineInfo, UnitName};
 use fleet_ops::Cluster;
-use fleet_ops::wire::UnitStatus;
 use fleet_registry::kv::TlsFiles;
 use std::io::Write;
 use std::process::ExitStatus;
@@ -468,7 +468,7 @@ async fn journal_over_api<C: Cluster>(
         bail!(
             "unknown journal output mode {:?} (expected one of: {})",
             fleet_registry::input::shorten(&opts.output),
-            fleet_ops::wire::JOURNAL_OUTPUTS.join(", ")
+            fleet_api_wire::wire::JOURNAL_OUTPUTS.join(", ")
         );
     }
     let query = JournalQuery {

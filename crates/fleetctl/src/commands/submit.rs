@@ -12,7 +12,7 @@ use fleet_ops::{Cluster, Expect, PutOutcome, PutRequest, ReplaceHow, UnitStatus,
 use fleet_registry::input::shorten;
 use std::collections::{BTreeMap, BTreeSet};
 
-pub use fleet_ops::plan::{Action, Prepared};
+pub use crate::plan::{Action, Prepared};
 
 use super::Ctx;
 use crate::local::{local_path, local_template_path, peek_unit_file, read_unit_file};
@@ -134,7 +134,7 @@ pub async fn resolve<C: Cluster>(
             continue;
         }
         first.insert(name.clone(), arg);
-        if verb != Verb::Submit && name.is_template() {
+        if fleet_ops::decide::template_check(&name, super::lifecycle::target_of(verb)).is_err() {
             bail!(
                 "cannot activate template {name}: load or start an instance such as {}@1.{}",
                 name.prefix(),
@@ -367,10 +367,8 @@ fn not_found(name: &UnitName, arg: &str) -> anyhow::Error {
 }
 
 fn check_requirements<C>(ctx: &mut Ctx<C>, name: &UnitName, file: &UnitFile) -> Result<()> {
-    let req = Requirements::from_unit(name, file);
-    req.validate().map_err(|e| anyhow!("{name}: {e}"))?;
-    fleet_core::xfleet::check_values(name, file).map_err(|e| anyhow!("{name}: {e}"))?;
-    for key in &req.unknown {
+    fleet_ops::decide::validate_file(name, file)?;
+    for key in &Requirements::from_unit(name, file).unknown {
         ctx.warn(format!(
             "WARNING: Unit {name}: unrecognized requirement in [X-Fleet] section: {key:?}"
         ));

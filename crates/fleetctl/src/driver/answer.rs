@@ -1,9 +1,10 @@
 //! Reading the API's answers: a success's body as its entity, a failure as the [`OpsError`]
 //! it stands for, so a command prints what it prints over etcd.
 
+use fleet_api_wire::convert;
+use fleet_api_wire::wire::{ErrorBody, ErrorEntity, MachinePage, UnitPage, UnitStatePage};
 use fleet_core::UnitName;
-use fleet_ops::wire::{ErrorBody, ErrorEntity, MachinePage, UnitPage, UnitStatePage};
-use fleet_ops::{OpsError, convert};
+use fleet_ops::OpsError;
 use http::StatusCode;
 use serde::de::DeserializeOwned;
 

@@ -14,9 +14,10 @@
 //! nor after one in which the server failed to write a unit (a 5xx: etcd away); creating
 //! the same units again writes only those still missing.
 
+use fleet_api_wire::convert;
+use fleet_api_wire::wire::{self, CreateResults, Reason, WriteResult};
 use fleet_core::UnitName;
-use fleet_ops::wire::{self, CreateResults, Reason, WriteResult};
-use fleet_ops::{Created, OpsError, PutRequest, convert};
+use fleet_ops::{Created, OpsError, PutRequest};
 use futures::StreamExt;
 use http::{Method, StatusCode};
 use std::sync::Mutex;

@@ -7,12 +7,13 @@
 //!
 //! No decision is made here: the server decides every write.
 
+use fleet_api_wire::convert;
+use fleet_api_wire::wire::{self, MachinePage, UnitPage, UnitStatePage, WriteResult};
 use fleet_core::{DesiredState, MachineId, UnitName};
-use fleet_ops::wire::{self, MachinePage, UnitPage, UnitStatePage, WriteResult};
 use fleet_ops::{
     Cluster, Destroyed, DrainStatus, Expect, Explanation, MachineListing, OpsError, PutOutcome,
     PutRequest, Restarted, StateChange, StateFilter, StateListing, StateView, UnitListing,
-    UnitView, convert,
+    UnitView,
 };
 use fleet_registry::MetadataChange;
 use fleet_registry::kv::TlsFiles;

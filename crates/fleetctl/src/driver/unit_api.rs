@@ -1,5 +1,5 @@
 //! The API of the fleetd that runs a unit, for that unit's `status` and `journal` (issue 16):
-//! `GET /fleet/v1/units/<name>/status` and `.../journal` of `fleet_ops::wire`, answered only by
+//! `GET /fleet/v1/units/<name>/status` and `.../journal` of `fleet_api_wire::wire`, answered only by
 //! the fleetd of the machine the unit is scheduled on. fleetctl finds that fleetd at the
 //! address the machine publishes (`MachineInfo::api`), or at its own driver's unix socket when
 //! the unit's machine is this one.
@@ -8,9 +8,9 @@
 //! stream; which machine to ask is `commands::remote`'s choice.
 
 use bytes::Bytes;
+use fleet_api_wire::wire::{self, UnitStatus};
 use fleet_core::UnitName;
 use fleet_ops::OpsError;
-use fleet_ops::wire::{self, UnitStatus};
 use fleet_registry::kv::TlsFiles;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;

@@ -4,7 +4,7 @@
 
 use fleet_core::UnitName;
 use fleet_ops::{Changes, Cluster, OpsError, StateFilter, WaitView};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::http::{FAST_POLLS, FIRST_POLL, HttpCluster, NAMES_PER_REQUEST};
@@ -81,8 +81,8 @@ impl Changes for HttpChanges {
     }
 }
 
-/// The wait view of `names` now: the same shape the etcd side builds from a snapshot. Many
-/// names (more than one request asks for) are read as whole listings and picked here: three
+/// The wait view of `names` now, built as the etcd side builds it ([`WaitView::of`]). Many
+/// names (more than one request asks for) are read as whole listings and picked there: three
 /// requests per poll instead of two per 500 units.
 async fn read(cluster: &HttpCluster, names: &BTreeSet<UnitName>) -> Result<WaitView, OpsError> {
     let (units, states) = if names.len() > NAMES_PER_REQUEST {
@@ -93,30 +93,9 @@ async fn read(cluster: &HttpCluster, names: &BTreeSet<UnitName>) -> Result<WaitV
         let units = cluster.units(Some(names)).await?.units;
         (units, cluster.states_of(names).await?)
     };
-    let units = units
-        .into_iter()
-        .filter(|v| names.contains(v.name()))
-        .map(|v| (v.name().clone(), v.status))
-        .collect();
-    let mut by_unit: BTreeMap<UnitName, BTreeMap<_, _>> = BTreeMap::new();
-    for s in states.into_iter().filter(|s| names.contains(&s.name)) {
-        by_unit
-            .entry(s.name.clone())
-            .or_default()
-            .insert(s.machine.clone(), s);
-    }
-    let machines = cluster
-        .machines()
-        .await?
-        .machines
-        .into_iter()
-        .map(|m| (m.id.clone(), m))
-        .collect();
-    Ok(WaitView {
-        units,
-        states: by_unit,
-        machines,
-    })
+    let units = units.into_iter().map(|v| (v.name().clone(), v.status));
+    let machines = cluster.machines().await?.machines;
+    Ok(WaitView::of(names, units, states, machines))
 }
 
 #[cfg(test)]

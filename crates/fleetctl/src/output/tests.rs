@@ -225,7 +225,7 @@ fn empty_listings_keep_their_lists_and_leave_empty_fields_out() {
 #[test]
 fn the_documents_use_the_apis_full_view_names() {
     let value = serde_json::to_value(unit_files()).unwrap();
-    let api = serde_json::to_value(fleet_ops::wire::UnitPage {
+    let api = serde_json::to_value(fleet_api_wire::wire::UnitPage {
         units: unit_files().units,
         ..Default::default()
     })

@@ -5,8 +5,8 @@
 
 use super::*;
 use crate::scheduler::plan;
-use crate::scheduler::tests::props::{GenChange, MACHINES, build, change, gen_change, gen_world};
-use crate::scheduler::tests::{World, lines, name};
+use fleet_scheduler::tests::props::{GenChange, MACHINES, build, change, gen_change, gen_world};
+use fleet_scheduler::tests::{World, lines, name};
 use fleet_core::DesiredState::Launched;
 use proptest::prelude::*;
 use std::time::Duration;

@@ -144,6 +144,30 @@ fn a_wait_view_holds_only_the_watched_units_that_exist_and_their_states() {
 }
 
 #[test]
+fn a_wait_view_from_whole_listings_is_the_one_from_the_snapshot() {
+    let snap = snapshot(
+        &[entry("a.service", "m1", DesiredState::Launched)],
+        &[
+            state("a.service", "m1", "active"),
+            state("b.service", "m1", "active"),
+        ],
+    );
+    let names: BTreeSet<UnitName> = [name("a.service"), name("gone.service")].into();
+    // What the HTTP side reads: every unit, every state, every machine, unpicked.
+    let units = snap
+        .units
+        .values()
+        .map(|u| (u.name().clone(), status_of(&snap, u)));
+    let states = snap
+        .states
+        .values()
+        .flat_map(|pm| pm.iter().map(|(_, s)| state_view(s)));
+    let machines = snap.machines.values().cloned();
+    let listed = WaitView::of(&names, units, states, machines);
+    assert_eq!(listed, wait_view(&snap, &names));
+}
+
+#[test]
 fn a_written_view_has_no_placement() {
     let view = written_view(&unit("a.service", DesiredState::Launched), &file());
     assert!(view.status.machines.is_empty());

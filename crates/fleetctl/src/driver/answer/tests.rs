@@ -1,5 +1,5 @@
 use super::*;
-use fleet_ops::wire::{ErrorEntity, Reason};
+use fleet_api_wire::wire::{ErrorEntity, Reason};
 
 fn body(code: u16, message: &str, reason: Option<Reason>, detail: &str) -> Vec<u8> {
     serde_json::to_vec(&ErrorBody {

@@ -1,7 +1,7 @@
 //! `explain` and `drain_status` on the cases fleetctl's users ask about.
 
 use super::*;
-use crate::scheduler::tests::{World, mid, name, two_machines};
+use crate::tests::{World, mid, name, two_machines};
 use DesiredState::Launched;
 
 fn explained(w: &World, unit: &str) -> Explanation {

@@ -8,19 +8,15 @@
 //! agent publishes at the end of its pass. A machine vanishes (its lease expires, its states
 //! go with it) with copies running or stopping there; its fence stops them at the latest its
 //! contract allows, `fleet_core::fence::MARGIN` after the engine saw it vanish; it may come
-//! back. The leader asks the disruption rule before each plan
-//! ([`Disruption::assess`], with the simulated clock), as `engine/leading.rs` does, and a new
-//! leader may take over at any round, knowing only the registry. One machine may lie: it
+//! back. The leader asks the disruption rule before each plan ([`Disruption::assess`], with
+//! the simulated clock), as fleet-engine's `engine/leading.rs` does, and a new leader may
+//! take over at any round, knowing only the registry. One machine may lie: it
 //! publishes `active` for every unit it runs no copy of.
-//! Here the leader plans every unit every round; [`passes`] runs the same with the leader's
-//! pass planner, which skips rounds and plans only what changed.
 //!
 //! The one pair of copies the check excuses is the documented limit of docs/engine.md
 //! ("Limits"): a unit placed while another machine, live, ran a copy of it that its agent had
 //! not published (no state, or a state from before it started it). Each copy remembers which
 //! other copies were unpublished when its machine was given the unit.
-
-mod passes;
 
 use super::props::{GenChange, GenWorld, MACHINES, UNITS, build, change, gen_change, gen_world};
 use super::*;
@@ -76,9 +72,6 @@ pub(super) struct Sim {
     liar: Option<MachineId>,
     /// The units ever scheduled on the liar: only those may wait for it.
     ever_on_liar: BTreeSet<UnitName>,
-    /// A leader that passes as `engine/leading.rs` does ([`passes`]); `None`: one that
-    /// plans every unit every round.
-    passes: Option<passes::Passes>,
 }
 
 fn cfg() -> DisruptionConfig {
@@ -116,7 +109,6 @@ impl Sim {
             next_copy: 0,
             liar: None,
             ever_on_liar: BTreeSet::new(),
-            passes: None,
         }
     }
 
@@ -135,17 +127,8 @@ impl Sim {
     }
 
     /// One engine pass: the disruption rule, then the plan of the registry holding what it
-    /// says, whose writes then land. A leader with [`passes`] passes only when that is due,
-    /// and plans what its pass planner says.
+    /// says, whose writes then land.
     pub fn engine(&mut self) {
-        if let Some(mut passes) = self.passes.take() {
-            if let Some(pass) = passes.next(&self.w, self.now) {
-                self.land(&pass.plan);
-                passes.done(&pass, &self.w);
-            }
-            self.passes = Some(passes);
-            return;
-        }
         let assessment = self.disruption.assess(self.now, &self.w.snap);
         let plan = plan_holding(&self.w.snap, &self.w.files, &assessment.held);
         self.land(&plan);
@@ -176,9 +159,6 @@ impl Sim {
     /// just vanished).
     pub fn new_leader(&mut self) {
         self.disruption = Disruption::new(cfg(), self.now);
-        if self.passes.is_some() {
-            self.passes = Some(passes::Passes::new(self.now));
-        }
     }
 
     /// The copies of `unit` on live machines other than `machine` whose machine publishes no
@@ -363,11 +343,7 @@ impl Sim {
                 machine
             );
         }
-        let disruption = match &mut self.passes {
-            Some(passes) => passes.disruption_mut(),
-            None => &mut self.disruption,
-        };
-        let held = disruption.assess(self.now, &self.w.snap).held;
+        let held = self.disruption.assess(self.now, &self.w.snap).held;
         prop_assert!(held.is_empty(), "still held: {held:?}");
         for (unit, machines) in &self.w.snap.left {
             for (machine, copy) in machines {

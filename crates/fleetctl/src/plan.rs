@@ -4,16 +4,17 @@
 //! is written and what follows (nothing, a line, a wait); the caller applies the steps and
 //! afterwards compares placements ([`placements`]).
 //!
-//! fleetctl's `load` and `start` apply these over either driver (moved here from fleetctl,
-//! issue 15, so there is one copy). This module does no I/O, prints nothing, and names only
-//! fleet-core's and fleet-registry's types (no clap, no anyhow).
+//! fleetctl's `load` and `start` apply these over either driver; only fleetctl uses them,
+//! so they live here (fleet-ops holds what fleetctl and the API share). This module does no
+//! I/O, prints nothing, and names only fleet-core's and fleet-ops' types (no clap, no
+//! anyhow).
 
 use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitHash, UnitName};
 use std::collections::BTreeMap;
 
-use crate::model::UnitStatus;
+use fleet_ops::UnitStatus;
 
-/// A unit as the decisions see it: what [`crate::Cluster::units`] says of it.
+/// A unit as the decisions see it: what [`fleet_ops::Cluster::units`] says of it.
 pub type Unit = UnitStatus;
 
 /// What will happen to one argument.

@@ -1,6 +1,6 @@
 use super::*;
-use crate::model::UnitStatus;
 use fleet_core::{MachineInfo, UnitHash};
+use fleet_ops::model::UnitStatus;
 use std::collections::BTreeMap;
 
 fn mid(c: char) -> MachineId {

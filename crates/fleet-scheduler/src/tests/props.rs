@@ -15,21 +15,21 @@ use fleet_registry::Rollout;
 use proptest::prelude::*;
 
 /// Machine IDs long enough for 8-character short forms; the last one is never live.
-pub(crate) const MACHINES: [&str; 5] = [
+pub const MACHINES: [&str; 5] = [
     "alpha000aaaa",
     "bravo000bbbb",
     "charlie0cccc",
     "delta000dddd",
     "echo0000eeee",
 ];
-pub(crate) const UNITS: usize = 8;
+pub const UNITS: usize = 8;
 
-pub(crate) fn unit_name(i: usize) -> String {
+pub fn unit_name(i: usize) -> String {
     format!("u{i}.service")
 }
 
 #[derive(Debug, Clone)]
-pub(crate) struct GenUnit {
+pub struct GenUnit {
     desired: DesiredState,
     pub global: bool,
     machine_id: Option<(usize, bool)>,
@@ -92,7 +92,7 @@ impl GenReplace {
     }
 }
 
-pub(crate) fn gen_unit() -> impl Strategy<Value = GenUnit> {
+pub fn gen_unit() -> impl Strategy<Value = GenUnit> {
     (
         prop::sample::select(vec![Inactive, Loaded, Launched, Launched]),
         prop::bool::weighted(0.15),
@@ -155,7 +155,7 @@ impl GenUnit {
 }
 
 #[derive(Debug, Clone)]
-pub(crate) struct GenWorld {
+pub struct GenWorld {
     /// Live machines (by index into `MACHINES[..4]`) with their role.
     pub machines: Vec<(usize, Option<&'static str>)>,
     pub units: Vec<GenUnit>,
@@ -168,7 +168,7 @@ pub(crate) struct GenWorld {
     pub left: Vec<(usize, usize)>,
 }
 
-pub(crate) fn gen_world() -> impl Strategy<Value = GenWorld> {
+pub fn gen_world() -> impl Strategy<Value = GenWorld> {
     (
         prop::sample::subsequence(vec![0usize, 1, 2, 3], 0..=4).prop_flat_map(|ms| {
             let n = ms.len();
@@ -217,7 +217,7 @@ pub(crate) fn gen_world() -> impl Strategy<Value = GenWorld> {
         )
 }
 
-pub(crate) fn build(g: &GenWorld) -> World {
+pub fn build(g: &GenWorld) -> World {
     let mut w = World::new();
     for (m, role) in &g.machines {
         let md: Vec<(&str, &str)> = role.iter().map(|r| ("role", *r)).collect();
@@ -450,7 +450,7 @@ fn releases(w: &World, held: &[String]) -> bool {
 
 /// A change to one unit of a settled world: what `fleetctl` can do to it.
 #[derive(Debug, Clone)]
-pub(crate) enum GenChange {
+pub enum GenChange {
     /// A new unit `u{8 + n}` (`Replaces=` only of units before it).
     Arrive(usize, GenUnit),
     Destroy(usize),
@@ -461,7 +461,7 @@ pub(crate) enum GenChange {
     Options(usize, GenUnit),
 }
 
-pub(crate) fn gen_change() -> impl Strategy<Value = GenChange> {
+pub fn gen_change() -> impl Strategy<Value = GenChange> {
     prop_oneof![
         (0..3usize, gen_unit()).prop_map(|(n, u)| GenChange::Arrive(n, u)),
         (0..UNITS).prop_map(GenChange::Destroy),
@@ -477,7 +477,7 @@ pub(crate) fn gen_change() -> impl Strategy<Value = GenChange> {
 
 /// Applies `change` to `w` (a change to a unit that does not exist does nothing); returns
 /// the unit it touched.
-pub(crate) fn change(w: &mut World, change: &GenChange) -> UnitName {
+pub fn change(w: &mut World, change: &GenChange) -> UnitName {
     let existing = |w: &World, i: usize| w.snap.units.get(&name(&unit_name(i))).cloned();
     match change {
         GenChange::Arrive(n, u) => {

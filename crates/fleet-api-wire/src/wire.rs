@@ -20,7 +20,7 @@ pub const NO_RESTART: &str = "noRestart";
 pub const RESCHEDULE: &str = "reschedule";
 pub const ROLLING: &str = "rolling";
 /// `PUT /units/<name>?expect=absent` or `?expect=<hash>`: the put of
-/// [`crate::Cluster::put_if`], refused with a 409 (`conflict`) unless the unit is absent, or
+/// [`fleet_ops::Cluster::put_if`], refused with a 409 (`conflict`) unless the unit is absent, or
 /// holds that content (full SHA-1), or already the content asked.
 pub const EXPECT: &str = "expect";
 pub const EXPECT_ABSENT: &str = "absent";
@@ -450,7 +450,7 @@ pub struct ErrorBody {
     pub error: ErrorEntity,
 }
 
-/// Full view: `reason` names the [`crate::OpsError`] variant ([`Reason`]) and `detail` is
+/// Full view: `reason` names the [`fleet_ops::OpsError`] variant ([`Reason`]) and `detail` is
 /// its message as fleetctl prints it; fleet's `message` stays as it is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorEntity {

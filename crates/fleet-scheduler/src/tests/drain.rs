@@ -353,10 +353,10 @@ proptest! {
             prop_assert!(w.snap.schedule[g].contains_key(&mid("m0")), "global {g} kept");
         }
         let none = BTreeSet::new();
-        let c = crate::scheduler::Cluster::new(&w.snap, &w.files, &none);
+        let c = crate::Cluster::new(&w.snap, &w.files, &none);
         for unit in c.units_on(&mid("m0")).filter(|u| !c.is_global(u)) {
             prop_assert!(
-                crate::scheduler::drain::stuck(&c, unit, &mid("m0")).is_some(),
+                crate::drain::stuck(&c, unit, &mid("m0")).is_some(),
                 "{unit} could leave the drained machine but stayed"
             );
             prop_assert!(w.snap.unscheduled.contains_key(unit), "{unit} stays without a reason");

@@ -1,4 +1,4 @@
-//! The engine's scheduler: a pure function from one consistent [`Snapshot`] (and the unit
+//! fleet's scheduler: a pure function from one consistent [`Snapshot`] (and the unit
 //! files it names) to the [`Decision`]s that make the schedule obey every unit's `[X-Fleet]`
 //! rules. No I/O, no clock, no randomness: the same snapshot always yields the same plan.
 //!
@@ -36,14 +36,22 @@
 //! and the plan is repeated until nothing changes: applying a plan and planning again yields
 //! nothing (as long as the published states stay the same). The output is the net
 //! difference from the snapshot.
+//!
+//! The same rule functions answer `explain` and a drain's status ([`explain`],
+//! [`drain_status`]), for fleetctl and the API, and [`disruption`] is the rule that holds the
+//! units of vanished machines. This crate is the engine's decisions without the engine's
+//! I/O: fleet-engine runs them (leadership, watches, fenced writes); fleet-ops and fleetctl
+//! use the explanations without depending on the engine.
 
 mod cluster;
 mod decision;
 mod delta;
+pub mod disruption;
 mod drain;
 mod explain;
 mod history;
 mod spec;
+pub mod unreadable;
 
 use fleet_core::{MachineId, UnitFile, UnitHash, UnitName};
 use fleet_registry::{ScheduleEntry, Snapshot};
@@ -52,6 +60,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use cluster::{Cluster, Slot};
 pub use decision::{Decision, DecisionKind, Reason, Violation};
 pub use delta::{Entangled, Load, plan_delta, plan_delta_holding, plan_delta_on, touched_by_loss};
+pub use disruption::{Assessment, Disruption, DisruptionConfig, Hold};
 pub use explain::{
     DrainStatus, Explanation, MachineVerdict, Rejection, Status, drain_status, explain,
 };
@@ -517,5 +526,11 @@ fn unschedulable(
     (out, waiting)
 }
 
-#[cfg(test)]
-pub(crate) mod tests;
+/// The decision tables' world and the property tests' generators, for the tests of this crate
+/// and of fleet-engine's pass planner (feature `testing`, a dev-dependency only).
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(
+    not(test),
+    allow(dead_code, unused_imports, reason = "only the World and generators are used outside")
+)]
+pub mod tests;

@@ -1,13 +1,13 @@
-//! The model to the wire and back: the server (fleet-api) turns what [`crate::Cluster`]
+//! The model to the wire and back: the server (fleet-api) turns what [`fleet_ops::Cluster`]
 //! returns into entities with the `*_to_wire` functions, and fleetctl's HTTP client turns the
 //! entities back with the `*_from_wire` ones. A value survives the round trip through the
 //! full view (`?view=full`) unchanged; the default view is fleet's entity alone.
 
 use fleet_core::{DesiredState, MachineId, MachineInfo, Requirements, UnitFile, UnitName};
 
-use crate::OpsError;
-use crate::model::{Destroyed, PutOutcome, Restarted, StateView, UnitStatus, UnitView};
 use crate::wire::{self, Outcome, Reason, WriteResult};
+use fleet_ops::OpsError;
+use fleet_ops::model::{Destroyed, PutOutcome, Restarted, StateView, UnitStatus, UnitView};
 
 /// The options of a unit file as fleet's entity has them.
 pub fn options_to_wire(file: &UnitFile) -> Vec<wire::UnitOption> {

@@ -28,7 +28,7 @@ use fleet_registry::{Key, Keys, Snapshot, StrayScheduleKey};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::scheduler::{Decision, DecisionKind, Reason};
+use crate::{Decision, DecisionKind, Reason};
 
 /// The unreadable values of one snapshot, by what their keys name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -135,7 +135,7 @@ impl Unreadable {
 }
 
 /// The keys under `schedule/` of `snap` that name no entry: to be deleted.
-pub(crate) fn stray_schedule_keys(snap: &Snapshot, keys: &Keys) -> Vec<StrayScheduleKey> {
+pub fn stray_schedule_keys(snap: &Snapshot, keys: &Keys) -> Vec<StrayScheduleKey> {
     snap.skipped
         .keys()
         .filter_map(|key| keys.stray_schedule_key(key))

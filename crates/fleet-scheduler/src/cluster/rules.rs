@@ -6,7 +6,7 @@
 use fleet_core::{MachineId, UnitName, units_conflict};
 
 use super::Cluster;
-use crate::scheduler::decision::Violation;
+use crate::decision::Violation;
 
 impl<'s> Cluster<'s> {
     /// A drained machine takes no new non-global unit (globals still run everywhere).

@@ -12,7 +12,7 @@ mod delta;
 mod drain;
 mod history;
 mod migrating;
-pub(crate) mod props;
+pub mod props;
 mod replace;
 mod sim;
 mod unreadable;
@@ -21,20 +21,20 @@ use DesiredState::{Inactive, Launched, Loaded};
 
 /// A snapshot under construction, with the files its units name.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct World {
+pub struct World {
     pub snap: Snapshot,
     pub files: BTreeMap<UnitHash, UnitFile>,
 }
 
-pub(crate) fn name(s: &str) -> UnitName {
+pub fn name(s: &str) -> UnitName {
     s.parse().unwrap()
 }
 
-pub(crate) fn mid(s: &str) -> MachineId {
+pub fn mid(s: &str) -> MachineId {
     s.parse().unwrap()
 }
 
-pub(crate) fn unit_file(xfleet: &str, version: u32) -> UnitFile {
+pub fn unit_file(xfleet: &str, version: u32) -> UnitFile {
     let text = format!("[Service]\nExecStart=/bin/sleep {version}\n\n[X-Fleet]\n{xfleet}\n");
     UnitFile::parse(text.as_bytes()).unwrap()
 }
@@ -314,7 +314,7 @@ impl World {
     }
 }
 
-pub(crate) fn lines(decisions: &[Decision]) -> Vec<String> {
+pub fn lines(decisions: &[Decision]) -> Vec<String> {
     decisions.iter().map(line).collect()
 }
 
