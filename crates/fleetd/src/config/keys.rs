@@ -374,3 +374,5 @@ fn non_empty_path(v: &str) -> Option<PathBuf> {
     (!v.is_empty()).then(|| PathBuf::from(v))
 }
 
+#[cfg(test)]
+mod tests;
