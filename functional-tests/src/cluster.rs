@@ -647,7 +647,7 @@ impl Cluster {
 
 /// An etcd of `members` members, none running, each on its own pair of distinct free ports.
 fn etcd_ports(members: usize) -> EtcdState {
-    let ports = fleet_registry::testing::free_ports(2 * members);
+    let ports = fleet_testing::free_ports(2 * members);
     let member = |i: usize| crate::state::EtcdMember {
         client_port: ports[2 * i],
         peer_port: ports[2 * i + 1],

@@ -941,7 +941,7 @@ fn two_fleetctl_starting_the_same_units_at_once_both_succeed_and_neither_crashes
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let etcd = runtime.block_on(fleet_registry::testing::TestEtcd::start());
+    let etcd = runtime.block_on(fleet_testing::TestEtcd::start());
     let dir = etcd.dir().join("units");
     let texts: BTreeMap<String, String> = (0..30)
         .map(|i| (format!("twin-{i:02}.service"), sleeper(990_000 + i)))

@@ -12,8 +12,8 @@ mod support;
 
 use anyhow::{Context, Result, ensure};
 use fleet_functional_tests::{Cluster, FleetdSpec, Machine, wait_for, wait_for_value};
-use fleet_registry::testing::{TestCerts, TestEtcd};
 use fleet_registry::{DEFAULT_PREFIX, Registry};
+use fleet_testing::{TestCerts, TestEtcd};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::process::Command;

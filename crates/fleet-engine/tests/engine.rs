@@ -6,11 +6,11 @@ use fleet_engine::{DisruptionConfig, EngineConfig};
 use fleet_registry::kv::{
     Compare, Hook, Hooked, Kv, KvError, LeaseId, MemKv, Outcome, Rbac, Request, Txn, TxnOp,
 };
-use fleet_registry::testing::TestEtcd;
 use fleet_registry::{
     EngineRole, EngineWrite, LeftCopy, MachineRole, Presence, Registry, RegistryError,
     UnitStateRecord, UnitsRole, rbac,
 };
+use fleet_testing::TestEtcd;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;

@@ -9,8 +9,8 @@ use fleet_ops::{
     Restarted, StateChange, StateFilter,
 };
 use fleet_registry::kv::{Hook, Hooked, Kv, KvError, MemKv, Request, Txn, TxnOp};
-use fleet_registry::testing::{TestEtcd, machine_running};
 use fleet_registry::{MetadataChange, Registry, ScheduleEntry, UnitsRole};
+use fleet_testing::{TestEtcd, machine_running};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

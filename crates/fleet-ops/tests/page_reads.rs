@@ -6,8 +6,8 @@
 use fleet_core::{DesiredState, MachineInfo, UnitFile, UnitName};
 use fleet_ops::{Cluster, RegistryCluster, UnitsCursor};
 use fleet_registry::kv::{Hook, Hooked, KvError, MemKv, Outcome, Request};
-use fleet_registry::testing::machine_running;
 use fleet_registry::{Registry, ScheduleEntry, UnitsRole};
+use fleet_testing::machine_running;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,4 +1,5 @@
-//! The cluster registry in etcd v3. Every etcd call in the project lives in this crate.
+//! The cluster registry in etcd v3. Every etcd call in the project lives in this crate (but
+//! for the tests' own: the `fleet-testing` crate launches etcd and asks its members' status).
 //!
 //! [`Registry`] turns the key schema of [`keys`] into typed reads; reads used for decisions come
 //! from one revision ([`Snapshot`]). Writes go through the handle of a role, each able to write
@@ -21,13 +22,13 @@ mod metadata;
 pub mod metrics;
 mod page;
 mod per_machine;
+#[cfg(feature = "test-etcd")]
+mod raw;
 pub mod rbac;
 mod read;
 mod records;
 mod registry;
 mod snapshot;
-#[cfg(feature = "test-etcd")]
-pub mod testing;
 mod units;
 mod watch;
 

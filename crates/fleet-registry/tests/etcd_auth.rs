@@ -10,7 +10,7 @@ use std::time::Duration;
 use fleet_registry::Keys;
 use fleet_registry::kv::{EtcdAuth, EtcdConfig, EtcdKv, Kv, KvError, TlsFiles, Txn, TxnOp};
 use fleet_registry::rbac::{self, Access, Admin, Permission, RoleSpec};
-use fleet_registry::testing::{TestEtcd, TestEtcdCluster};
+use fleet_testing::{TestEtcd, TestEtcdCluster};
 use tokio::time::Instant;
 
 fn put(key: &str, value: &str) -> Txn {
@@ -299,7 +299,7 @@ async fn administration_is_idempotent_and_makes_roles_exact() {
         .await
         .expect("remove role again");
     admin
-        .enable_auth(fleet_registry::testing::ROOT_PASSWORD)
+        .enable_auth(fleet_testing::ROOT_PASSWORD)
         .await
         .expect("enable again");
 }

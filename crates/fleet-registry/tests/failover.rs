@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use fleet_registry::kv::{EtcdKv, Kv, Txn, TxnOp, WatchMessage};
-use fleet_registry::testing::TestEtcdCluster;
+use fleet_testing::TestEtcdCluster;
 use tokio::time::{Instant, sleep, timeout};
 
 fn put(key: &str, value: &str) -> Txn {

@@ -13,7 +13,7 @@ use fleet_registry::kv::{
     MAX_TXN_OPS, MemKv, RANGE_PAGE, Read, Revision, Txn, TxnOp, TxnOpResponse, TxnResult, Watch,
     WatchMessage,
 };
-use fleet_registry::testing::TestEtcd;
+use fleet_testing::TestEtcd;
 use tokio::time::{Instant, sleep, timeout};
 
 /// What a test body needs beyond the `Kv` itself: the test-only knobs of each side.

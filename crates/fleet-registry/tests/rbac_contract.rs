@@ -16,11 +16,11 @@ use std::time::Duration;
 use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
 use fleet_registry::kv::{EtcdKv, Kv, KvError, MemKv, Rbac, Txn, TxnOp};
 use fleet_registry::rbac::{self, ApiGrant, HostGrant, RoleSpec};
-use fleet_registry::testing::TestEtcd;
 use fleet_registry::{
     EngineRole, Keys, MachineRole, Registry, RegistryError, ScheduleEntry, UnitStateRecord,
     UnitsRole,
 };
+use fleet_testing::TestEtcd;
 
 const PREFIX: &str = "/rbac/";
 const TTL: Duration = Duration::from_secs(30);

@@ -5,11 +5,11 @@ use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, U
 use fleet_registry::kv::{
     Hook, Hooked, Kv, KvError, LeaseId, MemKv, RANGE_PAGE, Rbac, Request, Txn, TxnOp,
 };
-use fleet_registry::testing::TestEtcd;
 use fleet_registry::{
     CreateOutcome, EngineRole, EngineWrite, Key, Keys, LiveView, MachineRole, NewUnit, Registry,
     RegistryError, ScheduleEntry, UnitStateRecord, UnitsRole, batches,
 };
+use fleet_testing::TestEtcd;
 use std::collections::BTreeSet;
 use std::time::Duration;
 

@@ -11,8 +11,8 @@ use fleet_ops::{
     Changes, Cluster, PutRequest, RegistryCluster, ReplaceHow, StateChange, StateFilter,
 };
 use fleet_registry::kv::{MemKv, TlsFiles};
-use fleet_registry::testing::machine_running;
 use fleet_registry::{MetadataChange, Registry, ScheduleEntry};
+use fleet_testing::machine_running;
 use fleetctl::driver::HttpCluster;
 use std::collections::BTreeSet;
 use std::fmt::Debug;

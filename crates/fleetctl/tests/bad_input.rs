@@ -14,7 +14,7 @@
 mod over;
 
 use fleet_registry::kv::{EtcdKv, Kv};
-use fleet_registry::testing::{TestCerts, TestEtcd};
+use fleet_testing::{TestCerts, TestEtcd};
 use over::Over;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};

@@ -9,8 +9,8 @@ mod over;
 
 use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
 use fleet_registry::kv::EtcdKv;
-use fleet_registry::testing::{TestEtcd, machine_running};
 use fleet_registry::{DEFAULT_PREFIX, Registry, ScheduleEntry};
+use fleet_testing::{TestEtcd, machine_running};
 use over::Over;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

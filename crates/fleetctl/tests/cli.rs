@@ -5,7 +5,7 @@
 mod over;
 
 use fleet_registry::kv::Kv;
-use fleet_registry::testing::TestEtcd;
+use fleet_testing::TestEtcd;
 use over::Over;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -4,7 +4,7 @@
 
 use fleet_core::MachineInfo;
 use fleet_registry::Registry;
-use fleet_registry::testing::{TestEtcd, machine_running};
+use fleet_testing::{TestEtcd, machine_running};
 use std::process::Command;
 use std::time::Duration;
 

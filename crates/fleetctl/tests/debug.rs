@@ -1,7 +1,7 @@
 //! `fleetctl --debug`: fleet's own debug lines, without the HTTP/2 stack's internals, and no
 //! colour codes when stderr is not a terminal.
 
-use fleet_registry::testing::TestEtcd;
+use fleet_testing::TestEtcd;
 use std::process::Command;
 
 #[tokio::test]

@@ -4,7 +4,7 @@
 //! print the same bytes and exit alike.
 
 use fleet_registry::Registry;
-use fleet_registry::testing::{TestCerts, TestEtcd};
+use fleet_testing::{TestCerts, TestEtcd};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -6,7 +6,7 @@
 use fleet_core::MachineInfo;
 use fleet_registry::Registry;
 use fleet_registry::kv::{EtcdKv, Kv};
-use fleet_registry::testing::{TestEtcd, machine_running};
+use fleet_testing::{TestEtcd, machine_running};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Command, Output};

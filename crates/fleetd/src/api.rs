@@ -476,7 +476,7 @@ mod tests {
 
     #[tokio::test]
     async fn tcp_listeners_serve_tls_when_the_config_has_its_files() {
-        let certs = fleet_registry::testing::TestCerts::generate(&["127.0.0.1".parse().unwrap()]);
+        let certs = fleet_testing::TestCerts::generate(&["127.0.0.1".parse().unwrap()]);
         let dir = temp_dir("tls");
         let mut cfg = config(&dir.join("fleet.sock"));
         cfg.listen = vec![

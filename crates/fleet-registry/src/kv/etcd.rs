@@ -188,9 +188,10 @@ impl EtcdKv {
     }
 
     /// Compacts etcd's history up to `revision`: older revisions can no longer be read or
-    /// watched. For tests of the compaction paths; a real cluster compacts itself.
+    /// watched. For tests of the compaction paths (`fleet_testing::TestEtcd::compact`); a
+    /// real cluster compacts itself.
     #[cfg(feature = "test-etcd")]
-    pub(crate) async fn compact(&self, revision: Revision) -> Result<(), KvError> {
+    pub async fn compact(&self, revision: Revision) -> Result<(), KvError> {
         let res = self
             .read(|c| async move { kv_client(&c).compact(revision, None).await })
             .await;

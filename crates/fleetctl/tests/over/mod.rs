@@ -13,7 +13,7 @@
 
 use fleet_registry::Registry;
 use fleet_registry::kv::EtcdKv;
-use fleet_registry::testing::TestEtcd;
+use fleet_testing::TestEtcd;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};

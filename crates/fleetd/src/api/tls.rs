@@ -91,7 +91,7 @@ mod tests {
     use fleet_api::{Api, Listener};
     use fleet_registry::Registry;
     use fleet_registry::kv::MemKv;
-    use fleet_registry::testing::TestCerts;
+    use fleet_testing::TestCerts;
     use std::net::{IpAddr, Ipv4Addr};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_rustls::TlsConnector;

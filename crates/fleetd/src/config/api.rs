@@ -1,4 +1,6 @@
-//! The API's keys (issue 15): page size, the default unix socket, extra listeners.
+//! The API's keys (issue 15): page size, the default unix socket, extra listeners. Each is a
+//! row of [`KEYS`](super::KEYS), with its default; here are their setters, and [`resolve`],
+//! the checks across them once every key is read.
 //!
 //! - `token_limit`: entries per page (fleet's key, default 100).
 //! - `api_socket`: the unix socket served when systemd passes none (default
@@ -38,8 +40,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::Raw;
+use super::key::{Parsed, invalid};
 use fleet_api::authz::{Role, Roles, RolesError, Subject};
-use fleet_registry::input::shorten;
 
 pub const DEFAULT_SOCKET: &str = "/var/run/fleet.sock";
 
@@ -48,13 +50,6 @@ pub const DEFAULT_SOCKET_GROUP: &str = "fleet";
 
 /// The mode of the unix sockets when `api_socket_mode` is unset.
 pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
-
-/// The role keys, in the order a role's refusal names them.
-const ROLE_KEYS: [(&str, Role); 3] = [
-    ("api_admins", Role::Admin),
-    ("api_operators", Role::Operator),
-    ("api_viewers", Role::Viewer),
-];
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ApiConfig {
@@ -133,127 +128,135 @@ pub enum ListenAddr {
     Tcp(SocketAddr),
 }
 
-#[allow(
-    clippy::too_many_lines,
-    reason = "one check per API key, in the keys' order; issue 39 item 7 makes them rows of the keys table"
-)]
-pub fn build(raw: &BTreeMap<String, Raw>) -> Result<ApiConfig> {
-    let err = |k: &str, r: &Raw, why: &str| {
-        anyhow!("invalid {k} {:?} ({}): {why}", shorten(&r.value), r.source)
+/// What `resolve` combines of the API's keys: the TLS files (all three or none) and the
+/// subjects of the role keys (they need TLS, and a subject holds one role).
+#[derive(Debug, Default)]
+pub struct Parts {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub crl: Option<PathBuf>,
+    /// In the role keys' order (admins, operators, viewers), which a refusal follows.
+    roles: Vec<(Subject, Role)>,
+    denied: Vec<Subject>,
+}
+
+pub fn set_token_limit(p: &mut Parsed, v: &str) -> Result<(), String> {
+    p.config.api.token_limit = v
+        .trim()
+        .parse::<u16>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or("expected a whole number from 1 to 65535")?;
+    Ok(())
+}
+
+pub fn set_socket(p: &mut Parsed, v: &str) -> Result<(), String> {
+    p.config.api.socket = match v {
+        "" => None,
+        v if !v.starts_with('/') => return Err("expected an absolute path".into()),
+        v => Some(PathBuf::from(v)),
     };
-    let token_limit = match raw.get("token_limit") {
-        None => fleet_api::DEFAULT_TOKEN_LIMIT,
-        Some(r) => r
-            .value
-            .trim()
-            .parse::<u16>()
-            .ok()
-            .filter(|n| *n > 0)
-            .ok_or_else(|| err("token_limit", r, "expected a whole number from 1 to 65535"))?,
+    Ok(())
+}
+
+/// Each listener parsed; whether a TCP one may be plain is `resolve`'s (it needs the TLS
+/// files and `api_allow_plain_tcp`).
+pub fn set_listen(p: &mut Parsed, v: &str) -> Result<(), String> {
+    p.config.api.listen = v
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(parse_listen)
+        .collect::<Result<_, _>>()?;
+    Ok(())
+}
+
+pub fn set_advertise(p: &mut Parsed, v: &str) -> Result<(), String> {
+    p.config.api.advertise = match v.trim() {
+        "" => Advertise::Nothing,
+        v => Advertise::Url(advertise_url(v)?),
     };
-    let socket = match raw.get("api_socket") {
-        None => Some(PathBuf::from(DEFAULT_SOCKET)),
-        Some(r) if r.value.is_empty() => None,
-        Some(r) if !r.value.starts_with('/') => {
-            return Err(err("api_socket", r, "expected an absolute path"));
-        }
-        Some(r) => Some(PathBuf::from(&r.value)),
+    Ok(())
+}
+
+/// `api_admins`, `api_operators`, `api_viewers`: their subjects get `role`.
+pub fn add_role(p: &mut Parsed, v: &str, role: Role) -> Result<(), String> {
+    p.api
+        .roles
+        .extend(subjects(v)?.into_iter().map(|s| (s, role)));
+    Ok(())
+}
+
+pub fn set_deny(p: &mut Parsed, v: &str) -> Result<(), String> {
+    p.api.denied = subjects(v)?;
+    Ok(())
+}
+
+pub fn set_socket_group(p: &mut Parsed, v: &str) -> Result<(), String> {
+    p.config.api.socket_access.group =
+        socket_group(v.trim()).ok_or("expected a group name or number")?;
+    Ok(())
+}
+
+pub fn set_socket_mode(p: &mut Parsed, v: &str) -> Result<(), String> {
+    p.config.api.socket_access.mode = u32::from_str_radix(v.trim(), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or("expected an octal mode like 0660")?;
+    Ok(())
+}
+
+/// Comma-separated subjects, `CN=<name>` or `O=<group>`.
+fn subjects(v: &str) -> Result<Vec<Subject>, String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| item.parse().map_err(|e: RolesError| e.to_string()))
+        .collect()
+}
+
+/// The checks across the API's keys, once every key is read: the TLS files go together,
+/// plain TCP takes only loopback addresses unless allowed, and roles need TLS.
+pub fn resolve(api: &mut ApiConfig, parts: Parts, raw: &BTreeMap<String, Raw>) -> Result<()> {
+    let Parts {
+        ca,
+        cert,
+        key,
+        crl,
+        roles,
+        denied,
+    } = parts;
+    api.tls = tls_files([ca, cert, key], crl)?;
+    let plain = |l: &ListenAddr| match l {
+        ListenAddr::Tcp(a) if !a.ip().is_loopback() => Some(*a),
+        ListenAddr::Tcp(_) | ListenAddr::Unix(_) => None,
     };
-    let allow_plain = match raw.get("api_allow_plain_tcp") {
-        None => false,
-        Some(r) => super::parse_bool(&r.value)
-            .ok_or_else(|| err("api_allow_plain_tcp", r, "expected true or false"))?,
-    };
-    let tls = tls_files(raw)?;
-    let mut listen = Vec::new();
-    if let Some(r) = raw.get("api_listen") {
-        for item in r.value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let addr = parse_listen(item).map_err(|why| err("api_listen", r, &why))?;
-            if let ListenAddr::Tcp(a) = &addr
-                && !a.ip().is_loopback()
-                && !allow_plain
-                && tls.is_none()
-            {
-                let why = format!(
-                    "{a} is not a loopback address: plain TCP would serve anyone who reaches it \
-                     (set api_cafile, api_certfile and api_keyfile to serve TLS, or \
-                     api_allow_plain_tcp=true)"
-                );
-                return Err(err("api_listen", r, &why));
-            }
-            listen.push(addr);
-        }
+    if api.tls.is_none()
+        && !api.allow_plain_tcp
+        && let Some(a) = api.listen.iter().find_map(plain)
+    {
+        let why = format!(
+            "{a} is not a loopback address: plain TCP would serve anyone who reaches it \
+             (set api_cafile, api_certfile and api_keyfile to serve TLS, or \
+             api_allow_plain_tcp=true)"
+        );
+        return Err(match raw.get("api_listen") {
+            Some(r) => invalid("api_listen", r, &why),
+            None => anyhow!("invalid api_listen: {why}"),
+        });
     }
-    let advertise = match raw.get("api_advertise") {
-        None => Advertise::Derived,
-        Some(r) if r.value.trim().is_empty() => Advertise::Nothing,
-        Some(r) => Advertise::Url(
-            advertise_url(r.value.trim()).map_err(|why| err("api_advertise", r, &why))?,
-        ),
-    };
-    let roles = roles(raw)?;
-    if !roles.is_empty() && tls.is_none() {
+    let roles = Roles::new(roles)
+        .map(|roles| roles.denying(denied))
+        .map_err(|e| anyhow!("invalid api roles: {e}"))?;
+    if !roles.is_empty() && api.tls.is_none() {
         return Err(anyhow!(
             "api_admins, api_operators and api_viewers give roles to TLS client certificates: \
              they need api_cafile, api_certfile and api_keyfile"
         ));
     }
-    let socket_access = SocketAccess {
-        group: match raw.get("api_socket_group") {
-            None => SocketGroup::Default,
-            Some(r) => socket_group(r.value.trim())
-                .ok_or_else(|| err("api_socket_group", r, "expected a group name or number"))?,
-        },
-        mode: match raw.get("api_socket_mode") {
-            None => DEFAULT_SOCKET_MODE,
-            Some(r) => u32::from_str_radix(r.value.trim(), 8)
-                .ok()
-                .filter(|m| *m <= 0o777)
-                .ok_or_else(|| err("api_socket_mode", r, "expected an octal mode like 0660"))?,
-        },
-    };
-    let held_view = match raw.get("api_held_view") {
-        None => true,
-        Some(r) => super::parse_bool(&r.value)
-            .ok_or_else(|| err("api_held_view", r, "expected true or false"))?,
-    };
-    Ok(ApiConfig {
-        token_limit,
-        socket,
-        listen,
-        tls,
-        advertise,
-        roles,
-        socket_access,
-        held_view,
-        allow_plain_tcp: allow_plain,
-    })
-}
-
-/// The role keys' subjects; an entry that is no subject names its key.
-fn roles(raw: &BTreeMap<String, Raw>) -> Result<Roles> {
-    let mut entries = Vec::new();
-    for (key, role) in ROLE_KEYS {
-        let Some(r) = raw.get(key) else { continue };
-        for item in r.value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let subject: Subject = item
-                .parse()
-                .map_err(|e: RolesError| anyhow!("invalid {key} ({}): {e}", r.source))?;
-            entries.push((subject, role));
-        }
-    }
-    let mut denied = Vec::new();
-    if let Some(r) = raw.get("api_deny") {
-        for item in r.value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let subject: Subject = item
-                .parse()
-                .map_err(|e: RolesError| anyhow!("invalid api_deny ({}): {e}", r.source))?;
-            denied.push(subject);
-        }
-    }
-    Roles::new(entries)
-        .map(|roles| roles.denying(denied))
-        .map_err(|e| anyhow!("invalid api roles: {e}"))
+    api.roles = roles;
+    Ok(())
 }
 
 /// A group name as `groupadd` takes them, or a number.
@@ -322,36 +325,25 @@ fn is_dns_name(host: &str) -> bool {
 
 /// `api_cafile`, `api_certfile` and `api_keyfile`: all three, or none. One or two alone would
 /// serve TLS without client certificates, or not at all, against what was asked.
-fn tls_files(raw: &BTreeMap<String, Raw>) -> Result<Option<ApiTlsFiles>> {
+fn tls_files(files: [Option<PathBuf>; 3], crl: Option<PathBuf>) -> Result<Option<ApiTlsFiles>> {
     const KEYS: [&str; 3] = ["api_cafile", "api_certfile", "api_keyfile"];
-    let [ca, cert, key] = KEYS.map(|k| raw.get(k).filter(|r| !r.value.is_empty()));
-    match (ca, cert, key) {
-        (None, None, None) if raw.get("api_crlfile").is_some_and(|r| !r.value.is_empty()) => Err(
-            anyhow!("api_crlfile needs TLS: set api_cafile, api_certfile and api_keyfile"),
-        ),
-        (None, None, None) => Ok(None),
-        (Some(ca), Some(cert), Some(key)) => Ok(Some(ApiTlsFiles {
-            ca: PathBuf::from(&ca.value),
-            cert: PathBuf::from(&cert.value),
-            key: PathBuf::from(&key.value),
-            crl: raw
-                .get("api_crlfile")
-                .filter(|r| !r.value.is_empty())
-                .map(|r| PathBuf::from(&r.value)),
-        })),
-        _ => {
-            let missing: Vec<&str> = KEYS
-                .iter()
-                .zip([ca, cert, key])
-                .filter(|(_, r)| r.is_none())
-                .map(|(k, _)| *k)
-                .collect();
-            Err(anyhow!(
-                "TLS for the API needs api_cafile, api_certfile and api_keyfile together; \
-                 missing {}",
-                missing.join(", ")
-            ))
-        }
+    let missing: Vec<&str> = KEYS
+        .iter()
+        .zip(&files)
+        .filter(|(_, f)| f.is_none())
+        .map(|(k, _)| *k)
+        .collect();
+    match files {
+        [None, None, None] if crl.is_some() => Err(anyhow!(
+            "api_crlfile needs TLS: set api_cafile, api_certfile and api_keyfile"
+        )),
+        [None, None, None] => Ok(None),
+        [Some(ca), Some(cert), Some(key)] => Ok(Some(ApiTlsFiles { ca, cert, key, crl })),
+        _ => Err(anyhow!(
+            "TLS for the API needs api_cafile, api_certfile and api_keyfile together; \
+             missing {}",
+            missing.join(", ")
+        )),
     }
 }
 

@@ -141,13 +141,20 @@ fn run_openssl_blocks(doc: &str, dir: &Path) {
     }
 }
 
-/// The page's fleet.conf, its `/etc/fleet/tls/` files in `dir`, as fleetd reads it.
+/// The page's fleet.conf, its `/etc/fleet/tls/` files and its etcd password file (made here,
+/// mode 0600: the page has root write it) in `dir`, as fleetd reads it.
 fn fleet_conf(doc: &str, dir: &Path) -> BTreeMap<String, Raw> {
+    use std::os::unix::fs::PermissionsExt;
     let ini = blocks(doc, "ini")
         .into_iter()
         .find(|b| b.contains("api_certfile"))
         .expect("deploy.md's fleet.conf");
-    let ini = ini.replace("/etc/fleet/tls/", &format!("{}/", dir.display()));
+    let password = dir.join("etcd-password");
+    std::fs::write(&password, "s3cret\n").unwrap();
+    std::fs::set_permissions(&password, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let ini = ini
+        .replace("/etc/fleet/tls/", &format!("{}/", dir.display()))
+        .replace("/etc/fleet/etcd-password", &password.display().to_string());
     file::parse_file(Path::new("deploy.md"), &ini).unwrap()
 }
 
@@ -197,7 +204,8 @@ async fn the_certificates_deploy_md_makes_are_the_ones_fleetd_and_etcd_accept() 
         openssl_verify(&dir, "etcd-ca.crt", "sslclient", member);
     }
 
-    let config = api::build(&raw).unwrap();
+    // The whole page's fleet.conf is a configuration fleetd takes; its API part serves.
+    let config = super::build(&raw, &mut vec![]).unwrap().api;
     let files = config.tls.clone().unwrap();
     let addr = serve(config).await;
     let get = |who: &str, path: &'static str| ask(addr, client(&dir, who), "GET", path, "");

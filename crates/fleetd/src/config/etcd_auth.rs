@@ -3,57 +3,83 @@
 //! config file that others can read, [`exposed`] says so). Read together, as the API's keys
 //! are, because each makes sense only with the other.
 //!
+//! Each key is a row of [`KEYS`](super::KEYS); its setter only keeps the value, and
+//! [`resolve`] combines them once every key is read.
+//!
 //! A username needs exactly one password key, and a password needs a username; each refusal
 //! names the keys. The password itself is never shown: not in an error, not in `Debug`.
 
 use anyhow::{Result, anyhow};
 use fleet_registry::kv::EtcdAuth;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::Raw;
+use super::key::Parsed;
 use fleet_registry::input::shorten;
 
 /// The largest password file read: a password, not a document.
 const MAX_PASSWORD_BYTES: u64 = 4096;
 
-/// `etcd_username` and its password, or `None` (anonymous, or the TLS certificate's user).
-pub fn build(raw: &BTreeMap<String, Raw>) -> Result<Option<EtcdAuth>> {
-    let given = |k: &str| raw.get(k).filter(|r| !r.value.is_empty());
-    let (user, password, file) = (
-        given("etcd_username"),
-        given("etcd_password"),
-        given("etcd_password_file"),
-    );
-    let password = match (password, file) {
-        (Some(p), Some(f)) => {
+/// What the rows of `etcd_username`, `etcd_password_file` and `etcd_password` read (an
+/// empty value is none); [`resolve`] combines them. No `Debug`: it holds the password.
+#[derive(Default)]
+pub struct Parts {
+    username: Option<String>,
+    password: Option<String>,
+    password_file: Option<PathBuf>,
+}
+
+fn non_empty(v: &str) -> Option<String> {
+    (!v.is_empty()).then(|| v.to_owned())
+}
+
+pub fn set_username(p: &mut Parsed, v: &str) -> Result<(), String> {
+    p.etcd_auth.username = non_empty(v);
+    Ok(())
+}
+
+pub fn set_password(p: &mut Parsed, v: &str) -> Result<(), String> {
+    p.etcd_auth.password = non_empty(v);
+    Ok(())
+}
+
+/// Only the path: the file is read by [`resolve`], once it knows no password is given too.
+pub fn set_password_file(p: &mut Parsed, v: &str) -> Result<(), String> {
+    p.etcd_auth.password_file = non_empty(v).map(PathBuf::from);
+    Ok(())
+}
+
+/// `etcd_username` and its password, or `None` (anonymous, or the TLS certificate's user);
+/// `raw` names where each came from.
+pub fn resolve(parts: Parts, raw: &BTreeMap<String, Raw>) -> Result<Option<EtcdAuth>> {
+    let source = |k: &str| raw.get(k).map_or("", |r| r.source.as_str());
+    let password = match (parts.password, parts.password_file) {
+        (Some(_), Some(_)) => {
             return Err(anyhow!(
                 "etcd_password ({}) and etcd_password_file ({}) are both given: give one \
                  (etcd_password_file preferred)",
-                p.source,
-                f.source
+                source("etcd_password"),
+                source("etcd_password_file")
             ));
         }
-        (Some(p), None) => Some(p.value.clone()),
-        (None, Some(f)) => Some(read_password(Path::new(&f.value)).map_err(|why| {
+        (Some(p), None) => Some(p),
+        (None, Some(f)) => Some(read_password(&f).map_err(|why| {
             anyhow!(
                 "invalid etcd_password_file {:?} ({}): {why}",
-                shorten(&f.value),
-                f.source
+                shorten(&f.to_string_lossy()),
+                source("etcd_password_file")
             )
         })?),
         (None, None) => None,
     };
-    match (user, password) {
+    match (parts.username, password) {
         (None, None) => Ok(None),
-        (Some(u), Some(password)) => Ok(Some(EtcdAuth {
-            username: u.value.clone(),
-            password,
-        })),
+        (Some(username), Some(password)) => Ok(Some(EtcdAuth { username, password })),
         (Some(u), None) => Err(anyhow!(
             "etcd_username {:?} ({}) needs etcd_password_file or etcd_password",
-            shorten(&u.value),
-            u.source
+            shorten(&u),
+            source("etcd_username")
         )),
         (None, Some(_)) => Err(anyhow!(
             "etcd_password_file or etcd_password is given without etcd_username"
@@ -97,6 +123,11 @@ pub fn read_password(path: &Path) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The etcd user and password the whole configuration gives.
+    fn build(raw: &BTreeMap<String, Raw>) -> Result<Option<EtcdAuth>> {
+        super::super::build(raw, &mut vec![]).map(|c| c.etcd_auth)
+    }
 
     fn raw(pairs: &[(&str, &str)]) -> BTreeMap<String, Raw> {
         pairs

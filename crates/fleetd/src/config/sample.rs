@@ -4,7 +4,8 @@
 
 use std::fmt::Write;
 
-use super::{KEYS, Kind};
+use super::KEYS;
+use super::key::{Kind, Unset};
 
 const HEADER: &str = "\
 # fleetd's configuration: copy this file to /etc/fleet/fleet.conf and set at least
@@ -19,13 +20,12 @@ const HEADER: &str = "\
 pub fn sample() -> String {
     let mut out = HEADER.to_owned();
     for key in KEYS.iter().filter(|k| !matches!(k.kind, Kind::Ignored)) {
-        let _ = write!(
-            out,
-            "\n# {}\n#{}={}\n",
-            key.help,
-            key.name,
-            key.default.unwrap_or("")
-        );
+        // A default that is no value is said in the help line; the key's line stays empty.
+        let (help, value) = match key.unset {
+            Unset::Value(value) => (key.help.to_owned(), value),
+            Unset::Derived(_) | Unset::Nothing => (key.help_with_default(), ""),
+        };
+        let _ = write!(out, "\n# {help}\n#{}={value}\n", key.name);
     }
     out.push_str(
         "\n# Keys of fleet that fleetd accepts and ignores (it warns about each one given):\n",

@@ -1,5 +1,5 @@
 use super::file::{load_file, parse_file};
-use super::values::parse_metadata;
+use super::values::{Syntax, duration_in, parse_metadata, split_globs};
 use super::*;
 use clap::{Args, Command, FromArgMatches};
 use fleet_engine::DisruptionConfig;
@@ -174,7 +174,7 @@ fn every_key_is_a_flag_and_a_fleet_variable() {
         let env = arg.get_env().unwrap().to_str().unwrap();
         assert_eq!(env, format!("FLEET_{}", key.name.to_uppercase()));
         let help = arg.get_help().unwrap().to_string();
-        if let Some(default) = key.default {
+        if let key::Unset::Value(default) | key::Unset::Derived(default) = key.unset {
             assert!(help.ends_with(&format!("[default: {default}]")), "{help}");
         }
     }

@@ -3,7 +3,7 @@ use fleet_api::{Api, Listener};
 use fleet_core::MachineInfo;
 use fleet_registry::Registry;
 use fleet_registry::kv::MemKv;
-use fleet_registry::testing::TestCerts;
+use fleet_testing::TestCerts;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);

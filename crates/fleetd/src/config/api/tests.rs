@@ -1,5 +1,10 @@
 use super::*;
 
+/// The API's configuration the whole configuration gives (its keys are rows of `KEYS`).
+fn build(raw: &BTreeMap<String, Raw>) -> Result<ApiConfig> {
+    super::super::build(raw, &mut vec![]).map(|c| c.api)
+}
+
 fn raw(pairs: &[(&str, &str)]) -> BTreeMap<String, Raw> {
     pairs
         .iter()

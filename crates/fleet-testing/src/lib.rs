@@ -1,4 +1,5 @@
-//! Throwaway etcd servers for tests.
+//! Throwaway etcd servers for tests, and what other test support the crates share: a
+//! dev-dependency only (`publish = false`), so no production crate links a test launcher.
 //!
 //! [`TestEtcd`] runs a real single-member etcd on loopback with its own free ports and its own
 //! data directory (never under /tmp: a namespaced systemd in other tests may empty it), with
@@ -27,12 +28,11 @@ use rand::Rng;
 use tokio::time::{Instant, sleep};
 use tracing::debug;
 
-use fleet_core::{MachineId, UnitName};
+use fleet_core::UnitName;
 
-use crate::kv::{EtcdAuth, EtcdConfig, EtcdKv, Kv, Revision, TlsFiles, Txn, TxnOp};
-use crate::rbac::{Admin, ROOT_USER, RoleSpec};
-use crate::records::ScheduleEntry;
-use crate::registry::{Registry, delete, encode, put};
+use fleet_registry::Registry;
+use fleet_registry::kv::{EtcdAuth, EtcdConfig, EtcdKv, Kv, Revision, TlsFiles};
+use fleet_registry::rbac::{Admin, ROOT_USER, RoleSpec};
 
 mod cluster;
 pub use cluster::TestEtcdCluster;
@@ -391,57 +391,6 @@ pub(crate) async fn issue_user(root: &EtcdConfig, name: &str, roles: &[RoleSpec]
     }
 }
 
-/// Raw access for tests, which set up what no role may write (a schedule without an
-/// engine, a corrupt value) and look at what was written. Production code goes through roles.
-impl<K: Kv> Registry<K> {
-    /// The store under the registry.
-    pub fn raw_kv(&self) -> &K {
-        self.kv()
-    }
-
-    /// Writes `value` at `key` as it is, past every check: a corrupt value, another user's
-    /// key, what a hand-written or buggy client could write.
-    pub async fn put_raw(&self, key: &str, value: &str) {
-        let txn = Txn {
-            success: vec![put(key.to_owned(), value.as_bytes().to_vec())],
-            ..Txn::default()
-        };
-        self.kv().txn(txn).await.expect("raw put");
-    }
-
-    /// Puts and deletes schedule entries in one transaction, without a leadership's fence:
-    /// what an engine would write, for tests of the agent and of the readers.
-    pub async fn write_schedule(
-        &self,
-        put_entries: &[ScheduleEntry],
-        delete_entries: &[(MachineId, UnitName)],
-    ) -> crate::Result<Revision> {
-        let keys = self.keys();
-        // With their placements, as the engine writes them.
-        let mut ops: Vec<TxnOp> = put_entries
-            .iter()
-            .flat_map(|e| {
-                [
-                    put(keys.schedule(&e.machine, &e.name), encode(e)),
-                    put(keys.placement(&e.name, &e.machine), Vec::new()),
-                ]
-            })
-            .collect();
-        ops.extend(
-            delete_entries
-                .iter()
-                .flat_map(|(m, n)| [delete(keys.schedule(m, n)), delete(keys.placement(n, m))]),
-        );
-        let txn = Txn {
-            compares: vec![],
-            success: ops,
-            failure: vec![],
-        };
-        let res = self.txn(txn, "writing schedule").await?;
-        Ok(res.revision)
-    }
-}
-
 /// A machine for the tests of the readers: registers `info` (on a lease of `ttl`) and
 /// publishes, for each `(unit, hash, up)`, the state its agent would: loaded, and active and
 /// running when `up`, else inactive and dead.
@@ -451,13 +400,13 @@ pub async fn machine_running<K: Kv>(
     ttl: Duration,
     units: &[(UnitName, fleet_core::UnitHash, bool)],
 ) {
-    let role = crate::MachineRole::new(registry.clone(), info.id.clone());
+    let role = fleet_registry::MachineRole::new(registry.clone(), info.id.clone());
     let presence = role
         .register(info, ttl, None)
         .await
         .expect("machine registers");
     for (name, hash, up) in units {
-        let state = crate::UnitStateRecord {
+        let state = fleet_registry::UnitStateRecord {
             name: name.clone(),
             machine: info.id.clone(),
             hash: Some(*hash),
@@ -786,7 +735,7 @@ mod tests {
     //! promise 6 of `docs/guarantees.md` rests on.
 
     use super::*;
-    use crate::kv::KvError;
+    use fleet_registry::kv::KvError;
 
     fn loopback() -> IpAddr {
         IpAddr::V4(Ipv4Addr::LOCALHOST)
@@ -810,8 +759,8 @@ mod tests {
         let etcd = TestEtcd::start_tls(&certs, loopback()).await;
         assert!(etcd.endpoint().starts_with("https://127.0.0.1:"));
         let kv = etcd.kv().await;
-        let put = crate::kv::Txn {
-            success: vec![crate::kv::TxnOp::Put {
+        let put = fleet_registry::kv::Txn {
+            success: vec![fleet_registry::kv::TxnOp::Put {
                 key: "k".into(),
                 value: b"v".to_vec(),
                 lease: None,

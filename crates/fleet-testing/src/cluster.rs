@@ -16,8 +16,8 @@ use super::{
     EtcdMember, READY_WITHIN, REQUEST_TIMEOUT, START_ATTEMPTS, enable_auth, etcd_binary,
     etcd_command, free_ports, issue_user, root_auth, unique_dir,
 };
-use crate::kv::{EtcdConfig, EtcdKv, Kv, TlsFiles};
-use crate::rbac::RoleSpec;
+use fleet_registry::kv::{EtcdConfig, EtcdKv, Kv, TlsFiles};
+use fleet_registry::rbac::RoleSpec;
 
 /// A running multi-member etcd. Dropping it kills every member and deletes the data.
 #[derive(Debug)]
