@@ -10,9 +10,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-/// systemd's `LINE_MAX`: a physical line, its newline included, must fit in this many bytes,
-/// so its text is at most 2047 bytes. go-systemd refuses longer lines rather than let systemd
-/// truncate them silently.
+/// systemd's `LINE_MAX`: go-systemd (fleet's reader) refuses a line that does not end within
+/// this many bytes rather than let systemd truncate it silently, where its read buffer lets it
+/// see the line (the `lexer` module says where).
 pub const MAX_LINE_BYTES: usize = 2048;
 
 /// Largest unit file accepted. etcd refuses requests over 1.5 MiB by default; a unit file and
