@@ -143,7 +143,7 @@ impl<'a> Reader<'a> {
 
     /// The rest of the line without its `\n` (a `\r` before it stays), and whether the file
     /// ended instead.
-    fn to_line_end(&mut self) -> (&'a [u8], bool) {
+    fn read_line_rest(&mut self) -> (&'a [u8], bool) {
         let (line, found) = self.read_through(b'\n');
         if found {
             (&line[..line.len() - 1], false)
@@ -255,7 +255,7 @@ pub(super) fn read(bytes: &[u8]) -> Result<Vec<RawOption>, ParseError> {
             },
             Step::SectionName => section_name(&mut reader)?,
             Step::SectionEnd(name) => {
-                let (rest, _) = reader.to_line_end();
+                let (rest, _) = reader.read_line_rest();
                 if !trim_space(rest).is_empty() {
                     return Err(ParseError::GarbageAfterSection {
                         line: reader.line_at(reader.pos.saturating_sub(1)),
@@ -288,7 +288,7 @@ pub(super) fn read(bytes: &[u8]) -> Result<Vec<RawOption>, ParseError> {
                 partial: Vec::new(),
             },
             Step::Value { name, mut partial } => {
-                let (line, eof) = reader.to_line_end();
+                let (line, eof) = reader.read_line_rest();
                 let blank = trim_space(line).is_empty();
                 if !blank {
                     partial.extend_from_slice(line);
@@ -324,7 +324,7 @@ fn section_name(reader: &mut Reader<'_>) -> Result<Step, ParseError> {
 /// Skips a comment's line, and the next ones while a line ends in `\` (or `\ `).
 fn skip_comment(reader: &mut Reader<'_>) {
     loop {
-        let (line, _) = reader.to_line_end();
+        let (line, _) = reader.read_line_rest();
         let line = line.strip_suffix(b" ").unwrap_or(line);
         if !line.ends_with(b"\\") {
             return;

@@ -249,9 +249,12 @@ fn refuses_bad_files_naming_the_line() {
     }
 }
 
+/// A file and the `(section, name, value)` options it reads as.
+type Reads<'a> = (&'a [u8], &'a [(&'a str, &'a str, &'a str)]);
+
 #[test]
 fn accepts_what_fleet_accepts_as_fleet_reads_it() {
-    let table: &[(&[u8], &[(&str, &str, &str)])] = &[
+    let table: &[Reads] = &[
         // Nothing at all, or only comments and headers: no options, as in fleet.
         (b"", &[]),
         (b"# only\n[Unit]\n\n", &[]),
