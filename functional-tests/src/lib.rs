@@ -50,5 +50,6 @@ pub use reference::{REFERENCE_DIR_VAR, reference_fleet_dir, reference_fleetctl};
 pub use registry::TestRegistry;
 pub use state::{
     ClusterState, EtcdMember, EtcdState, MachineState, RunId, default_bin_dir, functional_dir,
+    workspace_dir,
 };
 pub use wait::{wait_for, wait_for_value};

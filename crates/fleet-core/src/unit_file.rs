@@ -10,9 +10,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-/// systemd's `LINE_MAX`: a physical line, its newline included, must fit in this many bytes,
-/// so its text is at most 2047 bytes. go-systemd refuses longer lines rather than let systemd
-/// truncate them silently.
+/// systemd's `LINE_MAX`: go-systemd (fleet's reader) refuses a line that does not end within
+/// this many bytes rather than let systemd truncate it silently, where its read buffer lets it
+/// see the line (the `lexer` module says where).
 pub const MAX_LINE_BYTES: usize = 2048;
 
 /// Largest unit file accepted. etcd refuses requests over 1.5 MiB by default; a unit file and
@@ -48,11 +48,10 @@ impl PartialEq for UnitFile {
 
 impl Eq for UnitFile {}
 
-/// Why a unit file was refused. Line numbers are 1-based.
+/// Why a unit file was refused: where fleet's reader refuses it, for the same reason. Line
+/// numbers are 1-based.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
-    #[error("unit file is not valid UTF-8 (line {line})")]
-    NotUtf8 { line: usize },
     #[error("line {line} too long (max {MAX_LINE_BYTES} bytes)")]
     LineTooLong { line: usize },
     #[error("unit file too large ({size} bytes, max {MAX_UNIT_FILE_BYTES})")]
@@ -61,88 +60,38 @@ pub enum ParseError {
     UnterminatedSection { line: usize },
     #[error("line {line}: found garbage after section name {section:?}")]
     GarbageAfterSection { line: usize, section: String },
-    #[error("line {line}: option {name:?} outside of any section")]
-    OutsideSection { line: usize, name: String },
     #[error("line {line}: expected Name=Value, found {text:?}")]
     NotAnAssignment { line: usize, text: String },
-    #[error("line {line}: value ends in a backslash that continues nothing")]
-    DanglingBackslash { line: usize },
-    #[error("line {line}: empty option name")]
-    EmptyName { line: usize },
-    #[error("line {line}: NUL byte in unit file")]
-    Nul { line: usize },
-    #[error("unit file has no options")]
-    Empty,
+    /// fleet stores the text it serializes from the options and reads that back.
+    #[error("the unit file as fleet would store it does not read back: {0}")]
+    Reread(Box<ParseError>),
 }
 
-/// The UTF-8 byte order mark, which systemd skips at the start of a unit file.
-const BOM: &[u8] = b"\xEF\xBB\xBF";
-
 impl UnitFile {
-    /// Parses a unit file as go-systemd does: sections, `Name=Value`, `#`/`;` comments, blank
-    /// lines, backslash continuations (kept in the value as `\` + newline), repeated keys in
-    /// order, repeated `[Section]` headers merged. Unlike go-systemd it refuses text before the
-    /// first section, non-UTF-8 bytes, NUL bytes (systemd would end the line there) and empty
-    /// files, and it honours continuations in CRLF files. A leading UTF-8 byte order mark is
-    /// skipped, as systemd does; it is not part of the canonical text, so the hash is the
-    /// one of the same file without it.
+    /// Parses a unit file into the options fleet v1.0 shows for it, or refuses it where fleet
+    /// refuses it, so that the hash is fleet's (`tests/fleet_hashes/` holds the files this was
+    /// checked on, with the hashes fleet's own binaries gave).
+    ///
+    /// fleet reads the file with go-systemd's reader (`unit_file::lexer`), stores the text it
+    /// serializes from the options as a JSON string (invalid UTF-8 becomes U+FFFD, one per
+    /// byte), and every reader of its registry parses that text again: the options and hash
+    /// fleet shows are those of the second reading. For ordinary files both readings agree;
+    /// they differ for a value ending in a `\` that continues nothing, which the second
+    /// reading joins with the next line, as systemd would.
     pub fn parse(bytes: &[u8]) -> Result<UnitFile, ParseError> {
         if bytes.len() > MAX_UNIT_FILE_BYTES {
             return Err(ParseError::TooLarge { size: bytes.len() });
         }
-        let bytes = bytes.strip_prefix(BOM).unwrap_or(bytes);
-        if let Some(at) = bytes.iter().position(|b| *b == 0) {
-            let line = 1 + bytes[..at].iter().filter(|b| **b == b'\n').count();
-            return Err(ParseError::Nul { line });
-        }
-        let text = std::str::from_utf8(bytes).map_err(|e| ParseError::NotUtf8 {
-            line: 1 + bytes[..e.valid_up_to()]
-                .iter()
-                .filter(|b| **b == b'\n')
-                .count(),
-        })?;
-        let mut lines = Lines::new(text);
-        let mut options = Vec::new();
-        let mut section: Option<String> = None;
-        while let Some((line_no, raw)) = lines.next_line()? {
-            // Leading space is insignificant; trailing space is not (it ends a continuation).
-            let line = raw.trim_start();
-            if line.is_empty() {
-                continue;
-            }
-            if line.starts_with(['#', ';']) {
-                skip_comment(line, &mut lines)?;
-                continue;
-            }
-            if let Some(rest) = line.strip_prefix('[') {
-                section = Some(section_name(rest, line_no)?);
-                continue;
-            }
-            let Some((name, first)) = line.split_once('=') else {
-                return Err(ParseError::NotAnAssignment {
-                    line: line_no,
-                    text: line.trim_end().to_owned(),
-                });
-            };
-            let name = name.trim();
-            if name.is_empty() {
-                return Err(ParseError::EmptyName { line: line_no });
-            }
-            let Some(section) = &section else {
-                return Err(ParseError::OutsideSection {
-                    line: line_no,
-                    name: name.to_owned(),
-                });
-            };
-            options.push(UnitOption {
-                section: section.clone(),
-                name: name.to_owned(),
-                value: read_value(first, line_no, &mut lines)?,
-            });
-        }
-        if options.is_empty() {
-            return Err(ParseError::Empty);
-        }
+        let stored = go_lossy(&serialize_raw(&lexer::read(bytes)?));
+        let options = lexer::read(stored.as_bytes())
+            .map_err(|e| ParseError::Reread(Box::new(e)))?
+            .into_iter()
+            .map(|o| UnitOption {
+                section: String::from_utf8_lossy(&o.section).into_owned(),
+                name: String::from_utf8_lossy(&o.name).into_owned(),
+                value: String::from_utf8_lossy(&o.value).into_owned(),
+            })
+            .collect::<Vec<_>>();
         let file = UnitFile {
             options: options.into(),
         };
@@ -235,97 +184,53 @@ impl UnitFile {
     }
 }
 
-/// Physical lines with their 1-based numbers, line ends (`\n` or `\r\n`) removed, each
-/// checked against [`MAX_LINE_BYTES`].
-struct Lines<'a> {
-    inner: std::iter::Enumerate<std::str::Split<'a, char>>,
-}
-
-impl<'a> Lines<'a> {
-    fn new(text: &'a str) -> Self {
-        Lines {
-            inner: text.split('\n').enumerate(),
-        }
-    }
-
-    fn next_line(&mut self) -> Result<Option<(usize, &'a str)>, ParseError> {
-        let Some((idx, raw)) = self.inner.next() else {
-            return Ok(None);
-        };
-        let line = raw.strip_suffix('\r').unwrap_or(raw);
-        if line.len() >= MAX_LINE_BYTES {
-            return Err(ParseError::LineTooLong { line: idx + 1 });
-        }
-        Ok(Some((idx + 1, line)))
-    }
-}
-
-/// `rest` is a header line after its `[`: the name runs to the first `]`, and only space may
-/// follow.
-fn section_name(rest: &str, line: usize) -> Result<String, ParseError> {
-    let Some((name, after)) = rest.split_once(']') else {
-        return Err(ParseError::UnterminatedSection { line });
-    };
-    if !after.trim().is_empty() {
-        return Err(ParseError::GarbageAfterSection {
-            line,
-            section: name.to_owned(),
+/// fleet's serialization of options as read, in bytes: the text [`UnitFile::canonical`] writes.
+fn serialize_raw(options: &[lexer::RawOption]) -> Vec<u8> {
+    let mut index: std::collections::HashMap<&[u8], usize> = std::collections::HashMap::new();
+    let mut grouped: Vec<(&[u8], Vec<&lexer::RawOption>)> = Vec::new();
+    for o in options {
+        let i = *index.entry(&o.section).or_insert_with(|| {
+            grouped.push((&o.section, Vec::new()));
+            grouped.len() - 1
         });
+        grouped[i].1.push(o);
     }
-    Ok(name.to_owned())
-}
-
-/// go-systemd lets a comment continue onto the next line when it ends in `\` (one trailing
-/// space allowed), so the continued line is a comment too and must not become an option.
-fn skip_comment<'a>(mut line: &'a str, lines: &mut Lines<'a>) -> Result<(), ParseError> {
-    while line.strip_suffix(' ').unwrap_or(line).ends_with('\\') {
-        match lines.next_line()? {
-            Some((_, next)) => line = next,
-            None => break,
+    let mut out = Vec::new();
+    for (i, (section, options)) in grouped.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b'\n');
+        }
+        out.push(b'[');
+        out.extend_from_slice(section);
+        out.extend_from_slice(b"]\n");
+        for o in options {
+            out.extend_from_slice(&o.name);
+            out.push(b'=');
+            out.extend_from_slice(&o.value);
+            out.push(b'\n');
         }
     }
-    Ok(())
+    out
 }
 
-/// Reads a value whose first line is `first` (everything after `=`). A line ending exactly in
-/// `\` continues onto the next, joined with a newline; a blank continuation line ends the value
-/// and, as in go-systemd, leaves that newline at its end. The value is then trimmed.
-///
-/// The end of the file ends a continuation as a blank line does, so `A=x\` as the last line
-/// reads the same with or without a final newline (the value is `x\` + newline; that form
-/// was the one accepted first, and its hash must not change).
-///
-/// go-systemd accepts a value that still ends in `\` (`A=x\ ` with a trailing space), but its
-/// canonical text reads back as a continuation and systemd joins it with the next line: such
-/// a value is refused.
-fn read_value<'a>(
-    first: &'a str,
-    line_no: usize,
-    lines: &mut Lines<'a>,
-) -> Result<String, ParseError> {
-    let mut value = first.to_owned();
-    let (mut last, mut last_no) = (first, line_no);
-    let mut ends_in_newline = false;
-    while last.ends_with('\\') {
-        let Some((next_no, next)) = lines.next_line()? else {
-            ends_in_newline = true;
-            break;
-        };
-        value.push('\n');
-        if next.trim().is_empty() {
-            ends_in_newline = true;
-            break;
+/// `bytes` as go's JSON encoder writes a string: each byte of invalid UTF-8 becomes U+FFFD.
+fn go_lossy(mut bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    loop {
+        match std::str::from_utf8(bytes) {
+            Ok(valid) => {
+                out.push_str(valid);
+                return out;
+            }
+            Err(e) => {
+                let (valid, rest) = bytes.split_at(e.valid_up_to());
+                out.push_str(std::str::from_utf8(valid).unwrap_or_default());
+                let bad = e.error_len().unwrap_or(rest.len());
+                out.extend(std::iter::repeat_n(char::REPLACEMENT_CHARACTER, bad));
+                bytes = &rest[bad..];
+            }
         }
-        value.push_str(next);
-        (last, last_no) = (next, next_no);
     }
-    let mut value = value.trim().to_owned();
-    if ends_in_newline {
-        value.push('\n');
-    } else if value.ends_with('\\') {
-        return Err(ParseError::DanglingBackslash { line: last_no });
-    }
-    Ok(value)
 }
 
 /// SHA-1 of a unit file's canonical text.
@@ -408,6 +313,8 @@ impl From<UnitHash> for String {
         h.to_string()
     }
 }
+
+mod lexer;
 
 #[cfg(test)]
 mod tests;

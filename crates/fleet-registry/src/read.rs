@@ -269,10 +269,20 @@ pub(crate) fn moving(keys: &Keys, kv: &KeyValue) -> Result<MoveRecord, Skipped> 
     at_own_key(keys, kv, m, own)
 }
 
-/// A unit file stored under `file/<hash>`.
+/// A unit file stored under `file/<hash>`: its text must hash to its key. The reader takes
+/// what fleet takes (almost any bytes read as some unit file, perhaps an empty one), so the
+/// hash is what tells a unit file from a value that was damaged or written by something else.
 pub(crate) fn file(keys: &Keys, kv: &KeyValue) -> Result<(UnitHash, UnitFile), Skipped> {
     let hash: UnitHash = key_part(keys, kv, &keys.files())?;
     let file = UnitFile::parse(&kv.value).map_err(|e| skipped(keys, kv, e))?;
+    let read = file.hash();
+    if read != hash {
+        return Err(skipped(
+            keys,
+            kv,
+            format_args!("its content hashes to {read}, not to its key"),
+        ));
+    }
     Ok((hash, file))
 }
 

@@ -435,8 +435,8 @@ async fn bad_inputs_are_refused_and_write_nothing() {
         "impossible.service",
         "[Service]\nExecStart=/bin/true\n[X-Fleet]\nMachineID=abc\nGlobal=true\n",
     );
-    let not_utf8 = env.dir.join("latin1.service");
-    std::fs::write(&not_utf8, b"[Service]\nExecStart=/bin/echo caf\xe9\n").unwrap();
+    let crlf = env.dir.join("crlf.service");
+    std::fs::write(&crlf, b"[Service]\r\nExecStart=/bin/echo \\\r\n caf\r\n").unwrap();
     let ten_kb = "a".repeat(10_000) + ".service";
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["submit", &malformed], "line 2"),
@@ -447,8 +447,8 @@ async fn bad_inputs_are_refused_and_write_nothing() {
             "MachineID cannot be used with Global",
         ),
         (
-            vec!["submit", not_utf8.to_str().unwrap()],
-            "not valid UTF-8",
+            vec!["submit", crlf.to_str().unwrap()],
+            "line 3: expected Name=Value",
         ),
         (
             vec!["submit", "bad name"],

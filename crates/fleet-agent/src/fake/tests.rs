@@ -188,7 +188,7 @@ async fn starting_a_changed_unit_without_reload_runs_the_stale_file() {
 #[tokio::test]
 async fn reports_unparseable_files_and_skips_names_that_are_not_units() {
     let fake = FakeManager::new();
-    fake.put_file("bad.service", "no section\n");
+    fake.put_file("bad.service", "[Service] garbage\n");
     fake.put_file("notes.txt", "[Service]\nExecStart=/bin/true\n");
     fake.put_file("good.service", "[Service]\nExecStart=/bin/true\n");
     let installed = fake.installed().await.unwrap();

@@ -72,7 +72,7 @@ fn lists_only_the_named_files_as_the_whole_listing_does() {
         .unwrap();
     dir.write(&name("b.service"), &unit("[Service]\nExecStart=/bin/b\n"))
         .unwrap();
-    fs::write(dir.file_path(&name("c.service")), "not a unit").unwrap();
+    fs::write(dir.file_path(&name("c.service")), "[not a unit] x").unwrap();
     fs::create_dir(dir.file_path(&name("d.service"))).unwrap();
     let asked = [
         name("c.service"),
@@ -141,7 +141,7 @@ fn says_when_the_file_it_replaced_had_an_install_section() {
 fn reports_unparseable_files_without_failing_the_others() {
     let scratch = Scratch::new("unparseable");
     let dir = scratch.open();
-    fs::write(dir.path().join("bad.service"), "no sections here\n").unwrap();
+    fs::write(dir.path().join("bad.service"), "[Service] garbage\n").unwrap();
     dir.write(
         &name("good.service"),
         &unit("[Service]\nExecStart=/bin/true\n"),
