@@ -36,6 +36,9 @@ pub struct ClusterSpec {
     /// tmpfs on top, in the machine's mount namespace (scripts/machine.sh, `writable_root`),
     /// e.g. to install a package with dpkg. Default: the host's root, read-only.
     pub writable_root: bool,
+    /// etcd serves its v2 API beside v3 (`--enable-v2`), as fleet v1's fleetd needs: a test
+    /// that runs fleet's own fleetd, e.g. to migrate a fleet cluster to ours.
+    pub etcd_v2: bool,
 }
 
 impl ClusterSpec {
@@ -53,6 +56,14 @@ impl ClusterSpec {
             machines,
             fleetd: Some(fleetd),
             ..ClusterSpec::default()
+        }
+    }
+
+    /// The same with etcd's v2 API on ([`ClusterSpec::etcd_v2`]).
+    pub fn with_etcd_v2(self) -> ClusterSpec {
+        ClusterSpec {
+            etcd_v2: true,
+            ..self
         }
     }
 
@@ -122,6 +133,7 @@ impl Cluster {
             bin_dir,
             fleetd: spec.fleetd.clone(),
             writable_root: spec.writable_root,
+            etcd_v2: spec.etcd_v2,
             etcd: etcd_ports(spec.etcd_members.max(1)),
             machines: Vec::new(),
         };

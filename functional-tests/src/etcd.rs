@@ -68,8 +68,12 @@ pub fn spawn(state: &ClusterState, index: usize) -> Result<(Child, ProcId)> {
         .append(true)
         .open(member_log_file(state, index))
         .context("cannot open etcd's log")?;
-    let child = Command::new("setsid")
-        .arg("/usr/bin/etcd")
+    let mut command = Command::new("setsid");
+    command.arg("/usr/bin/etcd");
+    if state.etcd_v2 {
+        command.arg("--enable-v2");
+    }
+    let child = command
         .args(["--name", &name])
         .arg("--data-dir")
         .arg(member_data_dir(state, index))

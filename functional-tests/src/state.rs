@@ -151,6 +151,9 @@ pub struct ClusterState {
     /// Machines get an overlay root they can write to (`ClusterSpec::writable_root`).
     #[serde(default)]
     pub writable_root: bool,
+    /// etcd serves its v2 API too (`ClusterSpec::etcd_v2`).
+    #[serde(default)]
+    pub etcd_v2: bool,
     pub etcd: EtcdState,
     pub machines: Vec<MachineState>,
 }

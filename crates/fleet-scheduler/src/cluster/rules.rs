@@ -14,7 +14,8 @@ impl<'s> Cluster<'s> {
         (!self.is_global(unit) && self.drained.contains_key(machine)).then_some(Violation::Drained)
     }
 
-    /// The rules about the machine itself: `MachineID=`, then `MachineMetadata=`.
+    /// The rules about the machine itself: `MachineID=`, then `MachineMetadata=` (which a
+    /// migrating machine that has not joined passes: see [`Cluster::is_migrating`]).
     pub fn machine_violation(&self, unit: &UnitName, machine: &MachineId) -> Option<Violation> {
         let reqs = self.reqs(unit);
         if !reqs.machine_id_matches(machine) {
@@ -22,6 +23,12 @@ impl<'s> Cluster<'s> {
             return Some(Violation::MachineIdMismatch { wanted });
         }
         let metadata = self.machines.get(machine).map(|m| &m.metadata);
+        // A machine imported from fleet v1 that has not joined publishes no metadata yet:
+        // unknown is no mismatch, and fleet placed the unit there by the same rule. (It is
+        // absent, so this only keeps entries, never places a unit.)
+        if metadata.is_none() && self.is_migrating(machine) {
+            return None;
+        }
         reqs.metadata.iter().find_map(|(key, accepted)| {
             let have = metadata.and_then(|md| md.get(key));
             (!have.is_some_and(|v| accepted.contains(v))).then(|| Violation::MetadataMismatch {

@@ -94,3 +94,30 @@ fn a_migrating_machine_is_never_a_place_for_a_new_unit() {
     let plan = lines(&w.plan());
     assert!(plan.iter().all(|l| !l.contains("on m3")), "{plan:?}");
 }
+
+/// Seen in the functional migration (functional-tests/tests/migrate.rs): the first engine of
+/// ours unscheduled fleet's `MachineMetadata=` unit from a machine still running fleet, whose
+/// metadata it cannot know before that machine joins, and found no place for it.
+#[test]
+fn keeps_a_metadata_bound_unit_on_a_machine_that_has_not_joined_since_its_import() {
+    let w = two_machines()
+        .unit("meta.service", Launched, "MachineMetadata=role=special")
+        .entry("meta.service", "m3")
+        .migrating("m3");
+    assert_eq!(lines(&w.plan()), Vec::<String>::new());
+}
+
+#[test]
+fn a_machine_that_joined_is_held_to_its_metadata_again() {
+    let w = two_machines()
+        .machine("m3", &[("role", "web")])
+        .unit("meta.service", Launched, "MachineMetadata=role=special")
+        .entry("meta.service", "m3")
+        .migrating("m3");
+    let plan = lines(&w.plan());
+    assert!(
+        plan.iter()
+            .any(|l| l.starts_with("unschedule meta.service from m3")),
+        "{plan:?}"
+    );
+}

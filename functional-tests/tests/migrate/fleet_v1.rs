@@ -1,0 +1,188 @@
+//! A real fleet v1.0 cluster inside the harness's machines, and the cutover to ours.
+//!
+//! Each machine runs fleet's own `fleetd` (`../shared/reference-fleet/`) as `fleet.service`,
+//! configured by fleet's config file; the cutover replaces it, machine by machine, by our
+//! fleetd reading the very same file. Nothing here decides what passes: the test does.
+
+use anyhow::{Context, Result, bail, ensure};
+use fleet_functional_tests::{Cluster, MACHINE_BIN_DIR, Machine, OutputExt, reference_fleet_dir};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// fleet's configuration file in every machine, read by both fleetds (`--config`).
+pub const FLEET_CONF: &str = "/run/fleet/fleet.conf";
+const SERVICE_PATH: &str = "/run/systemd/system/fleet.service";
+/// fleet's own default agent TTL: the time the cutover's kills have before fleet's surviving
+/// engine would count a killed machine gone and schedule its units elsewhere.
+const AGENT_TTL: &str = "30s";
+/// How long one command of fleet's fleetctl may take before it counts as hung.
+const HUNG: Duration = Duration::from_secs(60);
+
+/// fleet's config file for `machine`: the keys an operator of fleet sets, in fleet's syntax
+/// (`units_directory` as fleet's default spells it, with its trailing slash).
+pub fn fleet_conf(cluster: &Cluster, machine: &Machine, metadata: &str) -> String {
+    format!(
+        "# fleet v1 configuration (fleet.conf.sample's keys)\n\
+         etcd_servers={etcd}\n\
+         public_ip={ip}\n\
+         metadata={metadata}\n\
+         agent_ttl={AGENT_TTL}\n\
+         units_directory=/run/fleet/units/\n",
+        etcd = cluster.etcd_endpoint(),
+        ip = machine.ip(),
+    )
+}
+
+/// `fleet.service` running `binary` with fleet's config file. `KillMode=process`, as the
+/// harness's own unit: stopping fleetd never touches the units (they have cgroups of their
+/// own anyway). No `Restart=`: a fleetd killed by the cutover stays dead.
+fn fleet_service(binary: &str) -> String {
+    format!(
+        "[Unit]\nDescription=fleet daemon\nWants=dbus.service\nAfter=dbus.service\n\n\
+         [Service]\nExecStart={binary} --config={FLEET_CONF}\nKillMode=process\n"
+    )
+}
+
+/// Installs fleet's config file and fleet's fleetd as `fleet.service` in `machine`, starts it.
+pub fn start_fleets_fleetd(cluster: &Cluster, machine: &Machine, metadata: &str) -> Result<()> {
+    let dir = reference_fleet_dir()?.canonicalize()?;
+    let binary = dir.join("fleetd");
+    machine.write_file(FLEET_CONF, fleet_conf(cluster, machine, metadata))?;
+    install_and_start(machine, &binary.display().to_string())
+}
+
+/// The cutover's step 2 on `machine`: fleet's fleetd killed with SIGKILL (its graceful stop
+/// would stop every unit it runs), then waited for.
+pub fn kill_fleets_fleetd(machine: &Machine) -> Result<()> {
+    machine.systemctl_ok(&["kill", "-s", "SIGKILL", "fleet.service"])?;
+    fleet_functional_tests::wait_for(Duration::from_secs(10), super::POLL, || {
+        machine
+            .systemctl(["is-active", "fleet.service"])
+            .is_ok_and(|o| o.stdout_text().trim() != "active")
+    })
+    .with_context(|| format!("fleet's fleetd on {} outlived SIGKILL", machine.name()))
+}
+
+/// The cutover's step 3 on `machine`: our fleetd as `fleet.service`, with fleet's file.
+pub fn start_our_fleetd(machine: &Machine) -> Result<()> {
+    install_and_start(machine, &format!("{MACHINE_BIN_DIR}/fleetd"))
+}
+
+fn install_and_start(machine: &Machine, binary: &str) -> Result<()> {
+    machine.write_file(SERVICE_PATH, fleet_service(binary))?;
+    machine.systemctl_ok(&["daemon-reload"])?;
+    machine.systemctl_ok(&["start", "fleet.service"])?;
+    Ok(())
+}
+
+/// fleet's own fleetctl over its etcd driver, run in `dir` (where the unit files are),
+/// killed if it hangs.
+pub fn fleet(cluster: &Cluster, dir: &Path, args: &[&str]) -> Result<Output> {
+    let mut child = Command::new(reference_fleet_dir()?.join("fleetctl"))
+        .arg("--driver=etcd")
+        .arg(format!("--endpoint={}", cluster.etcd_endpoint()))
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting fleet's fleetctl")?;
+    let started = Instant::now();
+    while child.try_wait()?.is_none() {
+        if started.elapsed() > HUNG {
+            child.kill()?;
+            let out = child.wait_with_output()?;
+            bail!(
+                "fleet's fleetctl {} hung for {HUNG:?}: {}{}",
+                args.join(" "),
+                out.stdout_text(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(super::POLL);
+    }
+    Ok(child.wait_with_output()?)
+}
+
+/// The same, which must succeed; its stdout.
+pub fn fleet_ok(cluster: &Cluster, dir: &Path, args: &[&str]) -> Result<String> {
+    let out = fleet(cluster, dir, args)?;
+    ensure!(
+        out.status.success(),
+        "fleet's fleetctl {} failed: {}{}",
+        args.join(" "),
+        out.stdout_text(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out.stdout_text())
+}
+
+/// One unit of the cluster and what the test does with it under fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `fleetctl start`: runs on one machine.
+    Launched,
+    /// `Global=true`: runs on every machine.
+    Global,
+    /// `fleetctl load`: loaded on one machine, not started.
+    Loaded,
+    /// `fleetctl submit`: in the registry only.
+    Submitted,
+}
+
+/// The unit files: name, text, role. Template instances come from `web@.service`.
+pub fn unit_files() -> Vec<(&'static str, String, Role)> {
+    let sleeper = |what: &str, secs: u32, fleet: &str| {
+        format!("[Unit]\nDescription={what}\n\n[Service]\nExecStart=/bin/sleep {secs}\n{fleet}")
+    };
+    vec![
+        (
+            "plain1.service",
+            sleeper("plain 1", 10001, ""),
+            Role::Launched,
+        ),
+        (
+            "plain2.service",
+            sleeper("plain 2", 10002, ""),
+            Role::Launched,
+        ),
+        (
+            "web@.service",
+            "[Unit]\nDescription=web %i\n\n[Service]\nExecStart=/bin/sleep 2000%i\n\n\
+             [X-Fleet]\nConflicts=web@*.service\n"
+                .to_owned(),
+            Role::Submitted,
+        ),
+        (
+            "global.service",
+            sleeper("global", 10003, "\n[X-Fleet]\nGlobal=true\n"),
+            Role::Global,
+        ),
+        (
+            "pair-a.service",
+            sleeper("pair a", 10004, ""),
+            Role::Launched,
+        ),
+        (
+            "pair-b.service",
+            sleeper("pair b", 10005, "\n[X-Fleet]\nMachineOf=pair-a.service\n"),
+            Role::Launched,
+        ),
+        (
+            "meta.service",
+            sleeper("meta", 10006, "\n[X-Fleet]\nMachineMetadata=role=special\n"),
+            Role::Launched,
+        ),
+        (
+            "submitted.service",
+            sleeper("submitted", 10007, ""),
+            Role::Submitted,
+        ),
+        ("loaded.service", sleeper("loaded", 10008, ""), Role::Loaded),
+    ]
+}
+
+/// The template's instances the test starts, one per machine (they conflict).
+pub const WEB_INSTANCES: [&str; 3] = ["web@1.service", "web@2.service", "web@3.service"];
