@@ -8,7 +8,7 @@
 
 use anyhow::{Context, Result, ensure};
 use fleet_functional_tests::{OutputExt, default_bin_dir, reference_fleetctl, workspace_dir};
-use fleet_registry::testing::TestEtcd;
+use fleet_testing::TestEtcd;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
