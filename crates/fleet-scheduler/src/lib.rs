@@ -531,6 +531,10 @@ fn unschedulable(
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(
     not(test),
-    allow(dead_code, unused_imports, reason = "only the World and generators are used outside")
+    allow(
+        dead_code,
+        unused_imports,
+        reason = "only the World and generators are used outside"
+    )
 )]
 pub mod tests;

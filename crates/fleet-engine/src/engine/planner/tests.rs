@@ -5,9 +5,9 @@
 
 use super::*;
 use crate::scheduler::plan;
+use fleet_core::DesiredState::Launched;
 use fleet_scheduler::tests::props::{GenChange, MACHINES, build, change, gen_change, gen_world};
 use fleet_scheduler::tests::{World, lines, name};
-use fleet_core::DesiredState::Launched;
 use proptest::prelude::*;
 use std::time::Duration;
 
