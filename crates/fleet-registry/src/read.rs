@@ -274,16 +274,19 @@ pub(crate) fn moving(keys: &Keys, kv: &KeyValue) -> Result<MoveRecord, Skipped> 
 /// hash is what tells a unit file from a value that was damaged or written by something else.
 pub(crate) fn file(keys: &Keys, kv: &KeyValue) -> Result<(UnitHash, UnitFile), Skipped> {
     let hash: UnitHash = key_part(keys, kv, &keys.files())?;
-    let file = UnitFile::parse(&kv.value).map_err(|e| skipped(keys, kv, e))?;
-    let read = file.hash();
-    if read != hash {
-        return Err(skipped(
-            keys,
-            kv,
-            format_args!("its content hashes to {read}, not to its key"),
-        ));
-    }
+    let file = keyed_file(&hash, &kv.value).map_err(|e| skipped(keys, kv, e))?;
     Ok((hash, file))
+}
+
+/// The unit file stored as `hash`, if `bytes` are one whose text hashes to it: every read of
+/// `file/<hash>` (listings, one file, an agent's batch) checks the same.
+pub(crate) fn keyed_file(hash: &UnitHash, bytes: &[u8]) -> Result<UnitFile, String> {
+    let file = UnitFile::parse(bytes).map_err(|e| e.to_string())?;
+    let read = file.hash();
+    if read != *hash {
+        return Err(format!("its content hashes to {read}, not to its key"));
+    }
+    Ok(file)
 }
 
 /// An `unscheduled/<name>` reason.

@@ -142,12 +142,9 @@ impl<K: Kv> Registry<K> {
         let Some(kv) = res.kvs.first() else {
             return Ok(None);
         };
-        UnitFile::parse(&kv.value)
+        read::keyed_file(hash, &kv.value)
             .map(Some)
-            .map_err(|e| RegistryError::Corrupt {
-                key,
-                detail: e.to_string(),
-            })
+            .map_err(|detail| RegistryError::Corrupt { key, detail })
     }
 
     /// The files of `hashes` (at most [`MAX_TXN_OPS`]) in one transaction of `Get`s, each
@@ -186,9 +183,9 @@ impl<K: Kv> Registry<K> {
                     _ => None,
                 };
                 let file = kv.map(|kv| {
-                    UnitFile::parse(&kv.value).map_err(|e| RegistryError::Corrupt {
+                    read::keyed_file(hash, &kv.value).map_err(|detail| RegistryError::Corrupt {
                         key: self.keys.file(hash),
-                        detail: e.to_string(),
+                        detail,
                     })
                 });
                 (*hash, file.transpose())
