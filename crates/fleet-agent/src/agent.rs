@@ -397,10 +397,17 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     /// One round of a pass, as fleet's reconciler reads: desired, current, plan, execute.
     async fn plan_and_execute(&mut self, scope: Option<&BTreeSet<UnitName>>) -> PassOutcome {
         let now = Instant::now();
+        // A pass of a few units takes in the units whose retry came due too: the agent does
+        // not wake for a retry already due (`Holds::next_due`).
+        let widened: Option<BTreeSet<UnitName>> =
+            scope.map(|names| names.union(&self.holds.due(now)).cloned().collect());
+        let scope = widened.as_ref();
         let Some(desired) = self.desired(scope, now).await else {
             return PassOutcome::default();
         };
         let tasks = self.plan(&desired, scope, now);
+        let planned_for = |unit: &UnitName| scope.is_none_or(|names| names.contains(unit));
+        self.holds.settle(planned_for, &desired.held, &tasks, now);
         if tasks.is_empty() {
             return PassOutcome::default();
         }

@@ -1252,3 +1252,53 @@ async fn never_touches_an_operators_unit_scheduled_while_it_runs() {
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_asked_about_and_left_alone(&w, &n);
 }
+
+/// A unit whose start failed, then came up by systemd's own doing (its `Restart=`), needs no
+/// task: its retry goes once due, the agent stops counting it failing, and it is not started
+/// again. Before, the retry stayed due forever and the agent woke for it at once after every
+/// pass: a loop of whole passes, each reading systemd, that never went idle.
+#[tokio::test(start_paused = true)]
+async fn a_failed_unit_that_came_up_by_itself_is_freed_without_a_task_and_no_loop() {
+    let w = World::new().await;
+    let n = name("flaky.service");
+    w.schedule("flaky.service", &file("/bin/flaky"), DesiredState::Launched)
+        .await;
+    w.fake.fail(Op::Start, Some(&n));
+    let (_tx, presence) = watch::channel(Some(w.presence));
+    let cfg = AgentConfig::new(w.machine.clone());
+    let agent = Agent::new(w.role(), w.fake.clone(), cfg, presence);
+    let mut progress = agent.progress();
+    let _agent = tokio::spawn(agent.run(w.shutdown.subscribe()));
+    let first = *progress
+        .wait_for(|p| p.reconciled)
+        .await
+        .expect("agent gone");
+    assert_eq!(first.failing, 1);
+    w.fake.heal();
+    w.fake.set_active(&n, "active", "running");
+    let starts = |w: &World| {
+        w.fake
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Start(u) if *u == n))
+            .count()
+    };
+    let before = starts(&w);
+    // The guard `wait_for` returns is dropped at once: held, it would block the agent's next
+    // progress report.
+    let freed = tokio::time::timeout(
+        Duration::from_secs(120),
+        progress.wait_for(|p| p.failing == 0),
+    )
+    .await
+    .map(|r| r.is_ok());
+    assert_eq!(
+        freed,
+        Ok(true),
+        "the retry of a unit that needs nothing was never freed"
+    );
+    assert_eq!(starts(&w), before, "started again though it runs");
+    // Idle from here: virtual time passes only when the agent waits.
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    assert_eq!(starts(&w), before);
+}

@@ -113,14 +113,41 @@ impl Holds {
         self.revivals.retain(|name| !changed.contains(name));
     }
 
-    /// When the agent must wake for a hold: the earliest retry (due already, if a unit still
-    /// waits for one), or the next restart window to close after `now`.
+    /// When the agent must wake for a hold: the next retry to come due after `now`, or the
+    /// next restart window to close after `now`. A retry due already is not a reason to wake:
+    /// every pass that can plan takes the due ones in ([`Self::due`]), and one that cannot (a
+    /// lease in doubt) would only come back at once, in a loop, until something else changed.
     pub(super) fn next_due(&self, now: Instant) -> Option<Instant> {
         self.retries
             .values()
             .map(|r| r.until)
+            .filter(|until| *until > now)
             .chain(self.revivals.next_close(now))
             .min()
+    }
+
+    /// The units whose retry is due at `now`: part of every pass's scope until they are
+    /// given a task or need none.
+    pub(super) fn due(&self, now: Instant) -> BTreeSet<UnitName> {
+        let due = self.retries.iter().filter(|(_, r)| r.until <= now);
+        due.map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Frees the units of `planned_for` whose retry was due at `now` but to which the plan
+    /// gave no task: they need none any more (systemd's own `Restart=` brought the unit up,
+    /// or it was stopped by hand as asked). Units `held` this pass for another reason (an
+    /// operator's file, a refused alias) keep theirs.
+    pub(super) fn settle(
+        &mut self,
+        planned_for: impl Fn(&UnitName) -> bool,
+        held: &BTreeSet<UnitName>,
+        tasks: &[Task],
+        now: Instant,
+    ) {
+        let tasked: BTreeSet<&UnitName> = tasks.iter().map(|t| &t.unit).collect();
+        self.retries.retain(|unit, retry| {
+            retry.until > now || !planned_for(unit) || held.contains(unit) || tasked.contains(unit)
+        });
     }
 
     /// How many units of `of` have a failed task and wait for their retry.
@@ -207,5 +234,49 @@ mod tests {
         assert!(holds.waiting(t0, &BTreeMap::new()).is_empty(), "running");
         let closes = holds.next_due(t0).expect("a window is open");
         assert!(holds.waiting(closes, &failed).is_empty());
+    }
+
+    /// A retry already due is no reason to wake: a pass that cannot plan (a lease in doubt)
+    /// would come straight back, in a loop. Every pass takes the due units into its scope.
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_already_due_is_taken_by_the_next_pass_not_woken_for() {
+        let mut holds = Holds::new(MIN, MAX);
+        let t0 = Instant::now();
+        holds.record(&[start("a.service", "inactive")], |_| true, t0);
+        let at = holds.next_due(t0).expect("due later");
+        assert_eq!(holds.next_due(at), None, "due now: nothing to wake for");
+        assert_eq!(holds.due(at), BTreeSet::from([name("a.service")]));
+        assert!(holds.due(t0).is_empty());
+    }
+
+    /// A unit whose retry came due but that the plan gave no task needs none (systemd's own
+    /// `Restart=` brought it up): its retry goes, unless the plan did not cover it or it was
+    /// held this pass for another reason.
+    #[tokio::test(start_paused = true)]
+    async fn a_due_retry_the_plan_gives_no_task_is_freed_unless_held_or_not_planned() {
+        let mut holds = Holds::new(MIN, MAX);
+        let t0 = Instant::now();
+        let failed = [
+            start("a.service", "inactive"),
+            start("b.service", "inactive"),
+            start("c.service", "inactive"),
+            start("d.service", "inactive"),
+        ];
+        holds.record(&failed, |_| true, t0);
+        let later = t0 + MAX + MAX;
+        let held = BTreeSet::from([name("b.service")]);
+        let tasks = [start("c.service", "inactive")];
+        let planned_for = |u: &UnitName| u.as_str() != "d.service";
+        holds.settle(planned_for, &held, &tasks, later);
+        assert_eq!(
+            holds.due(later),
+            BTreeSet::from([name("b.service"), name("c.service"), name("d.service")])
+        );
+        assert_eq!(holds.failing(|_| true), 3);
+        // Not due yet: kept whatever the plan did.
+        let mut holds = Holds::new(MIN, MAX);
+        holds.record(&failed[..1], |_| true, t0);
+        holds.settle(|_| true, &BTreeSet::new(), &[], t0);
+        assert_eq!(holds.failing(|_| true), 1);
     }
 }
