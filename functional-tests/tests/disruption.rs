@@ -275,6 +275,20 @@ fn a_mass_lease_expiry_holds_rescheduling_and_a_single_one_still_moves_units() -
             notice.starts_with("Warning: rescheduling held: 2 of 3 machines vanished within 3s"),
             "{notice:?}"
         );
+        // The leader logs the hold as it publishes it: looked for now, in the leader's whole
+        // journal, not at the end of the test after a cursor (a line missing there once, in
+        // CI, under the API driver, though the notice had been published).
+        let leader = cluster
+            .machines()
+            .iter()
+            .find(|m| !followers.iter().any(|f| f.name() == m.name()))
+            .context("no leader machine")?;
+        wait_for(TIMEOUT, POLL, || {
+            leader
+                .journal(&["-o", "cat"])
+                .is_ok_and(|j| j.contains("rescheduling held"))
+        })
+        .context("the leader did not log the hold")?;
         // Well past the settle, and most of the grace: the schedule is as it was.
         while revoked.elapsed() < GRACE - Duration::from_secs(2) {
             let now = schedule(&cluster, &registry)?;
@@ -302,16 +316,6 @@ fn a_mass_lease_expiry_holds_rescheduling_and_a_single_one_still_moves_units() -
     );
     let jobs = jobs_since(&cluster, &cursors, "mass-*")?;
     ensure!(jobs.is_empty(), "systemd jobs across the hold: {jobs:?}");
-    let leader = cluster
-        .machines()
-        .iter()
-        .find(|m| !followers.iter().any(|f| f.name() == m.name()))
-        .context("no leader machine")?;
-    let log = support::fleetd_log(leader, &cursors[leader.name()])?;
-    ensure!(
-        log.contains("rescheduling held"),
-        "the leader did not log the hold"
-    );
 
     // One machine alone: no disruption, its units move once the fence's margin is over.
     let lost = followers[0];
