@@ -237,8 +237,48 @@ fn bounded(keys: &Keys, kv: &KeyValue, max: usize, what: &str) -> Result<(), Ski
     ))
 }
 
+/// `kv` is skipped when a string in it holds a control character (C0, DEL or C1). What a
+/// host publishes about itself (its metadata, IP, unit states) reaches operators' terminals
+/// through `list-machines` and `list-units`, where an escape sequence would be obeyed, not
+/// shown; nothing fleetd writes holds one (fleetd refuses such metadata). The quick scan
+/// finds no escape, DEL or C1 lead byte in nearly every value, which is then not parsed twice.
+fn printable(keys: &Keys, kv: &KeyValue) -> Result<(), Skipped> {
+    let may_hold = |b: &u8| *b == b'\\' || *b == 0x7f || *b == 0xc2 || *b < 0x20;
+    if !kv.value.iter().any(may_hold) {
+        return Ok(());
+    }
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(&kv.value) else {
+        return Ok(()); // the record's own decoding reports it
+    };
+    match first_control(&value) {
+        None => Ok(()),
+        Some(c) => Err(skipped(
+            keys,
+            kv,
+            format!(
+                "a string in it holds the control character U+{:04X}, which a terminal would obey",
+                u32::from(c)
+            ),
+        )),
+    }
+}
+
+fn first_control(value: &serde_json::Value) -> Option<char> {
+    use serde_json::Value;
+    let in_str = |s: &str| s.chars().find(|c| c.is_control() && *c != '\t');
+    match value {
+        Value::String(s) => in_str(s),
+        Value::Array(items) => items.iter().find_map(first_control),
+        Value::Object(map) => map
+            .iter()
+            .find_map(|(k, v)| in_str(k).or_else(|| first_control(v))),
+        Value::Null | Value::Bool(_) | Value::Number(_) => None,
+    }
+}
+
 pub(crate) fn state(keys: &Keys, kv: &KeyValue) -> Result<UnitStateRecord, Skipped> {
     bounded(keys, kv, MAX_STATE_BYTES, "unit state")?;
+    printable(keys, kv)?;
     let s: UnitStateRecord = json(keys, kv)?;
     let own = keys.state(&s.machine, &s.name);
     at_own_key(keys, kv, s, own)
@@ -246,6 +286,7 @@ pub(crate) fn state(keys: &Keys, kv: &KeyValue) -> Result<UnitStateRecord, Skipp
 
 pub(crate) fn machine(keys: &Keys, kv: &KeyValue) -> Result<MachineInfo, Skipped> {
     bounded(keys, kv, MAX_MACHINE_BYTES, "presence record")?;
+    printable(keys, kv)?;
     let m: MachineInfo = json(keys, kv)?;
     let own = keys.machine(&m.id);
     at_own_key(keys, kv, m, own)
@@ -412,5 +453,45 @@ mod tests {
             m.detail
         );
         assert!(matches!(m.named.as_deref(), Some(Key::Machine(_))));
+    }
+
+    /// Issue 37, item 8: a host's own records reach operators' terminals; one holding a
+    /// control character is skipped, named by its key (so the machine still counts as there),
+    /// and a record with an escaped quote or a tab is read as before.
+    #[test]
+    fn a_state_or_presence_holding_a_control_character_is_skipped_naming_its_key() {
+        let keys = Keys::new("/p/");
+        let state = |sub: &str| {
+            format!(
+                r#"{{"name":"a.service","machine":"m1","hash":null,"systemd":{{"load":"loaded","active":"active","sub":"{sub}"}}}}"#
+            )
+            .into_bytes()
+        };
+        let s = super::state(
+            &keys,
+            &kv("/p/unit-state/m1/a.service", state("run\\u001b[2J")),
+        )
+        .unwrap_err();
+        assert!(s.detail.contains("U+001B"), "{}", s.detail);
+        assert!(matches!(s.named.as_deref(), Some(Key::State { .. })));
+        super::state(
+            &keys,
+            &kv("/p/unit-state/m1/a.service", state("a\\\"b\\tc")),
+        )
+        .unwrap();
+        let machine = |ip: &str| {
+            format!(r#"{{"id":"m1","public_ip":"{ip}","metadata":{{"role":"web"}}}}"#).into_bytes()
+        };
+        for hostile in ["10.0.0.1\\u0007", "10.0.0.1\u{9b}31m", "\\u007f"] {
+            let m = super::machine(&keys, &kv("/p/machine/m1", machine(hostile))).unwrap_err();
+            assert!(m.detail.contains("control character"), "{}", m.detail);
+            assert!(matches!(m.named.as_deref(), Some(Key::Machine(_))));
+        }
+        assert_eq!(
+            super::machine(&keys, &kv("/p/machine/m1", machine("10.0.0.1")))
+                .unwrap()
+                .public_ip,
+            "10.0.0.1"
+        );
     }
 }

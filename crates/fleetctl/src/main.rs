@@ -52,8 +52,16 @@ fn main() -> ExitCode {
         ),
         // Ctrl-C during a blocking wait: what stays was said; a shell's status for SIGINT.
         Err(e) if e.downcast_ref::<commands::wait::Interrupted>().is_some() => ExitCode::from(130),
+        // An error may quote what a remote fleetd or a host's record said: on a terminal,
+        // its control characters are shown, not obeyed.
         Err(e) => {
-            eprintln!("{e:#}");
+            let text = format!("{e:#}");
+            if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                let shown = fleetctl::terminal::neutralize(text.as_bytes());
+                eprintln!("{}", String::from_utf8_lossy(&shown));
+            } else {
+                eprintln!("{text}");
+            }
             ExitCode::FAILURE
         }
     }
@@ -111,6 +119,12 @@ fn etcd_config(global: &cli::Global, endpoint: &str) -> Result<EtcdConfig> {
     fleet_registry::input::check_endpoints(&config.endpoints, &config.tls)
         .and_then(|()| fleet_registry::input::check_prefix(&global.etcd_key_prefix))
         .map_err(|e| anyhow::anyhow!("Unable to initialize client: {e}"))?;
+    for endpoint in fleetctl::credentials::in_clear(config.auth.as_ref(), &config.endpoints) {
+        eprintln!(
+            "Warning: the etcd password goes to {endpoint} over plain http, readable on the \
+             network: use https://"
+        );
+    }
     Ok(config)
 }
 
