@@ -48,8 +48,19 @@ pub fn read_password(path: &Path) -> Result<String> {
     use std::io::Read;
     let shown = path.display();
     let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_PASSWORD_BYTES + 1).read_to_end(&mut bytes))
+    let file =
+        std::fs::File::open(path).map_err(|e| anyhow!("reading the password file {shown}: {e}"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| anyhow!("reading the password file {shown}: {e}"))?;
+    if let Some(mode) = exposed_mode(&meta) {
+        bail!(
+            "the password file {shown} may be read by its group or others (mode {mode:04o}): \
+             chmod 0600 {shown}"
+        );
+    }
+    file.take(MAX_PASSWORD_BYTES + 1)
+        .read_to_end(&mut bytes)
         .map_err(|e| anyhow!("reading the password file {shown}: {e}"))?;
     if bytes.len() as u64 > MAX_PASSWORD_BYTES {
         bail!("the password file {shown} is larger than {MAX_PASSWORD_BYTES} bytes");
@@ -60,6 +71,27 @@ pub fn read_password(path: &Path) -> Result<String> {
         Some(line) if !line.is_empty() => Ok(line.to_owned()),
         _ => bail!("the password file {shown} holds no password (its first line is empty)"),
     }
+}
+
+/// The mode of a file (not a pipe or a device: `<(pass show etcd)` works) that its group or
+/// others may read, if they may.
+fn exposed_mode(meta: &std::fs::Metadata) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = meta.permissions().mode() & 0o7777;
+    (meta.is_file() && mode & 0o044 != 0).then_some(mode)
+}
+
+/// The endpoints among `endpoints` that would carry `auth`'s password in the clear (plain
+/// `http://`), to be warned of.
+pub fn in_clear<'e>(auth: Option<&EtcdAuth>, endpoints: &'e [String]) -> Vec<&'e str> {
+    if auth.is_none() {
+        return Vec::new();
+    }
+    endpoints
+        .iter()
+        .filter(|e| e.starts_with("http://"))
+        .map(String::as_str)
+        .collect()
 }
 
 #[cfg(test)]
@@ -84,8 +116,10 @@ mod tests {
             (auth.username.as_str(), auth.password.as_str()),
             ("ops", "pw")
         );
+        use std::os::unix::fs::PermissionsExt;
         let path = std::env::temp_dir().join(format!("fleetctl-pw-{}", std::process::id()));
         std::fs::write(&path, "s3cret\nignored\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let auth = etcd_auth(Some("ops"), Some(&path), None);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(auth.unwrap().unwrap().password, "s3cret");
@@ -113,5 +147,33 @@ mod tests {
             e.contains("reading the password file /nonexistent/pw"),
             "{e}"
         );
+    }
+
+    /// Issue 37, item 2: a password file others may read is refused, saying how to fix it.
+    #[test]
+    fn a_password_file_others_may_read_is_refused_saying_how_to_fix_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::temp_dir().join(format!("fleetctl-pw-open-{}", std::process::id()));
+        std::fs::write(&path, "s3cret\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_password(&path).unwrap_err().to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            e.contains("may be read by its group or others (mode 0644): chmod 0600"),
+            "{e}"
+        );
+        assert!(!e.contains("s3cret"), "{e}");
+    }
+
+    /// Issue 37, item 2: credentials bound for plain http are named, one endpoint each.
+    #[test]
+    fn a_password_bound_for_plain_http_names_each_such_endpoint() {
+        let endpoints = ["http://e1:2379".to_owned(), "https://e2:2379".to_owned()];
+        assert!(in_clear(None, &endpoints).is_empty());
+        let auth = EtcdAuth {
+            username: "u".into(),
+            password: "p".into(),
+        };
+        assert_eq!(in_clear(Some(&auth), &endpoints), ["http://e1:2379"]);
     }
 }

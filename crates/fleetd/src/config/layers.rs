@@ -92,16 +92,12 @@ pub fn load(
     if let Some(why) = secrets::exposed_keys(&config) {
         bail!("{why}");
     }
-    if config.etcd_auth.is_some() {
-        warnings.extend(
-            config
-                .etcd_servers
-                .iter()
-                .filter(|e| e.starts_with("http://"))
-                .map(|e| Warning::PasswordInClear {
-                    endpoint: e.clone(),
-                }),
-        );
+    if let Some(r) = given.0.get("etcd_password")
+        && r.source.starts_with("environment")
+        && let Some(why) = secrets::exposed_env_file(Path::new(secrets::ENV_FILE))
+    {
+        bail!("{why}");
     }
+    warnings.extend(secrets::passwords_in_clear(&config));
     Ok(config)
 }

@@ -64,6 +64,50 @@ pub fn exposed_keys(config: &Config) -> Option<String> {
     })
 }
 
+/// The environment file `dist/fleet.service` loads (`EnvironmentFile=-/etc/fleet/fleetd.env`):
+/// where a packaged fleetd's `FLEET_ETCD_PASSWORD` comes from.
+pub const ENV_FILE: &str = "/etc/fleet/fleetd.env";
+
+/// Why a password taken from the environment is refused, if it is: `path` (the unit's
+/// environment file) sets `FLEET_ETCD_PASSWORD` and its group or others may read it. fleetd
+/// cannot see which file systemd read its environment from, so it checks the one its unit
+/// names; a missing file, or one without the password, is none of its business.
+pub fn exposed_env_file(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).ok()?;
+    let mode = exposed_mode(&file.metadata().ok()?)?;
+    let mut text = String::new();
+    file.take(1 << 20).read_to_string(&mut text).ok()?;
+    let sets_password = text.lines().any(|l| {
+        let l = l.trim_start();
+        let l = l.strip_prefix("export ").unwrap_or(l).trim_start();
+        l.starts_with("FLEET_ETCD_PASSWORD=")
+    });
+    sets_password.then(|| {
+        format!(
+            "FLEET_ETCD_PASSWORD is set in {}, which its group or others may read (mode \
+             {mode:04o}): chmod 0600 {}, or use etcd_password_file (mode 0600)",
+            path.display(),
+            path.display()
+        )
+    })
+}
+
+/// A warning for each plain `http://` etcd endpoint the password would travel to.
+pub fn passwords_in_clear(config: &Config) -> Vec<super::Warning> {
+    if config.etcd_auth.is_none() {
+        return Vec::new();
+    }
+    config
+        .etcd_servers
+        .iter()
+        .filter(|e| e.starts_with("http://"))
+        .map(|e| super::Warning::PasswordInClear {
+            endpoint: e.clone(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,5 +206,49 @@ mod tests {
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(exposed_keys(&config), None);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Issue 37, item 2: the unit's environment file holding the password is a secret file.
+    #[test]
+    fn an_environment_file_others_can_read_holding_the_password_is_refused() {
+        let dir = scratch("envfile");
+        let env = dir.join("fleetd.env");
+        std::fs::write(
+            &env,
+            "FLEET_METADATA=role=web\nexport FLEET_ETCD_PASSWORD=x\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&env, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let why = exposed_env_file(&env).unwrap();
+        assert!(why.contains("(mode 0644): chmod 0600"), "{why}");
+        std::fs::set_permissions(&env, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(exposed_env_file(&env), None);
+        std::fs::write(&env, "FLEET_METADATA=role=web\n").unwrap();
+        std::fs::set_permissions(&env, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(exposed_env_file(&env), None, "no password in it");
+        assert_eq!(exposed_env_file(&dir.join("missing")), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Issue 37, item 2: credentials over plain http are warned of, one endpoint each.
+    #[test]
+    fn a_password_going_over_plain_http_is_warned_of_per_endpoint() {
+        let mut config = Config {
+            etcd_servers: vec!["http://e1:2379".into(), "https://e2:2379".into()],
+            ..Config::default()
+        };
+        assert!(passwords_in_clear(&config).is_empty(), "no credentials");
+        config.etcd_auth = Some(fleet_registry::kv::EtcdAuth {
+            username: "u".into(),
+            password: "p".into(),
+        });
+        let warned: Vec<_> = passwords_in_clear(&config)
+            .into_iter()
+            .map(|w| match w {
+                crate::config::Warning::PasswordInClear { endpoint } => endpoint,
+                crate::config::Warning::Ignored(i) => panic!("{i:?}"),
+            })
+            .collect();
+        assert_eq!(warned, ["http://e1:2379"]);
     }
 }
