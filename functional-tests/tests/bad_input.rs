@@ -442,8 +442,9 @@ fn a_configured_deny_list_refuses_the_units_it_names() -> Result<()> {
     support::finish(cluster)
 }
 
-/// Issue 37, item 9, the attack: a unit whose `[Install] Alias=` names the host's own unit (an
-/// operator's file in systemd's runtime directory) or a unit of `deny_units`. Enabling it
+/// Issue 37, item 9, the attack: a unit whose `[Install] Alias=` (or `Also=`) names the host's
+/// own unit (an operator's file in systemd's runtime directory) or a unit of `deny_units`.
+/// Enabling it
 /// would link fleet's file in place of the host's (`/run/systemd/system` comes first in the
 /// search path, and the enable forces). fleetd refuses both and writes nothing of them; the
 /// host's file stays a file, its unit keeps its process; a unit with an alias of its own runs
@@ -481,6 +482,13 @@ fn an_alias_over_a_host_unit_or_a_denied_one_is_refused_and_the_host_unit_stays(
         ("overwrite.service", aliased("operator.service", 700_015)),
         ("escape.service", aliased("vault.service", 700_013)),
         ("named.service", aliased("also-named.service", 700_014)),
+        // `Also=` enables the host's unit along with fleet's.
+        (
+            "enabler.service",
+            "[Service]\nExecStart=/bin/sleep 700016\n[Install]\nAlso=operator.service\n\
+             WantedBy=multi-user.target\n"
+                .to_owned(),
+        ),
     ];
     for (unit, text) in &units {
         registry.submit_and_schedule(m1.id(), unit, text, DesiredState::Launched)?;
@@ -493,7 +501,12 @@ fn an_alias_over_a_host_unit_or_a_denied_one_is_refused_and_the_host_unit_stays(
         link.trim() == format!("{UNITS_DIR}/named.service"),
         "the alias of a unit's own does not link to it: {link:?}"
     );
-    let refused = ["hijack.service", "overwrite.service", "escape.service"];
+    let refused = [
+        "hijack.service",
+        "overwrite.service",
+        "escape.service",
+        "enabler.service",
+    ];
     let message = "refusing to manage unit: an alias it asks for is not its to take";
     wait_for(TIMEOUT, POLL, || {
         support::fleetd_log_all(m1)
@@ -501,7 +514,7 @@ fn an_alias_over_a_host_unit_or_a_denied_one_is_refused_and_the_host_unit_stays(
     })
     .with_context(|| {
         format!(
-            "fleetd did not refuse both aliases; its log:\n{}",
+            "fleetd did not refuse every alias and Also=; its log:\n{}",
             support::fleetd_log_all(m1).unwrap_or_default()
         )
     })?;

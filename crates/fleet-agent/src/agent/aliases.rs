@@ -8,6 +8,10 @@
 //! Checked once per unit file (its hash): an alias fleet linked itself resolves to fleet's
 //! own directory afterwards, which is no reason to refuse.
 //!
+//! `[Install] Also=` enables other units with this one, so a unit of `deny_units` or an
+//! operator's unit named there would be enabled (started at the next boot) by fleet's unit:
+//! it is held likewise. Another of fleet's units or a new name in `Also=` is fine.
+//!
 //! The policy is pure ([`refusal`]); the agent's check ([`Agent::aliased`]) asks systemd where
 //! each alias comes from and holds what the policy refuses.
 
@@ -19,17 +23,42 @@ use super::Agent;
 use crate::desired::Desired;
 use crate::manager::{UnitManager, UnitSource};
 
-/// The aliases a unit file asks for: every word of every `[Install] Alias=` line.
-pub fn aliases(file: &UnitFile) -> Vec<String> {
-    file.values("Install", "Alias")
-        .flat_map(str::split_whitespace)
-        .map(str::to_owned)
+/// An `[Install]` directive that names other units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Directive {
+    /// `Alias=`: a name linked to this unit.
+    Alias,
+    /// `Also=`: a unit enabled with this one.
+    Also,
+}
+
+impl Directive {
+    fn key(self) -> &'static str {
+        match self {
+            Directive::Alias => "Alias",
+            Directive::Also => "Also",
+        }
+    }
+}
+
+/// The names a unit file's `[Install]` section asks for: every word of every `Alias=` line,
+/// then of every `Also=` line.
+pub fn aliases(file: &UnitFile) -> Vec<(Directive, String)> {
+    [Directive::Alias, Directive::Also]
+        .into_iter()
+        .flat_map(|d| {
+            file.values("Install", d.key())
+                .flat_map(str::split_whitespace)
+                .map(move |w| (d, w.to_owned()))
+                .collect::<Vec<_>>()
+        })
         .collect()
 }
 
 /// What is known of one alias of a unit.
 #[derive(Debug)]
 pub struct Alias<'a> {
+    pub directive: Directive,
     pub name: &'a str,
     /// Whether it matches `deny_units` (or the fence's prefix).
     pub denied: bool,
@@ -42,21 +71,23 @@ pub struct Alias<'a> {
 /// Why `unit` may not have `alias`, if it may not.
 pub fn refusal(unit: &UnitName, alias: &Alias<'_>) -> Option<String> {
     let name = alias.name;
+    let key = alias.directive.key();
     if name.parse::<UnitName>().is_err() {
-        return Some(format!("Alias={name} is no unit name"));
+        return Some(format!("{key}={name} is no unit name"));
     }
     if name == unit.as_str() {
         return None;
     }
     if alias.denied {
-        return Some(format!("Alias={name} names a unit of deny_units"));
+        return Some(format!("{key}={name} names a unit of deny_units"));
     }
     if alias.fleets {
-        return Some(format!("Alias={name} names another of fleet's units"));
+        return (alias.directive == Directive::Alias)
+            .then(|| format!("{key}={name} names another of fleet's units"));
     }
     match alias.source {
         Some(UnitSource::Foreign { fragment }) => Some(format!(
-            "Alias={name} names the host's unit from {}",
+            "{key}={name} names the host's unit from {}",
             fragment.display()
         )),
         Some(UnitSource::NoFile | UnitSource::UnitsDir) | None => None,
@@ -107,15 +138,16 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         &self,
         desired: &Desired,
         name: &UnitName,
-        words: &[String],
+        words: &[(Directive, String)],
     ) -> Result<Option<String>, crate::ManagerError> {
-        for word in words {
+        for (directive, word) in words {
             let parsed = word.parse::<UnitName>().ok();
             let source = match &parsed {
                 Some(alias) if alias != name => Some(self.manager.source(alias).await?),
                 _ => None,
             };
             let alias = Alias {
+                directive: *directive,
                 name: word,
                 denied: parsed.as_ref().is_some_and(|a| self.is_denied(a)),
                 fleets: parsed.as_ref().is_some_and(|a| {
@@ -141,6 +173,7 @@ mod tests {
 
     fn alias<'a>(name: &'a str, source: Option<&'a UnitSource>) -> Alias<'a> {
         Alias {
+            directive: Directive::Alias,
             name,
             denied: false,
             fleets: false,
@@ -151,10 +184,19 @@ mod tests {
     #[test]
     fn every_word_of_every_alias_line_is_an_alias() {
         let file = UnitFile::parse(
-            b"[Service]\nExecStart=/bin/true\n[Install]\nAlias=a.service b.service\nAlias=c.service\nWantedBy=multi-user.target\n",
+            b"[Service]\nExecStart=/bin/true\n[Install]\nAlso=d.service\nAlias=a.service b.service\nAlias=c.service\nWantedBy=multi-user.target\n",
         )
         .unwrap();
-        assert_eq!(aliases(&file), ["a.service", "b.service", "c.service"]);
+        let alias = |w: &str| (Directive::Alias, w.to_owned());
+        assert_eq!(
+            aliases(&file),
+            [
+                alias("a.service"),
+                alias("b.service"),
+                alias("c.service"),
+                (Directive::Also, "d.service".to_owned())
+            ]
+        );
     }
 
     #[test]
@@ -194,5 +236,37 @@ mod tests {
             None
         );
         assert_eq!(refusal(&web, &alias("web.service", None)), None);
+    }
+
+    /// Issue 37, item 9: `Also=` enables the units it names; a host's or a denied one is
+    /// refused, another of fleet's units or a new name is fine.
+    #[test]
+    fn also_naming_a_hosts_unit_or_a_denied_one_is_refused_and_fleets_own_is_fine() {
+        let web = unit("web.service");
+        let also = |name, source, denied, fleets| Alias {
+            directive: Directive::Also,
+            denied,
+            fleets,
+            ..alias(name, source)
+        };
+        let foreign = UnitSource::Foreign {
+            fragment: "/etc/systemd/system/vault.service".into(),
+        };
+        let why = refusal(&web, &also("vault.service", Some(&foreign), false, false)).unwrap();
+        assert!(
+            why.starts_with("Also=vault.service names the host's unit"),
+            "{why}"
+        );
+        let why = refusal(&web, &also("ssh.service", None, true, false)).unwrap();
+        assert!(why.contains("deny_units"), "{why}");
+        let fleets = also("db.service", Some(&UnitSource::UnitsDir), false, true);
+        assert_eq!(refusal(&web, &fleets), None);
+        assert_eq!(
+            refusal(
+                &web,
+                &also("new.service", Some(&UnitSource::NoFile), false, false)
+            ),
+            None
+        );
     }
 }
