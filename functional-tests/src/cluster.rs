@@ -341,6 +341,23 @@ impl Cluster {
         machine.heal_from(self.etcd_ip()?)
     }
 
+    /// A second address of this host on the cluster's bridge (10.251.<subnet>.2), for a test
+    /// that needs two network peers: a socket bound to it reaches the machines from another
+    /// address than the bridge's own. It goes with the bridge.
+    pub fn second_host_address(&self) -> Result<std::net::Ipv4Addr> {
+        let subnet = self.state.subnet.context("the cluster has no network")?;
+        let ip = std::net::Ipv4Addr::new(10, 251, subnet, 2);
+        let with_prefix = format!("{ip}/32");
+        let shown = crate::cmd::run("ip", ["-o", "address", "show", "dev", &self.state.bridge])?;
+        if !shown.contains(&format!("inet {with_prefix}")) {
+            crate::cmd::run(
+                "ip",
+                ["address", "add", &with_prefix, "dev", &self.state.bridge],
+            )?;
+        }
+        Ok(ip)
+    }
+
     fn etcd_ip(&self) -> Result<std::net::Ipv4Addr> {
         let subnet = self.state.subnet.context("the cluster has no network")?;
         Ok(crate::state::bridge_ip(subnet))

@@ -132,3 +132,23 @@ pub(super) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 37, item 3: a client that sends its headers and then its body slower than the
+    /// body limit allows (here, never) is answered 408 once the limit has passed, so it does
+    /// not hold its connection and slot for as long as it likes.
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_never_ends_is_a_408_at_the_body_limit() {
+        let never = futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+        let started = tokio::time::Instant::now();
+        let e = read_body(axum::body::Body::from_stream(never), MAX_BODY)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ApiError::BodyTimeout(_)), "{e:?}");
+        assert_eq!(e.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(started.elapsed(), crate::serve::BODY_TIMEOUT);
+    }
+}
