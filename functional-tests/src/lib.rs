@@ -29,6 +29,7 @@ mod driver;
 mod etcd;
 mod fleetd;
 mod machine;
+pub mod metrics;
 mod net;
 mod proc;
 mod reference;

@@ -7,7 +7,7 @@
 mod support;
 
 use anyhow::{Context, Result, bail, ensure};
-use fleet_functional_tests::{FleetdSpec, Machine, wait_for, wait_for_value};
+use fleet_functional_tests::{EtcdAuthSpec, FleetdSpec, Machine, wait_for, wait_for_value};
 use serde_json::{Value, json};
 use std::net::{SocketAddr, TcpStream};
 use support::{POLL, TIMEOUT, finish, fleetctl_ok, http_exchange, start};
@@ -562,7 +562,9 @@ fn a_client_written_from_fleets_api_document_works() -> Result<()> {
 fn a_passed_tcp_socket_without_tls_is_refused_unless_plain_tcp_is_allowed_then_served() -> Result<()>
 {
     const ACTIVATED_PORT: u16 = 54729;
-    let (cluster, _registry) = start(1, FleetdSpec::default())?;
+    // etcd's auth on, as the attack meets a deployed host (issue 37, Tests).
+    let spec = FleetdSpec::default().with_etcd_auth(EtcdAuthSpec::default());
+    let (cluster, _registry) = start(1, spec)?;
     let machine = &cluster.machines()[0];
     machine.stop_fleetd()?;
     machine.write_file(

@@ -8,6 +8,7 @@ mod support;
 
 use anyhow::{Context, Result, ensure};
 use fleet_core::{MachineId, SystemdState};
+use fleet_functional_tests::metrics::scrape;
 use fleet_functional_tests::{
     Cluster, ClusterSpec, EtcdAuthSpec, FleetdSpec, TestRegistry, cleanup_stale, wait_for,
 };
@@ -125,5 +126,24 @@ fn a_host_writing_more_states_than_a_machine_may_leaves_the_cluster_answering() 
         })
     })
     .with_context(|| format!("{} did not report m2's states once", leader.name()))?;
+
+    // And its metrics say so, for an alert: the states left out, and m2's prefix as one
+    // unreadable value.
+    wait_for(CONVERGE, POLL, || {
+        scrape(leader).is_ok_and(|s| {
+            s.sum("fleet_engine_unit_states_past_bound", &[]) >= PAST as f64
+                && s.sum("fleet_engine_unreadable_registry_values", &[]) >= 1.0
+        })
+    })
+    .with_context(|| {
+        format!(
+            "{}'s metrics did not count m2's states past the bound: {:?}",
+            leader.name(),
+            scrape(leader).map(|s| (
+                s.sum("fleet_engine_unit_states_past_bound", &[]),
+                s.sum("fleet_engine_unreadable_registry_values", &[])
+            ))
+        )
+    })?;
     finish(cluster)
 }

@@ -10,7 +10,9 @@
 
 use anyhow::{Context, Result, ensure};
 use fleet_core::DesiredState;
-use fleet_functional_tests::{FleetdSpec, Machine, OutputExt, wait_for, wait_for_value};
+use fleet_functional_tests::{
+    EtcdAuthSpec, FleetdSpec, Machine, OutputExt, wait_for, wait_for_value,
+};
 use std::time::{Duration, Instant};
 mod support;
 use support::{
@@ -52,7 +54,10 @@ fn lock_free(machine: &Machine) -> Result<bool> {
 fn an_unprivileged_user_holding_the_lock_file_cannot_keep_fleetd_down() -> Result<()> {
     let (cluster, registry) = start(
         1,
-        FleetdSpec::default().with_env("FLEET_DISABLE_ENGINE", "true"),
+        // etcd's auth on, as the attack meets a deployed host (issue 37, Tests).
+        FleetdSpec::default()
+            .with_env("FLEET_DISABLE_ENGINE", "true")
+            .with_etcd_auth(EtcdAuthSpec::default()),
     )?;
     let m1 = &cluster.machines()[0];
     registry.submit_and_schedule(
