@@ -171,3 +171,49 @@ fn cut(endpoint: &str, e: hyper::Error) -> OpsError {
 pub fn known_output(mode: &str) -> bool {
     wire::JOURNAL_OUTPUTS.contains(&mode)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Issue 37, item 8: a unit's machine is another host and may lie; a status answer
+    /// larger than [`MAX_STATUS_BODY`] is refused, read no further, not held in memory.
+    #[tokio::test]
+    async fn a_status_answer_past_its_cap_is_refused_not_read_whole() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let liar = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 4096];
+            let _ = s.read(&mut head).await;
+            let len = MAX_STATUS_BODY + 1024 * 1024;
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+            );
+            s.write_all(reply.as_bytes()).await.unwrap();
+            let chunk = vec![b' '; 64 * 1024];
+            let mut sent = 0;
+            // Until the client hangs up.
+            while sent < len && s.write_all(&chunk).await.is_ok() {
+                sent += chunk.len();
+            }
+        });
+        let api = UnitApi::new(
+            &format!("http://{addr}"),
+            &TlsFiles::default(),
+            Duration::from_secs(20),
+        )
+        .unwrap();
+        let e = api
+            .status(&"a.service".parse().unwrap())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("larger than {MAX_STATUS_BODY} bytes")),
+            "{e}"
+        );
+        liar.abort();
+    }
+}
