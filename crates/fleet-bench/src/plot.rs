@@ -88,7 +88,7 @@ pub async fn run(machines: &[usize], units: &[usize], write_svg: bool) -> Result
             scale::CONVERGE_WITHIN.as_secs()
         ));
     }
-    out.push_str("\nLinear growth (issue 19): time per unit launched at the largest size against the smallest, for each machine count.\n\n");
+    out.push_str("\nLinear growth: time per unit launched at the largest size against the smallest, for each machine count.\n\n");
     out.push_str(&linearity(&results, machines, &missed).render());
     Ok(out)
 }
