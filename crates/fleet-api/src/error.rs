@@ -134,6 +134,19 @@ pub enum ApiError {
     TooManyJournals(usize),
     #[error("already answering {0} status requests; try again later")]
     TooManyStatuses(usize),
+    /// The dashboard's change streams are all taken (`routes/ui.rs`).
+    #[error("already serving {0} dashboard change streams; try again later")]
+    TooManyStreams(usize),
+    /// A browser's state-changing request without the dashboard's header (`routes/ui.rs`):
+    /// another site's page may have sent it with this browser's certificate.
+    #[error(
+        "a browser's request that changes anything must carry the X-Fleet-CSRF header the \
+         dashboard sets; refused as possibly sent by another site"
+    )]
+    CrossSite,
+    /// A dashboard query parameter that is no number.
+    #[error("{0} must be a whole number")]
+    BadUiNumber(&'static str),
     #[error("inspecting the unit failed: {0}")]
     Inspect(#[from] InspectError),
     #[error(transparent)]
@@ -162,7 +175,9 @@ impl ApiError {
             | Self::ScheduledElsewhere { .. }
             | Self::Refused(_)
             | Self::NotInspecting => StatusCode::NOT_FOUND,
-            Self::TooManyJournals(_) | Self::TooManyStatuses(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::TooManyJournals(_) | Self::TooManyStatuses(_) | Self::TooManyStreams(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Inspect(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NoMethodsHere | Self::WrongMethod(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -185,6 +200,7 @@ impl ApiError {
             | Self::RaiseWithoutState
             | Self::BadMachineId(_)
             | Self::BadPageSize(_)
+            | Self::BadUiNumber(_)
             | Self::WholeWithToken
             | Self::BadParallel(_)
             | Self::BadExpect(_)
@@ -202,7 +218,7 @@ impl ApiError {
             | Self::BadOutput(_)
             | Self::Page(_) => StatusCode::BAD_REQUEST,
             Self::NoDesiredState => StatusCode::CONFLICT,
-            Self::Forbidden { .. } | Self::NoRole(_) => StatusCode::FORBIDDEN,
+            Self::Forbidden { .. } | Self::NoRole(_) | Self::CrossSite => StatusCode::FORBIDDEN,
             Self::Ops(e) => ops_status(e),
         }
     }

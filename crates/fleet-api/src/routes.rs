@@ -33,6 +33,7 @@ use crate::page::{Cursor, UnitsToken};
 mod body;
 mod inspect;
 mod query;
+pub mod ui;
 mod writes;
 
 use body::{
@@ -66,6 +67,8 @@ pub struct Api<K> {
     held: Option<HeldView<K>>,
     /// What `GET /health` answers from; None: that path is a 404.
     health: Option<crate::health::Health>,
+    /// The dashboard's change streams being served ([`ui`]).
+    ui_streams: ui::Streams,
 }
 
 impl<K: Kv> Api<K> {
@@ -84,6 +87,7 @@ impl<K: Kv> Api<K> {
             roles: None,
             held: None,
             health: None,
+            ui_streams: ui::Streams::default(),
         }
     }
 
@@ -195,6 +199,7 @@ async fn dispatch<K: Kv>(State(api): State<Arc<Api<K>>>, req: Request) -> Respon
                 _ => Err(ApiError::WrongMethod("GET")),
             },
             (None, true) => Err(ApiError::NoSuchPath),
+            (_, false) if ui::is_ui(&path) => ui::handle(&api, req).await,
             (_, false) => route(&api, req).await,
         },
     };
@@ -227,6 +232,15 @@ async fn authorize<K>(api: &Api<K>, req: Request) -> Result<Request, ApiError> {
     let principal = Principal::of(req.extensions().get::<Peer>(), api.roles.as_ref());
     let query = req.uri().query().unwrap_or("").to_owned();
     let (mut parts, body) = req.into_parts();
+    if let Err(e) = ui::csrf(&parts.method, &parts.headers) {
+        info!(
+            client = %principal.shown(),
+            method = %parts.method,
+            path = %parts.uri.path(),
+            "api request refused: a browser's write without the dashboard's header"
+        );
+        return Err(e);
+    }
     let may_refuse_a_write = principal.role == Some(Role::Viewer);
     let (body, read) = if may_refuse_a_write && authz::needs_body(&parts.method, &query) {
         let bytes = read_body(body, REFUSED_BODY_READ).await.ok();
@@ -298,6 +312,9 @@ impl Route<'_> {
 fn template_of(path: &str) -> &'static str {
     if path == metrics::PATH {
         return metrics::PATH;
+    }
+    if ui::is_ui(path) {
+        return ui::template(path);
     }
     let decoded = percent_decode_str(path).decode_utf8_lossy();
     parse_path(&decoded).map_or("other", |r| r.template())

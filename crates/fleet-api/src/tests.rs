@@ -1159,6 +1159,7 @@ mod extensions;
 mod http_edges;
 mod inspect;
 mod roles;
+mod ui;
 
 /// Issue 38, item 9: serde would take a JSON array for a struct; fleet answered 400, and so
 /// does this API, writing nothing.

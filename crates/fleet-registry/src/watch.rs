@@ -99,6 +99,23 @@ impl Drop for WatchHints {
     }
 }
 
+impl<K: Kv> crate::Registry<K> {
+    /// A watch of the whole registry from now: any change under the prefix wakes it (the
+    /// dashboard's change stream, which re-reads what it shows on each).
+    pub async fn watch_everything(&self) -> crate::error::Result<WatchHints> {
+        let now = self
+            .kv()
+            .range(&self.keys().leader(), false, None)
+            .await
+            .map_err(crate::error::RegistryError::kv("reading the revision"))?;
+        Ok(WatchHints::start(
+            self.kv().clone(),
+            self.keys().prefix().to_owned(),
+            now.revision + 1,
+        ))
+    }
+}
+
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
