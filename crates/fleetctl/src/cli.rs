@@ -129,6 +129,9 @@ pub enum Command {
     /// its etcd v2 registry into ours, so that our fleetds adopt the running units
     /// (docs/migrating.md; --driver=etcd only).
     ImportFleet(ImportFleetArgs),
+    /// Print where the web dashboard is (every fleetd serves it under /ui/ on its API, with
+    /// the API's roles).
+    Ui,
     /// Print fleetctl's version and the versions the cluster's fleetds publish (fleetctl's
     /// alone, with a warning, when the cluster cannot be reached).
     Version(VersionArgs),

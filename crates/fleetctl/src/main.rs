@@ -198,6 +198,18 @@ async fn run(cli: Cli) -> Result<()> {
     if let Command::ImportFleet(a) = command {
         return import_fleet(&global, &chosen, a).await;
     }
+    if let Command::Ui = command {
+        let socket = chosen.endpoint.starts_with("unix://");
+        let machines = match chosen.driver {
+            Driver::Etcd if !socket => cluster_machines(&global).await?,
+            _ => Vec::new(),
+        };
+        let mut ctx = local_ctx();
+        for line in commands::ui::lines(&chosen, &machines) {
+            ctx.print(&format!("{line}\n"));
+        }
+        return written(ctx.finish());
+    }
     match chosen.driver {
         Driver::Api => {
             no_credentials_over_api(&global)?;
@@ -394,6 +406,7 @@ async fn execute<C: Cluster>(
         | Command::Completion(_)
         | Command::Man(_)
         | Command::Auth(_)
+        | Command::Ui
         | Command::ImportFleet(_) => {
             unreachable!("handled above")
         }

@@ -17,6 +17,7 @@ pub mod remote;
 pub mod rolling;
 pub mod ssh;
 pub mod submit;
+pub mod ui;
 pub mod version;
 pub mod wait;
 
