@@ -472,6 +472,31 @@ pub fn gen_agent() -> impl Strategy<Value = (bool, bool)> {
     (prop::bool::weighted(0.4), prop::bool::weighted(0.6))
 }
 
+/// A generated history: what happens before each round, and what each agent does in it.
+pub fn gen_history() -> impl Strategy<Value = Vec<(Option<Event>, Agents)>> {
+    prop::collection::vec((gen_event(), prop::collection::vec(gen_agent(), 4)), 1..24)
+}
+
+/// Plays `history` (each round's event, then the round), then lets every agent act and
+/// publish for a dozen rounds, checking for two copies throughout: what comes before the
+/// checks of a settled cluster.
+pub fn play<L: Leader>(
+    sim: &mut Sim<L>,
+    history: &[(Option<Event>, Agents)],
+) -> Result<(), TestCaseError> {
+    for (event, agents) in history {
+        if let Some(event) = event {
+            sim.happen(event);
+        }
+        round(sim, agents)?;
+    }
+    let everyone = vec![(true, true); 4];
+    for _ in 0..12 {
+        round(sim, &everyone)?;
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1024))]
 
@@ -485,22 +510,10 @@ proptest! {
     fn never_two_copies_whatever_agents_lag_machines_vanish_or_one_lies(
         g in gen_world(),
         liar in prop::option::of(0..4usize),
-        rounds in prop::collection::vec(
-            (gen_event(), prop::collection::vec(gen_agent(), 4)),
-            1..24,
-        ),
+        rounds in gen_history(),
     ) {
         let mut sim = Sim::new(&g, liar);
-        for (event, agents) in &rounds {
-            if let Some(event) = event {
-                sim.happen(event);
-            }
-            round(&mut sim, agents)?;
-        }
-        let everyone = vec![(true, true); 4];
-        for _ in 0..12 {
-            round(&mut sim, &everyone)?;
-        }
+        play(&mut sim, &rounds)?;
         sim.check_settled()?;
     }
 }

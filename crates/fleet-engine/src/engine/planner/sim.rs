@@ -9,7 +9,7 @@ use super::*;
 use crate::scheduler::Plan;
 use fleet_scheduler::tests::World;
 use fleet_scheduler::tests::props::gen_world;
-use fleet_scheduler::tests::sim::{Leader, Sim, cfg, gen_agent, gen_event, round};
+use fleet_scheduler::tests::sim::{Leader, Sim, cfg, gen_history, play};
 use proptest::prelude::*;
 
 /// A leader's pass planner, and the registry as its view showed it at its last pass.
@@ -114,22 +114,10 @@ proptest! {
     fn never_two_copies_when_the_leader_passes_only_on_changes_that_matter(
         g in gen_world(),
         liar in prop::option::of(0..4usize),
-        rounds in prop::collection::vec(
-            (gen_event(), prop::collection::vec(gen_agent(), 4)),
-            1..24,
-        ),
+        rounds in gen_history(),
     ) {
         let mut sim = Sim::new(&g, liar).with_leader(Passes::new);
-        for (event, agents) in &rounds {
-            if let Some(event) = event {
-                sim.happen(event);
-            }
-            round(&mut sim, agents)?;
-        }
-        let everyone = vec![(true, true); 4];
-        for _ in 0..12 {
-            round(&mut sim, &everyone)?;
-        }
+        play(&mut sim, &rounds)?;
         sim.leader_mut().safety_net();
         sim.engine();
         sim.check_settled()?;
