@@ -10,11 +10,13 @@
 //! fleetctl's client certificate is `CN=fleet functional client` ([`CLIENT_CN`]), which the
 //! harness gives the API's admin role; [`ApiCerts::client`] issues more, with any CN and O
 //! values, for the role tests.
+//!
+//! fleet-testing's [`CertIssuer`] makes every certificate, as it makes a test etcd's.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use fleet_testing::{CertIssuer, Leaf};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 /// The directory of a cluster's authority, below its run directory.
 pub const DIR: &str = "tls";
@@ -43,7 +45,7 @@ impl ApiCerts {
             certs.authority("ca")?;
             certs.authority("other-ca")?;
             let subject = format!("/CN={CLIENT_CN}");
-            certs.leaf(&certs.dir, "client", &subject, "ca", "clientAuth", None)?;
+            certs.client_leaf("client", &subject, "ca")?;
         }
         Ok(certs)
     }
@@ -98,7 +100,7 @@ impl ApiCerts {
                 .map(|o| format!("/O={o}"))
                 .chain([format!("/CN={cn}")])
                 .collect();
-            self.leaf(&self.dir, name, &subject, ca, "clientAuth", None)?;
+            self.client_leaf(name, &subject, ca)?;
         }
         Ok((pem, key))
     }
@@ -109,137 +111,40 @@ impl ApiCerts {
         let san = format!("IP:{ip}");
         let subject = "/CN=fleet functional server";
         // clientAuth too: fleetd presents it when it asks its peers (issue 36).
-        self.leaf(
-            dir,
-            "server",
+        let server = Leaf {
+            name: "server",
             subject,
-            "ca",
-            "serverAuth,clientAuth",
-            Some(&san),
-        )?;
+            ca: "ca",
+            usage: "serverAuth,clientAuth",
+            san: Some(&san),
+        };
+        self.issuer().leaf(dir, &server)?;
         std::fs::copy(self.ca(), dir.join("ca.pem"))?;
         Ok(())
     }
 
-    fn authority(&self, name: &str) -> Result<()> {
-        let key = format!("{name}.key");
-        let pem = format!("{name}.pem");
-        let subject = format!("/CN=fleet functional {name}");
-        openssl(
-            &self.dir,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &key,
-                "-out",
-                &pem,
-                "-days",
-                "30",
-                "-subj",
-                &subject,
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ],
-        )
-    }
-
-    /// `<dir>/<name>.pem` and `.key` with `subject` (openssl's `/CN=…/O=…`), signed by the
-    /// authority `ca` (`ca` or `other-ca`).
-    fn leaf(
-        &self,
-        dir: &Path,
-        name: &str,
-        subject: &str,
-        ca: &str,
-        usage: &str,
-        san: Option<&str>,
-    ) -> Result<()> {
-        let key = dir.join(format!("{name}.key"));
-        let csr = dir.join(format!("{name}.csr"));
-        let pem = dir.join(format!("{name}.pem"));
-        let ext = dir.join(format!("{name}.ext"));
-        openssl(
-            dir,
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &key.display().to_string(),
-                "-out",
-                &csr.display().to_string(),
-                "-subj",
-                subject,
-            ],
-        )?;
-        let mut extensions = format!(
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
-             extendedKeyUsage={usage}\n"
-        );
-        if let Some(san) = san {
-            extensions.push_str(&format!("subjectAltName={san}\n"));
+    fn issuer(&self) -> CertIssuer<'_> {
+        CertIssuer {
+            dir: &self.dir,
+            days: 30,
         }
-        std::fs::write(&ext, extensions)?;
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr.display().to_string(),
-                "-CA",
-                &self.dir.join(format!("{ca}.pem")).display().to_string(),
-                "-CAkey",
-                &self.dir.join(format!("{ca}.key")).display().to_string(),
-                "-set_serial",
-                &serial(),
-                "-out",
-                &pem.display().to_string(),
-                "-days",
-                "30",
-                "-extfile",
-                &ext.display().to_string(),
-            ],
-        )?;
-        let _ = std::fs::remove_file(&csr);
-        let _ = std::fs::remove_file(&ext);
-        Ok(())
     }
-}
 
-/// A serial number of its own for each certificate (the nanoseconds of now).
-fn serial() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(1);
-    format!("{nanos}")
-}
-
-fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .context("running openssl (scripts/deps.tsv installs it)")?;
-    if !out.status.success() {
-        bail!(
-            "openssl {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
+    fn authority(&self, name: &str) -> Result<()> {
+        let subject = format!("/CN=fleet functional {name}");
+        Ok(self.issuer().authority(name, &subject)?)
     }
-    Ok(())
+
+    /// `<name>.pem` and `.key` in the authority's directory, a client certificate with
+    /// `subject` (openssl's `/CN=…/O=…`) signed by the authority `ca` (`ca` or `other-ca`).
+    fn client_leaf(&self, name: &str, subject: &str, ca: &str) -> Result<()> {
+        let leaf = Leaf {
+            name,
+            subject,
+            ca,
+            usage: "clientAuth",
+            san: None,
+        };
+        Ok(self.issuer().leaf(&self.dir, &leaf)?)
+    }
 }

@@ -5,12 +5,18 @@
 //! Member 0 is named `flt<run id>` (what a single-member cluster always was), member `i > 0`
 //! `flt<run id>e<i>`; the cleanup of an orphaned run finds them by those names. Their data
 //! survives `stop`/`start`, which tests use to simulate an outage of one member or of all.
+//!
+//! What it shares with fleet-testing's launchers: free ports, the election timings, and the
+//! HTTP side (health, status, leadership). What differs stays here: the members listen on
+//! the bridge too and live detached (`setsid`) in a run directory; the binary is
+//! `/usr/bin/etcd`, by which the cleanup of an orphaned run finds them; and readiness is a
+//! blocking wait on `/health`, as the harness is blocking throughout.
 
 use crate::proc::ProcId;
 use crate::state::{ClusterState, EtcdMember, bridge_ip};
 use anyhow::{Context, Result, bail};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+pub use fleet_testing::MemberStatus;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -95,14 +101,8 @@ pub fn spawn(state: &ClusterState, index: usize) -> Result<(Child, ProcId)> {
             "--initial-cluster-token",
             &state.bridge,
             "--logger=zap",
-            // Fast elections: a leader ~0.5 s after start or after the leader died (1.2 s by
-            // default). Not faster: with 10/100 ms, a loaded CI machine (fsync stalls, starved
-            // CPU) kept a 3-member cluster electing for over 15 s (CI, 2026-12-02). Pre-vote
-            // keeps a member that fell behind from deposing a working leader.
-            "--heartbeat-interval=50",
-            "--election-timeout=500",
-            "--pre-vote",
         ])
+        .args(fleet_testing::ETCD_FAST_ELECTIONS)
         .current_dir(&state.dir)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
@@ -152,63 +152,29 @@ fn log_tail(log: &std::path::Path, lines: usize) -> String {
         .join("\n")
 }
 
-/// `GET /health` answers `{"health":"true"}`. Plain HTTP/1.0 over a socket: no client library
-/// needed for one request.
+/// `GET /health` answers `{"health":"true"}`.
 pub fn is_healthy(addr: SocketAddr) -> bool {
-    http(addr, "GET /health HTTP/1.0\r\n\r\n").is_ok_and(|r| r.contains("\"health\":\"true\""))
+    let request = "GET /health HTTP/1.0\r\n\r\n";
+    fleet_testing::http_exchange(addr, request, Duration::from_millis(500))
+        .is_ok_and(|r| r.contains("\"health\":\"true\""))
 }
 
-/// What a member says about itself: its ID and the leader it knows (0: none).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemberStatus {
-    pub id: u64,
-    pub leader: u64,
-}
-
-/// `POST /v3/maintenance/status` on the member's JSON gateway (uint64s come as strings).
+/// What member `addr` says about itself: its ID and the leader it knows.
 pub fn status(addr: SocketAddr) -> Result<MemberStatus> {
-    let body = post(addr, "/v3/maintenance/status", "{}")?;
-    let json: serde_json::Value =
-        serde_json::from_str(&body).with_context(|| format!("etcd status is not JSON: {body}"))?;
-    let id = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse::<u64>().ok());
-    Ok(MemberStatus {
-        id: id(&json["header"]["member_id"])
-            .with_context(|| format!("etcd status without a member ID: {body}"))?,
-        leader: id(&json["leader"]).unwrap_or(0),
-    })
+    fleet_testing::member_status(addr).with_context(|| format!("etcd status of {addr}"))
 }
 
 /// Asks the leader at `leader` to hand leadership to the member whose ID is `target`
 /// (`etcdctl move-leader`).
 pub fn transfer_leadership(leader: SocketAddr, target: u64) -> Result<()> {
     let body = format!("{{\"targetID\":\"{target}\"}}");
-    let answer = post(leader, "/v3/maintenance/transfer-leadership", &body)?;
+    let path = "/v3/maintenance/transfer-leadership";
+    let answer = fleet_testing::post_json(leader, path, &body)
+        .with_context(|| format!("POST {path} to etcd {leader}"))?;
     if answer.contains("\"error\"") || answer.contains("\"code\"") {
         bail!("etcd refused to move the leader: {answer}");
     }
     Ok(())
-}
-
-fn post(addr: SocketAddr, path: &str, body: &str) -> Result<String> {
-    let request = format!(
-        "POST {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let response = http(addr, &request).with_context(|| format!("POST {path} to etcd {addr}"))?;
-    Ok(response
-        .split_once("\r\n\r\n")
-        .map_or(String::new(), |(_, b)| b.to_owned()))
-}
-
-fn http(addr: SocketAddr, request: &str) -> std::io::Result<String> {
-    let timeout = Duration::from_millis(500);
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream.write_all(request.as_bytes())?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    Ok(response)
 }
 
 /// The client address of member `member` on the bridge.

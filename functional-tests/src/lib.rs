@@ -47,7 +47,10 @@ pub use fleetd::{
 };
 pub use machine::Machine;
 pub use proc::ProcId;
-pub use reference::{REFERENCE_DIR_VAR, reference_fleet_dir, reference_fleetctl};
+pub use reference::{
+    REFERENCE_DIR_VAR, reference_fleet_dir, reference_fleetctl, reference_fleetctl_ok,
+    reference_fleetctl_run,
+};
 pub use registry::TestRegistry;
 pub use state::{
     ClusterState, EtcdMember, EtcdState, MachineState, RunId, default_bin_dir, functional_dir,

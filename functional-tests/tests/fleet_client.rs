@@ -8,17 +8,14 @@
 
 mod support;
 
-use anyhow::{Context, Result, bail, ensure};
-use fleet_functional_tests::{Cluster, FleetdSpec, Machine, OutputExt, reference_fleetctl};
+use anyhow::{Context, Result, ensure};
+use fleet_functional_tests::{Cluster, FleetdSpec, Machine, OutputExt, reference_fleetctl_ok};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::{POLL, TIMEOUT, units_on};
 
-/// How long one command of fleet's fleetctl may take before it counts as hung.
-const HUNG: Duration = Duration::from_secs(60);
 const UNIT: &str = "hello.service";
 
 fn hello(version: u32) -> String {
@@ -27,45 +24,14 @@ fn hello(version: u32) -> String {
     )
 }
 
-/// fleet's fleetctl against `machine`'s fleetd API socket, run in `dir`, killed if it hangs.
-fn fleet(machine: &Machine, dir: &Path, args: &[&str]) -> Result<Output> {
-    let mut child = Command::new(reference_fleetctl()?)
-        .arg(format!("--endpoint={}", machine.api_endpoint()))
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting fleet's fleetctl")?;
-    let started = Instant::now();
-    while child.try_wait()?.is_none() {
-        if started.elapsed() > HUNG {
-            child.kill()?;
-            let out = child.wait_with_output()?;
-            bail!(
-                "fleet's fleetctl {} hung for {HUNG:?}: {}{}",
-                args.join(" "),
-                out.stdout_text(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(POLL);
-    }
-    Ok(child.wait_with_output()?)
+/// fleet's fleetctl against `machine`'s fleetd API socket, run in `dir`, which must succeed
+/// (killed if it hangs); its stdout.
+fn fleet_ok(machine: &Machine, dir: &Path, args: &[&str]) -> Result<String> {
+    reference_fleetctl_ok(&[api_endpoint(machine)], dir, args)
 }
 
-/// The same, which must succeed; its stdout.
-fn fleet_ok(machine: &Machine, dir: &Path, args: &[&str]) -> Result<String> {
-    let out = fleet(machine, dir, args)?;
-    ensure!(
-        out.status.success(),
-        "fleet's fleetctl {} failed: {}{}",
-        args.join(" "),
-        out.stdout_text(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(out.stdout_text())
+fn api_endpoint(machine: &Machine) -> String {
+    format!("--endpoint={}", machine.api_endpoint())
 }
 
 /// The machines whose systemd runs `unit` now.

@@ -5,8 +5,8 @@
 //! It only records: which rule wins when two units disagree is the planner's business.
 
 use fleet_core::{
-    ActiveState, DesiredState, LoadState, MachineId, MachineInfo, RequirementError, Requirements,
-    UnitFile, UnitHash, UnitName,
+    DesiredState, LoadState, MachineId, MachineInfo, RequirementError, Requirements, UnitFile,
+    UnitHash, UnitName,
 };
 use fleet_registry::{LeftCopy, MoveRecord, PerMachine, Snapshot, UnitStateRecord};
 use std::borrow::Cow;
@@ -495,7 +495,7 @@ impl<'s> Cluster<'s> {
             .filter(|m| *m != from)
             .filter_map(|m| states.and_then(|s| s.get(m)))
             .any(|state| match spec.desired {
-                DesiredState::Launched => state.systemd.active_state() == ActiveState::Active,
+                DesiredState::Launched => state.systemd.active_state().satisfies_launched(),
                 DesiredState::Loaded | DesiredState::Inactive => {
                     state.systemd.load_state() == LoadState::Loaded
                 }

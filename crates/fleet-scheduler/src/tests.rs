@@ -14,7 +14,7 @@ mod history;
 mod migrating;
 pub mod props;
 mod replace;
-mod sim;
+pub mod sim;
 mod unreadable;
 
 use DesiredState::{Inactive, Launched, Loaded};

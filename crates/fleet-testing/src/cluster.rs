@@ -4,18 +4,18 @@
 //! is found through etcd's maintenance status (its JSON gateway, plain HTTP).
 
 use std::fs::{self, File};
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use super::{
-    EtcdMember, READY_WITHIN, REQUEST_TIMEOUT, START_ATTEMPTS, enable_auth, etcd_binary,
-    etcd_command, free_ports, issue_user, root_auth, unique_dir,
+use crate::auth::{enable_auth, issue_user, root_auth};
+use crate::etcd::{
+    EtcdMember, READY_WITHIN, REQUEST_TIMEOUT, START_ATTEMPTS, etcd_binary, etcd_command,
 };
+use crate::{free_ports, member_status, unique_dir};
 use fleet_registry::kv::{EtcdConfig, EtcdKv, Kv, TlsFiles};
 use fleet_registry::rbac::RoleSpec;
 
@@ -40,7 +40,7 @@ impl TestEtcdCluster {
     /// Starts `size` members together and waits until each answers a read (so the cluster has
     /// a leader). Panics if it cannot. A member that cannot bind its port (another test took
     /// it between [`free_ports`] and etcd's bind) fails the attempt: the whole cluster starts
-    /// again on new ports, as [`TestEtcd`](super::TestEtcd) does.
+    /// again on new ports, as [`TestEtcd`](crate::TestEtcd) does.
     pub async fn start(size: usize) -> TestEtcdCluster {
         assert!(size > 0, "an etcd cluster needs a member");
         let mut last_log = String::new();
@@ -86,7 +86,7 @@ impl TestEtcdCluster {
     }
 
     /// [`start`](Self::start), then authentication on as in
-    /// [`TestEtcd::start_auth`](super::TestEtcd::start_auth): clients log in as `root`.
+    /// [`TestEtcd::start_auth`](crate::TestEtcd::start_auth): clients log in as `root`.
     pub async fn start_auth(size: usize) -> TestEtcdCluster {
         let mut cluster = TestEtcdCluster::start(size).await;
         cluster.auth = true;
@@ -95,7 +95,7 @@ impl TestEtcdCluster {
         cluster
     }
 
-    /// A user holding exactly `roles`, as [`TestEtcd::issue_user`](super::TestEtcd::issue_user),
+    /// A user holding exactly `roles`, as [`TestEtcd::issue_user`](crate::TestEtcd::issue_user),
     /// for every member.
     pub async fn issue_user(&self, name: &str, roles: &[RoleSpec]) -> EtcdConfig {
         assert!(self.auth, "issue_user needs a cluster started with auth");
@@ -195,8 +195,9 @@ impl TestEtcdCluster {
             .collect();
         tokio::task::spawn_blocking(move || {
             ports.into_iter().find_map(|(index, port)| {
-                let status = member_status(port).ok()?;
-                (status.leader != 0 && status.leader == status.member).then_some(index)
+                let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+                let status = member_status(addr).ok()?;
+                (status.leader != 0 && status.leader == status.id).then_some(index)
             })
         })
         .await
@@ -286,34 +287,5 @@ impl Drop for TestEtcdCluster {
             self.kill(index);
         }
         let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A member's ID and the leader it knows (0: none).
-struct MemberStatus {
-    member: u64,
-    leader: u64,
-}
-
-/// `POST /v3/maintenance/status` on etcd's JSON gateway. IDs are uint64s, which the gateway
-/// writes as JSON strings.
-fn member_status(port: u16) -> std::io::Result<MemberStatus> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
-    write!(
-        stream,
-        "POST /v3/maintenance/status HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\
-         Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let json: serde_json::Value = serde_json::from_str(body).map_err(std::io::Error::other)?;
-    let id = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse::<u64>().ok());
-    let member = id(&json["header"]["member_id"]);
-    let leader = id(&json["leader"]).unwrap_or(0);
-    match member {
-        Some(member) => Ok(MemberStatus { member, leader }),
-        None => Err(std::io::Error::other(format!("unexpected status: {body}"))),
     }
 }

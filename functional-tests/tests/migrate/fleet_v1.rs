@@ -4,11 +4,14 @@
 //! configured by fleet's config file; the cutover replaces it, machine by machine, by our
 //! fleetd reading the very same file. Nothing here decides what passes: the test does.
 
-use anyhow::{Context, Result, bail, ensure};
-use fleet_functional_tests::{Cluster, MACHINE_BIN_DIR, Machine, OutputExt, reference_fleet_dir};
+use anyhow::{Context, Result};
+use fleet_functional_tests::{
+    Cluster, MACHINE_BIN_DIR, Machine, OutputExt, reference_fleet_dir, reference_fleetctl_ok,
+    reference_fleetctl_run,
+};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
 /// fleet's configuration file in every machine, read by both fleetds (`--config`).
 pub const FLEET_CONF: &str = "/run/fleet/fleet.conf";
@@ -16,8 +19,6 @@ const SERVICE_PATH: &str = "/run/systemd/system/fleet.service";
 /// fleet's own default agent TTL: the time the cutover's kills have before fleet's surviving
 /// engine would count a killed machine gone and schedule its units elsewhere.
 const AGENT_TTL: &str = "30s";
-/// How long one command of fleet's fleetctl may take before it counts as hung.
-const HUNG: Duration = Duration::from_secs(60);
 
 /// fleet's config file for `machine`: the keys an operator of fleet sets, in fleet's syntax
 /// (`units_directory` as fleet's default spells it, with its trailing slash).
@@ -79,44 +80,20 @@ fn install_and_start(machine: &Machine, binary: &str) -> Result<()> {
 /// fleet's own fleetctl over its etcd driver, run in `dir` (where the unit files are),
 /// killed if it hangs.
 pub fn fleet(cluster: &Cluster, dir: &Path, args: &[&str]) -> Result<Output> {
-    let mut child = Command::new(reference_fleet_dir()?.join("fleetctl"))
-        .arg("--driver=etcd")
-        .arg(format!("--endpoint={}", cluster.etcd_endpoint()))
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting fleet's fleetctl")?;
-    let started = Instant::now();
-    while child.try_wait()?.is_none() {
-        if started.elapsed() > HUNG {
-            child.kill()?;
-            let out = child.wait_with_output()?;
-            bail!(
-                "fleet's fleetctl {} hung for {HUNG:?}: {}{}",
-                args.join(" "),
-                out.stdout_text(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(super::POLL);
-    }
-    Ok(child.wait_with_output()?)
+    reference_fleetctl_run(&etcd_driver(cluster), dir, args)
 }
 
 /// The same, which must succeed; its stdout.
 pub fn fleet_ok(cluster: &Cluster, dir: &Path, args: &[&str]) -> Result<String> {
-    let out = fleet(cluster, dir, args)?;
-    ensure!(
-        out.status.success(),
-        "fleet's fleetctl {} failed: {}{}",
-        args.join(" "),
-        out.stdout_text(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(out.stdout_text())
+    reference_fleetctl_ok(&etcd_driver(cluster), dir, args)
+}
+
+/// fleetctl's arguments for the cluster's etcd.
+fn etcd_driver(cluster: &Cluster) -> [String; 2] {
+    [
+        "--driver=etcd".to_owned(),
+        format!("--endpoint={}", cluster.etcd_endpoint()),
+    ]
 }
 
 /// One unit of the cluster and what the test does with it under fleet.

@@ -227,6 +227,12 @@ impl PassPlanner {
         Some((plan, touched))
     }
 
+    /// The disruption rule's history, for a simulation's final check.
+    #[cfg(test)]
+    fn disruption_mut(&mut self) -> &mut Disruption {
+        &mut self.disruption
+    }
+
     /// Takes in a pass whose writes landed: `snapshot` and `files` are the view with them
     /// recorded, and `wrote_nothing` says whether the pass wrote anything at all.
     pub fn done(
@@ -345,5 +351,7 @@ fn write_of(decision: &Decision) -> EngineWrite {
     }
 }
 
+#[cfg(test)]
+mod sim;
 #[cfg(test)]
 mod tests;

@@ -12,11 +12,20 @@
 //! the simulated clock), as fleet-engine's `engine/leading.rs` does, and a new leader may
 //! take over at any round, knowing only the registry. One machine may lie: it
 //! publishes `active` for every unit it runs no copy of.
+//! Here the leader ([`EveryRound`]) plans every unit every round; fleet-engine's pass
+//! planner tests run the same with a [`Leader`] that passes as its leader does, skipping
+//! rounds and planning only what changed (feature `testing`).
 //!
 //! The one pair of copies the check excuses is the documented limit of docs/engine.md
 //! ("Limits"): a unit placed while another machine, live, ran a copy of it that its agent had
 //! not published (no state, or a state from before it started it). Each copy remembers which
 //! other copies were unpublished when its machine was given the unit.
+
+mod leader;
+#[cfg(test)]
+mod scripted;
+
+pub use leader::{EveryRound, Leader};
 
 use super::props::{GenChange, GenWorld, MACHINES, UNITS, build, change, gen_change, gen_world};
 use super::*;
@@ -58,14 +67,15 @@ struct Gone {
 }
 
 /// The registry, what each machine's systemd runs and has loaded, the leader's memory.
-pub(super) struct Sim {
+#[derive(Debug)]
+pub struct Sim<L = EveryRound> {
     pub w: World,
     systemd: BTreeMap<(UnitName, MachineId), Instance>,
     /// Unit files in each machine's units directory: what its agent publishes states of.
     loaded: BTreeSet<(UnitName, MachineId)>,
     gone: BTreeMap<MachineId, Gone>,
     now: Instant,
-    disruption: Disruption,
+    leader: L,
     /// The copies elsewhere that the registry did not show at each unit's latest placement.
     unseen_at_placement: BTreeMap<(UnitName, MachineId), BTreeSet<u64>>,
     next_copy: u64,
@@ -74,7 +84,8 @@ pub(super) struct Sim {
     ever_on_liar: BTreeSet<UnitName>,
 }
 
-fn cfg() -> DisruptionConfig {
+/// The disruption rule's configuration of every simulated leader.
+pub fn cfg() -> DisruptionConfig {
     DisruptionConfig::for_ttl(TTL)
 }
 
@@ -104,12 +115,39 @@ impl Sim {
             loaded: BTreeSet::new(),
             gone: BTreeMap::new(),
             now,
-            disruption: Disruption::new(cfg(), now),
+            leader: EveryRound::new(now),
             unseen_at_placement: BTreeMap::new(),
             next_copy: 0,
             liar: None,
             ever_on_liar: BTreeSet::new(),
         }
+    }
+}
+
+impl<L: Leader> Sim<L> {
+    /// The same simulation with the leader `make` makes, taking over now.
+    pub fn with_leader<M: Leader>(self, make: impl FnOnce(Instant) -> M) -> Sim<M> {
+        Sim {
+            w: self.w,
+            systemd: self.systemd,
+            loaded: self.loaded,
+            gone: self.gone,
+            now: self.now,
+            leader: make(self.now),
+            unseen_at_placement: self.unseen_at_placement,
+            next_copy: self.next_copy,
+            liar: self.liar,
+            ever_on_liar: self.ever_on_liar,
+        }
+    }
+
+    pub fn leader_mut(&mut self) -> &mut L {
+        &mut self.leader
+    }
+
+    /// The simulated time.
+    pub fn now(&self) -> Instant {
+        self.now
     }
 
     /// Time passes; the fences whose time came stop their machines' copies.
@@ -126,12 +164,12 @@ impl Sim {
         self.systemd.retain(|(_, m), _| !fenced.contains(m));
     }
 
-    /// One engine pass: the disruption rule, then the plan of the registry holding what it
-    /// says, whose writes then land.
+    /// One engine pass, if the leader has one due: its plan, whose writes then land.
     pub fn engine(&mut self) {
-        let assessment = self.disruption.assess(self.now, &self.w.snap);
-        let plan = plan_holding(&self.w.snap, &self.w.files, &assessment.held);
-        self.land(&plan);
+        if let Some(plan) = self.leader.pass(&self.w, self.now) {
+            self.land(&plan);
+            self.leader.landed(&self.w);
+        }
     }
 
     /// The writes of `plan` land.
@@ -158,7 +196,7 @@ impl Sim {
     /// A new leader: it knows only the registry (a machine it does not see counts as having
     /// just vanished).
     pub fn new_leader(&mut self) {
-        self.disruption = Disruption::new(cfg(), self.now);
+        self.leader.new_leader(self.now);
     }
 
     /// The copies of `unit` on live machines other than `machine` whose machine publishes no
@@ -324,7 +362,7 @@ impl Sim {
     /// unit is held and no record names a machine that is gone. A record stays only on the
     /// liar, or of a copy its machine never published (docs/engine.md: its agent publishes
     /// nothing of a unit it has no file of, so nothing shows it stopped).
-    fn check_settled(&mut self) -> Result<(), TestCaseError> {
+    pub fn check_settled(&mut self) -> Result<(), TestCaseError> {
         let plan = plan(&self.w.snap, &self.w.files);
         for (unit, machine) in plan.previous_copies {
             prop_assert_eq!(Some(&machine), self.liar.as_ref(), "{} waits", unit);
@@ -343,7 +381,11 @@ impl Sim {
                 machine
             );
         }
-        let held = self.disruption.assess(self.now, &self.w.snap).held;
+        let held = self
+            .leader
+            .disruption_mut()
+            .assess(self.now, &self.w.snap)
+            .held;
         prop_assert!(held.is_empty(), "still held: {held:?}");
         for (unit, machines) in &self.w.snap.left {
             for (machine, copy) in machines {
@@ -367,7 +409,7 @@ impl Sim {
 /// (`MachineID=`) to a machine, which moves it if it runs elsewhere, a machine's lease
 /// expiring or coming back, a new leader.
 #[derive(Debug, Clone)]
-enum Event {
+pub enum Event {
     Change(GenChange),
     /// The `n`th unit (modulo their number) gets a desired state.
     Desired(usize, DesiredState),
@@ -378,7 +420,7 @@ enum Event {
     NewLeader,
 }
 
-fn gen_event() -> impl Strategy<Value = Option<Event>> {
+pub fn gen_event() -> impl Strategy<Value = Option<Event>> {
     prop_oneof![
         2 => Just(None),
         3 => gen_change().prop_map(|c| Some(Event::Change(c))),
@@ -392,13 +434,13 @@ fn gen_event() -> impl Strategy<Value = Option<Event>> {
     ]
 }
 
-impl Sim {
+impl<L: Leader> Sim<L> {
     fn nth_unit(&mut self, n: usize) -> Option<&mut fleet_registry::Unit> {
         let count = self.w.snap.units.len();
         self.w.snap.units.values_mut().nth(n % count.max(1))
     }
 
-    fn happen(&mut self, event: &Event) {
+    pub fn happen(&mut self, event: &Event) {
         match event {
             Event::Change(c) => {
                 change(&mut self.w, &non_global(c));
@@ -423,11 +465,36 @@ impl Sim {
 }
 
 /// What each machine (by index into the live ones) does in a round: acts, publishes.
-type Agents = Vec<(bool, bool)>;
+pub type Agents = Vec<(bool, bool)>;
 
 /// An agent acts less often than it publishes: what lags most is what the checks are about.
-fn gen_agent() -> impl Strategy<Value = (bool, bool)> {
+pub fn gen_agent() -> impl Strategy<Value = (bool, bool)> {
     (prop::bool::weighted(0.4), prop::bool::weighted(0.6))
+}
+
+/// A generated history: what happens before each round, and what each agent does in it.
+pub fn gen_history() -> impl Strategy<Value = Vec<(Option<Event>, Agents)>> {
+    prop::collection::vec((gen_event(), prop::collection::vec(gen_agent(), 4)), 1..24)
+}
+
+/// Plays `history` (each round's event, then the round), then lets every agent act and
+/// publish for a dozen rounds, checking for two copies throughout: what comes before the
+/// checks of a settled cluster.
+pub fn play<L: Leader>(
+    sim: &mut Sim<L>,
+    history: &[(Option<Event>, Agents)],
+) -> Result<(), TestCaseError> {
+    for (event, agents) in history {
+        if let Some(event) = event {
+            sim.happen(event);
+        }
+        round(sim, agents)?;
+    }
+    let everyone = vec![(true, true); 4];
+    for _ in 0..12 {
+        round(sim, &everyone)?;
+    }
+    Ok(())
 }
 
 proptest! {
@@ -443,28 +510,16 @@ proptest! {
     fn never_two_copies_whatever_agents_lag_machines_vanish_or_one_lies(
         g in gen_world(),
         liar in prop::option::of(0..4usize),
-        rounds in prop::collection::vec(
-            (gen_event(), prop::collection::vec(gen_agent(), 4)),
-            1..24,
-        ),
+        rounds in gen_history(),
     ) {
         let mut sim = Sim::new(&g, liar);
-        for (event, agents) in &rounds {
-            if let Some(event) = event {
-                sim.happen(event);
-            }
-            round(&mut sim, agents)?;
-        }
-        let everyone = vec![(true, true); 4];
-        for _ in 0..12 {
-            round(&mut sim, &everyone)?;
-        }
+        play(&mut sim, &rounds)?;
         sim.check_settled()?;
     }
 }
 
 /// A tick, an engine pass, then each live machine's agent acting and publishing as told.
-fn round(sim: &mut Sim, agents: &Agents) -> Result<(), TestCaseError> {
+pub fn round<L: Leader>(sim: &mut Sim<L>, agents: &Agents) -> Result<(), TestCaseError> {
     sim.tick();
     sim.check_one_copy()?;
     sim.engine();
@@ -492,108 +547,4 @@ fn non_global(c: &GenChange) -> GenChange {
         }
         other @ (GenChange::Destroy(_) | GenChange::Desired(..) | GenChange::Version(_)) => other,
     }
-}
-
-// ---- scripted --------------------------------------------------------------------------------
-
-/// `unit` gets `desired` and the `[X-Fleet]` lines `xfleet` (a new file).
-fn set(sim: &mut Sim, unit: &str, desired: DesiredState, xfleet: &str) {
-    sim.w = std::mem::take(&mut sim.w).unit_version(unit, desired, xfleet, 1);
-}
-
-/// What the engine and the agents did, one line each, and the first pair of copies found.
-fn two_copies(sim: &Sim) -> Option<String> {
-    sim.check_one_copy().err().map(|e| e.to_string())
-}
-
-/// `fleetctl drain` (here: a new `MachineID=`) moves `a` off m1 while it runs; its stop is
-/// slow; m1's fleetd dies before it is over. The engine must not start `a` on m2 before m1's
-/// fence has stopped the copy, though m1's states went with its lease.
-#[test]
-fn a_unit_that_left_a_vanished_machine_waits_for_its_fence() {
-    let mut sim = Sim::of(two_machines().unit("a.service", Launched, ""));
-    let (m1, m2) = (mid("m1"), mid("m2"));
-    sim.tick();
-    sim.engine();
-    assert_eq!(sim.w.placement()["a.service"], ["m1"]);
-    sim.act(&m1).unwrap();
-    sim.publish(&m1);
-    set(&mut sim, "a.service", Launched, "MachineID=m2");
-    sim.tick();
-    sim.engine();
-    assert!(sim.w.snap.schedule.is_empty(), "waits for the copy on m1");
-    sim.act(&m1).unwrap();
-    sim.publish(&m1);
-    sim.vanish(&m1);
-    for _ in 0..5 {
-        sim.tick();
-        sim.engine();
-        let _ = sim.act(&m2);
-        assert_eq!(two_copies(&sim), None);
-    }
-    assert_eq!(sim.w.placement()["a.service"], ["m2"]);
-    assert!(sim.w.snap.left.is_empty());
-}
-
-/// m1's agent starts `a` and has not published it yet when `a` leaves m1 (here: unloaded);
-/// it publishes the copy after. Started again, pinned to m2, `a` must wait for that copy.
-#[test]
-fn a_copy_published_after_its_unit_left_holds_the_unit_back() {
-    let mut sim = Sim::of(two_machines().unit("a.service", Launched, ""));
-    let (m1, m2) = (mid("m1"), mid("m2"));
-    sim.tick();
-    sim.engine();
-    sim.act(&m1).unwrap();
-    set(&mut sim, "a.service", Inactive, "");
-    sim.tick();
-    sim.engine();
-    assert!(sim.w.snap.schedule.is_empty());
-    sim.publish(&m1);
-    set(&mut sim, "a.service", Launched, "MachineID=m2");
-    sim.tick();
-    sim.engine();
-    sim.act(&m2).unwrap();
-    assert_eq!(two_copies(&sim), None);
-    assert_eq!(sim.w.waiting(), ["a.service"]);
-    for _ in 0..3 {
-        sim.tick();
-        sim.engine();
-        for m in [&m1, &m2] {
-            sim.act(m).unwrap();
-            sim.publish(m);
-        }
-    }
-    assert_eq!(sim.w.placement()["a.service"], ["m2"]);
-    assert!(sim.w.snap.left.is_empty());
-}
-
-/// The same with a state from before the start: `a` was loaded only (m1 published it
-/// `inactive`), then started, and moved before m1 published the start.
-#[test]
-fn a_copy_started_after_its_last_published_state_holds_the_unit_back() {
-    let mut sim = Sim::of(two_machines().unit("a.service", Loaded, ""));
-    let (m1, m2) = (mid("m1"), mid("m2"));
-    sim.tick();
-    sim.engine();
-    sim.act(&m1).unwrap();
-    sim.publish(&m1);
-    assert_eq!(
-        sim.w.snap.states[&name("a.service")][&m1].systemd.active,
-        "inactive"
-    );
-    set(&mut sim, "a.service", Launched, "");
-    sim.tick();
-    sim.engine();
-    sim.act(&m1).unwrap();
-    set(&mut sim, "a.service", Inactive, "");
-    sim.tick();
-    sim.engine();
-    assert!(sim.w.snap.schedule.is_empty());
-    sim.publish(&m1);
-    set(&mut sim, "a.service", Launched, "MachineID=m2");
-    sim.tick();
-    sim.engine();
-    sim.act(&m2).unwrap();
-    assert_eq!(two_copies(&sim), None);
-    assert_eq!(sim.w.waiting(), ["a.service"]);
 }
