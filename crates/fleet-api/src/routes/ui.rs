@@ -51,6 +51,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 const INDEX: &str = include_str!("ui/index.html");
 const SCRIPT: &str = include_str!("ui/app.js");
 const STYLE: &str = include_str!("ui/app.css");
+const ICON: &str = include_str!("ui/favicon.svg");
 
 /// Nothing but this origin's own script, style, images and requests; no framing.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
@@ -101,6 +102,7 @@ pub async fn handle<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiEr
         "/" | "/index.html" => Ok(page(INDEX, "text/html; charset=utf-8")),
         "/app.js" => Ok(page(SCRIPT, "text/javascript; charset=utf-8")),
         "/app.css" => Ok(page(STYLE, "text/css; charset=utf-8")),
+        "/favicon.svg" => Ok(page(ICON, "image/svg+xml")),
         "/api/overview" => {
             let role = req
                 .extensions()
@@ -152,6 +154,8 @@ struct Answer<'a> {
     overview: overview::Overview,
     role: &'a str,
     leader: Option<String>,
+    /// This fleetd's machine, whose units' journals it streams (none: it serves none).
+    here: Option<String>,
 }
 
 /// The overview's answer: [`overview::overview`] of one read of each listing.
@@ -189,6 +193,7 @@ async fn read_overview<K: Kv>(api: &Api<K>, query: &str, role: &str) -> Result<R
         overview: overview::overview(&read, &ask),
         role,
         leader: leader.map(|l| l.to_string()),
+        here: api.inspection.as_ref().map(|i| i.machine.to_string()),
     };
     Ok(guarded(json_response(StatusCode::OK, &answer)))
 }

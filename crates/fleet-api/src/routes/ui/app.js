@@ -3,7 +3,7 @@
 'use strict';
 
 const WRITE_HEADERS = { 'X-Fleet-CSRF': '1', 'Content-Type': 'application/json' };
-const ui = { page: 0, filter: '', role: 'none', route: null, journal: null, pending: null, confirm: null };
+const ui = { page: 0, filter: '', role: 'none', here: null, route: null, journal: null, pending: null, confirm: null, errorFrom: null };
 
 function $(id) { return document.getElementById(id); }
 
@@ -44,10 +44,13 @@ async function write(method, path, body) {
   if (!r.ok) throw new Error(await errorOf(r));
 }
 
-function showError(e) {
+// An action's error stays until the next action; a read's until the next read succeeds.
+function showError(e, from) {
   const box = $('error');
+  if (!e && from === 'read' && ui.errorFrom === 'action') return;
   box.textContent = e ? String(e.message || e) : '';
   box.hidden = !e;
+  ui.errorFrom = e ? from : null;
 }
 
 function mayAct() { return ui.role === 'operator' || ui.role === 'admin'; }
@@ -63,7 +66,9 @@ function answer(yes) {
   const act = ui.confirm;
   ui.confirm = null;
   $('confirm').hidden = true;
-  if (yes && act) act().then(() => { showError(null); refresh(); }, showError);
+  if (yes && act) {
+    act().then(() => { showError(null, 'action'); refresh(); }, (e) => showError(e, 'action'));
+  }
 }
 
 function button(label, what, act) {
@@ -132,6 +137,7 @@ async function overview(filter, perPage) {
   const q = new URLSearchParams({ page: String(ui.page), perPage: String(perPage), filter });
   const o = await getJSON(`/ui/api/overview?${q}`);
   ui.role = o.role;
+  ui.here = o.here;
   showCounts(o.counts);
   return o;
 }
@@ -215,7 +221,11 @@ async function renderUnit(name, fresh) {
     const journal = el('pre', { id: 'unit-journal' });
     $('view').replaceChildren(el('h2', { id: 'unit-name', text: name }), el('div', { id: 'unit-live' }, ...parts.filter((p) => p)),
       el('h2', { text: 'Journal' }), journal);
-    followJournal(name, journal);
+    const on = (await getJSON(`/fleet/v1/units/${enc(name)}`)).machineID;
+    if (on && on === ui.here) followJournal(name, journal);
+    else journal.textContent = on
+      ? `The journal is streamed by the fleetd of machine ${on}: open the dashboard on its API (fleetctl ui), or fleetctl journal ${name}.`
+      : 'The unit runs on no machine.';
   } else {
     $('unit-live').replaceChildren(...parts.filter((p) => p));
   }
@@ -240,14 +250,16 @@ async function refresh() {
   const r = route();
   const fresh = JSON.stringify(r) !== JSON.stringify(ui.route);
   if (fresh && ui.journal) { ui.journal.abort(); ui.journal = null; }
+  // A new page shows nothing of the last one while it loads (no action on the wrong unit).
+  if (fresh) $('view').replaceChildren(el('p', { class: 'muted', text: 'loading' }));
   ui.route = r;
   try {
     if (r.kind === 'unit') await renderUnit(r.name, fresh);
     else if (r.kind === 'machine') await renderMachine(r.id);
     else await renderCluster();
-    showError(null);
+    showError(null, 'read');
   } catch (e) {
-    showError(e);
+    showError(e, 'read');
   }
 }
 
