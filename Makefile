@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Cargo's target directory (CARGO_TARGET_DIR or a cargo config may move it), asked lazily.
 TARGET_DIR = $(or $(shell $(CARGO) metadata --format-version 1 --no-deps 2>/dev/null | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'),$(CURDIR)/target)
 DEMO_DIR ?= $(TARGET_DIR)/demo
-APT_PACKAGES := gcc libc6-dev protobuf-compiler libprotobuf-dev etcd-server etcd-client systemd dbus dbus-daemon dbus-system-bus-common util-linux iproute2 openssl git make binutils dpkg-dev lintian zsh fish
+APT_PACKAGES := gcc libc6-dev protobuf-compiler libprotobuf-dev etcd-server etcd-client systemd dbus dbus-daemon dbus-system-bus-common util-linux iproute2 openssl git make binutils dpkg-dev lintian zsh fish chromium chromium-driver
 
 .PHONY: all deps build test test-api test-unit lint demo demo-down bench bench-huge soak soak-only clean man install install-build uninstall package
 

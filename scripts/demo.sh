@@ -82,12 +82,18 @@ The cluster is up and stays up. Use it:
   fleetctl journal hello.service
   fleetctl stop hello.service; fleetctl start hello.service
   fleetctl destroy web@3.service
+  fleetctl ui
+  openssl pkcs12 -export -in "\$FLEETCTL_API_CERT_FILE" -inkey "\$FLEETCTL_API_KEY_FILE" -out fleetctl.p12 -passout pass:
 
 fleetctl talks to the API of m1's fleetd over TLS ($api); status and journal
 ask the fleetd of the unit's own machine, at the address it publishes (\`fleetctl journal -f
 hello.service\` follows until Ctrl-C). The FLEETCTL_API_* files are the fleetds' authority
 and fleetctl's certificate; etcd's own files, if it had TLS, would be FLEETCTL_CA_FILE and
 friends.
+
+\`fleetctl ui\` prints the web dashboard's address ($api/ui/): a browser on this host opens
+it with fleetctl's certificate, fleetctl.p12 (no password; the openssl line above writes it),
+imported into the browser, and the authority $(q "$ca") trusted.
 
 Or over etcd, fleetctl reading and writing the registry itself (status and journal still ask
 each unit's fleetd, with the API files above):

@@ -113,6 +113,7 @@ fn demo_works(binaries: Binaries) -> Result<()> {
         "fleetctl list-units",
         "fleetctl status hello.service",
         "fleetctl journal hello.service",
+        "fleetctl ui",
     ] {
         assert!(
             usage.iter().any(|l| l.starts_with(command)),
