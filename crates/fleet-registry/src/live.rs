@@ -12,7 +12,6 @@ use tokio::sync::mpsc;
 
 use crate::error::{RegistryError, Result};
 use crate::kv::{Kv, Revision, WatchMessage};
-use crate::leader::EngineWrite;
 use crate::mirror::{Changed, Mirror, Touched};
 use crate::read::Skipped;
 use crate::registry::Registry;
@@ -21,8 +20,7 @@ use crate::snapshot::Snapshot;
 /// The registry's units, machines and their metadata, schedule, states, unschedulable reasons and unit files,
 /// followed by a watch.
 #[derive(Debug)]
-pub struct LiveView<K> {
-    registry: Registry<K>,
+pub struct LiveView {
     mirror: Mirror,
     /// The watch's messages, drained from it as they come.
     watch: mpsc::UnboundedReceiver<WatchMessage>,
@@ -30,21 +28,20 @@ pub struct LiveView<K> {
     changed: Changed,
 }
 
-impl<K: Kv> LiveView<K> {
+impl LiveView {
     /// Reads everything, unit files included, at one revision and watches from the next.
-    pub async fn start(registry: Registry<K>) -> Result<LiveView<K>> {
+    pub async fn start<K: Kv>(registry: Registry<K>) -> Result<LiveView> {
         LiveView::read(registry, true).await
     }
 
     /// As [`start`](Self::start), without the unit files: [`files`](Self::files) stays empty.
-    pub async fn start_without_files(registry: Registry<K>) -> Result<LiveView<K>> {
+    pub async fn start_without_files<K: Kv>(registry: Registry<K>) -> Result<LiveView> {
         LiveView::read(registry, false).await
     }
 
-    async fn read(registry: Registry<K>, with_files: bool) -> Result<LiveView<K>> {
+    async fn read<K: Kv>(registry: Registry<K>, with_files: bool) -> Result<LiveView> {
         let (mirror, watch) = Mirror::read(&registry, with_files).await?;
         Ok(LiveView {
-            registry,
             mirror,
             watch,
             changed: Changed::default(),
@@ -53,14 +50,12 @@ impl<K: Kv> LiveView<K> {
 
     /// The units whose record or file changed since the last call (or since the view was
     /// read), and forgets them; `None` when a change could not be traced to its units (a
-    /// key that does not parse). Writes recorded with [`record_writes`](Self::record_writes)
-    /// are not changes here.
+    /// key that does not parse).
     pub fn take_changed_units(&mut self) -> Option<BTreeSet<UnitName>> {
         std::mem::take(&mut self.changed).units(&self.mirror.snapshot)
     }
 
-    /// The registry as of [`revision`](Self::revision), plus the writes recorded since
-    /// (see [`record_writes`](Self::record_writes)).
+    /// The registry as of [`revision`](Self::revision).
     pub fn snapshot(&self) -> &Snapshot {
         &self.mirror.snapshot
     }
@@ -106,65 +101,6 @@ impl<K: Kv> LiveView<K> {
                 Err(mpsc::error::TryRecvError::Disconnected) => {
                     return Err(RegistryError::ViewLost("watch stream ended".to_owned()));
                 }
-            }
-        }
-    }
-
-    /// Records writes a leader made (and etcd accepted) before their events arrive, so that
-    /// a plan made in between sees them. The events re-apply the same values when they come;
-    /// only the leader writes these keys. (The engine waits for its writes' revision in the
-    /// shared [`Store`](crate::Store) instead.)
-    pub fn record_writes(&mut self, writes: &[EngineWrite]) {
-        let keys = self.registry.keys();
-        let snap = &mut self.mirror.snapshot;
-        for write in writes {
-            match write {
-                EngineWrite::Schedule(entry) => {
-                    // A put or delete of a schedule key replaces an unreadable value there.
-                    snap.remove(keys, &keys.schedule(&entry.machine, &entry.name));
-                    snap.insert_schedule(entry.clone());
-                }
-                EngineWrite::Unschedule { machine, unit } => {
-                    snap.remove(keys, &keys.schedule(machine, unit));
-                }
-                EngineWrite::Leave {
-                    machine,
-                    unit,
-                    copy,
-                } => {
-                    snap.remove(keys, &keys.schedule(machine, unit));
-                    snap.remove(keys, &keys.left(unit, machine));
-                    snap.insert_left(unit.clone(), machine.clone(), *copy);
-                }
-                EngineWrite::Record {
-                    unit,
-                    machine,
-                    copy,
-                } => {
-                    snap.remove(keys, &keys.left(unit, machine));
-                    snap.insert_left(unit.clone(), machine.clone(), *copy);
-                }
-                EngineWrite::Forget { unit, machine } => {
-                    snap.remove(keys, &keys.left(unit, machine));
-                }
-                EngineWrite::Unschedulable { unit, reason } => {
-                    snap.unscheduled.insert(unit.clone(), reason.clone());
-                }
-                EngineWrite::ClearUnschedulable { unit } => {
-                    snap.unscheduled.remove(unit);
-                }
-                EngineWrite::Moving(record) => {
-                    snap.remove(keys, &keys.moving(&record.unit));
-                    snap.moving.insert(record.unit.clone(), record.clone());
-                }
-                EngineWrite::Moved { unit } => {
-                    snap.remove(keys, &keys.moving(unit));
-                }
-                EngineWrite::DeleteStray(key) => {
-                    snap.remove(keys, key.as_str());
-                }
-                // Not part of the view: only fleetctl reads it.
-                EngineWrite::Disruption { .. } => {}
             }
         }
     }

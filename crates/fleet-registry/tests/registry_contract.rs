@@ -427,7 +427,7 @@ async fn watch_hints_wake_on_changes_under_the_prefix<K: Kv>(reg: Registry<K>) {
 }
 
 /// Follows `view` until it equals a fresh snapshot and file listing (5 s at most).
-async fn converges<K: Kv>(view: &mut LiveView<K>, reg: &Registry<K>) {
+async fn converges<K: Kv>(view: &mut LiveView, reg: &Registry<K>) {
     let want = reg.snapshot().await.unwrap();
     let want_files = reg.files(None).await.unwrap().items;
     let caught_up = tokio::time::timeout(Duration::from_secs(5), async {
@@ -609,7 +609,7 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
     );
     converges(&mut view, &reg).await;
 
-    // The engine's writes: seen at once through record_writes, then the same by their events.
+    // The engine's writes, by their events.
     let leader = EngineRole::new(reg.clone())
         .campaign(&machine("m1"), Duration::from_secs(10))
         .await
@@ -626,15 +626,13 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
         },
     ];
     leader.write(&writes).await.unwrap();
-    view.record_writes(&writes);
+    converges(&mut view, &reg).await;
     assert!(view.snapshot().schedule.is_empty());
     assert_eq!(view.snapshot().unscheduled[&a], "no machine");
-    converges(&mut view, &reg).await;
     let writes = vec![EngineWrite::ClearUnschedulable { unit: a.clone() }];
     leader.write(&writes).await.unwrap();
-    view.record_writes(&writes);
-    assert!(view.snapshot().unscheduled.is_empty());
     converges(&mut view, &reg).await;
+    assert!(view.snapshot().unscheduled.is_empty());
 
     // Without files (fleetctl's wait): the same snapshot, no file kept, new files ignored.
     let mut bare = LiveView::start_without_files(reg.clone()).await.unwrap();
@@ -872,14 +870,11 @@ async fn live_view_skips_unreadable_values_until_they_are_repaired<K: Kv>(reg: R
             .keys()
             .all(|k| !k.contains("unit/evil"))
     );
-    // The engine's delete of an unreadable schedule entry counts before its event arrives,
-    // so the next plan does not delete it again.
+    // The delete of an unreadable schedule entry takes it out.
     let evil3 = format!("{PREFIX}schedule/m1/evil3.service");
     assert!(view.snapshot().skipped.contains_key(&evil3));
-    view.record_writes(&[EngineWrite::Unschedule {
-        machine: machine("m1"),
-        unit: name("evil3.service"),
-    }]);
+    let deleted = delete_raw(&reg, evil3.clone()).await;
+    follow_to(&mut view, deleted).await;
     assert!(!view.snapshot().skipped.contains_key(&evil3));
 }
 
@@ -1182,7 +1177,7 @@ async fn delete_raw<K: Kv>(reg: &Registry<K>, key: String) -> i64 {
     reg.raw_kv().txn(txn).await.unwrap().revision
 }
 
-async fn follow_to<K: Kv>(view: &mut LiveView<K>, revision: i64) {
+async fn follow_to(view: &mut LiveView, revision: i64) {
     tokio::time::timeout(Duration::from_secs(10), async {
         while view.revision() < revision {
             view.changed().await.unwrap();
