@@ -110,7 +110,8 @@ impl Store {
             _stop: stop,
         });
         let task = follow(Arc::downgrade(&shared), watch, stopped);
-        tokio::spawn(task.instrument(tracing::debug_span!(parent: None, "registry_store")));
+        // Under the span of the user that started it (the engine's names its machine).
+        tokio::spawn(task.instrument(tracing::debug_span!("registry_store")));
         Ok(Store { shared })
     }
 
