@@ -1,5 +1,6 @@
-//! `fleet-view-memory --units N`: what the engine's view ([`LiveView`]) of a converged
-//! registry keeps on the heap, in bytes per unit, as the `huge` scenario reports it.
+//! `fleet-view-memory --units N`: what the engine's view of a converged registry (the mirror
+//! a [`Store`](fleet_registry::Store) keeps, read here as a [`LiveView`]) keeps on the heap,
+//! in bytes per unit, as the `huge` scenario reports it.
 //!
 //! The registry is an in-memory store holding what a converged cluster holds: the machines'
 //! records (their few KiB are counted in, spread over the units), N instances of
@@ -214,9 +215,7 @@ async fn measure(units: usize, machines: usize, templates: usize) -> Result<()> 
     let registry = Registry::new(kv.clone(), DEFAULT_PREFIX);
     let kept = registry.clone();
     let region = Region::new(GLOBAL);
-    let view = LiveView::start(kept)
-        .await
-        .context("reading the view")?;
+    let view = LiveView::start(kept).await.context("reading the view")?;
     let total = Kept::of(&region);
     let snap = view.snapshot();
     anyhow::ensure!(
