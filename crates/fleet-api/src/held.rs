@@ -3,8 +3,9 @@
 //! A listing of every unit read from etcd costs the same each time: at 100,000 units,
 //! reading, decoding and placing 400,000 keys for every `fleetctl list-unit-files` over the
 //! API (two pages of 65,535, one after the other) took 2 s on 2 cores, half of it etcd's.
-//! A [`HeldView`] reads the registry once ([`LiveView`], as the engine leader does), follows
-//! it with one watch, and builds the pages from memory.
+//! A [`HeldView`] holds the process's [`Store`] of the registry (one read, then one watch;
+//! shared with the engine leader when both run in one fleetd, see [`SharedStore`]) and
+//! builds the pages from memory.
 //!
 //! - **Read your writes.** Each listing first reads the present revision (one key, a
 //!   linearizable read) and waits until the view has applied every change up to it, at most
@@ -22,20 +23,22 @@
 //!   registry as it was at its first. The full view's whole listing (`pageSize=0`) is one
 //!   page. fleetctl asks for pages of 65,535, each of which costs the same from etcd at any
 //!   size of the registry.
-//! - **Only while used.** The view is read on the first listing (which waits for it at most
-//!   [`START_WAIT`], then reads its page from etcd) and dropped after
-//!   [`HeldView::new`]'s `idle` without one, so a fleetd whose API nobody lists holds no
-//!   copy of the registry and no watch of all of it. Between listings a task applies what
-//!   the watch delivered every [`APPLY_EVERY`], so the backlog stays small.
-//! - **Failing open to etcd.** A view that cannot be read (etcd down, a permission) or that
-//!   stops following (its watch broke, a compaction) is dropped and the listing reads its
-//!   page from etcd, which reports the failure if there is one; no view is read again for
-//!   [`RETRY_AFTER`]. A view is read by a task of its own, so a client that gives up does not
-//!   waste the read, and listings meanwhile read etcd.
+//! - **Only while used.** The store is taken on the first listing (which waits for it at most
+//!   [`START_WAIT`], then reads its page from etcd) and let go after [`HeldView::new`]'s
+//!   `idle` without one (checked every [`CHECK_IDLE_EVERY`]), so a fleetd whose API nobody
+//!   lists and that does not lead holds no copy of the registry and no watch of all of it.
+//!   The store applies its watch as it comes, listed or not.
+//! - **Failing open to etcd.** A store that cannot be read (etcd down, a permission) or that
+//!   stops following (its watch broke, a compaction) is let go and the listing reads its
+//!   page from etcd, which reports the failure if there is one; no store is taken again for
+//!   [`RETRY_AFTER`]. A store is taken by a task of its own, so a client that gives up does
+//!   not waste the read, and listings meanwhile read etcd.
 
 use fleet_core::{UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::{Kv, Revision};
-use fleet_registry::{Key, LiveView, Registry, RegistryError, Skipped, Snapshot, Unit};
+use fleet_registry::{
+    Key, Registry, RegistryError, SharedStore, Skipped, Snapshot, Store, StoreRead, Unit,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -62,8 +65,8 @@ pub const CATCH_UP_STALLED: Duration = Duration::from_millis(50);
 /// from etcd (the view goes on being read).
 pub const START_WAIT: Duration = Duration::from_secs(1);
 
-/// How often the view applies what its watch delivered while nobody lists.
-pub const APPLY_EVERY: Duration = Duration::from_secs(1);
+/// How often the holder checks whether nobody listed for the idle time.
+pub const CHECK_IDLE_EVERY: Duration = Duration::from_secs(1);
 
 /// After a view could not be read, listings read etcd for this long before trying again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(30);
@@ -72,12 +75,14 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub struct HeldView<K> {
     idle: Duration,
-    held: Arc<Mutex<Held<K>>>,
+    /// Where the store comes from: the process's, shared with its engine.
+    stores: SharedStore<K>,
+    held: Arc<Mutex<Held>>,
 }
 
 #[derive(Debug)]
-struct Held<K> {
-    view: Option<LiveView<K>>,
+struct Held {
+    view: Option<Store>,
     /// Which view the applying task serves: a task of a dropped view ends.
     generation: u64,
     used: Instant,
@@ -138,10 +143,11 @@ pub enum Report {
 }
 
 impl<K: Kv> HeldView<K> {
-    /// A view dropped after `idle` without a listing.
-    pub fn new(idle: Duration) -> HeldView<K> {
+    /// A view of the store of `stores`, let go after `idle` without a listing.
+    pub fn new(idle: Duration, stores: SharedStore<K>) -> HeldView<K> {
         HeldView {
             idle,
+            stores,
             held: Arc::new(Mutex::new(Held {
                 view: None,
                 generation: 0,
@@ -181,7 +187,7 @@ impl<K: Kv> HeldView<K> {
         let mut held = self.held.lock().await;
         held.used = Instant::now();
         if held.view.is_none() {
-            let started = match self.start(&mut held, registry) {
+            let started = match self.start(&mut held) {
                 Ok(started) => started,
                 Err(bypass) => return Ok(Err(bypass)),
             };
@@ -197,9 +203,10 @@ impl<K: Kv> HeldView<K> {
         if let Err(bypass) = caught_up(&mut held, present).await {
             return Ok(Err(bypass));
         }
-        let Some(view) = &held.view else {
+        let Some(store) = &held.view else {
             return Ok(Err(Bypass::Lost));
         };
+        let view: StoreRead<'_> = store.read().await;
         if at.is_some_and(|at| at != view.revision()) {
             return Ok(Err(Bypass::Moved));
         }
@@ -216,11 +223,7 @@ impl<K: Kv> HeldView<K> {
 
     /// Starts reading a view in a task of its own, which installs it; the receiver hears
     /// when it is done (read or not).
-    fn start(
-        &self,
-        held: &mut Held<K>,
-        registry: &Registry<K>,
-    ) -> Result<oneshot::Receiver<()>, Bypass> {
+    fn start(&self, held: &mut Held) -> Result<oneshot::Receiver<()>, Bypass> {
         if held.starting {
             return Err(Bypass::Starting);
         }
@@ -230,24 +233,23 @@ impl<K: Kv> HeldView<K> {
         held.starting = true;
         let (done, started) = oneshot::channel();
         let shared = self.held.clone();
-        let registry = registry.clone();
+        let stores = self.stores.clone();
         let idle = self.idle;
         let task = async move {
-            let read = LiveView::start(registry).await;
+            let read = stores.get().await;
             let mut held = shared.lock().await;
             held.starting = false;
             match read {
-                Ok(view) => {
+                Ok(store) => {
                     debug!(
-                        revision = view.revision(),
-                        units = view.snapshot().units.len(),
-                        "read the registry's view for listings"
+                        revision = store.revision(),
+                        "took the registry's store for listings"
                     );
-                    held.view = Some(view);
+                    held.view = Some(store);
                     held.generation += 1;
                     held.retry_at = None;
                     held.stalled_at = None;
-                    apply_while_held(&shared, held.generation, idle);
+                    let_go_when_idle(&shared, held.generation, idle);
                 }
                 Err(error) => {
                     warn!(%error, retry_in = ?RETRY_AFTER, "cannot read the registry's view for listings; listing from etcd");
@@ -266,37 +268,26 @@ fn held_span() -> tracing::Span {
     tracing::debug_span!(parent: None, "listings_view")
 }
 
-/// Applies the view's changes up to `present`, waiting for them at most
-/// [`CATCH_UP_WITHIN`], unless a listing already waited in vain at the view's revision.
-async fn caught_up<K: Kv>(held: &mut Held<K>, present: Revision) -> Result<(), Bypass> {
-    let stalled_at = held.stalled_at;
-    let Some(view) = held.view.as_mut() else {
+/// Waits for the store to apply the changes up to `present`, at most [`CATCH_UP_WITHIN`],
+/// unless a listing already waited in vain at the store's revision.
+async fn caught_up(held: &mut Held, present: Revision) -> Result<(), Bypass> {
+    let Some(store) = held.view.clone() else {
         return Err(Bypass::Lost);
     };
-    if let Err(error) = view.catch_up() {
-        return Err(lost(held, &error));
-    }
-    // A view that did not move since a listing waited for it in vain is given only as long
+    // A store that did not move since a listing waited for it in vain is given only as long
     // as a write's event takes to arrive.
-    let within = match stalled_at {
-        Some(at) if at == view.revision() => CATCH_UP_STALLED,
+    let within = match held.stalled_at {
+        Some(at) if at == store.revision() => CATCH_UP_STALLED,
         Some(_) | None => CATCH_UP_WITHIN,
     };
-    let follow = async {
-        while view.revision() < present {
-            view.changed().await?;
-        }
-        Ok::<_, RegistryError>(())
-    };
-    let caught = tokio::time::timeout(within, follow).await;
-    let revision = view.revision();
-    match caught {
+    match tokio::time::timeout(within, store.reached(present)).await {
         Ok(Ok(())) => {
             held.stalled_at = None;
             Ok(())
         }
         Ok(Err(error)) => Err(lost(held, &error)),
         Err(_) => {
+            let revision = store.revision();
             debug!(
                 view = revision,
                 present, "the listings' view is behind the present; listing from etcd"
@@ -307,20 +298,20 @@ async fn caught_up<K: Kv>(held: &mut Held<K>, present: Revision) -> Result<(), B
     }
 }
 
-/// Drops a view that stopped following; none is read again for [`RETRY_AFTER`].
-fn lost<K>(held: &mut Held<K>, error: &RegistryError) -> Bypass {
+/// Lets go of a store that stopped following; none is taken again for [`RETRY_AFTER`].
+fn lost(held: &mut Held, error: &RegistryError) -> Bypass {
     info!(%error, retry_in = ?RETRY_AFTER, "the listings' view stopped following the registry; dropped");
     held.view = None;
     held.retry_at = Some(Instant::now() + RETRY_AFTER);
     Bypass::Lost
 }
 
-/// Applies what the watch delivers every [`APPLY_EVERY`] while view `generation` is held
-/// and listed; drops it after `idle` without a listing.
-fn apply_while_held<K: Kv>(shared: &Arc<Mutex<Held<K>>>, generation: u64, idle: Duration) {
-    let held: Weak<Mutex<Held<K>>> = Arc::downgrade(shared);
+/// Lets go of store `generation` after `idle` without a listing (checked every
+/// [`CHECK_IDLE_EVERY`]), or once it stopped following.
+fn let_go_when_idle(shared: &Arc<Mutex<Held>>, generation: u64, idle: Duration) {
+    let held: Weak<Mutex<Held>> = Arc::downgrade(shared);
     let task = async move {
-        let mut tick = tokio::time::interval(APPLY_EVERY);
+        let mut tick = tokio::time::interval(CHECK_IDLE_EVERY);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         tick.tick().await;
         loop {
@@ -335,10 +326,11 @@ fn apply_while_held<K: Kv>(shared: &Arc<Mutex<Held<K>>>, generation: u64, idle: 
                 held.view = None;
                 return;
             }
-            let Some(view) = held.view.as_mut() else {
+            let Some(store) = held.view.as_ref() else {
                 return;
             };
-            if let Err(error) = view.catch_up() {
+            // At once: whether the store stopped following, and why.
+            if let Err(error) = store.reached(0).await {
                 lost(&mut held, &error);
                 return;
             }

@@ -16,8 +16,8 @@ use fleet_api_wire::convert;
 use fleet_api_wire::wire;
 use fleet_core::UnitName;
 use fleet_ops::{Cluster, RegistryCluster, StateFilter, UnitsCursor};
-use fleet_registry::Registry;
 use fleet_registry::kv::Kv;
+use fleet_registry::{Registry, SharedStore};
 use std::collections::BTreeSet;
 
 use crate::authz::{self, Action, Peer, Principal, Refusal, Role, Roles};
@@ -98,10 +98,21 @@ impl<K: Kv> Api<K> {
     }
 
     /// `GET /units` listings of every unit come from a view of the registry held while
-    /// they come, dropped after `idle` without one ([`crate::held`]); fleetd's API does
-    /// this. Without it every page reads its keys from etcd.
-    pub fn with_held_view(mut self, idle: std::time::Duration) -> Api<K> {
-        self.held = Some(HeldView::new(idle));
+    /// they come, dropped after `idle` without one ([`crate::held`]). Without it every page
+    /// reads its keys from etcd.
+    pub fn with_held_view(self, idle: std::time::Duration) -> Api<K> {
+        let stores = SharedStore::new(self.cluster.registry().clone());
+        self.with_held_view_sharing(idle, stores)
+    }
+
+    /// [`with_held_view`](Self::with_held_view) on the process's store of the registry,
+    /// `stores`, which the engine leader of the same fleetd plans on: fleetd's API does this.
+    pub fn with_held_view_sharing(
+        mut self,
+        idle: std::time::Duration,
+        stores: SharedStore<K>,
+    ) -> Api<K> {
+        self.held = Some(HeldView::new(idle, stores));
         self
     }
 

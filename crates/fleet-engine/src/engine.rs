@@ -21,7 +21,7 @@ use crate::metrics::Metrics;
 use fleet_core::MachineId;
 use fleet_core::backoff::Backoff;
 use fleet_registry::kv::{Kv, KvError};
-use fleet_registry::{EngineRole, LeaderKey, Leadership, Registry, RegistryError};
+use fleet_registry::{EngineRole, LeaderKey, Leadership, Registry, RegistryError, SharedStore};
 use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
@@ -86,9 +86,15 @@ enum Flow {
 
 /// Runs an engine until `shutdown` turns true (or its sender is dropped). A leader resigns
 /// on the way out so that another engine takes over at once.
+pub async fn run<K: Kv>(registry: Registry<K>, cfg: EngineConfig, shutdown: watch::Receiver<bool>) {
+    run_sharing(SharedStore::new(registry), cfg, shutdown).await;
+}
+
+/// [`run`], a leader planning on the process's store of the registry (`stores`), which it
+/// shares with the API's listings when both run in one fleetd.
 #[tracing::instrument(name = "engine", skip_all, fields(machine = %cfg.machine))]
-pub async fn run<K: Kv>(
-    registry: Registry<K>,
+pub async fn run_sharing<K: Kv>(
+    stores: SharedStore<K>,
     cfg: EngineConfig,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -97,7 +103,7 @@ pub async fn run<K: Kv>(
     let mut take_over = None;
     while !stopping(&shutdown) {
         let held = take_over.take();
-        match campaign_once(&registry, &cfg, &mut refused, &mut shutdown, held).await {
+        match campaign_once(&stores, &cfg, &mut refused, &mut shutdown, held).await {
             Flow::Shutdown => break,
             Flow::TakeOver(key) => take_over = Some(key),
             Flow::Campaign => {}
@@ -109,12 +115,13 @@ pub async fn run<K: Kv>(
 /// One campaign (or the take-over of `held`, a key naming an unregistered machine), then
 /// leading or following until that ends.
 async fn campaign_once<K: Kv>(
-    registry: &Registry<K>,
+    stores: &SharedStore<K>,
     cfg: &EngineConfig,
     refused: &mut Refused,
     shutdown: &mut watch::Receiver<bool>,
     held: Option<LeaderKey>,
 ) -> Flow {
+    let registry = stores.registry();
     let role = EngineRole::new(registry.clone());
     let outcome = match &held {
         Some(key) => {
@@ -127,7 +134,7 @@ async fn campaign_once<K: Kv>(
         refused.permitted();
     }
     match outcome {
-        Ok(Some(leadership)) => lead(registry, leadership, cfg, shutdown).await,
+        Ok(Some(leadership)) => lead(stores, leadership, cfg, shutdown).await,
         Ok(None) => follow(registry, cfg, shutdown).await,
         Err(err) if is_refusal(&err) => {
             let delay = refused.next_delay();
@@ -198,14 +205,14 @@ impl Refused {
 }
 
 async fn lead<K: Kv>(
-    registry: &Registry<K>,
+    stores: &SharedStore<K>,
     leadership: Leadership<K>,
     cfg: &EngineConfig,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Flow {
     info!(machine = %cfg.machine, "engine leadership acquired");
     cfg.metrics.leading(true);
-    let flow = leading::Leading::new(registry.clone(), leadership.clone(), cfg)
+    let flow = leading::Leading::new(stores.clone(), leadership.clone(), cfg)
         .run(shutdown)
         .await;
     cfg.metrics.leading(false);

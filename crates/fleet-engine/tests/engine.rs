@@ -1311,3 +1311,59 @@ async fn the_engine_needs_nothing_beyond_the_engine_role() {
     assert!(leader_is(&reg, None).await, "resigned");
     assert_eq!(*refusals.0.lock().unwrap(), Vec::<String>::new());
 }
+
+/// How long a leader takes, on MemKv and real time, to place 3,000 units at once and then
+/// 300 more submitted one after another, each once the last is placed (a pass each). Not a check:
+/// run by hand to compare the engine's passes before and after a change, in the same build
+/// profile (`cargo test -p fleet-engine --test engine -- --ignored --nocapture timed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a timing to compare by hand, not a check"]
+async fn timed_places_three_thousand_units_then_three_hundred_one_by_one() {
+    let reg = Registry::new(MemKv::new(), PREFIX);
+    for i in 0..10 {
+        join(&reg, &format!("m{i}")).await;
+    }
+    for i in 0..3_000 {
+        submit(&reg, &format!("bulk{i}.service")).await;
+    }
+    let metrics = fleet_engine::Metrics::default();
+    let cfg = EngineConfig::new(machine("a"), MEM.interval).with_metrics(metrics.clone());
+    let (stop, shutdown) = watch::channel(false);
+    let started = Instant::now();
+    let task = tokio::spawn(fleet_engine::run(reg.clone(), cfg, shutdown));
+    let all = |n: usize| {
+        let reg = reg.clone();
+        async move {
+            while schedule(&reg).await.len() < n {
+                sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    all(3_000).await;
+    let bulk = started.elapsed();
+    let passes = metrics.reconcile_count();
+    let started = Instant::now();
+    for i in 0..300 {
+        let unit = format!("late{i}.service");
+        submit(&reg, &unit).await;
+        let placements = reg.keys().unit_placements(&name(&unit));
+        while reg
+            .raw_kv()
+            .range(&placements, true, None)
+            .await
+            .unwrap()
+            .kvs
+            .is_empty()
+        {
+            tokio::task::yield_now().await;
+        }
+    }
+    all(3_300).await;
+    let late = started.elapsed();
+    eprintln!(
+        "3,000 at once: {bulk:?} ({passes} passes); 300 one by one: {late:?} ({} passes)",
+        metrics.reconcile_count() - passes
+    );
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}

@@ -42,7 +42,7 @@ pub enum RegistryError {
         size: usize,
         max: usize,
     },
-    /// A [`LiveView`](crate::LiveView) cannot follow the registry any more (its watch ended
+    /// A [`Store`](crate::Store) or a [`LiveView`](crate::LiveView) cannot follow the registry any more (its watch ended
     /// or fell behind a compaction); a new view reads everything again.
     #[error("lost track of the registry: {0}")]
     ViewLost(String),

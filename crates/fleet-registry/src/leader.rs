@@ -338,8 +338,11 @@ impl<K: Kv> Leadership<K> {
 
     /// Applies `writes`, fenced by this leadership, in transactions of at most
     /// [`MAX_TXN_OPS`] operations (a schedule write is two: the entry and its placement, kept
-    /// in one transaction; a [`Leave`](EngineWrite::Leave) three, with its record). Returns the highest revision written (`None` if there was
-    /// nothing to write).
+    /// in one transaction; a [`Leave`](EngineWrite::Leave) three, with its record). Returns the highest revision a
+    /// transaction that changed something landed at (`None` if none did: nothing to write,
+    /// or only deletes of keys already gone). A reader of the registry's watch that has
+    /// applied that revision sees every write; a transaction that changed nothing has no
+    /// event, and its revision may be one that no event of the registry's prefix reaches.
     ///
     /// Consecutive writes of one kind (see [`EngineWrite::kind`]) touch distinct keys and
     /// are independent of each other: their transactions go [`WRITES_IN_FLIGHT`] at a time,
@@ -353,7 +356,7 @@ impl<K: Kv> Leadership<K> {
         let mut revision = None;
         for run in writes.chunk_by(|a, b| a.kind() == b.kind()) {
             let landed = self.send_all(self.transactions(run)).await?;
-            revision = landed.into_iter().max().or(revision);
+            revision = landed.into_iter().flatten().max().max(revision);
         }
         Ok(revision)
     }
@@ -399,11 +402,12 @@ impl<K: Kv> Leadership<K> {
     }
 
     /// Sends `txns`, each fenced by this leadership, [`WRITES_IN_FLIGHT`] at a time, in any
-    /// order; the revisions they landed at, or the first error.
-    async fn send_all(&self, txns: Vec<Vec<TxnOp>>) -> Result<Vec<Revision>> {
+    /// order; the revisions they landed at (`None` for one that changed nothing), or the
+    /// first error.
+    async fn send_all(&self, txns: Vec<Vec<TxnOp>>) -> Result<Vec<Option<Revision>>> {
         // Owned transactions moved into each future: a future borrowing them would not be
         // `Send` for every lifetime, which the engine's spawned task needs.
-        let landed: Vec<Result<Revision>> = stream::iter(txns)
+        let landed: Vec<Result<Option<Revision>>> = stream::iter(txns)
             .map(|ops| async move { self.fenced(ops).await })
             .buffer_unordered(WRITES_IN_FLIGHT)
             .collect()
@@ -411,8 +415,9 @@ impl<K: Kv> Leadership<K> {
         landed.into_iter().collect()
     }
 
-    /// Sends `ops` in one transaction fenced by this leadership.
-    async fn fenced(&self, ops: Vec<TxnOp>) -> Result<Revision> {
+    /// Sends `ops` in one transaction fenced by this leadership; the revision it landed at,
+    /// if it changed anything.
+    async fn fenced(&self, ops: Vec<TxnOp>) -> Result<Option<Revision>> {
         let txn = Txn {
             compares: self.compares(),
             success: ops,
@@ -422,7 +427,12 @@ impl<K: Kv> Leadership<K> {
         if !res.succeeded {
             return Err(RegistryError::LostLeadership);
         }
-        Ok(res.revision)
+        let changed = res.responses.iter().any(|r| match r {
+            TxnOpResponse::Put => true,
+            TxnOpResponse::Delete(deleted) => *deleted > 0,
+            TxnOpResponse::Get(_) => false,
+        });
+        Ok(changed.then_some(res.revision))
     }
 
     /// The operations of `write`, pushed onto `ops`.

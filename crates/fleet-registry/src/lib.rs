@@ -20,6 +20,7 @@ mod live;
 mod machine;
 mod metadata;
 pub mod metrics;
+mod mirror;
 mod page;
 mod per_machine;
 #[cfg(feature = "test-etcd")]
@@ -29,6 +30,7 @@ mod read;
 mod records;
 mod registry;
 mod snapshot;
+mod store;
 mod units;
 mod watch;
 
@@ -38,12 +40,13 @@ pub use import::{ImportOutcome, ImportedUnit, Importer};
 pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind, StrayScheduleKey};
 pub use kv::MAX_TXN_OPS;
 pub use leader::{EngineRole, EngineWrite, Fence, LeaderKey, Leadership};
-pub use live::{LiveView, Touched};
+pub use live::LiveView;
 pub use machine::{Batch, MachineRole, Presence, ScheduleChange};
 pub use metadata::{
     DynamicMetadata, MAX_METADATA_VALUE_BYTES, MetadataChange, MetadataKey, MetadataKeyError,
     apply_dynamic,
 };
+pub use mirror::Touched;
 pub use page::UnitsPage;
 pub use per_machine::PerMachine;
 pub use read::{Listing, MAX_STATES_PER_MACHINE, Skipped, StateBound};
@@ -53,6 +56,7 @@ pub use records::{
 };
 pub use registry::Registry;
 pub use snapshot::Snapshot;
+pub use store::{Changes, SharedStore, Store, StoreRead, Subscription};
 pub use units::{
     Change, CreateOutcome, NewUnit, UnitsRole, batches, change_batches, dropped_files,
 };

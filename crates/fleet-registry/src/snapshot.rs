@@ -93,21 +93,6 @@ impl Snapshot {
         self.shared_machine(machine);
     }
 
-    pub(crate) fn insert_schedule(&mut self, mut e: ScheduleEntry) {
-        self.share(&mut e.name, &mut e.machine);
-        place(&mut self.schedule, e.name.clone(), e.machine.clone(), e);
-    }
-
-    pub(crate) fn insert_left(
-        &mut self,
-        mut unit: UnitName,
-        mut machine: MachineId,
-        copy: LeftCopy,
-    ) {
-        self.share(&mut unit, &mut machine);
-        place(&mut self.left, unit, machine, copy);
-    }
-
     /// Adds the value stored at `kv`, if its key is of a kind the snapshot keeps (units,
     /// machines, dynamic metadata, schedule, states, unschedulable reasons, drains, moves,
     /// the placement history): readable, into its map; not, into

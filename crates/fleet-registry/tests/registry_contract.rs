@@ -7,7 +7,7 @@ use fleet_registry::kv::{
 };
 use fleet_registry::{
     CreateOutcome, EngineRole, EngineWrite, Key, Keys, LiveView, MachineRole, NewUnit, Registry,
-    RegistryError, ScheduleEntry, UnitStateRecord, UnitsRole, batches,
+    RegistryError, ScheduleEntry, SharedStore, Store, UnitStateRecord, UnitsRole, batches,
 };
 use fleet_testing::TestEtcd;
 use std::collections::BTreeSet;
@@ -427,7 +427,7 @@ async fn watch_hints_wake_on_changes_under_the_prefix<K: Kv>(reg: Registry<K>) {
 }
 
 /// Follows `view` until it equals a fresh snapshot and file listing (5 s at most).
-async fn converges<K: Kv>(view: &mut LiveView<K>, reg: &Registry<K>) {
+async fn converges<K: Kv>(view: &mut LiveView, reg: &Registry<K>) {
     let want = reg.snapshot().await.unwrap();
     let want_files = reg.files(None).await.unwrap().items;
     let caught_up = tokio::time::timeout(Duration::from_secs(5), async {
@@ -441,6 +441,94 @@ async fn converges<K: Kv>(view: &mut LiveView<K>, reg: &Registry<K>) {
         "view never caught up:\n{:#?}\nwanted\n{want:#?}",
         view.snapshot()
     );
+}
+
+/// Waits until `store` has applied `revision` and equals a fresh snapshot and file listing.
+async fn store_converges<K: Kv>(store: &Store, reg: &Registry<K>) {
+    let revision = reg.present_revision("test").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), store.reached(revision))
+        .await
+        .expect("the store follows within 5 s")
+        .unwrap();
+    let want = reg.snapshot().await.unwrap();
+    let want_files = reg.files(None).await.unwrap().items;
+    let read = store.read().await;
+    assert_eq!(read.snapshot(), &want);
+    assert_eq!(read.files(), &want_files);
+}
+
+/// The process's store follows every change, as the live view does, and tells each of its
+/// subscribers, on its own, which units changed.
+async fn store_follows_every_change_and_tells_each_subscriber<K: Kv>(reg: Registry<K>) {
+    let (a, b) = (name("a.service"), name("b.service"));
+    writer(&reg)
+        .create_unit(&a, &file("/bin/a"), DesiredState::Launched)
+        .await
+        .unwrap();
+    let stores = SharedStore::new(reg.clone());
+    let store = stores.get().await.unwrap();
+    store_converges(&store, &reg).await;
+    let (engine, api) = (store.subscribe(), store.subscribe());
+
+    writer(&reg)
+        .create_unit(&b, &file("/bin/b"), DesiredState::Loaded)
+        .await
+        .unwrap();
+    let unit_a = reg.unit(&a).await.unwrap().unwrap();
+    writer(&reg)
+        .replace_unit(&unit_a, &file("/bin/a2"), DesiredState::Launched)
+        .await
+        .unwrap();
+    store_converges(&store, &reg).await;
+    assert!(engine.changed().await.unwrap().units);
+    {
+        let read = store.read().await;
+        assert_eq!(
+            engine.take(&read).units,
+            Some(BTreeSet::from([a.clone(), b.clone()]))
+        );
+        assert_eq!(
+            api.take(&read).units,
+            Some(BTreeSet::from([a.clone(), b.clone()]))
+        );
+    }
+
+    // The engine's writes arrive by their events at the revision they landed at.
+    let presence = m1(&reg)
+        .register(&info("m1"), Duration::from_secs(10), None)
+        .await
+        .unwrap();
+    let leader = EngineRole::new(reg.clone())
+        .campaign(&machine("m1"), Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("no other leader");
+    let writes = vec![EngineWrite::Unschedulable {
+        unit: a.clone(),
+        reason: "no machine".into(),
+    }];
+    let landed = leader.write(&writes).await.unwrap().expect("a write");
+    tokio::time::timeout(Duration::from_secs(5), store.reached(landed))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.read().await.snapshot().unscheduled[&a], "no machine");
+    let nothing = vec![EngineWrite::ClearUnschedulable { unit: b.clone() }];
+    assert_eq!(
+        leader.write(&nothing).await.unwrap(),
+        None,
+        "a write that changed nothing has no revision to wait for"
+    );
+    m1(&reg).unregister(&presence).await.unwrap();
+    store_converges(&store, &reg).await;
+    let touched = engine.changed().await.unwrap();
+    assert!(touched.departed && touched.unscheduled, "{touched:?}");
+
+    // Every handle shares the one store; the last one dropped ends it.
+    let again = stores.get().await.unwrap();
+    assert_eq!(again.revision(), store.revision());
+    drop((store, again, engine, api));
+    assert!(!stores.is_held().await);
 }
 
 async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
@@ -521,7 +609,7 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
     );
     converges(&mut view, &reg).await;
 
-    // The engine's writes: seen at once through record_writes, then the same by their events.
+    // The engine's writes, by their events.
     let leader = EngineRole::new(reg.clone())
         .campaign(&machine("m1"), Duration::from_secs(10))
         .await
@@ -538,15 +626,13 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
         },
     ];
     leader.write(&writes).await.unwrap();
-    view.record_writes(&writes);
+    converges(&mut view, &reg).await;
     assert!(view.snapshot().schedule.is_empty());
     assert_eq!(view.snapshot().unscheduled[&a], "no machine");
-    converges(&mut view, &reg).await;
     let writes = vec![EngineWrite::ClearUnschedulable { unit: a.clone() }];
     leader.write(&writes).await.unwrap();
-    view.record_writes(&writes);
-    assert!(view.snapshot().unscheduled.is_empty());
     converges(&mut view, &reg).await;
+    assert!(view.snapshot().unscheduled.is_empty());
 
     // Without files (fleetctl's wait): the same snapshot, no file kept, new files ignored.
     let mut bare = LiveView::start_without_files(reg.clone()).await.unwrap();
@@ -784,14 +870,11 @@ async fn live_view_skips_unreadable_values_until_they_are_repaired<K: Kv>(reg: R
             .keys()
             .all(|k| !k.contains("unit/evil"))
     );
-    // The engine's delete of an unreadable schedule entry counts before its event arrives,
-    // so the next plan does not delete it again.
+    // The delete of an unreadable schedule entry takes it out.
     let evil3 = format!("{PREFIX}schedule/m1/evil3.service");
     assert!(view.snapshot().skipped.contains_key(&evil3));
-    view.record_writes(&[EngineWrite::Unschedule {
-        machine: machine("m1"),
-        unit: name("evil3.service"),
-    }]);
+    let deleted = delete_raw(&reg, evil3.clone()).await;
+    follow_to(&mut view, deleted).await;
     assert!(!view.snapshot().skipped.contains_key(&evil3));
 }
 
@@ -1094,7 +1177,7 @@ async fn delete_raw<K: Kv>(reg: &Registry<K>, key: String) -> i64 {
     reg.raw_kv().txn(txn).await.unwrap().revision
 }
 
-async fn follow_to<K: Kv>(view: &mut LiveView<K>, revision: i64) {
+async fn follow_to(view: &mut LiveView, revision: i64) {
     tokio::time::timeout(Duration::from_secs(10), async {
         while view.revision() < revision {
             view.changed().await.unwrap();
@@ -1205,6 +1288,7 @@ contract!(
     a_machine_role_writes_for_its_own_machine_only,
     watch_hints_wake_on_changes_under_the_prefix,
     live_view_follows_every_change,
+    store_follows_every_change_and_tells_each_subscriber,
     live_view_names_the_units_that_changed,
     lists_more_than_a_page_and_4_mib_of_unit_files,
     listings_skip_unreadable_values_and_name_their_keys,

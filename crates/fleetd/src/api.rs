@@ -10,8 +10,8 @@
 
 use anyhow::{Context, Result, bail};
 use fleet_api::{Api, Listener};
-use fleet_registry::Registry;
 use fleet_registry::kv::Kv;
+use fleet_registry::{Registry, SharedStore};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -254,9 +254,11 @@ pub type Inspection = (
 );
 
 /// fleetd's API over `registry`, counting into `metrics`; with `inspection` it serves the
-/// status and journal of this machine's units.
+/// status and journal of this machine's units. Its held view takes the process's store of the
+/// registry from `stores`, which the engine leader shares.
 pub fn build<K: Kv>(
     registry: Registry<K>,
+    stores: SharedStore<K>,
     config: &ApiConfig,
     version: &str,
     inspection: Option<Inspection>,
@@ -265,7 +267,7 @@ pub fn build<K: Kv>(
     let mut api = Api::new(registry, config.token_limit, version)
         .with_metrics(metrics.api.clone(), metrics.exposed.clone());
     if config.held_view {
-        api = api.with_held_view(fleet_api::held::HELD_VIEW_IDLE);
+        api = api.with_held_view_sharing(fleet_api::held::HELD_VIEW_IDLE, stores);
     }
     // With TLS, a certificate has the role the config gives it, and none by default; the
     // unix socket and plain TCP (only without TLS) are admin.

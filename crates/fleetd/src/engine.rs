@@ -1,8 +1,9 @@
-//! Starting the engine candidate next to the agent (unless `disable_engine`).
+//! Starting the engine candidate next to the agent (unless `disable_engine`), on the
+//! process's store of the registry, which the API's listings share.
 
 use fleet_core::MachineId;
 use fleet_engine::{DisruptionConfig, EngineConfig};
-use fleet_registry::Registry;
+use fleet_registry::SharedStore;
 use fleet_registry::kv::Kv;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -12,7 +13,7 @@ use crate::config::Config;
 
 pub fn spawn<K: Kv>(
     tasks: &mut JoinSet<anyhow::Result<()>>,
-    registry: Registry<K>,
+    stores: SharedStore<K>,
     machine: &MachineId,
     config: &Config,
     shutdown: watch::Receiver<bool>,
@@ -28,7 +29,7 @@ pub fn spawn<K: Kv>(
     };
     tasks.spawn(
         async move {
-            fleet_engine::run(registry, cfg, shutdown).await;
+            fleet_engine::run_sharing(stores, cfg, shutdown).await;
             Ok(())
         }
         .in_current_span(),

@@ -23,7 +23,7 @@ use clap::Parser;
 use fleet_agent::{Agent, AgentConfig, PresenceKeeper, SystemdConfig, SystemdManager};
 use fleet_core::{MachineId, MachineInfo};
 use fleet_registry::kv::{EtcdConfig, EtcdKv};
-use fleet_registry::{MachineRole, Registry};
+use fleet_registry::{MachineRole, Registry, SharedStore};
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -214,8 +214,14 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         machine: machine.to_string(),
         reach: std::sync::Arc::new(reach),
     };
+    // One store of the registry per process: the engine leader plans on it and the API's
+    // listings are served from it, so a leader that is listed holds one copy, not two. Its
+    // one read and its watch go on the engine's connection; every page read from etcd and the
+    // listings' present-revision reads stay on the API's.
+    let stores = SharedStore::new(registry.clone());
     let served = api::build(
         Registry::new(metrics.registry.meter(api_kv), &config.etcd_key_prefix),
+        stores.clone(),
         &config.api,
         VERSION,
         Some((machine.clone(), inspector, config.deny_units.clone())),
@@ -287,7 +293,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     if !config.disable_engine {
         engine::spawn(
             &mut tasks,
-            registry.clone(),
+            stores,
             &machine,
             &config,
             shutdown_rx.clone(),

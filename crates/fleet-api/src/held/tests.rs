@@ -287,7 +287,7 @@ async fn a_view_nobody_lists_is_dropped_and_read_again_when_listed() {
     assert!(view.is_held().await);
     tokio::time::sleep(IDLE / 2).await;
     get(&b.held_router, "/fleet/v1/units").await;
-    tokio::time::sleep(IDLE / 2 + APPLY_EVERY).await;
+    tokio::time::sleep(IDLE / 2 + CHECK_IDLE_EVERY).await;
     assert!(view.is_held().await, "listed {:?} ago", IDLE / 2);
     tokio::time::sleep(IDLE).await;
     assert!(

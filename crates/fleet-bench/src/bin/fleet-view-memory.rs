@@ -1,5 +1,6 @@
-//! `fleet-view-memory --units N`: what the engine's view ([`LiveView`]) of a converged
-//! registry keeps on the heap, in bytes per unit, as the `huge` scenario reports it.
+//! `fleet-view-memory --units N`: what the engine's view of a converged registry (the mirror
+//! a [`Store`](fleet_registry::Store) keeps, read here as a [`LiveView`]) keeps on the heap,
+//! in bytes per unit, as the `huge` scenario reports it.
 //!
 //! The registry is an in-memory store holding what a converged cluster holds: the machines'
 //! records (their few KiB are counted in, spread over the units), N instances of
@@ -10,14 +11,18 @@
 //! is not part of `fleet-bench`). A clone of each map of the view is counted the same way for
 //! the breakdown (a clone is as large as the map, give or take a tree node's spare slots).
 //!
+//! Then what a leader whose API is listed keeps: before, the engine's view and the API's,
+//! two of them (`two_views`); now the process's one [`Store`], which the engine's
+//! subscription and the API's handle share (`shared_store`), per unit with malloc's headers.
+//!
 //! It prints one line of `key=value` pairs for the scenario to read.
 
 use anyhow::{Context, Result};
 use fleet_core::{DesiredState, MachineId, MachineInfo, SystemdState, UnitFile, UnitName};
 use fleet_registry::kv::{Kv, MemKv, Txn, TxnOp};
 use fleet_registry::{
-    DEFAULT_PREFIX, Keys, LiveView, MAX_TXN_OPS, Registry, ReplaceState, ScheduleEntry, UnitRecord,
-    UnitStateRecord,
+    DEFAULT_PREFIX, Keys, LiveView, MAX_TXN_OPS, Registry, ReplaceState, ScheduleEntry,
+    SharedStore, UnitRecord, UnitStateRecord,
 };
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use std::alloc::System;
@@ -208,10 +213,9 @@ async fn measure(units: usize, machines: usize, templates: usize) -> Result<()> 
     let kv = MemKv::new();
     fill(&kv, units, machines, templates).await?;
     let registry = Registry::new(kv.clone(), DEFAULT_PREFIX);
+    let kept = registry.clone();
     let region = Region::new(GLOBAL);
-    let view = LiveView::start(registry)
-        .await
-        .context("reading the view")?;
+    let view = LiveView::start(kept).await.context("reading the view")?;
     let total = Kept::of(&region);
     let snap = view.snapshot();
     anyhow::ensure!(
@@ -235,16 +239,38 @@ async fn measure(units: usize, machines: usize, templates: usize) -> Result<()> 
         let per_unit = kept.with_malloc() as f64 / units.max(1) as f64;
         format!("{name}={per_unit:.0}")
     });
+    drop(view);
+    let (two, shared) = listed_leader(&registry).await?;
     let per = |n: i64| n as f64 / units.max(1) as f64;
     println!(
         "units={units} machines={machines} templates={templates} bytes={} allocations={} \
-         bytes_per_unit={:.0} with_malloc_per_unit={:.0} allocations_per_unit={:.1} {}",
+         bytes_per_unit={:.0} with_malloc_per_unit={:.0} allocations_per_unit={:.1} {} \
+         two_views={:.0} shared_store={:.0}",
         total.bytes,
         total.allocations,
         per(total.bytes),
         per(total.with_malloc()),
         per(total.allocations),
-        parts.join(" ")
+        parts.join(" "),
+        per(two.with_malloc()),
+        per(shared.with_malloc()),
     );
     Ok(())
+}
+
+/// What a listed leader keeps: the engine's and the API's own views as before, then one
+/// store held by the engine's subscription and the API's handle.
+async fn listed_leader(registry: &Registry<MemKv>) -> Result<(Kept, Kept)> {
+    let region = Region::new(GLOBAL);
+    let engine = LiveView::start(registry.clone()).await?;
+    let api = LiveView::start(registry.clone()).await?;
+    let two = Kept::of(&region);
+    drop((engine, api));
+    let region = Region::new(GLOBAL);
+    let stores = SharedStore::new(registry.clone());
+    let engine = stores.get().await?.subscribe();
+    let api = stores.get().await?;
+    let shared = Kept::of(&region);
+    drop((engine, api));
+    Ok((two, shared))
 }

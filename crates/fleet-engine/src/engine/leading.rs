@@ -1,12 +1,15 @@
 //! What a leader does: keep the lease alive (a separate task, so a slow pass never delays a
-//! renewal), and run a pass (plan on its [`LiveView`] of the registry, fenced write) at once,
+//! renewal), and run a pass (plan on the process's [`Store`] of the registry, fenced write) at once,
 //! on every change that can change a plan, and once a minute as a safety net unless the view
 //! has not changed since a whole plan found nothing to do. It stops at the first sign of lost
 //! leadership; the fence makes sure nothing it writes after that lands.
 //!
-//! The view is read once when leadership starts and then follows one watch, so an idle
-//! leader reads and decodes nothing: before, every pass re-read the whole registry, and a
-//! pass ran every `engine_reconcile_interval` (see docs/benchmarks.md).
+//! The store is read once (or shared with the API's listings) and then follows one watch,
+//! so an idle leader reads and decodes nothing: before, every pass re-read the whole
+//! registry, and a pass ran every `engine_reconcile_interval` (see docs/benchmarks.md). A
+//! leader subscribes when leadership starts, to a store caught up with the present, and
+//! after each write waits until the store has applied it, so that the next plan sees what
+//! the last one wrote (a unit placed by it must not look unplaced).
 //!
 //! Before each plan, [`Disruption`] says which units of vanished machines must stay (a
 //! settle, a mass vanishing, the move rate); the leader publishes why rescheduling is held
@@ -22,7 +25,8 @@
 use fleet_core::{UnitFile, UnitHash};
 use fleet_registry::kv::Kv;
 use fleet_registry::{
-    EngineWrite, Leadership, LiveView, Registry, RegistryError, Snapshot, Touched, WatchHints,
+    Changes, EngineWrite, Leadership, Registry, RegistryError, SharedStore, Snapshot, Store,
+    Subscription, Touched, WatchHints,
 };
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -46,15 +50,22 @@ const MIN_INTERVAL: Duration = Duration::from_millis(10);
 /// change that can change a plan arrives through the view's watch.
 pub(crate) const SAFETY_NET: Duration = Duration::from_secs(60);
 
+/// How long a new leader waits for a store another user holds to apply the present
+/// revision before it has a new one read instead.
+const CATCH_UP: Duration = Duration::from_secs(1);
+
 #[derive(Debug)]
 pub(super) struct Leading<K> {
     registry: Registry<K>,
+    /// The process's store of the registry, shared with the API's listings.
+    stores: SharedStore<K>,
     leadership: Leadership<K>,
     /// How long to wait before retrying a failed pass.
     retry: Duration,
     lease_ttl: Duration,
-    /// The registry as the next plan sees it; `None` until read (again).
-    view: Option<LiveView<K>>,
+    /// The registry as the next plan sees it, and what changed in it since the last pass;
+    /// `None` until subscribed (again).
+    view: Option<Subscription>,
     /// What each pass plans, and what passes remember between them.
     planner: PassPlanner,
     /// The hold last logged, to log a change once.
@@ -77,9 +88,14 @@ impl Drop for Keeper {
 }
 
 impl<K: Kv> Leading<K> {
-    pub fn new(registry: Registry<K>, leadership: Leadership<K>, cfg: &EngineConfig) -> Leading<K> {
+    pub fn new(
+        stores: SharedStore<K>,
+        leadership: Leadership<K>,
+        cfg: &EngineConfig,
+    ) -> Leading<K> {
         Leading {
-            registry,
+            registry: stores.registry().clone(),
+            stores,
             leadership,
             retry: cfg.reconcile_interval.max(MIN_INTERVAL),
             lease_ttl: cfg.lease_ttl.max(MIN_INTERVAL * 3),
@@ -133,7 +149,7 @@ impl<K: Kv> Leading<K> {
                 biased;
                 () = stop_requested(shutdown) => return Flow::Shutdown,
                 _ = lost.changed() => return Flow::Campaign,
-                change = changed(&mut self.view) => match change {
+                change = changed(self.view.as_ref()) => match change {
                     Ok(touched) => due = self.planner.changed(touched),
                     Err(err) => {
                         warn!(error = %err, "engine lost track of the registry; reading it again");
@@ -142,7 +158,8 @@ impl<K: Kv> Leading<K> {
                     }
                 },
                 _ = safety_net.tick() => {
-                    due = self.planner.safety_net(self.view.as_ref().map(LiveView::revision));
+                    let revision = self.view.as_ref().map(|v| v.store().revision());
+                    due = self.planner.safety_net(revision);
                 }
                 () = sleep_until(self.planner.recheck()) => {
                     due = true;
@@ -152,29 +169,45 @@ impl<K: Kv> Leading<K> {
         }
     }
 
-    /// Reads the view (if there is none), plans on it, writes the decisions fenced,
-    /// records them in the view, then logs them.
+    /// Subscribes to the store (if not subscribed), plans on it, writes the decisions
+    /// fenced, waits until the store has applied them, then logs them.
     async fn pass(&mut self) -> Result<(), RegistryError> {
         let started = Instant::now();
         if let Err(err) = self.read().await {
             self.metrics.failed(Failure::of(&err), None);
             return Err(err);
         }
-        let view = self.view.as_mut().expect("just read");
-        let changed = view.take_changed_units();
-        let pass = self
-            .planner
-            .next(view.snapshot(), view.files(), changed, Instant::now());
+        let view = self.view.as_ref().expect("just read");
+        let store = view.store().clone();
+        let (pass, writes, stray_keys) = {
+            let read = store.read().await;
+            let Changes { touched, units } = view.take(&read);
+            // What arrived since the loop woke up is planned now: the planner hears of it.
+            self.planner.changed(touched);
+            let (snapshot, files) = (read.snapshot(), read.files());
+            let pass = self.planner.next(snapshot, files, units, Instant::now());
+            let stray_keys = crate::unreadable::stray_schedule_keys(snapshot, self.registry.keys());
+            let mut writes: Vec<EngineWrite> = pass.decision_writes().collect();
+            writes.extend(stray_keys.iter().cloned().map(EngineWrite::DeleteStray));
+            writes.extend(pass.notice_write());
+            (pass, writes, stray_keys)
+        };
         let planned_in = started.elapsed();
-        let mut writes: Vec<EngineWrite> = pass.decision_writes().collect();
-        let stray_keys =
-            crate::unreadable::stray_schedule_keys(view.snapshot(), self.registry.keys());
-        writes.extend(stray_keys.iter().cloned().map(EngineWrite::DeleteStray));
-        writes.extend(pass.notice_write());
-        if let Err(err) = self.leadership.write(&writes).await {
-            // Some of the writes may have landed: only a fresh read knows.
+        let landed = match self.leadership.write(&writes).await {
+            Ok(landed) => landed,
+            Err(err) => {
+                // Some of the writes may have landed: the next pass subscribes again, to a
+                // store caught up with the present.
+                self.view = None;
+                self.planner.write_failed();
+                self.metrics.failed(Failure::of(&err), Some(&pass.plan));
+                return Err(err);
+            }
+        };
+        if let Some(revision) = landed
+            && let Err(err) = self.applied(&store, revision).await
+        {
             self.view = None;
-            self.planner.write_failed();
             self.metrics.failed(Failure::of(&err), Some(&pass.plan));
             return Err(err);
         }
@@ -182,12 +215,12 @@ impl<K: Kv> Leading<K> {
         for key in &stray_keys {
             info!(key = %key, "deleted a schedule key that names no entry");
         }
-        view.record_writes(&writes);
-        let (snapshot, files) = (view.snapshot(), view.files());
-        self.planner.done(&pass, snapshot, files, writes.is_empty());
+        let read = store.read().await;
+        let (snapshot, files) = (read.snapshot(), read.files());
+        self.planner.done(&pass, snapshot, writes.is_empty());
         record(&mut self.copies, &self.metrics, &pass, snapshot, files);
         debug!(
-            revision = view.revision(),
+            revision = read.revision(),
             planned = pass.what(),
             changed = pass.changed,
             decisions = pass.plan.decisions.len(),
@@ -196,22 +229,38 @@ impl<K: Kv> Leading<K> {
             written_in = ?(started.elapsed() - planned_in),
             "engine pass done"
         );
+        drop(read);
         self.log_assessment(&pass.assessment);
         pass.plan.decisions.iter().for_each(decision_log::log);
         Ok(())
     }
 
-    /// Reads the view if there is none, and makes the placement mirror match its schedule
-    /// once per leadership.
+    /// Waits until `store` has applied the writes that landed at `revision`, at most a
+    /// lease: a store that has not by then is given up (every user reads a new one).
+    async fn applied(&self, store: &Store, revision: i64) -> Result<(), RegistryError> {
+        match tokio::time::timeout(self.lease_ttl, store.reached(revision)).await {
+            Ok(reached) => reached,
+            Err(_) => {
+                let why = "the engine's writes did not arrive within a lease";
+                store.give_up(why);
+                Err(RegistryError::ViewLost(why.to_owned()))
+            }
+        }
+    }
+
+    /// Subscribes to the store if not subscribed, and makes the placement mirror match its
+    /// schedule once per leadership.
     async fn read(&mut self) -> Result<(), RegistryError> {
         if self.view.is_none() {
-            self.view = Some(LiveView::start(self.registry.clone()).await?);
+            self.view = Some(self.stores.current(CATCH_UP).await?.subscribe());
             self.planner.new_view();
         }
         if !self.placements_repaired {
-            let view = self.view.as_ref().expect("just read");
+            let store = self.view.as_ref().expect("just read").store().clone();
+            // Held across the repair (once per leadership): the store waits meanwhile.
+            let read = store.read().await;
             // A previous leader may predate the mirror, or have been cut off mid-batch.
-            match self.leadership.repair_placements(view.snapshot()).await? {
+            match self.leadership.repair_placements(read.snapshot()).await? {
                 0 => {}
                 repaired => info!(repaired, "placement mirror repaired from the schedule"),
             }
@@ -277,9 +326,9 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// The next change of the view; never resolves while there is none (the next pass reads
-/// one).
-async fn changed<K: Kv>(view: &mut Option<LiveView<K>>) -> Result<Touched, RegistryError> {
+/// The next change of the store that touched something; never resolves without a
+/// subscription (the next pass subscribes).
+async fn changed(view: Option<&Subscription>) -> Result<Touched, RegistryError> {
     match view {
         Some(v) => v.changed().await,
         None => std::future::pending().await,

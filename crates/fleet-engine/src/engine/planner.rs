@@ -95,6 +95,12 @@ pub(crate) struct PassPlan {
     notice: Option<String>,
     /// Whether the registry may hold another notice: then this pass writes it.
     write_notice: bool,
+    /// The revision planned.
+    at: Revision,
+    /// The entangled units of a whole plan's snapshot, for the deltas after it. Taken at
+    /// plan time: what the pass writes cannot change it, and the view may have moved past
+    /// the plan's revision when the pass is done.
+    entangled: Option<Entangled>,
 }
 
 impl PassPlanner {
@@ -191,9 +197,12 @@ impl PassPlanner {
             ),
         };
         let notice = assessment.hold.as_ref().map(ToString::to_string);
+        let entangled = (scope == Scope::Whole).then(|| Entangled::of(snapshot, files));
         PassPlan {
             plan,
             scope,
+            at: snapshot.revision,
+            entangled,
             assessed,
             losing,
             changed: count,
@@ -233,15 +242,10 @@ impl PassPlanner {
         &mut self.disruption
     }
 
-    /// Takes in a pass whose writes landed: `snapshot` and `files` are the view with them
-    /// recorded, and `wrote_nothing` says whether the pass wrote anything at all.
-    pub fn done(
-        &mut self,
-        pass: &PassPlan,
-        snapshot: &Snapshot,
-        files: &Files,
-        wrote_nothing: bool,
-    ) {
+    /// Takes in a pass whose writes landed: `snapshot` is the view with them applied (and
+    /// maybe later changes, which touch no schedule: only the leader writes those), and
+    /// `wrote_nothing` says whether the pass wrote anything at all.
+    pub fn done(&mut self, pass: &PassPlan, snapshot: &Snapshot, wrote_nothing: bool) {
         self.notice = Some(pass.notice.clone());
         self.waiting = !pass.plan.waiting.is_empty();
         if pass.assessed {
@@ -252,7 +256,7 @@ impl PassPlanner {
             && !self.waiting
             && self.recheck.is_none()
             && self.disruption.quiet();
-        self.settled = settled.then_some(snapshot.revision);
+        self.settled = settled.then_some(pass.at);
         self.loss_due = false;
         match &pass.scope {
             // The touched units' entries as written.
@@ -262,7 +266,7 @@ impl PassPlanner {
                 }
             }
             Scope::Whole => {
-                self.entangled = Some(Entangled::of(snapshot, files));
+                self.entangled = pass.entangled.clone();
                 self.whole_due = false;
                 self.load = None;
             }

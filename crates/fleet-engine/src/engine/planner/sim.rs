@@ -65,7 +65,7 @@ impl Leader for Passes {
     fn landed(&mut self, w: &World) {
         let pass = self.landing.take().expect("a pass landed");
         let wrote_nothing = pass.plan.decisions.is_empty() && pass.notice_write().is_none();
-        self.planner.done(&pass, &w.snap, &w.files, wrote_nothing);
+        self.planner.done(&pass, &w.snap, wrote_nothing);
         self.seen = Some(w.snap.clone());
     }
 

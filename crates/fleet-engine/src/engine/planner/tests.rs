@@ -23,7 +23,7 @@ fn units(names: &[&str]) -> BTreeSet<UnitName> {
 fn apply(p: &mut PassPlanner, w: &mut World, pass: &PassPlan) {
     w.apply(&pass.plan.decisions);
     let wrote_nothing = pass.plan.decisions.is_empty() && pass.notice_write().is_none();
-    p.done(pass, &w.snap, &w.files, wrote_nothing);
+    p.done(pass, &w.snap, wrote_nothing);
 }
 
 /// Plans a pass on `w` at `now` and applies it; returns it.
