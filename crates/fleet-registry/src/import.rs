@@ -8,8 +8,13 @@
 //! 2. then each unit in one transaction: its file, file reference and record, and its entry
 //!    (and placement) on every machine fleet ran it on, so that no engine ever sees the unit
 //!    launched without its placement and places it elsewhere.
+//!
+//! Both ways of importing (fleetctl's etcd driver, and fleetd's `POST /import` for its API
+//! driver) write an [`ImportPlan`] with [`Importer::apply`], and both take a file from fleet
+//! through [`check_file`]: what the import writes, and what it takes, is decided here once.
 
-use fleet_core::{DesiredState, MachineId, UnitFile, UnitName};
+use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitHash, UnitName};
+use std::collections::BTreeSet;
 use tracing::debug;
 
 use crate::error::Result;
@@ -28,6 +33,45 @@ pub struct ImportedUnit {
     /// The machines it is scheduled on: fleet's target, or for a global unit the machines
     /// fleet ran it on. Empty: the engine places it (or nothing runs it).
     pub machines: Vec<MachineId>,
+    /// The hash of the file ours had when the import was planned (`--replace`): written only
+    /// if ours still has that one. `None`: written only if ours has no such unit.
+    pub replaces: Option<UnitHash>,
+}
+
+/// What one run of the import writes: the marks first, then the units.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImportPlan {
+    pub marks: Vec<MigrationRecord>,
+    pub units: Vec<ImportedUnit>,
+}
+
+/// Why a file fleet holds is not taken as it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FileRefusal {
+    /// Ours refuses the file (its syntax, or an `[X-Fleet]` option ours cannot honour).
+    #[error("ours refuses its file: {0}")]
+    File(String),
+    /// The text does not hash to the hash it came with (fleet's key, or the client's claim).
+    #[error("its file hashes to {ours}, not {claimed}")]
+    HashDiffers { claimed: String, ours: UnitHash },
+}
+
+/// The file `text` of unit `name`, if ours reads it, can represent it, and computes `hash`
+/// for it: the hash fleet names it by must be ours, or our agent would take the running unit
+/// for another version and restart it.
+pub fn check_file(name: &UnitName, text: &[u8], hash: &str) -> Result<UnitFile, FileRefusal> {
+    let file = UnitFile::parse(text).map_err(|e| FileRefusal::File(e.to_string()))?;
+    if file.hash().to_string() != hash {
+        return Err(FileRefusal::HashDiffers {
+            claimed: hash.to_owned(),
+            ours: file.hash(),
+        });
+    }
+    Requirements::from_unit(name, &file)
+        .validate()
+        .map_err(|e| FileRefusal::File(e.to_string()))?;
+    fleet_core::xfleet::check_values(name, &file).map_err(|e| FileRefusal::File(e.to_string()))?;
+    Ok(file)
 }
 
 /// What [`Importer::import_unit`] did.
@@ -47,6 +91,35 @@ pub struct Importer<K> {
 impl<K: Kv> Importer<K> {
     pub fn new(registry: Registry<K>) -> Importer<K> {
         Importer { registry }
+    }
+
+    /// Writes `plan`: every mark, then every unit, each as [`Importer::import_unit`] writes
+    /// it, if ours still holds what the plan was made from (no unit, or the file it
+    /// replaces). One outcome per unit, in order. An error stops it: the units before it are
+    /// written, the rest are not.
+    pub async fn apply(&self, plan: &ImportPlan) -> Result<Vec<ImportOutcome>> {
+        for record in &plan.marks {
+            self.mark_migrating(record).await?;
+        }
+        let replaced: BTreeSet<UnitName> = plan
+            .units
+            .iter()
+            .filter(|u| u.replaces.is_some())
+            .map(|u| u.name.clone())
+            .collect();
+        let ours = self.registry.units_named(&replaced).await?;
+        let mut outcomes = Vec::with_capacity(plan.units.len());
+        for unit in &plan.units {
+            let outcome = match (unit.replaces, ours.get(&unit.name)) {
+                (None, _) => self.import_unit(unit, None).await?,
+                (Some(hash), Some(existing)) if existing.hash() == hash => {
+                    self.import_unit(unit, Some(existing)).await?
+                }
+                (Some(_), _) => ImportOutcome::Conflict,
+            };
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
     }
 
     /// Marks `record.machine` as migrating (idempotent: a second import rewrites it).
@@ -72,18 +145,8 @@ impl<K: Kv> Importer<K> {
         existing: Option<&Unit>,
     ) -> Result<ImportOutcome> {
         let keys = self.registry.keys();
-        let record = UnitRecord {
-            name: unit.name.clone(),
-            hash: unit.file.hash(),
-            desired: unit.desired,
-            restart: 0,
-            replace: ReplaceState::default(),
-        };
-        let unit_key = keys.unit(&unit.name);
-        let compare = match existing {
-            None => Compare::absent(&unit_key),
-            Some(u) => Compare::mod_revision(&unit_key, u.mod_revision),
-        };
+        let record = record_of(unit);
+        let compare = compare_of(keys, &record, existing);
         let units = UnitsRole::new(self.registry.clone());
         let mut success = units.unit_write_ops(&record, &unit.file);
         // A global unit fleet ran on more machines than one transaction holds: the rest of its
@@ -123,6 +186,26 @@ impl<K: Kv> Importer<K> {
     }
 }
 
+/// The record `unit` is written with.
+fn record_of(unit: &ImportedUnit) -> UnitRecord {
+    UnitRecord {
+        name: unit.name.clone(),
+        hash: unit.file.hash(),
+        desired: unit.desired,
+        restart: 0,
+        replace: ReplaceState::default(),
+    }
+}
+
+/// The unit's key is as the plan read it: absent, or at `existing`'s revision.
+fn compare_of(keys: &Keys, record: &UnitRecord, existing: Option<&Unit>) -> Compare {
+    let key = keys.unit(&record.name);
+    match existing {
+        None => Compare::absent(&key),
+        Some(u) => Compare::mod_revision(&key, u.mod_revision),
+    }
+}
+
 /// The entry of `record` on `machine` and its placement, as the engine writes them.
 fn entry_ops(keys: &Keys, record: &UnitRecord, machine: &MachineId) -> [TxnOp; 2] {
     let entry = ScheduleEntry {
@@ -138,4 +221,111 @@ fn entry_ops(keys: &Keys, record: &UnitRecord, machine: &MachineId) -> [TxnOp; 2
         put(keys.schedule(machine, &record.name), encode(&entry)),
         put(keys.placement(&record.name, machine), Vec::new()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::MemKv;
+
+    fn file(exec: &str) -> UnitFile {
+        UnitFile::parse(format!("[Service]\nExecStart={exec}\n").as_bytes()).unwrap()
+    }
+
+    fn unit(
+        name: &str,
+        exec: &str,
+        machines: &[&MachineId],
+        replaces: Option<UnitHash>,
+    ) -> ImportedUnit {
+        ImportedUnit {
+            name: name.parse().unwrap(),
+            file: file(exec),
+            desired: DesiredState::Launched,
+            machines: machines.iter().map(|m| (*m).clone()).collect(),
+            replaces,
+        }
+    }
+
+    async fn has(registry: &Registry<MemKv>, key: &str) -> bool {
+        !registry
+            .kv()
+            .range(key, false, None)
+            .await
+            .unwrap()
+            .kvs
+            .is_empty()
+    }
+
+    #[tokio::test]
+    async fn a_plan_marks_first_then_writes_each_unit_only_over_what_it_was_made_from() {
+        let registry = Registry::new(MemKv::new(), "/fleet/");
+        let units = UnitsRole::new(registry.clone());
+        for (name, exec) in [("b.service", "/bin/old"), ("c.service", "/bin/changed")] {
+            let name: UnitName = name.parse().unwrap();
+            units
+                .create_unit(&name, &file(exec), DesiredState::Loaded)
+                .await
+                .unwrap();
+        }
+        let m1: MachineId = "m1".parse().unwrap();
+        let plan = ImportPlan {
+            marks: vec![MigrationRecord {
+                machine: m1.clone(),
+                since: 1,
+                units: 1,
+            }],
+            units: vec![
+                unit("a.service", "/bin/a", &[&m1], None),
+                unit("b.service", "/bin/b", &[], Some(file("/bin/old").hash())),
+                // Planned over another file than the one ours now has.
+                unit("c.service", "/bin/c", &[], Some(file("/bin/old").hash())),
+                // Planned as new, but ours has it meanwhile.
+                unit("b.service", "/bin/d", &[], None),
+            ],
+        };
+        let outcomes = Importer::new(registry.clone()).apply(&plan).await.unwrap();
+        let written: Vec<bool> = outcomes
+            .iter()
+            .map(|o| matches!(o, ImportOutcome::Written(_)))
+            .collect();
+        assert_eq!(written, [true, true, false, false]);
+        let keys = registry.keys();
+        assert!(has(&registry, &keys.migrating(&m1)).await);
+        let a: UnitName = "a.service".parse().unwrap();
+        assert!(has(&registry, &keys.schedule(&m1, &a)).await);
+        assert!(has(&registry, &keys.placement(&a, &m1)).await);
+        let hash_of = |name: &'static str| {
+            let registry = registry.clone();
+            async move {
+                let unit = registry.unit(&name.parse().unwrap()).await.unwrap();
+                unit.unwrap().hash()
+            }
+        };
+        assert_eq!(hash_of("b.service").await, file("/bin/b").hash());
+        assert_eq!(hash_of("c.service").await, file("/bin/changed").hash());
+    }
+
+    #[test]
+    fn a_file_is_taken_only_with_its_own_hash_and_options_ours_honours() {
+        let name: UnitName = "a.service".parse().unwrap();
+        let text = b"[Service]\r\nExecStart=/bin/sleep \\\n 1\n";
+        let hash = UnitFile::parse(text).unwrap().hash().to_string();
+        assert!(check_file(&name, text, &hash).is_ok());
+        let other = "1".repeat(40);
+        assert!(matches!(
+            check_file(&name, text, &other),
+            Err(FileRefusal::HashDiffers { claimed, .. }) if claimed == other
+        ));
+        let odd = b"[X-Fleet]\nMachineOf=a.service\n";
+        let hash = UnitFile::parse(odd).unwrap().hash().to_string();
+        assert!(matches!(
+            check_file(&name, odd, &hash),
+            Err(FileRefusal::File(_))
+        ));
+        assert!(matches!(
+            check_file(&name, b"[Unit\nA=b\n", &hash),
+            Err(FileRefusal::File(_))
+        ));
+    }
 }
