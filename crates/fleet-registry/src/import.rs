@@ -7,14 +7,15 @@
 //!    on the engine keeps those machines' entries while they are absent (`Key::Migrating`);
 //! 2. then each unit in one transaction: its file, file reference and record, and its entry
 //!    (and placement) on every machine fleet ran it on, so that no engine ever sees the unit
-//!    launched without its placement and places it elsewhere.
+//!    launched without its placement and places it elsewhere. Units go many to a
+//!    transaction ([`batch`]), each unit whole in one.
 //!
 //! Both ways of importing (fleetctl's etcd driver, and fleetd's `POST /import` for its API
 //! driver) write an [`ImportPlan`] with [`Importer::apply`], and both take a file from fleet
 //! through [`check_file`]: what the import writes, and what it takes, is decided here once.
 
 use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitHash, UnitName};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use tracing::debug;
 
 use crate::error::Result;
@@ -23,6 +24,8 @@ use crate::kv::{Compare, Kv, MAX_TXN_OPS, Txn, TxnOp};
 use crate::records::{MigrationRecord, ReplaceState, ScheduleEntry, Unit, UnitRecord};
 use crate::registry::{Registry, encode, put};
 use crate::units::UnitsRole;
+
+mod batch;
 
 /// A unit as the import writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,8 +98,8 @@ impl<K: Kv> Importer<K> {
 
     /// Writes `plan`: every mark, then every unit, each as [`Importer::import_unit`] writes
     /// it, if ours still holds what the plan was made from (no unit, or the file it
-    /// replaces). One outcome per unit, in order. An error stops it: the units before it are
-    /// written, the rest are not.
+    /// replaces), many units to a transaction ([`batch`]). One outcome per unit, in order. An
+    /// error stops it: the units before it are written, the rest are not.
     pub async fn apply(&self, plan: &ImportPlan) -> Result<Vec<ImportOutcome>> {
         for record in &plan.marks {
             self.mark_migrating(record).await?;
@@ -109,17 +112,96 @@ impl<K: Kv> Importer<K> {
             .collect();
         let ours = self.registry.units_named(&replaced).await?;
         let mut outcomes = Vec::with_capacity(plan.units.len());
-        for unit in &plan.units {
-            let outcome = match (unit.replaces, ours.get(&unit.name)) {
-                (None, _) => self.import_unit(unit, None).await?,
-                (Some(hash), Some(existing)) if existing.hash() == hash => {
-                    self.import_unit(unit, Some(existing)).await?
-                }
-                (Some(_), _) => ImportOutcome::Conflict,
-            };
-            outcomes.push(outcome);
+        for range in batch::import_batches(&plan.units) {
+            outcomes.extend(self.apply_batch(&plan.units[range], &ours).await?);
         }
         Ok(outcomes)
+    }
+
+    /// The units of one batch: in one transaction when each is as its plan was made from;
+    /// else, or when that transaction finds one changed, one by one, each unit's own compare
+    /// deciding.
+    async fn apply_batch(
+        &self,
+        batch: &[ImportedUnit],
+        ours: &BTreeMap<UnitName, Unit>,
+    ) -> Result<Vec<ImportOutcome>> {
+        // What each unit is written over: nothing, a unit as read, or (None) not what the
+        // plan replaces, a conflict known before writing.
+        let over: Vec<Option<Option<&Unit>>> = batch
+            .iter()
+            .map(|u| match (u.replaces, ours.get(&u.name)) {
+                (None, _) => Some(None),
+                (Some(hash), Some(existing)) if existing.hash() == hash => Some(Some(existing)),
+                (Some(_), _) => None,
+            })
+            .collect();
+        if batch.len() > 1 && over.iter().all(Option::is_some) {
+            let over: Vec<Option<&Unit>> = over.iter().flatten().copied().collect();
+            if let Some(written) = self.write_batch(batch, &over).await? {
+                return Ok(written);
+            }
+        }
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for (unit, over) in batch.iter().zip(over) {
+            outcomes.push(match over {
+                Some(existing) => self.import_unit(unit, existing).await?,
+                None => ImportOutcome::Conflict,
+            });
+        }
+        Ok(outcomes)
+    }
+
+    /// One transaction writing every unit of `batch` (one of [`batch::import_batches`]'s)
+    /// over `over` (each unit's existing one, or none); `None` when one of them changed and
+    /// nothing was written.
+    async fn write_batch(
+        &self,
+        batch: &[ImportedUnit],
+        over: &[Option<&Unit>],
+    ) -> Result<Option<Vec<ImportOutcome>>> {
+        let keys = self.registry.keys();
+        let records: Vec<UnitRecord> = batch.iter().map(record_of).collect();
+        let mut files = BTreeSet::new();
+        let mut success = Vec::new();
+        for (unit, record) in batch.iter().zip(&records) {
+            if files.insert(record.hash) {
+                success.push(put(
+                    keys.file(&record.hash),
+                    unit.file.canonical().into_bytes(),
+                ));
+            }
+            success.push(put(keys.file_ref(&record.hash, &record.name), Vec::new()));
+            success.push(put(keys.unit(&record.name), encode(record)));
+            for machine in &unit.machines {
+                success.extend(entry_ops(keys, record, machine));
+            }
+        }
+        let txn = Txn {
+            compares: records
+                .iter()
+                .zip(over)
+                .map(|(r, o)| compare_of(keys, r, *o))
+                .collect(),
+            success,
+            failure: vec![],
+        };
+        let res = self.registry.txn(txn, "importing units").await?;
+        if !res.succeeded {
+            return Ok(None);
+        }
+        debug!(units = batch.len(), files = files.len(), "imported units");
+        Ok(Some(
+            records
+                .into_iter()
+                .map(|record| {
+                    ImportOutcome::Written(Unit {
+                        record,
+                        mod_revision: res.revision,
+                    })
+                })
+                .collect(),
+        ))
     }
 
     /// Marks `record.machine` as migrating (idempotent: a second import rewrites it).
@@ -304,6 +386,42 @@ mod tests {
         };
         assert_eq!(hash_of("b.service").await, file("/bin/b").hash());
         assert_eq!(hash_of("c.service").await, file("/bin/changed").hash());
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_finds_a_unit_there_is_written_unit_by_unit() {
+        let registry = Registry::new(MemKv::new(), "/fleet/");
+        let name: UnitName = "x.service".parse().unwrap();
+        UnitsRole::new(registry.clone())
+            .create_unit(&name, &file("/bin/x"), DesiredState::Loaded)
+            .await
+            .unwrap();
+        let m1: MachineId = "m1".parse().unwrap();
+        // Planned before x.service appeared in ours: one batch, whose compare fails.
+        let plan = ImportPlan {
+            marks: vec![],
+            units: (0..5)
+                .map(|i| unit(&format!("u{i}.service"), "/bin/u", &[&m1], None))
+                .chain([unit("x.service", "/bin/other", &[&m1], None)])
+                .collect(),
+        };
+        let before = registry.snapshot().await.unwrap().revision;
+        let outcomes = Importer::new(registry.clone()).apply(&plan).await.unwrap();
+        let written: Vec<bool> = outcomes
+            .iter()
+            .map(|o| matches!(o, ImportOutcome::Written(_)))
+            .collect();
+        assert_eq!(written, [true, true, true, true, true, false]);
+        // The failed batch wrote nothing; each unit then took a transaction of its own.
+        assert_eq!(registry.snapshot().await.unwrap().revision, before + 5);
+        let x = registry.unit(&name).await.unwrap().unwrap();
+        assert_eq!(x.hash(), file("/bin/x").hash());
+        assert!(!has(&registry, &registry.keys().schedule(&m1, &name)).await);
+        // Planned on a registry that holds none of them: all six in one transaction.
+        let fresh = Registry::new(MemKv::new(), "/fleet/");
+        let before = fresh.snapshot().await.unwrap().revision;
+        Importer::new(fresh.clone()).apply(&plan).await.unwrap();
+        assert_eq!(fresh.snapshot().await.unwrap().revision, before + 1);
     }
 
     #[test]
