@@ -236,9 +236,12 @@ mod tests {
         );
     }
 
+    /// A change that makes a unit of the plan one the server refuses.
+    type Change = fn(&mut UnitImport);
+
     #[test]
     fn names_states_machines_and_options_ours_refuses_are_refused() {
-        let cases: [(&str, fn(&mut UnitImport)); 5] = [
+        let cases: [(&str, Change); 5] = [
             ("unit \"no-suffix\"", |u| u.name = "no-suffix".into()),
             ("unit web@1.service: ", |u| {
                 u.desired_state = "running".into()

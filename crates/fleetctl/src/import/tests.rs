@@ -201,8 +201,8 @@ fn the_written_plan_marks_every_machine_given_units_and_places_each_unit() {
         .map(|u| (u.name.as_str(), u.machines.clone()))
         .collect();
     assert_eq!(placed.len(), 7, "{placed:?}");
-    assert_eq!(placed["web.service"], [a.clone()]);
-    assert_eq!(placed["app@1.service"], [b.clone()]);
+    assert_eq!(placed["web.service"], std::slice::from_ref(&a));
+    assert_eq!(placed["app@1.service"], std::slice::from_ref(&b));
     assert!(placed["app@2.service"].is_empty());
     assert_eq!(placed["glob.service"].len(), 2);
     let spare = written
