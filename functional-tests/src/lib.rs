@@ -41,7 +41,7 @@ pub use certs::{ApiCerts, CLIENT_CN};
 pub use cleanup::{cleanup_stale, leftovers};
 pub use cluster::{Cluster, ClusterSpec};
 pub use cmd::{OutputExt, Signal};
-pub use driver::{DRIVER_VAR, Driver, inside_machine_args};
+pub use driver::{DRIVER_VAR, Driver, inside_machine_args, serves};
 pub use fleetd::{
     ENV_FILE as FLEETD_ENV_FILE, EtcdAuthSpec, FleetdSpec, MACHINE_BIN_DIR, UNIT as FLEETD_UNIT,
 };

@@ -18,12 +18,13 @@ mod observe;
 mod support;
 
 use anyhow::{Context, Result, ensure};
+use fleet_functional_tests::Machine;
 use fleet_functional_tests::{
     Cluster, ClusterSpec, Driver, TestRegistry, cleanup_stale, reference_fleet_dir, wait_for,
 };
 use fleet_v1::{Role, WEB_INSTANCES, fleet_ok};
 use observe::{Runs, assert_single, runs, watch_single};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use support::{POLL, TIMEOUT, fleetctl_ok};
 
@@ -60,38 +61,105 @@ impl Plan {
     }
 }
 
+/// A fleet v1 cluster of three machines running every unit of [`Plan`] under fleet.
+struct UnderFleet {
+    cluster: Cluster,
+    registry: TestRegistry,
+    /// Where the unit files are, for both fleetctls.
+    dir: PathBuf,
+    plan: Plan,
+    /// What systemd runs under fleet.
+    before: Runs,
+    /// Where fleet loaded `loaded.service`.
+    loaded_on: Vec<String>,
+    /// fleet's `list-unit-files`.
+    files: observe::UnitFilesTable,
+}
+
+impl UnderFleet {
+    /// Boots the cluster with our fleetctl over `driver`, and runs every unit under fleet.
+    fn start(driver: Driver) -> Result<UnderFleet> {
+        // Before anything boots: without the real fleet this test fails, it never passes.
+        reference_fleet_dir()?;
+        cleanup_stale()?;
+        let mut cluster = Cluster::start(ClusterSpec::bare(3).with_etcd_v2())?;
+        cluster.set_driver(driver);
+        let registry = TestRegistry::of(&cluster)?;
+        let dir = cluster.dir().join("units");
+        std::fs::create_dir_all(&dir)?;
+        let plan = Plan::new();
+        for (machine, metadata) in cluster.machines().iter().zip(METADATA) {
+            fleet_v1::start_fleets_fleetd(&cluster, machine, metadata)?;
+        }
+        let (before, loaded_on, files) = run_under_fleet(&cluster, &dir, &plan)?;
+        Ok(UnderFleet {
+            cluster,
+            registry,
+            dir,
+            plan,
+            before,
+            loaded_on,
+            files,
+        })
+    }
+
+    /// The machines fleet ran: not the one that only serves our API to the import.
+    fn fleets_machines(&self) -> &[Machine] {
+        &self.cluster.machines()[..METADATA.len()]
+    }
+}
+
 #[test]
 fn a_running_fleet_cluster_moves_to_ours_without_restarting_a_unit() -> Result<()> {
-    // Before anything boots: without the real fleet this test fails, it never passes.
-    reference_fleet_dir()?;
-    cleanup_stale()?;
-    let mut cluster = Cluster::start(ClusterSpec::bare(3).with_etcd_v2())?;
-    cluster.set_driver(Driver::Etcd);
-    let registry = TestRegistry::of(&cluster)?;
-    let dir = cluster.dir().join("units");
-    std::fs::create_dir_all(&dir)?;
-    let plan = Plan::new();
+    let f = UnderFleet::start(Driver::Etcd)?;
+    import(&f, &[])?;
+    cut_over(&f)?;
+    ours_runs_what_fleet_ran(&f)?;
+    operate_after(&f.cluster, &f.dir, &f.plan)?;
+    support::finish(f.cluster)
+}
 
-    for (machine, metadata) in cluster.machines().iter().zip(METADATA) {
-        fleet_v1::start_fleets_fleetd(&cluster, machine, metadata)?;
-    }
-    let (before, loaded_on, fleets_files) = run_under_fleet(&cluster, &dir, &plan)?;
+/// The same cutover with `fleetctl --driver api import-fleet`: a fourth machine's fleetd
+/// serves the import (`POST /import`, admin over its unix socket) and leaves before the
+/// cutover. Then the way back of docs/migrating.md, on every machine.
+#[test]
+fn a_fleet_cluster_imported_over_the_api_moves_to_ours_and_back_to_fleet() -> Result<()> {
+    let mut f = UnderFleet::start(Driver::Api)?;
+    let api = fleet_v1::start_api_fleetd(&mut f.cluster)?;
+    let endpoint = api.api_endpoint();
+    let api_name = api.name().to_owned();
+    import(&f, &["--endpoint", &endpoint])?;
+    // Its fleetd leaves our registry before the first engine of ours could count it live
+    // (and place the global unit on it).
+    let api = f.cluster.machine(&api_name)?;
+    api.systemctl_ok(&["stop", "fleet.service"])?;
+    wait_for(TIMEOUT * 2, POLL, || {
+        observe::machine_count(&f.registry).is_ok_and(|n| n == 0)
+    })
+    .context("the API machine's presence never left our registry")?;
+    cut_over(&f)?;
+    ours_runs_what_fleet_ran(&f)?;
+    go_back(&f)?;
+    support::finish(f.cluster)
+}
 
-    import(&cluster, &registry, &plan)?;
-    cut_over(&cluster, &registry, &plan, &before)?;
-
+/// After the cutover: nothing ran twice or restarted, every unit is where fleet ran it, and
+/// our listing is fleet's.
+fn ours_runs_what_fleet_ran(f: &UnderFleet) -> Result<()> {
+    let cluster = &f.cluster;
     // Long enough for our engine and agents to act on anything they disagree with.
-    watch_single(&cluster, &plan.single, Duration::from_secs(5))?;
+    watch_single(cluster, &f.plan.single, Duration::from_secs(5))?;
     ensure!(
-        runs(&cluster, &plan.all())? == before,
+        runs(cluster, &f.plan.all())? == f.before,
         "a unit moved or restarted in the cutover"
     );
     ensure!(
-        observe::loaded_only_on(&cluster, "loaded.service")? == loaded_on,
-        "the loaded unit left {loaded_on:?}"
+        observe::loaded_only_on(cluster, "loaded.service")? == f.loaded_on,
+        "the loaded unit left {:?}",
+        f.loaded_on
     );
     let ours = fleetctl_ok(
-        &cluster,
+        cluster,
         &[
             "list-unit-files",
             "--no-legend",
@@ -100,13 +168,12 @@ fn a_running_fleet_cluster_moves_to_ours_without_restarting_a_unit() -> Result<(
         ],
     )?;
     ensure!(
-        observe::unit_files_table(&ours.stdout) == fleets_files,
-        "our listing differs from fleet's:\nours:\n{}\nfleet's:\n{fleets_files:#?}",
-        ours.stdout
+        observe::unit_files_table(&ours.stdout) == f.files,
+        "our listing differs from fleet's:\nours:\n{}\nfleet's:\n{:#?}",
+        ours.stdout,
+        f.files
     );
-
-    operate_after(&cluster, &dir, &plan)?;
-    support::finish(cluster)
+    Ok(())
 }
 
 /// Starts every unit with fleet's fleetctl and waits until fleet and systemd agree they run.
@@ -204,29 +271,69 @@ fn fleet_agrees(cluster: &Cluster, dir: &Path, before: &Runs) -> Result<()> {
     .with_context(|| format!("fleet's list-units never matched systemd: {last}"))
 }
 
-/// Our `import-fleet`: a dry run that must leave our keyspace as it was, then for real.
-fn import(cluster: &Cluster, registry: &TestRegistry, plan: &Plan) -> Result<()> {
-    let from = cluster.etcd_endpoint();
-    let untouched = observe::keyspace(registry)?;
-    let dry = fleetctl_ok(cluster, &["import-fleet", "--from", &from, "--dry-run"])?;
-    for unit in plan.all() {
+/// Our `import-fleet` (with the global arguments `over`): a dry run that must leave our
+/// keyspace as it was, then for real, then a dry run over what it wrote.
+fn import(f: &UnderFleet, over: &[&str]) -> Result<()> {
+    let from = f.cluster.etcd_endpoint();
+    let args = |more: &[&str]| -> Vec<String> {
+        over.iter()
+            .chain(&["import-fleet", "--from", from.as_str()])
+            .chain(more)
+            .map(|a| (*a).to_owned())
+            .collect()
+    };
+    let untouched = observe::keyspace(&f.registry)?;
+    let dry = fleetctl_ok(&f.cluster, &args(&["--dry-run"]))?;
+    for unit in f.plan.all() {
         ensure!(dry.stdout.contains(&unit), "{unit} not in {dry:?}");
     }
     ensure!(
-        observe::keyspace(registry)? == untouched,
+        observe::keyspace(&f.registry)? == untouched,
         "import-fleet --dry-run wrote into our keyspace"
     );
-    let real = fleetctl_ok(cluster, &["import-fleet", "--from", &from])?;
-    for unit in plan.all() {
+    let real = fleetctl_ok(&f.cluster, &args(&[]))?;
+    for unit in f.plan.all() {
         ensure!(real.stdout.contains(&unit), "{unit} not in {real:?}");
     }
-    for machine in cluster.machines() {
+    for machine in f.fleets_machines() {
         ensure!(
-            observe::has_mark(registry, machine)?,
+            observe::has_mark(&f.registry, machine)?,
             "no migration mark for {}",
             machine.name()
         );
     }
+    a_dry_run_over_the_import_changes_nothing(f, &args(&["--dry-run", "--replace"]))
+}
+
+/// Issue 40: a dry run when ours already holds the import and fleet changed since (a unit
+/// submitted anew with another file, a new one; neither runs), so that its plan writes
+/// something: not one key, value or mod revision of ours changes.
+fn a_dry_run_over_the_import_changes_nothing(f: &UnderFleet, dry_run: &[String]) -> Result<()> {
+    let changed = "[Unit]\nDescription=submitted v2\n\n[Service]\nExecStart=/bin/sleep 10017\n";
+    std::fs::write(f.dir.join("submitted.service"), changed)?;
+    std::fs::write(f.dir.join("extra.service"), support::sleeper(10018))?;
+    fleet_ok(&f.cluster, &f.dir, &["destroy", "submitted.service"])?;
+    fleet_ok(
+        &f.cluster,
+        &f.dir,
+        &["submit", "submitted.service", "extra.service"],
+    )?;
+    let held = observe::keyspace(&f.registry)?;
+    let dry = fleetctl_ok(&f.cluster, dry_run)?;
+    for line in [
+        "Imported extra.service: inactive",
+        "Imported submitted.service: inactive",
+        "Unchanged plain1.service",
+        "2 imported",
+    ] {
+        ensure!(dry.stdout.contains(line), "no {line:?} in {dry:?}");
+    }
+    let after = observe::keyspace(&f.registry)?;
+    ensure!(
+        after == held,
+        "import-fleet --dry-run --replace changed our keyspace:\n{}",
+        observe::keyspace_diff(&held, &after)
+    );
     Ok(())
 }
 
@@ -236,19 +343,20 @@ fn import(cluster: &Cluster, registry: &TestRegistry, plan: &Plan) -> Result<()>
 ///
 /// Every kill comes before any start: a fleet engine that survives a kill by more than
 /// `agent_ttl` would count the killed machine gone and start its units elsewhere.
-fn cut_over(cluster: &Cluster, registry: &TestRegistry, plan: &Plan, before: &Runs) -> Result<()> {
-    for machine in cluster.machines() {
+fn cut_over(f: &UnderFleet) -> Result<()> {
+    let (cluster, registry, plan) = (&f.cluster, &f.registry, &f.plan);
+    for machine in f.fleets_machines() {
         fleet_v1::kill_fleets_fleetd(machine)?;
         assert_single(cluster, &plan.single)?;
     }
     ensure!(
-        runs(cluster, &plan.all())? == *before,
+        runs(cluster, &plan.all())? == f.before,
         "killing fleet's fleetd disturbed a unit"
     );
     // What the import placed: our engine must keep all of it, also the entries of machines
     // that have not joined yet (whose metadata it cannot know).
     let imported = observe::schedule(registry)?;
-    for machine in cluster.machines() {
+    for machine in f.fleets_machines() {
         fleet_v1::start_our_fleetd(machine)?;
         wait_for(TIMEOUT, POLL, || {
             observe::has_mark(registry, machine).is_ok_and(|has| !has)
@@ -267,12 +375,78 @@ fn cut_over(cluster: &Cluster, registry: &TestRegistry, plan: &Plan, before: &Ru
         );
         let now = runs(cluster, &plan.all())?;
         ensure!(
-            now == *before,
-            "after our fleetd's first pass on {}: {now:#?}\nbefore: {before:#?}",
-            machine.name()
+            now == f.before,
+            "after our fleetd's first pass on {}: {now:#?}\nbefore: {:#?}",
+            machine.name(),
+            f.before
         );
     }
     Ok(())
+}
+
+/// docs/migrating.md, "The way back", exactly: ours killed with SIGKILL and its fence timers
+/// stopped on every machine; fleet's fleetd started again on every machine but the first
+/// without its engine (`disable_engine=true`) until fleet lists them; then on the first with
+/// its engine. Every machine's systemd is polled for a unit running twice throughout;
+/// fleet's agents keep every unit as it runs (same machine, MainPID and InvocationID), and
+/// fleet lists them active where they run.
+///
+/// Other orders failed, and the doc says why. Started with their engines one machine after
+/// the other (about a second apart), fleet's first engine pass found the others absent and
+/// moved their units: five restarted on other machines, and the unit only m2 may run
+/// restarted on m2. Started together within a second, and also started without engines and
+/// then SIGKILLed and started with them one at a time, `pair-b` ran on two machines at once.
+fn go_back(f: &UnderFleet) -> Result<()> {
+    let (cluster, plan) = (&f.cluster, &f.plan);
+    for machine in f.fleets_machines() {
+        fleet_v1::kill_ours_for_fleet(machine)?;
+        assert_single(cluster, &plan.single)?;
+    }
+    let machines: Vec<(&Machine, &str)> = f.fleets_machines().iter().zip(METADATA).collect();
+    let (engine, agents) = machines.split_first().context("no machine")?;
+    fleet_v1::start_fleets_fleetds(cluster, agents, "disable_engine=true\n")?;
+    fleet_joined(f, agents.len())?;
+    watch_single(cluster, &plan.single, Duration::from_secs(5))
+        .with_context(|| format!("fleet without its engine:\n{}", fleets_logs(f)))?;
+    fleet_v1::start_fleets_fleetds(cluster, &[*engine], "")?;
+    fleet_joined(f, machines.len())?;
+    // fleet's engine reconciles every few seconds and its agents every `agent_ttl`: long
+    // enough for both to act on anything they disagree with.
+    watch_single(cluster, &plan.single, Duration::from_secs(40))
+        .with_context(|| format!("fleet with its engines:\n{}", fleets_logs(f)))?;
+    let now = runs(cluster, &plan.all())?;
+    ensure!(
+        now == f.before,
+        "back on fleet, a unit moved or restarted: {now:#?}\nbefore: {:#?}",
+        f.before
+    );
+    fleet_agrees(cluster, &f.dir, &f.before)
+}
+
+/// Waits until fleet's `list-machines` lists `count` machines, no unit running twice.
+fn fleet_joined(f: &UnderFleet, count: usize) -> Result<()> {
+    wait_for(TIMEOUT, POLL, || {
+        assert_single(&f.cluster, &f.plan.single).is_ok()
+            && fleet_v1::fleet(&f.cluster, &f.dir, &["list-machines", "--no-legend"])
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).lines().count() == count)
+    })
+    .with_context(|| format!("fleet never listed {count} machines:\n{}", fleets_logs(f)))
+}
+
+/// What fleet's fleetds logged about scheduling, each machine's after its name.
+fn fleets_logs(f: &UnderFleet) -> String {
+    f.fleets_machines()
+        .iter()
+        .map(|m| {
+            let log = support::fleetd_log_all(m).unwrap_or_default();
+            let lines: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("chedul") || l.contains("ngine") || l.contains("pair"))
+                .collect();
+            format!("== {}:\n{}", m.name(), lines.join("\n"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// After the cutover ours runs the cluster: a replace of a changed file (never two copies),

@@ -151,6 +151,9 @@ pub enum ApiError {
     Inspect(#[from] InspectError),
     #[error(transparent)]
     Page(#[from] PageError),
+    /// A `POST /import` whose plan the server does not take as it is: nothing was written.
+    #[error("invalid import: {0}")]
+    BadImport(#[from] fleet_api_wire::import::PlanError),
     /// The client's role does not permit the request (authz.rs).
     #[error("role {role} may not {action}")]
     Forbidden {
@@ -216,6 +219,7 @@ impl ApiError {
             | Self::BadLines(_)
             | Self::BadFollow(_)
             | Self::BadOutput(_)
+            | Self::BadImport(_)
             | Self::Page(_) => StatusCode::BAD_REQUEST,
             Self::NoDesiredState => StatusCode::CONFLICT,
             Self::Forbidden { .. } | Self::NoRole(_) | Self::CrossSite => StatusCode::FORBIDDEN,

@@ -31,6 +31,7 @@ use crate::ops::metadata_changes;
 use crate::page::{Cursor, UnitsToken};
 
 mod body;
+mod import;
 mod inspect;
 mod query;
 pub mod ui;
@@ -291,6 +292,8 @@ pub(crate) enum Route<'a> {
     Drains,
     Drain(&'a str),
     Explain(&'a str),
+    /// `POST /import`: an import plan from fleet v1 ([`import`]).
+    Import,
     /// Whether this machine reaches etcd ([`crate::health`]).
     Health,
     /// `/units/<name>/status` and `/units/<name>/journal`.
@@ -311,6 +314,7 @@ impl Route<'_> {
             Route::Drains => "/drains",
             Route::Drain(_) => "/drains/{machine}",
             Route::Explain(_) => "/explain/{name}",
+            Route::Import => "/import",
             Route::Health => "/health",
             Route::Inspect(_, inspect::Aspect::Status) => "/units/{name}/status",
             Route::Inspect(_, inspect::Aspect::Journal) => "/units/{name}/journal",
@@ -348,6 +352,7 @@ pub(crate) fn parse_path(path: &str) -> Option<Route<'_>> {
         "/state" => Some(Route::States),
         "/drains" => Some(Route::Drains),
         "/health" => Some(Route::Health),
+        fleet_api_wire::import::PATH => Some(Route::Import),
         _ => item("/units")
             .map(Route::Unit)
             .or_else(|| item("/state").map(Route::State))
@@ -423,6 +428,8 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
             maintenance::drain(&api.cluster, machine, method, &parallel).await
         }
         (Route::Explain(unit), method) => maintenance::explain(&api.cluster, unit, method).await,
+        (Route::Import, Method::POST) => import::import(api, req).await,
+        (Route::Import, _) => Err(ApiError::WrongMethod("POST")),
         (Route::Health, method) => {
             let within = query_values(&query.raw, crate::health::WITHIN);
             crate::health::handle(api.health.as_ref(), method, &within).await

@@ -1157,6 +1157,7 @@ async fn options_of_interleaved_sections_are_one_unit_file_and_trailing_blanks_a
 
 mod extensions;
 mod http_edges;
+mod import;
 mod inspect;
 mod roles;
 mod ui;

@@ -36,7 +36,7 @@ mod watch;
 
 pub use error::{RegistryError, Result};
 pub use few::{UnitsView, concerns};
-pub use import::{ImportOutcome, ImportedUnit, Importer};
+pub use import::{FileRefusal, ImportOutcome, ImportPlan, ImportedUnit, Importer, check_file};
 pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind, StrayScheduleKey};
 pub use kv::MAX_TXN_OPS;
 pub use leader::{EngineRole, EngineWrite, Fence, LeaderKey, Leadership};

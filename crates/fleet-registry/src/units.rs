@@ -28,6 +28,7 @@ mod change;
 /// transaction, conditional on its references being gone).
 const COLLECTIONS_IN_FLIGHT: usize = 32;
 
+pub(crate) use batch::txn_bytes;
 pub use batch::{NewUnit, batches};
 pub use change::{Change, change_batches, dropped_files};
 

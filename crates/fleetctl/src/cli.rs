@@ -127,7 +127,7 @@ pub enum Command {
     Auth(AuthCommand),
     /// Take over a live fleet v1 cluster: copy its units, desired states and placement from
     /// its etcd v2 registry into ours, so that our fleetds adopt the running units
-    /// (docs/migrating.md; --driver=etcd only).
+    /// (docs/migrating.md; over the API, as an admin).
     ImportFleet(ImportFleetArgs),
     /// Print where the web dashboard is (every fleetd serves it under /ui/ on its API, with
     /// the API's roles).

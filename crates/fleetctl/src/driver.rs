@@ -12,6 +12,7 @@
 mod answer;
 mod creates;
 pub mod http;
+mod import;
 pub(crate) mod transport;
 pub mod unit_api;
 mod unreached;

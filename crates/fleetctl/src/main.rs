@@ -237,26 +237,33 @@ fn no_credentials_over_api(global: &cli::Global) -> Result<()> {
 }
 
 /// `fleetctl import-fleet`: fleet v1's registry read first, so that a wrong `--from` fails
-/// before anything of ours is touched; then planned, printed and written (docs/migrating.md).
+/// before anything of ours is touched; then planned, printed and written, straight into etcd
+/// or by fleetd's API (docs/migrating.md).
 async fn import_fleet(
     global: &cli::Global,
     chosen: &driver::Selection,
     a: cli::ImportFleetArgs,
 ) -> Result<()> {
-    if chosen.driver == Driver::Api {
-        anyhow::bail!(
-            "fleetctl import-fleet writes units with their placement straight into the \
-             registry: use --driver=etcd (and --endpoint of our etcd); fleet's API cannot \
-             write a schedule"
-        );
-    }
+    use commands::import_fleet::run as import;
     let fleet = commands::import_fleet::read_fleet(&a, request_timeout(global)).await?;
-    let registry = connect_etcd(global, &chosen.endpoint).await?;
-    let mut ctx = local_ctx();
-    let outcome =
-        commands::import_fleet::run(&mut ctx, &registry, &fleet, a.dry_run, a.replace).await;
-    let output = ctx.finish();
-    outcome.and_then(|()| written(output))
+    match chosen.driver {
+        Driver::Api => {
+            no_credentials_over_api(global)?;
+            let cluster = connect_api(global, &chosen.endpoint)?;
+            let mut ctx = with_cluster(cluster.clone());
+            let outcome = import(&mut ctx, &cluster, &fleet, a.dry_run, a.replace).await;
+            let output = ctx.finish();
+            outcome.and_then(|()| written(output))
+        }
+        Driver::Etcd => {
+            let registry = connect_etcd(global, &chosen.endpoint).await?;
+            let importer = fleet_registry::Importer::new(registry.clone());
+            let mut ctx = with_cluster(RegistryCluster::new(registry));
+            let outcome = import(&mut ctx, &importer, &fleet, a.dry_run, a.replace).await;
+            let output = ctx.finish();
+            outcome.and_then(|()| written(output))
+        }
+    }
 }
 
 /// `fleetctl auth ...`: parse and read the password files, then administer etcd as the
@@ -307,8 +314,13 @@ async fn cluster_machines(global: &cli::Global) -> Result<Vec<fleet_core::Machin
 
 /// Somewhere to print for a command that needs no cluster.
 fn local_ctx() -> Ctx<()> {
+    with_cluster(())
+}
+
+/// Printing to the terminal, with `cluster`.
+fn with_cluster<C>(cluster: C) -> Ctx<C> {
     Ctx {
-        cluster: (),
+        cluster,
         out: Box::new(std::io::stdout()),
         err: Box::new(std::io::stderr()),
         write_failed: None,

@@ -7,7 +7,7 @@
 use anyhow::{Context, Result};
 use fleet_functional_tests::{
     Cluster, MACHINE_BIN_DIR, Machine, OutputExt, reference_fleet_dir, reference_fleetctl_ok,
-    reference_fleetctl_run,
+    reference_fleetctl_run, wait_for,
 };
 use std::path::Path;
 use std::process::Output;
@@ -19,6 +19,9 @@ const SERVICE_PATH: &str = "/run/systemd/system/fleet.service";
 /// fleet's own default agent TTL: the time the cutover's kills have before fleet's surviving
 /// engine would count a killed machine gone and schedule its units elsewhere.
 const AGENT_TTL: &str = "30s";
+
+/// How long our fleetd may take to serve or to stop.
+const HUNG: Duration = Duration::from_secs(60);
 
 /// fleet's config file for `machine`: the keys an operator of fleet sets, in fleet's syntax
 /// (`units_directory` as fleet's default spells it, with its trailing slash).
@@ -57,7 +60,7 @@ pub fn start_fleets_fleetd(cluster: &Cluster, machine: &Machine, metadata: &str)
 /// would stop every unit it runs), then waited for.
 pub fn kill_fleets_fleetd(machine: &Machine) -> Result<()> {
     machine.systemctl_ok(&["kill", "-s", "SIGKILL", "fleet.service"])?;
-    fleet_functional_tests::wait_for(Duration::from_secs(10), super::POLL, || {
+    wait_for(Duration::from_secs(10), super::POLL, || {
         machine
             .systemctl(["is-active", "fleet.service"])
             .is_ok_and(|o| o.stdout_text().trim() != "active")
@@ -70,10 +73,67 @@ pub fn start_our_fleetd(machine: &Machine) -> Result<()> {
     install_and_start(machine, &format!("{MACHINE_BIN_DIR}/fleetd"))
 }
 
+/// A machine outside fleet's cluster whose fleetd of ours serves the API on its unix socket
+/// (admin), for `import-fleet --driver api` before any fleet machine runs ours. No engine
+/// (`disable_engine=true`): nothing of ours schedules before the cutover.
+pub fn start_api_fleetd(cluster: &mut Cluster) -> Result<&Machine> {
+    cluster.add_machine()?;
+    let cluster: &Cluster = cluster;
+    let machine = cluster.machines().last().context("no machine added")?;
+    let conf = fleet_conf(cluster, machine, "hostname=api") + "disable_engine=true\n";
+    machine.write_file(FLEET_CONF, conf)?;
+    start_our_fleetd(machine)?;
+    wait_for(HUNG, super::POLL, || {
+        fleet_functional_tests::serves(&machine.api_socket())
+    })
+    .with_context(|| format!("{}'s fleetd never served its API", machine.name()))?;
+    Ok(machine)
+}
+
+/// The way back's step on `machine` (docs/migrating.md, "The way back"): ours killed with
+/// SIGKILL (its graceful stop would arm its fence), its fence timers stopped, fleet's fleetd
+/// started again with its config file.
+pub fn kill_ours_for_fleet(machine: &Machine) -> Result<()> {
+    machine.systemctl_ok(&["kill", "-s", "SIGKILL", "fleet.service"])?;
+    machine.systemctl_ok(&["stop", "fleet-fence-*.timer"])?;
+    wait_for(HUNG, super::POLL, || {
+        machine
+            .systemctl(["is-active", "fleet.service"])
+            .is_ok_and(|o| o.stdout_text().trim() != "active")
+    })
+    .with_context(|| format!("our fleetd on {} outlived SIGKILL", machine.name()))
+}
+
 fn install_and_start(machine: &Machine, binary: &str) -> Result<()> {
+    install(machine, binary)?;
+    machine.systemctl_ok(&["start", "fleet.service"])?;
+    Ok(())
+}
+
+fn install(machine: &Machine, binary: &str) -> Result<()> {
     machine.write_file(SERVICE_PATH, fleet_service(binary))?;
     machine.systemctl_ok(&["daemon-reload"])?;
-    machine.systemctl_ok(&["start", "fleet.service"])?;
+    Ok(())
+}
+
+/// The way back (docs/migrating.md): fleet's fleetd installed again on every machine of
+/// `machines` (each with its `metadata=`) and started on all of them, with `extra` added
+/// to its config file (`disable_engine=true`: fleet's engine moves the units of every
+/// machine it does not see, and started together the fleetds still ran a unit twice).
+pub fn start_fleets_fleetds(
+    cluster: &Cluster,
+    machines: &[(&Machine, &str)],
+    extra: &str,
+) -> Result<()> {
+    let binary = reference_fleet_dir()?.canonicalize()?.join("fleetd");
+    for (machine, metadata) in machines {
+        let conf = fleet_conf(cluster, machine, metadata) + extra;
+        machine.write_file(FLEET_CONF, conf)?;
+        install(machine, &binary.display().to_string())?;
+    }
+    for (machine, _) in machines {
+        machine.systemctl_ok(&["start", "--no-block", "fleet.service"])?;
+    }
     Ok(())
 }
 

@@ -152,3 +152,40 @@ pub fn schedule(registry: &TestRegistry) -> Result<BTreeSet<(String, String)>> {
         })
         .collect()
 }
+
+/// How many machines' presences our registry holds.
+pub fn machine_count(registry: &TestRegistry) -> Result<usize> {
+    let keys = registry.registry().keys();
+    let found = registry
+        .block_on(
+            registry
+                .registry()
+                .raw_kv()
+                .range(&keys.machines(), true, None),
+        )
+        .context("reading our machines")?;
+    Ok(found.kvs.len())
+}
+
+/// The keys whose value or mod revision differ between two [`keyspace`] reads, or that only
+/// one holds, one a line.
+pub fn keyspace_diff(
+    before: &[(String, Vec<u8>, i64)],
+    after: &[(String, Vec<u8>, i64)],
+) -> String {
+    let index = |kvs: &[(String, Vec<u8>, i64)]| -> BTreeMap<String, (Vec<u8>, i64)> {
+        kvs.iter()
+            .map(|(k, v, r)| (k.clone(), (v.clone(), *r)))
+            .collect()
+    };
+    let (before, after) = (index(before), index(after));
+    let keys: BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    keys.into_iter()
+        .filter(|k| before.get(*k) != after.get(*k))
+        .map(|k| {
+            let rev = |m: &BTreeMap<String, (Vec<u8>, i64)>| m.get(k).map(|(_, r)| *r);
+            format!("{k}: revision {:?} -> {:?}", rev(&before), rev(&after))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -198,6 +198,10 @@ fn every_route_and_method_names_its_action() {
         (Method::DELETE, "/drains/m1", "", None, Some(Drain)),
         (Method::PATCH, "/drains/m1", "", None, None),
         (Method::GET, "/explain/a.service", "", None, Some(Explain)),
+        (Method::POST, "/import", "", None, Some(Import)),
+        (Method::POST, "/import", "view=full", None, Some(Import)),
+        (Method::GET, "/import", "", None, None),
+        (Method::PUT, "/import", "", None, None),
         (Method::PUT, "/explain/a.service", "", None, None),
         (Method::GET, "/health", "within=100", None, Some(Health)),
         (Method::PUT, "/health", "", None, None),
@@ -247,15 +251,19 @@ fn only_puts_of_a_state_and_full_posts_need_their_body_read() {
 }
 
 #[test]
-fn viewers_read_and_operators_and_admins_do_everything() {
+fn viewers_read_operators_change_units_and_only_admins_import() {
     use Action::*;
     let all = [
         Submit, Load, Start, Stop, Unload, Destroy, Replace, Restart, Drain, Metadata, List, Cat,
-        Status, Journal, Explain, Metrics,
+        Status, Journal, Explain, Metrics, Import,
     ];
     for action in all {
         assert!(permits(Role::Admin, action), "{action:?}");
-        assert!(permits(Role::Operator, action), "{action:?}");
+        assert_eq!(
+            permits(Role::Operator, action),
+            action != Import,
+            "{action:?}"
+        );
         assert_eq!(
             permits(Role::Viewer, action),
             action.is_read(),

@@ -5,7 +5,7 @@ use super::*;
 use crate::authz::{CertSubject, Peer, Role, Roles, Subject};
 
 /// The router with `bob` a viewer, `olga` an operator and group `ops` an admin.
-fn with_roles() -> (Fixture, MemKv) {
+pub(super) fn with_roles() -> (Fixture, MemKv) {
     let kv = MemKv::new();
     let registry = Registry::new(kv.clone(), "/fleet/");
     let roles = Roles::new([
@@ -24,7 +24,7 @@ fn with_roles() -> (Fixture, MemKv) {
     )
 }
 
-fn cert(cn: &str) -> Peer {
+pub(super) fn cert(cn: &str) -> Peer {
     Peer::Certificate(Some(CertSubject {
         common_names: vec![cn.to_owned()],
         organizations: vec![],
@@ -32,7 +32,12 @@ fn cert(cn: &str) -> Peer {
 }
 
 /// A request as `peer` sends it; `body` JSON when given.
-fn request(peer: &Peer, method: Method, path: &str, body: Option<Value>) -> Request<Body> {
+pub(super) fn request(
+    peer: &Peer,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Request<Body> {
     let mut builder = Request::builder().method(method).uri(path);
     if body.is_some() {
         builder = builder.header(header::CONTENT_TYPE, "application/json");

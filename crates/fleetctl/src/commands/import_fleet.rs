@@ -1,21 +1,24 @@
-//! `fleetctl import-fleet`: reads fleet v1's registry from its etcd's v2 keyspace, plans
-//! ([`crate::import::plan`]), prints one line per unit and a summary, and, unless
-//! `--dry-run`, writes what the plan says into ours: first the migration mark of every machine
-//! it places units on, then each unit with its placement in one transaction
-//! ([`fleet_registry::Importer`]). Writing straight into the registry (schedule entries
-//! included), it needs the etcd driver and credentials that may write schedules
+//! `fleetctl import-fleet`: reads fleet v1's registry from its etcd's v2 keyspace, reads our
+//! units over either driver, plans ([`crate::import::plan`]), prints one line per unit and a
+//! summary, and, unless `--dry-run`, writes what the plan says into ours: first the migration
+//! mark of every machine it places units on, then each unit with its placement in one
+//! transaction ([`fleet_registry::Importer::apply`]). The etcd driver writes that itself,
+//! with credentials that may write schedules; the API driver sends the plan to fleetd
+//! (`POST /import`, admins only), which checks it and writes it the same way
 //! (docs/migrating.md).
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use base64::Engine;
 use fleet_core::{MachineId, UnitHash, UnitName};
+use fleet_ops::Cluster;
 use fleet_registry::kv::{Kv, TlsFiles};
-use fleet_registry::{ImportOutcome, ImportedUnit, Importer, MigrationRecord, Registry, Unit};
+use fleet_registry::{ImportOutcome, ImportPlan, ImportedUnit, Importer, MigrationRecord};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::Ctx;
 use crate::cli::ImportFleetArgs;
+use crate::driver::HttpCluster;
 use crate::driver::transport::Transport;
 use crate::import::plan::{Import, Verdict, plan};
 use crate::import::v2::FleetRegistry;
@@ -65,22 +68,45 @@ pub async fn read_fleet(args: &ImportFleetArgs, timeout: Duration) -> Result<Fle
     )
 }
 
-/// Plans, prints and (unless `dry_run`) writes the import of `fleet` into `registry`.
-pub async fn run<K: Kv>(
-    ctx: &mut Ctx<()>,
-    registry: &Registry<K>,
+/// Where the plan is written: the registry itself (the etcd driver, through
+/// [`Importer::apply`]), or a fleetd that writes it the same way (the API driver).
+pub trait ImportWriter {
+    /// Writes `plan`; for each of its units, in order, whether it was written (`false`: ours
+    /// changed since the plan was made, and nothing of that unit was written).
+    fn write(&self, plan: &ImportPlan) -> impl Future<Output = Result<Vec<bool>>>;
+}
+
+impl<K: Kv> ImportWriter for Importer<K> {
+    async fn write(&self, plan: &ImportPlan) -> Result<Vec<bool>> {
+        let outcomes = self.apply(plan).await?;
+        Ok(outcomes
+            .iter()
+            .map(|o| matches!(o, ImportOutcome::Written(_)))
+            .collect())
+    }
+}
+
+impl ImportWriter for HttpCluster {
+    async fn write(&self, plan: &ImportPlan) -> Result<Vec<bool>> {
+        Ok(self.import(plan).await?)
+    }
+}
+
+/// Plans from `fleet` and the units `ctx`'s cluster has, prints, and (unless `dry_run`)
+/// writes the plan with `writer`.
+pub async fn run<C: Cluster, W: ImportWriter>(
+    ctx: &mut Ctx<C>,
+    writer: &W,
     fleet: &FleetRegistry,
     dry_run: bool,
     replace: bool,
 ) -> Result<()> {
-    let listing = registry.units().await.context("reading our units")?;
-    let ours: BTreeMap<UnitName, Unit> = listing
-        .items
-        .into_iter()
-        .map(|u| (u.name().clone(), u))
+    let listing = ctx.cluster.units(None).await.context("reading our units")?;
+    let hashes: BTreeMap<UnitName, UnitHash> = listing
+        .units
+        .iter()
+        .map(|u| (u.name().clone(), u.file.hash()))
         .collect();
-    let hashes: BTreeMap<UnitName, UnitHash> =
-        ours.iter().map(|(n, u)| (n.clone(), u.hash())).collect();
     let verdicts = plan(fleet, &hashes, replace);
     let mut counts = Counts::default();
     for verdict in &verdicts {
@@ -88,7 +114,20 @@ pub async fn run<K: Kv>(
         counts.add(verdict);
     }
     if !dry_run {
-        counts.failed = write(ctx, registry, &verdicts, &ours).await?;
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let plan = import_plan(&verdicts, since);
+        let written = writer.write(&plan).await.context(
+            "writing the import into ours (what was written stays: run it again for the rest)",
+        )?;
+        for (unit, _) in plan.units.iter().zip(&written).filter(|(_, w)| !**w) {
+            counts.failed += 1;
+            ctx.warn(format!(
+                "Not imported {}: it changed in ours while importing; run again",
+                unit.name
+            ));
+        }
     }
     ctx.say(counts.summary(dry_run));
     if counts.refused + counts.failed > 0 {
@@ -100,14 +139,9 @@ pub async fn run<K: Kv>(
     Ok(())
 }
 
-/// Marks the machines, then writes each unit; how many could not be written.
-async fn write<K: Kv>(
-    ctx: &mut Ctx<()>,
-    registry: &Registry<K>,
-    verdicts: &[Verdict],
-    ours: &BTreeMap<UnitName, Unit>,
-) -> Result<usize> {
-    let importer = Importer::new(registry.clone());
+/// What the verdicts write: a migration mark for every machine that gets units (with how
+/// many, `since` seconds after the epoch), and every imported unit with its machines.
+pub fn import_plan(verdicts: &[Verdict], since: u64) -> ImportPlan {
     let imports: Vec<&Import> = verdicts
         .iter()
         .filter_map(|v| match v {
@@ -121,49 +155,31 @@ async fn write<K: Kv>(
             *per_machine.entry(machine).or_default() += 1;
         }
     }
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    for (machine, units) in per_machine {
-        let record = MigrationRecord {
-            machine: machine.clone(),
-            since,
-            units,
-        };
-        importer
-            .mark_migrating(&record)
-            .await
-            .with_context(|| format!("marking machine {machine} migrating; nothing imported"))?;
+    ImportPlan {
+        marks: per_machine
+            .into_iter()
+            .map(|(machine, units)| MigrationRecord {
+                machine: machine.clone(),
+                since,
+                units,
+            })
+            .collect(),
+        units: imports
+            .into_iter()
+            .map(|import| ImportedUnit {
+                name: import.name.clone(),
+                file: import.file.clone(),
+                desired: import.desired,
+                machines: import
+                    .machine
+                    .iter()
+                    .chain(&import.global_on)
+                    .cloned()
+                    .collect(),
+                replaces: import.replaces,
+            })
+            .collect(),
     }
-    let mut failed = 0;
-    for import in imports {
-        let unit = ImportedUnit {
-            name: import.name.clone(),
-            file: import.file.clone(),
-            desired: import.desired,
-            machines: import
-                .machine
-                .iter()
-                .chain(&import.global_on)
-                .cloned()
-                .collect(),
-        };
-        let existing = import.replaces.and(ours.get(&import.name));
-        match importer.import_unit(&unit, existing).await {
-            Ok(ImportOutcome::Written(_)) => {}
-            Ok(ImportOutcome::Conflict) => {
-                failed += 1;
-                ctx.warn(format!(
-                    "Not imported {}: it changed in ours while importing; run again",
-                    import.name
-                ));
-            }
-            Err(e) => {
-                return Err(anyhow!(e)).with_context(|| format!("importing {}", import.name));
-            }
-        }
-    }
-    Ok(failed)
 }
 
 /// The line printed for one unit.

@@ -10,6 +10,7 @@
 //! with the reason; the rest goes on.
 
 use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitHash, UnitName};
+use fleet_registry::FileRefusal;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -109,10 +110,8 @@ fn verdict(
     let name: UnitName = raw_name
         .parse()
         .map_err(|e| Refusal::Name(format!("{e}")))?;
-    let file = file_of(fleet, job)?;
-    let req = Requirements::from_unit(&name, &file);
-    req.validate().map_err(|e| Refusal::File(e.to_string()))?;
-    fleet_core::xfleet::check_values(&name, &file).map_err(|e| Refusal::File(e.to_string()))?;
+    let file = file_of(fleet, &name, job)?;
+    let global = Requirements::from_unit(&name, &file).global;
     let desired = match job.target_state.as_deref() {
         // fleet reads a job without one as inactive.
         None | Some("") => DesiredState::Inactive,
@@ -131,14 +130,14 @@ fn verdict(
         other => other.copied(),
     };
     let placed = desired != DesiredState::Inactive && !name.is_template();
-    let machine = match job.target.as_deref().filter(|_| placed && !req.global) {
+    let machine = match job.target.as_deref().filter(|_| placed && !global) {
         None | Some("") => None,
         Some(id) => Some(
             id.parse::<MachineId>()
                 .map_err(|e| Refusal::Record(format!("its target {id:?} is no machine ID: {e}")))?,
         ),
     };
-    let global_on = if placed && req.global {
+    let global_on = if placed && global {
         running_on(fleet, raw_name)
     } else {
         Vec::new()
@@ -153,8 +152,9 @@ fn verdict(
     }))
 }
 
-/// The unit's file as fleet holds it, checked against the hash fleet names it by.
-fn file_of(fleet: &FleetRegistry, job: &FleetJob) -> Result<UnitFile, Refusal> {
+/// The unit's file as fleet holds it, checked against the hash fleet names it by, as the
+/// registry's import takes it ([`fleet_registry::check_file`]).
+fn file_of(fleet: &FleetRegistry, name: &UnitName, job: &FleetJob) -> Result<UnitFile, Refusal> {
     let hash = match &job.hash {
         None => return Err(Refusal::Record("it has no job record (`object`)".into())),
         Some(Err(e)) => return Err(Refusal::Record(e.clone())),
@@ -169,14 +169,13 @@ fn file_of(fleet: &FleetRegistry, job: &FleetJob) -> Result<UnitFile, Refusal> {
         Some(Err(e)) => return Err(Refusal::Record(e.clone())),
         Some(Ok(raw)) => raw,
     };
-    let file = UnitFile::parse(raw.as_bytes()).map_err(|e| Refusal::File(e.to_string()))?;
-    if file.hash().to_string() != *hash {
-        return Err(Refusal::HashDiffers {
-            fleet: hash.clone(),
-            ours: file.hash(),
-        });
-    }
-    Ok(file)
+    fleet_registry::check_file(name, raw.as_bytes(), hash).map_err(|e| match e {
+        FileRefusal::File(e) => Refusal::File(e),
+        FileRefusal::HashDiffers { claimed, ours } => Refusal::HashDiffers {
+            fleet: claimed,
+            ours,
+        },
+    })
 }
 
 /// The machines whose fleet agent reports the unit active (a global unit's copies).

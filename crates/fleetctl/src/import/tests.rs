@@ -177,3 +177,48 @@ fn no_fleet_registry_at_all_is_an_empty_one_and_another_prefix_is_refused() {
     assert!(FleetRegistry::from_v2(RECORDED, "/other/").is_err());
     assert!(FleetRegistry::from_v2(b"<html>", PREFIX).is_err());
 }
+
+/// What the command writes, over either driver: a mark on each machine that gets units,
+/// counting them, and each imported unit with its machines and what it replaces.
+#[test]
+fn the_written_plan_marks_every_machine_given_units_and_places_each_unit() {
+    use crate::commands::import_fleet::import_plan;
+    let fleet = recorded();
+    let other: UnitHash = "0000000000000000000000000000000000000001".parse().unwrap();
+    let ours = BTreeMap::from([(name("spare.service"), other)]);
+    let written = import_plan(&plan(&fleet, &ours, true), 42);
+    let (a, b): (MachineId, MachineId) = (A.parse().unwrap(), B.parse().unwrap());
+    // web and glob on A; app@1 and glob on B.
+    let marks: Vec<(MachineId, u64, u64)> = written
+        .marks
+        .iter()
+        .map(|m| (m.machine.clone(), m.since, m.units))
+        .collect();
+    assert_eq!(marks, [(a.clone(), 42, 2), (b.clone(), 42, 2)]);
+    let placed: BTreeMap<&str, Vec<MachineId>> = written
+        .units
+        .iter()
+        .map(|u| (u.name.as_str(), u.machines.clone()))
+        .collect();
+    assert_eq!(placed.len(), 7, "{placed:?}");
+    assert_eq!(placed["web.service"], std::slice::from_ref(&a));
+    assert_eq!(placed["app@1.service"], std::slice::from_ref(&b));
+    assert!(placed["app@2.service"].is_empty());
+    assert_eq!(placed["glob.service"].len(), 2);
+    let spare = written
+        .units
+        .iter()
+        .find(|u| u.name.as_str() == "spare.service");
+    assert_eq!(spare.map(|u| u.replaces), Some(Some(other)));
+    // A dry run plans the same and writes nothing; a second run has nothing to write.
+    let again: BTreeMap<UnitName, UnitHash> = written
+        .units
+        .iter()
+        .map(|u| (u.name.clone(), u.file.hash()))
+        .collect();
+    let second = import_plan(&plan(&fleet, &again, false), 43);
+    assert!(
+        second.marks.is_empty() && second.units.is_empty(),
+        "{second:?}"
+    );
+}
