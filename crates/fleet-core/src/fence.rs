@@ -45,6 +45,15 @@ pub fn utc_seconds(at: SystemTime) -> String {
     format!("{date} {h:02}:{m:02}:{s:02} UTC")
 }
 
+/// `2026-11-30T05:43:07.123456Z` (RFC 3339) of `micros` since the epoch: the time of an
+/// event (issue 41), in its JSON form.
+pub fn rfc3339_micros(micros: u64) -> String {
+    let at = UNIX_EPOCH + std::time::Duration::from_micros(micros);
+    let (date, secs) = civil(at);
+    let (h, m, s) = (secs / 3600, secs % 3600 / 60, secs % 60);
+    format!("{date}T{h:02}:{m:02}:{s:02}.{:06}Z", micros % 1_000_000)
+}
+
 /// The date (`YYYY-MM-DD`) and the seconds into that day, in UTC.
 fn civil(at: SystemTime) -> (String, i64) {
     let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
@@ -65,6 +74,15 @@ fn civil(at: SystemTime) -> (String, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_time_reads_as_rfc3339_with_its_microseconds() {
+        assert_eq!(rfc3339_micros(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(
+            rfc3339_micros(1_764_481_387_000_042),
+            "2025-11-30T05:43:07.000042Z"
+        );
+    }
 
     #[test]
     fn the_engine_waits_the_margin_and_a_hundredth_of_the_ttl() {

@@ -376,7 +376,9 @@ impl<K: Kv> LiveView<K> {
                 return touched;
             }
             // Placements mirror the schedule, whose own events the view applies.
-            Kind::FileRef | Kind::Engine | Kind::Placement => return touched,
+            // Events (issue 41) change no plan: written on every decision, they must not
+            // wake the engine that wrote them.
+            Kind::FileRef | Kind::Engine | Kind::Placement | Kind::Event => return touched,
             Kind::Unit => {
                 match Key::parse(keys, &kv.key) {
                     Some(Key::Unit(name)) => {
