@@ -6,4 +6,5 @@
 //! It serves nothing and sends nothing: no HTTP, no I/O, only types and their conversions.
 
 pub mod convert;
+pub mod events;
 pub mod wire;

@@ -31,6 +31,7 @@ use crate::ops::metadata_changes;
 use crate::page::{Cursor, UnitsToken};
 
 mod body;
+mod events;
 mod inspect;
 mod query;
 mod writes;
@@ -69,6 +70,13 @@ pub struct Api<K> {
 }
 
 impl<K: Kv> Api<K> {
+    /// Users' writes are recorded as events into `sink` (issue 41; fleetd gives the
+    /// operator role's writer).
+    pub fn with_events(mut self, sink: fleet_registry::EventSink) -> Api<K> {
+        self.cluster = self.cluster.with_events(sink);
+        self
+    }
+
     /// `version` goes into the `Server` header as `fleetd/<version>`.
     pub fn new(registry: Registry<K>, token_limit: u16, version: &str) -> Api<K> {
         assert!(token_limit > 0, "token_limit is validated by the config");
@@ -268,6 +276,8 @@ pub(crate) enum Route<'a> {
     Explain(&'a str),
     /// Whether this machine reaches etcd ([`crate::health`]).
     Health,
+    /// What happened (issue 41): a page, or a stream with `follow=true`.
+    Events,
     /// `/units/<name>/status` and `/units/<name>/journal`.
     Inspect(&'a str, inspect::Aspect),
 }
@@ -287,6 +297,7 @@ impl Route<'_> {
             Route::Drain(_) => "/drains/{machine}",
             Route::Explain(_) => "/explain/{name}",
             Route::Health => "/health",
+            Route::Events => "/events",
             Route::Inspect(_, inspect::Aspect::Status) => "/units/{name}/status",
             Route::Inspect(_, inspect::Aspect::Journal) => "/units/{name}/journal",
         }
@@ -320,6 +331,7 @@ pub(crate) fn parse_path(path: &str) -> Option<Route<'_>> {
         "/state" => Some(Route::States),
         "/drains" => Some(Route::Drains),
         "/health" => Some(Route::Health),
+        "/events" => Some(Route::Events),
         _ => item("/units")
             .map(Route::Unit)
             .or_else(|| item("/state").map(Route::State))
@@ -327,6 +339,15 @@ pub(crate) fn parse_path(path: &str) -> Option<Route<'_>> {
             .or_else(|| item("/explain").map(Route::Explain))
             .or_else(|| inspect::parse(rest).map(|(name, a)| Route::Inspect(name, a))),
     }
+}
+
+/// The cluster a write of `req` goes through: recorded as events by whom it is (issue 41).
+fn acting<K: Kv>(api: &Api<K>, req: &Request) -> RegistryCluster<K> {
+    let who = req.extensions().get::<Principal>().map(|p| {
+        let uid = req.extensions().get::<authz::LocalUid>().copied();
+        p.who(uid)
+    });
+    api.cluster.acting_as(who.as_deref())
 }
 
 async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> {
@@ -338,6 +359,7 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
         raw,
     };
     let method = req.method().clone();
+    let acting = acting(api, &req);
     match (route, method) {
         (Route::Root, _) => Err(ApiError::NoMethodsHere),
         (Route::Discovery, Method::GET) => Ok(json_response(
@@ -346,10 +368,10 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
         )),
         (Route::Discovery, _) => Err(ApiError::DiscoveryNotGet),
         (Route::Machines, Method::GET) => list_machines(api, &query).await,
-        (Route::Machines, Method::PATCH) => patch_machines(api, req).await,
+        (Route::Machines, Method::PATCH) => patch_machines(&acting, req).await,
         (Route::Machines, _) => Err(ApiError::WrongMethod("GET and PATCH")),
         (Route::Units, Method::GET) => list_units(api, &query).await,
-        (Route::Units, Method::POST) if query.full => writes::create_units(api, req).await,
+        (Route::Units, Method::POST) if query.full => writes::create_units(&acting, req).await,
         (Route::Units, _) => Err(ApiError::WrongMethod("GET")),
         (Route::Unit(name), Method::GET) => {
             // A name that cannot name a unit names none.
@@ -364,10 +386,10 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
                 None => Err(ApiError::UnitNotFound),
             }
         }
-        (Route::Unit(name), Method::DELETE) => writes::delete_unit(api, name, &query).await,
+        (Route::Unit(name), Method::DELETE) => writes::delete_unit(&acting, name, &query).await,
         (Route::Unit(name), Method::PUT) => {
             let name = name.to_owned();
-            writes::put_unit(api, &name, &query, req).await
+            writes::put_unit(api, &acting, &name, &query, req).await
         }
         (Route::Unit(_), _) => Err(ApiError::WrongMethod("GET, PUT and DELETE")),
         (Route::States, Method::GET) => list_states(api, &query).await,
@@ -392,7 +414,7 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
         (Route::Drains, _) => Err(ApiError::WrongMethod("GET")),
         (Route::Drain(machine), method) => {
             let parallel = query_values(&query.raw, maintenance::PARALLEL);
-            maintenance::drain(&api.cluster, machine, method, &parallel).await
+            maintenance::drain(&acting, machine, method, &parallel).await
         }
         (Route::Explain(unit), method) => maintenance::explain(&api.cluster, unit, method).await,
         (Route::Health, method) => {
@@ -402,6 +424,8 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
         (Route::Inspect(unit, aspect), method) => {
             inspect::handle(api, unit, aspect, method, &query).await
         }
+        (Route::Events, Method::GET) => events::handle(&api.cluster, &query).await,
+        (Route::Events, _) => Err(ApiError::WrongMethod("GET")),
     }
 }
 
@@ -411,7 +435,10 @@ async fn list_machines<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, A
     let machines = listing
         .machines
         .iter()
-        .map(|m| convert::machine_to_wire(m, query.full))
+        .map(|m| wire::Machine {
+            leader: listing.leader.as_ref() == Some(&m.id),
+            ..convert::machine_to_wire(m, query.full)
+        })
         .collect();
     let (machines, next) = paging.slice(machines);
     let mut page = entity::MachinePage {
@@ -554,7 +581,10 @@ async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, Api
 /// fleet's `PATCH /machines`: validated as a whole, then applied in one transaction; 204
 /// with a JSON content type (fleet's functional tests check it). fleet checks no content type
 /// here and its tests send none, so only a wrong one is refused.
-async fn patch_machines<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> {
+async fn patch_machines<K: Kv>(
+    cluster: &RegistryCluster<K>,
+    req: Request,
+) -> Result<Response, ApiError> {
     if req.headers().contains_key(header::CONTENT_TYPE) {
         check_content_type(req.headers())?;
     }
@@ -565,7 +595,7 @@ async fn patch_machines<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, A
     let ops: Vec<entity::MetadataOp> =
         serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
     let changes = metadata_changes(&ops)?;
-    api.cluster.change_metadata(&changes).await?;
+    cluster.change_metadata(&changes).await?;
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

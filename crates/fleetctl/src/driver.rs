@@ -11,6 +11,7 @@
 
 mod answer;
 mod creates;
+mod events;
 pub mod http;
 pub(crate) mod transport;
 pub mod unit_api;

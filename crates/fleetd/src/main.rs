@@ -214,14 +214,23 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
         machine: machine.to_string(),
         reach: std::sync::Arc::new(reach),
     };
+    let api_registry = Registry::new(metrics.registry.meter(api_kv), &config.etcd_key_prefix);
+    // Users' writes through this API, as events (issue 41), by the operator role's writer.
+    let events = fleet_registry::UnitsRole::new(api_registry.clone())
+        .event_log(
+            fleet_registry::EventConfig::new(config.event_retention),
+            metrics.events.clone(),
+        )
+        .into_sink();
     let served = api::build(
-        Registry::new(metrics.registry.meter(api_kv), &config.etcd_key_prefix),
+        api_registry,
         &config.api,
         VERSION,
         Some((machine.clone(), inspector, config.deny_units.clone())),
         &metrics,
     )
-    .with_health(health);
+    .with_health(health)
+    .with_events(events);
     api::spawn(&mut tasks, served, listeners, shutdown_rx.clone());
     // Armed before this machine registers: a fleetd restarted while etcd is away pushes the
     // fence of the one before it forward, so that it stops nothing.

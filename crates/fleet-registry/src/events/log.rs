@@ -179,6 +179,12 @@ impl EventLog {
         self.sink.clone()
     }
 
+    /// The sink alone: the writer goes on while any clone of it lives (a daemon's writer,
+    /// never closed).
+    pub fn into_sink(self) -> EventSink {
+        self.sink
+    }
+
     /// Writes what is queued (waiting at most `within`), then stops: fleetctl's last step,
     /// so that a short-lived process still records what it did.
     pub async fn close(self, within: Duration) {
@@ -207,19 +213,26 @@ struct Writer<K> {
 }
 
 impl<K: Kv> Writer<K> {
-    async fn run(mut self, mut rx: mpsc::Receiver<Event>, mut closed: oneshot::Receiver<()>) {
+    async fn run(mut self, mut rx: mpsc::Receiver<Event>, closed: oneshot::Receiver<()>) {
         let mut closing = false;
+        // `None` once the log was closed or let go ([`EventLog::into_sink`]).
+        let mut closed = Some(closed);
         loop {
-            let first = if closing {
-                rx.try_recv().ok()
-            } else {
-                tokio::select! {
+            let first = match (closing, closed.as_mut()) {
+                (true, _) => rx.try_recv().ok(),
+                (false, None) => rx.recv().await,
+                (false, Some(close)) => tokio::select! {
                     ev = rx.recv() => ev,
-                    _ = &mut closed => {
+                    asked = close => {
+                        closed = None;
+                        // Let go without a close: write on while any sink lives.
+                        if asked.is_err() {
+                            continue;
+                        }
                         closing = true;
                         rx.try_recv().ok()
                     }
-                }
+                },
             };
             let Some(first) = first else { break };
             let mut batch = vec![first];
