@@ -376,7 +376,7 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     async fn create_many(&self, reqs: Vec<PutRequest>) -> crate::Created {
         // A batch that collided is written again unit by unit through `put_if`, which
         // records its own: recorded here are the units the batches wrote.
-        self.without_events().create_all_recorded(self, reqs).await
+        self.without_events().create_all(self, reqs).await
     }
 
     async fn put_many_if(&self, reqs: Vec<(PutRequest, Expect)>) -> crate::Created {

@@ -21,23 +21,14 @@ use crate::model::{Expect, PutOutcome, PutRequest};
 use crate::{Cluster, Created, OpsError};
 
 impl<K: Kv> RegistryCluster<K> {
-    /// [`create_all`](Self::create_all) on this cluster (which records nothing), recording
-    /// into `recorder` the units its batches wrote; a unit of a batch that collided is
-    /// written through `recorder`'s own `put_if`, which records it.
-    pub(super) async fn create_all_recorded(
+    /// Creates `reqs` in batches on this cluster, which records nothing (issue 41): the units
+    /// its batches wrote are recorded by `recorder`, and a unit of a batch that collided is
+    /// written through `recorder`'s own `put_if`, which records it itself.
+    pub(super) async fn create_all(
         &self,
         recorder: &RegistryCluster<K>,
         reqs: Vec<PutRequest>,
     ) -> Created {
-        self.create_all_with(reqs, Some(recorder)).await
-    }
-
-    async fn create_all_with(
-        &self,
-        reqs: Vec<PutRequest>,
-        recorder: Option<&RegistryCluster<K>>,
-    ) -> Created {
-        let again = recorder.unwrap_or(self);
         let mut results: Vec<Option<Result<PutOutcome, OpsError>>> = Vec::new();
         let mut planned: Vec<(usize, UnitFile, DesiredState)> = Vec::new();
         for (i, req) in reqs.iter().enumerate() {
@@ -72,16 +63,14 @@ impl<K: Kv> RegistryCluster<K> {
                     for ((i, file, _), unit) in planned.iter().zip(written) {
                         let view = views::written_view(&unit, file);
                         let created = Ok(PutOutcome::Created(view));
-                        if let Some(r) = recorder {
-                            r.record_put(&reqs[*i].name, &created);
-                        }
+                        recorder.record_put(&reqs[*i].name, &created);
                         results[*i] = Some(created);
                     }
                 }
                 Batch::Collided => {
                     for (i, _, _) in planned {
                         let req = reqs[*i].clone();
-                        results[*i] = Some(again.put_if(req, Expect::Absent).await);
+                        results[*i] = Some(recorder.put_if(req, Expect::Absent).await);
                     }
                 }
                 failed => not_written(
