@@ -1,5 +1,6 @@
 //! Events (issue 41), end to end on real fleetds, etcd and systemd: a start shows who submitted
-//! the unit and where the engine placed it in `fleetctl events --unit`; `events --follow`
+//! the unit, where the engine placed it and that its agent started it in `fleetctl events
+//! --unit`; `events --follow`
 //! sees a start within a second; a machine loss shows the unit moved, naming both machines;
 //! `list-machines --fields machine,leader` marks the one leader. Over the TLS API with etcd's
 //! auth on, a destroy by an operator's certificate records its subject, one refused to a
@@ -177,9 +178,15 @@ fn a_units_events_tell_its_start_its_move_and_who_leads() -> Result<()> {
     );
     let scheduled = follow.wait(unit, "scheduled", TIMEOUT)?;
     let first = scheduled["machine"].as_str().unwrap_or("").to_owned();
+    let started = follow.wait(unit, "started", TIMEOUT)?;
+    ensure!(
+        started["source"] == "machine" && started["machine"] == first.as_str(),
+        "{started}"
+    );
     let story = kinds(&events(&cluster, &["--unit", unit])?);
     ensure!(
-        story.starts_with(&["submitted".to_owned(), "scheduled".to_owned()]),
+        story.starts_with(&["submitted".to_owned(), "scheduled".to_owned()])
+            && story.contains(&"started".to_owned()),
         "{story:?}"
     );
     let submitted = &events(&cluster, &["--unit", unit])?[0];

@@ -42,6 +42,16 @@ pub enum TaskError {
     NoFile(UnitHash),
 }
 
+impl TaskError {
+    /// The kind of the task that failed.
+    pub fn kind(&self) -> TaskKind {
+        match self {
+            TaskError::Job(kind, ..) | TaskError::Manager(kind, _) => *kind,
+            TaskError::NoFile(_) => TaskKind::Load,
+        }
+    }
+}
+
 /// What systemd says of a unit whose start failed; empty when it could not be read (or for a
 /// stop).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

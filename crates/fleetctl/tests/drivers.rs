@@ -528,13 +528,14 @@ async fn events_record_each_drivers_actions_and_list_alike_over_both() {
         .fleetctl(&env.over_api(), &["submit", "b.service"])
         .await;
     assert!(o.status.success(), "{:?}", shown(&o));
-    let line = tokio::time::timeout(std::time::Duration::from_secs(5), first)
-        .await
+    let line = tokio::time::timeout(std::time::Duration::from_secs(5), first).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = line
         .expect("followed within 5 s")
         .unwrap()
         .unwrap()
         .unwrap();
-    let _ = child.kill();
     let event: serde_json::Value = serde_json::from_str(&line).unwrap();
     assert_eq!(event["kind"], "submitted");
     assert_eq!(event["unit"], "b.service");

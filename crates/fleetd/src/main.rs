@@ -270,6 +270,12 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     agent_cfg.deny_units = config.deny_units.clone();
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
     let role = MachineRole::new(registry.clone(), machine.clone());
+    agent_cfg.events = role
+        .event_log(
+            fleet_registry::EventConfig::new(config.event_retention),
+            metrics.events.clone(),
+        )
+        .into_sink();
     let role_for_stop = role.clone();
     let mut agent =
         Agent::new(role, manager, agent_cfg, presence_rx).with_metrics(metrics.agent.clone());

@@ -28,8 +28,9 @@ use crate::keys::{EventSource, EventStamp, EventSubject};
 use crate::kv::{Kv, LeaseId, Txn, TxnOp};
 use crate::registry::{Registry, encode};
 
-/// Events to one transaction at most (etcd takes 128 operations).
-const BATCH: usize = 64;
+/// Events to one transaction at most: etcd's 128 operations (a put each, no compare), so that
+/// fleetctl's close after a start of thousands of units writes them in few requests.
+const BATCH: usize = crate::kv::MAX_TXN_OPS;
 
 /// How a writer keeps events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
