@@ -74,9 +74,13 @@ fn running(cluster: &Cluster, unit: &str) -> Result<BTreeSet<String>> {
 }
 
 /// `fleetctl events --follow --output json`, its lines sent on a channel as they come.
+/// Events of different writers arrive in the order they were written, not by time (the
+/// engine may write `scheduled` before fleetctl, on its way out, writes `submitted`): what
+/// was read is kept for later waits.
 struct Follow {
     child: Child,
     lines: mpsc::Receiver<String>,
+    seen: std::cell::RefCell<Vec<Value>>,
 }
 
 impl Follow {
@@ -97,11 +101,19 @@ impl Follow {
                 }
             }
         });
-        Ok(Follow { child, lines })
+        Ok(Follow {
+            child,
+            lines,
+            seen: std::cell::RefCell::new(Vec::new()),
+        })
     }
 
     /// The first line naming `unit` with `kind`, within `within`.
     fn wait(&self, unit: &str, kind: &str, within: Duration) -> Result<Value> {
+        let matches = |e: &Value| e["unit"] == unit && e["kind"] == kind;
+        if let Some(e) = self.seen.borrow().iter().find(|e| matches(e)) {
+            return Ok(e.clone());
+        }
         let deadline = Instant::now() + within;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -110,7 +122,8 @@ impl Follow {
                 .recv_timeout(left)
                 .with_context(|| format!("no {kind} event of {unit} followed within {within:?}"))?;
             let event: Value = serde_json::from_str(&line)?;
-            if event["unit"] == unit && event["kind"] == kind {
+            self.seen.borrow_mut().push(event.clone());
+            if matches(&event) {
                 return Ok(event);
             }
         }
