@@ -6,7 +6,7 @@
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use http::{HeaderValue, Method, StatusCode, header};
 use percent_encoding::percent_decode_str;
 use std::sync::Arc;
@@ -27,7 +27,6 @@ use crate::error::{ApiError, json_response};
 use crate::held::{HeldView, Report};
 use crate::maintenance;
 use crate::metrics::{self, Metrics};
-use crate::ops::metadata_changes;
 use crate::page::{Cursor, UnitsToken};
 
 mod body;
@@ -368,7 +367,7 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
         )),
         (Route::Discovery, _) => Err(ApiError::DiscoveryNotGet),
         (Route::Machines, Method::GET) => list_machines(api, &query).await,
-        (Route::Machines, Method::PATCH) => patch_machines(&acting, req).await,
+        (Route::Machines, Method::PATCH) => writes::patch_machines(&acting, req).await,
         (Route::Machines, _) => Err(ApiError::WrongMethod("GET and PATCH")),
         (Route::Units, Method::GET) => list_units(api, &query).await,
         (Route::Units, Method::POST) if query.full => writes::create_units(&acting, req).await,
@@ -576,32 +575,6 @@ async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Response, Api
         page.skipped = listing.skipped;
     }
     Ok(json_response(StatusCode::OK, &page))
-}
-
-/// fleet's `PATCH /machines`: validated as a whole, then applied in one transaction; 204
-/// with a JSON content type (fleet's functional tests check it). fleet checks no content type
-/// here and its tests send none, so only a wrong one is refused.
-async fn patch_machines<K: Kv>(
-    cluster: &RegistryCluster<K>,
-    req: Request,
-) -> Result<Response, ApiError> {
-    if req.headers().contains_key(header::CONTENT_TYPE) {
-        check_content_type(req.headers())?;
-    }
-    let body = read_body(req.into_body(), MAX_BODY).await?;
-    if let Some(why) = crate::shape::refusal(&body, crate::shape::Top::Array) {
-        return Err(ApiError::BodyShape(why));
-    }
-    let ops: Vec<entity::MetadataOp> =
-        serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
-    let changes = metadata_changes(&ops)?;
-    cluster.change_metadata(&changes).await?;
-    let mut resp = StatusCode::NO_CONTENT.into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    Ok(resp)
 }
 
 #[cfg(test)]
