@@ -311,6 +311,37 @@ fn a_destroy_records_the_operators_subject_a_refused_one_nothing_and_events_expi
     let destroys = all.iter().filter(|e| e["kind"] == "destroyed").count();
     ensure!(destroys == 1, "{:?}", kinds(&all));
 
+    // A unit that exits with status 3 a second after it starts: its agent says so when it
+    // starts it again.
+    let crashy = "crashy.service";
+    let dir = cluster.dir().join("units");
+    std::fs::write(
+        dir.join(crashy),
+        "[Service]\nExecStart=/bin/sh -c 'sleep 1; exit 3'\n",
+    )?;
+    let path = dir.join(crashy).display().to_string();
+    let o = fleetctl_as(&cluster, &operator, &["start", "--no-block", &path])?;
+    ensure!(
+        o.status.success(),
+        "start: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let crashed = wait_event(&cluster, crashy, "failed")?;
+    ensure!(
+        crashed["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("exit status 3")
+            && crashed["source"] == "machine",
+        "{crashed}"
+    );
+    let o = fleetctl_as(&cluster, &operator, &["destroy", crashy])?;
+    ensure!(
+        o.status.success(),
+        "destroy: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
     // Retention 4 s (and its lease window of 1 s): gone by themselves.
     wait_for(Duration::from_secs(20), POLL, || {
         events(&cluster, &["--unit", unit]).is_ok_and(|e| e.is_empty())

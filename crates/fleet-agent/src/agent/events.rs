@@ -1,6 +1,8 @@
 //! What the agent did to its units, as events (issue 41): a unit started (or restarted),
 //! stopped, removed from this machine, or its task failed with what systemd said (the job's
-//! end, the service's `Result` and its main process's exit status). Built from a pass's plan
+//! end, the service's `Result` and its main process's exit status); and a unit that had
+//! crashed since it last started, when the agent starts it again: `failed` with what systemd
+//! said of that crash, then `started`. Built from a pass's plan
 //! and outcome, after the tasks ran; the agent hands them to its machine's writer, which never
 //! waits. Pure: no I/O here.
 
@@ -16,6 +18,17 @@ pub(super) fn of(planned: &[Task], outcome: &Outcome, machine: &MachineId) -> Ve
     let mut events = Vec::new();
     for t in planned {
         let failed = outcome.failed.get(&t.unit);
+        if let Some(died) = outcome.revived.get(&t.unit)
+            && matches!(t.kind, TaskKind::Start | TaskKind::Restart)
+        {
+            let said = died.to_string();
+            let reason = format!("it had failed{}", if said.is_empty() { "" } else { &said });
+            events.push(
+                Event::now(EventKind::Failed, reason)
+                    .unit(&t.unit)
+                    .on(machine),
+            );
+        }
         let event = match failed {
             Some(e) if e.kind() == t.kind => Event::now(EventKind::Failed, e.to_string()),
             Some(e) if t.kind > e.kind() => continue,
@@ -83,6 +96,26 @@ mod tests {
             events[2].reason.starts_with("start job ended"),
             "{}",
             events[2].reason
+        );
+    }
+
+    #[test]
+    fn a_unit_that_crashed_is_failed_with_its_exit_status_then_started_again() {
+        use crate::manager::MainExit;
+        let planned = vec![task("c.service", TaskKind::Start, Reason::LaunchAfterLoad)];
+        let mut outcome = Outcome::default();
+        let crash = Failure {
+            result: Some("exit-code".into()),
+            main_exit: MainExit::from_code(1, 3),
+        };
+        outcome.revived.insert("c.service".parse().unwrap(), crash);
+        let events = of(&planned, &outcome, &"m1".parse().unwrap());
+        let kinds: Vec<EventKind> = events.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [EventKind::Failed, EventKind::Started]);
+        assert!(
+            events[0].reason.contains("exit-code"),
+            "{}",
+            events[0].reason
         );
     }
 
