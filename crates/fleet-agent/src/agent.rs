@@ -34,6 +34,7 @@ mod boot;
 mod bound;
 mod config;
 mod doubt;
+mod events;
 mod follower;
 mod holds;
 mod migration;
@@ -483,6 +484,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             .record_started(&desired.units, &planned, &outcome);
         self.holds
             .record(&planned, |unit| outcome.failed.contains_key(unit), now);
+        for event in events::of(&planned, &outcome, &self.cfg.machine) {
+            self.cfg.events.emit(event);
+        }
         PassOutcome {
             outcome,
             reloaded,

@@ -42,6 +42,16 @@ pub enum TaskError {
     NoFile(UnitHash),
 }
 
+impl TaskError {
+    /// The kind of the task that failed.
+    pub fn kind(&self) -> TaskKind {
+        match self {
+            TaskError::Job(kind, ..) | TaskError::Manager(kind, _) => *kind,
+            TaskError::NoFile(_) => TaskKind::Load,
+        }
+    }
+}
+
 /// What systemd says of a unit whose start failed; empty when it could not be read (or for a
 /// stop).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -70,6 +80,9 @@ pub struct Outcome {
     pub executed: usize,
     /// How every task of the plan ended, for the metrics.
     pub results: Vec<(TaskKind, TaskResult)>,
+    /// Units that had failed since they last started and were started again: what systemd
+    /// said of that failure (issue 41's `failed` event of a unit that crashed).
+    pub revived: BTreeMap<UnitName, Failure>,
 }
 
 /// One unit's tasks of a plan, in order: those before the plan's reload (`Unload`, `Load`)
@@ -90,6 +103,8 @@ struct ChainEnd {
     unit: UnitName,
     results: Vec<(TaskKind, TaskResult)>,
     error: Option<TaskError>,
+    /// The failure of a unit that had died, read before it was started again.
+    revived: Option<Failure>,
 }
 
 /// Executes `tasks` (already sorted by kind); `files` holds the desired file of every unit to
@@ -243,6 +258,9 @@ async fn run_chains<M: UnitManager>(
             .filter(|(_, r)| *r != TaskResult::Skipped)
             .count();
         outcome.results.extend(end.results);
+        if let Some(died) = end.revived {
+            outcome.revived.insert(end.unit.clone(), died);
+        }
         if let Some(e) = end.error {
             outcome.failed.insert(end.unit, e);
         }
@@ -255,6 +273,7 @@ async fn run_chain<M: UnitManager>(ctx: &Ctx<'_, M>, unit: UnitName, chain: Chai
         unit,
         results: Vec::with_capacity(chain.before.len()),
         error: None,
+        revived: None,
     };
     for task in &chain.before {
         if end.error.is_some() {
@@ -265,8 +284,11 @@ async fn run_chain<M: UnitManager>(ctx: &Ctx<'_, M>, unit: UnitName, chain: Chai
             true => Some(ctx.slot().await),
             false => None,
         };
-        let res = run_task(ctx, task, chain.swap).await;
+        let (res, died) = run_task(ctx, task, chain.swap).await;
         drop(slot);
+        if res.is_ok() && died.is_some() {
+            end.revived = died;
+        }
         end.results.push((task.kind, result_of(&res)));
         end.error = res.err();
     }
@@ -315,7 +337,7 @@ async fn run_reload<M: UnitManager>(
         return;
     }
     outcome.executed += 1;
-    let res = run_task(ctx, &task, false).await;
+    let (res, _) = run_task(ctx, &task, false).await;
     outcome.results.push((task.kind, result_of(&res)));
     if let Err(e) = res {
         // A failed reload leaves every loaded unit in doubt: retry them all later.
@@ -331,11 +353,13 @@ fn result_of(res: &Result<(), TaskError>) -> TaskResult {
     }
 }
 
+/// Runs `task`; with its result, what systemd said of the unit's failure when the task
+/// started a unit that had died since it last started.
 async fn run_task<M: UnitManager>(
     ctx: &Ctx<'_, M>,
     task: &Task,
     swap: bool,
-) -> Result<(), TaskError> {
+) -> (Result<(), TaskError>, Option<Failure>) {
     let manager = ctx.manager;
     let span = info_span!("task", unit = %task.unit, kind = %task.kind);
     async {
@@ -346,7 +370,7 @@ async fn run_task<M: UnitManager>(
             false => None,
         };
         let res = run_task_inner(ctx, task, swap).await;
-        match (&res, died) {
+        match (&res, &died) {
             (Ok(()), Some(died)) => warn!(
                 reason = %task.reason,
                 result = died.result.as_deref(),
@@ -363,7 +387,7 @@ async fn run_task<M: UnitManager>(
             ),
             (Err(e), _) => warn!(reason = %task.reason, error = %e, "task failed"),
         }
-        res
+        (res, died)
     }
     .instrument(span)
     .await

@@ -7,5 +7,6 @@
 //! It serves nothing and sends nothing: no HTTP, no I/O, only types and their conversions.
 
 pub mod convert;
+pub mod events;
 pub mod import;
 pub mod wire;

@@ -201,6 +201,10 @@ pub struct Machine {
     /// (`MachineInfo::fence_at`).
     #[serde(rename = "fenceAt", default, skip_serializing_if = "Option::is_none")]
     pub fence_at: Option<u64>,
+    /// Both views, only when true: this machine's engine leads (issue 41). fleet's clients
+    /// ignore fields they do not know.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub leader: bool,
 }
 
 /// `GET /fleet/v1/units/<name>/status` (extension, issue 16), answered only by the fleetd of

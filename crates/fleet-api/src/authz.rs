@@ -184,6 +184,7 @@ pub fn action_of(method: &Method, path: &str, query: &str, body: Option<&[u8]>) 
         Route::Explain(_) => get(Action::Explain),
         Route::Import => (method == Method::POST).then_some(Action::Import),
         Route::Health => get(Action::Health),
+        Route::Events => get(Action::List),
         Route::Inspect(_, crate::routes::Aspect::Status) => get(Action::Status),
         Route::Inspect(_, crate::routes::Aspect::Journal) => get(Action::Journal),
     }
@@ -450,6 +451,10 @@ pub enum Peer {
     Certificate(Option<CertSubject>),
 }
 
+/// The uid of the process at the other end of the unix socket, when the kernel said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalUid(pub Option<u32>);
+
 /// The client a request comes from and the role it holds; the router adds it to each
 /// request's extensions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -471,6 +476,15 @@ impl Principal {
             (Peer::Certificate(None), Some(_)) => None,
         };
         Principal { peer, role }
+    }
+
+    /// Who a user action recorded as an event is by (issue 41): the certificate's subject,
+    /// `local uid <n>` on the unix socket (`uid`), `plain tcp`.
+    pub fn who(&self, uid: Option<LocalUid>) -> String {
+        match (&self.peer, uid) {
+            (Peer::Local, Some(LocalUid(Some(uid)))) => format!("local uid {uid}"),
+            _ => self.shown(),
+        }
     }
 
     /// The subject shown in a refusal and in logs: `CN=bob`, `local`, `plain tcp`.

@@ -110,6 +110,8 @@ pub enum ApiError {
     BadLines(String),
     #[error("follow must be true or false, got {0:?}")]
     BadFollow(String),
+    #[error("since must be a number and a unit (s, m, h, d), got {0:?}")]
+    BadSince(String),
     #[error("output must be one of {modes}, got {0:?}", modes = fleet_api_wire::wire::JOURNAL_OUTPUTS.join(", "))]
     BadOutput(String),
     /// The unit is fleet's but placed nowhere: no machine has its status or journal.
@@ -218,6 +220,7 @@ impl ApiError {
             | Self::PatchBadValue
             | Self::BadLines(_)
             | Self::BadFollow(_)
+            | Self::BadSince(_)
             | Self::BadOutput(_)
             | Self::BadImport(_)
             | Self::Page(_) => StatusCode::BAD_REQUEST,

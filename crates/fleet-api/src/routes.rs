@@ -6,7 +6,7 @@
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use http::{HeaderValue, Method, StatusCode, header};
 use percent_encoding::percent_decode_str;
 use std::sync::Arc;
@@ -27,10 +27,10 @@ use crate::error::{ApiError, json_response};
 use crate::held::{HeldView, Report};
 use crate::maintenance;
 use crate::metrics::{self, Metrics};
-use crate::ops::metadata_changes;
 use crate::page::{Cursor, UnitsToken};
 
 mod body;
+mod events;
 mod import;
 mod inspect;
 mod listings;
@@ -74,6 +74,13 @@ pub struct Api<K> {
 }
 
 impl<K: Kv> Api<K> {
+    /// Users' writes are recorded as events into `sink` (issue 41; fleetd gives the
+    /// operator role's writer).
+    pub fn with_events(mut self, sink: fleet_registry::EventSink) -> Api<K> {
+        self.cluster = self.cluster.with_events(sink);
+        self
+    }
+
     /// `version` goes into the `Server` header as `fleetd/<version>`.
     pub fn new(registry: Registry<K>, token_limit: u16, version: &str) -> Api<K> {
         assert!(token_limit > 0, "token_limit is validated by the config");
@@ -297,6 +304,8 @@ pub(crate) enum Route<'a> {
     Import,
     /// Whether this machine reaches etcd ([`crate::health`]).
     Health,
+    /// What happened (issue 41): a page, or a stream with `follow=true`.
+    Events,
     /// `/units/<name>/status` and `/units/<name>/journal`.
     Inspect(&'a str, inspect::Aspect),
 }
@@ -317,6 +326,7 @@ impl Route<'_> {
             Route::Explain(_) => "/explain/{name}",
             Route::Import => "/import",
             Route::Health => "/health",
+            Route::Events => "/events",
             Route::Inspect(_, inspect::Aspect::Status) => "/units/{name}/status",
             Route::Inspect(_, inspect::Aspect::Journal) => "/units/{name}/journal",
         }
@@ -354,6 +364,7 @@ pub(crate) fn parse_path(path: &str) -> Option<Route<'_>> {
         "/drains" => Some(Route::Drains),
         "/health" => Some(Route::Health),
         fleet_api_wire::import::PATH => Some(Route::Import),
+        "/events" => Some(Route::Events),
         _ => item("/units")
             .map(Route::Unit)
             .or_else(|| item("/state").map(Route::State))
@@ -361,6 +372,15 @@ pub(crate) fn parse_path(path: &str) -> Option<Route<'_>> {
             .or_else(|| item("/explain").map(Route::Explain))
             .or_else(|| inspect::parse(rest).map(|(name, a)| Route::Inspect(name, a))),
     }
+}
+
+/// The cluster a write of `req` goes through: recorded as events by whom it is (issue 41).
+fn acting<K: Kv>(api: &Api<K>, req: &Request) -> RegistryCluster<K> {
+    let who = req.extensions().get::<Principal>().map(|p| {
+        let uid = req.extensions().get::<authz::LocalUid>().copied();
+        p.who(uid)
+    });
+    api.cluster.acting_as(who.as_deref())
 }
 
 async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> {
@@ -372,6 +392,7 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
         raw,
     };
     let method = req.method().clone();
+    let acting = acting(api, &req);
     match (route, method) {
         (Route::Root, _) => Err(ApiError::NoMethodsHere),
         (Route::Discovery, Method::GET) => Ok(json_response(
@@ -380,10 +401,10 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
         )),
         (Route::Discovery, _) => Err(ApiError::DiscoveryNotGet),
         (Route::Machines, Method::GET) => listings::list_machines(api, &query).await,
-        (Route::Machines, Method::PATCH) => listings::patch_machines(api, req).await,
+        (Route::Machines, Method::PATCH) => writes::patch_machines(&acting, req).await,
         (Route::Machines, _) => Err(ApiError::WrongMethod("GET and PATCH")),
         (Route::Units, Method::GET) => listings::list_units(api, &query).await,
-        (Route::Units, Method::POST) if query.full => writes::create_units(api, req).await,
+        (Route::Units, Method::POST) if query.full => writes::create_units(&acting, req).await,
         (Route::Units, _) => Err(ApiError::WrongMethod("GET")),
         (Route::Unit(name), Method::GET) => {
             // A name that cannot name a unit names none.
@@ -398,10 +419,10 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
                 None => Err(ApiError::UnitNotFound),
             }
         }
-        (Route::Unit(name), Method::DELETE) => writes::delete_unit(api, name, &query).await,
+        (Route::Unit(name), Method::DELETE) => writes::delete_unit(&acting, name, &query).await,
         (Route::Unit(name), Method::PUT) => {
             let name = name.to_owned();
-            writes::put_unit(api, &name, &query, req).await
+            writes::put_unit(api, &acting, &name, &query, req).await
         }
         (Route::Unit(_), _) => Err(ApiError::WrongMethod("GET, PUT and DELETE")),
         (Route::States, Method::GET) => listings::list_states(api, &query).await,
@@ -426,7 +447,7 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
         (Route::Drains, _) => Err(ApiError::WrongMethod("GET")),
         (Route::Drain(machine), method) => {
             let parallel = query_values(&query.raw, maintenance::PARALLEL);
-            maintenance::drain(&api.cluster, machine, method, &parallel).await
+            maintenance::drain(&acting, machine, method, &parallel).await
         }
         (Route::Explain(unit), method) => maintenance::explain(&api.cluster, unit, method).await,
         (Route::Import, Method::POST) => import::import(api, req).await,
@@ -438,6 +459,8 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
         (Route::Inspect(unit, aspect), method) => {
             inspect::handle(api, unit, aspect, method, &query).await
         }
+        (Route::Events, Method::GET) => events::handle(&api.cluster, &query).await,
+        (Route::Events, _) => Err(ApiError::WrongMethod("GET")),
     }
 }
 

@@ -184,7 +184,11 @@ async fn accept(listener: &Listener) -> std::io::Result<(Conn, Option<std::net::
 async fn serve_connection(conn: Conn, router: Router) {
     match conn {
         Conn::Tcp(s) => serve_io(s, router, Peer::Plain).await,
-        Conn::Unix(s) => serve_io(s, router, Peer::Local).await,
+        Conn::Unix(s) => {
+            // Who connected, for the events of their actions (issue 41).
+            let uid = crate::authz::LocalUid(s.peer_cred().ok().map(|c| c.uid()));
+            serve_io(s, router.layer(axum::Extension(uid)), Peer::Local).await;
+        }
         Conn::Tls(s, acceptor) => {
             // A client without a certificate the acceptor trusts ends here (the handshake
             // fails), before any request reaches the router.

@@ -109,9 +109,8 @@ impl Class {
             Some(Kind::Unscheduled) => Class::Unscheduled,
             Some(Kind::File) => Class::File,
             Some(Kind::FileRef) => Class::FileRef,
-            Some(Kind::Metadata | Kind::Drain | Kind::Moving | Kind::Migrating) | None => {
-                Class::Other
-            }
+            Some(Kind::Metadata | Kind::Drain | Kind::Moving | Kind::Migrating | Kind::Event)
+            | None => Class::Other,
         }
     }
 }

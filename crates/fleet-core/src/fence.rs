@@ -45,6 +45,51 @@ pub fn utc_seconds(at: SystemTime) -> String {
     format!("{date} {h:02}:{m:02}:{s:02} UTC")
 }
 
+/// `2026-11-30T05:43:07.123456Z` (RFC 3339) of `micros` since the epoch: the time of an
+/// event (issue 41), in its JSON form.
+pub fn rfc3339_micros(micros: u64) -> String {
+    let at = UNIX_EPOCH + std::time::Duration::from_micros(micros);
+    let (date, secs) = civil(at);
+    let (h, m, s) = (secs / 3600, secs % 3600 / 60, secs % 60);
+    format!("{date}T{h:02}:{m:02}:{s:02}.{:06}Z", micros % 1_000_000)
+}
+
+/// The microseconds since the epoch of a time [`rfc3339_micros`] wrote; `None` for any other
+/// text (this reads back our own form, not every RFC 3339 time).
+pub fn parse_rfc3339_micros(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    let shape = b.len() == 27
+        && [4, 7].iter().all(|&i| b[i] == b'-')
+        && b[10] == b'T'
+        && [13, 16].iter().all(|&i| b[i] == b':')
+        && b[19] == b'.'
+        && b[26] == b'Z';
+    if !shape {
+        return None;
+    }
+    let num = |from: usize, to: usize| -> Option<i64> {
+        let part = &s[from..to];
+        part.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    let (y, m, d) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    let (h, mi, sec, frac) = (num(11, 13)?, num(14, 16)?, num(17, 19)?, num(20, 26)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 59 {
+        return None;
+    }
+    // Howard Hinnant's days-from-civil.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + h * 3600 + mi * 60 + sec;
+    u64::try_from(secs * 1_000_000 + frac).ok()
+}
+
 /// The date (`YYYY-MM-DD`) and the seconds into that day, in UTC.
 fn civil(at: SystemTime) -> (String, i64) {
     let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
@@ -65,6 +110,31 @@ fn civil(at: SystemTime) -> (String, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_time_reads_as_rfc3339_with_its_microseconds() {
+        assert_eq!(rfc3339_micros(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(
+            rfc3339_micros(1_764_481_387_000_042),
+            "2025-11-30T05:43:07.000042Z"
+        );
+        for micros in [
+            0,
+            1_764_481_387_000_042,
+            951_782_400_999_999,
+            4_102_444_800_000_000,
+        ] {
+            assert_eq!(parse_rfc3339_micros(&rfc3339_micros(micros)), Some(micros));
+        }
+        for bad in [
+            "",
+            "2025-11-30T05:43:07Z",
+            "2025-13-30T05:43:07.000000Z",
+            "2025-11-30 05:43:07.000000Z",
+        ] {
+            assert_eq!(parse_rfc3339_micros(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn the_engine_waits_the_margin_and_a_hundredth_of_the_ttl() {

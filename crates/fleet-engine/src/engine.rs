@@ -12,6 +12,7 @@
 
 mod copies;
 mod decision_log;
+mod events;
 mod leading;
 pub(crate) mod planner;
 mod stray;
@@ -45,6 +46,9 @@ pub struct EngineConfig {
     pub disruption: DisruptionConfig,
     /// Where the loop counts what it does (detached unless [`EngineConfig::with_metrics`]).
     pub metrics: Metrics,
+    /// Where the leader's decisions go as events (issue 41): off unless
+    /// [`EngineConfig::with_events`] (fleetd gives the engine role's writer).
+    pub events: fleet_registry::EventSink,
 }
 
 impl EngineConfig {
@@ -63,7 +67,14 @@ impl EngineConfig {
             lease_ttl: reconcile_interval * 5,
             disruption: DisruptionConfig::for_ttl(Self::DEFAULT_AGENT_TTL),
             metrics: Metrics::default(),
+            events: fleet_registry::EventSink::off(),
         }
+    }
+
+    /// This configuration, recording the leader's decisions into `sink`.
+    pub fn with_events(mut self, sink: fleet_registry::EventSink) -> EngineConfig {
+        self.events = sink;
+        self
     }
 
     /// This configuration, counting into `metrics` (fleetd's registered families).

@@ -15,6 +15,7 @@
 mod batches;
 mod change;
 mod create;
+mod events;
 mod listing;
 mod maintenance;
 pub mod views;
@@ -27,15 +28,15 @@ pub use watch::RegistryChanges;
 use fleet_core::{DesiredState, MachineId, Requirements, UnitFile, UnitName};
 use fleet_registry::kv::Kv;
 use fleet_registry::{
-    CreateOutcome, LeaderKey, MetadataChange, Registry, RegistryError, Unit, UnitsRole,
+    CreateOutcome, EventFilter, LeaderKey, MetadataChange, Registry, RegistryError, Unit, UnitsRole,
 };
 use std::collections::BTreeSet;
 use tracing::debug;
 
 use crate::decide::{self, PutPlan, RestartPlan};
 use crate::model::{
-    Destroyed, Expect, MachineListing, PutOutcome, PutRequest, Restarted, StateChange, StateFilter,
-    StateListing, UnitListing, UnitView,
+    Destroyed, EventListing, EventStream, Expect, MachineListing, PutOutcome, PutRequest,
+    Restarted, StateChange, StateFilter, StateListing, UnitListing, UnitView,
 };
 use crate::{Cluster, DrainStatus, Explanation, OpsError};
 
@@ -48,12 +49,18 @@ pub const ATTEMPTS: usize = 5;
 pub struct RegistryCluster<K> {
     registry: Registry<K>,
     units: UnitsRole<K>,
+    /// Where user actions are recorded, and as whose (issue 41).
+    recorder: events::Recorder,
 }
 
 impl<K: Kv> RegistryCluster<K> {
     pub fn new(registry: Registry<K>) -> RegistryCluster<K> {
         let units = UnitsRole::new(registry.clone());
-        RegistryCluster { registry, units }
+        RegistryCluster {
+            registry,
+            units,
+            recorder: events::Recorder::default(),
+        }
     }
 
     pub fn registry(&self) -> &Registry<K> {
@@ -195,17 +202,72 @@ impl<K: Kv> RegistryCluster<K> {
         let file = self.registry.unit_file(unit).await?;
         Ok(views::written_view(unit, &file))
     }
+
+    /// [`Cluster::put`] and [`Cluster::put_if`]: read, decide, write, again while another
+    /// client changes the unit in between.
+    async fn put_tries(
+        &self,
+        req: &PutRequest,
+        expect: Option<Expect>,
+    ) -> Result<PutOutcome, OpsError> {
+        for _ in 0..ATTEMPTS {
+            if let Some(outcome) = self.put_once(req, expect).await? {
+                return Ok(outcome);
+            }
+        }
+        Err(OpsError::Conflict(req.name.clone()))
+    }
+
+    /// [`Cluster::destroy`]'s reads and writes.
+    async fn destroy_tries(&self, name: &UnitName) -> Result<Destroyed, OpsError> {
+        for _ in 0..ATTEMPTS {
+            let unit = match self.units.unit(name).await {
+                Ok(Some(unit)) => unit,
+                Ok(None) => return Ok(Destroyed::Missing),
+                Err(e @ RegistryError::Corrupt { .. }) => {
+                    match self.units.destroy_unreadable_unit(name).await {
+                        Ok(true) => {
+                            debug!(unit = %name, "destroyed unreadable unit");
+                            return Ok(Destroyed::Unreadable(e.to_string()));
+                        }
+                        Ok(false) => return Ok(Destroyed::Missing),
+                        Err(RegistryError::Conflict(_)) => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            };
+            match self.units.destroy_unit(&unit).await {
+                Ok(()) => {
+                    debug!(unit = %name, "destroyed unit");
+                    return Ok(Destroyed::Unit);
+                }
+                Err(RegistryError::Conflict(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(OpsError::Conflict(name.clone()))
+    }
 }
 
 impl<K: Kv> RegistryCluster<K> {
     /// What is wrong with the engine leader key, when it leads nothing fleet knows of (issue
     /// 38): nothing is scheduled meanwhile.
     async fn leader_notice(&self) -> Result<Option<String>, OpsError> {
+        Ok(self.leader().await?.1)
+    }
+
+    /// The registered machine whose engine leads, if one does, and what is wrong with the
+    /// leader key when it leads nothing fleet knows of.
+    async fn leader(&self) -> Result<(Option<MachineId>, Option<String>), OpsError> {
         let leader = self.registry.leader_key(None).await?;
         Ok(match leader {
             // No key is a moment of an election, or a cluster without engines.
-            LeaderKey::Vacant | LeaderKey::Held { .. } => None,
-            LeaderKey::Unregistered { .. } | LeaderKey::Stray { .. } => Some(leader.to_string()),
+            LeaderKey::Vacant => (None, None),
+            LeaderKey::Held { machine } => (Some(machine), None),
+            LeaderKey::Unregistered { .. } | LeaderKey::Stray { .. } => {
+                (None, Some(leader.to_string()))
+            }
         })
     }
 }
@@ -286,7 +348,7 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     async fn machines(&self) -> Result<MachineListing, OpsError> {
         let machines = self.registry.machines().await?;
         let notice = self.registry.disruption().await?;
-        let leader_notice = self.leader_notice().await?;
+        let (leader, leader_notice) = self.leader().await?;
         let drains = self.registry.drains().await?;
         let skipped = machines.skipped.iter().chain(&drains.skipped);
         Ok(MachineListing {
@@ -295,33 +357,32 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
             notice,
             leader_notice,
             drained: drains.items,
+            leader,
         })
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutOutcome, OpsError> {
-        for _ in 0..ATTEMPTS {
-            if let Some(outcome) = self.put_once(&req, None).await? {
-                return Ok(outcome);
-            }
-        }
-        Err(OpsError::Conflict(req.name))
+        let outcome = self.put_tries(&req, None).await;
+        self.record_put(&req.name, &outcome);
+        outcome
     }
 
     async fn put_if(&self, req: PutRequest, expect: Expect) -> Result<PutOutcome, OpsError> {
-        for _ in 0..ATTEMPTS {
-            if let Some(outcome) = self.put_once(&req, Some(expect)).await? {
-                return Ok(outcome);
-            }
-        }
-        Err(OpsError::Conflict(req.name))
+        let outcome = self.put_tries(&req, Some(expect)).await;
+        self.record_put(&req.name, &outcome);
+        outcome
     }
 
     async fn create_many(&self, reqs: Vec<PutRequest>) -> crate::Created {
-        self.create_all(reqs).await
+        // A batch that collided is written again unit by unit through `put_if`, which
+        // records its own: recorded here are the units the batches wrote.
+        self.without_events().create_all(self, reqs).await
     }
 
     async fn put_many_if(&self, reqs: Vec<(PutRequest, Expect)>) -> crate::Created {
-        self.put_all_if(reqs).await
+        let outcomes = self.without_events().put_all_if(reqs).await;
+        self.record_puts(&outcomes);
+        outcomes
     }
 
     async fn set_state(
@@ -339,7 +400,9 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
             match self.units.set_desired(&unit, desired).await {
                 Ok(unit) => {
                     debug!(unit = %name, desired = %desired, "set desired state");
-                    return Ok(Some(self.written(&unit).await?));
+                    let view = self.written(&unit).await?;
+                    self.record_state(name, &view);
+                    return Ok(Some(view));
                 }
                 Err(RegistryError::Conflict(_)) => continue,
                 Err(e) => return Err(e.into()),
@@ -368,6 +431,7 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
             match res {
                 Ok(done) => {
                     debug!(unit = %name, restarted = ?done, "requested restart");
+                    self.record_restart(name, &done);
                     return Ok(done);
                 }
                 Err(RegistryError::Conflict(_)) => continue,
@@ -378,46 +442,34 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     }
 
     async fn destroy(&self, name: &UnitName) -> Result<Destroyed, OpsError> {
-        for _ in 0..ATTEMPTS {
-            let unit = match self.units.unit(name).await {
-                Ok(Some(unit)) => unit,
-                Ok(None) => return Ok(Destroyed::Missing),
-                Err(e @ RegistryError::Corrupt { .. }) => {
-                    match self.units.destroy_unreadable_unit(name).await {
-                        Ok(true) => {
-                            debug!(unit = %name, "destroyed unreadable unit");
-                            return Ok(Destroyed::Unreadable(e.to_string()));
-                        }
-                        Ok(false) => return Ok(Destroyed::Missing),
-                        Err(RegistryError::Conflict(_)) => continue,
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                Err(e) => return Err(e.into()),
-            };
-            match self.units.destroy_unit(&unit).await {
-                Ok(()) => {
-                    debug!(unit = %name, "destroyed unit");
-                    return Ok(Destroyed::Unit);
-                }
-                Err(RegistryError::Conflict(_)) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(OpsError::Conflict(name.clone()))
+        let outcome = self.destroy_tries(name).await;
+        self.record_destroy(name, &outcome);
+        outcome
     }
 
     async fn destroy_many(&self, names: Vec<UnitName>) -> crate::DestroyedMany {
-        self.destroy_all(names).await
+        let outcomes = self.without_events().destroy_all(names).await;
+        for (name, outcome) in &outcomes {
+            self.record_destroy(name, outcome);
+        }
+        outcomes
     }
 
     async fn drain(&self, machine: &MachineId, parallel: u32) -> Result<DrainStatus, OpsError> {
         self.units.drain(machine, parallel).await?;
-        self.drain_status(machine).await
+        let status = self.drain_status(machine).await;
+        if let Ok(status) = &status {
+            self.record_drain(machine, status);
+        }
+        status
     }
 
     async fn undrain(&self, machine: &MachineId) -> Result<bool, OpsError> {
-        Ok(self.units.undrain(machine).await?)
+        let undrained = self.units.undrain(machine).await?;
+        if undrained {
+            self.record_undrain(machine);
+        }
+        Ok(undrained)
     }
 
     async fn drain_status(&self, machine: &MachineId) -> Result<DrainStatus, OpsError> {
@@ -439,7 +491,9 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
         if changes.is_empty() {
             return Ok(());
         }
-        Ok(self.units.change_metadata(changes).await?)
+        self.units.change_metadata(changes).await?;
+        self.record_metadata(changes);
+        Ok(())
     }
 
     async fn advance_rollout(
@@ -480,5 +534,13 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
 
     async fn watch(&self, names: BTreeSet<UnitName>) -> Result<RegistryChanges<K>, OpsError> {
         RegistryChanges::start(self.registry.clone(), names).await
+    }
+
+    async fn events(&self, filter: &EventFilter) -> Result<EventListing, OpsError> {
+        self.list_events(filter).await
+    }
+
+    async fn follow_events(&self, filter: EventFilter) -> Result<EventStream, OpsError> {
+        self.follow(filter).await
     }
 }

@@ -27,8 +27,9 @@ pub use fleet_scheduler::{
     DrainStatus, Explanation, MachineVerdict, Rejection, Status as ExplainStatus, Violation,
 };
 pub use model::{
-    Changes, Destroyed, Expect, MachineListing, PutOutcome, PutRequest, ReplaceHow, Restarted,
-    StateChange, StateFilter, StateListing, StateView, UnitListing, UnitStatus, UnitView, WaitView,
+    Changes, Destroyed, EventListing, EventStream, Expect, MachineListing, PutOutcome, PutRequest,
+    ReplaceHow, Restarted, StateChange, StateFilter, StateListing, StateView, UnitListing,
+    UnitStatus, UnitView, WaitView,
 };
 
 use fleet_core::{MachineId, UnitName};
@@ -212,6 +213,19 @@ pub trait Cluster: Clone + Send + Sync + 'static {
         &self,
         name: &UnitName,
     ) -> impl Future<Output = Result<Explanation, OpsError>> + Send;
+
+    /// The events `filter` matches, oldest first (issue 41).
+    fn events(
+        &self,
+        filter: &fleet_registry::EventFilter,
+    ) -> impl Future<Output = Result<EventListing, OpsError>> + Send;
+
+    /// The events `filter` matches now, then each new one as it is written (a watch on the
+    /// etcd side, a held response over the API: nothing polls).
+    fn follow_events(
+        &self,
+        filter: fleet_registry::EventFilter,
+    ) -> impl Future<Output = Result<EventStream, OpsError>> + Send;
 
     /// What a waiting command watches: the units of `names` (gone ones absent), their
     /// states and the machines' legends, then a hint each time any of it may have changed.

@@ -78,6 +78,19 @@ pub struct StateFilter {
     pub unit: Option<UnitName>,
 }
 
+/// Events (issue 41), oldest first, and the values that could not be read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventListing {
+    pub events: Vec<fleet_registry::Event>,
+    pub skipped: Vec<String>,
+    /// The registry's revision when read (0 over the API).
+    pub revision: i64,
+}
+
+/// Events as they come: those there when asked, then each new one (`--follow`).
+pub type EventStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<fleet_registry::Event, OpsError>> + Send>>;
+
 /// Live machines, the engine's disruption notice and the drained machines.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MachineListing {
@@ -89,6 +102,8 @@ pub struct MachineListing {
     pub leader_notice: Option<String>,
     /// Drain marks, by machine (machines not registered included).
     pub drained: Vec<fleet_registry::DrainRecord>,
+    /// The machine whose engine leads, if a registered one does (issue 41).
+    pub leader: Option<MachineId>,
 }
 
 /// `--replace`'s options.

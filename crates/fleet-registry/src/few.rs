@@ -212,7 +212,8 @@ pub fn concerns(
             | Key::Drain(_)
             | Key::Moving(_)
             | Key::Migrating(_)
-            | Key::Left { .. },
+            | Key::Left { .. }
+            | Key::Event { .. },
         )
         | None => false,
     }

@@ -21,6 +21,7 @@
 //! | `P/placement/<name>/<machine>`    | empty (the schedule by unit)  | none       |
 //! | `P/left/<name>/<machine>`         | [`LeftCopy`] (history)        | none       |
 //! | `P/migrating/<machine>`           | [`MigrationRecord`] JSON      | none       |
+//! | `P/event/<source>/<subject>/<stamp>` | [`Event`] JSON (issue 41)  | the writer's, for the retention |
 //!
 //! [`UnitRecord`]: crate::UnitRecord
 //! [`ScheduleEntry`]: crate::ScheduleEntry
@@ -29,10 +30,19 @@
 //! [`MoveRecord`]: crate::MoveRecord
 //! [`LeftCopy`]: crate::LeftCopy
 //! [`MigrationRecord`]: crate::MigrationRecord
+//! [`Event`]: crate::Event
+//!
+//! An event's `<source>` is `user`, `engine` or `machine/<M>` (the prefix each etcd role may
+//! write), its `<subject>` `unit/<name>`, `machine/<M>` or `cluster`, its `<stamp>` the time
+//! and a nonce ([`EventStamp`]), so one writer's events of one subject are one prefix in
+//! time order.
 
 use fleet_core::{MachineId, UnitHash, UnitName};
 
 use crate::metadata::MetadataKey;
+
+mod event;
+pub use event::{EventSource, EventStamp, EventSubject};
 
 /// What a key of the schema names, read from the key alone (its value may not parse):
 /// [`Key::parse`] is the inverse of the builders of [`Keys`] ([`Key::build`] calls them).
@@ -84,6 +94,12 @@ pub enum Key {
     /// fleet started there run on without any fence of ours. Deleted by the machine itself
     /// once its agent has taken them over.
     Migrating(MachineId),
+    /// An event (issue 41): written by `source`, about `subject`, at `stamp`.
+    Event {
+        source: EventSource,
+        subject: EventSubject,
+        stamp: EventStamp,
+    },
 }
 
 /// The part of the schema a key is under, read from its first segment alone: a key of a
@@ -111,6 +127,8 @@ pub enum Kind {
     Left,
     /// `migrating/<machine>`: written by `import-fleet`, deleted by the machine.
     Migrating,
+    /// `event/...`: what happened, on its writer's lease.
+    Event,
 }
 
 impl Key {
@@ -168,6 +186,15 @@ impl Key {
                     key: key.parse().ok()?,
                 }
             }
+            Kind::Event => {
+                let (source, rest) = EventSource::split(rest)?;
+                let (subject, stamp) = EventSubject::split(rest)?;
+                Key::Event {
+                    source,
+                    subject,
+                    stamp: stamp.parse().ok()?,
+                }
+            }
             Kind::Engine => match rest {
                 "leader" => Key::Leader,
                 "disruption" => Key::Disruption,
@@ -194,6 +221,11 @@ impl Key {
             Key::Placement { unit, machine } => keys.placement(unit, machine),
             Key::Left { unit, machine } => keys.left(unit, machine),
             Key::Migrating(machine) => keys.migrating(machine),
+            Key::Event {
+                source,
+                subject,
+                stamp,
+            } => keys.event(source, subject, *stamp),
         }
     }
 
@@ -213,6 +245,7 @@ impl Key {
             Key::Placement { .. } => Kind::Placement,
             Key::Left { .. } => Kind::Left,
             Key::Migrating(_) => Kind::Migrating,
+            Key::Event { .. } => Kind::Event,
         }
     }
 }
@@ -379,6 +412,25 @@ impl Keys {
         format!("{}left/{name}/{machine}", self.prefix)
     }
 
+    /// Every event (issue 41).
+    pub fn events(&self) -> String {
+        format!("{}event/", self.prefix)
+    }
+
+    /// The events `source` writes: the prefix its etcd role may write.
+    pub fn source_events(&self, source: &EventSource) -> String {
+        format!("{}event/{}/", self.prefix, source.segment())
+    }
+
+    pub fn event(&self, source: &EventSource, subject: &EventSubject, stamp: EventStamp) -> String {
+        format!(
+            "{}event/{}/{}/{stamp}",
+            self.prefix,
+            source.segment(),
+            subject.segment()
+        )
+    }
+
     pub fn unscheduled_all(&self) -> String {
         format!("{}unscheduled/", self.prefix)
     }
@@ -427,6 +479,7 @@ impl Keys {
             "placement" => Kind::Placement,
             "left" => Kind::Left,
             "migrating" => Kind::Migrating,
+            "event" => Kind::Event,
             _ => return None,
         };
         Some((kind, rest))
@@ -459,119 +512,4 @@ impl Default for Keys {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use fleet_core::UnitFile;
-
-    fn keys() -> Keys {
-        Keys::new("/p")
-    }
-
-    fn every_key() -> Vec<Key> {
-        let (m, u): (MachineId, UnitName) = ("m1".parse().unwrap(), "a.service".parse().unwrap());
-        let hash = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n")
-            .unwrap()
-            .hash();
-        vec![
-            Key::Unit(u.clone()),
-            Key::File(hash),
-            Key::FileRef {
-                hash,
-                unit: u.clone(),
-            },
-            Key::Schedule {
-                machine: m.clone(),
-                unit: u.clone(),
-            },
-            Key::Machine(m.clone()),
-            Key::State {
-                machine: m,
-                unit: u.clone(),
-            },
-            Key::Leader,
-            Key::Disruption,
-            Key::Unscheduled(u.clone()),
-            Key::Drain("m3".parse().unwrap()),
-            Key::Migrating("m4".parse().unwrap()),
-            Key::Moving(u.clone()),
-            Key::Placement {
-                unit: u.clone(),
-                machine: "m4".parse().unwrap(),
-            },
-            Key::Left {
-                unit: u,
-                machine: "m5".parse().unwrap(),
-            },
-            Key::Metadata {
-                machine: "m2".parse().unwrap(),
-                key: "tier".parse().unwrap(),
-            },
-        ]
-    }
-
-    #[test]
-    fn every_built_key_parses_back_to_what_built_it() {
-        let k = keys();
-        for key in every_key() {
-            let built = key.build(&k);
-            assert_eq!(Key::parse(&k, &built), Some(key.clone()), "{built}");
-            assert_eq!(k.kind(&built), Some(key.kind()), "{built}");
-        }
-    }
-
-    #[test]
-    fn the_builders_and_the_parser_agree_on_the_schema() {
-        let k = keys();
-        let (m, u): (MachineId, UnitName) = ("m1".parse().unwrap(), "a.service".parse().unwrap());
-        assert_eq!(k.unit(&u), "/p/unit/a.service");
-        assert_eq!(k.schedule(&m, &u), "/p/schedule/m1/a.service");
-        assert_eq!(k.state(&m, &u), "/p/unit-state/m1/a.service");
-        assert_eq!(k.machine_states(&m), "/p/unit-state/m1/");
-        assert_eq!(k.left(&u, &m), "/p/left/a.service/m1");
-        assert_eq!(k.migrating(&m), "/p/migrating/m1");
-        assert!(k.left(&u, &m).starts_with(&k.lefts()));
-        assert_eq!(
-            Key::parse(&k, &k.schedule(&m, &u)),
-            Some(Key::Schedule {
-                machine: m.clone(),
-                unit: u.clone()
-            })
-        );
-        assert_eq!(
-            Key::parse(&k, &k.state(&m, &u)),
-            Some(Key::State {
-                machine: m.clone(),
-                unit: u.clone()
-            })
-        );
-        // The old layout names nothing (it is not read any more).
-        assert_eq!(Key::parse(&k, &k.legacy_state(&u, &m)), None);
-        assert_eq!(k.kind(&k.legacy_state(&u, &m)), None);
-    }
-
-    #[test]
-    fn a_key_whose_parts_do_not_parse_names_nothing_but_keeps_its_kind() {
-        let k = keys();
-        for (key, kind) in [
-            ("/p/unit/bad name", Some(Kind::Unit)),
-            ("/p/unit/", Some(Kind::Unit)),
-            ("/p/machine/a/b", Some(Kind::Machine)),
-            ("/p/schedule/m1", Some(Kind::Schedule)),
-            ("/p/schedule/m1/not a unit", Some(Kind::Schedule)),
-            ("/p/unit-state/m1", Some(Kind::State)),
-            ("/p/unit-state/a.service/not a machine", Some(Kind::State)),
-            ("/p/file-ref/nothex/a.service", Some(Kind::FileRef)),
-            ("/p/engine/other", Some(Kind::Engine)),
-            ("/p/left/a.service", Some(Kind::Left)),
-            ("/p/drain/a/b", Some(Kind::Drain)),
-            ("/p/migrating/a/b", Some(Kind::Migrating)),
-            ("/p/moving/not a unit", Some(Kind::Moving)),
-            ("/p/unit", None),
-            ("/p/other/a.service", None),
-            ("/q/unit/a.service", None),
-        ] {
-            assert_eq!(Key::parse(&k, key), None, "{key}");
-            assert_eq!(k.kind(key), kind, "{key}");
-        }
-    }
-}
+mod tests;

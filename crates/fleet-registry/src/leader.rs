@@ -5,6 +5,8 @@
 //! deposed leader (lease expired, key taken, or a newer incarnation of the same machine
 //! holding it) cannot schedule anything. This module decides nothing about scheduling.
 
+use crate::events::log::{EventConfig, EventLog, EventStats};
+use crate::keys::EventSource;
 use fleet_core::{MachineId, UnitName};
 use futures::{StreamExt, stream};
 use std::collections::{BTreeMap, BTreeSet};
@@ -114,6 +116,12 @@ impl EngineWrite {
 impl<K: Kv> EngineRole<K> {
     pub fn new(registry: Registry<K>) -> EngineRole<K> {
         EngineRole { registry }
+    }
+
+    /// The writer of the engine's events (`P/event/engine/`, issue 41). Not fenced: an
+    /// event says what a leader did after its fenced write landed.
+    pub fn event_log(&self, cfg: EventConfig, stats: EventStats) -> EventLog {
+        EventLog::start(self.registry.clone(), EventSource::Engine, cfg, stats)
     }
 
     /// Tries to become the engine leader: creates the leader key on a new lease of `ttl` if

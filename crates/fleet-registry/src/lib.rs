@@ -10,6 +10,7 @@
 
 mod drain;
 mod error;
+pub mod events;
 mod few;
 mod import;
 pub mod input;
@@ -35,9 +36,13 @@ mod units;
 mod watch;
 
 pub use error::{RegistryError, Result};
+pub use events::log::{EventConfig, EventLog, EventSink, EventStats};
+pub use events::{Event, EventFilter, EventFollow, EventKind};
 pub use few::{UnitsView, concerns};
 pub use import::{FileRefusal, ImportOutcome, ImportPlan, ImportedUnit, Importer, check_file};
-pub use keys::{DEFAULT_PREFIX, Key, Keys, Kind, StrayScheduleKey};
+pub use keys::{
+    DEFAULT_PREFIX, EventSource, EventStamp, EventSubject, Key, Keys, Kind, StrayScheduleKey,
+};
 pub use kv::MAX_TXN_OPS;
 pub use leader::{EngineRole, EngineWrite, Fence, LeaderKey, Leadership};
 pub use live::LiveView;

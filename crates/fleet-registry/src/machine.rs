@@ -6,6 +6,8 @@
 //! naming another machine is refused ([`RegistryError::ForeignMachine`]) before anything is
 //! sent, so a machine cannot publish for, or register as, another one.
 
+use crate::events::log::{EventConfig, EventLog, EventStats};
+use crate::keys::EventSource;
 use fleet_core::{MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
 use std::time::Duration;
 
@@ -66,6 +68,12 @@ pub struct MachineRole<K> {
 impl<K: Kv> MachineRole<K> {
     pub fn new(registry: Registry<K>, machine: MachineId) -> MachineRole<K> {
         MachineRole { registry, machine }
+    }
+
+    /// The writer of this machine's agent events (`P/event/machine/<M>/`, issue 41).
+    pub fn event_log(&self, cfg: EventConfig, stats: EventStats) -> EventLog {
+        let source = EventSource::Machine(self.machine.clone());
+        EventLog::start(self.registry.clone(), source, cfg, stats)
     }
 
     /// The machine this handle writes for.

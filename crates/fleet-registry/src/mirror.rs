@@ -251,7 +251,9 @@ impl Mirror {
             Kind::File if !self.with_files => return touched,
             Kind::File => return self.apply_file(event, changed),
             // Placements mirror the schedule, whose own events the mirror applies.
-            Kind::FileRef | Kind::Engine | Kind::Placement => return touched,
+            // Events (issue 41) change no plan: written on every decision, they must not
+            // wake the engine that wrote them.
+            Kind::FileRef | Kind::Engine | Kind::Placement | Kind::Event => return touched,
             Kind::Unit => {
                 match Key::parse(&self.keys, &kv.key) {
                     Some(Key::Unit(name)) => {

@@ -8,12 +8,16 @@
 //!
 //! - [`viewer`]: reads everything under the prefix (fleetctl's listings, the API's GETs).
 //! - [`operator`]: the viewer's reads, and writes units, files, file references, dynamic
-//!   metadata and drain marks; never a schedule, a state, a presence or the leader key.
+//!   metadata, drain marks and user actions' events (`event/user/`); never a schedule, a
+//!   state, a presence or the leader key.
 //! - [`engine`]: reads everything, writes schedules, unscheduled reasons, `engine/` (the
-//!   leader key, the disruption notice), moves and the placement history.
-//! - [`machine`] (one per machine ID `M`): writes `machine/M` and `unit-state/M/`, reads
-//!   `schedule/M/` and the unit files. Nothing else: a host's credentials cannot touch another
-//!   machine's keys, a unit, or the leader key.
+//!   leader key, the disruption notice), moves, the placement history and its events
+//!   (`event/engine/`).
+//! - [`machine`] (one per machine ID `M`): writes `machine/M`, `unit-state/M/` and its agent's
+//!   events `event/machine/M/`, reads `schedule/M/` and the unit files. Nothing else: a host's
+//!   credentials cannot touch another machine's keys or events, a unit, or the leader key.
+//!
+//! Events (issue 41) are read by every role that reads everything (the viewer included).
 //!
 //! A host's etcd user holds [`host_roles`]: its machine role, plus the engine role on an
 //! engine-capable host, plus the viewer or operator role when its API serves reads or writes.
@@ -23,7 +27,7 @@
 
 use fleet_core::MachineId;
 
-use crate::keys::Keys;
+use crate::keys::{EventSource, Keys};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::kv::{EtcdAuth, EtcdConfig, EtcdKv, Grant, KvError};
@@ -124,7 +128,8 @@ pub fn viewer(keys: &Keys) -> RoleSpec {
     }
 }
 
-/// The viewer's reads; writes of units, files, file references, dynamic metadata, drains.
+/// The viewer's reads; writes of units, files, file references, dynamic metadata, drains,
+/// and the events of user actions.
 pub fn operator(keys: &Keys) -> RoleSpec {
     let mut permissions = viewer(keys).permissions;
     for prefix in [
@@ -133,6 +138,7 @@ pub fn operator(keys: &Keys) -> RoleSpec {
         keys.all_file_refs(),
         keys.metadata_all(),
         keys.drains(),
+        keys.source_events(&EventSource::User),
     ] {
         permissions.push(Permission::prefix(Access::ReadWrite, prefix));
     }
@@ -153,6 +159,7 @@ pub fn engine(keys: &Keys) -> RoleSpec {
         format!("{}engine/", keys.prefix()),
         keys.moves(),
         keys.lefts(),
+        keys.source_events(&EventSource::Engine),
     ] {
         permissions.push(Permission::prefix(Access::ReadWrite, prefix));
     }
@@ -176,6 +183,10 @@ pub fn machine(keys: &Keys, m: &MachineId) -> RoleSpec {
             Permission::prefix(Access::Read, keys.machine_schedule(m)),
             Permission::prefix(Access::Read, keys.files()),
             Permission::key(Access::ReadWrite, keys.migrating(m)),
+            Permission::prefix(
+                Access::ReadWrite,
+                keys.source_events(&EventSource::Machine(m.clone())),
+            ),
         ],
     }
 }
@@ -392,6 +403,32 @@ mod tests {
         assert!(engine(&keys).permits(Access::Write, key));
         assert!(!machine(&keys, &m("m1")).permits(Access::Write, key));
         assert!(!operator(&keys).permits(Access::Write, key));
+    }
+
+    /// Issue 41: each writer's events are its own prefix; a host writes its own agent's
+    /// events and no other machine's, and every reader reads them all.
+    #[test]
+    fn each_role_writes_only_its_own_events_and_a_viewer_reads_them_all() {
+        let keys = Keys::new("/p/");
+        let stamp = "00000000000000000001-0000000000000001";
+        let user = format!("/p/event/user/unit/a.service/{stamp}");
+        let engine_key = format!("/p/event/engine/unit/a.service/{stamp}");
+        let m1 = format!("/p/event/machine/m1/unit/a.service/{stamp}");
+        let m10 = format!("/p/event/machine/m10/unit/a.service/{stamp}");
+        let host = machine(&keys, &m("m1"));
+        assert!(host.permits(Access::Write, &m1));
+        for key in [&m10, &user, &engine_key] {
+            assert!(!host.permits(Access::Write, key), "{key}");
+        }
+        assert!(operator(&keys).permits(Access::Write, &user));
+        assert!(!operator(&keys).permits(Access::Write, &engine_key));
+        assert!(!operator(&keys).permits(Access::Write, &m1));
+        assert!(engine(&keys).permits(Access::Write, &engine_key));
+        assert!(!engine(&keys).permits(Access::Write, &user));
+        for key in [&user, &engine_key, &m1, &m10, &"/p/event/".to_owned()] {
+            assert!(viewer(&keys).permits(Access::Read, key), "{key}");
+            assert!(!viewer(&keys).permits(Access::Write, key), "{key}");
+        }
     }
 
     #[test]

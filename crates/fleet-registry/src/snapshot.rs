@@ -156,7 +156,10 @@ impl Snapshot {
                 place(&mut self.left, unit, machine, copy);
             }),
             // Placements mirror the schedule, which the snapshot holds already.
-            Kind::File | Kind::FileRef | Kind::Engine | Kind::Placement => return None,
+            // Events are no part of the state decisions are made on.
+            Kind::File | Kind::FileRef | Kind::Engine | Kind::Placement | Kind::Event => {
+                return None;
+            }
         };
         let s = inserted.err()?;
         let key = s.key.clone();
@@ -241,7 +244,8 @@ impl Snapshot {
                 | Key::FileRef { .. }
                 | Key::Leader
                 | Key::Disruption
-                | Key::Placement { .. },
+                | Key::Placement { .. }
+                | Key::Event { .. },
             )
             | None => false,
         }

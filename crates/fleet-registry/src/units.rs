@@ -8,6 +8,8 @@
 //! - a unit record is replaced or its desired state changed only if it is unchanged since the
 //!   caller read it (compare-and-swap on its mod revision).
 
+use crate::events::log::{EventConfig, EventLog, EventStats};
+use crate::keys::EventSource;
 use fleet_core::{DesiredState, MachineId, UnitFile, UnitHash, UnitName};
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,6 +72,11 @@ fn dropped_hashes(old: &UnitRecord, new: &UnitRecord) -> Vec<UnitHash> {
 impl<K: Kv> UnitsRole<K> {
     pub fn new(registry: Registry<K>) -> UnitsRole<K> {
         UnitsRole { registry }
+    }
+
+    /// The writer of user actions' events (`P/event/user/`, issue 41).
+    pub fn event_log(&self, cfg: EventConfig, stats: EventStats) -> EventLog {
+        EventLog::start(self.registry.clone(), EventSource::User, cfg, stats)
     }
 
     /// The shared read-only views (snapshots, listings, leader), as every role has them.

@@ -393,6 +393,56 @@ async fn the_viewer_reads_and_writes_nothing<S: Side>(side: S) {
     assert_eq!(everything(&side.root()).await, before);
 }
 
+/// Issue 41: a host writes its own agent's events and no other machine's (the refusal is
+/// counted by its writer, and nothing lands), the engine and the operator write their own,
+/// and a viewer reads them all and writes none.
+async fn each_host_writes_its_own_events_and_a_viewer_reads_them_all<S: Side>(side: S) {
+    use fleet_registry::{Event, EventConfig, EventFilter, EventKind, EventStats};
+    let close = Duration::from_secs(10);
+    let a = name("a.service");
+    let host = side.user("fleet-host-m1", engine_host("m1")).await;
+    let stats = EventStats::default();
+    let forged = MachineRole::new(host.clone(), machine("m2"))
+        .event_log(EventConfig::default(), stats.clone());
+    forged
+        .sink()
+        .emit(Event::now(EventKind::Failed, "forged").unit(&a));
+    forged.close(close).await;
+    assert_eq!((stats.get("failed"), stats.get("written")), (1, 0));
+    let own = MachineRole::new(host.clone(), machine("m1"))
+        .event_log(EventConfig::default(), stats.clone());
+    own.sink().emit(Event::now(EventKind::Started, "").unit(&a));
+    own.close(close).await;
+    let engine = EngineRole::new(host).event_log(EventConfig::default(), stats.clone());
+    engine
+        .sink()
+        .emit(Event::now(EventKind::Scheduled, "").unit(&a));
+    engine.close(close).await;
+    let operator = side
+        .user("fleet-operator", vec![rbac::operator(&keys())])
+        .await;
+    let user = UnitsRole::new(operator).event_log(EventConfig::default(), stats.clone());
+    user.sink()
+        .emit(Event::now(EventKind::Submitted, "").unit(&a));
+    user.close(close).await;
+    assert_eq!((stats.get("failed"), stats.get("written")), (1, 3));
+
+    let viewer = side.user("fleet-viewer", vec![rbac::viewer(&keys())]).await;
+    let seen = viewer
+        .events(&EventFilter::default())
+        .await
+        .expect("a viewer reads events");
+    let reasons: Vec<&str> = seen.items.iter().map(|e| e.reason.as_str()).collect();
+    assert_eq!(seen.items.len(), 3, "{reasons:?}");
+    assert!(!reasons.contains(&"forged"));
+    let written = UnitsRole::new(viewer).event_log(EventConfig::default(), stats.clone());
+    written
+        .sink()
+        .emit(Event::now(EventKind::Submitted, "").unit(&a));
+    written.close(close).await;
+    assert_eq!(stats.get("failed"), 2, "a viewer wrote an event");
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod fake {
@@ -425,6 +475,7 @@ contract!(
     an_engine_host_campaigns_and_schedules,
     the_operator_writes_units_but_no_schedule_state_or_presence,
     the_viewer_reads_and_writes_nothing,
+    each_host_writes_its_own_events_and_a_viewer_reads_them_all,
 );
 
 /// Only real etcd has passwords.

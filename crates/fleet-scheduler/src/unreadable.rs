@@ -78,6 +78,7 @@ impl Unreadable {
                     | Key::Disruption
                     | Key::Unscheduled(_)
                     | Key::Metadata { .. }
+                    | Key::Event { .. }
                     | Key::Moving(_)
                     | Key::Placement { .. }
                     | Key::Left { .. },

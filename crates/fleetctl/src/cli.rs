@@ -122,6 +122,9 @@ pub enum Command {
     UnsetMetadata(UnsetMetadataArgs),
     /// Say why a unit runs where it does, or why it runs nowhere, machine by machine.
     Explain(ExplainArgs),
+    /// Print what happened to units and machines: users' actions, the engine's decisions and
+    /// what systemd did, oldest first (docs/operating.md, "What happened to my unit").
+    Events(EventsArgs),
     /// Create and list fleet's etcd roles and users (as etcd's root user, --driver=etcd only).
     #[command(subcommand)]
     Auth(AuthCommand),
@@ -316,6 +319,35 @@ pub struct Listing {
     pub output: Format,
 }
 
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// After the events so far, print each new one as it happens, until Ctrl-C.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Only the events of this unit.
+    #[arg(long)]
+    pub unit: Option<String>,
+    /// Only the events about this machine (its full ID): placed on or moved from it, what its
+    /// agent saw, its drains and metadata.
+    #[arg(long)]
+    pub machine: Option<String>,
+    /// Only the events of the last DURATION: a number and a unit, s, m, h or d (`10m`).
+    #[arg(long, value_parser = parse_since)]
+    pub since: Option<std::time::Duration>,
+    /// Output format: text (a table), or json (the API's event entities: one document, or
+    /// one entity a line with --follow).
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub output: Format,
+    /// Print no header line.
+    #[arg(long)]
+    pub no_legend: bool,
+}
+
+fn parse_since(s: &str) -> Result<std::time::Duration, String> {
+    fleet_api_wire::events::parse_since(s)
+        .ok_or_else(|| format!("{s:?} is no duration (a number and a unit: 90s, 10m, 2h, 1d)"))
+}
+
 /// How a listing or `version` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -349,8 +381,9 @@ pub struct ListUnits {
 pub struct ListMachines {
     #[command(flatten)]
     pub listing: Listing,
-    /// Columns to print, comma-separated, from: drained, ip, machine, metadata (`drained`:
-    /// how many moves at a time, or `-`). [default: machine,ip,metadata]
+    /// Columns to print, comma-separated, from: drained, ip, leader, machine, metadata
+    /// (`drained`: how many moves at a time, or `-`; `leader`: `yes` on the machine whose
+    /// engine leads, else `-`). [default: machine,ip,metadata]
     #[arg(long)]
     pub fields: Option<String>,
 }

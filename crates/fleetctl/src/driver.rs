@@ -11,6 +11,7 @@
 
 mod answer;
 mod creates;
+mod events;
 pub mod http;
 mod import;
 pub(crate) mod transport;

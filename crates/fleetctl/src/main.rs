@@ -218,8 +218,45 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Driver::Etcd => {
             let registry = connect_etcd(&global, &chosen.endpoint).await?;
-            run_on(RegistryCluster::new(registry), &global, command).await
+            let log = event_log(&registry, &global);
+            let cluster = RegistryCluster::new(registry)
+                .with_events(log.sink())
+                .acting_as(Some(&who(&global)));
+            let outcome = run_on(cluster, &global, command).await;
+            // What this command did is written before it exits, within one request timeout.
+            log.close(request_timeout(&global)).await;
+            outcome
         }
+    }
+}
+
+/// The writer of the events of this command's actions (`--driver=etcd`).
+fn event_log(registry: &Registry<EtcdKv>, global: &cli::Global) -> fleet_registry::EventLog {
+    let retention = Duration::from_secs_f64(global.event_retention);
+    fleet_registry::UnitsRole::new(registry.clone()).event_log(
+        fleet_registry::EventConfig::new(retention),
+        fleet_registry::EventStats::default(),
+    )
+}
+
+/// Who acts, for the events of `--driver=etcd`: the etcd user, else the local user.
+fn who(global: &cli::Global) -> String {
+    match &global.username {
+        Some(user) => format!("etcd user {user}"),
+        None => local_user(),
+    }
+}
+
+/// `local user <name> (uid <n>)`: `$USER` as the shell says it, the uid as the kernel does.
+fn local_user() -> String {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").map(|m| m.uid());
+    let name = std::env::var("USER").unwrap_or_default();
+    match (name.is_empty(), uid) {
+        (false, Ok(uid)) => format!("local user {name} (uid {uid})"),
+        (true, Ok(uid)) => format!("local uid {uid}"),
+        (false, Err(_)) => format!("local user {name}"),
+        (true, Err(_)) => "local user".to_owned(),
     }
 }
 
@@ -414,6 +451,7 @@ async fn execute<C: Cluster>(
         Command::Explain(a) => {
             commands::maintenance::explain(ctx, &a.unit, a.output == "json").await
         }
+        Command::Events(a) => commands::events::run(ctx, &a).await,
         Command::Version(_)
         | Command::Completion(_)
         | Command::Man(_)

@@ -76,7 +76,10 @@ impl Machines {
             machines: listing
                 .machines
                 .iter()
-                .map(|m| convert::machine_to_wire(m, true))
+                .map(|m| fleet_api_wire::wire::Machine {
+                    leader: listing.leader.as_ref() == Some(&m.id),
+                    ..convert::machine_to_wire(m, true)
+                })
                 .collect(),
             drains: listing.drained.clone(),
             skipped: listing.skipped.clone(),

@@ -60,6 +60,8 @@ impl Env {
             .unwrap()
             .kvs
             .into_iter()
+            // The events of what the commands did (issue 41) stay, on their lease.
+            .filter(|kv| !kv.key.contains("/event/"))
             .map(|kv| (kv.key, kv.value))
             .collect()
     }

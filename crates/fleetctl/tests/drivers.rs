@@ -34,10 +34,17 @@ impl Env {
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join("fleet.sock");
         let registry = Registry::new(etcd.kv().await, API_PREFIX);
+        let events = fleet_registry::UnitsRole::new(registry.clone())
+            .event_log(
+                fleet_registry::EventConfig::default(),
+                fleet_registry::EventStats::default(),
+            )
+            .into_sink();
         let router = fleet_api::router(
-            // As fleetd serves it: unit listings from its held view.
+            // As fleetd serves it: unit listings from its held view, users' writes recorded.
             fleet_api::Api::new(registry, 100, "test")
-                .with_held_view(fleet_api::held::HELD_VIEW_IDLE),
+                .with_held_view(fleet_api::held::HELD_VIEW_IDLE)
+                .with_events(events),
         );
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let (stop, shutdown) = tokio::sync::watch::channel(false);
@@ -437,4 +444,103 @@ async fn drain_undrain_and_explain_print_the_same_over_the_api_as_over_etcd() {
         api_out[10]
     );
     assert!(!api_out[11].1.contains("parallel="), "{:?}", api_out[11]);
+}
+
+/// The event kinds and units `fleetctl events --output json` lists.
+fn listed(o: &Output) -> Vec<(String, String)> {
+    assert!(o.status.success(), "{:?}", shown(o));
+    let page: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let field = |k: &str| e[k].as_str().unwrap_or("").to_owned();
+            (field("kind"), field("unit"))
+        })
+        .collect()
+}
+
+/// Issue 41: what a command did is recorded whichever driver it went through, and `events`
+/// lists it alike over both (who asked differs: the local user over etcd, the socket's uid
+/// over the API); `--follow` over the API streams an event written after it started.
+#[tokio::test]
+async fn events_record_each_drivers_actions_and_list_alike_over_both() {
+    let env = Env::start("events").await;
+    env.write("a.service", "[Service]\nExecStart=/bin/sleep 1000\n");
+    for over in [env.over_etcd(), env.over_api()] {
+        for args in [
+            &["submit", "a.service"][..],
+            &["load", "--no-block", "a.service"],
+            &["destroy", "a.service"],
+        ] {
+            let o = env.fleetctl(&over, args).await;
+            assert!(o.status.success(), "{args:?}: {:?}", shown(&o));
+        }
+    }
+    let want = |unit: &str| {
+        ["submitted", "desired-changed", "destroyed"]
+            .iter()
+            .map(|k| ((*k).to_owned(), unit.to_owned()))
+            .collect::<Vec<_>>()
+    };
+    let args = ["events", "--output", "json", "--unit", "a.service"];
+    // The API writes its events in the background: they come within a moment.
+    let mut api = Vec::new();
+    for _ in 0..50 {
+        api = listed(&env.fleetctl(&env.over_api(), &args).await);
+        if api.len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(api, want("a.service"));
+    let etcd = listed(&env.fleetctl(&env.over_etcd(), &args).await);
+    assert_eq!(etcd, want("a.service"));
+    let table = env.fleetctl(&env.over_etcd(), &["events"]).await;
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.starts_with("TIME") && text.contains("destroyed") && text.contains("local"),
+        "{text}"
+    );
+
+    let mut follow = Command::new(env!("CARGO_BIN_EXE_fleetctl"));
+    follow
+        .args(env.over_api())
+        .args([
+            "events",
+            "--follow",
+            "--output",
+            "json",
+            "--unit",
+            "b.service",
+        ])
+        .stdout(std::process::Stdio::piped());
+    let mut child = follow.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let first = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout).lines().next()
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    env.write("b.service", "[Service]\nExecStart=/bin/sleep 1001\n");
+    let o = env
+        .fleetctl(&env.over_api(), &["submit", "b.service"])
+        .await;
+    assert!(o.status.success(), "{:?}", shown(&o));
+    let line = tokio::time::timeout(std::time::Duration::from_secs(5), first).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = line
+        .expect("followed within 5 s")
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(event["kind"], "submitted");
+    assert_eq!(event["unit"], "b.service");
+    assert!(
+        event["who"].as_str().unwrap_or("").starts_with("local"),
+        "{event}"
+    );
 }

@@ -58,6 +58,8 @@ pub struct Config {
     pub public_ip: Option<String>,
     pub metadata: BTreeMap<String, String>,
     pub agent_ttl: Duration,
+    /// How long events are kept at least (issue 41; docs/registry.md, "Events").
+    pub event_retention: Duration,
     pub units_directory: PathBuf,
     pub engine_reconcile_interval: Duration,
     /// Rescheduling holds while more than this share of the machines vanished within one

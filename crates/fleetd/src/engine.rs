@@ -19,8 +19,15 @@ pub fn spawn<K: Kv>(
     shutdown: watch::Receiver<bool>,
     metrics: &crate::metrics::Metrics,
 ) {
+    let events = fleet_registry::EngineRole::new(stores.registry().clone())
+        .event_log(
+            fleet_registry::EventConfig::new(config.event_retention),
+            metrics.events.clone(),
+        )
+        .into_sink();
     let mut cfg = EngineConfig::new(machine.clone(), config.engine_reconcile_interval)
-        .with_metrics(metrics.engine.clone());
+        .with_metrics(metrics.engine.clone())
+        .with_events(events);
     cfg.disruption = DisruptionConfig {
         threshold: config.engine_disruption_threshold,
         grace: config.engine_disruption_grace,

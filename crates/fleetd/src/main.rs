@@ -219,15 +219,24 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     // one read and its watch go on the engine's connection; every page read from etcd and the
     // listings' present-revision reads stay on the API's.
     let stores = SharedStore::new(registry.clone());
+    let api_registry = Registry::new(metrics.registry.meter(api_kv), &config.etcd_key_prefix);
+    // Users' writes through this API, as events (issue 41), by the operator role's writer.
+    let events = fleet_registry::UnitsRole::new(api_registry.clone())
+        .event_log(
+            fleet_registry::EventConfig::new(config.event_retention),
+            metrics.events.clone(),
+        )
+        .into_sink();
     let served = api::build(
-        Registry::new(metrics.registry.meter(api_kv), &config.etcd_key_prefix),
+        api_registry,
         stores.clone(),
         &config.api,
         VERSION,
         Some((machine.clone(), inspector, config.deny_units.clone())),
         &metrics,
     )
-    .with_health(health);
+    .with_health(health)
+    .with_events(events);
     api::spawn(&mut tasks, served, listeners, shutdown_rx.clone());
     // Armed before this machine registers: a fleetd restarted while etcd is away pushes the
     // fence of the one before it forward, so that it stops nothing.
@@ -267,6 +276,12 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     agent_cfg.deny_units = config.deny_units.clone();
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
     let role = MachineRole::new(registry.clone(), machine.clone());
+    agent_cfg.events = role
+        .event_log(
+            fleet_registry::EventConfig::new(config.event_retention),
+            metrics.events.clone(),
+        )
+        .into_sink();
     let role_for_stop = role.clone();
     let mut agent =
         Agent::new(role, manager, agent_cfg, presence_rx).with_metrics(metrics.agent.clone());

@@ -19,6 +19,8 @@ pub struct Metrics {
     pub engine: fleet_engine::Metrics,
     pub agent: fleet_agent::Metrics,
     pub api: fleet_api::Metrics,
+    /// What became of the events this fleetd's writers were handed (`fleet_events_total`).
+    pub events: fleet_registry::EventStats,
     pub exposed: Arc<Registry>,
 }
 
@@ -47,11 +49,13 @@ impl Metrics {
         let engine = fleet_engine::Metrics::register(fleet.sub_registry_with_prefix("engine"));
         let agent = fleet_agent::Metrics::register(fleet.sub_registry_with_prefix("agent"));
         let api = fleet_api::Metrics::register(fleet.sub_registry_with_prefix("api"));
+        let events = fleet_registry::EventStats::register(fleet);
         Metrics {
             registry,
             engine,
             agent,
             api,
+            events,
             exposed: Arc::new(root),
         }
     }

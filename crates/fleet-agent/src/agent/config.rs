@@ -18,6 +18,9 @@ pub struct AgentConfig {
     pub backoff_max: Duration,
     /// Where restart generations are recorded (`None`: in memory only, for tests).
     pub restarts_dir: Option<std::path::PathBuf>,
+    /// Where what the agent did goes as events (issue 41): off unless fleetd gives this
+    /// machine's writer (`MachineRole::event_log`).
+    pub events: fleet_registry::EventSink,
 }
 
 impl AgentConfig {
@@ -29,6 +32,7 @@ impl AgentConfig {
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
             restarts_dir: None,
+            events: fleet_registry::EventSink::off(),
         }
     }
 }

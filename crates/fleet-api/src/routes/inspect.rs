@@ -218,7 +218,7 @@ fn lines(query: &Query) -> Result<u32, ApiError> {
     }
 }
 
-fn follow(query: &Query) -> Result<bool, ApiError> {
+pub(super) fn follow(query: &Query) -> Result<bool, ApiError> {
     match first(&query.raw, wire::FOLLOW).as_deref() {
         None | Some("false") => Ok(false),
         Some("true") => Ok(true),

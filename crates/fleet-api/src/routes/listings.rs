@@ -1,5 +1,5 @@
-//! The listings (`GET /machines`, `/units`, `/state`) and `PATCH /machines`: paging, the
-//! held view for whole listings, fleet's entities. Split from `routes.rs`, which routes.
+//! The listings (`GET /machines`, `/units`, `/state`): paging, the held view for whole
+//! listings, fleet's entities. Split from `routes.rs`, which routes.
 
 use super::*;
 
@@ -12,7 +12,10 @@ pub(super) async fn list_machines<K: Kv>(
     let machines = listing
         .machines
         .iter()
-        .map(|m| convert::machine_to_wire(m, query.full))
+        .map(|m| wire::Machine {
+            leader: listing.leader.as_ref() == Some(&m.id),
+            ..convert::machine_to_wire(m, query.full)
+        })
         .collect();
     let (machines, next) = paging.slice(machines);
     let mut page = entity::MachinePage {
@@ -150,30 +153,4 @@ pub(super) async fn list_states<K: Kv>(api: &Api<K>, query: &Query) -> Result<Re
         page.skipped = listing.skipped;
     }
     Ok(json_response(StatusCode::OK, &page))
-}
-
-/// fleet's `PATCH /machines`: validated as a whole, then applied in one transaction; 204
-/// with a JSON content type (fleet's functional tests check it). fleet checks no content type
-/// here and its tests send none, so only a wrong one is refused.
-pub(super) async fn patch_machines<K: Kv>(
-    api: &Api<K>,
-    req: Request,
-) -> Result<Response, ApiError> {
-    if req.headers().contains_key(header::CONTENT_TYPE) {
-        check_content_type(req.headers())?;
-    }
-    let body = read_body(req.into_body(), MAX_BODY).await?;
-    if let Some(why) = crate::shape::refusal(&body, crate::shape::Top::Array) {
-        return Err(ApiError::BodyShape(why));
-    }
-    let ops: Vec<entity::MetadataOp> =
-        serde_json::from_slice(&body).map_err(ApiError::DecodeBody)?;
-    let changes = metadata_changes(&ops)?;
-    api.cluster.change_metadata(&changes).await?;
-    let mut resp = StatusCode::NO_CONTENT.into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    Ok(resp)
 }

@@ -177,12 +177,7 @@ async fn read_overview<K: Kv>(api: &Api<K>, query: &str, role: &str) -> Result<R
     let units = api.cluster.units(None).await?;
     let states = api.cluster.states(&StateFilter::default()).await?;
     let machines = api.cluster.machines().await?;
-    let leader = api
-        .cluster
-        .registry()
-        .leader()
-        .await
-        .map_err(fleet_ops::OpsError::from)?;
+    let leader = machines.leader.clone();
     let read = overview::Read {
         units: &units,
         states: &states,

@@ -37,6 +37,7 @@ use tracing::{Instrument, debug, debug_span, info, warn};
 
 use super::copies::{self, Copies};
 use super::decision_log;
+use super::events::EngineEvents;
 use super::planner::{PassPlan, PassPlanner};
 use super::{EngineConfig, Flow, stop_requested};
 use crate::disruption::{Assessment, Hold};
@@ -76,6 +77,8 @@ pub(super) struct Leading<K> {
     /// Units waiting for a previous copy, and stray states: what was reported of them.
     copies: Copies,
     metrics: Metrics,
+    /// The decisions written, as events (issue 41).
+    events: EngineEvents,
 }
 
 /// Aborts the lease keeper when leading ends, however it ends.
@@ -105,6 +108,7 @@ impl<K: Kv> Leading<K> {
             placements_repaired: false,
             copies: Copies::default(),
             metrics: cfg.metrics.clone(),
+            events: EngineEvents::new(cfg.events.clone()),
         }
     }
 
@@ -232,6 +236,7 @@ impl<K: Kv> Leading<K> {
         drop(read);
         self.log_assessment(&pass.assessment);
         pass.plan.decisions.iter().for_each(decision_log::log);
+        self.events.decided(&pass.plan.decisions);
         Ok(())
     }
 
@@ -287,6 +292,7 @@ impl<K> Leading<K> {
                 }
                 None => info!("rescheduling hold ended"),
             }
+            self.events.held(a.hold.as_ref());
             self.logged_hold = a.hold.clone();
         }
         if a.rate_limited > 0 {

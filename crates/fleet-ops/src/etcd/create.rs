@@ -21,7 +21,14 @@ use crate::model::{Expect, PutOutcome, PutRequest};
 use crate::{Cluster, Created, OpsError};
 
 impl<K: Kv> RegistryCluster<K> {
-    pub(super) async fn create_all(&self, reqs: Vec<PutRequest>) -> Created {
+    /// Creates `reqs` in batches on this cluster, which records nothing (issue 41): the units
+    /// its batches wrote are recorded by `recorder`, and a unit of a batch that collided is
+    /// written through `recorder`'s own `put_if`, which records it itself.
+    pub(super) async fn create_all(
+        &self,
+        recorder: &RegistryCluster<K>,
+        reqs: Vec<PutRequest>,
+    ) -> Created {
         let mut results: Vec<Option<Result<PutOutcome, OpsError>>> = Vec::new();
         let mut planned: Vec<(usize, UnitFile, DesiredState)> = Vec::new();
         for (i, req) in reqs.iter().enumerate() {
@@ -55,13 +62,15 @@ impl<K: Kv> RegistryCluster<K> {
                 Batch::Written(written) => {
                     for ((i, file, _), unit) in planned.iter().zip(written) {
                         let view = views::written_view(&unit, file);
-                        results[*i] = Some(Ok(PutOutcome::Created(view)));
+                        let created = Ok(PutOutcome::Created(view));
+                        recorder.record_put(&reqs[*i].name, &created);
+                        results[*i] = Some(created);
                     }
                 }
                 Batch::Collided => {
                     for (i, _, _) in planned {
                         let req = reqs[*i].clone();
-                        results[*i] = Some(self.put_if(req, Expect::Absent).await);
+                        results[*i] = Some(recorder.put_if(req, Expect::Absent).await);
                     }
                 }
                 failed => not_written(

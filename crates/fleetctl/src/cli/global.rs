@@ -22,6 +22,10 @@ pub struct Global {
     /// Seconds to wait for each request to etcd or to fleet's API.
     #[arg(long, global = true, env = "FLEETCTL_REQUEST_TIMEOUT", default_value_t = 3.0, value_parser = parse_seconds, value_hint = ValueHint::Other)]
     pub request_timeout: f64,
+    /// Seconds the events of this command's actions are kept, with --driver=etcd (over the
+    /// API, fleetd's `event_retention` decides).
+    #[arg(long, global = true, env = "FLEETCTL_EVENT_RETENTION", default_value_t = 3600.0, value_parser = parse_seconds, value_hint = ValueHint::Other)]
+    pub event_retention: f64,
     /// CA file of the TLS certificate of fleet's API (https://) or of etcd.
     #[arg(
         long,

@@ -286,7 +286,7 @@ mod tests {
         assert_eq!(
             names(&steps),
             [
-                "role fleet-machine-m1: 6 permission(s)",
+                "role fleet-machine-m1: 7 permission(s)",
                 "user fleet-host-m1: roles fleet-machine-m1"
             ]
         );

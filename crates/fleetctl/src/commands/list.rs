@@ -187,7 +187,10 @@ pub async fn list_machines<C: Cluster>(ctx: &mut Ctx<C>, args: &ListMachines) ->
         let listing = ctx.cluster.machines().await.context(MACHINES_FAILED)?;
         return print_json(ctx, &output::Machines::of(&listing));
     };
-    let fields = parse_fields(&fields_arg, &["drained", "ip", "machine", "metadata"])?;
+    let fields = parse_fields(
+        &fields_arg,
+        &["drained", "ip", "leader", "machine", "metadata"],
+    )?;
     let listing = ctx.cluster.machines().await.context(MACHINES_FAILED)?;
     warn_skipped(ctx, listing.skipped);
     let by_id: BTreeMap<MachineId, _> = BTreeMap::new();
@@ -207,6 +210,8 @@ pub async fn list_machines<C: Cluster>(ctx: &mut Ctx<C>, args: &ListMachines) ->
                     "drained" => drained
                         .get(&m.id)
                         .map_or_else(|| "-".to_owned(), |p| format!("parallel={p}")),
+                    "leader" if listing.leader.as_ref() == Some(&m.id) => "yes".into(),
+                    "leader" => "-".into(),
                     "ip" if m.public_ip.is_empty() => "-".into(),
                     "ip" => m.public_ip.clone(),
                     "metadata" if m.metadata.is_empty() => "-".into(),

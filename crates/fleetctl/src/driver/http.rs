@@ -190,6 +190,12 @@ impl HttpCluster {
         query: &[(&str, String)],
         body: Option<Vec<u8>>,
     ) -> Result<Answer, OpsError> {
+        let uri = self.path_and_query(path, query);
+        self.transport.send(method, &uri, body).await
+    }
+
+    /// `path` with `query`, its values escaped.
+    pub(super) fn path_and_query(&self, path: &str, query: &[(&str, String)]) -> String {
         let mut uri = path.to_owned();
         for (i, (k, v)) in query.iter().enumerate() {
             uri.push(if i == 0 { '?' } else { '&' });
@@ -197,7 +203,11 @@ impl HttpCluster {
             uri.push('=');
             uri.extend(utf8_percent_encode(v, ESCAPED));
         }
-        self.transport.send(method, &uri, body).await
+        uri
+    }
+
+    pub(super) fn transport(&self) -> &Transport {
+        &self.transport
     }
 
     /// A `PUT /units/<name>?view=full&...` with `body`, answered by a WriteResult.
@@ -319,7 +329,11 @@ impl Cluster for HttpCluster {
         let mut listing = MachineListing::default();
         for page in self.whole::<MachinePage>("/machines", &[]).await? {
             for m in &page.machines {
-                listing.machines.push(convert::machine_from_wire(m)?);
+                let machine = convert::machine_from_wire(m)?;
+                if m.leader {
+                    listing.leader = Some(machine.id.clone());
+                }
+                listing.machines.push(machine);
             }
             extend_new(&mut listing.skipped, page.skipped);
             if listing.notice.is_none() && !page.disruption_notice.is_empty() {
@@ -438,6 +452,20 @@ impl Cluster for HttpCluster {
 
     async fn watch(&self, names: BTreeSet<UnitName>) -> Result<HttpChanges, OpsError> {
         HttpChanges::start(self.clone(), names).await
+    }
+
+    async fn events(
+        &self,
+        filter: &fleet_registry::EventFilter,
+    ) -> Result<fleet_ops::EventListing, OpsError> {
+        self.event_page(filter).await
+    }
+
+    async fn follow_events(
+        &self,
+        filter: fleet_registry::EventFilter,
+    ) -> Result<fleet_ops::EventStream, OpsError> {
+        self.event_stream(filter).await
     }
 }
 

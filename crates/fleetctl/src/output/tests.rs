@@ -153,6 +153,7 @@ fn machines() -> Machines {
             parallel: 2,
             since: 1_700_000_000,
         }],
+        leader: Some(id("m1")),
     })
 }
 

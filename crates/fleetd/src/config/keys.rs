@@ -156,6 +156,15 @@ pub const KEYS: &[Key] = &[
         },
     ),
     Key::value(
+        "event_retention",
+        Unset::Value("1h"),
+        "how long events (fleetctl events) are kept at least, a Go duration",
+        |p, v| {
+            p.config.event_retention = duration_in(v, Syntax::Go, SECOND)?;
+            Ok(())
+        },
+    ),
+    Key::value(
         "deny_units",
         Unset::Value(DEFAULT_DENY_UNITS),
         "unit name globs fleetd refuses to manage, `a,b*`; `none`: every unit may be managed",

@@ -61,6 +61,9 @@ const BEFORE: &[Before] = &[
     before("agent_ttl", Unset::Value("30s"), |c| {
         c.agent_ttl == Duration::from_secs(30)
     }),
+    before("event_retention", Unset::Value("1h"), |c| {
+        c.event_retention == Duration::from_secs(3600)
+    }),
     before("deny_units", Unset::Value(DEFAULT_DENY_UNITS), |c| {
         c.deny_units.len() == 10 && c.deny_units[0] == "fleetd.service"
     }),

@@ -91,6 +91,7 @@ fn fixture() -> Fixture {
             skipped: vec![],
             notice: None,
             leader_notice: None,
+            leader: Some(id("m2")),
             drained: vec![fleet_registry::DrainRecord {
                 machine: id("m3"),
                 parallel: 1,

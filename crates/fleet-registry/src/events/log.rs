@@ -1,0 +1,355 @@
+//! The event writer (issue 41): events are handed to an [`EventSink`] without waiting, and
+//! one background task per writer puts them in etcd, many to a transaction, on a lease of
+//! the retention so they expire by themselves.
+//!
+//! Writing an event must never delay the action it describes, and losing one must never fail
+//! it: [`EventSink::emit`] only tries to queue (a bounded queue; full, the event is dropped
+//! and counted), and a put that fails is counted and forgotten, never retried in a loop.
+//!
+//! Space is bounded twice: every event lives at most the retention plus one lease window (a
+//! lease is granted per window of a quarter of the retention, with the retention plus that
+//! window as its TTL, and never kept alive), and a writer puts at most [`EventConfig::cap`]
+//! events of one subject (unit, machine) per window, counting the rest as capped. So one
+//! writer holds at most `cap × 5` events of a unit (docs/registry.md "Events").
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry as Prometheus;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{Instrument, debug, warn};
+
+use super::{Event, lease_gone};
+use crate::keys::{EventSource, EventStamp, EventSubject};
+use crate::kv::{Kv, LeaseId, Txn, TxnOp};
+use crate::registry::{Registry, encode};
+
+/// Events to one transaction at most: etcd's 128 operations (a put each, no compare), so that
+/// fleetctl's close after a start of thousands of units writes them in few requests.
+const BATCH: usize = crate::kv::MAX_TXN_OPS;
+
+/// How a writer keeps events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventConfig {
+    /// How long an event is kept at least (fleetd's `event_retention`, default 1 h).
+    pub retention: Duration,
+    /// Events of one subject a writer puts per lease window, at most.
+    pub cap: u32,
+    /// Events waiting to be written, at most; past it they are dropped.
+    pub queue: usize,
+}
+
+impl EventConfig {
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(3600);
+
+    pub fn new(retention: Duration) -> EventConfig {
+        EventConfig {
+            retention,
+            cap: 100,
+            queue: 10_000,
+        }
+    }
+
+    /// A lease is used for new events this long; it lives this much beyond the retention.
+    fn window(&self) -> Duration {
+        (self.retention / 4).max(Duration::from_secs(1))
+    }
+}
+
+impl Default for EventConfig {
+    fn default() -> Self {
+        EventConfig::new(EventConfig::DEFAULT_RETENTION)
+    }
+}
+
+/// What became of the events handed to writers, by outcome; clones share the counts.
+#[derive(Debug, Clone, Default)]
+pub struct EventStats {
+    outcomes: Family<Outcome, Counter>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
+struct Outcome {
+    outcome: &'static str,
+}
+
+impl EventStats {
+    /// Counts registered in `registry` as `events` (fleetd's `fleet_registry_events_total`).
+    pub fn register(registry: &mut Prometheus) -> EventStats {
+        let stats = EventStats::default();
+        registry.register(
+            "events",
+            "events handed to the writer, by outcome (written, dropped: queue full, capped: \
+             over the per-unit cap, failed: etcd refused or could not be reached)",
+            stats.outcomes.clone(),
+        );
+        for outcome in ["written", "dropped", "capped", "failed"] {
+            stats.count(outcome, 0);
+        }
+        stats
+    }
+
+    fn count(&self, outcome: &'static str, n: u64) {
+        self.outcomes.get_or_create(&Outcome { outcome }).inc_by(n);
+    }
+
+    /// Events of `outcome` so far (`written`, `dropped`, `capped`, `failed`).
+    pub fn get(&self, outcome: &'static str) -> u64 {
+        self.outcomes.get_or_create(&Outcome { outcome }).get()
+    }
+}
+
+/// Where events are handed over; cheap to clone, never waits. A sink of [`EventSink::off`]
+/// drops everything.
+#[derive(Debug, Clone)]
+pub struct EventSink {
+    tx: Option<mpsc::Sender<Event>>,
+    stats: EventStats,
+}
+
+impl EventSink {
+    /// A sink that keeps nothing (events off, or a test).
+    pub fn off() -> EventSink {
+        EventSink {
+            tx: None,
+            stats: EventStats::default(),
+        }
+    }
+
+    /// Queues `event` for the writer; a full queue drops it (counted as `dropped`).
+    pub fn emit(&self, event: Event) {
+        if let Some(tx) = &self.tx
+            && tx.try_send(event).is_err()
+        {
+            self.stats.count("dropped", 1);
+        }
+    }
+
+    pub fn stats(&self) -> &EventStats {
+        &self.stats
+    }
+}
+
+/// A running writer: its sink, and the task to [`close`](EventLog::close).
+#[derive(Debug)]
+pub struct EventLog {
+    sink: EventSink,
+    close: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+impl EventLog {
+    /// Starts the writer of `source`'s events. Crate-private: each role hands out the writer
+    /// of its own prefix (`UnitsRole::event_log`, `EngineRole::event_log`,
+    /// `MachineRole::event_log`).
+    pub(crate) fn start<K: Kv>(
+        registry: Registry<K>,
+        source: EventSource,
+        cfg: EventConfig,
+        stats: EventStats,
+    ) -> EventLog {
+        let (tx, rx) = mpsc::channel(cfg.queue.max(1));
+        let (close, closed) = oneshot::channel();
+        let writer = Writer {
+            registry,
+            source,
+            cfg,
+            stats: stats.clone(),
+            lease: None,
+            counts: HashMap::new(),
+            nonce: RandomState::new(),
+            written: 0,
+            failing: false,
+        };
+        let task = tokio::spawn(writer.run(rx, closed).in_current_span());
+        EventLog {
+            sink: EventSink {
+                tx: Some(tx),
+                stats,
+            },
+            close,
+            task,
+        }
+    }
+
+    pub fn sink(&self) -> EventSink {
+        self.sink.clone()
+    }
+
+    /// The sink alone: the writer goes on while any clone of it lives (a daemon's writer,
+    /// never closed).
+    pub fn into_sink(self) -> EventSink {
+        self.sink
+    }
+
+    /// Writes what is queued (waiting at most `within`), then stops: fleetctl's last step,
+    /// so that a short-lived process still records what it did.
+    pub async fn close(self, within: Duration) {
+        let _ = self.close.send(());
+        let mut task = self.task;
+        if tokio::time::timeout(within, &mut task).await.is_err() {
+            task.abort();
+        }
+    }
+}
+
+/// The background task of one [`EventLog`].
+struct Writer<K> {
+    registry: Registry<K>,
+    source: EventSource,
+    cfg: EventConfig,
+    stats: EventStats,
+    /// The lease new events go on, and when it was granted.
+    lease: Option<(LeaseId, Instant)>,
+    /// Events put per subject on the current lease.
+    counts: HashMap<EventSubject, u32>,
+    nonce: RandomState,
+    written: u64,
+    /// Whether the last write failed: a failure is worth a warning once, not per batch.
+    failing: bool,
+}
+
+impl<K: Kv> Writer<K> {
+    async fn run(mut self, mut rx: mpsc::Receiver<Event>, closed: oneshot::Receiver<()>) {
+        let mut closing = false;
+        // `None` once the log was closed or let go ([`EventLog::into_sink`]).
+        let mut closed = Some(closed);
+        loop {
+            let first = match (closing, closed.as_mut()) {
+                (true, _) => rx.try_recv().ok(),
+                (false, None) => rx.recv().await,
+                (false, Some(close)) => tokio::select! {
+                    ev = rx.recv() => ev,
+                    asked = close => {
+                        closed = None;
+                        // Let go without a close: write on while any sink lives.
+                        if asked.is_err() {
+                            continue;
+                        }
+                        closing = true;
+                        rx.try_recv().ok()
+                    }
+                },
+            };
+            let Some(first) = first else { break };
+            let mut batch = vec![first];
+            while batch.len() < BATCH {
+                match rx.try_recv() {
+                    Ok(e) => batch.push(e),
+                    Err(_) => break,
+                }
+            }
+            self.write(batch).await;
+        }
+    }
+
+    /// Puts `batch` (what the cap lets through) in one transaction; once more on a new lease
+    /// if the lease was gone. A failure is counted, logged at debug, and forgotten.
+    async fn write(&mut self, batch: Vec<Event>) {
+        let mut attempts = 0;
+        let kept = self.capped(batch);
+        if kept.is_empty() {
+            return;
+        }
+        loop {
+            attempts += 1;
+            let lease = match self.lease().await {
+                Ok(lease) => lease,
+                Err(err) => {
+                    self.failed(kept.len(), &err);
+                    return;
+                }
+            };
+            let ops = kept.iter().map(|e| self.put(e, lease)).collect();
+            let txn = Txn {
+                compares: vec![],
+                success: ops,
+                failure: vec![],
+            };
+            match self.registry.kv().txn(txn).await {
+                Ok(_) => {
+                    self.stats.count("written", kept.len() as u64);
+                    self.failing = false;
+                    return;
+                }
+                Err(err) if lease_gone(&err) && attempts == 1 => self.lease = None,
+                Err(err) => {
+                    self.failed(kept.len(), &err);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Counts `n` events lost to `err`; warns when writes start failing, then only counts.
+    fn failed(&mut self, n: usize, err: &dyn std::fmt::Display) {
+        self.stats.count("failed", n as u64);
+        if self.failing {
+            debug!(events = n, error = %err, "events not written");
+        } else {
+            warn!(events = n, error = %err, "events not written; the actions they describe are not affected");
+        }
+        self.failing = true;
+    }
+
+    /// The events of `batch` within their subject's cap on the current lease window.
+    fn capped(&mut self, batch: Vec<Event>) -> Vec<Event> {
+        if self.window_over() {
+            self.lease = None;
+            self.counts.clear();
+        }
+        let cap = self.cfg.cap;
+        let before = batch.len();
+        let kept: Vec<Event> = batch
+            .into_iter()
+            .filter(|e| {
+                let n = self.counts.entry(e.subject()).or_default();
+                *n += 1;
+                *n <= cap
+            })
+            .collect();
+        let over = before - kept.len();
+        if over > 0 {
+            self.stats.count("capped", over as u64);
+        }
+        kept
+    }
+
+    fn window_over(&self) -> bool {
+        self.lease
+            .is_some_and(|(_, granted)| granted.elapsed() >= self.cfg.window())
+    }
+
+    /// The lease of the current window, granted if there is none.
+    async fn lease(&mut self) -> Result<LeaseId, crate::kv::KvError> {
+        if let Some((lease, _)) = self.lease {
+            return Ok(lease);
+        }
+        let ttl = self.cfg.retention + self.cfg.window();
+        let lease = self.registry.kv().grant(ttl).await?;
+        self.lease = Some((lease, Instant::now()));
+        self.counts.clear();
+        Ok(lease)
+    }
+
+    fn put(&mut self, event: &Event, lease: LeaseId) -> TxnOp {
+        self.written += 1;
+        let stamp = EventStamp {
+            micros: event.time,
+            nonce: self.nonce.hash_one(self.written),
+        };
+        let key = self
+            .registry
+            .keys()
+            .event(&self.source, &event.subject(), stamp);
+        TxnOp::Put {
+            key,
+            value: encode(event),
+            lease: Some(lease),
+        }
+    }
+}

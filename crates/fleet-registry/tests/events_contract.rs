@@ -1,0 +1,250 @@
+//! Events (issue 41), as contract tests: each body runs against `MemKv` and a real etcd.
+//! Written in the background by each role's writer, read back merged by time, followed by a
+//! watch, bounded by a per-subject cap, expired by their lease; and each host writes only
+//! its own machine's events (the fake RBAC of etcd 3.4).
+
+use fleet_core::{MachineId, UnitName};
+use fleet_registry::kv::{Kv, MemKv, Rbac};
+use fleet_registry::{
+    EngineRole, Event, EventConfig, EventFilter, EventKind, EventSource, EventStats, Keys,
+    MachineRole, Registry, UnitsRole,
+};
+use fleet_testing::TestEtcd;
+use std::time::Duration;
+
+const PREFIX: &str = "/events/";
+const CLOSE: Duration = Duration::from_secs(10);
+
+fn name(s: &str) -> UnitName {
+    s.parse().unwrap()
+}
+
+fn machine(s: &str) -> MachineId {
+    s.parse().unwrap()
+}
+
+async fn event_keys<K: Kv>(reg: &Registry<K>) -> Vec<(String, i64)> {
+    let res = reg
+        .raw_kv()
+        .range(&reg.keys().events(), true, None)
+        .await
+        .unwrap();
+    res.kvs.into_iter().map(|kv| (kv.key, kv.lease)).collect()
+}
+
+async fn writes_each_writers_events_under_its_prefix_and_lists_them_by_time<K: Kv>(
+    reg: Registry<K>,
+) {
+    let (a, b) = (name("a.service"), name("b.service"));
+    let user = UnitsRole::new(reg.clone()).event_log(EventConfig::default(), EventStats::default());
+    let engine =
+        EngineRole::new(reg.clone()).event_log(EventConfig::default(), EventStats::default());
+    let m1 = MachineRole::new(reg.clone(), machine("m1"))
+        .event_log(EventConfig::default(), EventStats::default());
+    let mut submitted = Event::now(EventKind::Submitted, "desired launched").unit(&a);
+    submitted.who = Some("CN=alice".into());
+    let mut scheduled = Event::now(EventKind::Scheduled, "the only machine")
+        .unit(&a)
+        .on(&machine("m1"));
+    scheduled.time = submitted.time + 1;
+    let mut started = Event::now(EventKind::Started, "")
+        .unit(&a)
+        .on(&machine("m1"));
+    started.time = submitted.time + 2;
+    let mut other = Event::now(EventKind::Submitted, "desired loaded").unit(&b);
+    other.time = submitted.time + 3;
+    // Handed over out of order: the listing is by time.
+    m1.sink().emit(started.clone());
+    engine.sink().emit(scheduled.clone());
+    user.sink().emit(submitted.clone());
+    user.sink().emit(other.clone());
+    for log in [user, engine, m1] {
+        log.close(CLOSE).await;
+    }
+
+    let keys = event_keys(&reg).await;
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    assert!(keys.iter().all(|(_, lease)| *lease != 0), "{keys:?}");
+    let under = |source: EventSource| {
+        let prefix = reg.keys().source_events(&source);
+        keys.iter().filter(|(k, _)| k.starts_with(&prefix)).count()
+    };
+    assert_eq!(under(EventSource::User), 2);
+    assert_eq!(under(EventSource::Engine), 1);
+    assert_eq!(under(EventSource::Machine(machine("m1"))), 1);
+
+    let all = reg.events(&EventFilter::default()).await.unwrap();
+    let kinds: Vec<_> = all.items.iter().map(|e| (e.kind, e.unit.clone())).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (EventKind::Submitted, Some(a.clone())),
+            (EventKind::Scheduled, Some(a.clone())),
+            (EventKind::Started, Some(a.clone())),
+            (EventKind::Submitted, Some(b.clone())),
+        ]
+    );
+    assert_eq!(all.items[0].who.as_deref(), Some("CN=alice"));
+    assert_eq!(all.items[0].source, Some(EventSource::User));
+    assert_eq!(
+        all.items[2].source,
+        Some(EventSource::Machine(machine("m1")))
+    );
+
+    let of_a = EventFilter {
+        unit: Some(a.clone()),
+        ..EventFilter::default()
+    };
+    assert_eq!(reg.events(&of_a).await.unwrap().items.len(), 3);
+    let on_m1 = EventFilter {
+        machine: Some(machine("m1")),
+        ..EventFilter::default()
+    };
+    assert_eq!(reg.events(&on_m1).await.unwrap().items.len(), 2);
+    let later = EventFilter {
+        since: Some(other.time),
+        ..EventFilter::default()
+    };
+    assert_eq!(
+        reg.events(&later).await.unwrap().items,
+        vec![other.tap_source()]
+    );
+}
+
+/// What a listing gives back of an event the user writer wrote.
+trait TapSource {
+    fn tap_source(self) -> Event;
+}
+
+impl TapSource for Event {
+    fn tap_source(mut self) -> Event {
+        self.source = Some(EventSource::User);
+        self
+    }
+}
+
+async fn a_follower_sees_the_events_written_after_its_listing<K: Kv>(reg: Registry<K>) {
+    let listing = reg.events(&EventFilter::default()).await.unwrap();
+    let mut follow = reg.follow_events(listing.revision + 1).await.unwrap();
+    let user = UnitsRole::new(reg.clone()).event_log(EventConfig::default(), EventStats::default());
+    let event = Event::now(EventKind::Destroyed, "").unit(&name("a.service"));
+    user.sink().emit(event.clone());
+    let got = tokio::time::timeout(Duration::from_secs(5), follow.next())
+        .await
+        .expect("an event within 5 s")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, vec![event.tap_source()]);
+    user.close(CLOSE).await;
+}
+
+async fn a_writer_puts_at_most_the_cap_of_one_subject_per_window<K: Kv>(reg: Registry<K>) {
+    let cfg = EventConfig {
+        cap: 3,
+        ..EventConfig::default()
+    };
+    let stats = EventStats::default();
+    let user = UnitsRole::new(reg.clone()).event_log(cfg, stats.clone());
+    for _ in 0..5 {
+        user.sink()
+            .emit(Event::now(EventKind::Replaced, "").unit(&name("a.service")));
+    }
+    user.sink()
+        .emit(Event::now(EventKind::Drained, "").on(&machine("m1")));
+    user.close(CLOSE).await;
+    assert_eq!(event_keys(&reg).await.len(), 4);
+    assert_eq!(stats.get("written"), 4);
+    assert_eq!(stats.get("capped"), 2);
+}
+
+async fn events_expire_after_the_retention<K: Kv>(reg: Registry<K>) {
+    let cfg = EventConfig::new(Duration::from_secs(2));
+    let user = UnitsRole::new(reg.clone()).event_log(cfg, EventStats::default());
+    user.sink()
+        .emit(Event::now(EventKind::Submitted, "").unit(&name("a.service")));
+    user.close(CLOSE).await;
+    assert_eq!(event_keys(&reg).await.len(), 1);
+    // The retention plus one window (a quarter of it, at least a second), and etcd's slack.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !event_keys(&reg).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "events outlived their lease"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+macro_rules! contract {
+    ($($test:ident),* $(,)?) => {
+        mod mem {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let reg = fleet_registry::Registry::new(super::MemKv::new(), super::PREFIX);
+                    super::$test(reg).await;
+                }
+            )*
+        }
+        mod etcd {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let etcd = super::TestEtcd::start().await;
+                    let reg = fleet_registry::Registry::new(etcd.kv().await, super::PREFIX);
+                    super::$test(reg).await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    writes_each_writers_events_under_its_prefix_and_lists_them_by_time,
+    a_follower_sees_the_events_written_after_its_listing,
+    a_writer_puts_at_most_the_cap_of_one_subject_per_window,
+    events_expire_after_the_retention,
+);
+
+/// The store as an etcd user holding only `role` sees it.
+fn as_role(kv: &MemKv, role: fleet_registry::rbac::RoleSpec) -> Registry<Rbac<MemKv>> {
+    Registry::new(Rbac::new(kv.clone(), role.name.clone(), vec![role]), PREFIX)
+}
+
+/// A host's credentials write its own agent's events and never another machine's (a
+/// refused write is counted, and fails nothing); a viewer reads every writer's events.
+#[tokio::test]
+async fn a_host_cannot_write_another_machines_events_and_a_viewer_reads_them() {
+    let kv = MemKv::new();
+    let keys = Keys::new(PREFIX);
+    let host_m2 = as_role(&kv, fleet_registry::rbac::machine(&keys, &machine("m2")));
+    let a = name("a.service");
+
+    let stats = EventStats::default();
+    let forged = MachineRole::new(host_m2.clone(), machine("m1"))
+        .event_log(EventConfig::default(), stats.clone());
+    forged
+        .sink()
+        .emit(Event::now(EventKind::Failed, "").unit(&a));
+    forged.close(CLOSE).await;
+    assert_eq!(stats.get("failed"), 1);
+    assert_eq!(stats.get("written"), 0);
+
+    let own = MachineRole::new(host_m2, machine("m2"))
+        .event_log(EventConfig::default(), EventStats::default());
+    own.sink().emit(Event::now(EventKind::Started, "").unit(&a));
+    own.close(CLOSE).await;
+    let operator = as_role(&kv, fleet_registry::rbac::operator(&keys));
+    let user = UnitsRole::new(operator).event_log(EventConfig::default(), EventStats::default());
+    user.sink()
+        .emit(Event::now(EventKind::Submitted, "").unit(&a));
+    user.close(CLOSE).await;
+
+    let viewer = as_role(&kv, fleet_registry::rbac::viewer(&keys));
+    let seen = viewer.events(&EventFilter::default()).await.unwrap();
+    let sources: Vec<_> = seen.items.iter().map(|e| e.source.clone()).collect();
+    assert_eq!(seen.items.len(), 2, "{seen:?}");
+    assert!(sources.contains(&Some(EventSource::Machine(machine("m2")))));
+    assert!(sources.contains(&Some(EventSource::User)));
+    viewer.follow_events(seen.revision + 1).await.unwrap();
+}
