@@ -2,7 +2,9 @@
 //! as read, and what a replace records. The etcd side reads, calls these, and writes
 //! conditionally; nothing here does I/O.
 
-use fleet_core::{DesiredState, MachineId, RequirementError, Requirements, UnitFile, UnitName};
+use fleet_core::{
+    DesiredState, MachineId, RequirementError, Requirements, UnitFile, UnitHash, UnitName,
+};
 use fleet_registry::{ReplaceState, Rollout, Unit};
 use std::collections::BTreeSet;
 
@@ -42,6 +44,37 @@ impl PutPlan {
     }
 }
 
+/// How a unit's new content stands against what the registry holds: the create, keep or
+/// replace that fleetctl decides for each argument before it writes anything (so that one bad
+/// argument writes nothing) and that the API decides again for every `PUT` (fleet's own
+/// clients send nothing else). One rule, run on both sides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Content {
+    /// No such unit: a create.
+    New,
+    /// The same file: nothing to write (fleetctl's "nothing to do", the API's state change).
+    Same,
+    /// Another file: a replace, where [`replace_lowers`] allows it.
+    Differs,
+}
+
+/// [`Content`] of a file hashing to `new` for a unit holding `existing` (`None`: no unit).
+pub fn content(existing: Option<UnitHash>, new: UnitHash) -> Content {
+    match existing {
+        None => Content::New,
+        Some(held) if held == new => Content::Same,
+        Some(_) => Content::Differs,
+    }
+}
+
+/// Whether replacing a unit's content with the desired state `asked` would lower its desired
+/// state `existing`: never done (fleet reset it to `inactive`). fleetctl words it with fleet's
+/// "can not replace … in state …, use the appropriate command" (`submit` asks `inactive`,
+/// `load` `loaded`, `start` `launched`); the API answers [`OpsError::ReplaceLowers`].
+pub fn replace_lowers(existing: DesiredState, asked: DesiredState) -> bool {
+    asked < existing
+}
+
 /// What a put does to `existing` (with its file). fleet's rules, made right where fleet was
 /// wrong: a template is never activated, not even when created; a replace never lowers the
 /// desired state (fleet reset it to `inactive`), unless it comes in fleet's form
@@ -64,14 +97,14 @@ pub fn decide_put(
         return Ok(PutPlan::Create { file, desired });
     };
     if let Some(file) = &req.file
-        && file.hash() != existing_file.hash()
+        && content(Some(existing_file.hash()), file.hash()) == Content::Differs
     {
         let desired = match req.how.fleet_form {
             true => req.desired.unwrap_or(DesiredState::Inactive),
             false => req.desired.unwrap_or(existing.desired()),
         };
         template_check(name, desired)?;
-        if desired < existing.desired() && !req.how.fleet_form {
+        if replace_lowers(existing.desired(), desired) && !req.how.fleet_form {
             return Err(OpsError::ReplaceLowers {
                 name: name.clone(),
                 existing: existing.desired(),

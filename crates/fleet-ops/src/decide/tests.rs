@@ -325,3 +325,19 @@ fn a_replace_in_fleets_form_leaves_the_unit_inactive_and_keeps_its_machine() {
     );
     assert_eq!(plain.prefer, None);
 }
+
+/// Issue 39, item 3: the create/keep/replace rule both fleetctl and the API run.
+#[test]
+fn content_is_new_same_or_differs_and_a_replace_never_lowers_the_desired_state() {
+    let (a, b) = (file(PLAIN).hash(), file(OTHER).hash());
+    assert_eq!(content(None, a), Content::New);
+    assert_eq!(content(Some(a), a), Content::Same);
+    assert_eq!(content(Some(a), b), Content::Differs);
+    use DesiredState::{Inactive, Launched, Loaded};
+    // fleet's rule for fleetctl: submit replaces only inactive units, load inactive or
+    // loaded, start any.
+    let may = |asked, existing| !replace_lowers(existing, asked);
+    assert!(may(Inactive, Inactive) && !may(Inactive, Loaded) && !may(Inactive, Launched));
+    assert!(may(Loaded, Inactive) && may(Loaded, Loaded) && !may(Loaded, Launched));
+    assert!(may(Launched, Inactive) && may(Launched, Loaded) && may(Launched, Launched));
+}

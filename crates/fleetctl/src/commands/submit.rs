@@ -26,13 +26,11 @@ pub enum Verb {
 }
 
 impl Verb {
-    /// fleet's rule: submit replaces only inactive units, load inactive or loaded, start any.
+    /// fleet's rule: submit replaces only inactive units, load inactive or loaded, start any;
+    /// that is, a replace never lowers the desired state ([`fleet_ops::decide::replace_lowers`],
+    /// which the API applies to every `PUT`).
     fn may_replace(self, desired: DesiredState) -> bool {
-        match self {
-            Verb::Submit => desired == DesiredState::Inactive,
-            Verb::Load => desired != DesiredState::Launched,
-            Verb::Start => true,
-        }
+        !fleet_ops::decide::replace_lowers(desired, super::lifecycle::target_of(self))
     }
 }
 
@@ -194,7 +192,9 @@ async fn prepare_one<C: Cluster>(
                 local_path(arg).display()
             )
         })?;
-    if file.hash() == existing.status.hash {
+    if fleet_ops::decide::content(Some(existing.status.hash), file.hash())
+        == fleet_ops::decide::Content::Same
+    {
         ctx.say(format!(
             "Found same Unit({name}) in Registry, nothing to do"
         ));
@@ -248,7 +248,8 @@ fn warn_if_local_differs<C>(
             .map(|f| (f, LocalKind::Template))
     };
     if let Some((file, kind)) = local
-        && file.hash() != existing.status.hash
+        && fleet_ops::decide::content(Some(existing.status.hash), file.hash())
+            == fleet_ops::decide::Content::Differs
     {
         // fleet names the argument here, even when the template is what differs.
         let shown = UnitName::with_default_type(arg);
