@@ -334,6 +334,7 @@ impl Generated {
         }
         match schema["type"].as_str() {
             Some("string") => ensure!(value.is_string(), "{at}: {value} is no string"),
+            Some("boolean") => ensure!(value.is_boolean(), "{at}: {value} is no boolean"),
             Some("array") => {
                 let items = value
                     .as_array()

@@ -180,6 +180,7 @@ fn schemas() -> Value {
             "metadata": {"type": "object", "additionalProperties": string()},
             "version": string(),
             "disableEngine": boolean(),
+            "leader": boolean(),
         })),
         "MachinePage": object("MachinePage", json!({
             "machines": array_of("Machine"),
