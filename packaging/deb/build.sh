@@ -42,7 +42,7 @@ doc="$stage/usr/share/doc/fleet"
 install -d "$doc/docs"
 install -m 0644 "$here/copyright" "$doc/copyright"
 install -m 0644 "$workspace/README.md" "$doc/README.md"
-install -m 0644 "$workspace"/docs/*.md "$workspace"/docs/*.svg "$doc/docs/"
+install -m 0644 "$workspace"/docs/*.md "$workspace"/docs/*.svg "$workspace"/docs/*.png "$doc/docs/"
 find "$doc" -name '*.md' -size +4k -exec gzip -9n {} +
 sed -e "s/@VERSION@/$version/" -e "s/@DATE@/$(date -R -d @"${SOURCE_DATE_EPOCH:-$(git -C "$workspace" log -1 --format=%ct 2>/dev/null || date +%s)}")/" \
     "$here/changelog" | gzip -9n >"$doc/changelog.Debian.gz"
