@@ -300,8 +300,8 @@ fn knows_its_peers(machine: &Machine, peers: usize) -> Result<()> {
     wait_for(Duration::from_secs(60), Duration::from_millis(250), || {
         support::fleetd_log_all(machine).is_ok_and(|log| {
             log.lines()
-                .filter(|l| l.contains("peers to ask when etcd does not answer"))
-                .last()
+                .rev()
+                .find(|l| l.contains("peers to ask when etcd does not answer"))
                 .is_some_and(|l| l.contains(&want))
         })
     })
