@@ -46,7 +46,7 @@ pub use keys::{
 pub use kv::MAX_TXN_OPS;
 pub use leader::{EngineRole, EngineWrite, Fence, LeaderKey, Leadership};
 pub use live::LiveView;
-pub use machine::{Batch, MachineRole, Presence, ScheduleChange};
+pub use machine::{Batch, MachineRole, PeerChange, Presence, ScheduleChange};
 pub use metadata::{
     DynamicMetadata, MAX_METADATA_VALUE_BYTES, MetadataChange, MetadataKey, MetadataKeyError,
     apply_dynamic,

@@ -58,6 +58,17 @@ pub enum ScheduleChange {
     Unreadable,
 }
 
+/// What one event of [`MachineRole::watch_peers`] did to the machines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerChange {
+    /// A machine registered (or re-registered) with this record.
+    Put(MachineInfo),
+    /// A machine's presence is gone.
+    Removed(MachineId),
+    /// A value or key that does not read as a presence: re-read the peers.
+    Unreadable,
+}
+
 /// Writes one machine's presence and unit states, and reads its schedule.
 #[derive(Debug, Clone)]
 pub struct MachineRole<K> {
@@ -147,6 +158,11 @@ impl<K: Kv> MachineRole<K> {
     /// Every other machine's presence record (without its dynamic metadata): the peers this
     /// machine asks whether they reach etcd when it cannot (`fleet_agent::witness`).
     pub async fn peers(&self) -> Result<Vec<MachineInfo>> {
+        Ok(self.peers_at().await?.items)
+    }
+
+    /// As [`peers`](Self::peers), with the revision they were read at.
+    pub async fn peers_at(&self) -> Result<Listing<Vec<MachineInfo>>> {
         let keys = self.registry.keys();
         let res = self
             .registry
@@ -157,7 +173,33 @@ impl<K: Kv> MachineRole<K> {
         let mut skipped = Vec::new();
         let mut peers = read::all(&res.kvs, |kv| read::machine(keys, kv), &mut skipped);
         peers.retain(|m| m.id != self.machine);
-        Ok(peers)
+        Ok(Listing {
+            items: peers,
+            revision: res.revision,
+            skipped,
+        })
+    }
+
+    /// A watch that wakes on every change of the machines' presences from revision `from`
+    /// on, keeping the events: read each with [`peer_change`](Self::peer_change).
+    pub fn watch_peers(&self, from: Revision) -> WatchHints {
+        let prefix = self.registry.keys().machines();
+        WatchHints::with_events(self.registry.kv().clone(), prefix, from)
+    }
+
+    /// What one event of [`watch_peers`](Self::watch_peers) did.
+    pub fn peer_change(&self, event: &Event) -> PeerChange {
+        let keys = self.registry.keys();
+        match event.kind {
+            EventKind::Put => match read::machine(keys, &event.kv) {
+                Ok(m) => PeerChange::Put(m),
+                Err(_) => PeerChange::Unreadable,
+            },
+            EventKind::Delete => match Key::parse(keys, &event.kv.key) {
+                Some(Key::Machine(m)) => PeerChange::Removed(m),
+                Some(_) | None => PeerChange::Unreadable,
+            },
+        }
     }
 
     // ---- presence -------------------------------------------------------------------------

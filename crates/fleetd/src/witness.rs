@@ -4,9 +4,10 @@
 //! `GET /fleet/v1/health`).
 //!
 //! The peers are the other machines whose presence publishes an API address, read from
-//! etcd at start, again 1, 2, 4, 8 and 16 s later (machines that boot together register at
-//! about the same time), then every [`REFRESH`]: a machine cut off knows them from before
-//! the cut. At most [`MAX_ASKED`] of them, chosen at random, are asked at once, each for at
+//! etcd at start and every [`REFRESH`]; while fewer than [`MAX_ASKED`] are known, each
+//! registration and departure is followed as it happens (a watch of the presences: machines
+//! that boot together register at about the same time, and one up first must not wait for
+//! the next read to know the others). A machine cut off knows them from before the cut. At most [`MAX_ASKED`] of them, chosen at random, are asked at once, each for at
 //! most [`ASK_TIMEOUT`]; the first that reached etcd ends the question. Over `https://`,
 //! fleetd presents its own API certificate (`api_certfile`, which then needs `clientAuth`)
 //! and trusts `api_cafile`; without them it asks only `http://` peers.
@@ -15,12 +16,13 @@ use bytes::Bytes;
 use fleet_agent::witness::{Answer, Asked, Evidence, Witnesses};
 use fleet_api::health::Reach;
 use fleet_registry::kv::Kv;
-use fleet_registry::{MachineRole, Presence};
+use fleet_registry::{Delta, MachineRole, PeerChange, Presence};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
 use rand::seq::IndexedRandom;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
@@ -55,6 +57,14 @@ struct Peer {
     url: String,
 }
 
+/// Why [`PeerWitnesses::follow`] returned.
+#[derive(Debug, PartialEq, Eq)]
+enum Followed {
+    /// Read the peers again.
+    Stale,
+    ShutDown,
+}
+
 /// The other machines, as this fleetd asks them.
 #[derive(Clone)]
 pub struct PeerWitnesses {
@@ -83,7 +93,9 @@ impl PeerWitnesses {
         }
     }
 
-    /// Reads the peers from etcd now and every [`REFRESH`] until `shutdown`.
+    /// Reads the peers from etcd now and every [`REFRESH`] until `shutdown`; in between,
+    /// while fewer than [`MAX_ASKED`] can be asked, follows each registration as it happens
+    /// (a watch of the presences), so a machine up before its peers learns of them at once.
     pub fn spawn_refresh<K: Kv>(
         &self,
         tasks: &mut tokio::task::JoinSet<anyhow::Result<()>>,
@@ -92,20 +104,88 @@ impl PeerWitnesses {
     ) {
         let this = self.clone();
         let task = async move {
-            let mut next = Duration::from_secs(1);
+            let mut backoff = fleet_core::Backoff::new(Duration::from_secs(1), REFRESH);
             loop {
-                match role.peers().await {
-                    Ok(machines) => this.set_peers(machines),
-                    Err(e) => debug!(error = %e, "reading the peers failed; keeping the last list"),
-                }
+                let wait = match role.peers_at().await {
+                    Ok(listing) => {
+                        backoff.reset();
+                        let follow = this.follow(&role, listing, &mut shutdown);
+                        if follow.await == Followed::ShutDown {
+                            return Ok(());
+                        }
+                        Duration::ZERO
+                    }
+                    Err(e) => {
+                        debug!(error = %e, "reading the peers failed; keeping the last list");
+                        backoff.next_delay()
+                    }
+                };
                 tokio::select! {
                     _ = shutdown.changed() => return Ok(()),
-                    _ = tokio::time::sleep(next) => {}
+                    _ = tokio::time::sleep(wait) => {}
                 }
-                next = (next * 2).min(REFRESH);
             }
         };
         tasks.spawn(task.instrument(tracing::info_span!("witnesses")));
+    }
+
+    /// Takes `listing` as the peers, then applies each registration and departure while
+    /// fewer than [`MAX_ASKED`] peers can be asked, until [`REFRESH`] has passed or the
+    /// watch cannot say what changed: then the caller reads them all again.
+    async fn follow<K: Kv>(
+        &self,
+        role: &MachineRole<K>,
+        listing: fleet_registry::Listing<Vec<fleet_core::MachineInfo>>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Followed {
+        let mut known: BTreeMap<fleet_core::MachineId, fleet_core::MachineInfo> = listing
+            .items
+            .into_iter()
+            .map(|m| (m.id.clone(), m))
+            .collect();
+        self.set_peers(known.values().cloned().collect());
+        let mut hints =
+            (self.askable() < MAX_ASKED).then(|| role.watch_peers(listing.revision + 1));
+        let refresh = tokio::time::sleep(REFRESH);
+        tokio::pin!(refresh);
+        loop {
+            let changed = async {
+                match hints.as_mut() {
+                    Some(h) => h.changed().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown.changed() => return Followed::ShutDown,
+                () = &mut refresh => return Followed::Stale,
+                c = changed => if c.is_none() { return Followed::Stale },
+            }
+            let Some(h) = hints.as_mut() else { continue };
+            let Delta::Events(events) = h.take() else {
+                return Followed::Stale;
+            };
+            for event in &events {
+                match role.peer_change(event) {
+                    PeerChange::Put(m) => {
+                        known.insert(m.id.clone(), m);
+                    }
+                    PeerChange::Removed(m) => {
+                        known.remove(&m);
+                    }
+                    PeerChange::Unreadable => return Followed::Stale,
+                }
+            }
+            known.retain(|id, _| id.to_string() != self.me);
+            self.set_peers(known.values().cloned().collect());
+            if self.askable() >= MAX_ASKED {
+                hints = None;
+            }
+        }
+    }
+
+    /// How many peers can be asked.
+    fn askable(&self) -> usize {
+        self.peers.read().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     fn set_peers(&self, machines: Vec<fleet_core::MachineInfo>) {

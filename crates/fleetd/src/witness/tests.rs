@@ -170,3 +170,82 @@ async fn a_machine_answers_from_its_last_renewal_or_one_probe_of_its_lease() {
     assert!(!fresh.reached(Duration::from_millis(100)).await);
     assert!(!fresh.reached(Duration::from_millis(100)).await);
 }
+
+/// Registers machine `id` with API address `api` in `registry`.
+async fn register(registry: &Registry<MemKv>, id: &str, api: &str) -> Presence {
+    MachineRole::new(registry.clone(), id.parse().unwrap())
+        .register(&machine(id, api), Duration::from_secs(30), None)
+        .await
+        .unwrap()
+}
+
+/// Waits (in paused time) until `w` knows `n` peers; how long that took.
+async fn until_known(w: &PeerWitnesses, n: usize) -> Duration {
+    let start = Instant::now();
+    while w.askable() != n {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    start.elapsed()
+}
+
+/// The fourth CI run of stop 46: the first machine up read the presences before its peers
+/// had registered, and knew none of them for 16 s; cut off then, it kept its units.
+#[tokio::test(start_paused = true)]
+async fn a_machine_up_before_its_peers_learns_of_each_as_it_registers() {
+    let kv = MemKv::new();
+    let registry = Registry::new(kv.clone(), "/t/");
+    register(&registry, "m1", "http://127.0.0.1:1").await;
+    let w = PeerWitnesses::new("m1".into(), None);
+    let mut tasks = tokio::task::JoinSet::new();
+    let (_stop, shutdown) = watch::channel(false);
+    let role = MachineRole::new(registry.clone(), "m1".parse().unwrap());
+    w.spawn_refresh(&mut tasks, role, shutdown);
+    assert!(until_known(&w, 0).await < Duration::from_millis(100));
+    register(&registry, "m2", "http://127.0.0.1:2").await;
+    assert!(until_known(&w, 1).await < Duration::from_millis(100));
+    // A machine without an API address cannot be asked.
+    register(&registry, "m3", "").await;
+    let m4 = register(&registry, "m4", "http://127.0.0.1:4").await;
+    assert!(until_known(&w, 2).await < Duration::from_millis(100));
+    MachineRole::new(registry.clone(), "m4".parse().unwrap())
+        .unregister(&m4)
+        .await
+        .unwrap();
+    assert!(until_known(&w, 1).await < Duration::from_millis(100));
+}
+
+/// A big cluster: once enough peers are known to ask, nothing follows each registration
+/// (5,000 machines each following every other's would be 25 million watch events at a cold
+/// start); the periodic read keeps the list current.
+#[tokio::test(start_paused = true)]
+async fn a_machine_stops_following_registrations_once_it_knows_enough_peers() {
+    let kv = MemKv::new();
+    let registry = Registry::new(kv.clone(), "/t/");
+    let w = PeerWitnesses::new("m0".into(), None);
+    let mut tasks = tokio::task::JoinSet::new();
+    let (_stop, shutdown) = watch::channel(false);
+    let role = MachineRole::new(registry.clone(), "m0".parse().unwrap());
+    w.spawn_refresh(&mut tasks, role, shutdown);
+    let start = Instant::now();
+    while kv.watcher_count() != 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        start.elapsed() < Duration::from_millis(100),
+        "it follows the registrations while it knows too few"
+    );
+    for i in 1..=MAX_ASKED {
+        register(
+            &registry,
+            &format!("m{i}"),
+            &format!("http://127.0.0.1:{i}"),
+        )
+        .await;
+    }
+    assert!(until_known(&w, MAX_ASKED).await < Duration::from_millis(100));
+    while kv.watcher_count() != 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    register(&registry, "m9", "http://127.0.0.1:9").await;
+    assert!(until_known(&w, MAX_ASKED + 1).await <= REFRESH + Duration::from_secs(1));
+}
