@@ -30,8 +30,10 @@ mod change;
 /// transaction, conditional on its references being gone).
 const COLLECTIONS_IN_FLIGHT: usize = 32;
 
+#[cfg(test)]
 pub(crate) use batch::txn_bytes;
 pub use batch::{NewUnit, batches};
+pub(crate) use batch::{Write, cut};
 pub use change::{Change, change_batches, dropped_files};
 
 /// What `create_unit` found.

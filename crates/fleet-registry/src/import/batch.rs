@@ -3,19 +3,16 @@
 //! none: each unit's record, file reference, schedule entries and placements, each distinct
 //! file once, guarded by one compare per unit (absent, or the revision the plan's replace was
 //! read at). The bounds are those of `crate::units::batches` (etcd's default
-//! `--max-txn-ops` for the compares and for the operations, [`MAX_TXN_BYTES`] for the
+//! `--max-txn-ops` for the compares and for the operations, [`MAX_TXN_BYTES`](crate::kv::MAX_TXN_BYTES) for the
 //! request, a name once per batch), with the same cost per put; a unit's entries count too.
 //!
 //! What a batch does not do: decide. A batch whose compare fails writes nothing, and its
 //! units are then written one by one, where each unit's own compare says which changed.
 
-use fleet_core::{UnitHash, UnitName};
-use std::collections::BTreeSet;
 use std::ops::Range;
 
 use super::ImportedUnit;
-use crate::kv::{MAX_TXN_BYTES, MAX_TXN_OPS};
-use crate::units::txn_bytes;
+use crate::units::{Write, cut};
 
 /// Operations of one unit beside its file: its file reference and record, and an entry and
 /// a placement per machine.
@@ -23,51 +20,26 @@ fn own_ops(unit: &ImportedUnit) -> usize {
     2 + 2 * unit.machines.len()
 }
 
-/// Cuts `units` into consecutive batches, each one transaction within [`MAX_TXN_OPS`]
-/// compares and operations (a distinct file counts once per batch) and [`MAX_TXN_BYTES`]
+/// Cuts `units` into consecutive batches, each one transaction within [`MAX_TXN_OPS`](crate::kv::MAX_TXN_OPS)
+/// compares and operations (a distinct file counts once per batch) and [`MAX_TXN_BYTES`](crate::kv::MAX_TXN_BYTES)
 /// bytes. A unit alone is a batch whatever its size (`Importer::import_unit` then splits a
 /// global unit's entries); a name seen again starts a new batch, since etcd refuses a
 /// transaction that writes one key twice.
 pub fn import_batches(units: &[ImportedUnit]) -> Vec<Range<usize>> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut ops = 0;
-    let mut bytes = 0;
-    let mut names: BTreeSet<&UnitName> = BTreeSet::new();
-    let mut hashes: BTreeSet<UnitHash> = BTreeSet::new();
-    for (i, unit) in units.iter().enumerate() {
-        let hash = unit.file.hash();
-        let own = own_ops(unit);
-        let is_new = |hashes: &BTreeSet<UnitHash>| !hashes.contains(&hash);
-        let cost =
-            |hashes: &BTreeSet<UnitHash>| txn_bytes(own, is_new(hashes).then_some(&unit.file));
-        let fits = i - start < MAX_TXN_OPS
-            && ops + own + usize::from(is_new(&hashes)) <= MAX_TXN_OPS
-            && bytes + cost(&hashes) <= MAX_TXN_BYTES;
-        if i > start && (!fits || names.contains(&unit.name)) {
-            out.push(start..i);
-            start = i;
-            ops = 0;
-            bytes = 0;
-            names.clear();
-            hashes.clear();
-        }
-        // After a cut the file is new to the batch again.
-        bytes += cost(&hashes);
-        ops += own + usize::from(is_new(&hashes));
-        names.insert(&unit.name);
-        hashes.insert(hash);
-    }
-    if start < units.len() {
-        out.push(start..units.len());
-    }
-    out
+    cut(units, |u| Write {
+        name: &u.name,
+        own_ops: own_ops(u),
+        file: Some(&u.file),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fleet_core::{DesiredState, MachineId, UnitFile};
+    use crate::kv::{MAX_TXN_BYTES, MAX_TXN_OPS};
+    use crate::units::txn_bytes;
+    use fleet_core::{DesiredState, MachineId, UnitFile, UnitHash};
+    use std::collections::BTreeSet;
 
     fn unit(name: &str, body: &str, machines: usize) -> ImportedUnit {
         ImportedUnit {

@@ -98,34 +98,58 @@ pub(crate) fn txn_bytes(ops: usize, file: Option<&UnitFile>) -> usize {
 /// size). A name seen again starts a new batch (etcd refuses a transaction that puts one key
 /// twice), where the absent compare then finds the earlier one.
 pub fn batches(units: &[NewUnit<'_>]) -> Vec<Range<usize>> {
+    cut(units, |u| Write {
+        name: u.name,
+        own_ops: 2,
+        file: Some(u.file),
+    })
+}
+
+/// What the batching rule needs of one write: the unit it writes (a name once per batch),
+/// its operations beside its file, and its file (put once per batch however many share it).
+#[derive(Debug)]
+pub(crate) struct Write<'a> {
+    pub name: &'a UnitName,
+    pub own_ops: usize,
+    pub file: Option<&'a UnitFile>,
+}
+
+/// The one batching rule of every many-unit write (creates, changes, imports): cuts `items`
+/// into consecutive batches, each one transaction of at most [`MAX_TXN_OPS`] compares (one
+/// per item) and operations (each item's own, a distinct file once) and [`MAX_TXN_BYTES`]
+/// bytes. An item alone is a batch whatever its size; a name seen again starts a new batch.
+pub(crate) fn cut<'a, T>(items: &'a [T], write: impl Fn(&'a T) -> Write<'a>) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let mut start = 0;
+    let mut ops = 0;
     let mut bytes = 0;
     let mut names: BTreeSet<&UnitName> = BTreeSet::new();
     let mut hashes: BTreeSet<UnitHash> = BTreeSet::new();
-    for (i, unit) in units.iter().enumerate() {
-        let hash = unit.file.hash();
-        let cost = |hashes: &BTreeSet<UnitHash>| {
-            txn_bytes(2, (!hashes.contains(&hash)).then_some(unit.file))
-        };
-        let files = hashes.len() + usize::from(!hashes.contains(&hash));
+    for (i, item) in items.iter().enumerate() {
+        let w = write(item);
+        let hash = w.file.map(UnitFile::hash);
+        let is_new = |hashes: &BTreeSet<UnitHash>| hash.is_some_and(|h| !hashes.contains(&h));
+        let cost =
+            |hashes: &BTreeSet<UnitHash>| txn_bytes(w.own_ops, w.file.filter(|_| is_new(hashes)));
         let fits = i - start < MAX_TXN_OPS
-            && success_ops(i - start + 1, files) <= MAX_TXN_OPS
+            && ops + w.own_ops + usize::from(is_new(&hashes)) <= MAX_TXN_OPS
             && bytes + cost(&hashes) <= MAX_TXN_BYTES;
-        if i > start && (!fits || names.contains(unit.name)) {
+        if i > start && (!fits || names.contains(w.name)) {
             out.push(start..i);
             start = i;
+            ops = 0;
             bytes = 0;
             names.clear();
             hashes.clear();
         }
         // After a cut the file is new to the batch again.
         bytes += cost(&hashes);
-        names.insert(unit.name);
-        hashes.insert(hash);
+        ops += w.own_ops + usize::from(is_new(&hashes));
+        names.insert(w.name);
+        hashes.extend(hash);
     }
-    if start < units.len() {
-        out.push(start..units.len());
+    if start < items.len() {
+        out.push(start..items.len());
     }
     out
 }

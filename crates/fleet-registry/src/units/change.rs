@@ -18,11 +18,11 @@ use std::ops::Range;
 use tracing::debug;
 
 use crate::error::{RegistryError, Result};
-use crate::kv::{Compare, Kv, MAX_TXN_BYTES, MAX_TXN_OPS, Txn};
+use crate::kv::{Compare, Kv, MAX_TXN_OPS, Txn};
 use crate::records::{ReplaceState, Unit, UnitRecord};
 use crate::registry::{delete, encode, put};
 
-use super::batch::txn_bytes;
+use super::batch::{Write, cut};
 use super::{UnitsRole, dropped_hashes, referenced};
 
 /// One change of a batch, to a unit as it was read.
@@ -99,43 +99,15 @@ impl Change<'_> {
 }
 
 /// Cuts `changes` into consecutive batches, each one transaction within [`MAX_TXN_OPS`]
-/// compares and operations (a distinct file counts once per batch) and [`MAX_TXN_BYTES`]
+/// compares and operations (a distinct file counts once per batch) and [`MAX_TXN_BYTES`](crate::kv::MAX_TXN_BYTES)
 /// bytes (a change alone is a batch whatever its size). A name seen again starts a new
 /// batch: etcd refuses a transaction that writes one key twice.
 pub fn change_batches(changes: &[Change<'_>]) -> Vec<Range<usize>> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut ops = 0;
-    let mut bytes = 0;
-    let mut names: BTreeSet<&UnitName> = BTreeSet::new();
-    let mut hashes: BTreeSet<UnitHash> = BTreeSet::new();
-    for (i, change) in changes.iter().enumerate() {
-        let file = change.file().map(UnitFile::hash);
-        let own = change.own_ops();
-        let is_new = |hashes: &BTreeSet<UnitHash>| file.is_some_and(|h| !hashes.contains(&h));
-        let cost =
-            |hashes: &BTreeSet<UnitHash>| txn_bytes(own, change.file().filter(|_| is_new(hashes)));
-        let fits = i - start < MAX_TXN_OPS
-            && ops + own + usize::from(is_new(&hashes)) <= MAX_TXN_OPS
-            && bytes + cost(&hashes) <= MAX_TXN_BYTES;
-        if i > start && (!fits || names.contains(change.name())) {
-            out.push(start..i);
-            start = i;
-            ops = 0;
-            bytes = 0;
-            names.clear();
-            hashes.clear();
-        }
-        // After a cut the file is new to the batch again.
-        bytes += cost(&hashes);
-        ops += own + usize::from(is_new(&hashes));
-        names.insert(change.name());
-        hashes.extend(file);
-    }
-    if start < changes.len() {
-        out.push(start..changes.len());
-    }
-    out
+    cut(changes, |c| Write {
+        name: c.name(),
+        own_ops: c.own_ops(),
+        file: c.file(),
+    })
 }
 
 /// The files the changes of landed batches stopped referring to, each once.
