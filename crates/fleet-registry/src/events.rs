@@ -17,6 +17,7 @@ use crate::read::Listing;
 use crate::registry::Registry;
 
 pub mod log;
+mod narrow;
 
 /// What happened: a closed set, in three groups by writer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -211,30 +212,22 @@ fn chronological(events: &mut [(String, Event)]) {
 
 impl<K: Kv> Registry<K> {
     /// The events `filter` matches, oldest first, and the revision read at (a follower
-    /// watches from the next one). One read of `P/event/`: bounded by the per-unit cap and
-    /// the retention, not by the registry's size.
+    /// watches from the next one). Bounded by the per-unit cap and the retention, not by the
+    /// registry's size; one unit's or one machine's are read without the others' agents'
+    /// ([`narrow`]).
     pub async fn events(&self, filter: &EventFilter) -> Result<Listing<Vec<Event>>> {
+        if let Some(unit) = &filter.unit {
+            return self.unit_events(unit, filter).await;
+        }
+        if let Some(machine) = &filter.machine {
+            return self.machine_events(machine, filter).await;
+        }
         let res = self
             .kv()
             .range(&self.keys().events(), true, None)
             .await
             .map_err(RegistryError::kv("reading events"))?;
-        let mut found = Vec::new();
-        let mut skipped = Vec::new();
-        for kv in &res.kvs {
-            match decode(self.keys(), kv) {
-                Ok(e) if filter.matches(&e) => found.push((kv.key.clone(), e)),
-                Ok(_) => {}
-                Err(detail) => skipped.push(crate::read::skipped(self.keys(), kv, detail)),
-            }
-        }
-        chronological(&mut found);
-        let items = found.into_iter().map(|(_, e)| e).collect();
-        Ok(Listing {
-            revision: res.revision,
-            items,
-            skipped,
-        })
+        Ok(self.listing(&res.kvs, res.revision, filter))
     }
 
     /// The events written from revision `from` on, as they come (etcd's watch: nothing

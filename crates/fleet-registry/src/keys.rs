@@ -408,6 +408,11 @@ impl Keys {
         format!("{}left/", self.prefix)
     }
 
+    /// The machines unit `name` left (one key each).
+    pub fn unit_lefts(&self, name: &UnitName) -> String {
+        format!("{}left/{name}/", self.prefix)
+    }
+
     pub fn left(&self, name: &UnitName, machine: &MachineId) -> String {
         format!("{}left/{name}/{machine}", self.prefix)
     }
@@ -420,6 +425,16 @@ impl Keys {
     /// The events `source` writes: the prefix its etcd role may write.
     pub fn source_events(&self, source: &EventSource) -> String {
         format!("{}event/{}/", self.prefix, source.segment())
+    }
+
+    /// The events `source` wrote about `subject`.
+    pub fn subject_events(&self, source: &EventSource, subject: &EventSubject) -> String {
+        format!(
+            "{}event/{}/{}/",
+            self.prefix,
+            source.segment(),
+            subject.segment()
+        )
     }
 
     pub fn event(&self, source: &EventSource, subject: &EventSubject, stamp: EventStamp) -> String {

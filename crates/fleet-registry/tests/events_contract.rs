@@ -111,6 +111,92 @@ async fn writes_each_writers_events_under_its_prefix_and_lists_them_by_time<K: K
     );
 }
 
+/// `events --unit` and `--machine` read a few prefixes, not every agent's events: a unit's
+/// are found on the machines its events name and where it is placed now, a machine's are
+/// its own agent's and the users' and engine's that concern it.
+async fn a_units_or_a_machines_events_are_read_without_the_other_agents<K: Kv>(reg: Registry<K>) {
+    let (a, b) = (name("a.service"), name("b.service"));
+    let (m1, m2, m3, m4) = (machine("m1"), machine("m2"), machine("m3"), machine("m4"));
+    let engine =
+        EngineRole::new(reg.clone()).event_log(EventConfig::default(), EventStats::default());
+    let agents: Vec<_> = [&m1, &m2, &m3, &m4]
+        .into_iter()
+        .map(|m| {
+            MachineRole::new(reg.clone(), m.clone())
+                .event_log(EventConfig::default(), EventStats::default())
+        })
+        .collect();
+    let t0 = Event::now(EventKind::Unknown, "").time;
+    let at = |e: Event, dt: u64| Event { time: t0 + dt, ..e };
+    engine
+        .sink()
+        .emit(at(Event::now(EventKind::Scheduled, "").unit(&a).on(&m1), 1));
+    engine.sink().emit(at(
+        Event::now(EventKind::Moved, "machine lost")
+            .unit(&a)
+            .on(&m2)
+            .from(&m1),
+        3,
+    ));
+    engine
+        .sink()
+        .emit(at(Event::now(EventKind::Scheduled, "").unit(&b).on(&m3), 5));
+    for (i, log) in agents.iter().enumerate() {
+        let on = [&m1, &m2, &m3, &m4][i];
+        log.sink().emit(at(
+            Event::now(EventKind::Started, "").unit(&a).on(on),
+            10 + i as u64,
+        ));
+    }
+    for log in agents.into_iter().chain([engine]) {
+        log.close(CLOSE).await;
+    }
+    // Placed on m4 now (by a write the test makes for the engine).
+    let placement = reg.keys().placement(&a, &m4);
+    let put = fleet_registry::kv::TxnOp::Put {
+        key: placement,
+        value: Vec::new(),
+        lease: None,
+    };
+    let txn = fleet_registry::kv::Txn {
+        compares: Vec::new(),
+        success: vec![put],
+        failure: Vec::new(),
+    };
+    reg.raw_kv().txn(txn).await.unwrap();
+
+    let of_a = EventFilter {
+        unit: Some(a.clone()),
+        ..EventFilter::default()
+    };
+    let seen: Vec<_> = reg.events(&of_a).await.unwrap().items;
+    let seen: Vec<_> = seen.iter().map(|e| (e.kind, e.source.clone())).collect();
+    // m3's agent wrote about a.service, but nothing says a.service was ever there.
+    assert_eq!(
+        seen,
+        vec![
+            (EventKind::Scheduled, Some(EventSource::Engine)),
+            (EventKind::Moved, Some(EventSource::Engine)),
+            (EventKind::Started, Some(EventSource::Machine(m1.clone()))),
+            (EventKind::Started, Some(EventSource::Machine(m2.clone()))),
+            (EventKind::Started, Some(EventSource::Machine(m4.clone()))),
+        ]
+    );
+    let on_m3 = EventFilter {
+        machine: Some(m3.clone()),
+        ..EventFilter::default()
+    };
+    let seen: Vec<_> = reg.events(&on_m3).await.unwrap().items;
+    let seen: Vec<_> = seen.iter().map(|e| (e.kind, e.unit.clone())).collect();
+    assert_eq!(
+        seen,
+        vec![
+            (EventKind::Scheduled, Some(b.clone())),
+            (EventKind::Started, Some(a.clone())),
+        ]
+    );
+}
+
 /// What a listing gives back of an event the user writer wrote.
 trait TapSource {
     fn tap_source(self) -> Event;
@@ -204,6 +290,7 @@ contract!(
     a_follower_sees_the_events_written_after_its_listing,
     a_writer_puts_at_most_the_cap_of_one_subject_per_window,
     events_expire_after_the_retention,
+    a_units_or_a_machines_events_are_read_without_the_other_agents,
 );
 
 /// The store as an etcd user holding only `role` sees it.
