@@ -19,6 +19,14 @@ pub const MAX_LINE_BYTES: usize = 2048;
 /// its records must fit in one transaction, so the limit sits well below that.
 pub const MAX_UNIT_FILE_BYTES: usize = 1024 * 1024;
 
+/// Largest unit file accepted in fleet's API form: its options as the JSON array of
+/// `{"section","name","value"}` objects that the API's unit entity carries. That form repeats
+/// the section name on every option, so a file of many short options within
+/// [`MAX_UNIT_FILE_BYTES`] could be more than the API takes in a request body (4 MiB); such a
+/// file is refused by both drivers alike, with room left in the body for the rest of the
+/// entity.
+pub const MAX_API_FORM_BYTES: usize = 3 * 1024 * 1024;
+
 /// One `Name=Value` line of a section.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct UnitOption {
@@ -62,6 +70,10 @@ pub enum ParseError {
     GarbageAfterSection { line: usize, section: String },
     #[error("line {line}: expected Name=Value, found {text:?}")]
     NotAnAssignment { line: usize, text: String },
+    #[error(
+        "unit file too large in fleet's API form ({size} bytes of options, max {MAX_API_FORM_BYTES}): fewer, longer options fit"
+    )]
+    ApiFormTooLarge { size: usize },
     /// fleet stores the text it serializes from the options and reads that back.
     #[error("the unit file as fleet would store it does not read back: {0}")]
     Reread(Box<ParseError>),
@@ -101,7 +113,34 @@ impl UnitFile {
         if size > MAX_UNIT_FILE_BYTES {
             return Err(ParseError::TooLarge { size });
         }
+        let size = file.api_form_len();
+        if size > MAX_API_FORM_BYTES {
+            return Err(ParseError::ApiFormTooLarge { size });
+        }
         Ok(file)
+    }
+
+    /// The length of the options as serde_json writes them in the API's unit entity (see
+    /// [`MAX_API_FORM_BYTES`]), without building it.
+    pub fn api_form_len(&self) -> usize {
+        /// `{"section":"","name":"","value":""},`
+        const PER_OPTION: usize = 36;
+        let text = |s: &str| -> usize {
+            s.chars()
+                .map(|c| match c {
+                    '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+                    c if c < ' ' => 6,
+                    c => c.len_utf8(),
+                })
+                .sum()
+        };
+        let options: usize = self
+            .options
+            .iter()
+            .map(|o| PER_OPTION + text(&o.section) + text(&o.name) + text(&o.value))
+            .sum();
+        // The brackets, and a comma between options rather than after each.
+        options + 2 - usize::from(!self.options.is_empty())
     }
 
     /// The length of [`UnitFile::canonical`] without building it.

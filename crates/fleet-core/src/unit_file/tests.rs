@@ -427,3 +427,37 @@ fn keeps_a_nul_byte_as_fleet_does() {
     let unit = UnitFile::parse(b"[Service]\nExecStart=/bin/true\0\n").unwrap();
     assert_eq!(unit.options()[0].value, "/bin/true\0");
 }
+
+#[test]
+fn the_api_form_length_is_what_serde_json_writes() {
+    let unit = UnitFile::parse(
+        "[Service]\nExecStart=/bin/sh -c \"echo \\\\ \t \x01 é\"\nEnvironment=A=1\n[X-Fleet]\nMachineOf=a\n"
+            .as_bytes(),
+    )
+    .unwrap();
+    let json = serde_json::to_string(unit.options()).unwrap();
+    assert_eq!(unit.api_form_len(), json.len(), "{json}");
+}
+
+/// A file within the size limit whose API form (the section repeated on every option) would
+/// not fit the API's request body is refused by both drivers alike.
+#[test]
+fn a_file_of_many_short_options_too_large_for_the_api_is_refused() {
+    let mut many = String::from("[Service]\n");
+    while many.len() < 900 * 1024 {
+        many.push_str("A=\n");
+    }
+    let Err(err) = UnitFile::parse(many.as_bytes()) else {
+        panic!("a file of 300,000 options was accepted");
+    };
+    assert!(matches!(err, ParseError::ApiFormTooLarge { .. }), "{err}");
+    assert!(err.to_string().contains("API form"), "{err}");
+    // A file of the largest size in long options fits.
+    let mut long = String::from("[Service]\n");
+    let line = format!("Environment={}\n", "x".repeat(1000));
+    while long.len() + line.len() < MAX_UNIT_FILE_BYTES - 64 {
+        long.push_str(&line);
+    }
+    let unit = UnitFile::parse(long.as_bytes()).unwrap();
+    assert!(unit.api_form_len() < MAX_API_FORM_BYTES);
+}
