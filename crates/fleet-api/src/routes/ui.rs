@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use fleet_ops::{Cluster, StateFilter};
 use fleet_registry::kv::Kv;
 
 use super::Api;
@@ -158,7 +157,9 @@ struct Answer<'a> {
     here: Option<String>,
 }
 
-/// The overview's answer: [`overview::overview`] of one read of each listing.
+/// The overview's answer: [`overview::overview`] of the held view of the registry (its
+/// present revision and the leader key are the only keys read), or, without one, of a
+/// snapshot read from etcd.
 async fn read_overview<K: Kv>(api: &Api<K>, query: &str, role: &str) -> Result<Response, ApiError> {
     let number = |key: &'static str| {
         query_values(query, key)
@@ -174,18 +175,46 @@ async fn read_overview<K: Kv>(api: &Api<K>, query: &str, role: &str) -> Result<R
             .map(|f| f.trim().to_lowercase())
             .unwrap_or_default(),
     };
-    let units = api.cluster.units(None).await?;
-    let states = api.cluster.states(&StateFilter::default()).await?;
-    let machines = api.cluster.machines().await?;
-    let leader = machines.leader.clone();
-    let read = overview::Read {
-        units: &units,
-        states: &states,
-        machines: &machines,
-        leader: leader.as_ref(),
+    let leader = match api.cluster.registry().leader_key(None).await {
+        Ok(fleet_registry::LeaderKey::Held { machine }) => Some(machine),
+        Ok(_) => None,
+        Err(e) => return Err(fleet_ops::OpsError::from(e).into()),
+    };
+    let held = match &api.held {
+        Some(held) => held
+            .read_at(api.cluster.registry(), None, |view| {
+                overview::overview(
+                    &overview::Read {
+                        snap: view.snapshot(),
+                        leader: leader.as_ref(),
+                    },
+                    &ask,
+                )
+            })
+            .await?
+            .ok(),
+        None => None,
+    };
+    let overview = match held {
+        Some(overview) => overview,
+        None => {
+            let snap = api
+                .cluster
+                .registry()
+                .snapshot()
+                .await
+                .map_err(fleet_ops::OpsError::from)?;
+            overview::overview(
+                &overview::Read {
+                    snap: &snap,
+                    leader: leader.as_ref(),
+                },
+                &ask,
+            )
+        }
     };
     let answer = Answer {
-        overview: overview::overview(&read, &ask),
+        overview,
         role,
         leader: leader.map(|l| l.to_string()),
         here: api.inspection.as_ref().map(|i| i.machine.to_string()),

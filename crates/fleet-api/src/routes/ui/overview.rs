@@ -1,13 +1,15 @@
-//! What the dashboard's cluster page shows, built from the listings (pure): one page of
-//! machines, each with its units as chips coloured by state, the counts per state over the
-//! whole cluster, and the units no machine took with the engine's reason. Only the page
-//! asked for is sent, so a cluster of 5,000 machines and 100,000 units never goes to the
-//! browser in one answer.
+//! What the dashboard's cluster page shows, built from one snapshot of the registry (pure):
+//! one page of machines, each with its units as chips coloured by state, the counts per
+//! state over the whole cluster, and the units no machine took with the engine's reason.
+//! Only the page asked for is sent, so a cluster of 5,000 machines and 100,000 units never
+//! goes to the browser in one answer. The snapshot is the API's held view of the registry
+//! when it has one (no etcd read but the present revision's key), so the counts, chips and
+//! cards all show the registry at one revision.
 
 use fleet_core::{DesiredState, MachineId};
-use fleet_ops::{MachineListing, StateListing, UnitListing};
+use fleet_registry::Snapshot;
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// Machines on one page when the page does not say.
 pub const PER_PAGE: usize = 50;
@@ -97,39 +99,30 @@ pub struct Overview {
     pub unscheduled: Vec<Unscheduled>,
 }
 
-/// The listings read for one answer.
+/// What one answer is built from: the registry at one revision, and the engine leader.
 #[derive(Debug)]
 pub struct Read<'a> {
-    pub units: &'a UnitListing,
-    pub states: &'a StateListing,
-    pub machines: &'a MachineListing,
+    pub snap: &'a Snapshot,
     pub leader: Option<&'a MachineId>,
 }
 
 /// Every machine's chips: the units scheduled there (non-global and global alike), coloured
 /// by the state the machine published.
-fn chips<'a>(read: &Read<'a>) -> BTreeMap<&'a MachineId, Vec<Chip>> {
-    let published: BTreeMap<(&MachineId, &str), (&str, &str)> = read
-        .states
-        .states
-        .iter()
-        .map(|s| {
-            (
-                (&s.machine, s.name.as_str()),
-                (s.active.as_str(), s.sub.as_str()),
-            )
-        })
-        .collect();
+fn chips<'a>(snap: &'a Snapshot) -> BTreeMap<&'a MachineId, Vec<Chip>> {
     let mut by_machine: BTreeMap<&'a MachineId, Vec<Chip>> = BTreeMap::new();
-    for unit in &read.units.units {
-        for machine in &unit.status.machines {
-            let state = published.get(&(machine, unit.name().as_str()));
+    for unit in snap.units.values() {
+        let Some(machines) = snap.schedule.get(unit.name()) else {
+            continue;
+        };
+        let states = snap.states.get(unit.name());
+        for machine in machines.keys() {
+            let state = states.and_then(|s| s.get(machine)).map(|s| &s.systemd);
             by_machine.entry(machine).or_default().push(Chip {
                 name: unit.name().to_string(),
-                shade: Shade::of(state.map(|s| s.0)),
-                active: state.map_or("", |s| s.0).to_owned(),
-                sub: state.map_or("", |s| s.1).to_owned(),
-                desired: desired(unit.status.desired).to_owned(),
+                shade: Shade::of(state.map(|s| s.active.as_str())),
+                active: state.map_or("", |s| s.active.as_str()).to_owned(),
+                sub: state.map_or("", |s| s.sub.as_str()).to_owned(),
+                desired: desired(unit.desired()).to_owned(),
             });
         }
     }
@@ -163,11 +156,11 @@ fn filtered(mut card: Card, filter: &str) -> Option<Card> {
 
 /// The answer to `ask` from `read`.
 pub fn overview(read: &Read<'_>, ask: &Ask) -> Overview {
-    let mut chips = chips(read);
-    let drained: BTreeSet<&MachineId> = read.machines.drained.iter().map(|d| &d.machine).collect();
+    let snap = read.snap;
+    let mut chips = chips(snap);
     let mut counts = Counts {
-        machines: read.machines.machines.len(),
-        units: read.units.units.len(),
+        machines: snap.machines.len(),
+        units: snap.units.len(),
         ..Counts::default()
     };
     for chip in chips.values().flatten() {
@@ -178,27 +171,29 @@ pub fn overview(read: &Read<'_>, ask: &Ask) -> Overview {
             Shade::Inactive => counts.inactive += 1,
         }
     }
-    let unscheduled: Vec<Unscheduled> = read
-        .units
-        .units
-        .iter()
-        .filter(|u| u.status.machines.is_empty() && u.status.desired != DesiredState::Inactive)
+    let waiting = || {
+        snap.units.values().filter(|u| {
+            u.desired() != DesiredState::Inactive
+                && snap.schedule.get(u.name()).is_none_or(|m| m.is_empty())
+        })
+    };
+    counts.unscheduled = waiting().count();
+    let unscheduled = waiting()
+        .take(MAX_UNSCHEDULED)
         .map(|u| Unscheduled {
             name: u.name().to_string(),
-            reason: u.status.unscheduled.clone().unwrap_or_default(),
+            reason: snap.unscheduled.get(u.name()).cloned().unwrap_or_default(),
         })
         .collect();
-    counts.unscheduled = unscheduled.len();
-    let cards: Vec<Card> = read
-        .machines
-        .machines
-        .iter()
+    let cards: Vec<Card> = snap
+        .machines_with_metadata()
+        .values()
         .filter_map(|m| {
             let card = Card {
                 id: m.id.to_string(),
                 ip: m.public_ip.clone(),
                 metadata: m.metadata.clone(),
-                drained: drained.contains(&m.id),
+                drained: snap.drained.contains_key(&m.id),
                 leader: read.leader == Some(&m.id),
                 units: chips.remove(&m.id).unwrap_or_default(),
             };
@@ -223,7 +218,7 @@ pub fn overview(read: &Read<'_>, ask: &Ask) -> Overview {
             .skip(page * per_page)
             .take(per_page)
             .collect(),
-        unscheduled: unscheduled.into_iter().take(MAX_UNSCHEDULED).collect(),
+        unscheduled,
     }
 }
 

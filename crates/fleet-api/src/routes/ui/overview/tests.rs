@@ -1,39 +1,70 @@
 use super::*;
-use fleet_core::{MachineInfo, UnitFile, UnitName};
-use fleet_ops::{StateView, UnitStatus, UnitView};
+use fleet_core::{MachineInfo, SystemdState, UnitFile, UnitName};
+use fleet_registry::{DrainRecord, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 
 fn id(s: &str) -> MachineId {
     s.parse().unwrap()
 }
 
-fn unit(name: &str, machines: &[&str], desired: DesiredState, why: Option<&str>) -> UnitView {
+fn name(s: &str) -> UnitName {
+    s.parse().unwrap()
+}
+
+/// Puts unit `n` in `snap`, scheduled on `machines`, with the engine's reason `why`.
+fn unit(snap: &mut Snapshot, n: &str, machines: &[&str], desired: DesiredState, why: Option<&str>) {
     let file = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n").unwrap();
-    UnitView {
-        status: UnitStatus {
-            name: name.parse::<UnitName>().unwrap(),
+    let record = UnitRecord {
+        name: name(n),
+        hash: file.hash(),
+        desired,
+        restart: 0,
+        replace: Default::default(),
+    };
+    snap.units.insert(
+        name(n),
+        Unit {
+            record,
+            mod_revision: 1,
+        },
+    );
+    for m in machines {
+        let entry = ScheduleEntry {
+            name: name(n),
+            machine: id(m),
             hash: file.hash(),
             desired,
-            machines: machines.iter().map(|m| id(m)).collect(),
-            unscheduled: why.map(str::to_owned),
             restart: 0,
-        },
-        file,
-        global: false,
-        current: DesiredState::Inactive,
+            no_restart: false,
+            placement: 0,
+        };
+        snap.schedule
+            .entry(name(n))
+            .or_default()
+            .insert(id(m), entry);
+    }
+    if let Some(why) = why {
+        snap.unscheduled.insert(name(n), why.to_owned());
     }
 }
 
-fn state(name: &str, machine: &str, active: &str) -> StateView {
-    StateView {
-        name: name.parse().unwrap(),
+fn state(snap: &mut Snapshot, n: &str, machine: &str, active: &str) {
+    let record = UnitStateRecord {
+        name: name(n),
         machine: id(machine),
         hash: None,
-        load: "loaded".into(),
-        active: active.into(),
-        sub: "x".into(),
+        systemd: SystemdState {
+            load: "loaded".into(),
+            active: active.into(),
+            sub: "x".into(),
+        },
+        drop_ins: vec![],
         restart: 0,
         restart_pending: false,
-    }
+    };
+    snap.states
+        .entry(name(n))
+        .or_default()
+        .insert(id(machine), record);
 }
 
 fn machine(m: &str, role: &str) -> MachineInfo {
@@ -49,64 +80,46 @@ fn machine(m: &str, role: &str) -> MachineInfo {
 }
 
 struct Fixture {
-    units: UnitListing,
-    states: StateListing,
-    machines: MachineListing,
+    snap: Snapshot,
     leader: MachineId,
 }
 
 fn fixture() -> Fixture {
     let launched = DesiredState::Launched;
+    let mut snap = Snapshot::default();
+    unit(&mut snap, "a.service", &["m1"], launched, None);
+    unit(&mut snap, "b.service", &["m1"], launched, None);
+    unit(&mut snap, "c.service", &["m2"], launched, None);
+    unit(&mut snap, "d.service", &["m2"], launched, None);
+    unit(
+        &mut snap,
+        "e.service",
+        &[],
+        launched,
+        Some("no machine offers role=db"),
+    );
+    unit(&mut snap, "f.service", &[], DesiredState::Inactive, None);
+    state(&mut snap, "a.service", "m1", "active");
+    state(&mut snap, "b.service", "m1", "failed");
+    state(&mut snap, "c.service", "m2", "activating");
+    for (m, role) in [("m1", "web"), ("m2", "cache"), ("m3", "web")] {
+        snap.machines.insert(id(m), machine(m, role));
+    }
+    let drain = DrainRecord {
+        machine: id("m3"),
+        parallel: 1,
+        since: 0,
+    };
+    snap.drained.insert(id("m3"), drain);
     Fixture {
-        units: UnitListing {
-            units: vec![
-                unit("a.service", &["m1"], launched, None),
-                unit("b.service", &["m1"], launched, None),
-                unit("c.service", &["m2"], launched, None),
-                unit("d.service", &["m2"], launched, None),
-                unit(
-                    "e.service",
-                    &[],
-                    launched,
-                    Some("no machine offers role=db"),
-                ),
-                unit("f.service", &[], DesiredState::Inactive, None),
-            ],
-            skipped: vec![],
-        },
-        states: StateListing {
-            states: vec![
-                state("a.service", "m1", "active"),
-                state("b.service", "m1", "failed"),
-                state("c.service", "m2", "activating"),
-            ],
-            skipped: vec![],
-        },
-        machines: MachineListing {
-            machines: vec![
-                machine("m1", "web"),
-                machine("m2", "cache"),
-                machine("m3", "web"),
-            ],
-            skipped: vec![],
-            notice: None,
-            leader_notice: None,
-            leader: Some(id("m2")),
-            drained: vec![fleet_registry::DrainRecord {
-                machine: id("m3"),
-                parallel: 1,
-                since: 0,
-            }],
-        },
+        snap,
         leader: id("m2"),
     }
 }
 
 fn read(f: &Fixture) -> Read<'_> {
     Read {
-        units: &f.units,
-        states: &f.states,
-        machines: &f.machines,
+        snap: &f.snap,
         leader: Some(&f.leader),
     }
 }
