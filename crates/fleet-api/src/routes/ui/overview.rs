@@ -6,7 +6,7 @@
 //! when it has one (no etcd read but the present revision's key), so the counts, chips and
 //! cards all show the registry at one revision.
 
-use fleet_core::{DesiredState, MachineId};
+use fleet_core::{DesiredState, MachineId, MachineInfo};
 use fleet_registry::Snapshot;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -106,10 +106,34 @@ pub struct Read<'a> {
     pub leader: Option<&'a MachineId>,
 }
 
-/// Every machine's chips: the units scheduled there (non-global and global alike), coloured
-/// by the state the machine published.
-fn chips<'a>(snap: &'a Snapshot) -> BTreeMap<&'a MachineId, Vec<Chip>> {
-    let mut by_machine: BTreeMap<&'a MachineId, Vec<Chip>> = BTreeMap::new();
+/// A unit on a machine, as the snapshot holds it: borrowed, so that only the chips of the
+/// page sent are made (100,000 units are 400,000 strings).
+#[derive(Debug, Clone, Copy)]
+struct Placed<'a> {
+    unit: &'a fleet_registry::Unit,
+    state: Option<&'a fleet_core::SystemdState>,
+}
+
+impl Placed<'_> {
+    fn shade(&self) -> Shade {
+        Shade::of(self.state.map(|s| s.active.as_str()))
+    }
+
+    fn chip(&self) -> Chip {
+        Chip {
+            name: self.unit.name().to_string(),
+            shade: self.shade(),
+            active: self.state.map_or("", |s| s.active.as_str()).to_owned(),
+            sub: self.state.map_or("", |s| s.sub.as_str()).to_owned(),
+            desired: desired(self.unit.desired()).to_owned(),
+        }
+    }
+}
+
+/// Every machine's units: those scheduled there (non-global and global alike), with the
+/// state the machine published.
+fn placed(snap: &Snapshot) -> BTreeMap<&MachineId, Vec<Placed<'_>>> {
+    let mut by_machine: BTreeMap<&MachineId, Vec<Placed<'_>>> = BTreeMap::new();
     for unit in snap.units.values() {
         let Some(machines) = snap.schedule.get(unit.name()) else {
             continue;
@@ -117,13 +141,10 @@ fn chips<'a>(snap: &'a Snapshot) -> BTreeMap<&'a MachineId, Vec<Chip>> {
         let states = snap.states.get(unit.name());
         for machine in machines.keys() {
             let state = states.and_then(|s| s.get(machine)).map(|s| &s.systemd);
-            by_machine.entry(machine).or_default().push(Chip {
-                name: unit.name().to_string(),
-                shade: Shade::of(state.map(|s| s.active.as_str())),
-                active: state.map_or("", |s| s.active.as_str()).to_owned(),
-                sub: state.map_or("", |s| s.sub.as_str()).to_owned(),
-                desired: desired(unit.desired()).to_owned(),
-            });
+            by_machine
+                .entry(machine)
+                .or_default()
+                .push(Placed { unit, state });
         }
     }
     by_machine
@@ -137,86 +158,103 @@ fn desired(d: DesiredState) -> &'static str {
     }
 }
 
-/// Whether `card` matches `filter` (lower-case): the machine itself, or some of its units,
-/// which are then the only ones kept.
-fn filtered(mut card: Card, filter: &str) -> Option<Card> {
+/// Whether `machine` matches `filter` (lower-case): the machine itself, or some of its
+/// units, which are then the only ones kept.
+fn filtered<'a>(
+    machine: &MachineInfo,
+    mut units: Vec<Placed<'a>>,
+    filter: &str,
+) -> Option<Vec<Placed<'a>>> {
     if filter.is_empty() {
-        return Some(card);
+        return Some(units);
     }
     let hit = |s: &str| s.to_lowercase().contains(filter);
-    let machine = hit(&card.id)
-        || hit(&card.ip)
-        || card.metadata.iter().any(|(k, v)| hit(&format!("{k}={v}")));
-    if machine {
-        return Some(card);
+    let itself = hit(machine.id.as_str())
+        || hit(&machine.public_ip)
+        || machine
+            .metadata
+            .iter()
+            .any(|(k, v)| hit(&format!("{k}={v}")));
+    if itself {
+        return Some(units);
     }
-    card.units.retain(|c| hit(&c.name));
-    (!card.units.is_empty()).then_some(card)
+    units.retain(|p| hit(p.unit.name().as_str()));
+    (!units.is_empty()).then_some(units)
 }
 
-/// The answer to `ask` from `read`.
-pub fn overview(read: &Read<'_>, ask: &Ask) -> Overview {
-    let snap = read.snap;
-    let mut chips = chips(snap);
+/// The counts over the whole cluster, the unscheduled units among them.
+fn counts(snap: &Snapshot, placed: &BTreeMap<&MachineId, Vec<Placed<'_>>>) -> Counts {
     let mut counts = Counts {
         machines: snap.machines.len(),
         units: snap.units.len(),
+        unscheduled: waiting(snap).count(),
         ..Counts::default()
     };
-    for chip in chips.values().flatten() {
-        match chip.shade {
+    for p in placed.values().flatten() {
+        match p.shade() {
             Shade::Active => counts.active += 1,
             Shade::Activating => counts.activating += 1,
             Shade::Failed => counts.failed += 1,
             Shade::Inactive => counts.inactive += 1,
         }
     }
-    let waiting = || {
-        snap.units.values().filter(|u| {
-            u.desired() != DesiredState::Inactive
-                && snap.schedule.get(u.name()).is_none_or(|m| m.is_empty())
-        })
-    };
-    counts.unscheduled = waiting().count();
-    let unscheduled = waiting()
+    counts
+}
+
+/// The units meant to run that no machine took.
+fn waiting(snap: &Snapshot) -> impl Iterator<Item = &fleet_registry::Unit> {
+    snap.units.values().filter(|u| {
+        u.desired() != DesiredState::Inactive
+            && snap.schedule.get(u.name()).is_none_or(|m| m.is_empty())
+    })
+}
+
+/// The answer to `ask` from `read`.
+pub fn overview(read: &Read<'_>, ask: &Ask) -> Overview {
+    let snap = read.snap;
+    let mut placed = placed(snap);
+    let counts = counts(snap, &placed);
+    let unscheduled = waiting(snap)
         .take(MAX_UNSCHEDULED)
         .map(|u| Unscheduled {
             name: u.name().to_string(),
             reason: snap.unscheduled.get(u.name()).cloned().unwrap_or_default(),
         })
         .collect();
-    let cards: Vec<Card> = snap
-        .machines_with_metadata()
+    let machines = snap.machines_with_metadata();
+    let kept: Vec<(&MachineInfo, Vec<Placed<'_>>)> = machines
         .values()
         .filter_map(|m| {
-            let card = Card {
-                id: m.id.to_string(),
-                ip: m.public_ip.clone(),
-                metadata: m.metadata.clone(),
-                drained: snap.drained.contains_key(&m.id),
-                leader: read.leader == Some(&m.id),
-                units: chips.remove(&m.id).unwrap_or_default(),
-            };
-            filtered(card, &ask.filter)
+            let units = placed.remove(&m.id).unwrap_or_default();
+            Some((m, filtered(m, units, &ask.filter)?))
         })
         .collect();
     let per_page = match ask.per_page {
         0 => PER_PAGE,
         n => n.min(MAX_PER_PAGE),
     };
-    let pages = cards.len().div_ceil(per_page).max(1);
+    let pages = kept.len().div_ceil(per_page).max(1);
     let page = ask.page.min(pages - 1);
-    let matched = cards.len();
+    let matched = kept.len();
+    let card = |(m, units): (&MachineInfo, Vec<Placed<'_>>)| Card {
+        id: m.id.to_string(),
+        ip: m.public_ip.clone(),
+        metadata: m.metadata.clone(),
+        drained: snap.drained.contains_key(&m.id),
+        leader: read.leader == Some(&m.id),
+        units: units.iter().map(Placed::chip).collect(),
+    };
     Overview {
         counts,
         page,
         pages,
         per_page,
         matched,
-        machines: cards
+        machines: kept
             .into_iter()
             .skip(page * per_page)
             .take(per_page)
+            .map(card)
             .collect(),
         unscheduled,
     }

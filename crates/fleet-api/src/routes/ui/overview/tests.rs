@@ -12,10 +12,15 @@ fn name(s: &str) -> UnitName {
 
 /// Puts unit `n` in `snap`, scheduled on `machines`, with the engine's reason `why`.
 fn unit(snap: &mut Snapshot, n: &str, machines: &[&str], desired: DesiredState, why: Option<&str>) {
-    let file = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n").unwrap();
+    static HASH: std::sync::LazyLock<fleet_core::UnitHash> = std::sync::LazyLock::new(|| {
+        UnitFile::parse(b"[Service]\nExecStart=/bin/true\n")
+            .unwrap()
+            .hash()
+    });
+    let hash = *HASH;
     let record = UnitRecord {
         name: name(n),
-        hash: file.hash(),
+        hash,
         desired,
         restart: 0,
         replace: Default::default(),
@@ -31,7 +36,7 @@ fn unit(snap: &mut Snapshot, n: &str, machines: &[&str], desired: DesiredState, 
         let entry = ScheduleEntry {
             name: name(n),
             machine: id(m),
-            hash: file.hash(),
+            hash,
             desired,
             restart: 0,
             no_restart: false,
@@ -202,4 +207,40 @@ fn a_page_holds_at_most_its_size_and_a_page_past_the_end_is_the_last() {
     assert_eq!((past.page, past.machines.len()), (1, 1));
     assert_eq!(past.machines[0].id, "m3");
     assert_eq!(overview(&read(&f), &ask(0, 10_000)).per_page, MAX_PER_PAGE);
+}
+
+/// Issue 42's size: 5,000 machines and 100,000 units. The answer holds one page of cards,
+/// and only their units become chips; the counts are the cluster's.
+#[test]
+fn a_cluster_of_100_000_units_answers_one_page_with_the_clusters_counts() {
+    let mut snap = Snapshot::default();
+    let machines: Vec<String> = (0..5_000).map(|i| format!("m{i:04}")).collect();
+    for m in &machines {
+        snap.machines.insert(id(m), machine(m, "web"));
+    }
+    for i in 0..100_000 {
+        let n = format!("u{i:06}.service");
+        let on = &machines[i % machines.len()];
+        unit(&mut snap, &n, &[on], DesiredState::Launched, None);
+        if i % 10 != 0 {
+            state(&mut snap, &n, on, "active");
+        }
+    }
+    let began = std::time::Instant::now();
+    let o = overview(
+        &Read {
+            snap: &snap,
+            leader: None,
+        },
+        &Ask::default(),
+    );
+    eprintln!(
+        "the overview of 100,000 units took {:?} (debug build)",
+        began.elapsed()
+    );
+    assert_eq!((o.counts.machines, o.counts.units), (5_000, 100_000));
+    assert_eq!((o.counts.active, o.counts.inactive), (90_000, 10_000));
+    assert_eq!((o.machines.len(), o.pages), (PER_PAGE, 100));
+    let chips: usize = o.machines.iter().map(|m| m.units.len()).sum();
+    assert_eq!(chips, PER_PAGE * 20, "only the page's units");
 }
