@@ -1,13 +1,18 @@
 //! Issue 42: fleetd's dashboard in a real browser. Debian's chromium, headless, driven through
 //! chromium-driver (WebDriver) with fantoccini, against a cluster of two machines whose fleetd
-//! serves its API on plain TCP (admin). Each check waits for what it is about; screenshots of
-//! each page at 1280×800 are written to `target/dashboard-screenshots/`. Needs root.
+//! serves its API over TLS with roles. The browser reaches it through local proxies that
+//! present an operator's or a viewer's certificate ([`proxy`]), so the role the page shows
+//! and acts by is the certificate's. Each check waits for what it is about; screenshots of
+//! each page (cluster, unit, machine, events) at 1280×800 are written to
+//! `target/dashboard-screenshots/`. Needs root.
 
+#[path = "dashboard/proxy.rs"]
+mod proxy;
 mod support;
 
 use anyhow::{Context, Result, bail, ensure};
 use fantoccini::{Client, ClientBuilder, Locator};
-use fleet_functional_tests::{Cluster, FleetdSpec, Machine, OutputExt};
+use fleet_functional_tests::{ApiCerts, Cluster, FleetdSpec, Machine, OutputExt};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,6 +21,10 @@ use std::time::{Duration, Instant};
 use support::{finish, sleeper, start};
 
 const PORT: u16 = 49160;
+/// The page's size in the browser, and so the screenshots'.
+const VIEW: (u32, u32) = (1280, 800);
+/// Submitted, then started with its page open: a line on its journal every 0.5 s.
+const ECHO: &str = "echo.service";
 /// How soon a change must show on the page without a reload (the issue's figure).
 const LIVE_WITHIN: Duration = Duration::from_secs(2);
 /// How long anything else may take to show.
@@ -121,10 +130,23 @@ async fn browser(driver: &Driver, profile: &Path) -> Result<Client> {
     );
     caps.insert("goog:loggingPrefs".into(), json!({"browser": "ALL"}));
     let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    Ok(ClientBuilder::new(connector)
+    let client = ClientBuilder::new(connector)
         .capabilities(caps)
         .connect(&driver.url())
-        .await?)
+        .await?;
+    // The window's size holds headless chromium's own bars too: grown by them, the page
+    // (and so each screenshot) is 1280×800.
+    let bars = client
+        .execute(
+            "return [window.outerWidth - window.innerWidth, window.outerHeight - window.innerHeight]",
+            vec![],
+        )
+        .await?;
+    let bar = |i: usize| u32::try_from(bars[i].as_u64().unwrap_or(0)).unwrap_or(0);
+    client
+        .set_window_size(VIEW.0 + bar(0), VIEW.1 + bar(1))
+        .await?;
+    Ok(client)
 }
 
 fn screenshots() -> PathBuf {
@@ -185,22 +207,23 @@ fn fleetctl_ok(cluster: &Cluster, args: &[&str]) -> Result<String> {
     cluster.fleetctl(args)?.checked()
 }
 
-/// What the cluster holds before the page opens: two sleepers, a ticker on `m1` (its
-/// journal grows), and markup in `m2`'s metadata.
+/// What the cluster holds before the page opens: two sleepers, an echoer on `m1` submitted
+/// but not started (its page is opened first: its history and journal then grow as it
+/// starts), and markup in `m2`'s metadata.
 fn populate(cluster: &Cluster, m1: &Machine, m2: &Machine) -> Result<()> {
-    let mut paths = vec![
+    let paths = [
         write_unit(cluster, "hello1.service", &sleeper(420_001))?,
         write_unit(cluster, "hello2.service", &sleeper(420_002))?,
     ];
-    let ticker = format!(
-        "[Service]\nExecStart=/bin/sh -c 'while :; do echo tick-$$RANDOM; sleep 0.3; done'\n\
-         [X-Fleet]\nMachineID={}\n",
-        m1.id()
-    );
-    paths.push(write_unit(cluster, "ticker.service", &ticker)?);
     let mut args = vec!["start"];
     args.extend(paths.iter().map(String::as_str));
     fleetctl_ok(cluster, &args)?;
+    let echo = format!(
+        "[Service]\nExecStart=/bin/sh -c 'while :; do echo tick-$$RANDOM; sleep 0.5; done'\n\
+         [X-Fleet]\nMachineID={}\n",
+        m1.id()
+    );
+    fleetctl_ok(cluster, &["submit", &write_unit(cluster, ECHO, &echo)?])?;
     fleetctl_ok(
         cluster,
         &["set-metadata", m2.id().as_str(), &format!("note={HOSTILE}")],
@@ -211,7 +234,7 @@ fn populate(cluster: &Cluster, m1: &Machine, m2: &Machine) -> Result<()> {
 async fn cluster_page(client: &Client, driver: &Driver, session: &str, base: &str) -> Result<()> {
     client.goto(&format!("{base}/ui/")).await?;
     shows(client, "[data-machine]", SHOWN_WITHIN).await?;
-    for unit in ["hello1.service", "hello2.service", "ticker.service"] {
+    for unit in ["hello1.service", "hello2.service"] {
         shows(client, &format!("[data-unit='{unit}']"), SHOWN_WITHIN).await?;
     }
     until(
@@ -237,9 +260,18 @@ async fn cluster_page(client: &Client, driver: &Driver, session: &str, base: &st
         client.get_alert_text().await.is_err(),
         "a script from metadata ran"
     );
+    role_is(client, "operator").await?;
     let severe = driver.severe(session)?;
     ensure!(severe.is_empty(), "console errors: {severe:?}");
     Ok(())
+}
+
+/// The role the page shows: the one fleetd gave the certificate.
+async fn role_is(client: &Client, role: &str) -> Result<()> {
+    let script = format!("return document.getElementById('role').textContent === {role:?}");
+    until(client, &script, SHOWN_WITHIN)
+        .await
+        .with_context(|| format!("the page never said role {role}"))
 }
 
 async fn live_updates(client: &Client, cluster: &Cluster) -> Result<()> {
@@ -274,38 +306,65 @@ async fn hand_made_write(client: &Client, cluster: &Cluster) -> Result<()> {
         status == json!(403),
         "a DELETE without the header got {status}"
     );
-    let files = fleetctl_ok(cluster, &["list-unit-files", "--no-legend"])?;
+    let status = client
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             fetch('/fleet/v1/units/hello2.service', {method: 'PUT',
+               headers: {'Content-Type': 'application/json'}, body: '{\"desiredState\":\"inactive\"}'})
+               .then((r) => done(r.status), (e) => done(String(e)));",
+            vec![],
+        )
+        .await?;
     ensure!(
-        files.contains("hello2.service"),
-        "it was destroyed: {files}"
+        status == json!(403),
+        "a PUT without the header got {status}"
+    );
+    let files = fleetctl_ok(cluster, &["list-unit-files", "--no-legend"])?;
+    let line = files.lines().find(|l| l.starts_with("hello2.service"));
+    ensure!(
+        line.is_some_and(|l| l.split_whitespace().nth(2) == Some("launched")),
+        "it was destroyed or stopped: {files}"
     );
     Ok(())
 }
 
-async fn unit_page(client: &Client, base: &str) -> Result<()> {
-    client
-        .goto(&format!("{base}/ui/#/unit/ticker.service"))
-        .await?;
-    shows(client, "#unit-states [data-state-machine]", SHOWN_WITHIN).await?;
-    until(
+/// The count of journal lines of the echoer on the page.
+const ECHO_LINES: &str =
+    "return document.getElementById('unit-journal').textContent.split('tick-').length - 1";
+
+/// The echoer's page, opened before it starts: its history shows the start as it happens,
+/// then its journal grows a line each half second.
+async fn unit_page(client: &Client, cluster: &Cluster, base: &str) -> Result<()> {
+    client.goto(&format!("{base}/ui/#/unit/{ECHO}")).await?;
+    shows(
         client,
-        "return document.getElementById('unit-journal').textContent.includes('tick-')",
+        "#unit-events tr[data-kind='submitted']",
         SHOWN_WITHIN,
     )
     .await
-    .context("no journal line on the unit page")?;
-    let before = client
-        .execute(
-            "return document.getElementById('unit-journal').textContent.split('tick-').length",
-            vec![],
+    .context("the unit's history")?;
+    fleetctl_ok(cluster, &["start", "--no-block", ECHO])?;
+    for kind in ["desired-changed", "scheduled", "started"] {
+        shows(
+            client,
+            &format!("#unit-events tr[data-kind='{kind}']"),
+            SHOWN_WITHIN,
         )
+        .await
+        .with_context(|| format!("no {kind} event in the live history"))?;
+    }
+    shows(client, "#unit-states [data-state-machine]", SHOWN_WITHIN).await?;
+    let lines = format!("{ECHO_LINES} > 0");
+    until(client, &lines, SHOWN_WITHIN)
+        .await
+        .context("no journal line on the unit page")?;
+    let before = client
+        .execute(ECHO_LINES, vec![])
         .await?
         .as_u64()
         .unwrap_or(0);
-    let after = format!(
-        "return document.getElementById('unit-journal').textContent.split('tick-').length > {before}"
-    );
-    until(client, &after, SHOWN_WITHIN)
+    let grew = format!("{ECHO_LINES} >= {}", before + 2);
+    until(client, &grew, SHOWN_WITHIN)
         .await
         .context("the journal did not grow as lines were written")?;
     shoot(client, "unit").await
@@ -356,37 +415,127 @@ async fn machine_page(client: &Client, m2: &Machine, base: &str) -> Result<()> {
         .goto(&format!("{base}/ui/#/machine/{}", m2.id()))
         .await?;
     shows(client, "#machine-metadata td", SHOWN_WITHIN).await?;
+    shows(
+        client,
+        "#machine-events tr[data-kind='metadata-set']",
+        SHOWN_WITHIN,
+    )
+    .await
+    .context("the machine's events")?;
     shoot(client, "machine").await
 }
 
+/// The cluster's events, from the cluster page's link: live, and filtered by kind.
+async fn events_page(client: &Client, cluster: &Cluster, base: &str) -> Result<()> {
+    client.goto(&format!("{base}/ui/")).await?;
+    click(client, "#to-events").await?;
+    shows(client, "#events tr[data-kind='scheduled']", SHOWN_WITHIN).await?;
+    let path = write_unit(cluster, "late.service", &sleeper(420_004))?;
+    fleetctl_ok(cluster, &["start", "--no-block", &path])?;
+    let took = shows(
+        client,
+        "#events tr[data-event-unit='late.service']",
+        LIVE_WITHIN,
+    )
+    .await?;
+    eprintln!("an event showed on the events page {took:?} after fleetctl returned");
+    shows(
+        client,
+        "#events tr[data-kind='failed'][data-event-unit='crashy.service']",
+        SHOWN_WITHIN,
+    )
+    .await?;
+    shoot(client, "events").await?;
+    client
+        .goto(&format!("{base}/ui/#/events?kind=failed"))
+        .await?;
+    shows(client, "#events tr[data-kind='failed']", SHOWN_WITHIN).await?;
+    let only = "return [...document.querySelectorAll('#events tr[data-kind]')].every((r) => r.dataset.kind === 'failed')";
+    until(client, only, SHOWN_WITHIN)
+        .await
+        .context("the kind filter")?;
+    Ok(())
+}
+
+/// Through a viewer's certificate the page says so and offers no action: not on a unit,
+/// not on a machine; a write made by hand with the header is refused by fleetd's role.
+async fn viewer_sees_no_actions(client: &Client, m2: &Machine, viewer: &str) -> Result<()> {
+    client
+        .goto(&format!("{viewer}/ui/#/unit/hello2.service"))
+        .await?;
+    role_is(client, "viewer").await?;
+    shows(client, "#unit-states [data-state-machine]", SHOWN_WITHIN).await?;
+    client
+        .goto(&format!("{viewer}/ui/#/machine/{}", m2.id()))
+        .await?;
+    shows(client, "#machine-metadata td", SHOWN_WITHIN).await?;
+    for page in ["#/unit/hello2.service", &format!("#/machine/{}", m2.id())] {
+        client.goto(&format!("{viewer}/ui/{page}")).await?;
+        shows(client, "#unit-live, #machine-live", SHOWN_WITHIN).await?;
+        let controls = client
+            .execute(
+                "return document.querySelectorAll('#actions, button[data-action]').length",
+                vec![],
+            )
+            .await?;
+        ensure!(
+            controls == json!(0),
+            "a viewer sees {controls} action controls on {page}"
+        );
+    }
+    let status = client
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             fetch('/fleet/v1/units/hello2.service', {method: 'DELETE', headers: {'X-Fleet-CSRF': '1'}})
+               .then((r) => done(r.status), (e) => done(String(e)));",
+            vec![],
+        )
+        .await?;
+    ensure!(status == json!(403), "a viewer's DELETE got {status}");
+    Ok(())
+}
+
+/// The proxies' addresses: the operator's and the viewer's certificate to `m1`'s fleetd.
+async fn proxies(cluster: &Cluster, m1: &Machine) -> Result<(String, String)> {
+    let certs: ApiCerts = cluster.api_certs().context("no certificates")?;
+    let fleetd = SocketAddr::from((m1.ip(), PORT));
+    let operator = certs.client("olga", "olga", &[])?;
+    let viewer = certs.client("vera", "vera", &[])?;
+    let operator = proxy::start(&certs.ca(), &operator, fleetd).await?;
+    let viewer = proxy::start(&certs.ca(), &viewer, fleetd).await?;
+    Ok((format!("http://{operator}"), format!("http://{viewer}")))
+}
+
 #[test]
-fn the_dashboard_shows_the_cluster_live_escapes_what_it_shows_and_acts_with_its_header()
--> Result<()> {
+fn the_dashboard_shows_the_cluster_live_escapes_what_it_shows_and_acts_by_role() -> Result<()> {
     let spec = FleetdSpec::default()
-        .with_env("FLEET_API_LISTEN", format!("tcp:0.0.0.0:{PORT}"))
-        .with_env("FLEET_API_ALLOW_PLAIN_TCP", "true");
+        .with_api_tls(PORT)
+        .with_env("FLEET_API_OPERATORS", "CN=olga")
+        .with_env("FLEET_API_VIEWERS", "CN=vera");
     let (cluster, _registry) = start(2, spec)?;
     let (m1, m2) = (&cluster.machines()[0], &cluster.machines()[1]);
     populate(&cluster, m1, m2)?;
     let driver = Driver::start()?;
     let profile = cluster.dir().join("chromium-profile");
-    let base = format!("http://{}:{PORT}", m1.ip());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     rt.block_on(async {
+        let (base, viewer) = proxies(&cluster, m1).await?;
         let client = browser(&driver, &profile).await?;
         let session = client.session_id().await?.context("no session id")?;
         let checks = async {
             cluster_page(&client, &driver, &session, &base).await?;
             live_updates(&client, &cluster).await?;
             hand_made_write(&client, &cluster).await?;
-            unit_page(&client, &base).await?;
+            unit_page(&client, &cluster, &base).await?;
             stop_from_the_page(&client, &cluster, &base).await?;
             machine_page(&client, m2, &base).await?;
+            events_page(&client, &cluster, &base).await?;
+            viewer_sees_no_actions(&client, m2, &viewer).await?;
             let severe = driver.severe(&session)?;
-            // The hand-made DELETE's 403 is the one error the test itself caused.
+            // The hand-made writes' 403s are the errors the test itself caused.
             let unexpected: Vec<_> = severe.iter().filter(|m| !m.contains("403")).collect();
             ensure!(unexpected.is_empty(), "console errors: {unexpected:?}");
             anyhow::Ok(())

@@ -176,6 +176,30 @@ impl<K: Kv> HeldView<K> {
         at: Option<Revision>,
         report: Report,
     ) -> Result<Result<(UnitListing, Option<UnitsCursor>), Bypass>, OpsError> {
+        let after = cursor.map(|c| c.after.as_str());
+        self.read_at(registry, at, |view| {
+            page_of(
+                view.snapshot(),
+                view.files(),
+                view.unreadable_files(),
+                after,
+                limit,
+                report,
+            )
+        })
+        .await
+    }
+
+    /// `read` of the view once it has applied the present revision (one snapshot: every
+    /// change up to the present, none half applied), and only if the present is `at` when
+    /// one is asked; why not, when the view cannot serve. Reading the present revision is
+    /// the one error. `read` runs under the view's read lock: it only reads.
+    pub async fn read_at<T>(
+        &self,
+        registry: &Registry<K>,
+        at: Option<Revision>,
+        read: impl FnOnce(&StoreRead<'_>) -> T,
+    ) -> Result<Result<T, Bypass>, OpsError> {
         let present = registry
             .present_revision("reading the present revision for a listing")
             .await?;
@@ -210,15 +234,7 @@ impl<K: Kv> HeldView<K> {
         if at.is_some_and(|at| at != view.revision()) {
             return Ok(Err(Bypass::Moved));
         }
-        let after = cursor.map(|c| c.after.as_str());
-        Ok(Ok(page_of(
-            view.snapshot(),
-            view.files(),
-            view.unreadable_files(),
-            after,
-            limit,
-            report,
-        )))
+        Ok(Ok(read(&view)))
     }
 
     /// Starts reading a view in a task of its own, which installs it; the receiver hears

@@ -1,13 +1,15 @@
-//! What the dashboard's cluster page shows, built from the listings (pure): one page of
-//! machines, each with its units as chips coloured by state, the counts per state over the
-//! whole cluster, and the units no machine took with the engine's reason. Only the page
-//! asked for is sent, so a cluster of 5,000 machines and 100,000 units never goes to the
-//! browser in one answer.
+//! What the dashboard's cluster page shows, built from one snapshot of the registry (pure):
+//! one page of machines, each with its units as chips coloured by state, the counts per
+//! state over the whole cluster, and the units no machine took with the engine's reason.
+//! Only the page asked for is sent, so a cluster of 5,000 machines and 100,000 units never
+//! goes to the browser in one answer. The snapshot is the API's held view of the registry
+//! when it has one (no etcd read but the present revision's key), so the counts, chips and
+//! cards all show the registry at one revision.
 
-use fleet_core::{DesiredState, MachineId};
-use fleet_ops::{MachineListing, StateListing, UnitListing};
+use fleet_core::{DesiredState, MachineId, MachineInfo};
+use fleet_registry::Snapshot;
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// Machines on one page when the page does not say.
 pub const PER_PAGE: usize = 50;
@@ -97,40 +99,52 @@ pub struct Overview {
     pub unscheduled: Vec<Unscheduled>,
 }
 
-/// The listings read for one answer.
+/// What one answer is built from: the registry at one revision, and the engine leader.
 #[derive(Debug)]
 pub struct Read<'a> {
-    pub units: &'a UnitListing,
-    pub states: &'a StateListing,
-    pub machines: &'a MachineListing,
+    pub snap: &'a Snapshot,
     pub leader: Option<&'a MachineId>,
 }
 
-/// Every machine's chips: the units scheduled there (non-global and global alike), coloured
-/// by the state the machine published.
-fn chips<'a>(read: &Read<'a>) -> BTreeMap<&'a MachineId, Vec<Chip>> {
-    let published: BTreeMap<(&MachineId, &str), (&str, &str)> = read
-        .states
-        .states
-        .iter()
-        .map(|s| {
-            (
-                (&s.machine, s.name.as_str()),
-                (s.active.as_str(), s.sub.as_str()),
-            )
-        })
-        .collect();
-    let mut by_machine: BTreeMap<&'a MachineId, Vec<Chip>> = BTreeMap::new();
-    for unit in &read.units.units {
-        for machine in &unit.status.machines {
-            let state = published.get(&(machine, unit.name().as_str()));
-            by_machine.entry(machine).or_default().push(Chip {
-                name: unit.name().to_string(),
-                shade: Shade::of(state.map(|s| s.0)),
-                active: state.map_or("", |s| s.0).to_owned(),
-                sub: state.map_or("", |s| s.1).to_owned(),
-                desired: desired(unit.status.desired).to_owned(),
-            });
+/// A unit on a machine, as the snapshot holds it: borrowed, so that only the chips of the
+/// page sent are made (100,000 units are 400,000 strings).
+#[derive(Debug, Clone, Copy)]
+struct Placed<'a> {
+    unit: &'a fleet_registry::Unit,
+    state: Option<&'a fleet_core::SystemdState>,
+}
+
+impl Placed<'_> {
+    fn shade(&self) -> Shade {
+        Shade::of(self.state.map(|s| s.active.as_str()))
+    }
+
+    fn chip(&self) -> Chip {
+        Chip {
+            name: self.unit.name().to_string(),
+            shade: self.shade(),
+            active: self.state.map_or("", |s| s.active.as_str()).to_owned(),
+            sub: self.state.map_or("", |s| s.sub.as_str()).to_owned(),
+            desired: desired(self.unit.desired()).to_owned(),
+        }
+    }
+}
+
+/// Every machine's units: those scheduled there (non-global and global alike), with the
+/// state the machine published.
+fn placed(snap: &Snapshot) -> BTreeMap<&MachineId, Vec<Placed<'_>>> {
+    let mut by_machine: BTreeMap<&MachineId, Vec<Placed<'_>>> = BTreeMap::new();
+    for unit in snap.units.values() {
+        let Some(machines) = snap.schedule.get(unit.name()) else {
+            continue;
+        };
+        let states = snap.states.get(unit.name());
+        for machine in machines.keys() {
+            let state = states.and_then(|s| s.get(machine)).map(|s| &s.systemd);
+            by_machine
+                .entry(machine)
+                .or_default()
+                .push(Placed { unit, state });
         }
     }
     by_machine
@@ -144,86 +158,105 @@ fn desired(d: DesiredState) -> &'static str {
     }
 }
 
-/// Whether `card` matches `filter` (lower-case): the machine itself, or some of its units,
-/// which are then the only ones kept.
-fn filtered(mut card: Card, filter: &str) -> Option<Card> {
+/// Whether `machine` matches `filter` (lower-case): the machine itself, or some of its
+/// units, which are then the only ones kept.
+fn filtered<'a>(
+    machine: &MachineInfo,
+    mut units: Vec<Placed<'a>>,
+    filter: &str,
+) -> Option<Vec<Placed<'a>>> {
     if filter.is_empty() {
-        return Some(card);
+        return Some(units);
     }
     let hit = |s: &str| s.to_lowercase().contains(filter);
-    let machine = hit(&card.id)
-        || hit(&card.ip)
-        || card.metadata.iter().any(|(k, v)| hit(&format!("{k}={v}")));
-    if machine {
-        return Some(card);
+    let itself = hit(machine.id.as_str())
+        || hit(&machine.public_ip)
+        || machine
+            .metadata
+            .iter()
+            .any(|(k, v)| hit(&format!("{k}={v}")));
+    if itself {
+        return Some(units);
     }
-    card.units.retain(|c| hit(&c.name));
-    (!card.units.is_empty()).then_some(card)
+    units.retain(|p| hit(p.unit.name().as_str()));
+    (!units.is_empty()).then_some(units)
 }
 
-/// The answer to `ask` from `read`.
-pub fn overview(read: &Read<'_>, ask: &Ask) -> Overview {
-    let mut chips = chips(read);
-    let drained: BTreeSet<&MachineId> = read.machines.drained.iter().map(|d| &d.machine).collect();
+/// The counts over the whole cluster, the unscheduled units among them.
+fn counts(snap: &Snapshot, placed: &BTreeMap<&MachineId, Vec<Placed<'_>>>) -> Counts {
     let mut counts = Counts {
-        machines: read.machines.machines.len(),
-        units: read.units.units.len(),
+        machines: snap.machines.len(),
+        units: snap.units.len(),
+        unscheduled: waiting(snap).count(),
         ..Counts::default()
     };
-    for chip in chips.values().flatten() {
-        match chip.shade {
+    for p in placed.values().flatten() {
+        match p.shade() {
             Shade::Active => counts.active += 1,
             Shade::Activating => counts.activating += 1,
             Shade::Failed => counts.failed += 1,
             Shade::Inactive => counts.inactive += 1,
         }
     }
-    let unscheduled: Vec<Unscheduled> = read
-        .units
-        .units
-        .iter()
-        .filter(|u| u.status.machines.is_empty() && u.status.desired != DesiredState::Inactive)
+    counts
+}
+
+/// The units meant to run that no machine took.
+fn waiting(snap: &Snapshot) -> impl Iterator<Item = &fleet_registry::Unit> {
+    snap.units.values().filter(|u| {
+        u.desired() != DesiredState::Inactive
+            && snap.schedule.get(u.name()).is_none_or(|m| m.is_empty())
+    })
+}
+
+/// The answer to `ask` from `read`.
+pub fn overview(read: &Read<'_>, ask: &Ask) -> Overview {
+    let snap = read.snap;
+    let mut placed = placed(snap);
+    let counts = counts(snap, &placed);
+    let unscheduled = waiting(snap)
+        .take(MAX_UNSCHEDULED)
         .map(|u| Unscheduled {
             name: u.name().to_string(),
-            reason: u.status.unscheduled.clone().unwrap_or_default(),
+            reason: snap.unscheduled.get(u.name()).cloned().unwrap_or_default(),
         })
         .collect();
-    counts.unscheduled = unscheduled.len();
-    let cards: Vec<Card> = read
-        .machines
-        .machines
-        .iter()
+    let machines = snap.machines_with_metadata();
+    let kept: Vec<(&MachineInfo, Vec<Placed<'_>>)> = machines
+        .values()
         .filter_map(|m| {
-            let card = Card {
-                id: m.id.to_string(),
-                ip: m.public_ip.clone(),
-                metadata: m.metadata.clone(),
-                drained: drained.contains(&m.id),
-                leader: read.leader == Some(&m.id),
-                units: chips.remove(&m.id).unwrap_or_default(),
-            };
-            filtered(card, &ask.filter)
+            let units = placed.remove(&m.id).unwrap_or_default();
+            Some((m, filtered(m, units, &ask.filter)?))
         })
         .collect();
     let per_page = match ask.per_page {
         0 => PER_PAGE,
         n => n.min(MAX_PER_PAGE),
     };
-    let pages = cards.len().div_ceil(per_page).max(1);
+    let pages = kept.len().div_ceil(per_page).max(1);
     let page = ask.page.min(pages - 1);
-    let matched = cards.len();
+    let matched = kept.len();
+    let card = |(m, units): (&MachineInfo, Vec<Placed<'_>>)| Card {
+        id: m.id.to_string(),
+        ip: m.public_ip.clone(),
+        metadata: m.metadata.clone(),
+        drained: snap.drained.contains_key(&m.id),
+        leader: read.leader == Some(&m.id),
+        units: units.iter().map(Placed::chip).collect(),
+    };
     Overview {
         counts,
         page,
         pages,
         per_page,
         matched,
-        machines: cards
+        machines: kept
             .into_iter()
             .skip(page * per_page)
             .take(per_page)
+            .map(card)
             .collect(),
-        unscheduled: unscheduled.into_iter().take(MAX_UNSCHEDULED).collect(),
+        unscheduled,
     }
 }
 

@@ -1,39 +1,75 @@
 use super::*;
-use fleet_core::{MachineInfo, UnitFile, UnitName};
-use fleet_ops::{StateView, UnitStatus, UnitView};
+use fleet_core::{MachineInfo, SystemdState, UnitFile, UnitName};
+use fleet_registry::{DrainRecord, ScheduleEntry, Unit, UnitRecord, UnitStateRecord};
 
 fn id(s: &str) -> MachineId {
     s.parse().unwrap()
 }
 
-fn unit(name: &str, machines: &[&str], desired: DesiredState, why: Option<&str>) -> UnitView {
-    let file = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n").unwrap();
-    UnitView {
-        status: UnitStatus {
-            name: name.parse::<UnitName>().unwrap(),
-            hash: file.hash(),
-            desired,
-            machines: machines.iter().map(|m| id(m)).collect(),
-            unscheduled: why.map(str::to_owned),
-            restart: 0,
+fn name(s: &str) -> UnitName {
+    s.parse().unwrap()
+}
+
+/// Puts unit `n` in `snap`, scheduled on `machines`, with the engine's reason `why`.
+fn unit(snap: &mut Snapshot, n: &str, machines: &[&str], desired: DesiredState, why: Option<&str>) {
+    static HASH: std::sync::LazyLock<fleet_core::UnitHash> = std::sync::LazyLock::new(|| {
+        UnitFile::parse(b"[Service]\nExecStart=/bin/true\n")
+            .unwrap()
+            .hash()
+    });
+    let hash = *HASH;
+    let record = UnitRecord {
+        name: name(n),
+        hash,
+        desired,
+        restart: 0,
+        replace: Default::default(),
+    };
+    snap.units.insert(
+        name(n),
+        Unit {
+            record,
+            mod_revision: 1,
         },
-        file,
-        global: false,
-        current: DesiredState::Inactive,
+    );
+    for m in machines {
+        let entry = ScheduleEntry {
+            name: name(n),
+            machine: id(m),
+            hash,
+            desired,
+            restart: 0,
+            no_restart: false,
+            placement: 0,
+        };
+        snap.schedule
+            .entry(name(n))
+            .or_default()
+            .insert(id(m), entry);
+    }
+    if let Some(why) = why {
+        snap.unscheduled.insert(name(n), why.to_owned());
     }
 }
 
-fn state(name: &str, machine: &str, active: &str) -> StateView {
-    StateView {
-        name: name.parse().unwrap(),
+fn state(snap: &mut Snapshot, n: &str, machine: &str, active: &str) {
+    let record = UnitStateRecord {
+        name: name(n),
         machine: id(machine),
         hash: None,
-        load: "loaded".into(),
-        active: active.into(),
-        sub: "x".into(),
+        systemd: SystemdState {
+            load: "loaded".into(),
+            active: active.into(),
+            sub: "x".into(),
+        },
+        drop_ins: vec![],
         restart: 0,
         restart_pending: false,
-    }
+    };
+    snap.states
+        .entry(name(n))
+        .or_default()
+        .insert(id(machine), record);
 }
 
 fn machine(m: &str, role: &str) -> MachineInfo {
@@ -49,64 +85,46 @@ fn machine(m: &str, role: &str) -> MachineInfo {
 }
 
 struct Fixture {
-    units: UnitListing,
-    states: StateListing,
-    machines: MachineListing,
+    snap: Snapshot,
     leader: MachineId,
 }
 
 fn fixture() -> Fixture {
     let launched = DesiredState::Launched;
+    let mut snap = Snapshot::default();
+    unit(&mut snap, "a.service", &["m1"], launched, None);
+    unit(&mut snap, "b.service", &["m1"], launched, None);
+    unit(&mut snap, "c.service", &["m2"], launched, None);
+    unit(&mut snap, "d.service", &["m2"], launched, None);
+    unit(
+        &mut snap,
+        "e.service",
+        &[],
+        launched,
+        Some("no machine offers role=db"),
+    );
+    unit(&mut snap, "f.service", &[], DesiredState::Inactive, None);
+    state(&mut snap, "a.service", "m1", "active");
+    state(&mut snap, "b.service", "m1", "failed");
+    state(&mut snap, "c.service", "m2", "activating");
+    for (m, role) in [("m1", "web"), ("m2", "cache"), ("m3", "web")] {
+        snap.machines.insert(id(m), machine(m, role));
+    }
+    let drain = DrainRecord {
+        machine: id("m3"),
+        parallel: 1,
+        since: 0,
+    };
+    snap.drained.insert(id("m3"), drain);
     Fixture {
-        units: UnitListing {
-            units: vec![
-                unit("a.service", &["m1"], launched, None),
-                unit("b.service", &["m1"], launched, None),
-                unit("c.service", &["m2"], launched, None),
-                unit("d.service", &["m2"], launched, None),
-                unit(
-                    "e.service",
-                    &[],
-                    launched,
-                    Some("no machine offers role=db"),
-                ),
-                unit("f.service", &[], DesiredState::Inactive, None),
-            ],
-            skipped: vec![],
-        },
-        states: StateListing {
-            states: vec![
-                state("a.service", "m1", "active"),
-                state("b.service", "m1", "failed"),
-                state("c.service", "m2", "activating"),
-            ],
-            skipped: vec![],
-        },
-        machines: MachineListing {
-            machines: vec![
-                machine("m1", "web"),
-                machine("m2", "cache"),
-                machine("m3", "web"),
-            ],
-            skipped: vec![],
-            notice: None,
-            leader_notice: None,
-            leader: Some(id("m2")),
-            drained: vec![fleet_registry::DrainRecord {
-                machine: id("m3"),
-                parallel: 1,
-                since: 0,
-            }],
-        },
+        snap,
         leader: id("m2"),
     }
 }
 
 fn read(f: &Fixture) -> Read<'_> {
     Read {
-        units: &f.units,
-        states: &f.states,
-        machines: &f.machines,
+        snap: &f.snap,
         leader: Some(&f.leader),
     }
 }
@@ -189,4 +207,40 @@ fn a_page_holds_at_most_its_size_and_a_page_past_the_end_is_the_last() {
     assert_eq!((past.page, past.machines.len()), (1, 1));
     assert_eq!(past.machines[0].id, "m3");
     assert_eq!(overview(&read(&f), &ask(0, 10_000)).per_page, MAX_PER_PAGE);
+}
+
+/// Issue 42's size: 5,000 machines and 100,000 units. The answer holds one page of cards,
+/// and only their units become chips; the counts are the cluster's.
+#[test]
+fn a_cluster_of_100_000_units_answers_one_page_with_the_clusters_counts() {
+    let mut snap = Snapshot::default();
+    let machines: Vec<String> = (0..5_000).map(|i| format!("m{i:04}")).collect();
+    for m in &machines {
+        snap.machines.insert(id(m), machine(m, "web"));
+    }
+    for i in 0..100_000 {
+        let n = format!("u{i:06}.service");
+        let on = &machines[i % machines.len()];
+        unit(&mut snap, &n, &[on], DesiredState::Launched, None);
+        if i % 10 != 0 {
+            state(&mut snap, &n, on, "active");
+        }
+    }
+    let began = std::time::Instant::now();
+    let o = overview(
+        &Read {
+            snap: &snap,
+            leader: None,
+        },
+        &Ask::default(),
+    );
+    eprintln!(
+        "the overview of 100,000 units took {:?} (debug build)",
+        began.elapsed()
+    );
+    assert_eq!((o.counts.machines, o.counts.units), (5_000, 100_000));
+    assert_eq!((o.counts.active, o.counts.inactive), (90_000, 10_000));
+    assert_eq!((o.machines.len(), o.pages), (PER_PAGE, 100));
+    let chips: usize = o.machines.iter().map(|m| m.units.len()).sum();
+    assert_eq!(chips, PER_PAGE * 20, "only the page's units");
 }
