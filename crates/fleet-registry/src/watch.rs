@@ -31,6 +31,9 @@ pub enum Delta {
 struct Kept {
     events: Vec<Event>,
     gap: bool,
+    /// Past this many events untaken, they are dropped for a gap: a caller that takes them
+    /// late (a change stream whose client reads slowly) holds bounded memory.
+    most: Option<usize>,
 }
 
 /// A background watch of one prefix. `changed()` returns once something may have changed
@@ -57,8 +60,31 @@ impl WatchHints {
 
     /// As [`start`](Self::start), keeping the events for [`take`](Self::take).
     pub fn with_events<K: Kv>(kv: K, prefix: String, from_revision: Revision) -> WatchHints {
+        Self::keeping(kv, prefix, from_revision, None)
+    }
+
+    /// As [`with_events`](Self::with_events), keeping at most `most` events untaken: past
+    /// that, [`take`](Self::take) says [`Delta::Gap`].
+    pub fn with_events_up_to<K: Kv>(
+        kv: K,
+        prefix: String,
+        from_revision: Revision,
+        most: usize,
+    ) -> WatchHints {
+        Self::keeping(kv, prefix, from_revision, Some(most))
+    }
+
+    fn keeping<K: Kv>(
+        kv: K,
+        prefix: String,
+        from_revision: Revision,
+        most: Option<usize>,
+    ) -> WatchHints {
         let (tx, rx) = watch::channel(from_revision - 1);
-        let kept = Arc::new(Mutex::new(Kept::default()));
+        let kept = Arc::new(Mutex::new(Kept {
+            most,
+            ..Kept::default()
+        }));
         let task =
             tokio::spawn(run(kv, prefix, from_revision, tx, Some(kept.clone())).in_current_span());
         WatchHints {
@@ -77,7 +103,14 @@ impl WatchHints {
         let mut kept = kept
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let taken = std::mem::take(&mut *kept);
+        let most = kept.most;
+        let taken = std::mem::replace(
+            &mut *kept,
+            Kept {
+                most,
+                ..Kept::default()
+            },
+        );
         if taken.gap {
             Delta::Gap
         } else {
@@ -90,6 +123,11 @@ impl WatchHints {
     pub async fn changed(&mut self) -> Option<Revision> {
         self.rx.changed().await.ok()?;
         Some(*self.rx.borrow_and_update())
+    }
+
+    /// The newest revision seen so far, without waiting or marking it seen.
+    pub fn latest(&self) -> Revision {
+        *self.rx.borrow()
     }
 }
 
@@ -177,6 +215,10 @@ async fn run<K: Kv>(
                         if !kept.gap {
                             kept.events.extend(events);
                         }
+                        if kept.most.is_some_and(|most| kept.events.len() > most) {
+                            kept.events = Vec::new();
+                            kept.gap = true;
+                        }
                     }
                     if tx.send(revision).is_err() {
                         return;
@@ -249,6 +291,24 @@ mod tests {
         assert_eq!(keys, ["/p/a", "/p/b"]);
         assert!(events.iter().all(|e| e.kind == EventKind::Put));
         assert_eq!(hints.take(), Delta::Events(vec![]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_keeping_few_events_says_gap_past_them_then_keeps_again() {
+        let kv = MemKv::new();
+        let mut hints = WatchHints::with_events_up_to(kv.clone(), "/p/".into(), 1, 2);
+        for key in ["/p/a", "/p/b", "/p/c"] {
+            put(&kv, key).await;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(hints.take(), Delta::Gap);
+        put(&kv, "/p/d").await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let Delta::Events(events) = hints.take() else {
+            panic!("a gap");
+        };
+        assert_eq!(events.len(), 1);
+        assert_eq!(hints.latest(), 5);
     }
 
     #[tokio::test(start_paused = true)]
