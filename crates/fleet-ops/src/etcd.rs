@@ -16,6 +16,7 @@ mod batches;
 mod change;
 mod create;
 mod events;
+mod feed;
 mod listing;
 mod maintenance;
 pub mod views;
@@ -23,6 +24,7 @@ mod watch;
 
 pub use batches::BATCHES_IN_FLIGHT;
 pub use events::Sent;
+pub use feed::CHANGE_EVERY;
 pub use listing::UnitsCursor;
 pub use watch::RegistryChanges;
 
@@ -553,5 +555,9 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
 
     async fn follow_events(&self, filter: EventFilter) -> Result<EventStream, OpsError> {
         self.follow(filter).await
+    }
+
+    async fn changes(&self) -> Result<crate::ChangeStream, OpsError> {
+        self.change_stream().await
     }
 }

@@ -78,11 +78,13 @@ impl<K: Kv> RegistryCluster<K> {
     /// Records what a put of `name` did, if it wrote anything.
     pub fn record_put(&self, name: &UnitName, outcome: &Result<PutOutcome, OpsError>, sent: Sent) {
         let event = match outcome {
-            Ok(PutOutcome::Created(v)) => Event::at(sent.0, 
+            Ok(PutOutcome::Created(v)) => Event::at(
+                sent.0,
                 EventKind::Submitted,
                 format!("desired state {}", v.status.desired),
             ),
-            Ok(PutOutcome::Replaced(v)) => Event::at(sent.0, 
+            Ok(PutOutcome::Replaced(v)) => Event::at(
+                sent.0,
                 EventKind::Replaced,
                 format!(
                     "unit file {}, desired state {}",
@@ -90,7 +92,8 @@ impl<K: Kv> RegistryCluster<K> {
                     v.status.desired
                 ),
             ),
-            Ok(PutOutcome::StateChanged(v)) => Event::at(sent.0, 
+            Ok(PutOutcome::StateChanged(v)) => Event::at(
+                sent.0,
                 EventKind::DesiredChanged,
                 format!("desired state {}", v.status.desired),
             ),
