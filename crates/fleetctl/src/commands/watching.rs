@@ -46,9 +46,35 @@ impl Table<'_> {
         }
     }
 
+    /// Whether `--watch` was asked.
+    fn watched(self) -> bool {
+        match self {
+            Table::UnitFiles(args) => args.listing.watch,
+            Table::Units(args) => args.listing.watch,
+            Table::Machines(args) => args.listing.watch,
+        }
+    }
+
     /// Whether a change of `parts` may change the listing.
     fn concerns(self, parts: &BTreeSet<Part>) -> bool {
         self.parts().iter().any(|p| parts.contains(p))
+    }
+}
+
+/// The listing `table`, once or with `--watch` ([`run`]).
+pub async fn listing<C: Cluster>(ctx: &mut Ctx<C>, table: Table<'_>) -> Result<()> {
+    if table.watched() {
+        return run(ctx, table).await;
+    }
+    once(ctx, table).await
+}
+
+/// Prints the listing once, as without `--watch`.
+async fn once<C: Cluster>(ctx: &mut Ctx<C>, table: Table<'_>) -> Result<()> {
+    match table {
+        Table::UnitFiles(args) => list::list_unit_files(ctx, args).await,
+        Table::Units(args) => list::list_units(ctx, args).await,
+        Table::Machines(args) => list::list_machines(ctx, args).await,
     }
 }
 
@@ -103,11 +129,7 @@ async fn read<C: Cluster>(cluster: &C, table: Table<'_>) -> Result<Shown> {
         err: Box::new(err.clone()),
         write_failed: None,
     };
-    match table {
-        Table::UnitFiles(args) => list::list_unit_files(&mut inner, args).await?,
-        Table::Units(args) => list::list_units(&mut inner, args).await?,
-        Table::Machines(args) => list::list_machines(&mut inner, args).await?,
-    }
+    once(&mut inner, table).await?;
     drop(inner);
     Ok(Shown {
         out: out.0.take(),
