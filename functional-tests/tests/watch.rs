@@ -112,7 +112,7 @@ fn a_blocking_start_over_the_api_follows_the_change_stream_instead_of_polling() 
     let slow = "[Service]\nExecStartPre=/bin/sleep 3\nExecStart=/bin/sleep 3600\n";
     let path = unit_file(&cluster, "slow.service", slow)?;
     let count = |route: &str| -> Result<f64> {
-        Ok(scrape(&machine)?.sum("fleet_api_requests_total", &[&format!("route=\"{route}\"")]))
+        Ok(scrape(machine)?.sum("fleet_api_requests_total", &[&format!("route=\"{route}\"")]))
     };
     let (states, streams) = (count("/state")?, count("/changes")?);
     let began = Instant::now();
