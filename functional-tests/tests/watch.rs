@@ -23,10 +23,42 @@ fn unit_file(cluster: &Cluster, name: &str, text: &str) -> Result<String> {
     Ok(dir.join(name).display().to_string())
 }
 
-/// A fleetctl left running, its stdout's lines sent on a channel as they come.
+/// A fleetctl left running, its stdout's and stderr's lines sent on channels as they come.
 struct Running {
     child: Child,
     lines: mpsc::Receiver<String>,
+    errors: mpsc::Receiver<String>,
+}
+
+/// Sends each line of `from` on a new channel, from a thread of its own.
+fn lines_of(from: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
+/// The first line of `lines` that `accept` takes within `within`.
+fn wait_line(
+    lines: &mpsc::Receiver<String>,
+    within: Duration,
+    accept: impl Fn(&str) -> bool,
+) -> Result<String> {
+    let until = Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if accept(&line) => return Ok(line),
+            Ok(line) => seen.push(line),
+            Err(_) => anyhow::bail!("nothing accepted within {within:?}; saw {seen:?}"),
+        }
+    }
 }
 
 impl Running {
@@ -36,32 +68,20 @@ impl Running {
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()?;
-        let out = child.stdout.take().context("no stdout")?;
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Running { child, lines })
+        let lines = lines_of(child.stdout.take().context("no stdout")?);
+        let errors = lines_of(child.stderr.take().context("no stderr")?);
+        Ok(Running {
+            child,
+            lines,
+            errors,
+        })
     }
 
-    /// The first line `accept` takes within `within`.
+    /// The first line of stdout `accept` takes within `within`.
     fn wait(&self, within: Duration, accept: impl Fn(&str) -> bool) -> Result<String> {
-        let until = Instant::now() + within;
-        let mut seen = Vec::new();
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if accept(&line) => return Ok(line),
-                Ok(line) => seen.push(line),
-                Err(_) => anyhow::bail!("nothing accepted within {within:?}; saw {seen:?}"),
-            }
-        }
+        wait_line(&self.lines, within, accept)
     }
 }
 
@@ -99,8 +119,39 @@ fn list_units_watch_prints_a_start_within_a_second_over_either_driver() -> Resul
                 l.starts_with(&unit) && l.contains("active")
             })
             .with_context(|| format!("{driver:?}: the watch after {:?}", started.elapsed()))?;
+        if driver == Driver::Api {
+            reconnects_after_fleetd_restarts(&cluster, &watch)?;
+        }
     }
     finish(cluster)
+}
+
+/// The API's fleetd restarts under a `--watch`: it says it lost the stream, reconnects, and
+/// prints the next change.
+fn reconnects_after_fleetd_restarts(cluster: &Cluster, watch: &Running) -> Result<()> {
+    cluster.api_machine()?.restart_fleetd()?;
+    wait_line(&watch.errors, TIMEOUT, |l| {
+        l.starts_with("The change stream was lost")
+    })?;
+    wait_line(&watch.errors, TIMEOUT, |l| {
+        l == "Reconnected to the change stream"
+    })?;
+    let path = unit_file(cluster, "after-restart.service", &sleeper(3600))?;
+    let run = cluster
+        .fleetctl_command(Driver::Api)?
+        .args(["start", &path])
+        .stdin(Stdio::null())
+        .output()?;
+    ensure!(
+        run.status.success(),
+        "start after the restart failed: {run:?}"
+    );
+    watch
+        .wait(Duration::from_secs(1), |l| {
+            l.starts_with("after-restart.service") && l.contains("active")
+        })
+        .context("the watch after it reconnected")?;
+    Ok(())
 }
 
 #[test]
