@@ -31,8 +31,9 @@ pub enum Delta {
 struct Kept {
     events: Vec<Event>,
     gap: bool,
-    /// Past this many events untaken, they are dropped for a gap: a caller that takes them
-    /// late (a change stream whose client reads slowly) holds bounded memory.
+    /// Past this many events untaken, they are dropped for a gap, and each is kept without
+    /// its value: a caller that takes them late (a change stream whose client reads slowly)
+    /// holds bounded memory, a few hundred bytes an event.
     most: Option<usize>,
 }
 
@@ -63,8 +64,9 @@ impl WatchHints {
         Self::keeping(kv, prefix, from_revision, None)
     }
 
-    /// As [`with_events`](Self::with_events), keeping at most `most` events untaken: past
-    /// that, [`take`](Self::take) says [`Delta::Gap`].
+    /// As [`with_events`](Self::with_events), keeping at most `most` events untaken, each
+    /// without its value (keys and revisions only): past that, [`take`](Self::take) says
+    /// [`Delta::Gap`].
     pub fn with_events_up_to<K: Kv>(
         kv: K,
         prefix: String,
@@ -157,6 +159,12 @@ impl<K: Kv> crate::Registry<K> {
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
+/// `event` without its value, for a caller that needs only what changed.
+fn without_value(mut event: Event) -> Event {
+    event.kv.value = Vec::new();
+    event
+}
+
 /// Records a gap (events may be missing) for a caller that keeps events.
 fn gap(kept: &Option<Arc<Mutex<Kept>>>) {
     if let Some(kept) = kept {
@@ -212,8 +220,11 @@ async fn run<K: Kv>(
                         let mut kept = kept
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner);
-                        if !kept.gap {
+                        let values = kept.most.is_none();
+                        if !kept.gap && values {
                             kept.events.extend(events);
+                        } else if !kept.gap {
+                            kept.events.extend(events.into_iter().map(without_value));
                         }
                         if kept.most.is_some_and(|most| kept.events.len() > most) {
                             kept.events = Vec::new();
@@ -308,6 +319,7 @@ mod tests {
             panic!("a gap");
         };
         assert_eq!(events.len(), 1);
+        assert!(events[0].kv.value.is_empty(), "kept without its value");
         assert_eq!(hints.latest(), 5);
     }
 
