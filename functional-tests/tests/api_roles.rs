@@ -110,6 +110,32 @@ fn fleetctl_as(cluster: &Cluster, identity: &Identity, args: &[&str]) -> Result<
         .output()?)
 }
 
+/// The first line `fleetctl list-machines --watch` prints as the holder of `identity`; the
+/// watch is then ended.
+fn first_watched(cluster: &Cluster, identity: &Identity) -> Result<String> {
+    use std::io::{BufRead, BufReader};
+    let mut child = cluster
+        .fleetctl_tls_command()?
+        .env("FLEETCTL_CERT_FILE", &identity.0)
+        .env("FLEETCTL_KEY_FILE", &identity.1)
+        .args(["list-machines", "--watch"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let out = child.stdout.take().context("no stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(out).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(TIMEOUT);
+    let _ = child.kill();
+    let _ = child.wait();
+    line.context("list-machines --watch printed nothing")
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -196,6 +222,9 @@ fn roles_decide_what_each_certificate_may_do_and_refusals_write_nothing() -> Res
     )?
     .map_err(anyhow::Error::msg)?;
     ensure!(status == 200 && unit["name"] == UNIT, "{status} {unit}");
+    // ...and follows the change stream (`GET /fleet/v1/changes`, under `list-machines --watch`).
+    let first = first_watched(&cluster, &viewer)?;
+    ensure!(first.starts_with("MACHINE"), "viewer's watch: {first:?}");
     // ...and every write is a 403 naming the role and the action, and writes nothing.
     let unit_path = format!("/fleet/v1/units/{UNIT}");
     let patch =
@@ -254,6 +283,12 @@ fn roles_decide_what_each_certificate_may_do_and_refusals_write_nothing() -> Res
         );
         ensure!(answer == (403, refusal), "no role {method}: {answer:?}");
     }
+    let o = fleetctl_as(&cluster, &nobody, &["list-machines", "--watch"])?;
+    ensure!(
+        !o.status.success() && text(&o).contains("has no role"),
+        "a watch with no role: {}",
+        text(&o)
+    );
     unchanged("a certificate with no role")?;
 
     // No certificate, or one of another CA (with an operator's CN): refused at the handshake.

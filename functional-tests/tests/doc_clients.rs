@@ -8,7 +8,8 @@
 //! - one generated at run time from the discovery document, as fleet's docs tell users to do
 //!   (and as its `Documentation/examples/api.py` does): it walks `resources`/`methods`, builds
 //!   each request from the method's `path`, `httpMethod` and parameters, checks each request
-//!   and response body against the document's schemas, and calls every method it lists.
+//!   and response body against the document's schemas (of a `streamed` method, its first
+//!   line), and calls every method it lists.
 //!
 //! Both speak HTTP/1.1 as plain text over a `std` `UnixStream` (one request per connection,
 //! `Connection: close`): no client library stands between the document and the wire.
@@ -47,6 +48,45 @@ impl Wire {
             .with_context(|| format!("connecting to {}", self.socket.display()))?;
         stream.set_read_timeout(Some(TIMEOUT))?;
         http_exchange(stream, "fleet", method, path, body)
+    }
+
+    /// The status and the first line of a streamed answer (a held response, chunked), read as
+    /// it comes; the connection is then dropped.
+    fn first_line(&self, method: &str, path: &str) -> Result<(u16, Value)> {
+        use std::io::{Read, Write};
+        let mut stream = UnixStream::connect(&self.socket)
+            .with_context(|| format!("connecting to {}", self.socket.display()))?;
+        stream.set_read_timeout(Some(TIMEOUT))?;
+        write!(stream, "{method} {path} HTTP/1.1\r\nHost: fleet\r\n\r\n")?;
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = stream.read(&mut buf)?;
+            ensure!(n > 0, "the stream ended before a line: {raw:?}");
+            raw.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&raw).into_owned();
+            let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                continue;
+            };
+            let status: u16 = head
+                .split_whitespace()
+                .nth(1)
+                .context("no status")?
+                .parse()?;
+            // A chunk's size line, then its data: the first line is in the first chunks.
+            let data: String = body
+                .split("\r\n")
+                .skip(1)
+                .step_by(2)
+                .collect::<Vec<_>>()
+                .concat();
+            if let Some((line, _)) = data.split_once('\n') {
+                return Ok((status, serde_json::from_str(line)?));
+            }
+            if status != 200 && !body.is_empty() {
+                return Ok((status, serde_json::from_str(&data).unwrap_or(Value::Null)));
+            }
+        }
     }
 
     /// Waits until fleetd answers `path` with 200 and a body `accept` takes.
@@ -249,6 +289,8 @@ struct Method {
     params: Vec<(String, String, bool)>,
     request: Option<String>,
     response: Option<String>,
+    /// The answer is a held stream of the response entity, one a line (`streamed`).
+    streamed: bool,
 }
 
 /// The client surface built from the document alone, as `examples/api.py`'s `build` does.
@@ -312,7 +354,11 @@ impl Generated {
             (None, Some(_)) => bail!("{id} takes no request body"),
             (Some(_), None) | (None, None) => {}
         }
-        let (status, answer) = self.wire.send(&method.http, &url, body.as_ref())?;
+        let (status, answer) = if method.streamed {
+            self.wire.first_line(&method.http, &url)?
+        } else {
+            self.wire.send(&method.http, &url, body.as_ref())?
+        };
         if let (Some(schema), 200) = (&method.response, status) {
             self.conforms(&answer, &json!({"$ref": schema}), id)?;
         }
@@ -335,6 +381,7 @@ impl Generated {
         match schema["type"].as_str() {
             Some("string") => ensure!(value.is_string(), "{at}: {value} is no string"),
             Some("boolean") => ensure!(value.is_boolean(), "{at}: {value} is no boolean"),
+            Some("integer") => ensure!(value.is_i64(), "{at}: {value} is no integer"),
             Some("array") => {
                 let items = value
                     .as_array()
@@ -398,6 +445,7 @@ fn walk(node: &Value, out: &mut Vec<Method>) -> Result<()> {
                 params,
                 request: method["request"]["$ref"].as_str().map(str::to_owned),
                 response: method["response"]["$ref"].as_str().map(str::to_owned),
+                streamed: method["streamed"].is_string(),
             });
         }
         walk(resource, out)?;
@@ -433,6 +481,7 @@ fn a_client_generated_from_the_discovery_document_calls_every_method() -> Result
             200,
         ),
         ("fleet.Machines.List", vec![], None, 200),
+        ("fleet.Changes.Watch", vec![], None, 200),
         ("fleet.Machines.Patch", vec![], Some(patch), 204),
         (
             "fleet.Units.Set",

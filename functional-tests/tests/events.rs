@@ -75,8 +75,8 @@ fn running(cluster: &Cluster, unit: &str) -> Result<BTreeSet<String>> {
 
 /// `fleetctl events --follow --output json`, its lines sent on a channel as they come.
 /// Events of different writers arrive in the order they were written, not by time (the
-/// engine may write `scheduled` before fleetctl, on its way out, writes `submitted`): what
-/// was read is kept for later waits.
+/// engine may write `scheduled` before fleetctl, on its way out, writes `submitted`, though
+/// stamped later): what was read is kept for later waits.
 struct Follow {
     child: Child,
     lines: mpsc::Receiver<String>,
@@ -198,12 +198,11 @@ fn a_units_events_tell_its_start_its_move_and_who_leads() -> Result<()> {
     );
     let story = kinds(&events(&cluster, &["--unit", unit])?);
     // Events of different writers are ordered by their own stamps, and a user's action is
-    // stamped once its write returned: the engine, woken by the write, may stamp its
-    // "scheduled" first (the first CI run of this test saw it).
-    let mut first_two = story.iter().take(2).map(String::as_str).collect::<Vec<_>>();
-    first_two.sort_unstable();
+    // stamped when its write is sent: before the engine, woken by that write, stamps its
+    // "scheduled".
+    let first_two = story.iter().take(2).map(String::as_str).collect::<Vec<_>>();
     ensure!(
-        first_two == ["scheduled", "submitted"] && story.contains(&"started".to_owned()),
+        first_two == ["submitted", "scheduled"] && story.contains(&"started".to_owned()),
         "{story:?}"
     );
     let listed = events(&cluster, &["--unit", unit])?;

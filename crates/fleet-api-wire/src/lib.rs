@@ -6,6 +6,7 @@
 //!
 //! It serves nothing and sends nothing: no HTTP, no I/O, only types and their conversions.
 
+pub mod changes;
 pub mod convert;
 pub mod events;
 pub mod import;

@@ -184,7 +184,7 @@ pub fn action_of(method: &Method, path: &str, query: &str, body: Option<&[u8]>) 
         Route::Explain(_) => get(Action::Explain),
         Route::Import => (method == Method::POST).then_some(Action::Import),
         Route::Health => get(Action::Health),
-        Route::Events => get(Action::List),
+        Route::Events | Route::Changes => get(Action::List),
         Route::Inspect(_, crate::routes::Aspect::Status) => get(Action::Status),
         Route::Inspect(_, crate::routes::Aspect::Journal) => get(Action::Journal),
     }

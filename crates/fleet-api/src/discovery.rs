@@ -146,7 +146,21 @@ const METHODS: &[Method] = &[
         request: None,
         response: Some("UnitStatePage"),
     },
+    Method {
+        resource: "Changes",
+        name: "Watch",
+        http: "GET",
+        path: "changes",
+        description: "Extension: the registry's changes as they happen, over a response held open: newline-delimited JSON, one Change a line (the first names every part; one naming none is a keep-alive, every 15 s when idle). Re-read what a line names.",
+        query: &[],
+        request: None,
+        response: Some("Change"),
+    },
 ];
+
+/// The methods whose answer is a stream of their response entity, one a line, held open
+/// (`streamed` in the document: a client reads lines as they come, not one body).
+const STREAMED: &[&str] = &["Changes.Watch"];
 
 fn string() -> Value {
     json!({"type": "string"})
@@ -239,6 +253,12 @@ fn schemas() -> Value {
             "restartGeneration": integer(),
             "restartPending": boolean(),
         })),
+        "Change": object("Change", json!({
+            "revision": {"type": "integer", "format": "int64"},
+            "changed": {"type": "array", "items": {"type": "string", "enum": [
+                "units", "states", "machines", "events",
+            ]}},
+        })),
         "UnitStatePage": object("UnitStatePage", json!({
             "states": array_of("UnitState"),
             "nextPageToken": string(),
@@ -276,6 +296,9 @@ fn method(m: &Method) -> Value {
     }
     if let Some(r) = m.response {
         value["response"] = json!({"$ref": r});
+    }
+    if STREAMED.contains(&format!("{}.{}", m.resource, m.name).as_str()) {
+        value["streamed"] = json!("application/x-ndjson");
     }
     value
 }
@@ -335,6 +358,7 @@ mod tests {
             ("Units", "Set", "PUT"),
             ("Units", "Delete", "DELETE"),
             ("UnitState", "List", "GET"),
+            ("Changes", "Watch", "GET"),
         ] {
             let m = &res[resource]["methods"][method];
             assert_eq!(m["httpMethod"], http, "{resource}.{method}");
@@ -362,6 +386,11 @@ mod tests {
             assert_eq!(set[extension]["location"], "query", "{extension}");
         }
         assert!(doc["schemas"]["WriteResult"]["properties"]["outcome"].is_object());
+        assert_eq!(
+            res["Changes"]["methods"]["Watch"]["streamed"],
+            "application/x-ndjson"
+        );
+        assert!(res["Units"]["methods"]["List"].get("streamed").is_none());
     }
 
     #[test]

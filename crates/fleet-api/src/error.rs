@@ -139,6 +139,9 @@ pub enum ApiError {
     /// The dashboard's change streams are all taken (`routes/ui.rs`).
     #[error("already serving {0} dashboard change streams; try again later")]
     TooManyStreams(usize),
+    /// `GET /changes`' streams are all taken (`routes/changes.rs`).
+    #[error("already serving {0} change streams; try again later")]
+    TooManyChangeStreams(usize),
     /// A browser's state-changing request without the dashboard's header (`routes/ui.rs`):
     /// another site's page may have sent it with this browser's certificate.
     #[error(
@@ -180,9 +183,10 @@ impl ApiError {
             | Self::ScheduledElsewhere { .. }
             | Self::Refused(_)
             | Self::NotInspecting => StatusCode::NOT_FOUND,
-            Self::TooManyJournals(_) | Self::TooManyStatuses(_) | Self::TooManyStreams(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::TooManyJournals(_)
+            | Self::TooManyStatuses(_)
+            | Self::TooManyStreams(_)
+            | Self::TooManyChangeStreams(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Inspect(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NoMethodsHere | Self::WrongMethod(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,

@@ -30,6 +30,7 @@ use crate::metrics::{self, Metrics};
 use crate::page::{Cursor, UnitsToken};
 
 mod body;
+mod changes;
 mod events;
 mod import;
 mod inspect;
@@ -71,6 +72,8 @@ pub struct Api<K> {
     health: Option<crate::health::Health>,
     /// The dashboard's change streams being served ([`ui`]).
     ui_streams: ui::Streams,
+    /// `GET /changes`' streams being served ([`changes`]).
+    change_streams: changes::Streams,
 }
 
 impl<K: Kv> Api<K> {
@@ -97,6 +100,7 @@ impl<K: Kv> Api<K> {
             held: None,
             health: None,
             ui_streams: ui::Streams::default(),
+            change_streams: changes::Streams::default(),
         }
     }
 
@@ -306,6 +310,8 @@ pub(crate) enum Route<'a> {
     Health,
     /// What happened (issue 41): a page, or a stream with `follow=true`.
     Events,
+    /// The registry's changes as they happen (issue 41): a held stream.
+    Changes,
     /// `/units/<name>/status` and `/units/<name>/journal`.
     Inspect(&'a str, inspect::Aspect),
 }
@@ -327,6 +333,7 @@ impl Route<'_> {
             Route::Import => "/import",
             Route::Health => "/health",
             Route::Events => "/events",
+            Route::Changes => "/changes",
             Route::Inspect(_, inspect::Aspect::Status) => "/units/{name}/status",
             Route::Inspect(_, inspect::Aspect::Journal) => "/units/{name}/journal",
         }
@@ -365,6 +372,7 @@ pub(crate) fn parse_path(path: &str) -> Option<Route<'_>> {
         "/health" => Some(Route::Health),
         fleet_api_wire::import::PATH => Some(Route::Import),
         "/events" => Some(Route::Events),
+        fleet_api_wire::changes::PATH => Some(Route::Changes),
         _ => item("/units")
             .map(Route::Unit)
             .or_else(|| item("/state").map(Route::State))
@@ -460,7 +468,8 @@ async fn route<K: Kv>(api: &Api<K>, req: Request) -> Result<Response, ApiError> 
             inspect::handle(api, unit, aspect, method, &query).await
         }
         (Route::Events, Method::GET) => events::handle(&api.cluster, &query).await,
-        (Route::Events, _) => Err(ApiError::WrongMethod("GET")),
+        (Route::Changes, Method::GET) => changes::handle(&api.cluster, &api.change_streams).await,
+        (Route::Events | Route::Changes, _) => Err(ApiError::WrongMethod("GET")),
     }
 }
 

@@ -16,12 +16,15 @@ mod batches;
 mod change;
 mod create;
 mod events;
+mod feed;
 mod listing;
 mod maintenance;
 pub mod views;
 mod watch;
 
 pub use batches::BATCHES_IN_FLIGHT;
+pub use events::Sent;
+pub use feed::CHANGE_EVERY;
 pub use listing::UnitsCursor;
 pub use watch::RegistryChanges;
 
@@ -362,14 +365,16 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutOutcome, OpsError> {
+        let sent = Sent::now();
         let outcome = self.put_tries(&req, None).await;
-        self.record_put(&req.name, &outcome);
+        self.record_put(&req.name, &outcome, sent);
         outcome
     }
 
     async fn put_if(&self, req: PutRequest, expect: Expect) -> Result<PutOutcome, OpsError> {
+        let sent = Sent::now();
         let outcome = self.put_tries(&req, Some(expect)).await;
-        self.record_put(&req.name, &outcome);
+        self.record_put(&req.name, &outcome, sent);
         outcome
     }
 
@@ -380,8 +385,9 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     }
 
     async fn put_many_if(&self, reqs: Vec<(PutRequest, Expect)>) -> crate::Created {
+        let sent = Sent::now();
         let outcomes = self.without_events().put_all_if(reqs).await;
-        self.record_puts(&outcomes);
+        self.record_puts(&outcomes, sent);
         outcomes
     }
 
@@ -397,11 +403,12 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
             let Some(desired) = decide::decide_state(change, &unit)? else {
                 return Ok(None);
             };
+            let sent = Sent::now();
             match self.units.set_desired(&unit, desired).await {
                 Ok(unit) => {
                     debug!(unit = %name, desired = %desired, "set desired state");
                     let view = self.written(&unit).await?;
-                    self.record_state(name, &view);
+                    self.record_state(name, &view, sent);
                     return Ok(Some(view));
                 }
                 Err(RegistryError::Conflict(_)) => continue,
@@ -416,6 +423,7 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
             let Some(unit) = self.registry.unit(name).await? else {
                 return Err(OpsError::NoSuchUnit(name.clone()));
             };
+            let sent = Sent::now();
             let res = match decide::decide_restart(&unit)? {
                 RestartPlan::Launch => self
                     .units
@@ -431,7 +439,7 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
             match res {
                 Ok(done) => {
                     debug!(unit = %name, restarted = ?done, "requested restart");
-                    self.record_restart(name, &done);
+                    self.record_restart(name, &done, sent);
                     return Ok(done);
                 }
                 Err(RegistryError::Conflict(_)) => continue,
@@ -442,32 +450,36 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
     }
 
     async fn destroy(&self, name: &UnitName) -> Result<Destroyed, OpsError> {
+        let sent = Sent::now();
         let outcome = self.destroy_tries(name).await;
-        self.record_destroy(name, &outcome);
+        self.record_destroy(name, &outcome, sent);
         outcome
     }
 
     async fn destroy_many(&self, names: Vec<UnitName>) -> crate::DestroyedMany {
+        let sent = Sent::now();
         let outcomes = self.without_events().destroy_all(names).await;
         for (name, outcome) in &outcomes {
-            self.record_destroy(name, outcome);
+            self.record_destroy(name, outcome, sent);
         }
         outcomes
     }
 
     async fn drain(&self, machine: &MachineId, parallel: u32) -> Result<DrainStatus, OpsError> {
+        let sent = Sent::now();
         self.units.drain(machine, parallel).await?;
         let status = self.drain_status(machine).await;
         if let Ok(status) = &status {
-            self.record_drain(machine, status);
+            self.record_drain(machine, status, sent);
         }
         status
     }
 
     async fn undrain(&self, machine: &MachineId) -> Result<bool, OpsError> {
+        let sent = Sent::now();
         let undrained = self.units.undrain(machine).await?;
         if undrained {
-            self.record_undrain(machine);
+            self.record_undrain(machine, sent);
         }
         Ok(undrained)
     }
@@ -491,8 +503,9 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
         if changes.is_empty() {
             return Ok(());
         }
+        let sent = Sent::now();
         self.units.change_metadata(changes).await?;
-        self.record_metadata(changes);
+        self.record_metadata(changes, sent);
         Ok(())
     }
 
@@ -542,5 +555,9 @@ impl<K: Kv> Cluster for RegistryCluster<K> {
 
     async fn follow_events(&self, filter: EventFilter) -> Result<EventStream, OpsError> {
         self.follow(filter).await
+    }
+
+    async fn changes(&self) -> Result<crate::ChangeStream, OpsError> {
+        self.change_stream().await
     }
 }

@@ -27,9 +27,9 @@ pub use fleet_scheduler::{
     DrainStatus, Explanation, MachineVerdict, Rejection, Status as ExplainStatus, Violation,
 };
 pub use model::{
-    Changes, Destroyed, EventListing, EventStream, Expect, MachineListing, PutOutcome, PutRequest,
-    ReplaceHow, Restarted, StateChange, StateFilter, StateListing, StateView, UnitListing,
-    UnitStatus, UnitView, WaitView,
+    ChangeStream, Changes, Destroyed, EventListing, EventStream, Expect, MachineListing,
+    PutOutcome, PutRequest, ReplaceHow, Restarted, StateChange, StateFilter, StateListing,
+    StateView, UnitListing, UnitStatus, UnitView, WaitView,
 };
 
 use fleet_core::{MachineId, UnitName};
@@ -226,6 +226,10 @@ pub trait Cluster: Clone + Send + Sync + 'static {
         &self,
         filter: fleet_registry::EventFilter,
     ) -> impl Future<Output = Result<EventStream, OpsError>> + Send;
+
+    /// The registry's changes from now on, each saying which parts changed (`list-* --watch`;
+    /// fleetd's `GET /fleet/v1/changes` serves the etcd side's).
+    fn changes(&self) -> impl Future<Output = Result<ChangeStream, OpsError>> + Send;
 
     /// What a waiting command watches: the units of `names` (gone ones absent), their
     /// states and the machines' legends, then a hint each time any of it may have changed.

@@ -91,6 +91,14 @@ pub struct EventListing {
 pub type EventStream =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<fleet_registry::Event, OpsError>> + Send>>;
 
+/// The registry's changes (issue 41): the first names every part (the stream is open: read
+/// what you show), then one each time parts changed, coalesced; the stream ends when the
+/// watch underneath does. The etcd side follows a watch, the HTTP side fleetd's
+/// `GET /fleet/v1/changes`: nothing polls.
+pub type ChangeStream = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<fleet_registry::Changed, OpsError>> + Send>,
+>;
+
 /// Live machines, the engine's disruption notice and the drained machines.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MachineListing {

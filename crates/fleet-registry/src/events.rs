@@ -97,6 +97,13 @@ impl fmt::Display for EventKind {
     }
 }
 
+/// Now, in microseconds since the epoch (an event's `time`).
+pub fn micros_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// One event, as stored at `P/event/<source>/<subject>/<stamp>` (JSON). The source is the
 /// key's, never the value's: a writer cannot claim to be another.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,9 +131,12 @@ pub struct Event {
 impl Event {
     /// An event of `kind` now, about nothing yet.
     pub fn now(kind: EventKind, reason: impl Into<String>) -> Event {
-        let time = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        Event::at(micros_now(), kind, reason)
+    }
+
+    /// An event of `kind` at `time` (microseconds since the epoch), about nothing yet: a
+    /// user's action is stamped when its write was sent, before the writes it causes.
+    pub fn at(time: u64, kind: EventKind, reason: impl Into<String>) -> Event {
         Event {
             time,
             kind,

@@ -8,6 +8,7 @@
 //! Every multi-key change is one transaction guarded by compare-and-swap, so concurrent
 //! clients never leave anything half-written.
 
+pub mod changes;
 mod drain;
 mod error;
 pub mod events;
@@ -35,6 +36,7 @@ mod store;
 mod units;
 mod watch;
 
+pub use changes::{ChangeFeed, Changed, Part};
 pub use error::{RegistryError, Result};
 pub use events::log::{EventConfig, EventLog, EventSink, EventStats};
 pub use events::{Event, EventFilter, EventFollow, EventKind};

@@ -31,6 +31,10 @@ pub enum Delta {
 struct Kept {
     events: Vec<Event>,
     gap: bool,
+    /// Past this many events untaken, they are dropped for a gap, and each is kept without
+    /// its value: a caller that takes them late (a change stream whose client reads slowly)
+    /// holds bounded memory, a few hundred bytes an event.
+    most: Option<usize>,
 }
 
 /// A background watch of one prefix. `changed()` returns once something may have changed
@@ -57,8 +61,32 @@ impl WatchHints {
 
     /// As [`start`](Self::start), keeping the events for [`take`](Self::take).
     pub fn with_events<K: Kv>(kv: K, prefix: String, from_revision: Revision) -> WatchHints {
+        Self::keeping(kv, prefix, from_revision, None)
+    }
+
+    /// As [`with_events`](Self::with_events), keeping at most `most` events untaken, each
+    /// without its value (keys and revisions only): past that, [`take`](Self::take) says
+    /// [`Delta::Gap`].
+    pub fn with_events_up_to<K: Kv>(
+        kv: K,
+        prefix: String,
+        from_revision: Revision,
+        most: usize,
+    ) -> WatchHints {
+        Self::keeping(kv, prefix, from_revision, Some(most))
+    }
+
+    fn keeping<K: Kv>(
+        kv: K,
+        prefix: String,
+        from_revision: Revision,
+        most: Option<usize>,
+    ) -> WatchHints {
         let (tx, rx) = watch::channel(from_revision - 1);
-        let kept = Arc::new(Mutex::new(Kept::default()));
+        let kept = Arc::new(Mutex::new(Kept {
+            most,
+            ..Kept::default()
+        }));
         let task =
             tokio::spawn(run(kv, prefix, from_revision, tx, Some(kept.clone())).in_current_span());
         WatchHints {
@@ -77,7 +105,14 @@ impl WatchHints {
         let mut kept = kept
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let taken = std::mem::take(&mut *kept);
+        let most = kept.most;
+        let taken = std::mem::replace(
+            &mut *kept,
+            Kept {
+                most,
+                ..Kept::default()
+            },
+        );
         if taken.gap {
             Delta::Gap
         } else {
@@ -90,6 +125,11 @@ impl WatchHints {
     pub async fn changed(&mut self) -> Option<Revision> {
         self.rx.changed().await.ok()?;
         Some(*self.rx.borrow_and_update())
+    }
+
+    /// The newest revision seen so far, without waiting or marking it seen.
+    pub fn latest(&self) -> Revision {
+        *self.rx.borrow()
     }
 }
 
@@ -118,6 +158,12 @@ impl<K: Kv> crate::Registry<K> {
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// `event` without its value, for a caller that needs only what changed.
+fn without_value(mut event: Event) -> Event {
+    event.kv.value = Vec::new();
+    event
+}
 
 /// Records a gap (events may be missing) for a caller that keeps events.
 fn gap(kept: &Option<Arc<Mutex<Kept>>>) {
@@ -174,8 +220,15 @@ async fn run<K: Kv>(
                         let mut kept = kept
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner);
-                        if !kept.gap {
+                        let values = kept.most.is_none();
+                        if !kept.gap && values {
                             kept.events.extend(events);
+                        } else if !kept.gap {
+                            kept.events.extend(events.into_iter().map(without_value));
+                        }
+                        if kept.most.is_some_and(|most| kept.events.len() > most) {
+                            kept.events = Vec::new();
+                            kept.gap = true;
                         }
                     }
                     if tx.send(revision).is_err() {
@@ -249,6 +302,25 @@ mod tests {
         assert_eq!(keys, ["/p/a", "/p/b"]);
         assert!(events.iter().all(|e| e.kind == EventKind::Put));
         assert_eq!(hints.take(), Delta::Events(vec![]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_keeping_few_events_says_gap_past_them_then_keeps_again() {
+        let kv = MemKv::new();
+        let mut hints = WatchHints::with_events_up_to(kv.clone(), "/p/".into(), 1, 2);
+        for key in ["/p/a", "/p/b", "/p/c"] {
+            put(&kv, key).await;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(hints.take(), Delta::Gap);
+        put(&kv, "/p/d").await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let Delta::Events(events) = hints.take() else {
+            panic!("a gap");
+        };
+        assert_eq!(events.len(), 1);
+        assert!(events[0].kv.value.is_empty(), "kept without its value");
+        assert_eq!(hints.latest(), 5);
     }
 
     #[tokio::test(start_paused = true)]

@@ -317,6 +317,11 @@ pub struct Listing {
     /// entities; --fields is refused with it). docs/operating.md, "JSON output".
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub output: Format,
+    /// Print the listing, then again, after an empty line, each time it changes, until
+    /// Ctrl-C. Changes come from etcd's watch or fleetd's change stream: nothing polls. A
+    /// lost stream is reconnected, with a note on stderr.
+    #[arg(long, short = 'w')]
+    pub watch: bool,
 }
 
 #[derive(Debug, Args)]

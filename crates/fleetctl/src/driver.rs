@@ -10,6 +10,7 @@
 //! connection is made here.
 
 mod answer;
+mod changes;
 mod creates;
 mod events;
 pub mod http;

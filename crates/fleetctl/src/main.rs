@@ -12,6 +12,7 @@ use std::time::Duration;
 use commands::submit::Verb;
 use commands::wait::Block;
 use fleetctl::cli::{self, Cli, Command};
+use fleetctl::commands::watching::{self, Table};
 use fleetctl::commands::{self, Ctx, lifecycle};
 use fleetctl::driver::{self, Driver, HttpCluster};
 
@@ -433,9 +434,9 @@ async fn execute<C: Cluster>(
             commands::ssh::run(ctx, global, a.ssh_port, a.forward_agent, lookup, &cmd).await
         }
         Command::Cat(a) => commands::cat::run(ctx, &a.units).await,
-        Command::ListUnitFiles(a) => commands::list::list_unit_files(ctx, &a).await,
-        Command::ListUnits(a) => commands::list::list_units(ctx, &a).await,
-        Command::ListMachines(a) => commands::list::list_machines(ctx, &a).await,
+        Command::ListUnitFiles(a) => watching::listing(ctx, Table::UnitFiles(&a)).await,
+        Command::ListUnits(a) => watching::listing(ctx, Table::Units(&a)).await,
+        Command::ListMachines(a) => watching::listing(ctx, Table::Machines(&a)).await,
         Command::Destroy(a) => commands::destroy::run(ctx, &a.units).await,
         Command::Drain(a) => {
             let opts = commands::maintenance::DrainOptions {

@@ -86,6 +86,8 @@ struct Twin {
     whole: HttpCluster,
     /// `PUT` requests the server was sent.
     puts: Arc<AtomicUsize>,
+    /// `GET /fleet/v1/state` requests the server was sent.
+    state_reads: Arc<AtomicUsize>,
     dir: PathBuf,
     _stop: tokio::sync::watch::Sender<bool>,
 }
@@ -108,8 +110,9 @@ impl Twin {
         if without_creates {
             router = router.layer(axum::middleware::from_fn(refuse_posts));
         }
-        let (puts, count_puts) = counting(http::Method::PUT);
-        let router = count_puts(router);
+        let (puts, count_puts) = counting(http::Method::PUT, None);
+        let (state_reads, count_state_reads) = counting(http::Method::GET, Some("/fleet/v1/state"));
+        let router = count_state_reads(count_puts(router));
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         tokio::spawn(fleet_api::serve(
@@ -131,6 +134,7 @@ impl Twin {
             http,
             whole,
             puts,
+            state_reads,
             dir,
             _stop: stop,
         }
@@ -193,35 +197,45 @@ impl Drop for Twin {
     }
 }
 
-/// A layer counting the requests of `method` the server is sent.
-fn counting(method: http::Method) -> (Arc<AtomicUsize>, impl Fn(axum::Router) -> axum::Router) {
+/// The requests a layer counts: their method, and their path if given.
+type Counted = (Arc<AtomicUsize>, http::Method, Option<&'static str>);
+
+/// A layer counting the requests of `method` (to `path`, if given) the server is sent.
+fn counting(
+    method: http::Method,
+    path: Option<&'static str>,
+) -> (Arc<AtomicUsize>, impl Fn(axum::Router) -> axum::Router) {
     let count = Arc::new(AtomicUsize::new(0));
     let counted = count.clone();
     let layer = move |router: axum::Router| {
-        let state = (counted.clone(), method.clone());
+        let state = (counted.clone(), method.clone(), path);
         router.layer(axum::middleware::from_fn_with_state(state, count_requests))
     };
     (count, layer)
 }
 
 async fn count_requests(
-    axum::extract::State((count, method)): axum::extract::State<(Arc<AtomicUsize>, http::Method)>,
+    axum::extract::State((count, method, path)): axum::extract::State<Counted>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    if req.method() == method {
+    if req.method() == method && path.is_none_or(|p| req.uri().path() == p) {
         count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
     next.run(req).await
 }
 
-/// An older fleetd's answers to a `POST` of its units collection (fleet's 405) and to a
-/// whole listing (`pageSize=0`: 400).
+/// An older fleetd's answers to a `POST` of its units collection (fleet's 405), to a
+/// whole listing (`pageSize=0`: 400) and to the change stream (404).
 async fn refuse_posts(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
+    if req.uri().path() == "/fleet/v1/changes" {
+        let body = r#"{"error":{"code":404,"message":"not found"}}"#;
+        return (http::StatusCode::NOT_FOUND, body).into_response();
+    }
     if req.method() == http::Method::POST {
         let body = r#"{"error":{"code":405,"message":"only GET supported against this resource"}}"#;
         return (http::StatusCode::METHOD_NOT_ALLOWED, body).into_response();
@@ -595,6 +609,68 @@ async fn a_wait_over_the_api_sees_what_a_wait_over_etcd_sees() {
     assert_eq!(http.view().units.len(), 1);
 }
 
+/// A wait reads its view once, then again only after a change: a second of quiet costs no
+/// read (a poll every 10 ms would have made a hundred).
+#[tokio::test]
+async fn a_wait_over_the_api_follows_the_change_stream_and_reads_nothing_while_quiet() {
+    let t = Twin::start("stream").await;
+    let a = service("/bin/a");
+    t.http.put(put("a.service", Some(a), None)).await.unwrap();
+    let mut changes = t.http.watch([name("a.service")].into()).await.unwrap();
+    let before = t.state_reads.load(std::sync::atomic::Ordering::SeqCst);
+    let quiet = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
+    assert!(quiet.is_err(), "nothing changed");
+    let after = t.state_reads.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        after - before <= 1,
+        "{} state reads while quiet",
+        after - before
+    );
+    t.http
+        .set_state(
+            &name("a.service"),
+            StateChange::Raise(DesiredState::Launched),
+        )
+        .await
+        .unwrap();
+    changes.changed().await.unwrap();
+    assert_eq!(
+        changes.view().units[&name("a.service")].desired,
+        DesiredState::Launched
+    );
+}
+
+/// Against a fleetd without the change stream (404, as an older one answers), a wait polls,
+/// and sees the change all the same.
+#[tokio::test]
+async fn a_wait_against_a_fleetd_without_the_change_stream_polls_instead() {
+    let t = Twin::serving("no-stream", true).await;
+    let a = service("/bin/a");
+    t.http.put(put("a.service", Some(a), None)).await.unwrap();
+    let mut changes = t.http.watch([name("a.service")].into()).await.unwrap();
+    let before = t.state_reads.load(std::sync::atomic::Ordering::SeqCst);
+    let quiet = tokio::time::timeout(Duration::from_millis(300), changes.changed()).await;
+    assert!(quiet.is_err(), "nothing changed");
+    let after = t.state_reads.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        after - before >= 5,
+        "only {} polls in 300 ms",
+        after - before
+    );
+    t.http
+        .set_state(
+            &name("a.service"),
+            StateChange::Raise(DesiredState::Launched),
+        )
+        .await
+        .unwrap();
+    changes.changed().await.unwrap();
+    assert_eq!(
+        changes.view().units[&name("a.service")].desired,
+        DesiredState::Launched
+    );
+}
+
 /// etcd, as fleetd's registry sees it, refusing every many-unit transaction.
 #[derive(Clone)]
 struct BatchesFail;
@@ -629,7 +705,7 @@ async fn a_create_that_fleetd_fails_to_write_stops_the_requests_after_it() {
         inner: MemKv::new(),
         hook: BatchesFail,
     };
-    let (posts, count_posts) = counting(http::Method::POST);
+    let (posts, count_posts) = counting(http::Method::POST, None);
     let router = count_posts(fleet_api::router(fleet_api::Api::new(
         Registry::new(kv, PREFIX),
         100,

@@ -79,8 +79,9 @@ pub(super) async fn put_unit<K: Kv>(
         Some(Expect::Absent) if req.file.is_some() && req.how == ReplaceHow::default() => {
             // Written with other requests' creates: each records its own outcome.
             let name = req.name.clone();
+            let sent = fleet_ops::etcd::Sent::now();
             let created = api.creates.create(&api.cluster.without_events(), req).await;
-            cluster.record_put(&name, &created);
+            cluster.record_put(&name, &created, sent);
             created?
         }
         Some(expect) => cluster.put_if(req, expect).await?,

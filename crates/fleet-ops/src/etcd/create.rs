@@ -15,7 +15,7 @@ use fleet_registry::kv::Kv;
 use fleet_registry::{NewUnit, batches};
 
 use super::batches::{Batch, not_written, send_batches};
-use super::{RegistryCluster, views};
+use super::{RegistryCluster, Sent, views};
 use crate::decide::{self, PutPlan};
 use crate::model::{Expect, PutOutcome, PutRequest};
 use crate::{Cluster, Created, OpsError};
@@ -50,6 +50,7 @@ impl<K: Kv> RegistryCluster<K> {
             })
             .collect();
         let units = &units;
+        let sent = Sent::now();
         let written = send_batches(
             batches(units),
             |range| units[range.start].name.clone(),
@@ -63,7 +64,7 @@ impl<K: Kv> RegistryCluster<K> {
                     for ((i, file, _), unit) in planned.iter().zip(written) {
                         let view = views::written_view(&unit, file);
                         let created = Ok(PutOutcome::Created(view));
-                        recorder.record_put(&reqs[*i].name, &created);
+                        recorder.record_put(&reqs[*i].name, &created, sent);
                         results[*i] = Some(created);
                     }
                 }

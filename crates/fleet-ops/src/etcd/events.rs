@@ -2,6 +2,7 @@
 //! etcd driver and the API both run [`RegistryCluster`], so each action is recorded the same
 //! way whoever asks. An event is built from the outcome of a write that succeeded and handed
 //! to the registry's [`EventSink`] (which never waits): it cannot delay or fail the write.
+//! Its time is when the write was sent ([`Sent`]), not when its answer came.
 //!
 //! Also the listing and the follow of events over the registry.
 
@@ -15,6 +16,18 @@ use std::sync::Arc;
 use super::RegistryCluster;
 use crate::model::{Destroyed, EventListing, EventStream, PutOutcome, Restarted};
 use crate::{DrainStatus, OpsError};
+
+/// When a user's write was sent, the time of its event: taken before the write, so that the
+/// action's event comes before those of what it causes (the engine, woken by the write, may
+/// stamp its `scheduled` before the write's answer is back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent(u64);
+
+impl Sent {
+    pub fn now() -> Sent {
+        Sent(fleet_registry::events::micros_now())
+    }
+}
 
 /// Who acts and where their actions are recorded; cloned with the cluster.
 #[derive(Debug, Clone)]
@@ -63,13 +76,15 @@ impl<K: Kv> RegistryCluster<K> {
     }
 
     /// Records what a put of `name` did, if it wrote anything.
-    pub fn record_put(&self, name: &UnitName, outcome: &Result<PutOutcome, OpsError>) {
+    pub fn record_put(&self, name: &UnitName, outcome: &Result<PutOutcome, OpsError>, sent: Sent) {
         let event = match outcome {
-            Ok(PutOutcome::Created(v)) => Event::now(
+            Ok(PutOutcome::Created(v)) => Event::at(
+                sent.0,
                 EventKind::Submitted,
                 format!("desired state {}", v.status.desired),
             ),
-            Ok(PutOutcome::Replaced(v)) => Event::now(
+            Ok(PutOutcome::Replaced(v)) => Event::at(
+                sent.0,
                 EventKind::Replaced,
                 format!(
                     "unit file {}, desired state {}",
@@ -77,7 +92,8 @@ impl<K: Kv> RegistryCluster<K> {
                     v.status.desired
                 ),
             ),
-            Ok(PutOutcome::StateChanged(v)) => Event::now(
+            Ok(PutOutcome::StateChanged(v)) => Event::at(
+                sent.0,
                 EventKind::DesiredChanged,
                 format!("desired state {}", v.status.desired),
             ),
@@ -86,46 +102,51 @@ impl<K: Kv> RegistryCluster<K> {
         self.emit(event.unit(name));
     }
 
-    pub(super) fn record_puts(&self, outcomes: &crate::Created) {
+    pub(super) fn record_puts(&self, outcomes: &crate::Created, sent: Sent) {
         for (name, outcome) in outcomes {
-            self.record_put(name, outcome);
+            self.record_put(name, outcome, sent);
         }
     }
 
-    pub(super) fn record_state(&self, name: &UnitName, view: &crate::UnitView) {
+    pub(super) fn record_state(&self, name: &UnitName, view: &crate::UnitView, sent: Sent) {
         let reason = format!("desired state {}", view.status.desired);
-        self.emit(Event::now(EventKind::DesiredChanged, reason).unit(name));
+        self.emit(Event::at(sent.0, EventKind::DesiredChanged, reason).unit(name));
     }
 
-    pub(super) fn record_restart(&self, name: &UnitName, done: &Restarted) {
+    pub(super) fn record_restart(&self, name: &UnitName, done: &Restarted, sent: Sent) {
         let reason = match done {
             Restarted::Generation(g) => format!("restart {g}"),
             Restarted::Launched => "a loaded unit is launched".to_owned(),
         };
-        self.emit(Event::now(EventKind::RestartRequested, reason).unit(name));
+        self.emit(Event::at(sent.0, EventKind::RestartRequested, reason).unit(name));
     }
 
-    pub(super) fn record_destroy(&self, name: &UnitName, outcome: &Result<Destroyed, OpsError>) {
+    pub(super) fn record_destroy(
+        &self,
+        name: &UnitName,
+        outcome: &Result<Destroyed, OpsError>,
+        sent: Sent,
+    ) {
         let reason = match outcome {
             Ok(Destroyed::Unit) => String::new(),
             Ok(Destroyed::Unreadable(why)) => format!("an unreadable record: {why}"),
             Ok(Destroyed::Missing) | Err(_) => return,
         };
-        self.emit(Event::now(EventKind::Destroyed, reason).unit(name));
+        self.emit(Event::at(sent.0, EventKind::Destroyed, reason).unit(name));
     }
 
-    pub(super) fn record_drain(&self, machine: &MachineId, status: &DrainStatus) {
+    pub(super) fn record_drain(&self, machine: &MachineId, status: &DrainStatus, sent: Sent) {
         let parallel = status.parallel.unwrap_or(1);
         let reason = format!("{parallel} move(s) at a time");
-        self.emit(Event::now(EventKind::Drained, reason).on(machine));
+        self.emit(Event::at(sent.0, EventKind::Drained, reason).on(machine));
     }
 
-    pub(super) fn record_undrain(&self, machine: &MachineId) {
-        self.emit(Event::now(EventKind::Undrained, "").on(machine));
+    pub(super) fn record_undrain(&self, machine: &MachineId, sent: Sent) {
+        self.emit(Event::at(sent.0, EventKind::Undrained, "").on(machine));
     }
 
     /// One event per machine whose metadata changed: `key=value` set, `-key` removed.
-    pub(super) fn record_metadata(&self, changes: &[MetadataChange]) {
+    pub(super) fn record_metadata(&self, changes: &[MetadataChange], sent: Sent) {
         let mut by_machine: BTreeMap<&MachineId, Vec<String>> = BTreeMap::new();
         for change in changes {
             let (machine, said) = match change {
@@ -139,7 +160,7 @@ impl<K: Kv> RegistryCluster<K> {
             by_machine.entry(machine).or_default().push(said);
         }
         for (machine, said) in by_machine {
-            self.emit(Event::now(EventKind::MetadataSet, said.join(",")).on(machine));
+            self.emit(Event::at(sent.0, EventKind::MetadataSet, said.join(",")).on(machine));
         }
     }
 

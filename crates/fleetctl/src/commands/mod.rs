@@ -21,6 +21,7 @@ pub mod submit;
 pub mod ui;
 pub mod version;
 pub mod wait;
+pub mod watching;
 
 use anyhow::{Result, bail};
 use fleet_core::{MachineId, MachineInfo, UnitName};

@@ -15,7 +15,7 @@ use super::answer::{decode, error_of};
 use super::http::HttpCluster;
 
 /// The longest line of a followed stream (an event entity is far smaller).
-const MAX_LINE: usize = 1024 * 1024;
+pub(super) const MAX_LINE: usize = 1024 * 1024;
 
 /// The query of `filter`: `since` goes as the seconds back from now it stands for.
 fn query(filter: &EventFilter, since: Option<u64>) -> Vec<(&'static str, String)> {
@@ -104,7 +104,7 @@ impl HttpCluster {
 }
 
 /// The next line of `body` (without its newline); `None` once the server ended the stream.
-async fn next_line(
+pub(super) async fn next_line(
     buf: &mut BytesMut,
     body: &mut Incoming,
     shown: &str,

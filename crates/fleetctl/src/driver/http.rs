@@ -467,6 +467,12 @@ impl Cluster for HttpCluster {
     ) -> Result<fleet_ops::EventStream, OpsError> {
         self.event_stream(filter).await
     }
+
+    async fn changes(&self) -> Result<fleet_ops::ChangeStream, OpsError> {
+        self.open_changes()
+            .await
+            .map_err(super::changes::Unopened::into_error)
+    }
 }
 
 /// The Unit entity a put of `req` sends: its name, options and desired state.
