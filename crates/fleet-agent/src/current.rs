@@ -270,6 +270,9 @@ impl Current {
             drop_ins: self.drop_ins.get(name).cloned().unwrap_or_default(),
             restart: u.restarted.unwrap_or(0),
             restart_pending: self.restart_pending.contains(name),
+            restarts: 0,
+            since: None,
+            exit: None,
         })
     }
 }

@@ -19,8 +19,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::manager::{
-    ChangeReceiver, InstalledUnit, JobOutcome, ManagerError, ReloadFacts, UnitDetails, UnitManager,
-    UnitSource,
+    ChangeReceiver, InstalledUnit, JobOutcome, ManagerError, ReloadFacts, UnitDetails, UnitFacts,
+    UnitManager, UnitSource,
 };
 use crate::plan::{CurrentUnit, TaskKind, UnitFileState};
 use fleet_core::SystemdState;
@@ -490,6 +490,10 @@ impl<M: UnitManager, O: CallObserver> UnitManager for Metered<M, O> {
     async fn reload_facts(&self, name: &UnitName) -> Result<ReloadFacts, ManagerError> {
         self.call(Call::Details, self.inner.reload_facts(name))
             .await
+    }
+
+    async fn facts(&self, name: &UnitName) -> Result<UnitFacts, ManagerError> {
+        self.call(Call::Details, self.inner.facts(name)).await
     }
 
     async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {

@@ -238,6 +238,9 @@ fn schemas() -> Value {
             "systemdSubState": string(),
             "restartGeneration": integer(),
             "restartPending": boolean(),
+            "restarts": integer(),
+            "since": string(),
+            "exit": string(),
         })),
         "UnitStatePage": object("UnitStatePage", json!({
             "states": array_of("UnitState"),

@@ -135,6 +135,9 @@ fn units() -> Units {
         sub: "running".into(),
         restart: 2,
         restart_pending: true,
+        restarts: 0,
+        since: None,
+        exit: None,
     };
     Units::of(&StateListing {
         states: vec![state],

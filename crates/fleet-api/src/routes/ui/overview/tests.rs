@@ -33,6 +33,9 @@ fn state(name: &str, machine: &str, active: &str) -> StateView {
         sub: "x".into(),
         restart: 0,
         restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
     }
 }
 
