@@ -135,9 +135,9 @@ fn units() -> Units {
         sub: "running".into(),
         restart: 2,
         restart_pending: true,
-        restarts: 0,
-        since: None,
-        exit: None,
+        restarts: 3,
+        since: Some(1_764_912_187_123_456),
+        exit: Some("exit status 3".into()),
     };
     Units::of(&StateListing {
         states: vec![state],
