@@ -3,7 +3,7 @@
 //! Pure data and rules; [`super::FakeManager`] adds the call log, failures and hints.
 
 use super::{Call, FakeJob, Op};
-use crate::manager::{JobKind, JobOutcome, UnitFacts};
+use crate::manager::{JobKind, JobOutcome, MainExit, UnitFacts};
 use fleet_core::{ActiveState, ParseError, SystemdState, UnitFile, UnitHash, UnitName};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -188,6 +188,9 @@ impl State {
                 record.invocation_id = Some(format!("{:032x}", self.next_invocation));
             }
             JobOutcome::Failed | JobOutcome::Timeout => {
+                // As `ExecStart=/bin/false` fails.
+                record.facts.result = Some("exit-code".to_owned());
+                record.facts.main_exit = Some(MainExit::Exited(1));
                 record.set("failed", "failed");
                 record.main_pid = None;
                 record.started_from = None;
