@@ -145,10 +145,12 @@ pub enum Call {
     Status,
     Details,
     Source,
+    /// What systemd did to a unit whose state changed ([`UnitManager::facts`]).
+    Facts,
 }
 
 impl Call {
-    pub const ALL: [Call; 9] = [
+    pub const ALL: [Call; 10] = [
         Call::Installed,
         Call::Install,
         Call::Uninstall,
@@ -158,6 +160,7 @@ impl Call {
         Call::Status,
         Call::Details,
         Call::Source,
+        Call::Facts,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -171,6 +174,7 @@ impl Call {
             Call::Status => "status",
             Call::Details => "details",
             Call::Source => "source",
+            Call::Facts => "facts",
         }
     }
 }
@@ -493,7 +497,7 @@ impl<M: UnitManager, O: CallObserver> UnitManager for Metered<M, O> {
     }
 
     async fn facts(&self, name: &UnitName) -> Result<UnitFacts, ManagerError> {
-        self.call(Call::Details, self.inner.facts(name)).await
+        self.call(Call::Facts, self.inner.facts(name)).await
     }
 
     async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {

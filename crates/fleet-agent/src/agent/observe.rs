@@ -18,9 +18,10 @@ use crate::plan::UnitFileState;
 const FACT_READS: usize = 16;
 
 impl<K: Kv, M: UnitManager> Agent<K, M> {
-    /// Reads the facts of the units of `names` (those a hint or a task named), or (`None`) of
-    /// every unit whose state changed since its facts were last read; only units with a state
-    /// to publish. Tells what they say as events and puts each unit's history in `current`.
+    /// Reads the facts of the units of `names` (those a hint or a task named; `None`: every
+    /// unit) whose state changed since their facts were last read (or that the agent started
+    /// since); only units with a state to publish. Tells what they say as events and puts each
+    /// unit's history in `current`.
     pub(super) async fn observe(&mut self, names: Option<&BTreeSet<UnitName>>) {
         let units = &self.current.units;
         let ours = units
@@ -29,10 +30,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 !matches!(u.file, UnitFileState::Absent) && names.is_none_or(|ns| ns.contains(*n))
             })
             .filter_map(|(n, u)| Some((n, u.systemd.as_ref()?)));
-        let asked: Vec<UnitName> = match names {
-            Some(_) => ours.map(|(n, _)| n.clone()).collect(),
-            None => self.observed.stale(ours),
-        };
+        // A unit named again in the state its facts were read in has nothing new to tell:
+        // after the agent's starts, the hints of those starts cost no second read.
+        let asked: Vec<UnitName> = self.observed.stale(ours);
         let manager = &self.manager;
         let read: Vec<(UnitName, Result<UnitFacts, ManagerError>)> =
             futures::stream::iter(asked.clone())
