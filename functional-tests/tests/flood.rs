@@ -49,6 +49,9 @@ fn flood(host: &TestRegistry, m: &MachineId) -> Result<()> {
                 drop_ins: Vec::new(),
                 restart: 0,
                 restart_pending: false,
+                restarts: 0,
+                since: None,
+                exit: None,
             };
             Ok(TxnOp::Put {
                 key: keys.state(m, &state.name),

@@ -42,6 +42,9 @@ fn fake_running(cluster: &Cluster, on: &MachineId, unit: &str) -> Result<()> {
         drop_ins: Vec::new(),
         restart: 0,
         restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
     };
     let key = Keys::new(PREFIX).state(on, &state.name);
     registry.put_raw(&key, &serde_json::to_vec(&state)?)

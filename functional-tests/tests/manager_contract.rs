@@ -181,6 +181,37 @@ async fn a_failing_start_leaves_the_unit_failed_until_uninstalled<S: Side>(side:
     assert_eq!(state(side, &unit).await.1, "inactive");
 }
 
+/// What the agent reads of a unit whose state changed (issue 41): systemd's restarts, when it
+/// entered its state, its Result and its main process's exit (none while one runs).
+async fn reads_what_systemd_did_to_a_unit<S: Side>(side: &S) {
+    let unit = name("contract-facts.service");
+    side.install(&unit, &sleeper()).await.unwrap();
+    assert_eq!(side.start(&unit).await.unwrap(), JobOutcome::Done);
+    let running = side.facts(&unit).await.unwrap();
+    assert_eq!(
+        (
+            running.n_restarts,
+            running.main_exit,
+            running.result.as_deref()
+        ),
+        (0, None, Some("success"))
+    );
+    assert!(running.since.is_some(), "{running:?}");
+    assert_eq!(side.stop(&unit).await.unwrap(), JobOutcome::Done);
+    side.uninstall(&unit).await.unwrap();
+    let failing = name("contract-facts-fails.service");
+    side.install(&failing, &service("Type=oneshot\nExecStart=/bin/false"))
+        .await
+        .unwrap();
+    side.will_fail_to_start(&failing);
+    assert_eq!(side.start(&failing).await.unwrap(), JobOutcome::Failed);
+    let failed = side.facts(&failing).await.unwrap();
+    assert_eq!(failed.result.as_deref(), Some("exit-code"));
+    assert_eq!(failed.main_exit, Some(MainExit::Exited(1)));
+    assert!(failed.since.is_some(), "{failed:?}");
+    side.uninstall(&failing).await.unwrap();
+}
+
 async fn reports_unparseable_files_and_skips_names_that_are_not_units<S: Side>(side: &S) {
     side.plant("contract-bad.service", b"[Service\nExecStart=/bin/true\n");
     side.plant("README", b"not a unit");
@@ -325,6 +356,7 @@ contract!(
     tells_fleets_units_from_an_operators_of_the_same_name,
     uninstalls_many_units_at_once,
     tells_which_units_systemd_holds,
+    reads_what_systemd_did_to_a_unit,
 );
 
 /// Set in the environment of the copies of this binary that run inside a machine.

@@ -38,6 +38,8 @@ mod events;
 mod follower;
 mod holds;
 mod migration;
+mod observe;
+mod observed;
 mod pending;
 mod publisher;
 mod resync;
@@ -45,6 +47,7 @@ mod retry;
 pub use config::{AgentConfig, Progress};
 use follower::{Followed, ScheduleFollower};
 use holds::Holds;
+use observed::Observed;
 use publisher::Publisher;
 use resync::Resync;
 
@@ -71,6 +74,8 @@ pub struct Agent<K, M> {
     /// not have them (None: it may).
     alias_verdicts: BTreeMap<UnitName, (fleet_core::UnitHash, Option<String>)>,
     ledger: Ledger,
+    /// What systemd did to the units by itself, as last seen.
+    observed: Observed,
     progress: watch::Sender<Progress>,
     metrics: Metrics,
     /// The units gauge's counts, kept per unit.
@@ -96,6 +101,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             foreign: BTreeSet::new(),
             alias_verdicts: BTreeMap::new(),
             ledger: Ledger::load(cfg_restarts_dir),
+            observed: Observed::default(),
             progress: watch::Sender::new(Progress::default()),
             metrics: Metrics::default(),
             unit_counts: UnitCounts::default(),
@@ -312,6 +318,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                         if details {
                             current.read_details(&self.manager).await;
                         }
+                        current.history = std::mem::take(&mut self.current.history);
                         self.current = current;
                         self.publisher.touched_all();
                     }
@@ -324,6 +331,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         }
         let scope = names.filter(|_| !details);
         self.sync_restarted(scope);
+        self.observe(scope).await;
         self.refresh_pending().await;
     }
 
@@ -484,8 +492,16 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             .record_started(&desired.units, &planned, &outcome);
         self.holds
             .record(&planned, |unit| outcome.failed.contains_key(unit), now);
-        for event in events::of(&planned, &outcome, &self.cfg.machine) {
+        let told = |unit: &UnitName| self.observed.told_failed(unit);
+        for event in events::of(&planned, &outcome, &self.cfg.machine, told) {
             self.cfg.events.emit(event);
+        }
+        for t in &planned {
+            let started = matches!(t.kind, TaskKind::Start | TaskKind::Restart);
+            if started && !outcome.failed.contains_key(&t.unit) {
+                self.observed
+                    .started(&t.unit, crate::revivals::is_revival(t));
+            }
         }
         PassOutcome {
             outcome,

@@ -19,6 +19,19 @@ pub struct Current {
     pub drop_ins: BTreeMap<UnitName, Vec<String>>,
     /// Running units whose process started from an older file than the one in place.
     pub restart_pending: BTreeSet<UnitName>,
+    /// What the agent saw happen to its units (`agent::observed`), for their state records.
+    pub history: BTreeMap<UnitName, UnitHistory>,
+}
+
+/// A unit's history on this machine, as its state record carries it (issue 41).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitHistory {
+    /// Restarts after failing since the agent started it here: systemd's and the agent's.
+    pub restarts: u64,
+    /// systemd's `StateChangeTimestamp`, in microseconds since the epoch.
+    pub since: Option<u64>,
+    /// How its main process last ended (`exit status 3`).
+    pub exit: Option<String>,
 }
 
 impl Current {
@@ -262,6 +275,7 @@ impl Current {
             return None;
         }
         let systemd = u.systemd.clone().unwrap_or_else(SystemdState::not_found);
+        let history = self.history.get(name).cloned().unwrap_or_default();
         Some(UnitStateRecord {
             name: name.clone(),
             machine: machine.clone(),
@@ -270,6 +284,9 @@ impl Current {
             drop_ins: self.drop_ins.get(name).cloned().unwrap_or_default(),
             restart: u.restarted.unwrap_or(0),
             restart_pending: self.restart_pending.contains(name),
+            restarts: history.restarts,
+            since: history.since,
+            exit: history.exit,
         })
     }
 }

@@ -10,7 +10,7 @@
 
 use crate::manager::{
     BusError, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, MainExit,
-    ManagerError, UnitDetails, UnitFileError, UnitManager, UnitSource,
+    ManagerError, UnitDetails, UnitFacts, UnitFileError, UnitManager, UnitSource,
 };
 use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR};
 use fleet_core::{ActiveState, SystemdState, UnitFile, UnitHash, UnitName};
@@ -39,6 +39,7 @@ pub enum Op {
     Status,
     Loaded,
     Details,
+    Facts,
     Source,
 }
 
@@ -54,6 +55,7 @@ pub enum Call {
     Status(Vec<UnitName>),
     Loaded(Vec<UnitName>),
     Details(UnitName),
+    Facts(UnitName),
     Source(UnitName),
 }
 
@@ -66,6 +68,7 @@ impl Call {
             | Self::Start(n)
             | Self::Stop(n)
             | Self::Details(n)
+            | Self::Facts(n)
             | Self::Source(n) => Some(n),
             Self::Installed | Self::Reload | Self::Status(_) | Self::Loaded(_) => None,
         }
@@ -159,6 +162,7 @@ impl FakeManager {
             main_pid: None,
             invocation_id: None,
             drop_ins: Vec::new(),
+            facts: UnitFacts::default(),
         };
         state.records.insert(name.clone(), record);
     }
@@ -172,6 +176,36 @@ impl FakeManager {
             if let Some(record) = state.records.get_mut(name) {
                 record.set(active, sub);
                 if !record.running() {
+                    record.main_pid = None;
+                    record.started_from = None;
+                }
+            }
+        }
+        self.changes.unit(name);
+    }
+
+    /// The unit's main process ended with `exit` and, with `restart` (systemd's `Restart=`),
+    /// systemd started it again (`NRestarts` grows, the unit runs, the end is forgotten);
+    /// without, the unit is failed. Emits a change hint.
+    pub fn crash(&self, name: &UnitName, exit: MainExit, restart: bool) {
+        {
+            let mut state = self.lock();
+            state.load_on_demand(name);
+            if let Some(record) = state.records.get_mut(name) {
+                let result = match exit {
+                    MainExit::Exited(_) => "exit-code",
+                    MainExit::Killed(_) => "signal",
+                    MainExit::Dumped(_) => "core-dump",
+                };
+                record.facts.result = Some(result.to_owned());
+                if restart {
+                    record.facts.n_restarts += 1;
+                    record.facts.main_exit = None;
+                    record.set("activating", "auto-restart");
+                    record.set("active", "running");
+                } else {
+                    record.facts.main_exit = Some(exit);
+                    record.set("failed", "failed");
                     record.main_pid = None;
                     record.started_from = None;
                 }
@@ -528,10 +562,29 @@ impl UnitManager for FakeManager {
             need_daemon_reload,
             main_pid: record.and_then(|r| r.main_pid),
             invocation_id: record.and_then(|r| r.invocation_id.clone()),
-            // A failed fake unit failed as `ExecStart=/bin/false` would.
+            // A failed fake unit failed as `ExecStart=/bin/false` would, unless it crashed.
             result: Some(if failed { "exit-code" } else { "success" }.to_owned()),
-            main_exit: failed.then_some(MainExit::Exited(1)),
+            main_exit: record
+                .and_then(|r| r.facts.main_exit)
+                .or(failed.then_some(MainExit::Exited(1))),
         })
+    }
+
+    async fn facts(&self, name: &UnitName) -> Result<UnitFacts, ManagerError> {
+        let mut state = self.lock();
+        let call = Call::Facts(name.clone());
+        if state.call(call, Op::Facts, std::slice::from_ref(name)) {
+            return Err(ManagerError::Details {
+                unit: name.clone(),
+                source: injected(Op::Facts),
+            });
+        }
+        state.load_on_demand(name);
+        Ok(state
+            .records
+            .get(name)
+            .map(|r| r.facts.clone())
+            .unwrap_or_default())
     }
 
     async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {

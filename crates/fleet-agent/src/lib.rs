@@ -36,7 +36,7 @@ pub use agent::{Agent, AgentConfig, Progress};
 pub use fake::FakeManager;
 pub use manager::{
     BusError, Change, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, MainExit,
-    ManagerError, ReloadFacts, UnitDetails, UnitFileError, UnitManager, UnitSource,
+    ManagerError, ReloadFacts, UnitDetails, UnitFacts, UnitFileError, UnitManager, UnitSource,
 };
 pub use metrics::{CallObserver, Metered, Metrics};
 pub use plan::{CurrentUnit, DesiredUnit, Reason, Target, Task, TaskKind, UnitFileState, plan};

@@ -155,6 +155,25 @@ pub trait UnitManager: Send + Sync {
         }
     }
 
+    /// What happened to `name` in systemd lately, which [`UnitManager::status`] does not say:
+    /// how often systemd's own `Restart=` restarted it, when it entered its current
+    /// ActiveState, and how its main process last ended. A few property reads: the agent reads
+    /// them only of units whose state changed, never of every unit on every pass. The default
+    /// reads [`UnitManager::details`] and knows no restarts and no time.
+    fn facts(
+        &self,
+        name: &UnitName,
+    ) -> impl Future<Output = Result<UnitFacts, ManagerError>> + Send {
+        async move {
+            let d = self.details(name).await?;
+            Ok(UnitFacts {
+                result: d.result,
+                main_exit: d.main_exit,
+                ..UnitFacts::default()
+            })
+        }
+    }
+
     /// Where systemd's definition of `name` comes from: fleet's units directory, an operator's
     /// file of the same name elsewhere (which fleet must never stop, replace or relink), or no
     /// file at all (unknown to systemd, or loaded from a file that is gone since). Reads one
@@ -337,6 +356,22 @@ pub struct ReloadFacts {
     pub drop_in_paths: Vec<PathBuf>,
     /// The file or drop-ins changed since systemd loaded them.
     pub need_daemon_reload: bool,
+}
+
+/// What [`UnitManager::facts`] reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitFacts {
+    /// systemd's `NRestarts`: how many times `Restart=` restarted the service since it was
+    /// last started by a job (systemd starts counting again then). 0 for other unit types.
+    pub n_restarts: u32,
+    /// systemd's `StateChangeTimestamp`: when the unit entered its current ActiveState, in
+    /// microseconds since the epoch; `None` when it never changed.
+    pub since: Option<u64>,
+    /// A service's `Result` (`success`, `exit-code`, `signal`, ...); `None` for other types.
+    pub result: Option<String>,
+    /// How the service's last main process ended; `None` while one runs (systemd forgets the
+    /// previous one's end when it starts the next) or before any ended.
+    pub main_exit: Option<MainExit>,
 }
 
 /// How a service's main process ended: systemd's `ExecMainCode` (a `CLD_*` code) and

@@ -19,8 +19,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::manager::{
-    ChangeReceiver, InstalledUnit, JobOutcome, ManagerError, ReloadFacts, UnitDetails, UnitManager,
-    UnitSource,
+    ChangeReceiver, InstalledUnit, JobOutcome, ManagerError, ReloadFacts, UnitDetails, UnitFacts,
+    UnitManager, UnitSource,
 };
 use crate::plan::{CurrentUnit, TaskKind, UnitFileState};
 use fleet_core::SystemdState;
@@ -145,10 +145,12 @@ pub enum Call {
     Status,
     Details,
     Source,
+    /// What systemd did to a unit whose state changed ([`UnitManager::facts`]).
+    Facts,
 }
 
 impl Call {
-    pub const ALL: [Call; 9] = [
+    pub const ALL: [Call; 10] = [
         Call::Installed,
         Call::Install,
         Call::Uninstall,
@@ -158,6 +160,7 @@ impl Call {
         Call::Status,
         Call::Details,
         Call::Source,
+        Call::Facts,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -171,6 +174,7 @@ impl Call {
             Call::Status => "status",
             Call::Details => "details",
             Call::Source => "source",
+            Call::Facts => "facts",
         }
     }
 }
@@ -490,6 +494,10 @@ impl<M: UnitManager, O: CallObserver> UnitManager for Metered<M, O> {
     async fn reload_facts(&self, name: &UnitName) -> Result<ReloadFacts, ManagerError> {
         self.call(Call::Details, self.inner.reload_facts(name))
             .await
+    }
+
+    async fn facts(&self, name: &UnitName) -> Result<UnitFacts, ManagerError> {
+        self.call(Call::Facts, self.inner.facts(name)).await
     }
 
     async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {

@@ -18,7 +18,7 @@ mod signals;
 
 use crate::manager::{
     BusError, ChangeReceiver, ChangeSender, InstalledUnit, JobKind, JobOutcome, ManagerError,
-    ReloadFacts, STATUS_BATCH, UnitDetails, UnitManager, UnitSource,
+    ReloadFacts, STATUS_BATCH, UnitDetails, UnitFacts, UnitManager, UnitSource,
 };
 use crate::units_dir::{DEFAULT_RUNTIME_UNIT_DIR, DEFAULT_UNITS_DIR, UnitsDir, Written};
 use fleet_core::{SystemdState, UnitFile, UnitName};
@@ -377,6 +377,15 @@ impl UnitManager for SystemdManager {
 
     async fn reload_facts(&self, name: &UnitName) -> Result<ReloadFacts, ManagerError> {
         self.read_reload_facts(name)
+            .await
+            .map_err(|e| ManagerError::Details {
+                unit: name.clone(),
+                source: bus_error(e),
+            })
+    }
+
+    async fn facts(&self, name: &UnitName) -> Result<UnitFacts, ManagerError> {
+        self.read_facts(name)
             .await
             .map_err(|e| ManagerError::Details {
                 unit: name.clone(),

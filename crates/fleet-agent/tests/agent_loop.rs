@@ -2,7 +2,7 @@
 //! adoption, replacement and removal, failing closed, isolation of a failing unit, publishing.
 
 use fleet_agent::fake::{Call, Op};
-use fleet_agent::{Agent, AgentConfig, FakeManager};
+use fleet_agent::{Agent, AgentConfig, FakeManager, MainExit};
 use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
 use fleet_registry::kv::{Hook, Hooked, Kv, KvError, MemKv, Outcome, Rbac, Request, Txn, TxnOp};
 use fleet_registry::{MachineRole, Presence, Registry, ScheduleEntry, UnitsRole, rbac};
@@ -197,6 +197,7 @@ fn mutating(calls: &[Call]) -> Vec<Call> {
                     | Call::Status(_)
                     | Call::Loaded(_)
                     | Call::Details(_)
+                    | Call::Facts(_)
                     | Call::Source(_)
             )
         })
@@ -1301,4 +1302,39 @@ async fn a_failed_unit_that_came_up_by_itself_is_freed_without_a_task_and_no_loo
     // Idle from here: virtual time passes only when the agent waits.
     tokio::time::sleep(Duration::from_secs(300)).await;
     assert_eq!(starts(&w), before);
+}
+
+#[tokio::test(start_paused = true)]
+async fn publishes_the_restarts_and_the_last_exit_of_a_unit_that_crashes() {
+    let w = World::new().await;
+    let n = name("crashy.service");
+    w.schedule(
+        "crashy.service",
+        &file("/bin/sh -c 'exit 3'"),
+        DesiredState::Launched,
+    )
+    .await;
+    let _agent = w.start_agent();
+    w.until_published("crashy.service", "active").await;
+    // systemd's Restart= restarts it twice, then it fails for good and the agent revives it.
+    w.fake.crash(&n, MainExit::Exited(3), true);
+    w.fake.crash(&n, MainExit::Exited(3), true);
+    w.fake.crash(&n, MainExit::Exited(3), false);
+    for _ in 0..500 {
+        let state = w.published("crashy.service").await;
+        if state
+            .as_ref()
+            .is_some_and(|s| s.restarts == 3 && s.systemd.active == "active")
+        {
+            let state = state.unwrap();
+            assert_eq!(state.exit.as_deref(), Some("exit status 3"));
+            assert!(state.since.is_some());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "never published 3 restarts: {:?}",
+        w.published("crashy.service").await
+    );
 }

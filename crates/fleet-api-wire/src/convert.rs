@@ -3,6 +3,7 @@
 //! entities back with the `*_from_wire` ones. A value survives the round trip through the
 //! full view (`?view=full`) unchanged; the default view is fleet's entity alone.
 
+use fleet_core::fence::{parse_rfc3339_micros, rfc3339_micros};
 use fleet_core::{DesiredState, MachineId, MachineInfo, Requirements, UnitFile, UnitName};
 
 use crate::wire::{self, Outcome, Reason, WriteResult};
@@ -110,6 +111,9 @@ pub fn state_to_wire(s: &StateView, full: bool) -> wire::UnitState {
     if full {
         state.restart_generation = s.restart;
         state.restart_pending = s.restart_pending;
+        state.restarts = s.restarts;
+        state.since = s.since.map(rfc3339_micros);
+        state.exit = s.exit.clone();
     }
     state
 }
@@ -125,6 +129,9 @@ pub fn state_out(s: &StateView, full: bool) -> wire::UnitStateOut<'_> {
         systemd_sub_state: &s.sub,
         restart_generation: if full { s.restart } else { 0 },
         restart_pending: full && s.restart_pending,
+        restarts: if full { s.restarts } else { 0 },
+        since: s.since.filter(|_| full).map(rfc3339_micros),
+        exit: s.exit.as_deref().filter(|_| full),
     }
 }
 
@@ -147,6 +154,16 @@ pub fn state_from_wire(s: &wire::UnitState) -> Result<StateView, OpsError> {
         sub: s.systemd_sub_state.clone(),
         restart: s.restart_generation,
         restart_pending: s.restart_pending,
+        restarts: s.restarts,
+        since: s
+            .since
+            .as_deref()
+            .map(|t| {
+                parse_rfc3339_micros(t)
+                    .ok_or_else(|| bad_answer("a state's since", BadTime(t.to_owned())))
+            })
+            .transpose()?,
+        exit: s.exit.clone(),
     })
 }
 
@@ -343,6 +360,10 @@ fn bad_answer(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> 
         cause: Box::new(e),
     }
 }
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a time in RFC 3339")]
+struct BadTime(String);
 
 #[derive(Debug, thiserror::Error)]
 #[error("no unit in the result")]

@@ -129,6 +129,15 @@ pub struct UnitState {
     /// Full view: the running process started from an older file than the one in place.
     #[serde(default, skip_serializing_if = "is_false")]
     pub restart_pending: bool,
+    /// Full view: restarts after failing on this machine (systemd's and the agent's).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u64,
+    /// Full view: when it entered its current ActiveState, RFC 3339 in UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    /// Full view: how its main process last ended (`exit status 3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<String>,
 }
 
 /// [`UnitState`] borrowed from the listing it is written from: the same JSON (tested in
@@ -153,6 +162,12 @@ pub struct UnitStateOut<'a> {
     pub restart_generation: u64,
     #[serde(skip_serializing_if = "is_false")]
     pub restart_pending: bool,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub restarts: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit: Option<&'a str>,
 }
 
 fn hash_text<S: serde::Serializer>(

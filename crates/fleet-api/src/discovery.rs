@@ -252,6 +252,9 @@ fn schemas() -> Value {
             "systemdSubState": string(),
             "restartGeneration": integer(),
             "restartPending": boolean(),
+            "restarts": integer(),
+            "since": string(),
+            "exit": string(),
         })),
         "Change": object("Change", json!({
             "revision": {"type": "integer", "format": "int64"},

@@ -523,6 +523,9 @@ async fn publish<K: Kv>(
         drop_ins: Vec::new(),
         restart: 0,
         restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
     };
     MachineRole::new(reg.clone(), machine(id))
         .publish_state(presence, &state)

@@ -61,6 +61,14 @@ pub struct StateView {
     pub restart: u64,
     /// The running process started from an older file than the one in place.
     pub restart_pending: bool,
+    /// Restarts after failing on this machine ([`UnitStateRecord`]'s).
+    ///
+    /// [`UnitStateRecord`]: fleet_registry::UnitStateRecord
+    pub restarts: u64,
+    /// When it entered its current ActiveState, in microseconds since the epoch.
+    pub since: Option<u64>,
+    /// How its main process last ended (`exit status 3`).
+    pub exit: Option<String>,
 }
 
 /// Published unit states, and the values that could not be read (each a warning naming its

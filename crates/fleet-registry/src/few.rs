@@ -401,6 +401,9 @@ mod tests {
                     drop_ins: vec![],
                     restart: 0,
                     restart_pending: false,
+                    restarts: 0,
+                    since: None,
+                    exit: None,
                 };
                 role.publish_state(&presence, &state).await.unwrap();
             }

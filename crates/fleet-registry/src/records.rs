@@ -123,6 +123,19 @@ pub struct UnitStateRecord {
     /// The running process started from an older file than the one in place.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restart_pending: bool,
+    /// How many times the unit was restarted after failing on this machine since its agent
+    /// started it here: systemd's own `Restart=` restarts (`NRestarts`) and the agent's
+    /// revivals of the failed unit.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u64,
+    /// When the unit entered its current ActiveState (systemd's `StateChangeTimestamp`), in
+    /// microseconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
+    /// How its main process last ended, with systemd's `Result` when that says more:
+    /// `exit status 3`, `killed by signal 9`, `killed by signal 15, result timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<String>,
 }
 
 /// A migration mark (`fleetctl import-fleet`): `machine` ran units under fleet v1 that were

@@ -62,6 +62,9 @@ fn state(unit: &str, m: &str) -> UnitStateRecord {
         drop_ins: vec![],
         restart: 0,
         restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
     }
 }
 

@@ -288,6 +288,9 @@ async fn snapshot_reads_everything_at_one_revision<K: Kv>(reg: Registry<K>) {
         drop_ins: vec![],
         restart: 0,
         restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
     };
     m1(&reg).publish_state(&presence, &state).await.unwrap();
     let snap = reg.snapshot().await.unwrap();
@@ -337,6 +340,9 @@ async fn states_vanish_with_the_machine_lease<K: Kv>(reg: Registry<K>) {
         drop_ins: vec![],
         restart: 0,
         restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
     };
     m1(&reg).publish_state(&presence, &state).await.unwrap();
     assert_eq!(reg.unit_states().await.unwrap().items.len(), 1);
@@ -392,6 +398,9 @@ async fn a_machine_role_writes_for_its_own_machine_only<K: Kv>(reg: Registry<K>)
         drop_ins: vec![],
         restart: 0,
         restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
     };
     let err = m1(&reg).publish_state(&presence, &state).await.unwrap_err();
     assert!(
@@ -588,6 +597,9 @@ async fn live_view_follows_every_change<K: Kv>(reg: Registry<K>) {
         drop_ins: vec![],
         restart: 0,
         restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
     };
     m1(&reg).publish_state(&presence, &state).await.unwrap();
     converges(&mut view, &reg).await;
@@ -1141,6 +1153,9 @@ fn numbered_state(keys: &Keys, i: usize) -> (String, Vec<u8>) {
         drop_ins: Vec::new(),
         restart: 0,
         restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
     };
     let key = keys.state(&record.machine, &record.name);
     (key, serde_json::to_vec(&record).unwrap())

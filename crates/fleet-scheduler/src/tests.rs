@@ -179,6 +179,9 @@ impl World {
             drop_ins: Vec::new(),
             restart: 0,
             restart_pending: false,
+            restarts: 0,
+            since: None,
+            exit: None,
         };
         self.snap
             .states

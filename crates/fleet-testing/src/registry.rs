@@ -33,6 +33,9 @@ pub async fn machine_running<K: Kv>(
             drop_ins: vec![],
             restart: 0,
             restart_pending: false,
+            restarts: 0,
+            since: None,
+            exit: None,
         };
         role.publish_state(&presence, &state)
             .await

@@ -375,9 +375,11 @@ pub struct ListUnitFiles {
 pub struct ListUnits {
     #[command(flatten)]
     pub listing: Listing,
-    /// Columns to print, comma-separated, from: active, hash, load, machine, pending, sub,
-    /// unit (`pending` says `restart` where the running process predates its unit file).
-    /// [default: unit,machine,active,sub]
+    /// Columns to print, comma-separated, from: active, exit, hash, load, machine, pending,
+    /// restarts, since, sub, unit (`pending` says `restart` where the running process predates
+    /// its unit file; `restarts`: restarts after failing on its machine, by systemd's
+    /// `Restart=` or by fleet; `since`: time in its current state; `exit`: how its main
+    /// process last ended). [default: unit,machine,active,sub]
     #[arg(long)]
     pub fields: Option<String>,
 }

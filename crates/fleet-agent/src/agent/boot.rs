@@ -34,6 +34,8 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 return None;
             }
         }
+        // What systemd did to the units before this agent: their restarts, since and exits.
+        self.observe(None).await;
         info!(
             units = self.current.hashes.len(),
             "preloaded units directory"

@@ -48,6 +48,9 @@ mod tests {
             drop_ins: Vec::new(),
             restart: 0,
             restart_pending: false,
+            restarts: 0,
+            since: None,
+            exit: None,
         }
     }
 

@@ -2,24 +2,32 @@
 //! stopped, removed from this machine, or its task failed with what systemd said (the job's
 //! end, the service's `Result` and its main process's exit status); and a unit that had
 //! crashed since it last started, when the agent starts it again: `failed` with what systemd
-//! said of that crash, then `started`. Built from a pass's plan
+//! said of that crash (unless the agent told that failure already, when it saw the unit
+//! failed: [`super::observed`]), then `started`. Built from a pass's plan
 //! and outcome, after the tasks ran; the agent hands them to its machine's writer, which never
 //! waits. Pure: no I/O here.
 
-use fleet_core::MachineId;
+use fleet_core::{MachineId, UnitName};
 use fleet_registry::{Event, EventKind};
 
 use crate::executor::Outcome;
 use crate::plan::{Task, TaskKind};
 
 /// The events of the `planned` tasks as `outcome` says they ended, in the plan's order. A
-/// task after the one of its unit that failed was skipped: it says nothing.
-pub(super) fn of(planned: &[Task], outcome: &Outcome, machine: &MachineId) -> Vec<Event> {
+/// task after the one of its unit that failed was skipped: it says nothing. A revived unit
+/// whose failure `told` says was told already is not said to have failed again.
+pub(super) fn of(
+    planned: &[Task],
+    outcome: &Outcome,
+    machine: &MachineId,
+    told: impl Fn(&UnitName) -> bool,
+) -> Vec<Event> {
     let mut events = Vec::new();
     for t in planned {
         let failed = outcome.failed.get(&t.unit);
         if let Some(died) = outcome.revived.get(&t.unit)
             && matches!(t.kind, TaskKind::Start | TaskKind::Restart)
+            && !told(&t.unit)
         {
             let said = died.to_string();
             let reason = format!("it had failed{}", if said.is_empty() { "" } else { &said });
@@ -53,7 +61,6 @@ mod tests {
     use crate::executor::{Failure, TaskError};
     use crate::manager::JobOutcome;
     use crate::plan::Reason;
-    use fleet_core::UnitName;
 
     fn task(unit: &str, kind: TaskKind, reason: Reason) -> Task {
         Task {
@@ -78,7 +85,7 @@ mod tests {
             "b.service".parse().unwrap(),
             TaskError::Job(TaskKind::Start, JobOutcome::Failed, Failure::default()),
         );
-        let events = of(&planned, &outcome, &machine);
+        let events = of(&planned, &outcome, &machine, |_| false);
         let said: Vec<(EventKind, String)> = events
             .iter()
             .map(|e| (e.kind, e.unit.as_ref().unwrap().to_string()))
@@ -109,13 +116,21 @@ mod tests {
             main_exit: MainExit::from_code(1, 3),
         };
         outcome.revived.insert("c.service".parse().unwrap(), crash);
-        let events = of(&planned, &outcome, &"m1".parse().unwrap());
+        let machine = "m1".parse().unwrap();
+        let events = of(&planned, &outcome, &machine, |_| false);
         let kinds: Vec<EventKind> = events.iter().map(|e| e.kind).collect();
         assert_eq!(kinds, [EventKind::Failed, EventKind::Started]);
         assert!(
             events[0].reason.contains("exit-code"),
             "{}",
             events[0].reason
+        );
+        let told = of(&planned, &outcome, &machine, |_| true);
+        let kinds: Vec<EventKind> = told.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [EventKind::Started],
+            "its failure was told when seen"
         );
     }
 
@@ -130,7 +145,7 @@ mod tests {
             "a.service".parse().unwrap(),
             TaskError::Job(TaskKind::Stop, JobOutcome::Failed, Failure::default()),
         );
-        let events = of(&planned, &outcome, &"m1".parse().unwrap());
+        let events = of(&planned, &outcome, &"m1".parse().unwrap(), |_| false);
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].kind, EventKind::Failed);
     }

@@ -3,7 +3,7 @@
 //! Pure data and rules; [`super::FakeManager`] adds the call log, failures and hints.
 
 use super::{Call, FakeJob, Op};
-use crate::manager::{JobKind, JobOutcome};
+use crate::manager::{JobKind, JobOutcome, MainExit, UnitFacts};
 use fleet_core::{ActiveState, ParseError, SystemdState, UnitFile, UnitHash, UnitName};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -27,6 +27,8 @@ pub(super) struct Record {
     pub(super) main_pid: Option<u32>,
     pub(super) invocation_id: Option<String>,
     pub(super) drop_ins: Vec<PathBuf>,
+    /// What [`crate::manager::UnitManager::facts`] reports of it.
+    pub(super) facts: UnitFacts,
 }
 
 impl Record {
@@ -38,7 +40,11 @@ impl Record {
         ActiveState::parse(&self.active)
     }
 
+    /// Sets its states; a new ActiveState is stamped (the fake's clock: one second a change).
     pub(super) fn set(&mut self, active: &str, sub: &str) {
+        if self.active != active {
+            self.facts.since = Some(self.facts.since.unwrap_or(0) + 1_000_000);
+        }
         active.clone_into(&mut self.active);
         sub.clone_into(&mut self.sub);
     }
@@ -122,6 +128,7 @@ impl State {
                         main_pid: None,
                         invocation_id: None,
                         drop_ins: Vec::new(),
+                        facts: UnitFacts::default(),
                     },
                 );
             }
@@ -171,12 +178,19 @@ impl State {
             JobOutcome::Done => {
                 self.next_pid += 1;
                 self.next_invocation += 1;
+                // A start job counts systemd's restarts afresh; the new process has not ended.
+                record.facts.n_restarts = 0;
+                record.facts.main_exit = None;
+                record.facts.result = Some("success".to_owned());
                 record.set("active", "running");
                 record.started_from = record.definition.clone();
                 record.main_pid = Some(1000 + self.next_pid);
                 record.invocation_id = Some(format!("{:032x}", self.next_invocation));
             }
             JobOutcome::Failed | JobOutcome::Timeout => {
+                // As `ExecStart=/bin/false` fails.
+                record.facts.result = Some("exit-code".to_owned());
+                record.facts.main_exit = Some(MainExit::Exited(1));
                 record.set("failed", "failed");
                 record.main_pid = None;
                 record.started_from = None;

@@ -1,7 +1,7 @@
 //! Reading unit states in batches and per-unit properties.
 
 use super::{SystemdManager, bus_error};
-use crate::manager::{MainExit, ManagerError, ReloadFacts, UnitDetails};
+use crate::manager::{MainExit, ManagerError, ReloadFacts, UnitDetails, UnitFacts};
 use fleet_core::{SystemdState, UnitName, UnitType};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -124,6 +124,29 @@ impl SystemdManager {
             drop_in_paths: drop_ins.into_iter().map(PathBuf::from).collect(),
             need_daemon_reload: unit.need_daemon_reload().await?,
         })
+    }
+
+    /// Five property reads for a service (one for other types), under one permit.
+    pub(super) async fn read_facts(&self, name: &UnitName) -> zbus::Result<UnitFacts> {
+        let _permit = self.permit().await;
+        let unit = self.unit_proxy(name).await?;
+        let since = Some(unit.state_change_timestamp().await?).filter(|t| *t != 0);
+        let mut facts = UnitFacts {
+            since,
+            ..UnitFacts::default()
+        };
+        if name.unit_type() == UnitType::Service {
+            let service = ServiceProxy::builder(&self.inner.conn)
+                .path(unit_path(name))
+                .cache_properties(CacheProperties::No)
+                .build()
+                .await?;
+            facts.n_restarts = service.n_restarts().await?;
+            facts.result = Some(service.result().await?);
+            let code = service.exec_main_code().await?;
+            facts.main_exit = MainExit::from_code(code, service.exec_main_status().await?);
+        }
+        Ok(facts)
     }
 
     pub(super) async fn read_details(&self, name: &UnitName) -> zbus::Result<UnitDetails> {

@@ -69,6 +69,9 @@ fn running_state() -> StateView {
         sub: "running".into(),
         restart: 2,
         restart_pending: true,
+        restarts: 4,
+        since: Some(1_764_912_187_123_456),
+        exit: Some("exit status 3".into()),
     }
 }
 
@@ -81,6 +84,9 @@ fn a_borrowed_state_is_written_as_the_owned_entity_is() {
             hash: None,
             restart: 0,
             restart_pending: false,
+            restarts: 0,
+            since: None,
+            exit: None,
             sub: String::new(),
             ..state.clone()
         },
@@ -89,6 +95,9 @@ fn a_borrowed_state_is_written_as_the_owned_entity_is() {
             active: String::new(),
             restart: 7,
             restart_pending: false,
+            restarts: 0,
+            since: None,
+            exit: None,
             ..state
         },
     ];
@@ -133,6 +142,12 @@ fn full_view_of_a_state_and_a_machine_round_trip() {
         (fleet.restart_generation, fleet.restart_pending),
         (0, false)
     );
+    assert_eq!(
+        (fleet.restarts, &fleet.since, &fleet.exit),
+        (0, &None, &None)
+    );
+    let full = state_to_wire(&state, true);
+    assert_eq!(full.since.as_deref(), Some("2025-12-05T05:23:07.123456Z"));
     let no_hash = StateView {
         hash: None,
         ..state

@@ -84,6 +84,9 @@ fn extension_fields_have_camel_case_names() {
     let state = UnitState {
         restart_generation: 1,
         restart_pending: true,
+        restarts: 0,
+        since: None,
+        exit: None,
         ..UnitState::default()
     };
     assert_eq!(

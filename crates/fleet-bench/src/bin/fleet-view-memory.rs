@@ -164,6 +164,9 @@ async fn fill(kv: &MemKv, units: usize, machines: usize, templates: usize) -> Re
             drop_ins: Vec::new(),
             restart: 0,
             restart_pending: false,
+            restarts: 0,
+            since: None,
+            exit: None,
         };
         ops.push(put(keys.state(&machine, &name), json(&state)));
         if ops.len() + 4 > MAX_TXN_OPS {

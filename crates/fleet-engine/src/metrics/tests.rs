@@ -165,6 +165,9 @@ async fn a_leader_counts_units_waiting_for_a_copy_and_stray_states() {
             drop_ins: Vec::new(),
             restart: 0,
             restart_pending: false,
+            restarts: 0,
+            since: None,
+            exit: None,
         };
         role.publish_state(&m1, &state).await.unwrap();
     }

@@ -114,6 +114,9 @@ pub fn into_state_view(s: UnitStateRecord) -> StateView {
         sub: s.systemd.sub,
         restart: s.restart,
         restart_pending: s.restart_pending,
+        restarts: s.restarts,
+        since: s.since,
+        exit: s.exit,
     }
 }
 

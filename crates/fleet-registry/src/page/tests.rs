@@ -67,6 +67,9 @@ async fn registry(names: &[&str]) -> Registry<MemKv> {
                 drop_ins: vec![],
                 restart: 0,
                 restart_pending: false,
+                restarts: 0,
+                since: None,
+                exit: None,
             };
             ops.push(put(keys.state(&m, &n), encode(&state)));
         }
@@ -276,6 +279,9 @@ async fn a_page_reads_no_more_of_a_machines_states_than_its_bound() {
                 drop_ins: vec![],
                 restart: 0,
                 restart_pending: false,
+                restarts: 0,
+                since: None,
+                exit: None,
             };
             put(keys.state(&m0, &state.name), encode(&state))
         })

@@ -57,6 +57,9 @@ fn one_placed_unit(keys: &Keys) -> Vec<KeyValue> {
         drop_ins: Vec::new(),
         restart: 0,
         restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
     };
     [
         (keys.unit(&name), json(&record)),

@@ -101,6 +101,35 @@ pub async fn run<C: Cluster>(ctx: &mut Ctx<C>, args: &EventsArgs) -> Result<()> 
     Ok(())
 }
 
+/// How many of a unit's events `fleetctl status` prints before systemd's status.
+pub const STATUS_EVENTS: usize = 10;
+
+/// `fleetctl status`'s lines before systemd's status (issue 41): the last [`STATUS_EVENTS`]
+/// events of `unit` as `fleetctl events` prints them, then an empty line; nothing when it has
+/// none. Events that cannot be read are said so in one line on stderr: the status still
+/// prints, and its exit code stays systemd's.
+pub async fn print_last<C: Cluster>(ctx: &mut Ctx<C>, unit: &fleet_core::UnitName) {
+    let filter = EventFilter {
+        unit: Some(unit.clone()),
+        ..EventFilter::default()
+    };
+    let listing = match ctx.cluster.events(&filter).await {
+        Ok(listing) => listing,
+        Err(e) => {
+            ctx.warn(format!(
+                "WARNING: the events of {unit} could not be read: {e}"
+            ));
+            return;
+        }
+    };
+    let events = &listing.events[listing.events.len().saturating_sub(STATUS_EVENTS)..];
+    if events.is_empty() {
+        return;
+    }
+    ctx.print(&table(events, true));
+    ctx.say("");
+}
+
 /// Prints each event as it comes, until the stream ends or Ctrl-C (exit 0).
 async fn follow<C: Cluster>(
     ctx: &mut Ctx<C>,

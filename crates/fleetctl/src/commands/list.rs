@@ -10,7 +10,7 @@ use fleet_core::{MachineId, MachineInfo, UnitHash};
 use fleet_ops::{Cluster, StateFilter};
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Ctx, machine_legend, machines_by_id, parse_fields};
+use super::{Ctx, history, machine_legend, machines_by_id, parse_fields};
 use crate::cli::{Format, ListMachines, ListUnitFiles, ListUnits, Listing};
 use crate::{output, table};
 
@@ -145,7 +145,8 @@ pub async fn list_units<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnits) -> Resul
     let fields = parse_fields(
         &fields_arg,
         &[
-            "active", "hash", "load", "machine", "pending", "sub", "unit",
+            "active", "exit", "hash", "load", "machine", "pending", "restarts", "since", "sub",
+            "unit",
         ],
     )?;
     let listing = ctx
@@ -157,6 +158,7 @@ pub async fn list_units<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnits) -> Resul
     let (machines, skipped) = legends(ctx, shown).await?;
     warn_skipped(ctx, listing.skipped.into_iter().chain(skipped));
     let full = args.listing.full;
+    let now = history::now_micros();
     let rows = listing
         .states
         .iter()
@@ -172,6 +174,7 @@ pub async fn list_units<C: Cluster>(ctx: &mut Ctx<C>, args: &ListUnits) -> Resul
                     "hash" => hash_cell(state.hash.as_ref(), full),
                     "pending" if state.restart_pending => "restart".into(),
                     "pending" => "-".into(),
+                    "restarts" | "since" | "exit" => history::cell(f, state, now),
                     other => unreachable!("field {other} was validated"),
                 })
                 .collect()

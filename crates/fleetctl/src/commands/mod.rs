@@ -9,6 +9,7 @@ pub mod auth;
 pub mod cat;
 pub mod destroy;
 pub mod events;
+pub mod history;
 pub mod import_fleet;
 pub mod lifecycle;
 pub mod list;

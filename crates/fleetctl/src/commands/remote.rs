@@ -317,6 +317,9 @@ pub async fn status<C: Cluster>(
         if machines.is_empty() {
             bail!("Unit {name} does not appear to be loaded.");
         }
+        if !opts.json {
+            super::events::print_last(ctx, name).await;
+        }
         for (machine, info) in &machines {
             let code = match route(&here, machine, info.as_ref())? {
                 Route::Api(endpoint) => {

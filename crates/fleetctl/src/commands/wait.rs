@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::{Ctx, machine_legend};
 
-mod progress;
+pub(crate) mod progress;
 
 use progress::{Progress, Stage};
 

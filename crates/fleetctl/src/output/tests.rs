@@ -135,6 +135,9 @@ fn units() -> Units {
         sub: "running".into(),
         restart: 2,
         restart_pending: true,
+        restarts: 3,
+        since: Some(1_764_912_187_123_456),
+        exit: Some("exit status 3".into()),
     };
     Units::of(&StateListing {
         states: vec![state],

@@ -52,6 +52,9 @@ fn state(n: &str, m: &str, active: &str) -> UnitStateRecord {
         drop_ins: vec![],
         restart: 1,
         restart_pending: true,
+        restarts: 0,
+        since: None,
+        exit: None,
     }
 }
 

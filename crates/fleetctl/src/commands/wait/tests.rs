@@ -50,6 +50,9 @@ fn publish(view: &mut WaitView, m: char, file: &[u8], active: &str, restart: u64
         sub: "running".into(),
         restart,
         restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
     };
     view.states
         .entry(name())

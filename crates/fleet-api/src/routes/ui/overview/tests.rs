@@ -65,6 +65,9 @@ fn state(snap: &mut Snapshot, n: &str, machine: &str, active: &str) {
         drop_ins: vec![],
         restart: 0,
         restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
     };
     snap.states
         .entry(name(n))
