@@ -289,7 +289,17 @@ async fn live_updates(client: &Client, cluster: &Cluster) -> Result<()> {
     )
     .await
     .context("the failing unit never turned red")?;
-    shoot(client, "cluster").await
+    shoot(client, "cluster").await?;
+    // Its page says how it last exited and how often it was restarted (issue 41's facts).
+    let back = client.current_url().await?;
+    client.goto(back.join("#/unit/crashy.service")?.as_str()).await?;
+    let exit = "const c = document.querySelector('#unit-states .state-exit');
+                return !!c && c.textContent.includes('exit status 3')";
+    until(client, exit, SHOWN_WITHIN)
+        .await
+        .context("the unit page never showed the last exit")?;
+    client.goto(back.as_str()).await?;
+    Ok(())
 }
 
 /// A write made by hand in the page, without the dashboard's header, is refused.

@@ -280,7 +280,7 @@ function statesTable(states) {
 
 async function unitParts(name) {
   const u = await getJSON(`/fleet/v1/units/${enc(name)}`);
-  const states = (await getJSON(`/fleet/v1/state?unitName=${enc(name)}`)).states || [];
+  const states = (await getJSON(`/fleet/v1/state?unitName=${enc(name)}&view=full`)).states || [];
   let why = '';
   try { why = (await getJSON(`/fleet/v1/explain/${enc(name)}`)).summary || ''; } catch (e) { why = String(e.message); }
   await overview('', 1);
