@@ -6,14 +6,20 @@
 //! - `scale`: 5,000 simulated machines (real agents and engines, fake systemd), 100,000 units;
 //! - `plot`: convergence time over a grid of units and machines, drawn as an SVG, and how
 //!   the time per unit grows (issue 19: linear within 1.3×);
+//! - `limit`: etcd's raw write rate on this machine (issue 43), the floor the scale figures
+//!   are given as ratios to;
 //! - `plan`: the engine's scheduler alone (no etcd) on snapshots of those sizes: one pass
 //!   with every unit unplaced, placed, and 1 % arriving;
 //! - `reconnect`: 1,000 simulated machines, etcd killed and restarted: the requests per
 //!   100 ms once it is back (whether agents reconnect in lockstep);
 //! - `api`: the scale simulation with 10,000 units: a blocking `fleetctl start` and
 //!   `fleetctl list-units`, over the API next to over etcd;
-//! - `huge` (`make bench-huge`, not part of `make bench`): a million instances of 100
-//!   templates on 5,000 simulated machines, etcd's db size and the engine's view per unit;
+//! - `huge` (`make bench-huge`, not part of `make bench`): a million distinct units (with
+//!   `--lab`, instances of 100 templates) on 5,000 simulated machines, etcd's db size and the
+//!   engine's view per unit;
+//!
+//! `scale`, `plot`, `huge` and `api` run in the production shape unless `--lab` (see
+//! `shape.rs`);
 //! - `agent-probe` (internal): run by `one-agent` inside a machine.
 //!
 //! It measures; it never asserts the targets (they are reported as met or missed).

@@ -121,24 +121,42 @@ pub(super) async fn follow_check(sim: &Sim, fleetctl: &Path, window: Duration) -
     })
 }
 
+/// Counts the distinct check events printed (a listing and the watch may both print one),
+/// and when the last new one was printed.
 async fn count_lines(
     stdout: tokio::process::ChildStdout,
     seen: Arc<AtomicU64>,
     last_us: Arc<AtomicU64>,
     t0: Instant,
 ) {
+    let mut distinct = std::collections::HashSet::new();
     let mut lines = BufReader::new(stdout).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        if line.contains(FOLLOW_PREFIX) {
+        if let Some(n) = follow_number(&line)
+            && distinct.insert(n)
+        {
             seen.fetch_add(1, Ordering::Relaxed);
             last_us.store(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
         }
     }
 }
 
+/// N of the `bench-follow-N.service` a line names.
+fn follow_number(line: &str) -> Option<u64> {
+    let rest = &line[line.find(FOLLOW_PREFIX)? + FOLLOW_PREFIX.len()..];
+    rest.split('.').next()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_number_of_a_check_event_from_its_json_line() {
+        let line = r#"{"time":"x","kind":"desired-changed","unit":"bench-follow-42.service"}"#;
+        assert_eq!(follow_number(line), Some(42));
+        assert_eq!(follow_number(r#"{"unit":"other.service"}"#), None);
+    }
 
     #[test]
     fn the_follower_keeps_up_only_when_it_printed_everything_within_a_second() {
