@@ -446,9 +446,16 @@ async fn measure(sim: &mut Sim, a: &ScaleArgs) -> Result<Measured> {
         secs(c.scheduled_in),
         secs(c.launched_in)
     );
+    let by_role: Vec<String> = c
+        .roles
+        .all()
+        .iter()
+        .map(|(role, t)| format!("{role} {}", t.timeouts))
+        .collect();
     println!(
-        "scale: requests past their deadline: {}; leases lost: {}",
+        "scale: requests past their deadline: {} ({}); leases lost: {}",
         c.roles.timeouts(),
+        by_role.join(", "),
         c.roles.leases_lost()
     );
     let rss = process_rss_mib();
