@@ -35,30 +35,7 @@ pub async fn run(
     let shape_line = ShapeSpec::from_env(shape, machines.iter().copied().max().unwrap_or(1))
         .line(machines.iter().copied().max().unwrap_or(1));
     println!("plot: {shape_line}");
-    let mut results = Vec::new();
-    let mut missed = Vec::new();
-    for &n in machines {
-        for &u in units {
-            println!("plot: {n} machines, {u} units");
-            let sim = Sim::start(SimSpec::shaped(n, ShapeSpec::from_env(shape, n))).await?;
-            let c = scale::converge(&sim, u).await;
-            sim.stop().await;
-            // One point that does not converge in time must not lose the others.
-            let c = match c {
-                Ok(c) => c,
-                Err(e) => {
-                    println!("plot: {n} machines, {u} units: {e:#}");
-                    missed.push((n, u));
-                    continue;
-                }
-            };
-            println!(
-                "plot: {n} machines, {u} units: launched in {}",
-                secs(c.launched_in)
-            );
-            results.push(c);
-        }
-    }
+    let (results, missed) = grid(machines, units, shape).await;
     // With `--no-write` the figure stays as the last full run drew it, like the table.
     if write_svg {
         let svg = draw(&results, machines, units);
@@ -106,6 +83,45 @@ pub async fn run(
     out.push_str(&format!("\nLinear growth: time per unit launched at the largest size against the smallest from {LINEAR_FROM} units up (the whole grid when it has fewer such points), for each machine count.\n\n"));
     out.push_str(&linearity(&results, machines, &missed).render());
     Ok(out)
+}
+
+/// Converges every (machines, units) point of the grid on a fresh simulation: the results,
+/// and the points that did not start or converge in time.
+async fn grid(
+    machines: &[usize],
+    units: &[usize],
+    shape: Shape,
+) -> (Vec<Converged>, Vec<(usize, usize)>) {
+    let mut results = Vec::new();
+    let mut missed = Vec::new();
+    for &n in machines {
+        for &u in units {
+            println!("plot: {n} machines, {u} units");
+            let c = match Sim::start(SimSpec::shaped(n, ShapeSpec::from_env(shape, n))).await {
+                Ok(sim) => {
+                    let c = scale::converge(&sim, u).await;
+                    sim.stop().await;
+                    c
+                }
+                Err(e) => Err(e),
+            };
+            // One point that does not converge in time must not lose the others.
+            let c = match c {
+                Ok(c) => c,
+                Err(e) => {
+                    println!("plot: {n} machines, {u} units: {e:#}");
+                    missed.push((n, u));
+                    continue;
+                }
+            };
+            println!(
+                "plot: {n} machines, {u} units: launched in {}",
+                secs(c.launched_in)
+            );
+            results.push(c);
+        }
+    }
+    (results, missed)
 }
 
 /// The time to "all launched" per unit, in milliseconds.

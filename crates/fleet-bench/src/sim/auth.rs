@@ -21,8 +21,9 @@ use futures::StreamExt;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Users made at once (etcd applies them one by one; a few in flight keep it busy).
-const IN_FLIGHT: usize = 8;
+/// Machines' roles and users made at once: etcd applies them one by one, but more in flight
+/// share its commits (500 machines took 17 s with 8, 9 s with 64; debug build, loaded host).
+const IN_FLIGHT: usize = 64;
 
 /// The credentials of a simulation with etcd's authentication on.
 #[derive(Debug, Clone)]
