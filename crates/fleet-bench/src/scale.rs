@@ -392,7 +392,19 @@ pub async fn run(a: ScaleArgs) -> Result<String> {
     let started = Instant::now();
     let shape_line = a.shape.line(a.machines);
     println!("scale: {shape_line}");
-    let mut sim = Sim::start(a.spec(a.shape.clone())).await?;
+    // A simulation that cannot start in this shape (its machines cannot log in within
+    // fleetd's deadline) is a figure: the section says so.
+    let mut sim = match Sim::start(a.spec(a.shape.clone())).await {
+        Ok(sim) => sim,
+        Err(e) => {
+            println!("scale: the simulation did not start: {e:#}");
+            let mut out = report::provenance(wall, started.elapsed());
+            out.push_str(&format!(
+                "\n{shape_line}.\n\nThe simulation did not start: {e:#}.\n"
+            ));
+            return Ok(out);
+        }
+    };
     if let Some(c) = &sim.credentials {
         println!("scale: etcd's roles and users made in {}", secs(c.took));
     }
