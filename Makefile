@@ -149,22 +149,28 @@ demo-down:
 	@if [ -f "$(DEMO_DIR)/cluster.json" ]; then "$(or $(FLEET_BIN_DIR),$(TARGET_DIR)/debug)/fleet-cluster" down --dir "$(DEMO_DIR)"; else echo "no demo cluster at $(DEMO_DIR)"; fi
 
 # Every benchmark of issues 6 and 15 (not part of `make test`), each scenario writing its section
-# of docs/benchmarks.md: release build, then e2e, one-agent, plan, scale, api, plot. Needs root; ~7 min
-# (~14 from a clean clone, with the release build).
+# of docs/benchmarks.md: release build, then e2e, one-agent, plan, limit (etcd's raw write rate),
+# then scale, api and plot in the production shape and again in the lab shape (`--lab`, issue 43),
+# side by side. Needs root.
 bench: deps
 	@start=$$(date +%s); \
 	$(CARGO) build --release -p fleetd -p fleetctl -p fleet-bench && \
 	"$(TARGET_DIR)/release/fleet-bench" e2e && \
 	"$(TARGET_DIR)/release/fleet-bench" one-agent && \
 	"$(TARGET_DIR)/release/fleet-bench" plan && \
+	"$(TARGET_DIR)/release/fleet-bench" limit && \
 	"$(TARGET_DIR)/release/fleet-bench" scale && \
+	"$(TARGET_DIR)/release/fleet-bench" --lab scale && \
 	"$(TARGET_DIR)/release/fleet-bench" api && \
+	"$(TARGET_DIR)/release/fleet-bench" --lab api && \
 	"$(TARGET_DIR)/release/fleet-bench" plot && \
+	"$(TARGET_DIR)/release/fleet-bench" --lab plot && \
 	"$(TARGET_DIR)/release/fleet-bench" total --secs $$(( $$(date +%s) - start ))
 
-# A million units (instances of 100 templates) on 5,000 simulated machines, one etcd with an
-# 8 GiB quota (issue 19): its own target, not part of `make bench`. Needs ~15 GiB of memory
-# and ~10 GiB of disk for etcd's data (deleted after); CPU-bound for many minutes.
+# A million distinct units on 5,000 simulated machines in the production shape (issue 43; the
+# lab's 100 templates: `fleet-bench --lab huge`), one etcd with an 8 GiB quota (issue 19): its
+# own target, not part of `make bench`. Needs ~15 GiB of memory and ~10 GiB of disk for etcd's
+# data (deleted after); CPU-bound for many minutes.
 bench-huge: deps
 	$(CARGO) build --release -p fleetd -p fleetctl -p fleet-bench && \
 	"$(TARGET_DIR)/release/fleet-bench" huge

@@ -129,6 +129,10 @@ pub struct Counters {
     puts: [AtomicU64; CLASSES],
     deletes: [AtomicU64; CLASSES],
     errors: AtomicU64,
+    /// Requests that failed on their deadline (the client's `request_timeout`).
+    timeouts: AtomicU64,
+    /// Keep-alives etcd answered with "lease not found": a machine's lease had expired.
+    leases_lost: AtomicU64,
     read_bytes: AtomicU64,
     watch_messages: AtomicU64,
     watch_events: AtomicU64,
@@ -154,6 +158,8 @@ impl Counters {
             puts: self.puts.each_ref().map(load),
             deletes: self.deletes.each_ref().map(load),
             errors: load(&self.errors),
+            timeouts: load(&self.timeouts),
+            leases_lost: load(&self.leases_lost),
             read_bytes: load(&self.read_bytes),
             watch_messages: load(&self.watch_messages),
             watch_events: load(&self.watch_events),
@@ -252,7 +258,14 @@ impl Hook for Counting {
             c.latency_max_us[method.index()].fetch_max(us, Ordering::Relaxed);
         });
         match (request, outcome) {
-            (_, Outcome::Failed(_)) => self.each(|c| add(&c.errors, 1)),
+            (_, Outcome::Failed(e)) => self.each(|c| {
+                add(&c.errors, 1);
+                match e {
+                    KvError::Timeout(..) => add(&c.timeouts, 1),
+                    KvError::LeaseNotFound(_) => add(&c.leases_lost, 1),
+                    _ => {}
+                }
+            }),
             (_, Outcome::Range(res)) => {
                 let bytes: usize = res.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
                 self.each(|c| add(&c.read_bytes, bytes as u64));
@@ -352,6 +365,17 @@ mod tests {
         assert!(matches!(msg, WatchMessage::Events { ref events, .. } if events.len() == 2));
         assert_eq!(counters.tally().watch_events, 2);
         assert_eq!(counters.tally().method(Method::Watch), 1);
+    }
+
+    #[tokio::test]
+    async fn counts_a_keep_alive_of_an_expired_lease_as_a_lease_lost() {
+        let counters = Counters::new();
+        let kv = counting(MemKv::new(), PREFIX, vec![counters.clone()]);
+        let lease = kv.grant(Duration::from_secs(5)).await.unwrap();
+        kv.revoke(lease).await.unwrap();
+        assert!(kv.keep_alive(lease).await.is_err());
+        let t = counters.tally();
+        assert_eq!((t.errors, t.leases_lost, t.timeouts), (1, 1, 0));
     }
 
     #[test]

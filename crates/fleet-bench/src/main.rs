@@ -6,14 +6,20 @@
 //! - `scale`: 5,000 simulated machines (real agents and engines, fake systemd), 100,000 units;
 //! - `plot`: convergence time over a grid of units and machines, drawn as an SVG, and how
 //!   the time per unit grows (issue 19: linear within 1.3×);
+//! - `limit`: etcd's raw write rate on this machine (issue 43), the floor the scale figures
+//!   are given as ratios to;
 //! - `plan`: the engine's scheduler alone (no etcd) on snapshots of those sizes: one pass
 //!   with every unit unplaced, placed, and 1 % arriving;
 //! - `reconnect`: 1,000 simulated machines, etcd killed and restarted: the requests per
 //!   100 ms once it is back (whether agents reconnect in lockstep);
 //! - `api`: the scale simulation with 10,000 units: a blocking `fleetctl start` and
 //!   `fleetctl list-units`, over the API next to over etcd;
-//! - `huge` (`make bench-huge`, not part of `make bench`): a million instances of 100
-//!   templates on 5,000 simulated machines, etcd's db size and the engine's view per unit;
+//! - `huge` (`make bench-huge`, not part of `make bench`): a million distinct units (with
+//!   `--lab`, instances of 100 templates) on 5,000 simulated machines, etcd's db size and the
+//!   engine's view per unit;
+//!
+//! `scale`, `plot`, `huge` and `api` run in the production shape unless `--lab` (see
+//! `shape.rs`);
 //! - `agent-probe` (internal): run by `one-agent` inside a machine.
 //!
 //! It measures; it never asserts the targets (they are reported as met or missed).
@@ -22,6 +28,7 @@ mod api;
 mod counting;
 mod e2e;
 mod huge;
+mod limit;
 mod metered;
 mod metrics;
 mod monitor;
@@ -33,8 +40,10 @@ mod real;
 mod reconnect;
 mod report;
 mod scale;
+mod shape;
 mod sim;
 mod timeline;
+mod verdict;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -47,6 +56,11 @@ struct Cli {
     /// Print the results only; leave docs/benchmarks.md as it is.
     #[arg(long, global = true)]
     no_write: bool,
+    /// Run the scale scenarios (`scale`, `plot`, `huge`, `api`) in the lab shape they were
+    /// first measured in (16 shared etcd connections, 15 s deadlines, no etcd auth, no
+    /// events) instead of the production shape (docs/benchmarks.md, "Shapes").
+    #[arg(long, global = true)]
+    lab: bool,
     #[command(subcommand)]
     scenario: Scenario,
 }
@@ -113,6 +127,20 @@ enum Scenario {
         /// the settle plus the lost units at this rate.
         #[arg(long)]
         move_rate: Option<u32>,
+        /// Do not run the convergence again with the events switched the other way (issue
+        /// 41's cost of events on the launch).
+        #[arg(long)]
+        no_events_compare: bool,
+        /// How long the `events --follow` check emits events, at 1,000 a second (0: skip).
+        #[arg(long, default_value_t = 10)]
+        follow_secs: u64,
+    },
+    /// etcd's raw write rate on this machine (16 clients, transactions of 128 puts of
+    /// 200-byte values, no compares), with docs/deploy.md's flags, etcd's defaults and the
+    /// lab's.
+    Limit {
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: u64,
     },
     /// fleetctl's latency over the API next to over etcd, on the scale simulation. By
     /// default at issue 19's size, 100,000 units: `make bench` writes those figures (the
@@ -124,6 +152,10 @@ enum Scenario {
         units: usize,
         #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// The API drops its held view after this long idle (fleetd's: 300 s); the scenario
+        /// then idles this long and times the first, cold, listing.
+        #[arg(long, default_value_t = 30)]
+        held_idle_secs: u64,
     },
     /// Convergence time over a grid of machines and units, as docs/bench-scale.svg.
     Plot {
@@ -152,14 +184,16 @@ enum Scenario {
         #[arg(long, default_value_t = 5)]
         window_secs: u64,
     },
-    /// A million units (instances of 100 templates) on 5,000 simulated machines.
+    /// A million distinct units (with `--lab`, instances of 100 templates) on 5,000
+    /// simulated machines.
     Huge {
         #[arg(long, default_value_t = 5000)]
         machines: usize,
         #[arg(long, default_value_t = 1_000_000)]
         units: usize,
-        #[arg(long, default_value_t = 100)]
-        templates: usize,
+        /// Instances of this many templates instead of distinct unit files (100 with `--lab`).
+        #[arg(long)]
+        templates: Option<usize>,
         /// etcd's `--quota-backend-bytes` (etcd's default is 2 GiB).
         #[arg(long, default_value_t = 8 << 30)]
         quota_bytes: u64,
@@ -215,31 +249,52 @@ fn main() -> Result<()> {
             idle_secs,
             agent_ttl_secs,
             move_rate,
+            no_events_compare,
+            follow_secs,
         } => {
-            let fleetctl = bin_dir()?.join("fleetctl");
-            let idle = Duration::from_secs(idle_secs);
-            let ttl = Duration::from_secs(agent_ttl_secs.max(3));
-            (
-                "scale",
-                runtime()?
-                    .block_on(scale::run(machines, units, idle, ttl, move_rate, &fleetctl))?,
-            )
+            let args = scale::ScaleArgs {
+                machines,
+                units,
+                idle: Duration::from_secs(idle_secs),
+                agent_ttl: Duration::from_secs(agent_ttl_secs.max(3)),
+                move_rate,
+                shape: shape::ShapeSpec::from_env(shape_of(cli.lab), machines),
+                events_compare: !no_events_compare,
+                follow: Duration::from_secs(follow_secs),
+                fleetctl: bin_dir()?.join("fleetctl"),
+            };
+            let name = if cli.lab { "scale-lab" } else { "scale" };
+            (name, runtime()?.block_on(scale::run(args))?)
         }
+        Scenario::Limit { keys } => ("limit", runtime()?.block_on(limit::run(keys))?),
         Scenario::Api {
             machines,
             units,
             runs,
+            held_idle_secs,
         } => {
-            let fleetctl = bin_dir()?.join("fleetctl");
+            let args = api::ApiArgs {
+                machines,
+                units,
+                runs,
+                shape: shape::ShapeSpec::from_env(shape_of(cli.lab), machines),
+                held_idle: Duration::from_secs(held_idle_secs),
+                fleetctl: bin_dir()?.join("fleetctl"),
+            };
+            let name = if cli.lab { "api-lab" } else { "api" };
+            (name, runtime()?.block_on(api::run(args))?)
+        }
+        Scenario::Plot { machines, units } => {
+            let (name, shape) = match cli.lab {
+                true => ("plot-lab", shape::Shape::Lab),
+                false => ("plot", shape::Shape::Production),
+            };
+            let svg = !cli.no_write;
             (
-                "api",
-                runtime()?.block_on(api::run(machines, units, runs, &fleetctl))?,
+                name,
+                runtime()?.block_on(plot::run(&machines, &units, shape, svg))?,
             )
         }
-        Scenario::Plot { machines, units } => (
-            "plot",
-            runtime()?.block_on(plot::run(&machines, &units, !cli.no_write))?,
-        ),
         Scenario::Plan { machines, units } => ("plan", plan::run(&machines, &units)?),
         Scenario::Reconnect {
             machines,
@@ -262,14 +317,21 @@ fn main() -> Result<()> {
             quota_bytes,
             within_secs,
         } => {
+            let templates = match (templates, cli.lab) {
+                (Some(t), _) => Some(t.max(1)),
+                (None, true) => Some(100),
+                (None, false) => None,
+            };
             let spec = huge::HugeSpec {
                 machines,
                 units,
-                templates: templates.max(1),
+                templates,
+                shape: shape::ShapeSpec::from_env(shape_of(cli.lab), machines),
                 quota_bytes,
                 within: Duration::from_secs(within_secs),
             };
-            ("huge", runtime()?.block_on(huge::run(spec))?)
+            let name = if cli.lab { "huge-lab" } else { "huge" };
+            (name, runtime()?.block_on(huge::run(spec))?)
         }
         Scenario::Total { secs } => ("total", report::total(Duration::from_secs(secs))),
         Scenario::AgentProbe(args) => return runtime()?.block_on(probe::run(args)),
@@ -279,6 +341,14 @@ fn main() -> Result<()> {
         report::write_section(section.0, &section.1)?;
     }
     Ok(())
+}
+
+fn shape_of(lab: bool) -> shape::Shape {
+    if lab {
+        shape::Shape::Lab
+    } else {
+        shape::Shape::Production
+    }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

@@ -57,6 +57,11 @@ impl View {
         self.scheduled.get(unit).map(String::as_str)
     }
 
+    /// Every unit's machine.
+    pub fn placements(&self) -> HashMap<String, String> {
+        self.scheduled.clone()
+    }
+
     /// Units scheduled to one of `machines`.
     pub fn scheduled_on(&self, machines: &HashSet<String>) -> usize {
         self.scheduled

@@ -11,50 +11,42 @@ use tokio::time::Instant;
 
 use crate::report::{self, Table, secs};
 use crate::scale::{self, Converged};
+use crate::shape::{Shape, ShapeSpec};
 use crate::sim::{Sim, SimSpec};
 
-/// The SVG's file name in docs/.
-pub const SVG: &str = "bench-scale.svg";
+/// The SVG's file name in docs/, by shape.
+pub fn svg_name(shape: Shape) -> &'static str {
+    match shape {
+        Shape::Production => "bench-scale.svg",
+        Shape::Lab => "bench-scale-lab.svg",
+    }
+}
 
 /// Runs the grid and returns the Markdown section; with `write_svg`, also draws the SVG.
-pub async fn run(machines: &[usize], units: &[usize], write_svg: bool) -> Result<String> {
+pub async fn run(
+    machines: &[usize],
+    units: &[usize],
+    shape: Shape,
+    write_svg: bool,
+) -> Result<String> {
     let wall = SystemTime::now();
     let started = Instant::now();
-    let mut results = Vec::new();
-    let mut missed = Vec::new();
-    for &n in machines {
-        for &u in units {
-            println!("plot: {n} machines, {u} units");
-            let sim = Sim::start(SimSpec::new(n)).await?;
-            let c = scale::converge(&sim, u).await;
-            sim.stop().await;
-            // One point that does not converge in time must not lose the others.
-            let c = match c {
-                Ok(c) => c,
-                Err(e) => {
-                    println!("plot: {n} machines, {u} units: {e:#}");
-                    missed.push((n, u));
-                    continue;
-                }
-            };
-            println!(
-                "plot: {n} machines, {u} units: launched in {}",
-                secs(c.launched_in)
-            );
-            results.push(c);
-        }
-    }
+    let svg_file = svg_name(shape);
+    let shape_line = ShapeSpec::from_env(shape, machines.iter().copied().max().unwrap_or(1))
+        .line(machines.iter().copied().max().unwrap_or(1));
+    println!("plot: {shape_line}");
+    let (results, missed) = grid(machines, units, shape).await;
     // With `--no-write` the figure stays as the last full run drew it, like the table.
     if write_svg {
         let svg = draw(&results, machines, units);
-        let path = report::docs_dir().join(SVG);
+        let path = report::docs_dir().join(svg_file);
         std::fs::write(&path, svg)?;
         println!("wrote {}", path.display());
     }
     let mut out = report::provenance(wall, started.elapsed());
-    out.push_str(&crate::sim::etcd_line(&crate::sim::etcd_args_from_env()));
+    out.push_str(&format!("\n{shape_line} (at the largest machine count).\n"));
     out.push_str(&format!(
-        "\n![time to converge by units and machines]({SVG})\n\n"
+        "\n![time to converge by units and machines]({svg_file})\n\n"
     ));
     let mut t = Table::new(&[
         "machines",
@@ -88,9 +80,48 @@ pub async fn run(machines: &[usize], units: &[usize], write_svg: bool) -> Result
             scale::CONVERGE_WITHIN.as_secs()
         ));
     }
-    out.push_str("\nLinear growth: time per unit launched at the largest size against the smallest, for each machine count.\n\n");
+    out.push_str(&format!("\nLinear growth: time per unit launched at the largest size against the smallest from {LINEAR_FROM} units up (the whole grid when it has fewer such points), for each machine count.\n\n"));
     out.push_str(&linearity(&results, machines, &missed).render());
     Ok(out)
+}
+
+/// Converges every (machines, units) point of the grid on a fresh simulation: the results,
+/// and the points that did not start or converge in time.
+async fn grid(
+    machines: &[usize],
+    units: &[usize],
+    shape: Shape,
+) -> (Vec<Converged>, Vec<(usize, usize)>) {
+    let mut results = Vec::new();
+    let mut missed = Vec::new();
+    for &n in machines {
+        for &u in units {
+            println!("plot: {n} machines, {u} units");
+            let c = match Sim::start(SimSpec::shaped(n, ShapeSpec::from_env(shape, n))).await {
+                Ok(sim) => {
+                    let c = scale::converge(&sim, u).await;
+                    sim.stop().await;
+                    c
+                }
+                Err(e) => Err(e),
+            };
+            // One point that does not converge in time must not lose the others.
+            let c = match c {
+                Ok(c) => c,
+                Err(e) => {
+                    println!("plot: {n} machines, {u} units: {e:#}");
+                    missed.push((n, u));
+                    continue;
+                }
+            };
+            println!(
+                "plot: {n} machines, {u} units: launched in {}",
+                secs(c.launched_in)
+            );
+            results.push(c);
+        }
+    }
+    (results, missed)
 }
 
 /// The time to "all launched" per unit, in milliseconds.
@@ -98,8 +129,12 @@ fn per_unit_ms(c: &Converged) -> f64 {
     c.launched_in.as_secs_f64() * 1000.0 / c.units.max(1) as f64
 }
 
-/// The largest time per unit over the smallest, at most 1.3 wanted.
-const LINEAR_WITHIN: f64 = 1.3;
+/// The largest time per unit over the smallest, at most 1.15 wanted (issue 43; issue 19
+/// asked 1.3 from 1,000 units).
+const LINEAR_WITHIN: f64 = 1.15;
+/// Growth is reported from this many units up: the 1,000-unit point carries fixed costs
+/// that flatter the ratio.
+const LINEAR_FROM: usize = 10_000;
 
 /// For each machine count: time per unit at its smallest and largest unit count.
 fn linearity(results: &[Converged], machines: &[usize], missed: &[(usize, usize)]) -> Table {
@@ -114,6 +149,10 @@ fn linearity(results: &[Converged], machines: &[usize], missed: &[(usize, usize)
     for &n in machines {
         let mut line: Vec<&Converged> = results.iter().filter(|c| c.machines == n).collect();
         line.sort_by_key(|c| c.units);
+        // From LINEAR_FROM up when the grid has two such points (a small grid: all of it).
+        if line.iter().filter(|c| c.units >= LINEAR_FROM).count() >= 2 {
+            line.retain(|c| c.units >= LINEAR_FROM);
+        }
         let (Some(small), Some(large)) = (line.first(), line.last()) else {
             continue;
         };
@@ -307,6 +346,19 @@ mod tests {
         let t = linearity(&results, &[100], &[]).render();
         assert!(t.contains("1.20×"), "{t}");
         assert!(t.contains("1000 → 100000"), "{t}");
+    }
+
+    #[test]
+    fn linearity_starts_from_ten_thousand_units_when_the_grid_has_two_such_points() {
+        let results = vec![
+            fake(100, 1000, 0.5),
+            fake(100, 10_000, 10.0),
+            fake(100, 100_000, 110.0),
+        ];
+        let t = linearity(&results, &[100], &[]).render();
+        assert!(t.contains("10000 → 100000"), "{t}");
+        assert!(t.contains("1.10×"), "{t}");
+        assert!(t.contains("| met |"), "{t}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! it does not concern, the idle traffic, and recovery from losing 10% of the machines.
 
 use anyhow::{Context, Result};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
@@ -13,9 +14,14 @@ use crate::counting::{Class, Method, Tally};
 use crate::metered::Call;
 use crate::metrics::{Metrics, received_between};
 use crate::report::{self, ms, secs};
+use crate::shape::ShapeSpec;
 use crate::sim::{Sim, SimSpec, bench_unit, unit_text};
+use crate::verdict::{self, Verdict};
 
+mod events;
+mod loss;
 mod render;
+use loss::{LeaderLoss, Loss, lose_tenth};
 pub use render::fmt_map;
 
 /// How long a convergence may take before the scenario gives up.
@@ -62,6 +68,21 @@ impl Roles {
     /// Writes by fleetctl, the engines and the agents (not lease keep-alives).
     pub fn writes(&self) -> u64 {
         self.client.all_writes() + self.engines.all_writes() + self.agents.all_writes()
+    }
+
+    /// Every put and delete, presence's included: the keys the run wrote.
+    pub fn keys_written(&self) -> u64 {
+        self.all().iter().map(|(_, t)| t.all_writes()).sum()
+    }
+
+    /// Requests that failed on their deadline, every role's.
+    pub fn timeouts(&self) -> u64 {
+        self.all().iter().map(|(_, t)| t.timeouts).sum()
+    }
+
+    /// Keep-alives of leases etcd no longer had.
+    pub fn leases_lost(&self) -> u64 {
+        self.all().iter().map(|(_, t)| t.leases_lost).sum()
     }
 
     /// Requests by fleetctl, the engines and the agents.
@@ -198,9 +219,7 @@ async fn one_start(
     let t0 = Instant::now();
     // fleetctl's default driver is the API (as fleet's); the simulation has only etcd.
     let out = tokio::process::Command::new(fleetctl)
-        .args(["--driver", "etcd"])
-        .arg("--endpoint")
-        .arg(sim.etcd_endpoint())
+        .args(sim.fleetctl_args(false)?)
         .args(["start", "--block-attempts", "30"])
         .arg(&path)
         .output()
@@ -248,60 +267,6 @@ async fn one_start(
         involved_tally,
         roles,
         etcd,
-    })
-}
-
-/// Recovery from losing a tenth of the machines.
-#[derive(Debug)]
-struct Loss {
-    /// The engines' `engine_move_rate` (`None`: fleetd's default).
-    move_rate: Option<u32>,
-    killed: usize,
-    affected: usize,
-    rescheduled_in: Duration,
-    recovered_in: Duration,
-    roles: Roles,
-}
-
-async fn lose_tenth(sim: &mut Sim, units: usize) -> Result<Loss> {
-    let n = sim.machines.len();
-    let count = n.div_ceil(10);
-    // The last machines: the engine candidates run on the first ones.
-    let victims: Vec<usize> = (n - count..n).collect();
-    let dead: HashSet<String> = victims
-        .iter()
-        .map(|&i| sim.machines[i].id.to_string())
-        .collect();
-    let affected = sim.monitor.with(|v| v.scheduled_on(&dead));
-    let roles = Roles::now(sim);
-    let t0 = Instant::now();
-    sim.kill(&victims).await?;
-    let gone = |v: &crate::monitor::View| v.scheduled_on(&dead) == 0 && v.scheduled() >= units;
-    let rescheduled_in = sim
-        .monitor
-        .wait(
-            t0,
-            CONVERGE_WITHIN,
-            "units of lost machines rescheduled",
-            gone,
-        )
-        .await?;
-    let recovered_in = sim
-        .monitor
-        .wait(
-            t0,
-            CONVERGE_WITHIN,
-            "units of lost machines running elsewhere",
-            |v| gone(v) && v.launched() >= units,
-        )
-        .await?;
-    Ok(Loss {
-        move_rate: sim.spec.move_rate,
-        killed: count,
-        affected,
-        rescheduled_in,
-        recovered_in,
-        roles: roles.since(sim),
     })
 }
 
@@ -380,44 +345,141 @@ async fn idle(sim: &Sim, window: Duration) -> Result<Idle> {
     })
 }
 
+/// What the scale scenario runs.
+#[derive(Debug, Clone)]
+pub struct ScaleArgs {
+    pub machines: usize,
+    pub units: usize,
+    /// The idle window (at least the agents' 60 s resync).
+    pub idle: Duration,
+    pub agent_ttl: Duration,
+    pub move_rate: Option<u32>,
+    pub shape: ShapeSpec,
+    /// Whether to converge again with events switched the other way (issue 41's cost).
+    pub events_compare: bool,
+    /// How long the `events --follow` check emits (zero: no check).
+    pub follow: Duration,
+    pub fleetctl: PathBuf,
+}
+
+impl ScaleArgs {
+    /// The simulation of these arguments in `shape`.
+    pub(crate) fn spec(&self, shape: ShapeSpec) -> SimSpec {
+        let mut spec = SimSpec::shaped(self.machines, shape);
+        spec.agent_ttl = self.agent_ttl;
+        spec.move_rate = self.move_rate;
+        spec
+    }
+}
+
+/// Everything measured on the scenario's one simulation.
+#[derive(Debug)]
+struct Measured {
+    c: Converged,
+    rss: f64,
+    idle: Idle,
+    one: Result<Uninvolved>,
+    loss: Loss,
+    leader: Result<LeaderLoss>,
+    /// Events in etcd after the launch (count, bytes), with events on.
+    space: Option<(u64, u64)>,
+    follow: Option<events::Follow>,
+}
+
 /// Runs the whole scenario; returns the Markdown section.
-pub async fn run(
-    machines: usize,
-    units: usize,
-    idle_window: Duration,
-    agent_ttl: Duration,
-    move_rate: Option<u32>,
-    fleetctl: &std::path::Path,
-) -> Result<String> {
+pub async fn run(a: ScaleArgs) -> Result<String> {
     let wall = SystemTime::now();
     let started = Instant::now();
-    println!("scale: starting {machines} simulated machines");
-    let mut spec = SimSpec::new(machines);
-    spec.agent_ttl = agent_ttl;
-    spec.move_rate = move_rate;
-    let mut sim = Sim::start(spec).await?;
+    let shape_line = a.shape.line(a.machines);
+    println!("scale: {shape_line}");
+    // A simulation that cannot start in this shape (its machines cannot log in within
+    // fleetd's deadline) is a figure: the section says so.
+    let mut sim = match Sim::start(a.spec(a.shape.clone())).await {
+        Ok(sim) => sim,
+        Err(e) => {
+            println!("scale: the simulation did not start: {e:#}");
+            let mut out = report::provenance(wall, started.elapsed());
+            out.push_str(&format!(
+                "\n{shape_line}.\n\nThe simulation did not start: {e:#}.\n"
+            ));
+            return Ok(out);
+        }
+    };
+    if let Some(c) = &sim.credentials {
+        println!("scale: etcd's roles and users made in {}", secs(c.took));
+    }
     println!(
-        "scale: {machines} machines registered in {}, agents watching after {}",
+        "scale: {} machines registered in {}, agents watching after {}",
+        a.machines,
         secs(sim.joined_in),
         secs(sim.agents_ready_in)
     );
-    let c = converge(&sim, units).await?;
+    let m = measure(&mut sim, &a).await;
+    sim.stop().await;
+    let m = m?;
+    let other = match a.events_compare {
+        true => Some(events::other_way(&a).await?),
+        false => None,
+    };
+    let keys = m.c.roles.keys_written();
+    println!("scale: etcd alone, for the {keys} keys the launch wrote");
+    let raw = crate::limit::raw_time(keys, &a.shape.etcd_args).await?;
     println!(
-        "scale: {units} units submitted in {}, scheduled in {}, launched in {}",
+        "scale: submitted {}, scheduled {}, launched {}",
+        crate::limit::ratio(m.c.submitted_in, &raw),
+        crate::limit::ratio(m.c.scheduled_in, &raw),
+        crate::limit::ratio(m.c.launched_in, &raw)
+    );
+    let verdicts = verdicts(&a, &m, other.as_ref());
+    verdicts.iter().for_each(|v| println!("{}", v.line()));
+    let mut out = report::provenance(wall, started.elapsed());
+    out.push_str(&format!(
+        "
+{shape_line}.
+"
+    ));
+    out.push('\n');
+    out.push_str(&render::render(&m.c, m.rss, &m.idle, &m.one, &m.loss));
+    out.push_str(&render::ratios(&m.c, &raw));
+    out.push_str(&render::leader(&m.leader));
+    out.push_str("\nGoals (issue 43; events: issue 41):\n\n");
+    out.push_str(&crate::verdict::table(&verdicts));
+    Ok(out)
+}
+
+/// Converges, then measures idle, one start, the events, and the two machine losses.
+async fn measure(sim: &mut Sim, a: &ScaleArgs) -> Result<Measured> {
+    let c = converge(sim, a.units).await?;
+    println!(
+        "scale: {} units submitted in {}, scheduled in {}, launched in {} (each from the \
+         start of the submit)",
+        a.units,
         secs(c.submitted_in),
         secs(c.scheduled_in),
         secs(c.launched_in)
     );
+    let by_role: Vec<String> = c
+        .roles
+        .all()
+        .iter()
+        .map(|(role, t)| format!("{role} {}", t.timeouts))
+        .collect();
+    println!(
+        "scale: requests past their deadline: {} ({}); leases lost: {}",
+        c.roles.timeouts(),
+        by_role.join(", "),
+        c.roles.leases_lost()
+    );
     let rss = process_rss_mib();
-    println!("scale: idle for {}", secs(idle_window));
-    let idle = idle(&sim, idle_window).await?;
+    let (space, follow) = events_figures(sim, a).await?;
+    println!("scale: idle for {}", secs(a.idle));
+    let idle = idle(sim, a.idle).await?;
     println!(
         "scale: idle; the busiest second held {:.1} % of the agents' resync reads",
         idle.busiest_share() * 100.0
     );
-    let dir = report::work_dir();
     // A failed probe (fleetctl's reads at this size) is a figure, not the end of the run.
-    let one = one_start(&sim, fleetctl, &dir).await;
+    let one = one_start(sim, &a.fleetctl, &report::work_dir()).await;
     match &one {
         Ok(one) => println!(
             "scale: one fleetctl start took {}, uninvolved agents woken: {}",
@@ -427,7 +489,8 @@ pub async fn run(
         Err(e) => println!("scale: one fleetctl start failed: {e:#}"),
     }
     // The probe's unit runs too, when the probe got it started.
-    let loss = lose_tenth(&mut sim, units + usize::from(one.is_ok())).await?;
+    let total = a.units + usize::from(one.is_ok());
+    let loss = lose_tenth(sim, total).await?;
     println!(
         "scale: lost {} machines ({} units): rescheduled in {}, running again in {}",
         loss.killed,
@@ -435,10 +498,111 @@ pub async fn run(
         secs(loss.rescheduled_in),
         secs(loss.recovered_in)
     );
-    sim.stop().await;
-    let mut out = report::provenance(wall, started.elapsed());
-    out.push_str(&crate::sim::etcd_line(&crate::sim::etcd_args_from_env()));
-    out.push('\n');
-    out.push_str(&render::render(&c, rss, &idle, &one, &loss));
-    Ok(out)
+    let leader = loss::lose_leader(sim, total).await;
+    match &leader {
+        Ok(l) => println!(
+            "scale: lost the leader's machine ({} units): new leader in {}, running again in \
+             {}, {} other units re-placed",
+            l.affected,
+            secs(l.new_leader_in),
+            secs(l.recovered_in),
+            l.replaced
+        ),
+        Err(e) => println!("scale: losing the leader's machine: {e:#}"),
+    }
+    Ok(Measured {
+        c,
+        rss,
+        idle,
+        one,
+        loss,
+        leader,
+        space,
+        follow,
+    })
+}
+
+/// With events on: their space in etcd after the launch, and the follow check.
+async fn events_figures(
+    sim: &Sim,
+    a: &ScaleArgs,
+) -> Result<(Option<(u64, u64)>, Option<events::Follow>)> {
+    if !a.shape.events {
+        return Ok((None, None));
+    }
+    // The writers batch: let the last events of the launch land.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let space = sim.event_space().await?;
+    println!("scale: {} events in etcd, {} bytes", space.0, space.1);
+    let follow = match a.follow.is_zero() {
+        true => None,
+        false => {
+            let f = events::follow_check(sim, &a.fleetctl, a.follow).await?;
+            println!(
+                "scale: events --follow printed {} of {} events (kept up: {})",
+                f.seen,
+                f.emitted,
+                f.kept_up()
+            );
+            Some(f)
+        }
+    };
+    Ok((Some(space), follow))
+}
+
+fn verdicts(a: &ScaleArgs, m: &Measured, other: Option<&Converged>) -> Vec<Verdict> {
+    let c = &m.c;
+    let mut v = vec![
+        verdict::launch(
+            c.units,
+            c.machines,
+            c.launched_in,
+            c.roles.timeouts(),
+            c.roles.leases_lost(),
+        ),
+        verdict::machine_loss(
+            m.loss.recovered_in,
+            m.loss.target,
+            m.loss.how,
+            c.units,
+            c.machines,
+        ),
+    ];
+    match &m.leader {
+        Ok(l) => v.push(verdict::leader_loss(
+            l.recovered_in,
+            l.replaced,
+            a.agent_ttl,
+        )),
+        Err(e) => v.push(Verdict {
+            goal: "the engine leader's machine lost".into(),
+            measured: format!("failed: {e:#}"),
+            met: false,
+        }),
+    }
+    if let Some(o) = other {
+        let (on, off) = if a.shape.events { (c, o) } else { (o, c) };
+        v.push(verdict::events_cost(
+            on.launched_in,
+            off.launched_in,
+            events::COST_WITHIN,
+        ));
+    }
+    if let Some((n, bytes)) = m.space {
+        v.push(verdict::events_space(
+            n,
+            bytes,
+            c.units,
+            events::SPACE_PER_UNIT,
+        ));
+    }
+    if let Some(f) = m.follow {
+        v.push(verdict::follow(
+            f.emitted,
+            f.seen,
+            f.lag,
+            events::FOLLOW_LAG,
+        ));
+    }
+    v
 }

@@ -9,17 +9,18 @@
 
 use anyhow::{Context, Result, bail};
 use fleet_agent::{Agent, AgentConfig, FakeManager, PresenceKeeper};
-use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
+use fleet_core::{DesiredState, MachineId, UnitFile, UnitName};
 use fleet_engine::EngineConfig;
 use fleet_ops::ReplaceHow;
 use fleet_ops::etcd::RegistryCluster;
-use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
-use fleet_registry::{DEFAULT_PREFIX, MachineRole, Presence, Registry};
+use fleet_registry::kv::{EtcdKv, Kv};
+use fleet_registry::{
+    DEFAULT_PREFIX, EngineRole, EventConfig, EventLog, EventSink, EventStats, Keys, MachineRole,
+    Presence, Registry, UnitsRole,
+};
 use fleet_testing::TestEtcd;
 use fleetctl::commands::Ctx;
 use fleetctl::commands::submit::{self, Verb};
-use futures::StreamExt;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,6 +33,15 @@ use tracing::Instrument;
 use crate::counting::{Counters, CountingKv, Method, counting};
 use crate::metered::CallCounts;
 use crate::monitor::Monitor;
+use crate::shape::{Shape, ShapeSpec};
+
+mod auth;
+mod connect;
+mod names;
+pub use crate::shape::etcd_line;
+use connect::Connections;
+pub use names::{bench_unit, machine_id, unit_text};
+use names::{machine_info, register};
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -40,74 +50,34 @@ pub struct SimSpec {
     /// Engine candidates, on the first machines (fleetd runs one in every machine by default;
     /// a few are enough to show that followers cost nothing).
     pub engines: usize,
-    /// etcd connections shared by the simulated machines (fleetd has one each).
-    pub connections: usize,
+    /// The shape it runs in (issue 43): connections, deadlines, etcd's auth and flags,
+    /// events. Its `etcd_args` are the simulation's own etcd's: the shape's, a scenario's
+    /// own (the `huge` scenario's quota), `$FLEET_BENCH_ETCD_ARGS` (e.g. `--enable-pprof`).
+    pub shape: ShapeSpec,
     /// fleetd's `agent_ttl` default.
     pub agent_ttl: Duration,
     /// The agent's periodic resync (its default).
     pub resync: Duration,
     /// The engine's `engine_reconcile_interval` (fleetd's default).
     pub engine_interval: Duration,
-    /// Per-request etcd deadline. fleetd's default is 1 s; one process simulating a
-    /// thousand machines on two cores is more loaded than any one fleetd, hence more here.
-    /// 15 s, not 5: at 5,000 machines etcd 3.4 itself stalls for 10–27 s at a time during a
-    /// 100,000-unit submit (every read and every `Txn` copies its uncommitted write buffer;
-    /// docs/benchmarks.md "Scale II"), and a 5 s deadline failed the submit in four runs of
-    /// six. A longer stall still fails it, on etcd's own timeout.
-    pub request_timeout: Duration,
-    /// More flags for the simulation's own etcd: [`ETCD_TUNING`], the `huge` scenario's
-    /// quota, then `$FLEET_BENCH_ETCD_ARGS` (e.g. `--enable-pprof` to profile etcd during a
-    /// run). Fleet's own code runs with etcd's defaults; these are an operator's choice.
-    pub etcd_args: Vec<String>,
     /// The engines' `engine_move_rate` (`None`: fleetd's default, 2,000 a second).
     pub move_rate: Option<u32>,
 }
 
-/// How the simulation's etcd commits its backend: at most 1,000 writes or 25 ms between two
-/// commits (etcd 3.4's defaults are 10,000 and 100 ms). etcd 3.4 copies every uncommitted
-/// write into each read transaction and each `Txn` with compares (docs/benchmarks.md, "The
-/// scheduler's own curve, etcd's stall, …"), so under 5,000 machines' keep-alives a larger
-/// buffer stalls etcd: `scale` at 100,000 units launched in 295 s with the defaults and in
-/// 72 s with these, with etcd's CPU at 343 s and 65 s. docs/deploy.md recommends them
-/// for large clusters. `FLEET_BENCH_ETCD_DEFAULTS=1` runs etcd without them.
-pub const ETCD_TUNING: [&str; 2] = [
-    "--backend-batch-limit=1000",
-    "--backend-batch-interval=25ms",
-];
-
-/// The etcd flags a simulation starts with: [`ETCD_TUNING`] unless
-/// `$FLEET_BENCH_ETCD_DEFAULTS` is set, then `$FLEET_BENCH_ETCD_ARGS`.
-pub fn etcd_args_from_env() -> Vec<String> {
-    let tuning = std::env::var_os("FLEET_BENCH_ETCD_DEFAULTS").is_none();
-    let extra = std::env::var("FLEET_BENCH_ETCD_ARGS").unwrap_or_default();
-    ETCD_TUNING
-        .iter()
-        .filter(|_| tuning)
-        .map(|a| (*a).to_owned())
-        .chain(extra.split_whitespace().map(str::to_owned))
-        .collect()
-}
-
-/// The paragraph saying how the simulation's etcd ran, after a section's provenance.
-pub fn etcd_line(args: &[String]) -> String {
-    if args.is_empty() {
-        "\nThe simulation's etcd ran with its defaults.\n".to_owned()
-    } else {
-        format!("\nThe simulation's etcd ran with `{}`.\n", args.join(" "))
-    }
-}
-
 impl SimSpec {
+    /// The lab shape (the `reconnect` scenario's).
     pub fn new(machines: usize) -> SimSpec {
+        SimSpec::shaped(machines, ShapeSpec::from_env(Shape::Lab, machines))
+    }
+
+    pub fn shaped(machines: usize, shape: ShapeSpec) -> SimSpec {
         SimSpec {
             machines,
             engines: 3.min(machines),
-            connections: 16,
+            shape,
             agent_ttl: Duration::from_secs(30),
             resync: Duration::from_secs(60),
             engine_interval: EngineConfig::DEFAULT_RECONCILE_INTERVAL,
-            request_timeout: Duration::from_secs(15),
-            etcd_args: etcd_args_from_env(),
             move_rate: None,
         }
     }
@@ -125,6 +95,9 @@ pub struct Roles {
     /// Machine presence: registration and lease keep-alives (fleetd's, outside the agent).
     pub presence: Arc<Counters>,
 }
+
+/// How long every machine may take to register (5,000 took 1–3 s in the lab shape).
+const REGISTER_WITHIN: Duration = Duration::from_secs(300);
 
 /// One simulated machine.
 #[derive(Debug)]
@@ -184,72 +157,55 @@ pub struct Sim {
     pub roles: Roles,
     pub machines: Vec<SimMachine>,
     pub client: Registry<CountingKv<EtcdKv>>,
+    /// fleetctl's events (off unless the shape writes events).
+    pub client_events: EventSink,
+    /// What became of every role's events.
+    pub events: EventStats,
     pub monitor: Monitor,
+    /// etcd's users, when the shape turns auth on.
+    pub credentials: Option<auth::Credentials>,
     /// How long registering every machine took.
     pub joined_in: Duration,
     /// How long until every agent had booted and was watching its schedule.
     pub agents_ready_in: Duration,
-    kvs: Vec<EtcdKv>,
+    conns: Connections,
+    /// Engine `i` runs on machine `i`.
     engines: Vec<Engine>,
     scratch: Scratch,
     etcd: TestEtcd,
 }
 
-/// A machine ID like systemd's (32 hex digits), distinct in its first 8 (fleet's short form).
-pub fn machine_id(i: usize) -> MachineId {
-    let mut x = (i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    format!("{:08x}{:024x}", (x >> 32) as u32, i)
-        .parse()
-        .expect("hex digits make a machine ID")
-}
-
-/// Unit `i` of a benchmark, in generation `generation` (a new generation is new content).
-pub fn bench_unit(i: usize, generation: u32) -> (UnitName, UnitFile) {
-    let name: UnitName = format!("bench-{i:05}.service")
-        .parse()
-        .expect("a valid unit name");
-    let file = UnitFile::parse(unit_text(i, generation).as_bytes()).expect("a valid unit file");
-    (name, file)
-}
-
-/// The text of benchmark unit `i`: a service that only sleeps.
-pub fn unit_text(i: usize, generation: u32) -> String {
-    format!(
-        "[Unit]\nDescription=fleet bench unit {i} generation {generation}\n\n\
-         [Service]\nExecStart=/bin/sleep infinity\n"
-    )
-}
-
 impl Sim {
-    /// Starts etcd, registers every machine, starts every agent and the engines, and waits
-    /// until every agent watches its schedule and an engine leads.
+    /// Starts etcd (with its users, in a shape with auth), registers every machine, starts
+    /// every agent and the engines, and waits until every agent watches its schedule and an
+    /// engine leads.
     pub async fn start(spec: SimSpec) -> Result<Sim> {
-        let etcd = TestEtcd::start_with_args(&spec.etcd_args).await;
-        let config = EtcdConfig {
-            endpoints: vec![etcd.endpoint()],
-            request_timeout: spec.request_timeout,
-            tls: TlsFiles::default(),
-            auth: None,
-        };
-        let mut kvs = Vec::new();
-        for _ in 0..spec.connections.max(1) {
-            kvs.push(
-                EtcdKv::connect(&config)
-                    .await
-                    .context("connecting to etcd")?,
-            );
-        }
+        let shape = spec.shape.clone();
+        let (etcd, credentials) = auth::start_etcd(&spec).await?;
+        let conns = Connections::open(&etcd, &shape, credentials.as_ref()).await?;
         let roles = Roles::default();
-        let pool = kvs.clone();
+        let events = EventStats::default();
+        let pool = conns.machines.clone();
         let counted = move |i: usize, sinks: Vec<Arc<Counters>>| {
             Registry::new(
                 counting(pool[i % pool.len()].clone(), DEFAULT_PREFIX, sinks),
                 DEFAULT_PREFIX,
             )
         };
-        let client = counted(0, vec![roles.client.clone()]);
+        let client = Registry::new(
+            counting(
+                conns.client.clone(),
+                DEFAULT_PREFIX,
+                vec![roles.client.clone()],
+            ),
+            DEFAULT_PREFIX,
+        );
+        let client_events = match shape.events {
+            true => UnitsRole::new(client.clone())
+                .event_log(EventConfig::default(), events.clone())
+                .into_sink(),
+            false => EventSink::off(),
+        };
         let started = Instant::now();
         let scratch = Scratch::new();
         let keepers = (0..spec.machines).map(|i| PresenceKeeper {
@@ -261,25 +217,33 @@ impl Sim {
             witnesses: None,
             renewals: None,
         });
-        let registered = register(keepers).await?;
+        let registered = register(keepers, REGISTER_WITHIN).await?;
         let joined_in = started.elapsed();
-        let monitor = Monitor::start(kvs[0].clone(), DEFAULT_PREFIX).await?;
+        let monitor = Monitor::start(conns.monitor.clone(), DEFAULT_PREFIX).await?;
         let started = Instant::now();
         let mut machines = Vec::with_capacity(registered.len());
         for (i, (keeper, presence)) in registered.into_iter().enumerate() {
             let counters = Counters::new();
             let registry = counted(i, vec![counters.clone(), roles.agents.clone()]);
-            machines.push(spawn_machine(keeper, presence, registry, counters, &spec));
+            let sink = event_sink(shape.events, &events, |cfg, stats| {
+                MachineRole::new(registry.clone(), machine_id(i)).event_log(cfg, stats)
+            });
+            machines.push(spawn_machine(
+                keeper, presence, registry, counters, sink, &spec,
+            ));
         }
         let mut sim = Sim {
             spec,
             roles,
             machines,
             client,
+            client_events,
+            events,
             monitor,
+            credentials,
             joined_in,
             agents_ready_in: Duration::ZERO,
-            kvs,
+            conns,
             engines: Vec::new(),
             scratch,
             etcd,
@@ -289,17 +253,7 @@ impl Sim {
         for i in 0..sim.spec.engines {
             let counters = Arc::new(Counters::default());
             let registry = counted(i, vec![sim.roles.engines.clone(), counters.clone()]);
-            let mut cfg = EngineConfig::new(sim.machines[i].id.clone(), sim.spec.engine_interval);
-            if let Some(rate) = sim.spec.move_rate {
-                cfg.disruption.move_rate = rate;
-            }
-            let (shutdown, rx) = watch::channel(false);
-            let task = tokio::spawn(fleet_engine::run(registry, cfg, rx).in_current_span());
-            sim.engines.push(Engine {
-                counters,
-                shutdown,
-                task,
-            });
+            sim.engines.push(spawn_engine(&sim, i, registry, counters));
         }
         sim.wait_leader(Duration::from_secs(30)).await?;
         Ok(sim)
@@ -396,7 +350,8 @@ impl Sim {
     /// they name together (one `Cluster::units`), then create them 32 at a time (new units get the desired state at once, so start has
     /// nothing more to write).
     pub async fn submit(&self, args: &[String]) -> Result<()> {
-        let cluster = RegistryCluster::new(self.client.clone());
+        let cluster =
+            RegistryCluster::new(self.client.clone()).with_events(self.client_events.clone());
         let mut ctx = Ctx {
             cluster: cluster.clone(),
             out: Box::new(std::io::sink()),
@@ -412,9 +367,88 @@ impl Sim {
         Ok(())
     }
 
-    /// Stops the agents and presence keepers of `indexes` and revokes their leases: the
-    /// machines are gone.
-    pub async fn kill(&mut self, indexes: &[usize]) -> Result<()> {
+    /// The global arguments of a `fleetctl` run against this simulation's etcd, as the
+    /// operator (or the viewer) when auth is on, with fleetctl's deadline of the shape.
+    pub fn fleetctl_args(&self, viewer: bool) -> Result<Vec<String>> {
+        self.fleetctl_args_with(viewer, self.spec.shape.client_deadline)
+    }
+
+    /// [`fleetctl_args`](Self::fleetctl_args) with another `--request-timeout`.
+    pub fn fleetctl_args_with(&self, viewer: bool, timeout: Duration) -> Result<Vec<String>> {
+        let deadline = timeout.as_secs_f64();
+        let mut args = vec![
+            "--driver".to_owned(),
+            "etcd".to_owned(),
+            "--endpoint".to_owned(),
+            self.etcd.endpoint(),
+            "--request-timeout".to_owned(),
+            deadline.to_string(),
+        ];
+        if let Some(c) = &self.credentials {
+            let user = if viewer { &c.viewer } else { &c.operator };
+            let file = self.scratch.0.join(format!("{}.pw", user.username));
+            std::fs::create_dir_all(&self.scratch.0)?;
+            auth::write_secret(&file, &user.password)?;
+            args.extend([
+                "--username".to_owned(),
+                user.username.clone(),
+                "--password-file".to_owned(),
+                file.to_string_lossy().into_owned(),
+            ]);
+        }
+        Ok(args)
+    }
+
+    /// The events in etcd now: how many, and their keys' and values' bytes.
+    pub async fn event_space(&self) -> Result<(u64, u64)> {
+        let prefix = Keys::new(DEFAULT_PREFIX).events();
+        let found = self
+            .conns
+            .monitor
+            .range(&prefix, true, None)
+            .await
+            .context("reading the events")?;
+        let bytes = found
+            .kvs
+            .iter()
+            .map(|kv| kv.key.len() + kv.value.len())
+            .sum::<usize>();
+        Ok((found.kvs.len() as u64, bytes as u64))
+    }
+
+    /// Loses the machines `indexes` as the shape says: in production they crash (their
+    /// agent, presence keeper and engine candidate end at once, nothing is revoked: etcd
+    /// ends their leases after the TTL); in the lab their agents stop and their leases are
+    /// revoked.
+    pub async fn lose(&mut self, indexes: &[usize]) -> Result<()> {
+        match self.spec.shape.shape {
+            Shape::Production => {
+                self.crash(indexes);
+                Ok(())
+            }
+            Shape::Lab => self.kill(indexes).await,
+        }
+    }
+
+    /// Ends the machines `indexes` abruptly, their engine candidate too: no resignation, no
+    /// revoke, no last write.
+    pub fn crash(&mut self, indexes: &[usize]) {
+        for &i in indexes {
+            self.machines[i].tasks.drain(..).for_each(|t| t.abort());
+            if let Some(e) = self.engines.get(i) {
+                e.task.abort();
+            }
+        }
+    }
+
+    /// The index of the machine whose engine leads now.
+    pub async fn leader_index(&self) -> Result<Option<usize>> {
+        let leader = self.client.leader().await?;
+        Ok(leader.and_then(|l| self.machines.iter().position(|m| m.id == l)))
+    }
+
+    /// Stops the agents and presence keepers of `indexes` and revokes their leases.
+    async fn kill(&mut self, indexes: &[usize]) -> Result<()> {
         for &i in indexes {
             let m = &mut self.machines[i];
             let _ = m.shutdown.send(true);
@@ -424,7 +458,7 @@ impl Sim {
         }
         let registry = Registry::new(
             counting(
-                self.kvs[0].clone(),
+                self.conns.monitor.clone(),
                 DEFAULT_PREFIX,
                 vec![self.roles.presence.clone()],
             ),
@@ -461,6 +495,43 @@ impl Sim {
     }
 }
 
+/// A role's event writer as fleetd starts it (default retention and cap), or nothing.
+fn event_sink(
+    on: bool,
+    stats: &EventStats,
+    start: impl FnOnce(EventConfig, EventStats) -> EventLog,
+) -> EventSink {
+    match on {
+        true => start(EventConfig::default(), stats.clone()).into_sink(),
+        false => EventSink::off(),
+    }
+}
+
+/// Starts engine candidate `i` on machine `i`'s connection, as fleetd's `engine` module
+/// does (with the engine role's event writer when the shape writes events).
+fn spawn_engine(
+    sim: &Sim,
+    i: usize,
+    registry: Registry<CountingKv<EtcdKv>>,
+    counters: Arc<Counters>,
+) -> Engine {
+    let sink = event_sink(sim.spec.shape.events, &sim.events, |cfg, stats| {
+        EngineRole::new(registry.clone()).event_log(cfg, stats)
+    });
+    let mut cfg =
+        EngineConfig::new(sim.machines[i].id.clone(), sim.spec.engine_interval).with_events(sink);
+    if let Some(rate) = sim.spec.move_rate {
+        cfg.disruption.move_rate = rate;
+    }
+    let (shutdown, rx) = watch::channel(false);
+    let task = tokio::spawn(fleet_engine::run(registry, cfg, rx).in_current_span());
+    Engine {
+        counters,
+        shutdown,
+        task,
+    }
+}
+
 /// Starts a registered machine as fleetd does: its presence keeper, and its agent, which
 /// gets every new presence from the keeper.
 fn spawn_machine(
@@ -468,6 +539,7 @@ fn spawn_machine(
     presence: Presence,
     registry: Registry<CountingKv<EtcdKv>>,
     counters: Arc<Counters>,
+    events: EventSink,
     spec: &SimSpec,
 ) -> SimMachine {
     let id = keeper.info.id.clone();
@@ -475,6 +547,7 @@ fn spawn_machine(
     let manager = fleet_agent::Metered::new(FakeManager::new(), calls.clone());
     let mut cfg = AgentConfig::new(id.clone());
     cfg.resync_interval = spec.resync;
+    cfg.events = events;
     let (presence_tx, presence_rx) = watch::channel(Some(presence));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());
@@ -500,35 +573,4 @@ fn spawn_machine(
         shutdown,
         tasks: vec![agent, keeper],
     }
-}
-
-/// Simulated machine `i`'s record.
-fn machine_info(i: usize) -> MachineInfo {
-    MachineInfo {
-        id: machine_id(i),
-        public_ip: format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
-        metadata: BTreeMap::from([("sim".to_owned(), "yes".to_owned())]),
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-        disable_engine: false,
-        api: String::new(),
-        fence_at: None,
-    }
-}
-
-/// Registers every machine with its keeper, 64 at a time.
-async fn register<K: fleet_registry::kv::Kv>(
-    keepers: impl Iterator<Item = PresenceKeeper<K>>,
-) -> Result<Vec<(PresenceKeeper<K>, Presence)>> {
-    let results: Vec<_> = futures::stream::iter(keepers)
-        .map(|keeper| async move {
-            let presence = keeper.register().await?;
-            Ok::<_, fleet_registry::RegistryError>((keeper, presence))
-        })
-        .buffered(64)
-        .collect()
-        .await;
-    results
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()
-        .context("registering simulated machines")
 }

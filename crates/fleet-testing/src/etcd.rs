@@ -102,13 +102,26 @@ impl TestEtcd {
         TestEtcd::start_auth_with(Some(token_ttl)).await
     }
 
+    /// [`start_auth`](Self::start_auth) with more server flags: a benchmark's etcd in the
+    /// shape of a production cluster (issue 43).
+    pub async fn start_auth_with_args(args: &[String]) -> TestEtcd {
+        TestEtcd::start_auth_with_ttl_and_args(None, args).await
+    }
+
     async fn start_auth_with(token_ttl: Option<Duration>) -> TestEtcd {
+        TestEtcd::start_auth_with_ttl_and_args(token_ttl, &[]).await
+    }
+
+    async fn start_auth_with_ttl_and_args(
+        token_ttl: Option<Duration>,
+        args: &[String],
+    ) -> TestEtcd {
         let auth = AuthSetup {
             token_ttl,
             enabled: false,
         };
         let mut etcd =
-            TestEtcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), None, Some(auth), &[]).await;
+            TestEtcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), None, Some(auth), args).await;
         enable_auth(&etcd.config()).await;
         if let Some(auth) = &mut etcd.auth {
             auth.enabled = true;

@@ -14,6 +14,10 @@ pub struct Tally {
     pub(super) puts: [u64; CLASSES],
     pub(super) deletes: [u64; CLASSES],
     pub errors: u64,
+    /// Requests that failed on their deadline.
+    pub timeouts: u64,
+    /// Keep-alives of a lease etcd no longer had.
+    pub leases_lost: u64,
     /// Keys and values returned by range reads.
     pub read_bytes: u64,
     pub watch_messages: u64,
@@ -90,6 +94,8 @@ impl Sub for Tally {
             puts: zip(self.puts, o.puts, f),
             deletes: zip(self.deletes, o.deletes, f),
             errors: f(self.errors, o.errors),
+            timeouts: f(self.timeouts, o.timeouts),
+            leases_lost: f(self.leases_lost, o.leases_lost),
             read_bytes: f(self.read_bytes, o.read_bytes),
             watch_messages: f(self.watch_messages, o.watch_messages),
             watch_events: f(self.watch_events, o.watch_events),
@@ -108,6 +114,8 @@ impl Add for Tally {
             puts: zip(self.puts, o.puts, f),
             deletes: zip(self.deletes, o.deletes, f),
             errors: self.errors + o.errors,
+            timeouts: self.timeouts + o.timeouts,
+            leases_lost: self.leases_lost + o.leases_lost,
             read_bytes: self.read_bytes + o.read_bytes,
             watch_messages: self.watch_messages + o.watch_messages,
             watch_events: self.watch_events + o.watch_events,
