@@ -338,3 +338,38 @@ async fn a_restarted_etcd_forgets_its_tokens_and_clients_log_in_again() {
     let read = user.range("/open/a", false, None).await.expect("a read");
     assert_eq!(read.kvs[0].value, b"2");
 }
+
+/// etcd checks a password with bcrypt: at a high cost (or on a busy etcd at its default) a
+/// login takes longer than a call's deadline. The login then finishes for the next call
+/// rather than being cut and paid for again on every call (issue 43: thousands of fleetds
+/// logging in at once never got through).
+#[tokio::test]
+async fn a_login_slower_than_a_calls_deadline_is_finished_for_the_next_call() {
+    let etcd = TestEtcd::start_auth_with_args(&["--bcrypt-cost=14".to_owned()]).await;
+    let mut cfg = etcd.issue_user("slow", &[open_role()]).await;
+    let admin = kv(&etcd.issue_user("timer", &[open_role()]).await).await;
+    let start = Instant::now();
+    admin.range("/open/", true, None).await.expect("a login");
+    let login = start.elapsed();
+    cfg.request_timeout = login / 4;
+    let user = kv(&cfg).await;
+    let start = Instant::now();
+    let mut calls = 0;
+    loop {
+        calls += 1;
+        match user.range("/open/", true, None).await {
+            Ok(_) => break,
+            Err(e) => assert!(e.is_transient(), "{e:?}"),
+        }
+        assert!(
+            start.elapsed() < login * 10,
+            "no call got through in {:?} ({calls} calls; a login takes {login:?})",
+            start.elapsed()
+        );
+    }
+    eprintln!(
+        "a login took {login:?}; a client with deadlines of {:?} got through after {calls} calls in {:?}",
+        cfg.request_timeout,
+        start.elapsed()
+    );
+}

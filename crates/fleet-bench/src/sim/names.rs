@@ -52,9 +52,9 @@ pub(super) fn machine_info(i: usize) -> MachineInfo {
 
 /// Registers every machine with its keeper, 64 at a time, as fleetd does (retrying each
 /// failure with its backoff); gives up after `within`, saying how many registered. With
-/// etcd's auth on, each machine's first request logs it in (a bcrypt comparison in etcd)
-/// within fleetd's deadline: too many at once on a slow etcd and every login misses it, so
-/// the bound turns that into a figure instead of a hang.
+/// etcd's auth on, each machine's first request logs it in (a bcrypt comparison in etcd):
+/// too many at once on a slow etcd and registration takes minutes, so the bound turns that
+/// into a figure instead of a hang.
 pub(super) async fn register<K: fleet_registry::kv::Kv>(
     keepers: impl Iterator<Item = PresenceKeeper<K>>,
     within: Duration,
@@ -71,7 +71,7 @@ pub(super) async fn register<K: fleet_registry::kv::Kv>(
     let Ok(results) = tokio::time::timeout(within, all).await else {
         bail!(
             "only {} machines registered within {within:?} (with etcd's auth on, each logs in \
-             within its first request's deadline: see `FLEET_BENCH_ETCD_ARGS=--bcrypt-cost=4`)",
+             first: etcd's --bcrypt-cost, docs/deploy.md)",
             done.load(Ordering::Relaxed)
         );
     };

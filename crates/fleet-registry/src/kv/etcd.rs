@@ -121,7 +121,9 @@ impl EtcdKv {
         let endpoints: Arc<str> = cfg.endpoints.join(",").into();
         let mut options = ConnectOptions::new()
             .with_connect_timeout(cfg.request_timeout)
-            .with_timeout(cfg.request_timeout)
+            // A safety net only: every call has its own deadline. A login may take longer
+            // than one call (`login.rs`), and runs on under it.
+            .with_timeout(cfg.request_timeout.max(login::LOGIN_TIMEOUT))
             .with_keep_alive(KEEPALIVE_INTERVAL, cfg.request_timeout)
             .with_keep_alive_while_idle(false)
             // A member cut off from the others then refuses every request at once ("no
@@ -129,8 +131,9 @@ impl EtcdKv {
             // instead of stalling them until the deadline.
             .with_require_leader(true)
             // etcd's simple tokens expire (`--auth-token-ttl`, 300 s unused by default) and
-            // die with a restart: a call refused for its token logs in again, once.
-            .with_auto_token_refresh(true);
+            // die with a restart: a call refused for its token logs in again (our login, not
+            // etcd-client's, which would run within the call's deadline), once.
+            .with_auto_token_refresh(false);
         if let Some(tls) = tls_options(&cfg.endpoints, &cfg.tls)? {
             options = options.with_tls(tls);
         }
