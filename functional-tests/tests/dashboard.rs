@@ -292,7 +292,9 @@ async fn live_updates(client: &Client, cluster: &Cluster) -> Result<()> {
     shoot(client, "cluster").await?;
     // Its page says how it last exited and how often it was restarted (issue 41's facts).
     let back = client.current_url().await?;
-    client.goto(back.join("#/unit/crashy.service")?.as_str()).await?;
+    client
+        .goto(back.join("#/unit/crashy.service")?.as_str())
+        .await?;
     let exit = "const c = document.querySelector('#unit-states .state-exit');
                 return !!c && c.textContent.includes('exit status 3')";
     until(client, exit, SHOWN_WITHIN)

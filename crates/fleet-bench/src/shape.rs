@@ -206,9 +206,12 @@ fn soft_limit(limits: &str, name: &str) -> Option<u64> {
 /// buffer stalls etcd: `scale` at 100,000 units launched in 295 s with the defaults and in
 /// 72 s with these, with etcd's CPU at 343 s and 65 s. docs/deploy.md recommends them
 /// for large clusters. `FLEET_BENCH_ETCD_DEFAULTS=1` runs etcd without them.
-pub const ETCD_TUNING: [&str; 2] = [
+/// With auth on (the production shape), docs/deploy.md's `--bcrypt-cost=4` too: at etcd's
+/// cost 10, 5,000 simulated fleetds logging in at once kept etcd's CPU busy for minutes.
+pub const ETCD_TUNING: [&str; 3] = [
     "--backend-batch-limit=1000",
     "--backend-batch-interval=25ms",
+    "--bcrypt-cost=4",
 ];
 
 /// The etcd flags a simulation starts with: [`ETCD_TUNING`] unless
@@ -267,6 +270,7 @@ mod tests {
             [
                 "--backend-batch-limit=1000",
                 "--backend-batch-interval=25ms",
+                "--bcrypt-cost=4",
                 "--heartbeat-interval=100",
                 "--election-timeout=1000",
                 "--pre-vote=false"
