@@ -74,13 +74,23 @@ struct UnderFleet {
     loaded_on: Vec<String>,
     /// fleet's `list-unit-files`.
     files: observe::UnitFilesTable,
+    /// Held for the test's life: see [`ONE_AT_A_TIME`].
+    _alone: std::sync::MutexGuard<'static, ()>,
 }
+
+/// The tests of this file run one at a time. fleet v1's engine moves the units of a machine
+/// it does not see present, and the way back counts on it seeing every one: with two
+/// clusters of fleet v1 booting at once among `make test`'s other suites on two cores, its
+/// first pass once moved `plain2.service` while its copy still ran (a CI run of stop 47;
+/// the same test passed alone).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl UnderFleet {
     /// Boots the cluster with our fleetctl over `driver`, and runs every unit under fleet.
     fn start(driver: Driver) -> Result<UnderFleet> {
         // Before anything boots: without the real fleet this test fails, it never passes.
         reference_fleet_dir()?;
+        let alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         cleanup_stale()?;
         let mut cluster = Cluster::start(ClusterSpec::bare(3).with_etcd_v2())?;
         cluster.set_driver(driver);
@@ -100,6 +110,7 @@ impl UnderFleet {
             before,
             loaded_on,
             files,
+            _alone: alone,
         })
     }
 
