@@ -1159,8 +1159,19 @@ async fn state_changes_of_units_not_fleets_make_no_pass() {
         .await;
     let _agent = w.start_agent();
     w.until_published("ours.service", "active").await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    w.fake.take_calls();
+    // Settled: what follows ours' start (its facts read, their publish) is over. Under
+    // `make test`'s load a pass of its own once came after a fixed 100 ms (CI of stop 47).
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if !w
+            .fake
+            .take_calls()
+            .iter()
+            .any(|c| matches!(c, Call::Status(_)))
+        {
+            break;
+        }
+    }
 
     let theirs = name("logrotate.service");
     w.fake.put_foreign_unit(&theirs, "inactive", "dead");
