@@ -27,6 +27,9 @@ pub const MAX_UNIT_FILE_BYTES: usize = 1024 * 1024;
 /// entity.
 pub const MAX_API_FORM_BYTES: usize = 3 * 1024 * 1024;
 
+/// `{"section":"","name":"","value":""},`
+const API_FORM_PER_OPTION: usize = 36;
+
 /// One `Name=Value` line of a section.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct UnitOption {
@@ -113,9 +116,13 @@ impl UnitFile {
         if size > MAX_UNIT_FILE_BYTES {
             return Err(ParseError::TooLarge { size });
         }
-        let size = file.api_form_len();
-        if size > MAX_API_FORM_BYTES {
-            return Err(ParseError::ApiFormTooLarge { size });
+        // Every read of a stored file parses it too: the exact form is counted only when
+        // its bound (each byte escaped as `\u00XX`) does not already fit.
+        if file.api_form_bound() > MAX_API_FORM_BYTES {
+            let size = file.api_form_len();
+            if size > MAX_API_FORM_BYTES {
+                return Err(ParseError::ApiFormTooLarge { size });
+            }
         }
         Ok(file)
     }
@@ -123,24 +130,32 @@ impl UnitFile {
     /// The length of the options as serde_json writes them in the API's unit entity (see
     /// [`MAX_API_FORM_BYTES`]), without building it.
     pub fn api_form_len(&self) -> usize {
-        /// `{"section":"","name":"","value":""},`
-        const PER_OPTION: usize = 36;
         let text = |s: &str| -> usize {
-            s.chars()
-                .map(|c| match c {
-                    '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
-                    c if c < ' ' => 6,
-                    c => c.len_utf8(),
+            s.bytes()
+                .map(|b| match b {
+                    b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+                    b if b < 0x20 => 6,
+                    _ => 1,
                 })
                 .sum()
         };
         let options: usize = self
             .options
             .iter()
-            .map(|o| PER_OPTION + text(&o.section) + text(&o.name) + text(&o.value))
+            .map(|o| API_FORM_PER_OPTION + text(&o.section) + text(&o.name) + text(&o.value))
             .sum();
         // The brackets, and a comma between options rather than after each.
         options + 2 - usize::from(!self.options.is_empty())
+    }
+
+    /// At least [`api_form_len`](Self::api_form_len), from the lengths alone.
+    fn api_form_bound(&self) -> usize {
+        let options: usize = self
+            .options
+            .iter()
+            .map(|o| API_FORM_PER_OPTION + 6 * (o.section.len() + o.name.len() + o.value.len()))
+            .sum();
+        options + 2
     }
 
     /// The length of [`UnitFile::canonical`] without building it.
