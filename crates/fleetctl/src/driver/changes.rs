@@ -9,12 +9,10 @@ use fleet_api_wire::changes::{self as wire, ChangeEntity, KEEP_ALIVE};
 use fleet_api_wire::events::NDJSON;
 use fleet_ops::{ChangeStream, OpsError};
 use futures::StreamExt;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use std::time::Duration;
 
-use super::answer::error_of;
-use super::events::{MAX_LINE, next_line};
+use super::events::{next_line, refused};
 use super::http::HttpCluster;
 
 /// How long a stream may say nothing before it counts as lost.
@@ -47,12 +45,7 @@ impl HttpCluster {
             .await
             .map_err(Unopened::Failed)?;
         if !status.is_success() {
-            let bytes = http_body_util::Limited::new(body, MAX_LINE)
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            let error = error_of(status, &bytes, None);
+            let error = refused(status, body).await;
             return Err(match status.as_u16() {
                 404 | 405 => Unopened::NotServed(OpsError::Api {
                     code: status.as_u16(),

@@ -17,6 +17,16 @@ use super::http::HttpCluster;
 /// The longest line of a followed stream (an event entity is far smaller).
 pub(super) const MAX_LINE: usize = 1024 * 1024;
 
+/// The error a stream's refusal carries (its body read up to [`MAX_LINE`]).
+pub(super) async fn refused(status: http::StatusCode, body: Incoming) -> OpsError {
+    let bytes = http_body_util::Limited::new(body, MAX_LINE)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    error_of(status, &bytes, None)
+}
+
 /// The query of `filter`: `since` goes as the seconds back from now it stands for.
 fn query(filter: &EventFilter, since: Option<u64>) -> Vec<(&'static str, String)> {
     let mut q = Vec::new();
@@ -63,12 +73,7 @@ impl HttpCluster {
         let path = self.path_and_query(wire::PATH, &q);
         let (status, body) = self.transport().open(&path, wire::NDJSON).await?;
         if !status.is_success() {
-            let bytes = http_body_util::Limited::new(body, MAX_LINE)
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            return Err(error_of(status, &bytes, None));
+            return Err(refused(status, body).await);
         }
         let shown = self.transport().shown().to_owned();
         let lines =
