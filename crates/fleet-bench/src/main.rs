@@ -61,6 +61,11 @@ struct Cli {
     /// events) instead of the production shape (docs/benchmarks.md, "Shapes").
     #[arg(long, global = true)]
     lab: bool,
+    /// Change one factor of the shape, FACTOR=VALUE (repeatable): connections=N,
+    /// auth=on|off, events=on|off, deadline=Ns (fleetd's roles), client-deadline=Ns. To see
+    /// what each factor costs; the run's shape line names what was varied.
+    #[arg(long, global = true, value_parser = clap::value_parser!(shape::Vary))]
+    vary: Vec<shape::Vary>,
     #[command(subcommand)]
     scenario: Scenario,
 }
@@ -222,6 +227,14 @@ fn main() -> Result<()> {
             .with_writer(std::io::stderr)
             .init();
     }
+    shape::set_varies(cli.vary.clone());
+    let ran = run(cli);
+    // The copies of etcd's users the run kept for its simulations (sim::auth).
+    sim::forget_seeds();
+    ran
+}
+
+fn run(cli: Cli) -> Result<()> {
     let section = match cli.scenario {
         Scenario::E2e {
             runs,

@@ -371,8 +371,21 @@ pub async fn run(a: ScaleArgs) -> Result<String> {
             return Ok(out);
         }
     };
-    if let Some(c) = &sim.credentials {
-        println!("scale: etcd's roles and users made in {}", secs(c.took));
+    let users = sim.credentials.as_ref().map(|c| {
+        let copied = match c.copied {
+            true => "copied from this run's first etcd of this size, where they were ",
+            false => "",
+        };
+        format!(
+            "etcd's roles and users for {} machines {copied}made in {} (machine roles \
+             first, then users; `fleetctl auth add-host` one host after another is slower: \
+             each of etcd 3.4's auth changes costs more the more users it holds)",
+            c.machines.len(),
+            secs(c.took)
+        )
+    });
+    if let Some(users) = &users {
+        println!("scale: {users}");
     }
     println!(
         "scale: {} machines registered in {}, agents watching after {}",
@@ -399,11 +412,10 @@ pub async fn run(a: ScaleArgs) -> Result<String> {
     let verdicts = verdicts(&a, &m, other.as_ref());
     verdicts.iter().for_each(|v| println!("{}", v.line()));
     let mut out = report::provenance(wall, started.elapsed());
-    out.push_str(&format!(
-        "
-{shape_line}.
-"
-    ));
+    out.push_str(&format!("\n{shape_line}.\n"));
+    if let Some(users) = &users {
+        out.push_str(&format!("\n{users}.\n"));
+    }
     out.push('\n');
     out.push_str(&render::render(&m.c, m.rss, &m.idle, &m.one, &m.loss));
     out.push_str(&render::ratios(&m.c, &raw));

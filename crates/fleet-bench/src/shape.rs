@@ -10,6 +10,9 @@
 
 use std::time::Duration;
 
+mod vary;
+pub use vary::{Vary, current as current_varies, set as set_varies};
+
 /// Which shape a scenario runs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
@@ -59,6 +62,8 @@ pub struct ShapeSpec {
     pub etcd_args: Vec<String>,
     /// Whether the roles write events (issue 41), as fleetd and fleetctl do by default.
     pub events: bool,
+    /// The factors `--vary` changed, as the shape line names them.
+    pub varied: Vec<String>,
 }
 
 impl ShapeSpec {
@@ -84,6 +89,7 @@ impl ShapeSpec {
                     auth: true,
                     etcd_args: deploy_etcd_args(extra),
                     events: true,
+                    varied: Vec::new(),
                 }
             }
             Shape::Lab => ShapeSpec {
@@ -95,6 +101,7 @@ impl ShapeSpec {
                 auth: false,
                 etcd_args: lab_etcd_args,
                 events: false,
+                varied: Vec::new(),
             },
         }
     }
@@ -108,6 +115,7 @@ impl ShapeSpec {
             .collect();
         let lab = etcd_args_from_env();
         ShapeSpec::new(shape, machines, open_file_limit(), lab, &extra)
+            .varied(current_varies(), machines)
     }
 
     /// `production` or `lab`.
@@ -135,9 +143,13 @@ impl ShapeSpec {
         } else {
             self.etcd_args.join(" ")
         };
+        let varied = match self.varied.is_empty() {
+            true => String::new(),
+            false => format!(" (varied: {})", self.varied.join(", ")),
+        };
         format!(
-            "shape: {}, {} etcd connections for {machines} machines{shared}, deadlines {} / {} \
-             (fleetd / fleetctl), etcd auth {}, {roles}, events {}, etcd flags: {flags}",
+            "shape: {}{varied}, {} etcd connections for {machines} machines{shared}, deadlines \
+             {} / {} (fleetd / fleetctl), etcd auth {}, {roles}, events {}, etcd flags: {flags}",
             self.name(),
             self.connections,
             seconds(self.daemon_deadline),

@@ -36,6 +36,7 @@ use crate::monitor::Monitor;
 use crate::shape::{Shape, ShapeSpec};
 
 mod auth;
+pub use auth::forget_seeds;
 mod connect;
 mod names;
 pub use crate::shape::etcd_line;

@@ -129,6 +129,27 @@ impl TestEtcd {
         etcd
     }
 
+    /// Starts a server on a copy of `data` (a data directory [`copy_data`](Self::copy_data)
+    /// kept), with authentication on when it was on there, and the flags `args`. A
+    /// benchmark's way to set up etcd's users once and start many servers holding them.
+    pub async fn start_from_data(data: &Path, auth: bool, args: &[String]) -> TestEtcd {
+        let auth = auth.then_some(AuthSetup {
+            token_ttl: None,
+            enabled: true,
+        });
+        let host = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        TestEtcd::start_tls_seeded(host, None, auth, args, Some(data)).await
+    }
+
+    /// Keeps a copy of the server's data in `to` (a new directory): kills the server, so
+    /// that what it wrote is whole on disk (its WAL is synced), copies, and starts it again.
+    pub async fn copy_data(&mut self, to: &Path) -> std::io::Result<()> {
+        self.stop();
+        let copied = copy_dir(&self.data_dir(), to);
+        self.restart().await;
+        copied
+    }
+
     /// Creates (or updates) `roles` and user `name` holding exactly them, with a password of
     /// its own, and returns a client configuration that logs in as it. Needs
     /// [`start_auth`](Self::start_auth).
@@ -167,6 +188,18 @@ impl TestEtcd {
         auth: Option<AuthSetup>,
         extra_args: &[String],
     ) -> TestEtcd {
+        TestEtcd::start_tls_seeded(host, tls, auth, extra_args, None).await
+    }
+
+    /// Starts a server; on a copy of `data` when given. A copied member keeps its old peer
+    /// URL in its membership, which a single member never dials.
+    async fn start_tls_seeded(
+        host: IpAddr,
+        tls: Option<ServerTls>,
+        auth: Option<AuthSetup>,
+        extra_args: &[String],
+        data: Option<&Path>,
+    ) -> TestEtcd {
         let mut last_log = String::new();
         for attempt in 1..=START_ATTEMPTS {
             let [client_port, peer_port] = free_ports(2)[..] else {
@@ -182,6 +215,10 @@ impl TestEtcd {
                 auth,
                 extra_args: extra_args.to_vec(),
             };
+            if let Some(data) = data {
+                copy_dir(data, &etcd.data_dir())
+                    .unwrap_or_else(|e| panic!("copying etcd data {}: {e}", data.display()));
+            }
             etcd.spawn();
             if etcd.wait_ready().await {
                 debug!(endpoint = %etcd.endpoint(), attempt, "test etcd ready");
@@ -413,6 +450,21 @@ impl Drop for TestEtcd {
         self.stop();
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Copies directory `from` into `to` (created), files and subdirectories.
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    fs::create_dir_all(to)?;
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 fn http_get(port: u16, path: &str) -> std::io::Result<String> {

@@ -1,5 +1,6 @@
 //! The TLS side of [`EtcdKv`] against a real etcd requiring client certificates: what
-//! promise 6 of `docs/guarantees.md` rests on.
+//! promise 6 of `docs/guarantees.md` rests on. And a server started on a copy of another's
+//! data (the benchmark's etcd users, made once).
 
 use super::*;
 use fleet_registry::kv::KvError;
@@ -134,4 +135,41 @@ async fn a_plain_http_client_of_a_tls_server_fails() {
     };
     let kv = EtcdKv::connect(&cfg).await.unwrap();
     assert!(kv.range("k", false, None).await.is_err());
+}
+
+#[tokio::test]
+async fn a_server_started_on_a_copy_of_anothers_data_holds_its_users_and_keys() {
+    let mut etcd = TestEtcd::start_auth().await;
+    let viewer = fleet_registry::rbac::viewer(&fleet_registry::Keys::new("/fleet/"));
+    let user = etcd.issue_user("copied-viewer", &[viewer]).await;
+    let put = fleet_registry::kv::Txn {
+        success: vec![fleet_registry::kv::TxnOp::Put {
+            key: "/fleet/k".into(),
+            value: b"v".to_vec(),
+            lease: None,
+        }],
+        ..Default::default()
+    };
+    etcd.kv().await.txn(put).await.expect("root writes");
+    let copy = crate::unique_dir("etcd-copy");
+    etcd.copy_data(&copy).await.expect("copying the data");
+    // The original serves again after its copy.
+    etcd.kv()
+        .await
+        .range("/fleet/k", false, None)
+        .await
+        .expect("the original reads");
+    let copied = TestEtcd::start_from_data(&copy, true, &[]).await;
+    assert_ne!(copied.endpoint(), etcd.endpoint());
+    let cfg = EtcdConfig {
+        endpoints: vec![copied.endpoint()],
+        ..user
+    };
+    let kv = EtcdKv::connect(&cfg).await.expect("a valid config");
+    let got = kv
+        .range("/fleet/k", false, None)
+        .await
+        .expect("the copied user reads");
+    assert_eq!(got.kvs[0].value, b"v");
+    let _ = fs::remove_dir_all(&copy);
 }
