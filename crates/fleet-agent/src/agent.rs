@@ -91,7 +91,11 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     ) -> Agent<K, M> {
         let cfg_restarts_dir = cfg.restarts_dir.clone();
         Agent {
-            schedule: ScheduleFollower::new(registry.clone(), cfg.deny_units.clone()),
+            schedule: ScheduleFollower::new(
+                registry.clone(),
+                cfg.deny_units.clone(),
+                retry::reconnect_backoff(&cfg),
+            ),
             publisher: Publisher::new(registry),
             holds: Holds::new(cfg.backoff_min, cfg.backoff_max),
             manager,
@@ -187,6 +191,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                     .next_due(Instant::now())
                     .into_iter()
                     .chain(publish_retry)
+                    .chain(self.schedule.retry_at())
                     .min();
             }
             idle = false;

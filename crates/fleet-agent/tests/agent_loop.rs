@@ -1349,3 +1349,62 @@ async fn publishes_the_restarts_and_the_last_exit_of_a_unit_that_crashes() {
         w.published("crashy.service").await
     );
 }
+
+/// Fails every read of a unit file while `0` is set, as etcd past fleetd's deadline would.
+#[derive(Debug, Clone, Default)]
+struct FailFiles(Arc<std::sync::atomic::AtomicBool>);
+
+impl Hook for FailFiles {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        let file = |key: &str| key.starts_with("/t/file/");
+        let touches_files = match request {
+            Request::Range { key, .. } => file(key),
+            Request::Read(reads) => reads.iter().any(|r| file(&r.start)),
+            Request::Txn(txn) => txn
+                .success
+                .iter()
+                .any(|op| matches!(op, TxnOp::Get { key, .. } if file(key))),
+            _ => false,
+        };
+        if touches_files && self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(KvError::Unavailable {
+                endpoints: "test".into(),
+                detail: "the test fails file reads".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A unit scheduled in a burst whose file read failed (a request past its deadline at
+/// 5,000 machines) used to wait for the next change of the schedule or the minute's resync;
+/// the read is retried within the reconnect backoff (issue 43).
+#[tokio::test(start_paused = true)]
+async fn a_schedule_read_that_failed_is_retried_within_seconds() {
+    let w = World::new().await;
+    let kv = Hooked {
+        inner: w.kv.clone(),
+        hook: FailFiles::default(),
+    };
+    let _agent = w.start_agent_on(
+        Registry::new(kv.clone(), "/t/"),
+        AgentConfig::new(w.machine.clone()),
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    kv.hook.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    w.schedule(
+        "web.service",
+        &file("/bin/sleep 1000"),
+        DesiredState::Launched,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    kv.hook.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    let healed = tokio::time::Instant::now();
+    w.until_published("web.service", "active").await;
+    assert!(
+        healed.elapsed() <= Duration::from_secs(6),
+        "started {:?} after etcd answered again",
+        healed.elapsed()
+    );
+}

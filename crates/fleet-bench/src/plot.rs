@@ -115,8 +115,16 @@ async fn grid(
                 }
             };
             println!(
-                "plot: {n} machines, {u} units: launched in {}",
-                secs(c.launched_in)
+                "plot: {n} machines, {u} units submitted in {}, scheduled in {}, launched in {}; \
+                 {} requests past their deadline, {} leases lost; etcd CPU {:.1} s, the \
+                 simulation's {:.1} s",
+                secs(c.submitted_in),
+                secs(c.scheduled_in),
+                secs(c.launched_in),
+                c.roles.timeouts(),
+                c.roles.leases_lost(),
+                c.etcd_cpu,
+                c.bench_cpu,
             );
             results.push(c);
         }

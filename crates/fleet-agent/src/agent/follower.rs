@@ -8,7 +8,7 @@
 //! means (a fresh chance for a failing unit, a pass over those units). A unit denied by
 //! configuration is left out of the schedule held and warned of once.
 
-use fleet_core::{UnitFile, UnitHash, UnitName};
+use fleet_core::{Backoff, UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::{Event, Kv, Revision};
 use fleet_registry::{
     Delta, MachineRole, RegistryError, ScheduleChange, ScheduleEntry, Skipped, WatchHints,
@@ -58,6 +58,12 @@ pub(super) struct ScheduleFollower<K> {
     doubt: LeaseDoubt,
     /// Whether the schedule was last refused for that, to log each spell once.
     held_in_doubt: bool,
+    /// When to read again after a read failed (a request past its deadline, etcd away); none
+    /// while the last read succeeded. Without it a failed read waited for the next change or
+    /// the minute's resync: at 5,000 machines on fleetd's 1 s deadline, units scheduled in
+    /// one burst started up to a minute late (issue 43).
+    retry_at: Option<Instant>,
+    retry: Backoff,
 }
 
 /// What following the schedule found.
@@ -70,7 +76,12 @@ pub(super) enum Followed {
 }
 
 impl<K: Kv> ScheduleFollower<K> {
-    pub(super) fn new(registry: MachineRole<K>, deny_units: Vec<String>) -> ScheduleFollower<K> {
+    /// A follower that retries a failed read after `retry`'s pauses.
+    pub(super) fn new(
+        registry: MachineRole<K>,
+        deny_units: Vec<String>,
+        retry: Backoff,
+    ) -> ScheduleFollower<K> {
         ScheduleFollower {
             registry,
             deny_units,
@@ -84,6 +95,8 @@ impl<K: Kv> ScheduleFollower<K> {
             hints: None,
             doubt: LeaseDoubt::none(),
             held_in_doubt: false,
+            retry_at: None,
+            retry,
         }
     }
 
@@ -178,7 +191,12 @@ impl<K: Kv> ScheduleFollower<K> {
     /// Whether a whole read now would end a doubt about the lease: the lease was renewed
     /// since it may have lapsed.
     pub(super) fn wants_read(&self, now: Instant) -> bool {
-        self.doubt.wants_read(now)
+        self.doubt.wants_read(now) || self.retry_at.is_some_and(|at| now >= at)
+    }
+
+    /// When a failed read is due again; `None` while the last one succeeded.
+    pub(super) fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
     }
 
     // ---- reads ------------------------------------------------------------------------------
@@ -186,7 +204,22 @@ impl<K: Kv> ScheduleFollower<K> {
     /// Brings the schedule up to date: applies the watch's events when it kept them all,
     /// re-reads the whole schedule otherwise. A pass then costs what changed, not every
     /// unit scheduled here (with 1,000 units each change re-read all 1,000 entries).
+    /// A failed read is due again after a pause of the retry's backoff ([`retry_at`]).
+    ///
+    /// [`retry_at`]: Self::retry_at
     pub(super) async fn follow(&mut self, delta: Delta) -> Result<Followed, RegistryError> {
+        let followed = self.follow_once(delta).await;
+        match &followed {
+            Ok(_) => {
+                self.retry_at = None;
+                self.retry.reset();
+            }
+            Err(_) => self.retry_at = Some(Instant::now() + self.retry.next_delay()),
+        }
+        followed
+    }
+
+    async fn follow_once(&mut self, delta: Delta) -> Result<Followed, RegistryError> {
         match delta {
             Delta::Events(events) if self.schedule.is_some() && !self.stale => {
                 match self.apply(&events).await {

@@ -6,7 +6,7 @@ use fleet_core::Backoff;
 use fleet_registry::kv::Kv;
 use std::time::Duration;
 
-use super::Agent;
+use super::{Agent, AgentConfig};
 use crate::manager::UnitManager;
 
 /// The longest pause between two attempts to reach etcd or systemd in the boot and publish
@@ -14,12 +14,16 @@ use crate::manager::UnitManager;
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
 impl<K: Kv, M: UnitManager> Agent<K, M> {
-    /// The backoff of a loop that waits for etcd or systemd to answer: `backoff_min` to
-    /// [`RECONNECT_MAX`], jittered so that agents do not come back in lockstep.
+    /// The backoff of a loop that waits for etcd or systemd to answer: see
+    /// [`reconnect_backoff`].
     pub(super) fn reconnect_backoff(&self) -> Backoff {
-        Backoff::new(
-            self.cfg.backoff_min,
-            RECONNECT_MAX.max(self.cfg.backoff_min),
-        )
+        reconnect_backoff(&self.cfg)
     }
+}
+
+/// The backoff of a loop that waits for etcd or systemd to answer (boot, publish, a failed
+/// schedule read): `backoff_min` to [`RECONNECT_MAX`], jittered so that agents do not come
+/// back in lockstep.
+pub(super) fn reconnect_backoff(cfg: &AgentConfig) -> Backoff {
+    Backoff::new(cfg.backoff_min, RECONNECT_MAX.max(cfg.backoff_min))
 }

@@ -4,6 +4,7 @@ use super::*;
 use fleet_core::{DesiredState, MachineId};
 use fleet_registry::kv::MemKv;
 use fleet_registry::{Registry, UnitsRole};
+use std::time::Duration;
 
 fn m1() -> MachineId {
     "m1".parse().unwrap()
@@ -18,19 +19,26 @@ fn file(exec: &str) -> UnitFile {
 }
 
 struct World {
+    kv: MemKv,
     registry: Registry<MemKv>,
 }
 
 impl World {
     fn new() -> World {
+        let kv = MemKv::new();
         World {
-            registry: Registry::new(MemKv::new(), "/t/"),
+            registry: Registry::new(kv.clone(), "/t/"),
+            kv,
         }
     }
 
     fn follower(&self, deny_units: &[&str]) -> ScheduleFollower<MemKv> {
         let role = MachineRole::new(self.registry.clone(), m1());
-        ScheduleFollower::new(role, deny_units.iter().map(|g| (*g).to_owned()).collect())
+        ScheduleFollower::new(
+            role,
+            deny_units.iter().map(|g| (*g).to_owned()).collect(),
+            Backoff::new(Duration::from_secs(1), Duration::from_secs(5)),
+        )
     }
 
     /// Puts `unit` with `f` in the registry and schedules it here.
@@ -162,4 +170,33 @@ async fn a_unit_of_deny_units_is_never_in_the_schedule_held() {
     let delta = follower.take_delta();
     follower.follow(delta).await.unwrap();
     assert!(!follower.is_scheduled(&name("sshd.service")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_read_is_due_again_after_a_pause_and_a_good_one_ends_the_retries() {
+    let world = World::new();
+    world.schedule("a.service", &file("/bin/a")).await;
+    let mut follower = world.follower(&[]);
+    follower.follow(Delta::Gap).await.unwrap();
+    assert_eq!(follower.retry_at(), None);
+    world.kv.set_unavailable(true);
+    assert!(follower.follow(Delta::Gap).await.is_err());
+    let at = follower.retry_at().expect("a failed read is retried");
+    let now = Instant::now();
+    assert!(
+        at > now && at <= now + Duration::from_secs(5),
+        "{:?}",
+        at - now
+    );
+    assert!(!follower.wants_read(now), "not before its pause");
+    assert!(follower.wants_read(at));
+    // Failing again, it waits no longer than the backoff's most.
+    tokio::time::sleep_until(at).await;
+    assert!(follower.follow(Delta::Gap).await.is_err());
+    let again = follower.retry_at().unwrap();
+    assert!(again <= Instant::now() + Duration::from_secs(5));
+    world.kv.set_unavailable(false);
+    follower.follow(Delta::Gap).await.unwrap();
+    assert_eq!(follower.retry_at(), None);
+    assert!(!follower.wants_read(Instant::now() + Duration::from_secs(60)));
 }
