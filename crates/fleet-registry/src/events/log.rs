@@ -41,16 +41,24 @@ pub struct EventConfig {
     pub cap: u32,
     /// Events waiting to be written, at most; past it they are dropped.
     pub queue: usize,
+    /// How long a writer waits after an event for more to put in the same transaction (a
+    /// closing writer does not wait). An agent starting units one pass at a time wrote one
+    /// transaction per pass: at 100,000 units on 5,000 machines, as many event transactions as
+    /// units, and the launch took 137 s with events on against 57 s off (issue 41).
+    pub linger: Duration,
 }
 
 impl EventConfig {
     pub const DEFAULT_RETENTION: Duration = Duration::from_secs(3600);
+    /// A quarter of the second within which `fleetctl events --follow` shows an event.
+    pub const DEFAULT_LINGER: Duration = Duration::from_millis(250);
 
     pub fn new(retention: Duration) -> EventConfig {
         EventConfig {
             retention,
             cap: 100,
             queue: 10_000,
+            linger: Self::DEFAULT_LINGER,
         }
     }
 
@@ -197,6 +205,14 @@ impl EventLog {
     }
 }
 
+/// What ended one wait of [`Writer::linger`].
+enum Linger {
+    Event(Option<Event>),
+    Over,
+    /// The log was closed (`true`) or let go.
+    Closed(bool),
+}
+
 /// The background task of one [`EventLog`].
 struct Writer<K> {
     registry: Registry<K>,
@@ -237,6 +253,9 @@ impl<K: Kv> Writer<K> {
             };
             let Some(first) = first else { break };
             let mut batch = vec![first];
+            if !closing {
+                closing = self.linger(&mut batch, &mut rx, &mut closed).await;
+            }
             while batch.len() < BATCH {
                 match rx.try_recv() {
                     Ok(e) => batch.push(e),
@@ -245,6 +264,42 @@ impl<K: Kv> Writer<K> {
             }
             self.write(batch).await;
         }
+    }
+
+    /// Adds to `batch` what arrives within the linger, until it is full. Returns whether the
+    /// log was closed meanwhile (the rest is then written without waiting).
+    async fn linger(
+        &self,
+        batch: &mut Vec<Event>,
+        rx: &mut mpsc::Receiver<Event>,
+        closed: &mut Option<oneshot::Receiver<()>>,
+    ) -> bool {
+        let until = Instant::now() + self.cfg.linger;
+        while batch.len() < BATCH {
+            let close = async {
+                match closed.as_mut() {
+                    Some(close) => close.await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            let step = tokio::select! {
+                ev = rx.recv() => Linger::Event(ev),
+                () = tokio::time::sleep_until(until) => Linger::Over,
+                asked = close => Linger::Closed(asked),
+            };
+            match step {
+                Linger::Event(Some(ev)) => batch.push(ev),
+                Linger::Event(None) | Linger::Over => return false,
+                Linger::Closed(asked) => {
+                    *closed = None;
+                    // Let go without a close ([`EventLog::into_sink`]): linger on.
+                    if asked {
+                        return true;
+                    }
+                }
+            }
+        }
+        false
     }
 
     /// Puts `batch` (what the cap lets through) in one transaction; once more on a new lease
@@ -353,3 +408,6 @@ impl<K: Kv> Writer<K> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
