@@ -302,7 +302,8 @@ fn run(cli: Cli) -> Result<()> {
                 true => ("plot-lab", shape::Shape::Lab),
                 false => ("plot", shape::Shape::Production),
             };
-            let svg = !cli.no_write;
+            // A varied run's figures are a comparison, not the drawing of the shape.
+            let svg = !cli.no_write && cli.vary.is_empty();
             (
                 name,
                 runtime()?.block_on(plot::run(&machines, &units, shape, svg))?,
@@ -351,7 +352,12 @@ fn run(cli: Cli) -> Result<()> {
     };
     println!("\n{}", section.1);
     if !cli.no_write {
-        report::write_section(section.0, &section.1)?;
+        // A varied run writes a section of its own, next to the shape's.
+        let name = match shape::varied_suffix(&cli.vary) {
+            Some(suffix) => format!("{} {suffix}", section.0),
+            None => section.0.to_owned(),
+        };
+        report::write_section(&name, &section.1)?;
     }
     Ok(())
 }

@@ -116,12 +116,13 @@ async fn grid(
             };
             println!(
                 "plot: {n} machines, {u} units submitted in {}, scheduled in {}, launched in {}; \
-                 {} requests past their deadline, {} leases lost; etcd CPU {:.1} s, the \
+                 {} requests past their deadline ({}), {} leases lost; etcd CPU {:.1} s, the \
                  simulation's {:.1} s",
                 secs(c.submitted_in),
                 secs(c.scheduled_in),
                 secs(c.launched_in),
                 c.roles.timeouts(),
+                c.roles.timeouts_by_role(),
                 c.roles.leases_lost(),
                 c.etcd_cpu,
                 c.bench_cpu,

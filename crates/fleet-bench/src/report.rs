@@ -41,11 +41,18 @@ pub fn write_section(name: &str, body: &str) -> Result<()> {
 pub fn provenance(started: SystemTime, took: Duration) -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
     format!(
-        "Command: `cargo run --release -p fleet-bench -- {}` (part of `make bench`)  \n\
+        "Command: `cargo run --release -p fleet-bench -- {}` ({})  \n\
          Machine: {}  \n\
          Code: {}  \n\
          Date: {} (scenario took {})\n",
         args.join(" "),
+        match args
+            .iter()
+            .any(|a| a == "--vary" || a.starts_with("--vary="))
+        {
+            true => "a variation of a `make bench` run",
+            false => "part of `make bench`",
+        },
         machine(),
         commit(),
         utc(started),

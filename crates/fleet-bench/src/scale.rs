@@ -82,6 +82,16 @@ impl Roles {
         self.all().iter().map(|(_, t)| t.timeouts).sum()
     }
 
+    /// `fleetctl 0, engines 35, agents 5196, presence 2633`.
+    pub fn timeouts_by_role(&self) -> String {
+        let by_role: Vec<String> = self
+            .all()
+            .iter()
+            .map(|(role, t)| format!("{role} {}", t.timeouts))
+            .collect();
+        by_role.join(", ")
+    }
+
     /// Keep-alives of leases etcd no longer had.
     pub fn leases_lost(&self) -> u64 {
         self.all().iter().map(|(_, t)| t.leases_lost).sum()
@@ -436,16 +446,10 @@ async fn measure(sim: &mut Sim, a: &ScaleArgs) -> Result<Measured> {
         secs(c.scheduled_in),
         secs(c.launched_in)
     );
-    let by_role: Vec<String> = c
-        .roles
-        .all()
-        .iter()
-        .map(|(role, t)| format!("{role} {}", t.timeouts))
-        .collect();
     println!(
         "scale: requests past their deadline: {} ({}); leases lost: {}",
         c.roles.timeouts(),
-        by_role.join(", "),
+        c.roles.timeouts_by_role(),
         c.roles.leases_lost()
     );
     let rss = process_rss_mib();

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 mod vary;
-pub use vary::{Vary, current as current_varies, set as set_varies};
+pub use vary::{Vary, current as current_varies, set as set_varies, varied_suffix};
 
 /// Which shape a scenario runs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

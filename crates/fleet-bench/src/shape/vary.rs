@@ -106,6 +106,13 @@ impl ShapeSpec {
     }
 }
 
+/// `(varied: deadline 5 s, events off)`, the words a varied run's section name ends with;
+/// `None` when nothing was varied.
+pub fn varied_suffix(varies: &[Vary]) -> Option<String> {
+    let words: Vec<String> = varies.iter().map(|v| v.describe()).collect();
+    (!words.is_empty()).then(|| format!("(varied: {})", words.join(", ")))
+}
+
 static VARIES: OnceLock<Vec<Vary>> = OnceLock::new();
 
 /// Sets this process's `--vary` list (once, before any scenario builds a shape).
@@ -156,6 +163,11 @@ mod tests {
         assert_eq!(s.connections, 16);
         assert!(s.events, "the factors not varied keep the shape's");
         let line = s.line(5000);
+        assert_eq!(
+            varied_suffix(&[Vary::Auth(false), Vary::Connections(16)]).as_deref(),
+            Some("(varied: auth off, connections 16)")
+        );
+        assert_eq!(varied_suffix(&[]), None);
         assert!(
             line.starts_with("shape: production (varied: auth off, connections 16), 16 etcd"),
             "{line}"
