@@ -45,9 +45,13 @@ pub async fn run(
     }
     let mut out = report::provenance(wall, started.elapsed());
     out.push_str(&format!("\n{shape_line} (at the largest machine count).\n"));
-    out.push_str(&format!(
-        "\n![time to converge by units and machines]({svg_file})\n\n"
-    ));
+    // Only a run that drew the figure shows it: a varied run's points are not on it.
+    if write_svg {
+        out.push_str(&format!(
+            "\n![time to converge by units and machines]({svg_file})\n"
+        ));
+    }
+    out.push('\n');
     let mut t = Table::new(&[
         "machines",
         "units",
@@ -80,8 +84,11 @@ pub async fn run(
             scale::CONVERGE_WITHIN.as_secs()
         ));
     }
-    out.push_str(&format!("\nLinear growth: time per unit launched at the largest size against the smallest from {LINEAR_FROM} units up (the whole grid when it has fewer such points), for each machine count.\n\n"));
-    out.push_str(&linearity(&results, machines, &missed).render());
+    // One unit count has no growth to report.
+    if units.len() > 1 {
+        out.push_str(&format!("\nLinear growth: time per unit launched at the largest size against the smallest from {LINEAR_FROM} units up (the whole grid when it has fewer such points), for each machine count.\n\n"));
+        out.push_str(&linearity(&results, machines, &missed).render());
+    }
     Ok(out)
 }
 
