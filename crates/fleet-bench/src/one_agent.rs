@@ -52,8 +52,13 @@ pub fn run(bin_dir: &Path, units: usize, idle: Duration, fleetd: &FleetdOptions)
     let (cluster, _registry) = boot(1, bin_dir, fleetd)?;
     let result = measure(&cluster, units, idle, fleetd);
     cluster.shutdown()?;
+    let result = result?;
+    let verdict = crate::verdict::one_agent(result.units, result.start, result.baseline.start);
+    println!("{}", verdict.line());
     let mut out = report::provenance(wall, started.elapsed());
-    out.push_str(&render(&result?));
+    out.push_str(&render(&result));
+    out.push_str("\nGoal (issue 43):\n\n");
+    out.push_str(&crate::verdict::table(&[verdict]));
     Ok(out)
 }
 
