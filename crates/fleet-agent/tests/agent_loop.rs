@@ -1,209 +1,20 @@
 //! The agent's loop on a fake systemd and the in-memory registry, on paused time: boot
 //! adoption, replacement and removal, failing closed, isolation of a failing unit, publishing.
 
+#[path = "agent_loop/hooks.rs"]
+mod hooks;
+#[path = "agent_loop/world.rs"]
+mod world;
+
 use fleet_agent::fake::{Call, Op};
-use fleet_agent::{Agent, AgentConfig, FakeManager, MainExit};
-use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
-use fleet_registry::kv::{Hook, Hooked, Kv, KvError, MemKv, Outcome, Rbac, Request, Txn, TxnOp};
-use fleet_registry::{MachineRole, Presence, Registry, ScheduleEntry, UnitsRole, rbac};
-use std::sync::{Arc, Mutex};
+use fleet_agent::{Agent, AgentConfig, MainExit};
+use fleet_core::{DesiredState, MachineId, MachineInfo, UnitName};
+use fleet_registry::kv::{Hooked, Kv, Rbac, Txn, TxnOp};
+use fleet_registry::{MachineRole, Registry, UnitsRole, rbac};
+use hooks::*;
 use std::time::Duration;
 use tokio::sync::watch;
-
-const TTL: Duration = Duration::from_secs(30);
-
-fn name(s: &str) -> UnitName {
-    s.parse().unwrap()
-}
-
-fn file(exec: &str) -> UnitFile {
-    UnitFile::parse(format!("[Service]\nExecStart={exec}\n").as_bytes()).unwrap()
-}
-
-struct World {
-    kv: MemKv,
-    registry: Registry<MemKv>,
-    fake: FakeManager,
-    machine: MachineId,
-    presence: Presence,
-    shutdown: watch::Sender<bool>,
-}
-
-impl World {
-    async fn new() -> World {
-        let kv = MemKv::new();
-        let registry = Registry::new(kv.clone(), "/t/");
-        let machine: MachineId = "m1".parse().unwrap();
-        let info = MachineInfo {
-            id: machine.clone(),
-            public_ip: String::new(),
-            metadata: Default::default(),
-            version: "test".into(),
-            disable_engine: true,
-            api: String::new(),
-            fence_at: None,
-        };
-        let presence = MachineRole::new(registry.clone(), machine.clone())
-            .register(&info, TTL, None)
-            .await
-            .unwrap();
-        let (shutdown, _) = watch::channel(false);
-        World {
-            kv,
-            registry,
-            fake: FakeManager::new(),
-            machine,
-            presence,
-            shutdown,
-        }
-    }
-
-    /// This machine's registry role.
-    fn role(&self) -> MachineRole<MemKv> {
-        MachineRole::new(self.registry.clone(), self.machine.clone())
-    }
-
-    /// Puts `unit` with `file` in the registry and schedules it here.
-    async fn schedule(&self, unit: &str, f: &UnitFile, desired: DesiredState) {
-        let n = name(unit);
-        UnitsRole::new(self.registry.clone())
-            .create_unit(&n, f, desired)
-            .await
-            .unwrap();
-        let entry = ScheduleEntry {
-            name: n,
-            machine: self.machine.clone(),
-            hash: f.hash(),
-            desired,
-            restart: 0,
-            no_restart: false,
-            placement: 0,
-        };
-        self.registry.write_schedule(&[entry], &[]).await.unwrap();
-    }
-
-    /// Rewrites `unit`'s entry here as the engine would after `fleetctl restart`.
-    async fn request_restart(&self, unit: &str, f: &UnitFile, generation: u64) {
-        self.entry(unit, f, generation, false).await;
-    }
-
-    /// Rewrites `unit`'s entry here as the engine would.
-    async fn entry(&self, unit: &str, f: &UnitFile, restart: u64, no_restart: bool) {
-        let entry = ScheduleEntry {
-            name: name(unit),
-            machine: self.machine.clone(),
-            hash: f.hash(),
-            desired: DesiredState::Launched,
-            restart,
-            no_restart,
-            placement: 0,
-        };
-        self.registry.write_schedule(&[entry], &[]).await.unwrap();
-    }
-
-    /// Rewrites `unit`'s entry here with another desired state.
-    async fn entry_desired(&self, unit: &str, f: &UnitFile, desired: DesiredState) {
-        let entry = ScheduleEntry {
-            name: name(unit),
-            machine: self.machine.clone(),
-            hash: f.hash(),
-            desired,
-            restart: 0,
-            no_restart: false,
-            placement: 0,
-        };
-        self.registry.write_schedule(&[entry], &[]).await.unwrap();
-    }
-
-    async fn unschedule(&self, unit: &str) {
-        self.registry
-            .write_schedule(&[], &[(self.machine.clone(), name(unit))])
-            .await
-            .unwrap();
-    }
-
-    fn start_agent(&self) -> tokio::task::JoinHandle<()> {
-        self.start_agent_with(AgentConfig::new(self.machine.clone()))
-    }
-
-    fn start_agent_with(&self, cfg: AgentConfig) -> tokio::task::JoinHandle<()> {
-        self.start_agent_on(self.registry.clone(), cfg)
-    }
-
-    /// Starts an agent reading the registry through `registry` (the same store, wrapped).
-    fn start_agent_on<K: Kv>(
-        &self,
-        registry: Registry<K>,
-        cfg: AgentConfig,
-    ) -> tokio::task::JoinHandle<()> {
-        let (_tx, presence) = watch::channel(Some(self.presence));
-        let role = MachineRole::new(registry, self.machine.clone());
-        let agent = Agent::new(role, self.fake.clone(), cfg, presence);
-        let shutdown = self.shutdown.subscribe();
-        // Keep the presence sender alive for the agent's lifetime.
-        tokio::spawn(async move {
-            let _tx = _tx;
-            agent.run(shutdown).await;
-        })
-    }
-
-    /// Waits (on paused time) until `check` holds.
-    async fn until(&self, what: &str, mut check: impl FnMut() -> bool) {
-        for _ in 0..2000 {
-            if check() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!(
-            "timed out waiting for {what}; calls: {:?}",
-            self.fake.calls()
-        );
-    }
-
-    async fn published(&self, unit: &str) -> Option<fleet_registry::UnitStateRecord> {
-        self.registry
-            .unit_states()
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|s| s.name.as_str() == unit)
-    }
-
-    async fn until_published(&self, unit: &str, active: &str) {
-        for _ in 0..2000 {
-            if let Some(s) = self.published(unit).await
-                && s.systemd.active == active
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!(
-            "{unit} never published {active}; calls: {:?}",
-            self.fake.calls()
-        );
-    }
-}
-
-fn mutating(calls: &[Call]) -> Vec<Call> {
-    calls
-        .iter()
-        .filter(|c| {
-            !matches!(
-                c,
-                Call::Installed
-                    | Call::Status(_)
-                    | Call::Loaded(_)
-                    | Call::Details(_)
-                    | Call::Facts(_)
-                    | Call::Source(_)
-            )
-        })
-        .cloned()
-        .collect()
-}
+use world::*;
 
 #[tokio::test(start_paused = true)]
 async fn adopts_running_unit_with_same_hash_without_any_job() {
@@ -672,49 +483,6 @@ async fn states_that_could_not_be_published_go_out_once_etcd_is_back() {
     );
 }
 
-/// Unit-file reads that take `latency` each, counting how many are in flight at once, and
-/// how many files they asked for in all.
-#[derive(Debug, Clone)]
-struct SlowFiles {
-    latency: Duration,
-    in_flight: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
-    requests: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
-}
-
-type SlowFilesKv = Hooked<MemKv, SlowFiles>;
-
-impl SlowFiles {
-    fn most_in_flight(&self) -> usize {
-        self.in_flight.lock().unwrap().1
-    }
-}
-
-impl Hook for SlowFiles {
-    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
-        let files = match request {
-            Request::Range { key, .. } => usize::from(key.starts_with("/t/file/")),
-            Request::Txn(txn) => txn
-                .success
-                .iter()
-                .filter(|op| matches!(op, TxnOp::Get { key, .. } if key.starts_with("/t/file/")))
-                .count(),
-            _ => 0,
-        };
-        if files == 0 {
-            return Ok(());
-        }
-        self.requests.lock().unwrap().push(files);
-        {
-            let mut n = self.in_flight.lock().unwrap();
-            n.0 += 1;
-            n.1 = n.1.max(n.0);
-        }
-        tokio::time::sleep(self.latency).await;
-        self.in_flight.lock().unwrap().0 -= 1;
-        Ok(())
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn reads_the_files_of_many_new_units_many_to_a_request() {
     let w = World::new().await;
@@ -884,22 +652,6 @@ async fn a_unit_that_keeps_dying_is_restarted_with_backoff_not_in_a_hot_loop() {
     assert!(again < Duration::from_millis(100), "restart took {again:?}");
 }
 
-/// Counts the requests the fake RBAC refused.
-#[derive(Debug, Clone, Default)]
-struct Refusals(Arc<Mutex<Vec<String>>>);
-
-impl Hook for Refusals {
-    async fn before(&self, _: Request<'_>) -> Result<(), KvError> {
-        Ok(())
-    }
-
-    fn after(&self, _: Request<'_>, outcome: Outcome<'_>, _: Duration) {
-        if let Outcome::Failed(e @ KvError::PermissionDenied { .. }) = outcome {
-            self.0.lock().unwrap().push(e.to_string());
-        }
-    }
-}
-
 /// Issue 17: the agent's whole life (boot, load, start, publish, stop, remove) on an
 /// etcd user holding only its machine role refuses nothing: the plan of `rbac::machine` is
 /// enough, and the agent reads no other machine's keys.
@@ -998,21 +750,6 @@ async fn an_upgraded_agent_on_its_resumed_lease_deletes_its_old_layout_states() 
     assert!(left(foreign).await, "another machine's key is not touched");
 }
 
-/// Counts range reads of this machine's schedule.
-#[derive(Debug, Clone, Default)]
-struct ScheduleReads(Arc<Mutex<usize>>);
-
-impl Hook for ScheduleReads {
-    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
-        if let Request::Range { key, .. } = request
-            && key.starts_with("/t/schedule/")
-        {
-            *self.0.lock().unwrap() += 1;
-        }
-        Ok(())
-    }
-}
-
 /// With many units here, each new one used to re-read the whole schedule (a thousand
 /// units scheduled one by one read a million entries): the watch's events are applied
 /// instead, and only the boot reads the schedule.
@@ -1094,28 +831,6 @@ async fn news_of_the_lease_makes_the_next_change_a_full_read_of_the_schedule() {
         2,
         "and the next one is applied from the watch again"
     );
-}
-
-/// Counts transactions that put unit states, and the states they put.
-#[derive(Debug, Clone, Default)]
-struct StatePuts(Arc<Mutex<Vec<usize>>>);
-
-impl Hook for StatePuts {
-    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
-        if let Request::Txn(txn) = request {
-            let puts = txn
-                .success
-                .iter()
-                .filter(
-                    |op| matches!(op, TxnOp::Put { key, .. } if key.starts_with("/t/unit-state/")),
-                )
-                .count();
-            if puts > 0 {
-                self.0.lock().unwrap().push(puts);
-            }
-        }
-        Ok(())
-    }
 }
 
 /// With 100,000 units on 5,000 machines, one transaction per published state was most of
@@ -1350,32 +1065,6 @@ async fn publishes_the_restarts_and_the_last_exit_of_a_unit_that_crashes() {
     );
 }
 
-/// Fails every read of a unit file while `0` is set, as etcd past fleetd's deadline would.
-#[derive(Debug, Clone, Default)]
-struct FailFiles(Arc<std::sync::atomic::AtomicBool>);
-
-impl Hook for FailFiles {
-    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
-        let file = |key: &str| key.starts_with("/t/file/");
-        let touches_files = match request {
-            Request::Range { key, .. } => file(key),
-            Request::Read(reads) => reads.iter().any(|r| file(&r.start)),
-            Request::Txn(txn) => txn
-                .success
-                .iter()
-                .any(|op| matches!(op, TxnOp::Get { key, .. } if file(key))),
-            _ => false,
-        };
-        if touches_files && self.0.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(KvError::Unavailable {
-                endpoints: "test".into(),
-                detail: "the test fails file reads".into(),
-            });
-        }
-        Ok(())
-    }
-}
-
 /// A unit scheduled in a burst whose file read failed (a request past its deadline at
 /// 5,000 machines) used to wait for the next change of the schedule or the minute's resync;
 /// the read is retried within the reconnect backoff (issue 43).
@@ -1390,16 +1079,20 @@ async fn a_schedule_read_that_failed_is_retried_within_seconds() {
         Registry::new(kv.clone(), "/t/"),
         AgentConfig::new(w.machine.clone()),
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    kv.hook.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    kv.hook
+        .failing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     w.schedule(
         "web.service",
         &file("/bin/sleep 1000"),
         DesiredState::Launched,
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    kv.hook.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    // The agent has read the schedule and been refused its file: only a retry can start it now.
+    kv.hook.refused.notified().await;
+    kv.hook
+        .failing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
     let healed = tokio::time::Instant::now();
     w.until_published("web.service", "active").await;
     assert!(
