@@ -96,7 +96,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 cfg.deny_units.clone(),
                 retry::reconnect_backoff(&cfg),
             ),
-            publisher: Publisher::new(registry),
+            publisher: Publisher::new(registry, cfg.events.clone()),
             holds: Holds::new(cfg.backoff_min, cfg.backoff_max),
             manager,
             cfg,
@@ -204,6 +204,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             tokio::select! {
                 _ = shutdown.changed() => {
                     info!("agent stopping; units keep running");
+                    self.publisher.flush_events();
                     return;
                 }
                 Some(()) = self.schedule.hinted() => {
@@ -499,7 +500,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             .record(&planned, |unit| outcome.failed.contains_key(unit), now);
         let told = |unit: &UnitName| self.observed.told_failed(unit);
         for event in events::of(&planned, &outcome, &self.cfg.machine, told) {
-            self.cfg.events.emit(event);
+            self.publisher.tell(event);
         }
         for t in &planned {
             let started = matches!(t.kind, TaskKind::Start | TaskKind::Restart);

@@ -355,13 +355,24 @@ impl<K: Kv> MachineRole<K> {
         presence: &Presence,
         states: &[UnitStateRecord],
     ) -> Result<()> {
-        if states.len() > MAX_TXN_OPS {
+        self.publish_states_with(presence, states, Vec::new()).await
+    }
+
+    /// [`publish_states`](Self::publish_states) with `also` (the puts of events aboard) in
+    /// the same transaction.
+    pub(crate) async fn publish_states_with(
+        &self,
+        presence: &Presence,
+        states: &[UnitStateRecord],
+        also: Vec<TxnOp>,
+    ) -> Result<()> {
+        if states.len() + also.len() > MAX_TXN_OPS {
             return Err(RegistryError::TooManyChanges {
-                count: states.len(),
+                count: states.len() + also.len(),
                 max: MAX_TXN_OPS,
             });
         }
-        let mut success = Vec::with_capacity(states.len());
+        let mut success = Vec::with_capacity(states.len() + also.len());
         for state in states {
             self.own(&state.machine)?;
             success.push(TxnOp::Put {
@@ -370,6 +381,7 @@ impl<K: Kv> MachineRole<K> {
                 lease: Some(presence.lease),
             });
         }
+        success.extend(also);
         let txn = Txn {
             compares: vec![],
             success,

@@ -261,6 +261,94 @@ async fn events_expire_after_the_retention<K: Kv>(reg: Registry<K>) {
     }
 }
 
+/// The agent's events ride in its publish of unit states (issue 41). With the events' lease
+/// gone (etcd answers "lease not found" for a transaction holding two leases, one alive),
+/// the states still go out, and the writer puts the events on a new lease.
+async fn events_aboard_a_publish_survive_their_lease_gone<K: Kv>(reg: Registry<K>) {
+    let m1 = machine("m1");
+    let role = MachineRole::new(reg.clone(), m1.clone());
+    let info = fleet_core::MachineInfo {
+        id: m1.clone(),
+        public_ip: String::new(),
+        metadata: Default::default(),
+        version: "test".into(),
+        disable_engine: true,
+        api: String::new(),
+        fence_at: None,
+    };
+    let presence = role
+        .register(&info, Duration::from_secs(30), None)
+        .await
+        .unwrap();
+    let stats = EventStats::default();
+    let log = role.event_log(EventConfig::default(), stats.clone());
+    let sink = log.sink();
+    let state = |unit: &str| fleet_registry::UnitStateRecord {
+        name: name(unit),
+        machine: m1.clone(),
+        hash: None,
+        systemd: fleet_core::SystemdState::not_found(),
+        drop_ins: Vec::new(),
+        restart: 0,
+        restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
+    };
+    let started = |unit: &str| Event::now(EventKind::Started, "").unit(&name(unit)).on(&m1);
+    sink.emit(started("a.service"));
+    let until = |n: usize| {
+        let reg = reg.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let keys = event_keys(&reg).await;
+                if keys.len() == n {
+                    return keys;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "{keys:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let first = until(1).await;
+    // Aboard: the state and its event in one transaction, on the writer's lease.
+    let batch = role
+        .publish_batch_with_events(
+            &presence,
+            vec![state("b.service")],
+            &sink,
+            vec![started("b.service")],
+        )
+        .await;
+    assert!(batch.complete());
+    let keys = until(2).await;
+    assert!(
+        keys.iter().all(|(_, lease)| *lease == first[0].1),
+        "{keys:?}"
+    );
+
+    reg.raw_kv()
+        .revoke(fleet_registry::kv::LeaseId(first[0].1))
+        .await
+        .unwrap();
+    until(0).await;
+    let batch = role
+        .publish_batch_with_events(
+            &presence,
+            vec![state("c.service")],
+            &sink,
+            vec![started("c.service")],
+        )
+        .await;
+    assert!(batch.complete(), "{:?}", batch.failed);
+    assert_eq!(role.published_states().await.unwrap().items.len(), 2);
+    let keys = until(1).await;
+    assert_ne!(keys[0].1, first[0].1, "a new lease");
+    assert_eq!(stats.get("written"), 3);
+    assert_eq!(stats.get("failed"), 0);
+}
+
 macro_rules! contract {
     ($($test:ident),* $(,)?) => {
         mod mem {
@@ -291,6 +379,7 @@ contract!(
     a_writer_puts_at_most_the_cap_of_one_subject_per_window,
     events_expire_after_the_retention,
     a_units_or_a_machines_events_are_read_without_the_other_agents,
+    events_aboard_a_publish_survive_their_lease_gone,
 );
 
 /// The store as an etcd user holding only `role` sees it.

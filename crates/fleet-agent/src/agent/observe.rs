@@ -1,7 +1,8 @@
 //! Reading what systemd did to the agent's units by itself ([`Observed`](super::observed)):
 //! the facts ([`UnitManager::facts`]) of the units whose state changed, a few property reads
 //! each, a few units at a time, never of every unit on every pass (3,000 units a machine).
-//! The events they tell go to the machine's writer, which never waits; the history they make
+//! The events they tell ride in the pass's publish of the states (or go to the machine's
+//! writer, which never waits); the history they make
 //! goes into the units' state records.
 
 use fleet_core::UnitName;
@@ -60,7 +61,7 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 continue;
             };
             for event in self.observed.saw(&name, state, &facts, &self.cfg.machine) {
-                self.cfg.events.emit(event);
+                self.publisher.tell(event);
             }
         }
         let units = &self.current.units;

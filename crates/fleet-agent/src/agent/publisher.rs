@@ -6,10 +6,15 @@
 //! Reads systemd for nothing: it publishes what the pass recorded in [`Current`]. Retries
 //! nothing by itself: a publish that left states out says so ([`Publisher::complete`]), and
 //! the agent's loop decides when to try again.
+//!
+//! The events a pass tells ride in its publish ([`Publisher::tell`]): one transaction for a
+//! unit's state and what happened to it, not two (issue 41).
 
 use fleet_core::UnitName;
 use fleet_registry::kv::Kv;
-use fleet_registry::{MAX_STATES_PER_MACHINE, MachineRole, Presence, UnitStateRecord};
+use fleet_registry::{
+    Event, EventSink, MAX_STATES_PER_MACHINE, MachineRole, Presence, UnitStateRecord,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use tracing::{debug, info, warn};
 
@@ -31,10 +36,13 @@ pub(super) struct Publisher<K> {
     /// How many units the last publish left out past the bound on states: warned about when
     /// it changes, not on every pass.
     past_bound: usize,
+    /// Where this machine's events go, and those told since the last publish.
+    events: EventSink,
+    told: Vec<Event>,
 }
 
 impl<K: Kv> Publisher<K> {
-    pub(super) fn new(registry: MachineRole<K>) -> Publisher<K> {
+    pub(super) fn new(registry: MachineRole<K>, events: EventSink) -> Publisher<K> {
         Publisher {
             registry,
             published: BTreeMap::new(),
@@ -42,6 +50,21 @@ impl<K: Kv> Publisher<K> {
             unpublished: None,
             complete: true,
             past_bound: 0,
+            events,
+            told: Vec::new(),
+        }
+    }
+
+    /// Holds `event` for the next publish, to go out in its transaction.
+    pub(super) fn tell(&mut self, event: Event) {
+        self.told.push(event);
+    }
+
+    /// Hands the events told and not published yet to the machine's writer (the agent is
+    /// stopping).
+    pub(super) fn flush_events(&mut self) {
+        for event in self.told.drain(..) {
+            self.events.emit(event);
         }
     }
 
@@ -116,6 +139,7 @@ impl<K: Kv> Publisher<K> {
     /// Without a presence there is nothing to publish on, and nothing is left out.
     pub(super) async fn publish(&mut self, presence: Option<Presence>, current: &Current) {
         let Some(presence) = presence else {
+            self.flush_events();
             self.complete = true;
             return;
         };
@@ -139,7 +163,11 @@ impl<K: Kv> Publisher<K> {
         self.note_past_bound(past_bound);
         // Many states to a transaction (a machine given 1,000 units publishes 8, not 1,000),
         // a few transactions at once. A failed one leaves its states for the retry.
-        let sent = self.registry.publish_batch(&presence, changed).await;
+        let told = std::mem::take(&mut self.told);
+        let sent = self
+            .registry
+            .publish_batch_with_events(&presence, changed, &self.events, told)
+            .await;
         for (units, e) in &sent.failed {
             debug!(units, error = %e, "publishing states failed");
         }

@@ -130,3 +130,25 @@ impl Hook for FailFiles {
         Ok(())
     }
 }
+
+/// Each transaction that puts unit states or events: how many of each it put.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StateAndEventPuts(pub(crate) Arc<Mutex<Vec<(usize, usize)>>>);
+
+impl Hook for StateAndEventPuts {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        if let Request::Txn(txn) = request {
+            let puts = |prefix: &str| {
+                txn.success
+                    .iter()
+                    .filter(|op| matches!(op, TxnOp::Put { key, .. } if key.starts_with(prefix)))
+                    .count()
+            };
+            let (states, events) = (puts("/t/unit-state/"), puts("/t/event/"));
+            if states + events > 0 {
+                self.0.lock().unwrap().push((states, events));
+            }
+        }
+        Ok(())
+    }
+}

@@ -15,8 +15,6 @@
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry as Prometheus;
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -24,9 +22,12 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, warn};
 
 use super::{Event, lease_gone};
-use crate::keys::{EventSource, EventStamp, EventSubject};
-use crate::kv::{Kv, LeaseId, Txn, TxnOp};
-use crate::registry::{Registry, encode};
+use crate::keys::EventSource;
+use crate::kv::{Kv, KvError, LeaseId, Txn, TxnOp};
+use crate::registry::Registry;
+use window::Window;
+
+mod window;
 
 /// Events to one transaction at most: etcd's 128 operations (a put each, no compare), so that
 /// fleetctl's close after a start of thousands of units writes them in few requests.
@@ -116,7 +117,20 @@ impl EventStats {
 #[derive(Debug, Clone)]
 pub struct EventSink {
     tx: Option<mpsc::Sender<Event>>,
+    /// The writer's lease window, for events that board a transaction of their own
+    /// ([`board`](Self::board)).
+    window: Option<Window>,
     stats: EventStats,
+}
+
+/// Events aboard a transaction of another write (the agent's publish of unit states, issue
+/// 41): their puts on the writer's current lease. Tell the sink how it went:
+/// [`landed`](EventSink::landed) or [`missed`](EventSink::missed).
+#[derive(Debug)]
+pub(crate) struct Boarding {
+    lease: LeaseId,
+    pub(crate) ops: Vec<TxnOp>,
+    events: Vec<Event>,
 }
 
 impl EventSink {
@@ -124,8 +138,70 @@ impl EventSink {
     pub fn off() -> EventSink {
         EventSink {
             tx: None,
+            window: None,
             stats: EventStats::default(),
         }
+    }
+
+    /// Takes up to `room` of `events` aboard a transaction of the caller's, as puts on the
+    /// writer's current lease within the per-subject cap; the rest, or all of them while the
+    /// writer holds no current lease (only the writer grants one: boarding never waits for
+    /// etcd), are queued for the writer as [`emit`](Self::emit) does. At 100,000 units on
+    /// 5,000 machines, an event transaction of each agent's own was one of every three
+    /// requests of the launch.
+    pub(crate) fn board(&self, mut events: Vec<Event>, room: usize) -> Option<Boarding> {
+        let window = self.window.as_ref()?;
+        let rest = events.split_off(room.min(events.len()));
+        let boarding = {
+            let mut state = window.lock();
+            match state.current() {
+                Some(lease) if !events.is_empty() => {
+                    let (kept, over) = state.capped(events);
+                    self.stats.count("capped", over as u64);
+                    let ops = kept.iter().map(|e| state.put(e, lease)).collect();
+                    events = Vec::new();
+                    Some(Boarding {
+                        lease,
+                        ops,
+                        events: kept,
+                    })
+                }
+                Some(_) | None => None,
+            }
+        };
+        for event in events.into_iter().chain(rest) {
+            self.emit(event);
+        }
+        boarding.filter(|b| !b.ops.is_empty())
+    }
+
+    /// The transaction `boarding` rode in was written.
+    pub(crate) fn landed(&self, boarding: Boarding) {
+        self.stats.count("written", boarding.events.len() as u64);
+    }
+
+    /// The transaction `boarding` was to ride in was refused before it was sent: its events
+    /// go to the writer.
+    pub(crate) fn unsent(&self, boarding: Boarding) {
+        for event in boarding.events {
+            self.emit(event);
+        }
+    }
+
+    /// The transaction `boarding` rode in failed with `err`. A lease gone (the events' own,
+    /// perhaps) means nothing was written: the events go to the writer, which takes a new
+    /// lease. Any other failure loses them, as a failed write of the writer's own does (a
+    /// transaction past its deadline may still have been applied: no event twice).
+    pub(crate) fn missed(&self, boarding: Boarding, err: &KvError) {
+        if lease_gone(err) {
+            if let Some(window) = &self.window {
+                window.lock().forget(boarding.lease);
+            }
+            self.unsent(boarding);
+            return;
+        }
+        debug!(events = boarding.events.len(), error = %err, "events aboard a failed transaction not written");
+        self.stats.count("failed", boarding.events.len() as u64);
     }
 
     /// Queues `event` for the writer; a full queue drops it (counted as `dropped`).
@@ -162,21 +238,19 @@ impl EventLog {
     ) -> EventLog {
         let (tx, rx) = mpsc::channel(cfg.queue.max(1));
         let (close, closed) = oneshot::channel();
+        let window = Window::new(cfg, registry.keys().clone(), source);
         let writer = Writer {
             registry,
-            source,
             cfg,
             stats: stats.clone(),
-            lease: None,
-            counts: HashMap::new(),
-            nonce: RandomState::new(),
-            written: 0,
+            window: window.clone(),
             failing: false,
         };
         let task = tokio::spawn(writer.run(rx, closed).in_current_span());
         EventLog {
             sink: EventSink {
                 tx: Some(tx),
+                window: Some(window),
                 stats,
             },
             close,
@@ -216,15 +290,10 @@ enum Linger {
 /// The background task of one [`EventLog`].
 struct Writer<K> {
     registry: Registry<K>,
-    source: EventSource,
     cfg: EventConfig,
     stats: EventStats,
-    /// The lease new events go on, and when it was granted.
-    lease: Option<(LeaseId, Instant)>,
-    /// Events put per subject on the current lease.
-    counts: HashMap<EventSubject, u32>,
-    nonce: RandomState,
-    written: u64,
+    /// The lease, its window and counts, shared with the sinks' boardings.
+    window: Window,
     /// Whether the last write failed: a failure is worth a warning once, not per batch.
     failing: bool,
 }
@@ -319,7 +388,10 @@ impl<K: Kv> Writer<K> {
                     return;
                 }
             };
-            let ops = kept.iter().map(|e| self.put(e, lease)).collect();
+            let ops = {
+                let mut state = self.window.lock();
+                kept.iter().map(|e| state.put(e, lease)).collect()
+            };
             let txn = Txn {
                 compares: vec![],
                 success: ops,
@@ -331,7 +403,7 @@ impl<K: Kv> Writer<K> {
                     self.failing = false;
                     return;
                 }
-                Err(err) if lease_gone(&err) && attempts == 1 => self.lease = None,
+                Err(err) if lease_gone(&err) && attempts == 1 => self.window.lock().forget(lease),
                 Err(err) => {
                     self.failed(kept.len(), &err);
                     return;
@@ -353,59 +425,25 @@ impl<K: Kv> Writer<K> {
 
     /// The events of `batch` within their subject's cap on the current lease window.
     fn capped(&mut self, batch: Vec<Event>) -> Vec<Event> {
-        if self.window_over() {
-            self.lease = None;
-            self.counts.clear();
-        }
-        let cap = self.cfg.cap;
-        let before = batch.len();
-        let kept: Vec<Event> = batch
-            .into_iter()
-            .filter(|e| {
-                let n = self.counts.entry(e.subject()).or_default();
-                *n += 1;
-                *n <= cap
-            })
-            .collect();
-        let over = before - kept.len();
+        let (kept, over) = self.window.lock().capped(batch);
         if over > 0 {
             self.stats.count("capped", over as u64);
         }
         kept
     }
 
-    fn window_over(&self) -> bool {
-        self.lease
-            .is_some_and(|(_, granted)| granted.elapsed() >= self.cfg.window())
-    }
-
     /// The lease of the current window, granted if there is none.
-    async fn lease(&mut self) -> Result<LeaseId, crate::kv::KvError> {
-        if let Some((lease, _)) = self.lease {
-            return Ok(lease);
-        }
-        let ttl = self.cfg.retention + self.cfg.window();
-        let lease = self.registry.kv().grant(ttl).await?;
-        self.lease = Some((lease, Instant::now()));
-        self.counts.clear();
-        Ok(lease)
-    }
-
-    fn put(&mut self, event: &Event, lease: LeaseId) -> TxnOp {
-        self.written += 1;
-        let stamp = EventStamp {
-            micros: event.time,
-            nonce: self.nonce.hash_one(self.written),
+    async fn lease(&mut self) -> Result<LeaseId, KvError> {
+        let ttl = {
+            let state = self.window.lock();
+            if let Some(lease) = state.current() {
+                return Ok(lease);
+            }
+            state.ttl()
         };
-        let key = self
-            .registry
-            .keys()
-            .event(&self.source, &event.subject(), stamp);
-        TxnOp::Put {
-            key,
-            value: encode(event),
-            lease: Some(lease),
-        }
+        let lease = self.registry.kv().grant(ttl).await?;
+        self.window.lock().granted(lease);
+        Ok(lease)
     }
 }
 

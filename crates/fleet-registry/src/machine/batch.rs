@@ -15,7 +15,10 @@ use fleet_core::{UnitFile, UnitHash, UnitName};
 use futures::{Stream, StreamExt};
 
 use super::{MachineRole, Presence};
+use crate::EventSink;
 use crate::error::{RegistryError, Result};
+use crate::events::log::Boarding;
+use crate::events::{Event, lease_gone};
 use crate::kv::{Kv, MAX_TXN_OPS};
 use crate::records::UnitStateRecord;
 
@@ -54,6 +57,93 @@ impl<K: Kv> MachineRole<K> {
             (chunk, res)
         })
         .await
+    }
+
+    /// [`publish_batch`](Self::publish_batch), with `events` aboard the batch's last (least
+    /// full) transaction as far as it has room and the writer of `sink` a current lease
+    /// ([`EventSink::board`]); the rest go to that writer. With 100,000 units on 5,000
+    /// machines, the agents' event transactions of their own were a third of the launch's
+    /// requests (issue 41). A lost event never fails the publish: if the transaction fails
+    /// for a lease gone (which may be the events'), it is sent again without them, and they
+    /// go to the writer.
+    pub async fn publish_batch_with_events(
+        &self,
+        presence: &Presence,
+        mut states: Vec<UnitStateRecord>,
+        sink: &EventSink,
+        events: Vec<Event>,
+    ) -> Batch<UnitStateRecord> {
+        let last_len = match states.len() {
+            0 => 0,
+            n => (n - 1) % MAX_TXN_OPS + 1,
+        };
+        let last = states.split_off(states.len() - last_len);
+        let boarding = match last_len {
+            0 => {
+                for event in events {
+                    sink.emit(event);
+                }
+                None
+            }
+            n => sink.board(events, MAX_TXN_OPS - n),
+        };
+        let aboard = async {
+            if last.is_empty() {
+                return Batch {
+                    done: Vec::new(),
+                    failed: Vec::new(),
+                };
+            }
+            let res = self.publish_aboard(presence, &last, sink, boarding).await;
+            match res {
+                Ok(()) => Batch {
+                    done: last,
+                    failed: Vec::new(),
+                },
+                Err(e) => Batch {
+                    done: Vec::new(),
+                    failed: vec![(last.len(), e)],
+                },
+            }
+        };
+        let (mut batch, aboard) = futures::join!(self.publish_batch(presence, states), aboard);
+        batch.done.extend(aboard.done);
+        batch.failed.extend(aboard.failed);
+        batch
+    }
+
+    /// Publishes `states` with `boarding`'s events in one transaction; once more without
+    /// them if a lease was gone.
+    async fn publish_aboard(
+        &self,
+        presence: &Presence,
+        states: &[UnitStateRecord],
+        sink: &EventSink,
+        boarding: Option<Boarding>,
+    ) -> Result<()> {
+        let Some(boarding) = boarding else {
+            return self.publish_states(presence, states).await;
+        };
+        let ops = boarding.ops.clone();
+        match self.publish_states_with(presence, states, ops).await {
+            Ok(()) => {
+                sink.landed(boarding);
+                Ok(())
+            }
+            Err(RegistryError::Kv { op, cause }) => {
+                let again = lease_gone(&cause);
+                sink.missed(boarding, &cause);
+                if !again {
+                    return Err(RegistryError::Kv { op, cause });
+                }
+                self.publish_states(presence, states).await
+            }
+            Err(e) => {
+                // Refused before anything was sent: the events go to the writer.
+                sink.unsent(boarding);
+                Err(e)
+            }
+        }
     }
 
     /// Withdraws the states of `names` on this machine, however many: [`MAX_TXN_OPS`] to a

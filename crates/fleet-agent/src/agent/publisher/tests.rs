@@ -81,7 +81,7 @@ async fn in_registry(role: &MachineRole<MemKv>) -> BTreeMap<String, String> {
 #[tokio::test(start_paused = true)]
 async fn publishes_what_changed_and_withdraws_what_left_the_units_directory() {
     let (_, role, presence) = world().await;
-    let mut publisher = Publisher::new(role.clone());
+    let mut publisher = Publisher::new(role.clone(), EventSink::off());
     publisher
         .publish(
             Some(presence),
@@ -103,7 +103,7 @@ async fn publishes_what_changed_and_withdraws_what_left_the_units_directory() {
 #[tokio::test(start_paused = true)]
 async fn only_the_units_touched_since_the_last_publish_are_compared() {
     let (_, role, presence) = world().await;
-    let mut publisher = Publisher::new(role.clone());
+    let mut publisher = Publisher::new(role.clone(), EventSink::off());
     publisher
         .publish(Some(presence), &current(&[("a.service", "active")]))
         .await;
@@ -122,7 +122,7 @@ async fn only_the_units_touched_since_the_last_publish_are_compared() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_publish_is_incomplete_and_the_next_one_compares_every_state() {
     let (kv, role, presence) = world().await;
-    let mut publisher = Publisher::new(role.clone());
+    let mut publisher = Publisher::new(role.clone(), EventSink::off());
     kv.set_unavailable(true);
     publisher
         .publish(Some(presence), &current(&[("a.service", "active")]))
@@ -141,7 +141,7 @@ async fn a_failed_publish_is_incomplete_and_the_next_one_compares_every_state() 
 #[tokio::test(start_paused = true)]
 async fn a_new_lease_publishes_every_state_again() {
     let (_, role, presence) = world().await;
-    let mut publisher = Publisher::new(role.clone());
+    let mut publisher = Publisher::new(role.clone(), EventSink::off());
     let now = current(&[("a.service", "active")]);
     publisher.publish(Some(presence), &now).await;
     role.unregister(&presence).await.unwrap();
@@ -154,7 +154,7 @@ async fn a_new_lease_publishes_every_state_again() {
 #[tokio::test(start_paused = true)]
 async fn without_a_presence_nothing_is_published_and_nothing_is_left_out() {
     let (_, role, _) = world().await;
-    let mut publisher = Publisher::new(role.clone());
+    let mut publisher = Publisher::new(role.clone(), EventSink::off());
     publisher
         .publish(None, &current(&[("a.service", "active")]))
         .await;
@@ -165,7 +165,7 @@ async fn without_a_presence_nothing_is_published_and_nothing_is_left_out() {
 #[tokio::test(start_paused = true)]
 async fn adopted_states_of_a_resumed_lease_are_withdrawn_when_their_units_are_gone() {
     let (_, role, presence) = world().await;
-    let mut before = Publisher::new(role.clone());
+    let mut before = Publisher::new(role.clone(), EventSink::off());
     before
         .publish(
             Some(presence),
@@ -173,7 +173,7 @@ async fn adopted_states_of_a_resumed_lease_are_withdrawn_when_their_units_are_go
         )
         .await;
     // A restarted fleetd on the same lease: b is no longer in its units directory.
-    let mut publisher = Publisher::new(role.clone());
+    let mut publisher = Publisher::new(role.clone(), EventSink::off());
     publisher.adopt(presence).await;
     assert_eq!(publisher.len(), 2);
     publisher

@@ -82,3 +82,148 @@ async fn a_close_writes_what_is_queued_without_waiting_the_linger() {
     assert_eq!(txns.0.lock().unwrap().len(), 1);
     assert_eq!(sink.stats().get("written"), 2);
 }
+
+/// A machine registered on a store counting its transactions, and its event writer.
+type Reg = Registry<Hooked<MemKv, Txns>>;
+
+async fn machine(
+    txns: &Txns,
+) -> (
+    Reg,
+    MachineRole<Hooked<MemKv, Txns>>,
+    crate::Presence,
+    EventLog,
+) {
+    let kv = Hooked {
+        inner: MemKv::new(),
+        hook: txns.clone(),
+    };
+    let machine: MachineId = "m1".parse().unwrap();
+    let registry = Registry::new(kv, "/t/");
+    let role = MachineRole::new(registry.clone(), machine.clone());
+    let info = fleet_core::MachineInfo {
+        id: machine,
+        public_ip: String::new(),
+        metadata: Default::default(),
+        version: "test".into(),
+        disable_engine: true,
+        api: String::new(),
+        fence_at: None,
+    };
+    let presence = role
+        .register(&info, Duration::from_secs(30), None)
+        .await
+        .unwrap();
+    let log = role.event_log(EventConfig::default(), EventStats::default());
+    (registry, role, presence, log)
+}
+
+fn state(i: usize) -> crate::UnitStateRecord {
+    crate::UnitStateRecord {
+        name: format!("u{i}.service").parse().unwrap(),
+        machine: "m1".parse().unwrap(),
+        hash: None,
+        systemd: fleet_core::SystemdState::not_found(),
+        drop_ins: Vec::new(),
+        restart: 0,
+        restart_pending: false,
+        restarts: 0,
+        since: None,
+        exit: None,
+    }
+}
+
+async fn events_written(registry: &Reg) -> usize {
+    let filter = crate::EventFilter {
+        unit: None,
+        machine: None,
+        since: None,
+    };
+    registry.events(&filter).await.unwrap().items.len()
+}
+
+/// Issue 41: an agent's events used to take a transaction of their own next to its states'
+/// (a third of the launch's requests at 100,000 units). Once the writer holds a lease, they
+/// ride in the publish.
+#[tokio::test(start_paused = true)]
+async fn events_ride_in_the_publish_of_states_once_the_writer_holds_a_lease() {
+    let txns = Txns::default();
+    let (registry, role, presence, log) = machine(&txns).await;
+    let sink = log.sink();
+    // No lease yet: the publish carries no events, the writer takes them and a lease.
+    let batch = role
+        .publish_batch_with_events(&presence, vec![state(0)], &sink, vec![started(0)])
+        .await;
+    assert!(batch.complete());
+    tokio::time::sleep(EventConfig::DEFAULT_LINGER * 2).await;
+    assert_eq!(sink.stats().get("written"), 1);
+    assert_eq!(events_written(&registry).await, 1);
+
+    let before = txns.0.lock().unwrap().len();
+    let batch = role
+        .publish_batch_with_events(
+            &presence,
+            vec![state(1), state(2)],
+            &sink,
+            vec![started(1), started(2), started(3)],
+        )
+        .await;
+    assert!(batch.complete());
+    assert_eq!(batch.done.len(), 2);
+    assert_eq!(txns.0.lock().unwrap().len() - before, 1, "one transaction");
+    assert_eq!(sink.stats().get("written"), 4);
+    assert_eq!(events_written(&registry).await, 4);
+    tokio::time::sleep(EventConfig::DEFAULT_LINGER * 2).await;
+    assert_eq!(
+        txns.0.lock().unwrap().len() - before,
+        1,
+        "none by the writer"
+    );
+}
+
+/// Losing an event never fails the publish: with the events' lease gone, the states go out
+/// again without them, and the writer puts them on a new lease.
+#[tokio::test(start_paused = true)]
+async fn a_publish_whose_events_lease_is_gone_goes_out_without_them() {
+    let txns = Txns::default();
+    let (registry, role, presence, log) = machine(&txns).await;
+    let sink = log.sink();
+    sink.emit(started(0));
+    tokio::time::sleep(EventConfig::DEFAULT_LINGER * 2).await;
+    let lease = sink.window.as_ref().unwrap().lock().current().unwrap();
+    registry.kv().revoke(lease).await.unwrap();
+
+    let batch = role
+        .publish_batch_with_events(&presence, vec![state(1)], &sink, vec![started(1)])
+        .await;
+    assert!(batch.complete());
+    assert_eq!(role.published_states().await.unwrap().items.len(), 1);
+    tokio::time::sleep(EventConfig::DEFAULT_LINGER * 2).await;
+    assert_eq!(
+        events_written(&registry).await,
+        1,
+        "the revoked lease took the first"
+    );
+    assert_eq!(sink.stats().get("written"), 2);
+    assert_eq!(sink.stats().get("failed"), 0);
+}
+
+/// A publish that fails for another reason (etcd away) loses its events: the transaction may
+/// have been applied after all, and no event is written twice.
+#[tokio::test(start_paused = true)]
+async fn a_publish_that_fails_otherwise_loses_its_events_and_fails_as_before() {
+    let txns = Txns::default();
+    let (registry, role, presence, log) = machine(&txns).await;
+    let sink = log.sink();
+    sink.emit(started(0));
+    tokio::time::sleep(EventConfig::DEFAULT_LINGER * 2).await;
+    registry.kv().inner.set_unavailable(true);
+    let batch = role
+        .publish_batch_with_events(&presence, vec![state(1)], &sink, vec![started(1)])
+        .await;
+    assert!(!batch.complete());
+    assert_eq!(sink.stats().get("failed"), 1);
+    registry.kv().inner.set_unavailable(false);
+    tokio::time::sleep(EventConfig::DEFAULT_LINGER * 2).await;
+    assert_eq!(events_written(&registry).await, 1);
+}

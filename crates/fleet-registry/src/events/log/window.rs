@@ -1,0 +1,123 @@
+//! The lease window of one writer's events, shared by its background writer and the
+//! transactions its events board ([`EventSink::board`](super::EventSink::board)): the lease new
+//! events go on, when it was granted, and how many events of each subject it holds, so that
+//! the per-subject cap counts every event of the writer however it went out.
+//!
+//! Only the writer grants a lease (boarding never waits for etcd): a boarding finds the
+//! window's current lease or does not board.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::time::Instant;
+
+use super::EventConfig;
+use crate::events::Event;
+use crate::keys::{EventSource, EventStamp, EventSubject, Keys};
+use crate::kv::{LeaseId, TxnOp};
+use crate::registry::encode;
+
+/// One writer's window; clones share it.
+#[derive(Debug, Clone)]
+pub(super) struct Window(Arc<Mutex<State>>);
+
+#[derive(Debug)]
+pub(super) struct State {
+    cfg: EventConfig,
+    keys: Keys,
+    source: EventSource,
+    /// The lease new events go on, and when it was granted.
+    lease: Option<(LeaseId, Instant)>,
+    /// Events put per subject on the current lease.
+    counts: HashMap<EventSubject, u32>,
+    nonce: RandomState,
+    written: u64,
+}
+
+impl Window {
+    pub(super) fn new(cfg: EventConfig, keys: Keys, source: EventSource) -> Window {
+        Window(Arc::new(Mutex::new(State {
+            cfg,
+            keys,
+            source,
+            lease: None,
+            counts: HashMap::new(),
+            nonce: RandomState::new(),
+            written: 0,
+        })))
+    }
+
+    /// The window, locked; never held across an await.
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl State {
+    /// The events of `batch` within their subject's cap on the current window, and how many
+    /// were over it. A window that is over ends here: its lease is not used again.
+    pub(super) fn capped(&mut self, batch: Vec<Event>) -> (Vec<Event>, usize) {
+        if self.over() {
+            self.lease = None;
+            self.counts.clear();
+        }
+        let cap = self.cfg.cap;
+        let before = batch.len();
+        let kept: Vec<Event> = batch
+            .into_iter()
+            .filter(|e| {
+                let n = self.counts.entry(e.subject()).or_default();
+                *n += 1;
+                *n <= cap
+            })
+            .collect();
+        let over = before - kept.len();
+        (kept, over)
+    }
+
+    /// The lease of the current window, if one was granted and its window is not over.
+    pub(super) fn current(&self) -> Option<LeaseId> {
+        self.lease.filter(|_| !self.over()).map(|(lease, _)| lease)
+    }
+
+    /// `lease` was granted: the window starts now, its counts afresh.
+    pub(super) fn granted(&mut self, lease: LeaseId) {
+        self.lease = Some((lease, Instant::now()));
+        self.counts.clear();
+    }
+
+    /// `lease` is gone from etcd: the next events wait for a new one (if it is still the
+    /// window's; a newer one stays).
+    pub(super) fn forget(&mut self, lease: LeaseId) {
+        if self.lease.is_some_and(|(l, _)| l == lease) {
+            self.lease = None;
+        }
+    }
+
+    /// The put of `event` on `lease`, under a key of its own.
+    pub(super) fn put(&mut self, event: &Event, lease: LeaseId) -> TxnOp {
+        self.written += 1;
+        let stamp = EventStamp {
+            micros: event.time,
+            nonce: self.nonce.hash_one(self.written),
+        };
+        let key = self.keys.event(&self.source, &event.subject(), stamp);
+        TxnOp::Put {
+            key,
+            value: encode(event),
+            lease: Some(lease),
+        }
+    }
+
+    /// The TTL of a new window's lease: the retention plus the window.
+    pub(super) fn ttl(&self) -> std::time::Duration {
+        self.cfg.retention + self.cfg.window()
+    }
+
+    fn over(&self) -> bool {
+        self.lease
+            .is_some_and(|(_, granted)| granted.elapsed() >= self.cfg.window())
+    }
+}
