@@ -1,6 +1,7 @@
-//! The benchmark's own eyes on the registry: two watches (schedule and states) keep a view of
-//! which unit is scheduled where and where it runs, so "every unit scheduled" and "every unit
-//! reported launched" can be timed without polling etcd. Its requests are not counted with
+//! The benchmark's own eyes on the registry: three watches (schedule, states and machines'
+//! presences) keep a view of which unit is scheduled where, where it runs and which machines
+//! are present, so "every unit scheduled", "every unit reported launched" and "the lost
+//! machines' leases expired" can be timed without polling etcd. Its requests are not counted with
 //! the cluster's.
 
 use anyhow::{Context, Result, bail};
@@ -21,6 +22,8 @@ pub struct View {
     /// unit -> machines where it is published active.
     active: HashMap<String, HashSet<String>>,
     launched: usize,
+    /// Machines with a presence key (their lease alive).
+    present: HashSet<String>,
     /// A watch ended: the view is stale.
     pub broken: bool,
 }
@@ -70,8 +73,23 @@ impl View {
             .count()
     }
 
+    /// How many of `machines` are present.
+    pub fn present_of(&self, machines: &HashSet<String>) -> usize {
+        machines
+            .iter()
+            .filter(|m| self.present.contains(*m))
+            .count()
+    }
+
     fn apply(&mut self, key: &str, value: Option<&[u8]>, keys: &Keys) {
         match Key::parse(keys, key) {
+            Some(Key::Machine(machine)) => {
+                if value.is_some() {
+                    self.present.insert(machine.to_string());
+                } else {
+                    self.present.remove(machine.as_str());
+                }
+            }
             Some(Key::Schedule { machine, unit }) => {
                 let (unit, machine) = (unit.to_string(), machine.to_string());
                 self.update(&unit.clone(), |v| match value {
@@ -115,7 +133,7 @@ impl Monitor {
         let view = Arc::new(Mutex::new(View::default()));
         let mut tasks = Vec::new();
         let keys = Keys::new(prefix);
-        for key in [keys.schedules(), keys.states()] {
+        for key in [keys.schedules(), keys.states(), keys.machines()] {
             let current = kv.range(&key, true, None).await.context("monitor read")?;
             {
                 let mut v = lock(&view);

@@ -474,9 +474,11 @@ async fn measure(sim: &mut Sim, a: &ScaleArgs) -> Result<Measured> {
     let total = a.units + usize::from(one.is_ok());
     let loss = lose_tenth(sim, total).await?;
     println!(
-        "scale: lost {} machines ({} units): rescheduled in {}, running again in {}",
+        "scale: lost {} machines ({} units): leases ended in {}, rescheduled in {}, running \
+         again in {}",
         loss.killed,
         loss.affected,
+        secs(loss.expired_in),
         secs(loss.rescheduled_in),
         secs(loss.recovered_in)
     );

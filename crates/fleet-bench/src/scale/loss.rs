@@ -18,6 +18,9 @@ pub(super) struct Loss {
     pub move_rate: Option<u32>,
     pub killed: usize,
     pub affected: usize,
+    /// Until etcd had ended every lost machine's lease (their presence keys gone): the TTL's
+    /// share of the recovery, etcd's, before the engine can see anything.
+    pub expired_in: Duration,
     pub rescheduled_in: Duration,
     pub recovered_in: Duration,
     pub roles: Roles,
@@ -40,6 +43,15 @@ pub(super) async fn lose_tenth(sim: &mut Sim, units: usize) -> Result<Loss> {
     let roles = Roles::now(sim);
     let t0 = Instant::now();
     sim.lose(&victims).await?;
+    let expired_in = sim
+        .monitor
+        .wait(
+            t0,
+            CONVERGE_WITHIN,
+            "the lost machines' leases ended",
+            |v| v.present_of(&dead) == 0,
+        )
+        .await?;
     let gone = |v: &crate::monitor::View| v.scheduled_on(&dead) == 0 && v.scheduled() >= units;
     let rescheduled_in = sim
         .monitor
@@ -72,6 +84,7 @@ pub(super) async fn lose_tenth(sim: &mut Sim, units: usize) -> Result<Loss> {
         move_rate: sim.spec.move_rate,
         killed: count,
         affected,
+        expired_in,
         rescheduled_in,
         recovered_in,
         roles: roles.since(sim),

@@ -116,11 +116,13 @@ fn figures(
         Some(r) => format!(", `engine_move_rate` {r}"),
     };
     let what = format!(
-        "lose {} machines ({}; {} units{rate}): all rescheduled / running elsewhere",
+        "lose {} machines ({}; {} units{rate}): leases ended / all rescheduled / running \
+         elsewhere",
         loss.killed, loss.how, loss.affected
     );
     let measured = format!(
-        "{} / {}",
+        "{} / {} / {}",
+        secs(loss.expired_in),
         secs(loss.rescheduled_in),
         secs(loss.recovered_in)
     );
