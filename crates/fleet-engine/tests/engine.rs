@@ -1247,6 +1247,60 @@ async fn a_leader_reads_the_registry_again_after_its_watch_breaks() {
     a.shutdown().await;
 }
 
+/// Fails the first `failures` transactions that write schedule entries, as a request past
+/// fleetd's deadline would, noting when each was refused.
+#[derive(Debug, Clone, Default)]
+struct FailScheduleWrites {
+    failures: usize,
+    refused: std::sync::Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+}
+
+impl Hook for FailScheduleWrites {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        let Request::Txn(txn) = request else {
+            return Ok(());
+        };
+        let schedules = txn
+            .success
+            .iter()
+            .any(|op| matches!(op, TxnOp::Put { key, .. } if key.contains("/schedule/")));
+        let mut refused = self.refused.lock().unwrap();
+        if schedules && refused.len() < self.failures {
+            refused.push(tokio::time::Instant::now());
+            return Err(KvError::Timeout(Duration::from_secs(1), "test".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Issue 43: a pass whose write failed (past fleetd's 1 s deadline at 100,000 units) was
+/// retried only after `engine_reconcile_interval` (2 s), and the engine fell 39 s behind the
+/// submit. The first retry comes within a fraction of it, later ones back off up to it.
+#[tokio::test(start_paused = true)]
+async fn a_failed_pass_is_retried_sooner_than_the_reconcile_interval_and_backs_off() {
+    let kv = Hooked {
+        inner: MemKv::new(),
+        hook: FailScheduleWrites {
+            failures: 3,
+            ..FailScheduleWrites::default()
+        },
+    };
+    let reg = Registry::new(kv.clone(), PREFIX);
+    join(&reg, "m1").await;
+    submit(&reg, "web.service").await;
+    let a = start(&reg, "a", MEM);
+    eventually(MEM.interval * 10, "web scheduled", || async {
+        schedule(&reg).await.contains_key("web.service")
+    })
+    .await;
+    let refused = kv.hook.refused.lock().unwrap().clone();
+    assert_eq!(refused.len(), 3);
+    let first_retry = refused[1] - refused[0];
+    assert!(first_retry < MEM.interval / 2, "{first_retry:?}");
+    assert!(refused[2] - refused[1] <= MEM.interval, "{refused:?}");
+    a.shutdown().await;
+}
+
 /// Records what the fake RBAC refused.
 #[derive(Debug, Clone, Default)]
 struct Refusals(std::sync::Arc<std::sync::Mutex<Vec<String>>>);

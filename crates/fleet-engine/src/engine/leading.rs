@@ -22,7 +22,7 @@
 //! At takeover the leader makes the placement mirror (`P/placement/<name>/<machine>`) match
 //! its view's schedule once; every schedule write after that carries its placement.
 
-use fleet_core::{UnitFile, UnitHash};
+use fleet_core::{Backoff, UnitFile, UnitHash};
 use fleet_registry::kv::Kv;
 use fleet_registry::{
     Changes, EngineWrite, Leadership, Registry, RegistryError, SharedStore, Snapshot, Store,
@@ -47,6 +47,12 @@ use crate::scheduler::strays;
 /// The shortest re-check period honoured (a zero interval would spin).
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
+/// The first retry of a failed pass comes this soon (then later, up to
+/// `engine_reconcile_interval`). At 100,000 units on 5,000 machines and fleetd's 1 s request
+/// deadline, a schedule write now and then ran past it; each cost the whole 2 s, and the
+/// engine fell 39 s behind the submit (issue 43).
+const RETRY_MIN: Duration = Duration::from_millis(200);
+
 /// How often a leader plans with nothing having changed: only a safety net, since every
 /// change that can change a plan arrives through the view's watch.
 pub(crate) const SAFETY_NET: Duration = Duration::from_secs(60);
@@ -61,12 +67,22 @@ pub(super) struct Leading<K> {
     /// The process's store of the registry, shared with the API's listings.
     stores: SharedStore<K>,
     leadership: Leadership<K>,
-    /// How long to wait before retrying a failed pass.
-    retry: Duration,
+    /// How long to wait before retrying a failed pass: from [`RETRY_MIN`] up to
+    /// `engine_reconcile_interval`, growing while passes keep failing.
+    retry: Backoff,
+    /// How often a pass comes without a change (at least `engine_reconcile_interval`).
+    safety_net: Duration,
     lease_ttl: Duration,
     /// The registry as the next plan sees it, and what changed in it since the last pass;
     /// `None` until subscribed (again).
     view: Option<Subscription>,
+    /// How long the next subscription waits for the store it shares to apply the present
+    /// before reading a new one: [`CATCH_UP`] for a new leader, a lease after a failed pass.
+    /// At 100,000 units on 5,000 machines a store is some 50 MB of etcd reads, and under that
+    /// load the shared store's watch ran more than a second behind: each failed write made a
+    /// new one (214.6 MiB read in one launch, issue 43), while a successful pass already
+    /// waits a lease for its own writes to arrive.
+    catch_up: Duration,
     /// What each pass plans, and what passes remember between them.
     planner: PassPlanner,
     /// The hold last logged, to log a change once.
@@ -100,9 +116,14 @@ impl<K: Kv> Leading<K> {
             registry: stores.registry().clone(),
             stores,
             leadership,
-            retry: cfg.reconcile_interval.max(MIN_INTERVAL),
+            retry: Backoff::new(
+                RETRY_MIN.min(cfg.reconcile_interval).max(MIN_INTERVAL),
+                cfg.reconcile_interval.max(MIN_INTERVAL),
+            ),
+            safety_net: SAFETY_NET.max(cfg.reconcile_interval),
             lease_ttl: cfg.lease_ttl.max(MIN_INTERVAL * 3),
             view: None,
+            catch_up: CATCH_UP,
             planner: PassPlanner::new(cfg.disruption, Instant::now()),
             logged_hold: None,
             placements_repaired: false,
@@ -118,7 +139,7 @@ impl<K: Kv> Leading<K> {
         let _keeper = Keeper(tokio::spawn(
             keep(self.leadership.clone(), self.lease_ttl, lost_tx).in_current_span(),
         ));
-        let period = SAFETY_NET.max(self.retry);
+        let period = self.safety_net;
         let mut safety_net = tokio::time::interval_at(Instant::now() + period, period);
         safety_net.set_missed_tick_behavior(MissedTickBehavior::Delay);
         // Whether a pass is due: at once, then after each change that matters.
@@ -132,18 +153,19 @@ impl<K: Kv> Leading<K> {
                     res = self.pass().instrument(debug_span!("engine pass")) => res,
                 };
                 match pass {
-                    Ok(()) => {}
+                    Ok(()) => self.retry.reset(),
                     Err(RegistryError::LostLeadership) => {
                         warn!("engine leadership lost: a write was refused");
                         return Flow::Campaign;
                     }
                     Err(err) => {
-                        warn!(error = %err, retry_in = ?self.retry, "engine pass failed; retrying");
+                        let retry_in = self.retry.next_delay();
+                        warn!(error = %err, ?retry_in, "engine pass failed; retrying");
                         tokio::select! {
                             biased;
                             () = stop_requested(shutdown) => return Flow::Shutdown,
                             _ = lost.changed() => return Flow::Campaign,
-                            () = tokio::time::sleep(self.retry) => {}
+                            () = tokio::time::sleep(retry_in) => {}
                         }
                         continue;
                     }
@@ -203,6 +225,7 @@ impl<K: Kv> Leading<K> {
                 // Some of the writes may have landed: the next pass subscribes again, to a
                 // store caught up with the present.
                 self.view = None;
+                self.catch_up = self.lease_ttl.max(CATCH_UP);
                 self.planner.write_failed();
                 self.metrics.failed(Failure::of(&err), Some(&pass.plan));
                 return Err(err);
@@ -257,7 +280,7 @@ impl<K: Kv> Leading<K> {
     /// schedule once per leadership.
     async fn read(&mut self) -> Result<(), RegistryError> {
         if self.view.is_none() {
-            self.view = Some(self.stores.current(CATCH_UP).await?.subscribe());
+            self.view = Some(self.stores.current(self.catch_up).await?.subscribe());
             self.planner.new_view();
         }
         if !self.placements_repaired {
