@@ -57,6 +57,8 @@ pub enum Call {
     Loaded(Vec<UnitName>),
     Details(UnitName),
     Facts(UnitName),
+    /// [`UnitManager::since`] (injected failures: [`Op::Facts`]).
+    Since(UnitName),
     Source(UnitName),
 }
 
@@ -70,6 +72,7 @@ impl Call {
             | Self::Stop(n)
             | Self::Details(n)
             | Self::Facts(n)
+            | Self::Since(n)
             | Self::Source(n) => Some(n),
             Self::Installed | Self::Reload | Self::Status(_) | Self::Loaded(_) => None,
         }
@@ -376,6 +379,19 @@ impl UnitManager for FakeManager {
                 .and_then(|r| r.facts.main_exit)
                 .or(failed.then_some(MainExit::Exited(1))),
         })
+    }
+
+    async fn since(&self, name: &UnitName) -> Result<Option<u64>, ManagerError> {
+        let mut state = self.lock();
+        let call = Call::Since(name.clone());
+        if state.call(call, Op::Facts, std::slice::from_ref(name)) {
+            return Err(ManagerError::Details {
+                unit: name.clone(),
+                source: injected(Op::Facts),
+            });
+        }
+        state.load_on_demand(name);
+        Ok(state.records.get(name).and_then(|r| r.facts.since))
     }
 
     async fn facts(&self, name: &UnitName) -> Result<UnitFacts, ManagerError> {

@@ -500,6 +500,10 @@ impl<M: UnitManager, O: CallObserver> UnitManager for Metered<M, O> {
         self.call(Call::Facts, self.inner.facts(name)).await
     }
 
+    async fn since(&self, name: &UnitName) -> Result<Option<u64>, ManagerError> {
+        self.call(Call::Facts, self.inner.since(name)).await
+    }
+
     async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {
         self.call(Call::Source, self.inner.source(name)).await
     }

@@ -393,6 +393,15 @@ impl UnitManager for SystemdManager {
             })
     }
 
+    async fn since(&self, name: &UnitName) -> Result<Option<u64>, ManagerError> {
+        self.read_since(name)
+            .await
+            .map_err(|e| ManagerError::Details {
+                unit: name.clone(),
+                source: bus_error(e),
+            })
+    }
+
     async fn source(&self, name: &UnitName) -> Result<UnitSource, ManagerError> {
         let fragment = self
             .read_fragment(name)

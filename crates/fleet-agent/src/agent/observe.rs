@@ -34,16 +34,30 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
         // A unit named again in the state its facts were read in has nothing new to tell:
         // after the agent's starts, the hints of those starts cost no second read.
         let asked: Vec<UnitName> = self.observed.stale(ours);
+        // A unit the agent just started afresh and finds active needs only its `since`.
+        let known: Vec<(UnitName, Option<UnitFacts>)> = asked
+            .iter()
+            .map(|n| {
+                let state = units.get(n).and_then(|u| u.systemd.as_ref());
+                let known = state.and_then(|s| self.observed.started_active(n, s));
+                (n.clone(), known)
+            })
+            .collect();
         let manager = &self.manager;
-        let read: Vec<(UnitName, Result<UnitFacts, ManagerError>)> =
-            futures::stream::iter(asked.clone())
-                .map(|name| async move {
-                    let facts = manager.facts(&name).await;
-                    (name, facts)
-                })
-                .buffer_unordered(FACT_READS)
-                .collect()
-                .await;
+        let read: Vec<(UnitName, Result<UnitFacts, ManagerError>)> = futures::stream::iter(known)
+            .map(|(name, known)| async move {
+                let facts = match known {
+                    Some(mut facts) => manager.since(&name).await.map(|since| {
+                        facts.since = since;
+                        facts
+                    }),
+                    None => manager.facts(&name).await,
+                };
+                (name, facts)
+            })
+            .buffer_unordered(FACT_READS)
+            .collect()
+            .await;
         for (name, facts) in read {
             let facts = match facts {
                 Ok(facts) => facts,

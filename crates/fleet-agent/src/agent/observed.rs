@@ -33,6 +33,9 @@ struct Seen {
     failure_told: bool,
     /// The agent started it and it has not been seen active yet.
     awaiting_active: bool,
+    /// The agent's last start of it was afresh (not a revival), and its facts were not read
+    /// since.
+    fresh: bool,
 }
 
 impl Seen {
@@ -76,6 +79,7 @@ impl Observed {
         let known = self.seen.contains_key(unit);
         let seen = self.seen.entry(unit.clone()).or_default();
         seen.state = Some(state.clone());
+        seen.fresh = false;
         seen.since = facts.since;
         if let Some(exit) = facts.main_exit {
             seen.exit = Some(exit_text(facts.result.as_deref(), exit));
@@ -141,7 +145,29 @@ impl Observed {
             seen.base = seen.n_restarts;
         }
         seen.awaiting_active = true;
+        seen.fresh = !revival;
         seen.state = None;
+    }
+
+    /// The facts of `unit`, now in `state`, that its fresh start by the agent set, when only
+    /// its `since` is left to read: the agent started it afresh, has not read its facts since,
+    /// and it is active. A start job counts systemd's restarts afresh and no main process of
+    /// it has ended, so its restarts stay as they were counted and no exit is new (a restart
+    /// by systemd before this read shows at the unit's next state change, when its facts are
+    /// read whole). `None`: read them whole.
+    pub(super) fn started_active(
+        &self,
+        unit: &UnitName,
+        state: &SystemdState,
+    ) -> Option<UnitFacts> {
+        let seen = self.seen.get(unit)?;
+        let active = state.active_state() == ActiveState::Active;
+        (seen.fresh && seen.awaiting_active && active).then_some(UnitFacts {
+            n_restarts: seen.n_restarts,
+            since: None,
+            result: None,
+            main_exit: None,
+        })
     }
 
     /// Whether the present failure of `unit` was told as an event already.

@@ -197,6 +197,7 @@ pub(crate) fn mutating(calls: &[Call]) -> Vec<Call> {
                     | Call::Loaded(_)
                     | Call::Details(_)
                     | Call::Facts(_)
+                    | Call::Since(_)
                     | Call::Source(_)
             )
         })

@@ -236,3 +236,48 @@ fn an_exit_says_systemds_result_only_when_the_exit_does_not_imply_it() {
         assert_eq!(exit_text(result, exit), text, "{result:?} {exit:?}");
     }
 }
+
+/// One agent starting 3,000 real units read five properties of each once it was active
+/// (issue 43's one-agent figure): a fresh start that is active needs only its `since`.
+#[test]
+fn only_the_since_of_a_unit_started_afresh_and_active_is_left_to_read() {
+    let (mut o, a, m) = (
+        Observed::default(),
+        name("a.service"),
+        "m1".parse().unwrap(),
+    );
+    let running = state("active", "running");
+    // Seen before with 2 restarts by systemd, then started afresh by the agent.
+    o.saw(
+        &a,
+        &state("failed", "failed"),
+        &facts(2, "exit-code", EXIT_3),
+        &m,
+    );
+    o.started(&a, false);
+    let known = o.started_active(&a, &running).unwrap();
+    assert_eq!(known.n_restarts, 2, "restarts stay as counted");
+    assert_eq!((known.result.clone(), known.main_exit), (None, None));
+    assert!(o.started_active(&a, &state("failed", "failed")).is_none());
+    assert!(
+        o.started_active(&a, &state("activating", "start"))
+            .is_none()
+    );
+    let told = o.saw(
+        &a,
+        &running,
+        &UnitFacts {
+            since: Some(7),
+            ..known
+        },
+        &m,
+    );
+    assert_eq!(kinds(&told), [EventKind::Active]);
+    let history = o.history(&a).unwrap();
+    assert_eq!((history.restarts, history.since), (0, Some(7)));
+    // Read since: the next read is whole.
+    assert!(o.started_active(&a, &running).is_none());
+    // A revival is read whole.
+    o.started(&a, true);
+    assert!(o.started_active(&a, &running).is_none());
+}
