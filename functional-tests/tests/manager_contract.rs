@@ -197,6 +197,8 @@ async fn reads_what_systemd_did_to_a_unit<S: Side>(side: &S) {
         (0, None, Some("success"))
     );
     assert!(running.since.is_some(), "{running:?}");
+    // What the agent reads alone of a unit it started afresh and finds active.
+    assert_eq!(side.since(&unit).await.unwrap(), running.since);
     assert_eq!(side.stop(&unit).await.unwrap(), JobOutcome::Done);
     side.uninstall(&unit).await.unwrap();
     let failing = name("contract-facts-fails.service");
