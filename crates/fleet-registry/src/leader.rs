@@ -121,7 +121,13 @@ impl<K: Kv> EngineRole<K> {
     /// The writer of the engine's events (`P/event/engine/`, issue 41). Not fenced: an
     /// event says what a leader did after its fenced write landed.
     pub fn event_log(&self, cfg: EventConfig, stats: EventStats) -> EventLog {
-        EventLog::start(self.registry.clone(), EventSource::Engine, cfg, stats)
+        EventLog::start(
+            self.registry.clone(),
+            EventSource::Engine,
+            cfg,
+            stats,
+            false,
+        )
     }
 
     /// Tries to become the engine leader: creates the leader key on a new lease of `ttl` if

@@ -81,10 +81,12 @@ impl<K: Kv> MachineRole<K> {
         MachineRole { registry, machine }
     }
 
-    /// The writer of this machine's agent events (`P/event/machine/<M>/`, issue 41).
+    /// The writer of this machine's agent events (`P/event/machine/<M>/`, issue 41), which
+    /// takes its lease at once, so that the agent's events ride in its state writes from the
+    /// first ([`EventSink`](crate::EventSink)).
     pub fn event_log(&self, cfg: EventConfig, stats: EventStats) -> EventLog {
         let source = EventSource::Machine(self.machine.clone());
-        EventLog::start(self.registry.clone(), source, cfg, stats)
+        EventLog::start(self.registry.clone(), source, cfg, stats, true)
     }
 
     /// The machine this handle writes for.

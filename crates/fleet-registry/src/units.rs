@@ -78,7 +78,7 @@ impl<K: Kv> UnitsRole<K> {
 
     /// The writer of user actions' events (`P/event/user/`, issue 41).
     pub fn event_log(&self, cfg: EventConfig, stats: EventStats) -> EventLog {
-        EventLog::start(self.registry.clone(), EventSource::User, cfg, stats)
+        EventLog::start(self.registry.clone(), EventSource::User, cfg, stats, false)
     }
 
     /// The shared read-only views (snapshots, listings, leader), as every role has them.
