@@ -154,7 +154,7 @@ impl EventSink {
         let rest = events.split_off(room.min(events.len()));
         let boarding = {
             let mut state = window.lock();
-            match state.current() {
+            match state.boarding() {
                 Some(lease) if !events.is_empty() => {
                     let (kept, over) = state.capped(events);
                     self.stats.count("capped", over as u64);
@@ -180,6 +180,12 @@ impl EventSink {
         self.stats.count("written", boarding.events.len() as u64);
     }
 
+    /// Whether a write that failed with `err` with events aboard is sent again without them:
+    /// the events may be why it failed (their lease gone, their prefix refused).
+    pub(crate) fn resend_without(err: &KvError) -> bool {
+        lease_gone(err) || matches!(err, KvError::PermissionDenied { .. })
+    }
+
     /// The transaction `boarding` was to ride in was refused before it was sent: its events
     /// go to the writer.
     pub(crate) fn unsent(&self, boarding: Boarding) {
@@ -189,14 +195,22 @@ impl EventSink {
     }
 
     /// The transaction `boarding` rode in failed with `err`. A lease gone (the events' own,
-    /// perhaps) means nothing was written: the events go to the writer, which takes a new
-    /// lease. Any other failure loses them, as a failed write of the writer's own does (a
-    /// transaction past its deadline may still have been applied: no event twice).
+    /// perhaps) or a refusal of the events' prefix means nothing was written: the events go
+    /// to the writer, which takes a new lease (or is refused too, and warns), and after a
+    /// refusal no event boards until the writer's own put succeeds. Any other failure loses
+    /// them, as a failed write of the writer's own does (a transaction past its deadline may
+    /// still have been applied: no event twice).
     pub(crate) fn missed(&self, boarding: Boarding, err: &KvError) {
-        if lease_gone(err) {
-            if let Some(window) = &self.window {
-                window.lock().forget(boarding.lease);
+        if let Some(window) = &self.window {
+            let mut state = window.lock();
+            if lease_gone(err) {
+                state.forget(boarding.lease);
             }
+            if matches!(err, KvError::PermissionDenied { .. }) {
+                state.set_refused(true);
+            }
+        }
+        if Self::resend_without(err) {
             self.unsent(boarding);
             return;
         }
@@ -414,6 +428,7 @@ impl<K: Kv> Writer<K> {
                 Ok(_) => {
                     self.stats.count("written", kept.len() as u64);
                     self.failing = false;
+                    self.window.lock().set_refused(false);
                     return;
                 }
                 Err(err) if lease_gone(&err) && attempts == 1 => self.window.lock().forget(lease),

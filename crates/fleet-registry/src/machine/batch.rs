@@ -17,8 +17,8 @@ use futures::{Stream, StreamExt};
 use super::{MachineRole, Presence};
 use crate::EventSink;
 use crate::error::{RegistryError, Result};
+use crate::events::Event;
 use crate::events::log::Boarding;
-use crate::events::{Event, lease_gone};
 use crate::kv::{Kv, MAX_TXN_OPS};
 use crate::records::UnitStateRecord;
 
@@ -64,8 +64,8 @@ impl<K: Kv> MachineRole<K> {
     /// ([`EventSink::board`]); the rest go to that writer. With 100,000 units on 5,000
     /// machines, the agents' event transactions of their own were a third of the launch's
     /// requests (issue 41). A lost event never fails the publish: if the transaction fails
-    /// for a lease gone (which may be the events'), it is sent again without them, and they
-    /// go to the writer.
+    /// for a lease gone (which may be the events') or a refusal (a host's role without the
+    /// events' prefix), it is sent again without them, and they go to the writer.
     pub async fn publish_batch_with_events(
         &self,
         presence: &Presence,
@@ -131,7 +131,7 @@ impl<K: Kv> MachineRole<K> {
                 Ok(())
             }
             Err(RegistryError::Kv { op, cause }) => {
-                let again = lease_gone(&cause);
+                let again = EventSink::resend_without(&cause);
                 sink.missed(boarding, &cause);
                 if !again {
                     return Err(RegistryError::Kv { op, cause });

@@ -227,3 +227,69 @@ async fn a_publish_that_fails_otherwise_loses_its_events_and_fails_as_before() {
     tokio::time::sleep(EventConfig::DEFAULT_LINGER * 2).await;
     assert_eq!(events_written(&registry).await, 1);
 }
+
+/// Counts the requests etcd's permission check refused.
+#[derive(Debug, Clone, Default)]
+struct Denials(Arc<Mutex<usize>>);
+
+impl Hook for Denials {
+    async fn before(&self, _: Request<'_>) -> Result<(), KvError> {
+        Ok(())
+    }
+
+    fn after(&self, _: Request<'_>, outcome: crate::kv::Outcome<'_>, _: Duration) {
+        if let crate::kv::Outcome::Failed(KvError::PermissionDenied { .. }) = outcome {
+            *self.0.lock().unwrap() += 1;
+        }
+    }
+}
+
+/// A host whose etcd role predates issue 41's event prefix (`fleetctl auth setup` not run
+/// again): events are refused, and that must not fail the publish of its states (docs/
+/// registry.md, "Upgrading"). The states go out again without them, and no event boards
+/// again until the writer's own put succeeds.
+#[tokio::test(start_paused = true)]
+async fn a_host_refused_its_events_still_publishes_its_states() {
+    let machine: MachineId = "m1".parse().unwrap();
+    let keys = crate::Keys::new("/t/");
+    let mut role = crate::rbac::machine(&keys, &machine);
+    role.permissions
+        .retain(|p| !p.key.starts_with(&keys.events()));
+    let denials = Denials::default();
+    let kv = Hooked {
+        inner: crate::kv::Rbac::new(MemKv::new(), "fleet-host-m1", vec![role]),
+        hook: denials.clone(),
+    };
+    let role = MachineRole::new(Registry::new(kv, "/t/"), machine.clone());
+    let info = fleet_core::MachineInfo {
+        id: machine,
+        public_ip: String::new(),
+        metadata: Default::default(),
+        version: "test".into(),
+        disable_engine: true,
+        api: String::new(),
+        fence_at: None,
+    };
+    let presence = role
+        .register(&info, Duration::from_secs(30), None)
+        .await
+        .unwrap();
+    let log = role.event_log(EventConfig::default(), EventStats::default());
+    let sink = log.sink();
+    // The eager writer holds its lease (a grant needs no key's permission).
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(sink.window.as_ref().unwrap().lock().current().is_some());
+    for i in 0..2 {
+        let batch = role
+            .publish_batch_with_events(&presence, vec![state(i)], &sink, vec![started(i)])
+            .await;
+        assert!(batch.complete(), "{:?}", batch.failed);
+    }
+    assert_eq!(role.published_states().await.unwrap().items.len(), 2);
+    tokio::time::sleep(EventConfig::DEFAULT_LINGER * 2).await;
+    assert_eq!(sink.stats().get("failed"), 2);
+    assert_eq!(sink.stats().get("written"), 0);
+    // The first publish's events aboard, then the writer's put of both: the second publish
+    // did not try its events aboard.
+    assert_eq!(*denials.0.lock().unwrap(), 2);
+}

@@ -32,6 +32,10 @@ pub(super) struct State {
     counts: HashMap<EventSubject, u32>,
     nonce: RandomState,
     written: u64,
+    /// etcd refused events aboard another write (a host's role without the events' prefix:
+    /// `fleetctl auth setup` not run again since issue 41): nothing boards until the writer's
+    /// own put succeeds.
+    refused: bool,
 }
 
 impl Window {
@@ -44,6 +48,7 @@ impl Window {
             counts: HashMap::new(),
             nonce: RandomState::new(),
             written: 0,
+            refused: false,
         })))
     }
 
@@ -80,6 +85,17 @@ impl State {
     /// The lease of the current window, if one was granted and its window is not over.
     pub(super) fn current(&self) -> Option<LeaseId> {
         self.lease.filter(|_| !self.over()).map(|(lease, _)| lease)
+    }
+
+    /// The lease events may board another write on: the current one, unless etcd refused
+    /// events aboard since the writer's last put.
+    pub(super) fn boarding(&self) -> Option<LeaseId> {
+        self.current().filter(|_| !self.refused)
+    }
+
+    /// etcd refused the events aboard a write, or (`false`) took the writer's own put.
+    pub(super) fn set_refused(&mut self, refused: bool) {
+        self.refused = refused;
     }
 
     /// `lease` was granted: the window starts now, its counts afresh.
