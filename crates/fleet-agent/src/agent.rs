@@ -204,7 +204,6 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             tokio::select! {
                 _ = shutdown.changed() => {
                     info!("agent stopping; units keep running");
-                    self.publisher.flush_events();
                     return;
                 }
                 Some(()) = self.schedule.hinted() => {

@@ -155,11 +155,6 @@ pub trait UnitManager: Send + Sync {
         }
     }
 
-    /// What happened to `name` in systemd lately, which [`UnitManager::status`] does not say:
-    /// how often systemd's own `Restart=` restarted it, when it entered its current
-    /// ActiveState, and how its main process last ended. A few property reads: the agent reads
-    /// them only of units whose state changed, never of every unit on every pass. The default
-    /// reads [`UnitManager::details`] and knows no restarts and no time.
     /// When `name` entered its current ActiveState (systemd's `StateChangeTimestamp`), alone:
     /// what the agent reads of a unit it has just started afresh and finds active, whose
     /// other facts that start set (no restart since, no main process ended). One property read
@@ -172,6 +167,11 @@ pub trait UnitManager: Send + Sync {
         async move { Ok(self.facts(name).await?.since) }
     }
 
+    /// What happened to `name` in systemd lately, which [`UnitManager::status`] does not say:
+    /// how often systemd's own `Restart=` restarted it, when it entered its current
+    /// ActiveState, and how its main process last ended. A few property reads: the agent reads
+    /// them only of units whose state changed, never of every unit on every pass. The default
+    /// reads [`UnitManager::details`] and knows no restarts and no time.
     fn facts(
         &self,
         name: &UnitName,

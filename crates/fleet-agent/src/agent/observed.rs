@@ -151,10 +151,11 @@ impl Observed {
 
     /// The facts of `unit`, now in `state`, that its fresh start by the agent set, when only
     /// its `since` is left to read: the agent started it afresh, has not read its facts since,
-    /// and it is active. A start job counts systemd's restarts afresh and no main process of
-    /// it has ended, so its restarts stay as they were counted and no exit is new (a restart
-    /// by systemd before this read shows at the unit's next state change, when its facts are
-    /// read whole). `None`: read them whole.
+    /// it is active, and systemd never counted a restart of it here. A start job counts
+    /// systemd's restarts afresh (from 0) and no main process of it has ended yet. A unit with
+    /// restarts counted is read whole: a start of it while systemd was about to restart it
+    /// again keeps systemd's count. A restart by systemd before this read shows at the unit's
+    /// next state change, when its facts are read whole. `None`: read them whole.
     pub(super) fn started_active(
         &self,
         unit: &UnitName,
@@ -162,8 +163,9 @@ impl Observed {
     ) -> Option<UnitFacts> {
         let seen = self.seen.get(unit)?;
         let active = state.active_state() == ActiveState::Active;
-        (seen.fresh && seen.awaiting_active && active).then_some(UnitFacts {
-            n_restarts: seen.n_restarts,
+        let never_restarted = seen.n_restarts == 0;
+        (seen.fresh && seen.awaiting_active && active && never_restarted).then_some(UnitFacts {
+            n_restarts: 0,
             since: None,
             result: None,
             main_exit: None,

@@ -60,14 +60,6 @@ impl<K: Kv> Publisher<K> {
         self.told.push(event);
     }
 
-    /// Hands the events told and not published yet to the machine's writer (the agent is
-    /// stopping).
-    pub(super) fn flush_events(&mut self) {
-        for event in self.told.drain(..) {
-            self.events.emit(event);
-        }
-    }
-
     /// Whether a state of `unit` is published.
     pub(super) fn has(&self, unit: &UnitName) -> bool {
         self.published.contains_key(unit)
@@ -227,6 +219,22 @@ impl<K: Kv> Publisher<K> {
                 "more units here than a machine may publish states of; theirs are not published"
             );
         }
+    }
+}
+
+impl<K> Publisher<K> {
+    /// Hands the events told and not published yet to the machine's writer: with no presence
+    /// to publish on, and when the agent stops, however it stops ([`Drop`]).
+    fn flush_events(&mut self) {
+        for event in self.told.drain(..) {
+            self.events.emit(event);
+        }
+    }
+}
+
+impl<K> Drop for Publisher<K> {
+    fn drop(&mut self) {
+        self.flush_events();
     }
 }
 

@@ -126,13 +126,14 @@ impl SystemdManager {
         })
     }
 
-    /// Five property reads for a service (one for other types), under one permit.
+    /// One property read, under one permit.
     pub(super) async fn read_since(&self, name: &UnitName) -> zbus::Result<Option<u64>> {
         let _permit = self.permit().await;
         let unit = self.unit_proxy(name).await?;
         Ok(Some(unit.state_change_timestamp().await?).filter(|t| *t != 0))
     }
 
+    /// Five property reads for a service (one for other types), under one permit.
     pub(super) async fn read_facts(&self, name: &UnitName) -> zbus::Result<UnitFacts> {
         let _permit = self.permit().await;
         let unit = self.unit_proxy(name).await?;

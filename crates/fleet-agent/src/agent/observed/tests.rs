@@ -247,17 +247,12 @@ fn only_the_since_of_a_unit_started_afresh_and_active_is_left_to_read() {
         "m1".parse().unwrap(),
     );
     let running = state("active", "running");
-    // Seen before with 2 restarts by systemd, then started afresh by the agent.
-    o.saw(
-        &a,
-        &state("failed", "failed"),
-        &facts(2, "exit-code", EXIT_3),
-        &m,
-    );
     o.started(&a, false);
     let known = o.started_active(&a, &running).unwrap();
-    assert_eq!(known.n_restarts, 2, "restarts stay as counted");
-    assert_eq!((known.result.clone(), known.main_exit), (None, None));
+    assert_eq!(
+        (known.n_restarts, known.result.clone(), known.main_exit),
+        (0, None, None)
+    );
     assert!(o.started_active(&a, &state("failed", "failed")).is_none());
     assert!(
         o.started_active(&a, &state("activating", "start"))
@@ -280,4 +275,33 @@ fn only_the_since_of_a_unit_started_afresh_and_active_is_left_to_read() {
     // A revival is read whole.
     o.started(&a, true);
     assert!(o.started_active(&a, &running).is_none());
+}
+
+/// A unit systemd restarted before is read whole after the agent's fresh start: its count
+/// of restarts, which a start may or may not have begun afresh, is systemd's to say. Two
+/// restarts after the start are then told and counted, not hidden behind the old count.
+#[test]
+fn a_unit_with_restarts_counted_is_read_whole_after_a_fresh_start() {
+    let (mut o, a, m) = (
+        Observed::default(),
+        name("a.service"),
+        "m1".parse().unwrap(),
+    );
+    let running = state("active", "running");
+    o.started(&a, false);
+    o.saw(&a, &running, &facts(0, "success", None), &m);
+    o.saw(&a, &running, &facts(2, "success", None), &m);
+    o.saw(
+        &a,
+        &state("failed", "failed"),
+        &facts(2, "exit-code", EXIT_3),
+        &m,
+    );
+    o.started(&a, false);
+    assert!(o.started_active(&a, &running).is_none());
+    // The whole read says systemd began afresh; two restarts later are two.
+    o.saw(&a, &running, &facts(0, "success", None), &m);
+    let told = o.saw(&a, &running, &facts(2, "success", None), &m);
+    assert_eq!(kinds(&told), [EventKind::RestartedBySystemd]);
+    assert_eq!(o.history(&a).unwrap().restarts, 2);
 }
