@@ -345,6 +345,16 @@ async fn events_aboard_a_publish_survive_their_lease_gone<K: Kv>(reg: Registry<K
     assert_eq!(role.published_states().await.unwrap().items.len(), 2);
     let keys = until(1).await;
     assert_ne!(keys[0].1, first[0].1, "a new lease");
+    // The writer counts its put once etcd has answered, which may be after the key shows.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while stats.get("written") < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}",
+            stats.get("written")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(stats.get("written"), 3);
     assert_eq!(stats.get("failed"), 0);
 }

@@ -189,6 +189,9 @@ impl EventSink {
     /// The transaction `boarding` was to ride in was refused before it was sent: its events
     /// go to the writer.
     pub(crate) fn unsent(&self, boarding: Boarding) {
+        if let Some(window) = &self.window {
+            window.lock().uncount(&boarding.events);
+        }
         for event in boarding.events {
             self.emit(event);
         }

@@ -293,3 +293,48 @@ async fn a_host_refused_its_events_still_publishes_its_states() {
     // did not try its events aboard.
     assert_eq!(*denials.0.lock().unwrap(), 2);
 }
+
+/// Events handed back to the writer after their write was refused were counted against
+/// their unit's cap twice, once aboard and once by the writer: at a cap of 1 the one event of
+/// the unit was capped instead of tried.
+#[tokio::test(start_paused = true)]
+async fn an_event_handed_back_to_the_writer_counts_once_against_its_cap() {
+    let machine: MachineId = "m1".parse().unwrap();
+    let keys = crate::Keys::new("/t/");
+    let mut role = crate::rbac::machine(&keys, &machine);
+    role.permissions
+        .retain(|p| !p.key.starts_with(&keys.events()));
+    let kv = crate::kv::Rbac::new(MemKv::new(), "fleet-host-m1", vec![role]);
+    let role = MachineRole::new(Registry::new(kv, "/t/"), machine.clone());
+    let info = fleet_core::MachineInfo {
+        id: machine,
+        public_ip: String::new(),
+        metadata: Default::default(),
+        version: "test".into(),
+        disable_engine: true,
+        api: String::new(),
+        fence_at: None,
+    };
+    let presence = role
+        .register(&info, Duration::from_secs(30), None)
+        .await
+        .unwrap();
+    let cfg = EventConfig {
+        cap: 1,
+        ..EventConfig::default()
+    };
+    let log = role.event_log(cfg, EventStats::default());
+    let sink = log.sink();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let batch = role
+        .publish_batch_with_events(&presence, vec![state(1)], &sink, vec![started(1)])
+        .await;
+    assert!(batch.complete());
+    tokio::time::sleep(EventConfig::DEFAULT_LINGER * 2).await;
+    assert_eq!(sink.stats().get("capped"), 0);
+    assert_eq!(
+        sink.stats().get("failed"),
+        1,
+        "tried by the writer, refused"
+    );
+}

@@ -82,6 +82,16 @@ impl State {
         (kept, over)
     }
 
+    /// `events`, counted against their subjects' cap when they boarded a write that did not
+    /// land, are counted again by the writer that takes them: not twice.
+    pub(super) fn uncount(&mut self, events: &[Event]) {
+        for e in events {
+            if let Some(n) = self.counts.get_mut(&e.subject()) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+
     /// The lease of the current window, if one was granted and its window is not over.
     pub(super) fn current(&self) -> Option<LeaseId> {
         self.lease.filter(|_| !self.over()).map(|(lease, _)| lease)
