@@ -23,7 +23,7 @@
 //! its view's schedule once; every schedule write after that carries its placement.
 
 use fleet_core::{Backoff, UnitFile, UnitHash};
-use fleet_registry::kv::Kv;
+use fleet_registry::kv::{Kv, KvError};
 use fleet_registry::{
     Changes, EngineWrite, Leadership, Registry, RegistryError, SharedStore, Snapshot, Store,
     Subscription, Touched, WatchHints,
@@ -70,6 +70,13 @@ pub(super) struct Leading<K> {
     /// How long to wait before retrying a failed pass: from [`RETRY_MIN`] up to
     /// `engine_reconcile_interval`, growing while passes keep failing.
     retry: Backoff,
+    /// Whether the last pass's write failed in doubt (past its deadline, or the connection
+    /// lost under it): etcd may still apply it, so the retry waits as long as it always did,
+    /// `engine_reconcile_interval`, not the backoff's first 200 ms. A plan on a view without
+    /// writes still on their way could place a unit a second time.
+    in_doubt: bool,
+    /// The wait after a write in doubt: `engine_reconcile_interval`.
+    in_doubt_wait: Duration,
     /// How often a pass comes without a change (at least `engine_reconcile_interval`).
     safety_net: Duration,
     lease_ttl: Duration,
@@ -120,6 +127,8 @@ impl<K: Kv> Leading<K> {
                 RETRY_MIN.min(cfg.reconcile_interval).max(MIN_INTERVAL),
                 cfg.reconcile_interval.max(MIN_INTERVAL),
             ),
+            in_doubt: false,
+            in_doubt_wait: cfg.reconcile_interval.max(MIN_INTERVAL),
             safety_net: SAFETY_NET.max(cfg.reconcile_interval),
             lease_ttl: cfg.lease_ttl.max(MIN_INTERVAL * 3),
             view: None,
@@ -159,7 +168,7 @@ impl<K: Kv> Leading<K> {
                         return Flow::Campaign;
                     }
                     Err(err) => {
-                        let retry_in = self.retry.next_delay();
+                        let retry_in = self.retry_delay();
                         warn!(error = %err, ?retry_in, "engine pass failed; retrying");
                         tokio::select! {
                             biased;
@@ -226,6 +235,7 @@ impl<K: Kv> Leading<K> {
                 // store caught up with the present.
                 self.view = None;
                 self.catch_up = self.lease_ttl.max(CATCH_UP);
+                self.in_doubt = in_doubt(&err);
                 self.planner.write_failed();
                 self.metrics.failed(Failure::of(&err), Some(&pass.plan));
                 return Err(err);
@@ -276,11 +286,22 @@ impl<K: Kv> Leading<K> {
         }
     }
 
+    /// How long to wait before retrying a failed pass: the backoff's next delay, at least
+    /// `engine_reconcile_interval` after a write in doubt.
+    fn retry_delay(&mut self) -> Duration {
+        let delay = self.retry.next_delay();
+        if std::mem::take(&mut self.in_doubt) {
+            return delay.max(self.in_doubt_wait);
+        }
+        delay
+    }
+
     /// Subscribes to the store if not subscribed, and makes the placement mirror match its
     /// schedule once per leadership.
     async fn read(&mut self) -> Result<(), RegistryError> {
         if self.view.is_none() {
             self.view = Some(self.stores.current(self.catch_up).await?.subscribe());
+            self.catch_up = CATCH_UP;
             self.planner.new_view();
         }
         if !self.placements_repaired {
@@ -436,4 +457,16 @@ async fn key_changed(key: &mut Option<WatchHints>) -> bool {
         Some(hints) => hints.changed().await.is_some(),
         None => std::future::pending().await,
     }
+}
+
+/// Whether a failed write may still be applied by etcd: it ran past its deadline, or the
+/// connection went under it.
+fn in_doubt(err: &RegistryError) -> bool {
+    matches!(
+        err,
+        RegistryError::Kv {
+            cause: KvError::Timeout(..) | KvError::Unavailable { .. },
+            ..
+        }
+    )
 }
