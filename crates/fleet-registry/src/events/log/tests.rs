@@ -98,11 +98,17 @@ async fn machine(
         inner: MemKv::new(),
         hook: txns.clone(),
     };
-    let machine: MachineId = "m1".parse().unwrap();
     let registry = Registry::new(kv, "/t/");
-    let role = MachineRole::new(registry.clone(), machine.clone());
+    let role = MachineRole::new(registry.clone(), "m1".parse().unwrap());
+    let presence = register(&role).await;
+    let log = role.event_log(EventConfig::default(), EventStats::default());
+    (registry, role, presence, log)
+}
+
+/// Registers `role`'s machine for a TTL of 30 s.
+async fn register<K: crate::kv::Kv>(role: &MachineRole<K>) -> crate::Presence {
     let info = fleet_core::MachineInfo {
-        id: machine,
+        id: role.machine().clone(),
         public_ip: String::new(),
         metadata: Default::default(),
         version: "test".into(),
@@ -110,12 +116,24 @@ async fn machine(
         api: String::new(),
         fence_at: None,
     };
-    let presence = role
-        .register(&info, Duration::from_secs(30), None)
+    role.register(&info, Duration::from_secs(30), None)
         .await
-        .unwrap();
-    let log = role.event_log(EventConfig::default(), EventStats::default());
-    (registry, role, presence, log)
+        .unwrap()
+}
+
+/// Machine m1 as a host whose etcd role predates the events' prefix (`fleetctl auth setup`
+/// not run again since issue 41), its refusals counted by `denials`.
+fn host_refused_events(denials: Denials) -> MachineRole<Hooked<crate::kv::Rbac<MemKv>, Denials>> {
+    let machine: MachineId = "m1".parse().unwrap();
+    let keys = crate::Keys::new("/t/");
+    let mut role = crate::rbac::machine(&keys, &machine);
+    role.permissions
+        .retain(|p| !p.key.starts_with(&keys.events()));
+    let kv = Hooked {
+        inner: crate::kv::Rbac::new(MemKv::new(), "fleet-host-m1", vec![role]),
+        hook: denials,
+    };
+    MachineRole::new(Registry::new(kv, "/t/"), machine)
 }
 
 fn state(i: usize) -> crate::UnitStateRecord {
@@ -250,30 +268,9 @@ impl Hook for Denials {
 /// again until the writer's own put succeeds.
 #[tokio::test(start_paused = true)]
 async fn a_host_refused_its_events_still_publishes_its_states() {
-    let machine: MachineId = "m1".parse().unwrap();
-    let keys = crate::Keys::new("/t/");
-    let mut role = crate::rbac::machine(&keys, &machine);
-    role.permissions
-        .retain(|p| !p.key.starts_with(&keys.events()));
     let denials = Denials::default();
-    let kv = Hooked {
-        inner: crate::kv::Rbac::new(MemKv::new(), "fleet-host-m1", vec![role]),
-        hook: denials.clone(),
-    };
-    let role = MachineRole::new(Registry::new(kv, "/t/"), machine.clone());
-    let info = fleet_core::MachineInfo {
-        id: machine,
-        public_ip: String::new(),
-        metadata: Default::default(),
-        version: "test".into(),
-        disable_engine: true,
-        api: String::new(),
-        fence_at: None,
-    };
-    let presence = role
-        .register(&info, Duration::from_secs(30), None)
-        .await
-        .unwrap();
+    let role = host_refused_events(denials.clone());
+    let presence = register(&role).await;
     let log = role.event_log(EventConfig::default(), EventStats::default());
     let sink = log.sink();
     // The eager writer holds its lease (a grant needs no key's permission).
@@ -299,26 +296,8 @@ async fn a_host_refused_its_events_still_publishes_its_states() {
 /// the unit was capped instead of tried.
 #[tokio::test(start_paused = true)]
 async fn an_event_handed_back_to_the_writer_counts_once_against_its_cap() {
-    let machine: MachineId = "m1".parse().unwrap();
-    let keys = crate::Keys::new("/t/");
-    let mut role = crate::rbac::machine(&keys, &machine);
-    role.permissions
-        .retain(|p| !p.key.starts_with(&keys.events()));
-    let kv = crate::kv::Rbac::new(MemKv::new(), "fleet-host-m1", vec![role]);
-    let role = MachineRole::new(Registry::new(kv, "/t/"), machine.clone());
-    let info = fleet_core::MachineInfo {
-        id: machine,
-        public_ip: String::new(),
-        metadata: Default::default(),
-        version: "test".into(),
-        disable_engine: true,
-        api: String::new(),
-        fence_at: None,
-    };
-    let presence = role
-        .register(&info, Duration::from_secs(30), None)
-        .await
-        .unwrap();
+    let role = host_refused_events(Denials::default());
+    let presence = register(&role).await;
     let cfg = EventConfig {
         cap: 1,
         ..EventConfig::default()
