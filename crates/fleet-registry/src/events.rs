@@ -205,17 +205,43 @@ impl EventFilter {
     }
 }
 
-/// An event read back from its key and value; an unreadable one is a [`crate::Skipped`].
-pub(crate) fn decode(keys: &Keys, kv: &KeyValue) -> Result<Event, String> {
+/// The events of one key, read back: one event (an object), or the events of one subject a
+/// writer put in one write (an array, in their order); an unreadable key is a
+/// [`crate::Skipped`].
+pub(crate) fn decode(keys: &Keys, kv: &KeyValue) -> Result<Vec<Event>, String> {
     let Some(Key::Event { source, .. }) = Key::parse(keys, &kv.key) else {
         return Err("not an event key".to_owned());
     };
-    let mut event: Event = serde_json::from_slice(&kv.value).map_err(|e| e.to_string())?;
-    event.source = Some(source);
-    Ok(event)
+    let many = kv.value.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
+    let mut events: Vec<Event> = match many {
+        true => serde_json::from_slice(&kv.value),
+        false => serde_json::from_slice(&kv.value).map(|e| vec![e]),
+    }
+    .map_err(|e| e.to_string())?;
+    if events.is_empty() {
+        return Err("no events".to_owned());
+    }
+    for e in &mut events {
+        e.source = Some(source.clone());
+    }
+    Ok(events)
 }
 
-/// By time, then by key: every reader shows the same order.
+/// The events of `kv` that `keep` wants, each with its key.
+fn decoded(
+    keys: &Keys,
+    kv: &KeyValue,
+    keep: impl Fn(&Event) -> bool,
+) -> Result<Vec<(String, Event)>, String> {
+    Ok(decode(keys, kv)?
+        .into_iter()
+        .filter(|e| keep(e))
+        .map(|e| (kv.key.clone(), e))
+        .collect())
+}
+
+/// By time, then by key (then as written, within a key: the sort is stable): every reader
+/// shows the same order.
 fn chronological(events: &mut [(String, Event)]) {
     events.sort_by(|(ka, a), (kb, b)| a.time.cmp(&b.time).then_with(|| ka.cmp(kb)));
 }
@@ -282,7 +308,8 @@ impl<K: Kv> EventFollow<K> {
                     let mut found: Vec<(String, Event)> = events
                         .iter()
                         .filter(|e| e.kind == KvEventKind::Put)
-                        .filter_map(|e| Some((e.kv.key.clone(), decode(keys, &e.kv).ok()?)))
+                        .filter_map(|e| decoded(keys, &e.kv, |_| true).ok())
+                        .flatten()
                         .collect();
                     if found.is_empty() {
                         continue;

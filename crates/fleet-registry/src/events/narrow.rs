@@ -17,7 +17,7 @@
 use fleet_core::{MachineId, UnitName};
 use std::collections::BTreeSet;
 
-use super::{Event, EventFilter, chronological, decode};
+use super::{Event, EventFilter, chronological, decode, decoded};
 use crate::error::{RegistryError, Result};
 use crate::keys::{EventSource, EventSubject, Key};
 use crate::kv::{KeyValue, Kv, MAX_TXN_OPS, Read, Revision};
@@ -60,7 +60,7 @@ impl<K: Kv> Registry<K> {
                 _ => None,
             })
             .collect();
-        for e in kvs.iter().filter_map(|kv| decode(keys, kv).ok()) {
+        for e in kvs.iter().filter_map(|kv| decode(keys, kv).ok()).flatten() {
             machines.extend(e.machine);
             machines.extend(e.from);
         }
@@ -117,9 +117,8 @@ impl<K: Kv> Registry<K> {
         let mut found = Vec::new();
         let mut skipped = Vec::new();
         for kv in kvs {
-            match decode(self.keys(), kv) {
-                Ok(e) if filter.matches(&e) => found.push((kv.key.clone(), e)),
-                Ok(_) => {}
+            match decoded(self.keys(), kv, |e| filter.matches(e)) {
+                Ok(events) => found.extend(events),
                 Err(detail) => skipped.push(crate::read::skipped(self.keys(), kv, detail)),
             }
         }

@@ -122,17 +122,32 @@ impl State {
         }
     }
 
-    /// The put of `event` on `lease`, under a key of its own.
-    pub(super) fn put(&mut self, event: &Event, lease: LeaseId) -> TxnOp {
+    /// The puts of `events` on `lease`: one key per subject ([`by_subject`]), stamped with
+    /// its first event's time.
+    pub(super) fn puts(&mut self, events: &[Event], lease: LeaseId) -> Vec<TxnOp> {
+        by_subject(events)
+            .into_iter()
+            .map(|group| self.put(&group, lease))
+            .collect()
+    }
+
+    /// The put of `group` (events of one subject, at least one) on `lease`, under a key of
+    /// its own: one event as an object, several as an array ([`crate::events::decode`]).
+    fn put(&mut self, group: &[&Event], lease: LeaseId) -> TxnOp {
         self.written += 1;
+        let first = group[0];
         let stamp = EventStamp {
-            micros: event.time,
+            micros: group.iter().map(|e| e.time).min().unwrap_or(first.time),
             nonce: self.nonce.hash_one(self.written),
         };
-        let key = self.keys.event(&self.source, &event.subject(), stamp);
+        let key = self.keys.event(&self.source, &first.subject(), stamp);
+        let value = match group {
+            [one] => encode(*one),
+            many => encode(&many),
+        };
         TxnOp::Put {
             key,
-            value: encode(event),
+            value,
             lease: Some(lease),
         }
     }
@@ -146,4 +161,21 @@ impl State {
         self.lease
             .is_some_and(|(_, granted)| granted.elapsed() >= self.cfg.window())
     }
+}
+
+/// `events` by subject, each group in the order of its subject's first event, the events of
+/// a group in their order: what one write puts under one key. An agent's pass that starts a
+/// unit and finds it active writes one key for both, not two (issue 41: at 100,000 units,
+/// events were 3 in 10 of the launch's keys).
+pub(super) fn by_subject(events: &[Event]) -> Vec<Vec<&Event>> {
+    let mut index: HashMap<EventSubject, usize> = HashMap::new();
+    let mut groups: Vec<Vec<&Event>> = Vec::new();
+    for e in events {
+        let i = *index.entry(e.subject()).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push(e);
+    }
+    groups
 }
