@@ -414,6 +414,10 @@ impl Sim {
             .iter()
             .map(|kv| kv.key.len() + kv.value.len())
             .sum::<usize>();
+        println!(
+            "scale: events' keys by writer and kind: {}",
+            event_breakdown(&prefix, &found.kvs)
+        );
         Ok((found.kvs.len() as u64, bytes as u64))
     }
 
@@ -574,4 +578,26 @@ fn spawn_machine(
         shutdown,
         tasks: vec![agent, keeper],
     }
+}
+
+/// How many event keys each writer (`user`, `engine`, `machine`) holds of each kind, as
+/// `user/submitted 100000, …`: which events a launch's keys are.
+fn event_breakdown(prefix: &str, kvs: &[fleet_registry::kv::KeyValue]) -> String {
+    #[derive(serde::Deserialize)]
+    struct Kind {
+        kind: String,
+    }
+    let mut counts = std::collections::BTreeMap::<(String, String), u64>::new();
+    for kv in kvs {
+        let rest = kv.key.strip_prefix(prefix).unwrap_or(&kv.key);
+        let writer = rest.split('/').next().unwrap_or("?").to_owned();
+        let kind =
+            serde_json::from_slice::<Kind>(&kv.value).map_or_else(|_| "?".to_owned(), |k| k.kind);
+        *counts.entry((writer, kind)).or_default() += 1;
+    }
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|((w, k), n)| format!("{w}/{k} {n}"))
+        .collect();
+    parts.join(", ")
 }
