@@ -400,7 +400,8 @@ impl Sim {
         Ok(args)
     }
 
-    /// The events in etcd now: how many, and their keys' and values' bytes.
+    /// The keys of events in etcd now (a key holds one event or several of one subject): how
+    /// many, and their keys' and values' bytes.
     pub async fn event_space(&self) -> Result<(u64, u64)> {
         let prefix = Keys::new(DEFAULT_PREFIX).events();
         let found = self
@@ -415,7 +416,7 @@ impl Sim {
             .map(|kv| kv.key.len() + kv.value.len())
             .sum::<usize>();
         println!(
-            "scale: events' keys by writer and kind: {}",
+            "scale: events by writer and kind: {}",
             event_breakdown(&prefix, &found.kvs)
         );
         Ok((found.kvs.len() as u64, bytes as u64))
@@ -580,24 +581,40 @@ fn spawn_machine(
     }
 }
 
-/// How many event keys each writer (`user`, `engine`, `machine`) holds of each kind, as
-/// `user/submitted 100000, …`: which events a launch's keys are.
+/// How many events each writer (`user`, `engine`, `machine`) holds of each kind, as
+/// `user/submitted 100000, …` (a key holds one event, or an array of one subject's), and the
+/// keys holding more than one: which events a launch's keys are.
 fn event_breakdown(prefix: &str, kvs: &[fleet_registry::kv::KeyValue]) -> String {
     #[derive(serde::Deserialize)]
     struct Kind {
         kind: String,
     }
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Value {
+        One(Kind),
+        Many(Vec<Kind>),
+    }
     let mut counts = std::collections::BTreeMap::<(String, String), u64>::new();
+    let mut shared = 0;
     for kv in kvs {
         let rest = kv.key.strip_prefix(prefix).unwrap_or(&kv.key);
         let writer = rest.split('/').next().unwrap_or("?").to_owned();
-        let kind =
-            serde_json::from_slice::<Kind>(&kv.value).map_or_else(|_| "?".to_owned(), |k| k.kind);
-        *counts.entry((writer, kind)).or_default() += 1;
+        let kinds = match serde_json::from_slice::<Value>(&kv.value) {
+            Ok(Value::One(k)) => vec![k.kind],
+            Ok(Value::Many(ks)) => {
+                shared += 1;
+                ks.into_iter().map(|k| k.kind).collect()
+            }
+            Err(_) => vec!["?".to_owned()],
+        };
+        for kind in kinds {
+            *counts.entry((writer.clone(), kind)).or_default() += 1;
+        }
     }
     let parts: Vec<String> = counts
         .iter()
         .map(|((w, k), n)| format!("{w}/{k} {n}"))
         .collect();
-    parts.join(", ")
+    format!("{}; keys holding several: {shared}", parts.join(", "))
 }

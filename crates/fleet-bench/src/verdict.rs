@@ -130,12 +130,12 @@ pub fn events_cost(on: Duration, off: Duration, within: f64) -> Verdict {
 }
 
 /// Issue 41: the events' keys and values in etcd within `per_unit` bytes a unit launched.
-pub fn events_space(events: u64, bytes: u64, units: usize, per_unit: u64) -> Verdict {
+pub fn events_space(keys: u64, bytes: u64, units: usize, per_unit: u64) -> Verdict {
     let bound = per_unit * units as u64;
     Verdict {
         goal: format!("events' etcd space ≤ {per_unit} B per unit launched"),
         measured: format!(
-            "{events} events, {:.1} MiB ({:.0} B per unit; bound {:.1} MiB)",
+            "{keys} keys of events, {:.1} MiB ({:.0} B per unit; bound {:.1} MiB)",
             bytes as f64 / 1048576.0,
             bytes as f64 / units.max(1) as f64,
             bound as f64 / 1048576.0
