@@ -13,7 +13,7 @@ use tracing::debug;
 
 use super::Agent;
 use crate::manager::{ManagerError, UnitFacts, UnitManager};
-use crate::plan::UnitFileState;
+use crate::plan::{CurrentUnit, UnitFileState};
 
 /// Units whose facts are read at once (the real adapter caps its D-Bus calls in flight too).
 const FACT_READS: usize = 16;
@@ -25,11 +25,15 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
     /// unit's history in `current`.
     pub(super) async fn observe(&mut self, names: Option<&BTreeSet<UnitName>>) {
         let units = &self.current.units;
-        let ours = units
-            .iter()
-            .filter(|(n, u)| {
-                !matches!(u.file, UnitFileState::Absent) && names.is_none_or(|ns| ns.contains(*n))
-            })
+        // The units named, looked up one by one: walking every unit of the machine to find
+        // them made each pass cost the machine's units, and a launch of 1,000 units a
+        // machine grow faster than its units (issue 43's growth figure at 100 machines).
+        let named: Box<dyn Iterator<Item = (&UnitName, &CurrentUnit)>> = match names {
+            Some(ns) => Box::new(ns.iter().filter_map(|n| units.get_key_value(n))),
+            None => Box::new(units.iter()),
+        };
+        let ours = named
+            .filter(|(_, u)| !matches!(u.file, UnitFileState::Absent))
             .filter_map(|(n, u)| Some((n, u.systemd.as_ref()?)));
         // A unit named again in the state its facts were read in has nothing new to tell:
         // after the agent's starts, the hints of those starts cost no second read.
@@ -79,8 +83,19 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             }
         }
         let units = &self.current.units;
-        self.observed.retain(|n| units.contains_key(n));
-        self.current.history.retain(|n, _| units.contains_key(n));
+        match names {
+            // A pass of named units reads only those again: only they can have left.
+            Some(names) => {
+                for gone in names.iter().filter(|n| !units.contains_key(*n)) {
+                    self.observed.forget(gone);
+                    self.current.history.remove(gone);
+                }
+            }
+            None => {
+                self.observed.retain(|n| units.contains_key(n));
+                self.current.history.retain(|n, _| units.contains_key(n));
+            }
+        }
         let mut changed = Vec::new();
         let named: Vec<&UnitName> = match names {
             Some(names) => names.iter().collect(),

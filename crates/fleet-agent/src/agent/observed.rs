@@ -187,6 +187,11 @@ impl Observed {
         })
     }
 
+    /// Forgets `unit` (gone from this machine).
+    pub(super) fn forget(&mut self, unit: &UnitName) {
+        self.seen.remove(unit);
+    }
+
     /// Forgets the units `keep` does not keep (gone from this machine).
     pub(super) fn retain(&mut self, keep: impl Fn(&UnitName) -> bool) {
         self.seen.retain(|n, _| keep(n));
