@@ -517,7 +517,10 @@ async fn events_figures(
     // The writers batch: let the last events of the launch land.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let space = sim.event_space().await?;
-    println!("scale: {} keys of events in etcd, {} bytes", space.0, space.1);
+    println!(
+        "scale: {} keys of events in etcd, {} bytes",
+        space.0, space.1
+    );
     let follow = match a.follow.is_zero() {
         true => None,
         false => {
