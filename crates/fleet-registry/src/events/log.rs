@@ -151,8 +151,9 @@ impl EventSink {
         }
     }
 
-    /// Takes up to `room` of `events` aboard a transaction of the caller's, as puts on the
-    /// writer's current lease within the per-subject cap; the rest, or all of them while the
+    /// Takes the events of up to `room` subjects of `events` aboard a transaction of the
+    /// caller's, as puts (one per subject) on the writer's current lease within the
+    /// per-subject cap; the rest, or all of them while the
     /// writer holds no current lease (only the writer grants one: boarding never waits for
     /// etcd), are queued for the writer as [`emit`](Self::emit) does. At 100,000 units on
     /// 5,000 machines, an event transaction of each agent's own was one of every three
