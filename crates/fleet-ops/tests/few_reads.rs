@@ -188,3 +188,62 @@ async fn reading_units_that_do_not_exist_reads_no_machines_states() {
     // 42 units (3 keys each) to a transaction of at most 128 reads.
     assert_eq!(meter.take().0, 100_usize.div_ceil(42));
 }
+
+/// `names`: `n` units that do not exist yet.
+fn new_names(n: usize) -> BTreeSet<UnitName> {
+    (0..n)
+        .map(|i| name(&format!("new-{i:05}.service")))
+        .collect()
+}
+
+/// A start of more than a thousand units (a listing of their names) into a registry many
+/// times their number reads them by name: one count of the units, then the names' own keys,
+/// none of the other units' (issue 43: a start of 50,000 units into a registry of 950,000
+/// read the whole registry, and failed past fleetctl's 3 s deadline).
+#[tokio::test(start_paused = true)]
+async fn many_names_in_a_much_larger_registry_are_read_by_name() {
+    let reg = registry_of(2_500).await;
+    let meter = reg.raw_kv().hook.clone();
+    let c = RegistryCluster::new(reg.clone());
+    let new = new_names(1_001);
+    meter.take();
+    assert!(c.units(Some(&new)).await.unwrap().units.is_empty());
+    let (requests, bytes) = meter.take();
+    assert_eq!(
+        requests,
+        1 + 1_001_usize.div_ceil(42),
+        "a count, then the names' keys, 42 units to a transaction"
+    );
+    assert_eq!(bytes, 0, "nothing of the units not named");
+    let mut mixed = new;
+    mixed.insert(name("u00007.service"));
+    let listing = c.units(Some(&mixed)).await.unwrap();
+    let found: Vec<&UnitName> = listing.units.iter().map(|u| u.name()).collect();
+    assert_eq!(found, [&name("u00007.service")], "a named unit that exists");
+    assert_eq!(
+        listing.units[0].status.machines.len(),
+        1,
+        "with its machine"
+    );
+}
+
+/// More than a thousand names in a registry not much larger (or empty: the first start of a
+/// cluster) are read in one snapshot, cheaper than their keys one by one.
+#[tokio::test(start_paused = true)]
+async fn many_names_in_a_registry_not_much_larger_are_read_in_one_snapshot() {
+    let reg = registry_of(10).await;
+    let meter = reg.raw_kv().hook.clone();
+    let c = RegistryCluster::new(reg.clone());
+    meter.take();
+    assert!(
+        c.units(Some(&new_names(1_001)))
+            .await
+            .unwrap()
+            .units
+            .is_empty()
+    );
+    let (requests, bytes) = meter.take();
+    println!("(requests, bytes) = {:?}", (requests, bytes));
+    assert!(requests < 1_001_usize.div_ceil(42), "{requests} requests");
+    assert!(bytes > 0, "the snapshot read the registry");
+}

@@ -20,8 +20,15 @@ const FILES_READ_ONE_BY_ONE: usize = 64;
 
 /// Up to this many names, a listing of named units reads only their keys
 /// ([`Registry::units_snapshot`](fleet_registry::Registry::units_snapshot)), so its cost does
-/// not grow with the registry; more read one snapshot of everything.
+/// not grow with the registry. More read their keys too when the registry holds more than
+/// [`NAMED_READ_BELOW`] times as many units, else one snapshot of everything (cheaper when
+/// the names are most of it, or it is empty).
 const FEW_UNITS: usize = 1_000;
+
+/// A listing of many names reads them by name when the registry holds more than this many
+/// units for each name. A snapshot reads each unit's keys in pages of thousands; a read by
+/// name costs a transaction's read per key, about twice as much a key.
+const NAMED_READ_BELOW: usize = 2;
 
 /// How many file reads are in flight at once.
 const CONCURRENT_READS: usize = 32;
@@ -118,9 +125,12 @@ impl<K: Kv> RegistryCluster<K> {
         skip: usize,
         take: Option<usize>,
     ) -> Result<(UnitListing, bool), OpsError> {
+        let few = match names {
+            Some(n) if self.reads_by_name(n).await? => Some(n),
+            _ => None,
+        };
         let mut attempt = 1;
         loop {
-            let few = names.filter(|n| n.len() <= FEW_UNITS);
             let snap = match few {
                 Some(names) => self.registry.units_snapshot(names).await?,
                 None => self.registry.snapshot().await?,
@@ -157,6 +167,18 @@ impl<K: Kv> RegistryCluster<K> {
             skipped.extend(missing);
             return Ok((UnitListing { units, skipped }, more));
         }
+    }
+
+    /// Whether a listing of `names` reads their keys by name rather than a snapshot of
+    /// everything: always for a few; for more, when the registry is much larger (one count
+    /// of its units says). A `fleetctl start` of 50,000 units into a registry of 950,000 read
+    /// the whole registry before, and failed past fleetctl's 3 s deadline (issue 43).
+    async fn reads_by_name(&self, names: &BTreeSet<UnitName>) -> Result<bool, OpsError> {
+        if names.len() <= FEW_UNITS {
+            return Ok(true);
+        }
+        let units = self.registry.unit_count().await?;
+        Ok(units > names.len().saturating_mul(NAMED_READ_BELOW))
     }
 
     /// The files of `hashes`: one by one (concurrently) for a few or for the units of a
