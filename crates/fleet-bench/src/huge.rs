@@ -184,7 +184,7 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
     let prepared_in = match spec.templates {
         Some(_) => {
             let args = write_templates(&dir, &spec)?;
-            submit(&sim, &args).await?
+            sim.submit(&args).await?
         }
         None => submit_distinct(&sim, &dir, spec.units).await?,
     };
@@ -279,35 +279,13 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
     Ok(out)
 }
 
-/// `fleetctl start --no-block ARGS` as [`Sim::submit`] does it, timing its two halves:
-/// returns how long resolving the arguments (reading the files and the registry) took.
-async fn submit(sim: &Sim, args: &[String]) -> Result<Duration> {
-    use fleet_ops::etcd::RegistryCluster;
-    use fleetctl::commands::Ctx;
-    use fleetctl::commands::submit::{self, Verb};
-    let cluster = RegistryCluster::new(sim.client.clone());
-    let mut ctx = Ctx {
-        cluster: cluster.clone(),
-        out: Box::new(std::io::sink()),
-        err: Box::new(std::io::sink()),
-        write_failed: None,
-    };
-    let t0 = Instant::now();
-    let prepared = submit::prepare(&mut ctx, args, false, Verb::Start).await?;
-    let prepared_in = t0.elapsed();
-    let how = fleet_ops::ReplaceHow::default();
-    let results = submit::apply(&cluster, prepared, fleet_core::DesiredState::Launched, &how).await;
-    for (name, res) in results {
-        res.with_context(|| format!("creating {name}"))?;
-    }
-    Ok(prepared_in)
-}
-
 /// `fleetctl start --no-block` of `units` distinct unit files, [`BATCH`] at a time (each
 /// batch's files written, submitted, removed); returns the time spent resolving arguments.
+/// Prints a line after each batch: how far the submit, the schedule and the launch got.
 async fn submit_distinct(sim: &Sim, dir: &Path, units: usize) -> Result<Duration> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut prepared = Duration::ZERO;
+    let t0 = Instant::now();
     for start in (0..units).step_by(BATCH) {
         let mut args = Vec::with_capacity(BATCH);
         for i in start..(start + BATCH).min(units) {
@@ -316,10 +294,21 @@ async fn submit_distinct(sim: &Sim, dir: &Path, units: usize) -> Result<Duration
                 .with_context(|| format!("writing {}", path.display()))?;
             args.push(path.to_string_lossy().into_owned());
         }
-        prepared += submit(sim, &args).await?;
+        let batch = Instant::now();
+        let resolved = sim.submit(&args).await?;
+        prepared += resolved;
         args.iter().for_each(|a| {
             let _ = std::fs::remove_file(a);
         });
+        let (scheduled, launched) = sim.monitor.with(|v| (v.scheduled(), v.launched()));
+        println!(
+            "huge: {} of {units} units written at {} (this batch {}, resolving {}); \
+             {scheduled} scheduled, {launched} launched",
+            start + args.len(),
+            secs(t0.elapsed()),
+            secs(batch.elapsed()),
+            secs(resolved)
+        );
     }
     Ok(prepared)
 }

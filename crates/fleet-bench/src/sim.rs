@@ -349,8 +349,9 @@ impl Sim {
     /// `fleetctl start --no-block ARGS` for units not yet registered, through fleetctl's own
     /// submit path over fleet-ops's `RegistryCluster`: read the local files, read the units
     /// they name together (one `Cluster::units`), then create them 32 at a time (new units get the desired state at once, so start has
-    /// nothing more to write).
-    pub async fn submit(&self, args: &[String]) -> Result<()> {
+    /// nothing more to write). Returns how long resolving the arguments (reading the files
+    /// and the registry) took.
+    pub async fn submit(&self, args: &[String]) -> Result<Duration> {
         let cluster =
             RegistryCluster::new(self.client.clone()).with_events(self.client_events.clone());
         let mut ctx = Ctx {
@@ -359,13 +360,15 @@ impl Sim {
             err: Box::new(std::io::sink()),
             write_failed: None,
         };
+        let t0 = Instant::now();
         let prepared = submit::prepare(&mut ctx, args, false, Verb::Start).await?;
+        let prepared_in = t0.elapsed();
         let how = ReplaceHow::default();
         let results = submit::apply(&cluster, prepared, DesiredState::Launched, &how).await;
         for (name, res) in results {
             res.with_context(|| format!("creating {name}"))?;
         }
-        Ok(())
+        Ok(prepared_in)
     }
 
     /// The global arguments of a `fleetctl` run against this simulation's etcd, as the
