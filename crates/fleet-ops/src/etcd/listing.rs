@@ -132,6 +132,12 @@ impl<K: Kv> RegistryCluster<K> {
         let mut attempt = 1;
         loop {
             let snap = match few {
+                // Many names, most often new ones: their records first, then the rest of
+                // the units that have one.
+                Some(names) if names.len() > FEW_UNITS => {
+                    let present = self.registry.units_present(names).await?;
+                    self.registry.units_snapshot(&present).await?
+                }
                 Some(names) => self.registry.units_snapshot(names).await?,
                 None => self.registry.snapshot().await?,
             };
