@@ -130,16 +130,6 @@ impl<K: Kv> Registry<K> {
             .collect())
     }
 
-    /// How many units the registry holds: one count of their records' keys, so a reader
-    /// of many named units can tell whether reading them by name or reading everything
-    /// costs less.
-    pub async fn unit_count(&self) -> Result<usize> {
-        self.kv()
-            .count(&self.keys().units())
-            .await
-            .map_err(RegistryError::kv("counting units"))
-    }
-
     /// The readable states of `names` on every registered machine, sorted by unit then
     /// machine: one read of the machines and one `Get` per unit and machine, however many
     /// other units the registry holds.

@@ -25,7 +25,6 @@ use tokio::time::Instant;
 /// One kind of etcd request, as the store's trait names them.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum Op {
-    /// A read of a key or prefix, or a count of a prefix's keys.
     Range,
     /// A read of several keys or bounded intervals at one revision ([`Kv::read`]).
     Read,
@@ -288,13 +287,6 @@ impl<K: Kv> Kv for Metered<K> {
         let sent = Instant::now();
         let res = self.inner.read(reads, revision).await;
         self.metrics.record(Op::Read, sent, &res);
-        res
-    }
-
-    async fn count(&self, prefix: &str) -> Result<usize, KvError> {
-        let sent = Instant::now();
-        let res = self.inner.count(prefix).await;
-        self.metrics.record(Op::Range, sent, &res);
         res
     }
 

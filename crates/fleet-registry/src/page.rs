@@ -129,7 +129,7 @@ impl<K: Kv> Registry<K> {
             // A machine's states are read in key order, at most its bound and one more.
             let mut bound = read::StateBound::default();
             let mut past = BTreeMap::new();
-            for kv in self.gets_at(&reads, snap.revision).await? {
+            for kv in self.gets_at(&reads, Some(snap.revision)).await? {
                 if let Some(m) = keys.state_machine(&kv.key)
                     && !bound.take(&m)
                 {
@@ -208,7 +208,7 @@ impl<K: Kv> Registry<K> {
     ) -> Result<Listing<BTreeMap<UnitHash, UnitFile>>> {
         let keys = self.keys();
         let reads: Vec<Read> = hashes.iter().map(|h| Read::key(keys.file(h))).collect();
-        let kvs = self.gets_at(&reads, revision).await?;
+        let kvs = self.gets_at(&reads, Some(revision)).await?;
         let mut skipped = Vec::new();
         let items = read::all(&kvs, |kv| read::file(keys, kv), &mut skipped)
             .into_iter()
@@ -220,15 +220,37 @@ impl<K: Kv> Registry<K> {
         })
     }
 
-    /// Every key `reads` find at `revision`, [`MAX_TXN_OPS`] reads to a request, a few
-    /// requests at once.
-    async fn gets_at(&self, reads: &[Read], revision: Revision) -> Result<Vec<KeyValue>> {
+    /// The files of `hashes` now, as [`files_at`](Registry::files_at) reads them: for a
+    /// reader whose units were read over several revisions (a file named by any of them is
+    /// there now unless a replace collected it since: the reader reads again then). Each
+    /// request reads its own present, so the listing's revision is 0.
+    pub async fn files_now(
+        &self,
+        hashes: &BTreeSet<UnitHash>,
+    ) -> Result<Listing<BTreeMap<UnitHash, UnitFile>>> {
+        let keys = self.keys();
+        let reads: Vec<Read> = hashes.iter().map(|h| Read::key(keys.file(h))).collect();
+        let kvs = self.gets_at(&reads, None).await?;
+        let mut skipped = Vec::new();
+        let items = read::all(&kvs, |kv| read::file(keys, kv), &mut skipped)
+            .into_iter()
+            .collect();
+        Ok(Listing {
+            revision: 0,
+            items,
+            skipped,
+        })
+    }
+
+    /// Every key `reads` find at `revision` (None: the present of each request),
+    /// [`MAX_TXN_OPS`] reads to a request, a few requests at once.
+    async fn gets_at(&self, reads: &[Read], revision: Option<Revision>) -> Result<Vec<KeyValue>> {
         // Owned chunks: a future borrowing one would not be `Send` for every lifetime, which
         // the API's handlers need.
         let chunks: Vec<Vec<Read>> = reads.chunks(MAX_TXN_OPS).map(<[Read]>::to_vec).collect();
         let chunks: Vec<Result<Vec<KeyValue>>> = futures::stream::iter(chunks)
             .map(|chunk| async move {
-                let read = self.read_at(&chunk, Some(revision)).await?;
+                let read = self.read_at(&chunk, revision).await?;
                 Ok(read.found.into_iter().flatten().collect())
             })
             .buffered(READS_IN_FLIGHT)

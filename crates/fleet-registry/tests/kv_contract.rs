@@ -97,7 +97,6 @@ macro_rules! contract_tests {
 
 contract_tests!(
     reads_keys_under_a_prefix_sorted_by_key,
-    counts_the_keys_under_a_prefix,
     reads_a_range_as_of_an_old_revision,
     refuses_reads_at_a_future_revision,
     reads_keys_and_bounded_intervals_at_one_revision,
@@ -241,26 +240,6 @@ async fn reads_keys_under_a_prefix_sorted_by_key(h: &impl Harness, p: &str) {
     assert_eq!((b.version, b.lease), (1, 0));
     assert_eq!(b.create_revision, b.mod_revision);
     assert!(get(&kv, &format!("{p}missing")).await.is_none());
-}
-
-async fn counts_the_keys_under_a_prefix(h: &impl Harness, p: &str) {
-    let kv = h.kv();
-    assert_eq!(kv.count(p).await.unwrap(), 0, "an empty prefix");
-    put_many(&kv, p, RANGE_PAGE + 3).await;
-    put(&kv, &p[..p.len() - 1], "outside").await;
-    put(&kv, &format!("{}0", &p[..p.len() - 1]), "a neighbour").await;
-    assert_eq!(
-        kv.count(p).await.unwrap(),
-        RANGE_PAGE + 3,
-        "more than a page"
-    );
-    kv.txn(writes(vec![TxnOp::Delete {
-        key: format!("{p}00000"),
-        prefix: false,
-    }]))
-    .await
-    .unwrap();
-    assert_eq!(kv.count(p).await.unwrap(), RANGE_PAGE + 2, "a key deleted");
 }
 
 async fn reads_a_range_as_of_an_old_revision(h: &impl Harness, p: &str) {

@@ -18,17 +18,11 @@ use crate::model::UnitListing;
 /// instead of one read per file.
 const FILES_READ_ONE_BY_ONE: usize = 64;
 
-/// Up to this many names, a listing of named units reads only their keys
+/// A listing of named units reads only their keys
 /// ([`Registry::units_snapshot`](fleet_registry::Registry::units_snapshot)), so its cost does
-/// not grow with the registry. More read their keys too when the registry holds more than
-/// [`NAMED_READ_BELOW`] times as many units, else one snapshot of everything (cheaper when
-/// the names are most of it, or it is empty).
+/// not grow with the registry. Of more names than this (a bulk `fleetctl start`, most of
+/// them new), it reads their records first and the rest of the keys of those that exist.
 const FEW_UNITS: usize = 1_000;
-
-/// A listing of many names reads them by name when the registry holds more than this many
-/// units for each name. A snapshot reads each unit's keys in pages of thousands; a read by
-/// name costs a transaction's read per key, about twice as much a key.
-const NAMED_READ_BELOW: usize = 2;
 
 /// How many file reads are in flight at once.
 const CONCURRENT_READS: usize = 32;
@@ -125,15 +119,13 @@ impl<K: Kv> RegistryCluster<K> {
         skip: usize,
         take: Option<usize>,
     ) -> Result<(UnitListing, bool), OpsError> {
-        let few = match names {
-            Some(n) if self.reads_by_name(n).await? => Some(n),
-            _ => None,
-        };
         let mut attempt = 1;
         loop {
-            let snap = match few {
+            let snap = match names {
                 // Many names, most often new ones: their records first, then the rest of
-                // the units that have one.
+                // the keys of the units that have one. Never a snapshot of everything: a
+                // start of 50,000 units into 950,000 read the whole registry that way, and
+                // failed past fleetctl's 3 s deadline (issue 43).
                 Some(names) if names.len() > FEW_UNITS => {
                     let present = self.registry.units_present(names).await?;
                     self.registry.units_snapshot(&present).await?
@@ -153,7 +145,7 @@ impl<K: Kv> RegistryCluster<K> {
                 .take(take.unwrap_or(usize::MAX))
                 .collect();
             let hashes: BTreeSet<UnitHash> = page.iter().map(|u| u.hash()).collect();
-            let files = self.files_at(&snap, &hashes, few.is_some()).await?;
+            let files = self.files_at(&snap, &hashes, names.is_some()).await?;
             if files.missing && attempt < ATTEMPTS {
                 attempt += 1;
                 continue;
@@ -175,26 +167,35 @@ impl<K: Kv> RegistryCluster<K> {
         }
     }
 
-    /// Whether a listing of `names` reads their keys by name rather than a snapshot of
-    /// everything: always for a few; for more, when the registry is much larger (one count
-    /// of its units says). A `fleetctl start` of 50,000 units into a registry of 950,000 read
-    /// the whole registry before, and failed past fleetctl's 3 s deadline (issue 43).
-    async fn reads_by_name(&self, names: &BTreeSet<UnitName>) -> Result<bool, OpsError> {
-        if names.len() <= FEW_UNITS {
-            return Ok(true);
-        }
-        let units = self.registry.unit_count().await?;
-        Ok(units > names.len().saturating_mul(NAMED_READ_BELOW))
-    }
-
-    /// The files of `hashes`: one by one (concurrently) for a few or for the units of a
-    /// `partial` snapshot (of a few units), else every file at the snapshot's revision.
+    /// The files of `hashes`: one by one (concurrently) for a few; for more, those of a
+    /// `partial` snapshot (of named units) by key, many to a request, else every file at the
+    /// snapshot's revision.
     async fn files_at(
         &self,
         snap: &Snapshot,
         hashes: &BTreeSet<UnitHash>,
         partial: bool,
     ) -> Result<Files, OpsError> {
+        if hashes.len() > FILES_READ_ONE_BY_ONE && partial {
+            let read = self.registry.files_now(hashes).await?;
+            let unreadable: BTreeSet<UnitHash> = read
+                .skipped
+                .iter()
+                .filter_map(|s| match s.named.as_deref() {
+                    Some(fleet_registry::Key::File(hash)) => Some(*hash),
+                    _ => None,
+                })
+                .collect();
+            let missing = hashes
+                .iter()
+                .any(|h| !read.items.contains_key(h) && !unreadable.contains(h));
+            return Ok(Files {
+                missing,
+                unreadable,
+                skipped: read.skipped.iter().map(ToString::to_string).collect(),
+                files: read.items,
+            });
+        }
         if hashes.len() > FILES_READ_ONE_BY_ONE && !partial {
             // Read at the snapshot's revision: every file a unit of it names is there.
             let all = self.registry.files(Some(snap.revision)).await?;

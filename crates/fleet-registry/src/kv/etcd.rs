@@ -371,26 +371,6 @@ impl Kv for EtcdKv {
         }
     }
 
-    async fn count(&self, prefix: &str) -> Result<usize, KvError> {
-        let end = prefix_end(prefix.as_bytes());
-        let get = |c: Client| {
-            let options = etcd_client::GetOptions::new()
-                .with_range(end.clone())
-                .with_count_only();
-            async move { kv_client(&c).get(prefix, Some(options)).await }
-        };
-        match self.read(get).await {
-            Ok(resp) => Ok(usize::try_from(resp.count()).unwrap_or(usize::MAX)),
-            Err(f) => Err(self.error(
-                f,
-                Request::Range {
-                    key: prefix,
-                    prefix: true,
-                },
-            )),
-        }
-    }
-
     async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
         let put = |c: Client| {
             let txn = convert::txn(txn.clone());

@@ -11,8 +11,6 @@ use super::{Kv, KvError, LeaseId, RangeResult, Read, ReadResult, Revision, Txn, 
 /// A request about to be made, as a [`Hook`] sees it.
 #[derive(Debug, Clone, Copy)]
 pub enum Request<'a> {
-    /// A read of a key or prefix, or a count of a prefix's keys ([`Kv::count`], whose
-    /// outcome is [`Outcome::Done`]).
     Range {
         key: &'a str,
         prefix: bool,
@@ -35,7 +33,7 @@ pub enum Outcome<'a> {
     Range(&'a RangeResult),
     Read(&'a ReadResult),
     Txn(&'a TxnResult),
-    /// A lease granted, kept alive or revoked, a watch created, or keys counted.
+    /// A lease granted, kept alive or revoked, or a watch created.
     Done,
     Failed(&'a KvError),
 }
@@ -108,17 +106,6 @@ impl<K: Kv, H: Hook> Kv for Hooked<K, H> {
         let sent = Instant::now();
         let res = self.inner.read(reads, revision).await;
         self.after(request, sent, res, |r| Outcome::Read(r))
-    }
-
-    async fn count(&self, prefix: &str) -> Result<usize, KvError> {
-        let request = Request::Range {
-            key: prefix,
-            prefix: true,
-        };
-        self.hook.before(request).await?;
-        let sent = Instant::now();
-        let res = self.inner.count(prefix).await;
-        self.after(request, sent, res, |_| Outcome::Done)
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {

@@ -355,14 +355,6 @@ pub trait Kv: Clone + Send + Sync + 'static {
         revision: Option<Revision>,
     ) -> impl Future<Output = Result<ReadResult, KvError>> + Send;
 
-    /// How many keys are under `prefix` now. To etcd one request that sends back a count,
-    /// no keys or values, so a reader learns how large a part of the registry is before it
-    /// chooses how to read it. (etcd 3.4 still walks its index over the range: the cost grows
-    /// with the keys counted, but not with their bytes.)
-    fn count(&self, prefix: &str) -> impl Future<Output = Result<usize, KvError>> + Send {
-        async move { Ok(self.range(prefix, true, None).await?.kvs.len()) }
-    }
-
     /// Applies `txn` atomically.
     fn txn(&self, txn: Txn) -> impl Future<Output = Result<TxnResult, KvError>> + Send;
 

@@ -163,11 +163,6 @@ impl<K: Kv> Kv for Rbac<K> {
         self.inner.read(reads, revision).await
     }
 
-    async fn count(&self, prefix: &str) -> Result<usize, KvError> {
-        self.check(Access::Read, "read", prefix, true)?;
-        self.inner.count(prefix).await
-    }
-
     async fn txn(&self, txn: Txn) -> Result<TxnResult, KvError> {
         self.check_txn(&txn)?;
         self.inner.txn(txn).await
