@@ -82,6 +82,13 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 self.publisher.tell(event);
             }
         }
+        self.keep_histories(names, &asked);
+    }
+
+    /// Forgets what the agent observed of units gone (of `names`, or of all), and puts the
+    /// history of each unit of `names` (or of those `asked` of) in `current` where it changed,
+    /// for the next publish.
+    fn keep_histories(&mut self, names: Option<&BTreeSet<UnitName>>, asked: &[UnitName]) {
         let units = &self.current.units;
         match names {
             // A pass of named units reads only those again: only they can have left.
