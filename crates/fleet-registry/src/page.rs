@@ -206,18 +206,7 @@ impl<K: Kv> Registry<K> {
         hashes: &BTreeSet<UnitHash>,
         revision: Revision,
     ) -> Result<Listing<BTreeMap<UnitHash, UnitFile>>> {
-        let keys = self.keys();
-        let reads: Vec<Read> = hashes.iter().map(|h| Read::key(keys.file(h))).collect();
-        let kvs = self.gets_at(&reads, Some(revision)).await?;
-        let mut skipped = Vec::new();
-        let items = read::all(&kvs, |kv| read::file(keys, kv), &mut skipped)
-            .into_iter()
-            .collect();
-        Ok(Listing {
-            revision,
-            items,
-            skipped,
-        })
+        self.files_read(hashes, Some(revision)).await
     }
 
     /// The files of `hashes` now, as [`files_at`](Registry::files_at) reads them: for a
@@ -228,15 +217,23 @@ impl<K: Kv> Registry<K> {
         &self,
         hashes: &BTreeSet<UnitHash>,
     ) -> Result<Listing<BTreeMap<UnitHash, UnitFile>>> {
+        self.files_read(hashes, None).await
+    }
+
+    async fn files_read(
+        &self,
+        hashes: &BTreeSet<UnitHash>,
+        revision: Option<Revision>,
+    ) -> Result<Listing<BTreeMap<UnitHash, UnitFile>>> {
         let keys = self.keys();
         let reads: Vec<Read> = hashes.iter().map(|h| Read::key(keys.file(h))).collect();
-        let kvs = self.gets_at(&reads, None).await?;
+        let kvs = self.gets_at(&reads, revision).await?;
         let mut skipped = Vec::new();
         let items = read::all(&kvs, |kv| read::file(keys, kv), &mut skipped)
             .into_iter()
             .collect();
         Ok(Listing {
-            revision: 0,
+            revision: revision.unwrap_or(0),
             items,
             skipped,
         })

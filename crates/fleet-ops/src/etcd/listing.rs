@@ -74,14 +74,7 @@ impl<K: Kv> RegistryCluster<K> {
             .values()
             .filter_map(|u| Some(views::unit_view(snap, u, files.items.get(&u.hash())?)))
             .collect();
-        let unreadable: BTreeSet<UnitHash> = files
-            .skipped
-            .iter()
-            .filter_map(|s| match s.named.as_deref() {
-                Some(fleet_registry::Key::File(hash)) => Some(*hash),
-                _ => None,
-            })
-            .collect();
+        let unreadable = unreadable_files(&files.skipped);
         let mut skipped: Vec<String> = snap
             .skipped
             .values()
@@ -178,14 +171,7 @@ impl<K: Kv> RegistryCluster<K> {
     ) -> Result<Files, OpsError> {
         if hashes.len() > FILES_READ_ONE_BY_ONE && partial {
             let read = self.registry.files_now(hashes).await?;
-            let unreadable: BTreeSet<UnitHash> = read
-                .skipped
-                .iter()
-                .filter_map(|s| match s.named.as_deref() {
-                    Some(fleet_registry::Key::File(hash)) => Some(*hash),
-                    _ => None,
-                })
-                .collect();
+            let unreadable = unreadable_files(&read.skipped);
             let missing = hashes
                 .iter()
                 .any(|h| !read.items.contains_key(h) && !unreadable.contains(h));
@@ -210,13 +196,7 @@ impl<K: Kv> RegistryCluster<K> {
                 .collect();
             return Ok(Files {
                 missing: false,
-                unreadable: skipped
-                    .iter()
-                    .filter_map(|s| match s.named.as_deref() {
-                        Some(fleet_registry::Key::File(hash)) => Some(*hash),
-                        _ => None,
-                    })
-                    .collect(),
+                unreadable: unreadable_files(skipped.iter().copied()),
                 skipped: skipped.iter().map(ToString::to_string).collect(),
                 files: all.items,
             });
@@ -250,4 +230,17 @@ impl<K: Kv> RegistryCluster<K> {
         }
         Ok(files)
     }
+}
+
+/// The files among `skipped` keys: present, but not readable as unit files.
+fn unreadable_files<'a>(
+    skipped: impl IntoIterator<Item = &'a fleet_registry::Skipped>,
+) -> BTreeSet<UnitHash> {
+    skipped
+        .into_iter()
+        .filter_map(|s| match s.named.as_deref() {
+            Some(fleet_registry::Key::File(hash)) => Some(*hash),
+            _ => None,
+        })
+        .collect()
 }
