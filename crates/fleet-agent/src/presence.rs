@@ -1,7 +1,8 @@
 //! This machine's presence in the registry: registered on a lease, kept alive at TTL/3 (every
-//! [`RETRY`] after a failure, while the lease may still be alive), and registered again (a new
-//! lease, all states republished) if the lease ever expires, e.g. after etcd was unreachable
-//! for longer than the TTL.
+//! [`RETRY`] after a failure, while the lease may still be alive; each renewal waiting for
+//! etcd's answer as long as [`renewal_window`] allows, not just the request deadline), and
+//! registered again (a new lease, all states republished) if the lease ever expires, e.g.
+//! after etcd was unreachable for longer than the TTL.
 //!
 //! The lease ID is kept in the runtime directory, so a restarted fleetd (even after kill -9)
 //! takes over its own live lease: the machine never disappears from the cluster and its units'
@@ -25,7 +26,7 @@
 use crate::fence::Deadline;
 use crate::witness::{Evidence, Witnesses};
 use fleet_core::{Backoff, MachineInfo};
-use fleet_registry::kv::{Kv, KvError, LeaseId};
+use fleet_registry::kv::{Kv, KvError, LeaseId, renewal_window};
 use fleet_registry::{MachineRole, Presence, RegistryError};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
@@ -283,7 +284,8 @@ impl<K: Kv> PresenceKeeper<K> {
                 _ = tokio::time::sleep(delay) => {}
             }
             let sent = Instant::now();
-            match self.registry.keep_alive(&presence).await {
+            let within = renewal_window(self.ttl, sent - renewed);
+            match self.registry.keep_alive_within(&presence, within).await {
                 Ok(()) => {
                     self.renewed(sent);
                     run = FailureRun::default();

@@ -206,7 +206,7 @@ impl Counting {
             }
             Request::Txn(txn) => (Method::Txn, self.txn_class(txn)),
             Request::Grant => (Method::Grant, Class::Other),
-            Request::KeepAlive(_) => (Method::KeepAlive, Class::Other),
+            Request::KeepAlive { .. } => (Method::KeepAlive, Class::Other),
             Request::Revoke(_) => (Method::Revoke, Class::Other),
             Request::Watch { key, .. } => (Method::Watch, Class::of(key, &self.prefix)),
         }

@@ -294,7 +294,18 @@ impl<K: Kv> Leadership<K> {
     /// Refreshes the lease (a lease call, no read). `LostLeadership` when it has expired. A leader that also [`watch`](Self::watch)es its key learns of the key's loss
     /// from the watch, so an idle leader reads nothing.
     pub async fn refresh(&self) -> Result<()> {
-        match self.registry.kv().keep_alive(self.lease).await {
+        self.refresh_within(Duration::ZERO).await
+    }
+
+    /// [`refresh`](Self::refresh), waiting up to `within` for etcd's answer, never less than
+    /// the request deadline ([`Kv::keep_alive_within`]).
+    pub async fn refresh_within(&self, within: Duration) -> Result<()> {
+        match self
+            .registry
+            .kv()
+            .keep_alive_within(self.lease, within)
+            .await
+        {
             Ok(()) => Ok(()),
             Err(KvError::LeaseNotFound(_)) => Err(RegistryError::LostLeadership),
             Err(err) => Err(RegistryError::kv("renewing engine lease")(err)),

@@ -300,6 +300,16 @@ impl<K: Kv> MachineRole<K> {
             .map_err(RegistryError::kv("refreshing machine lease"))
     }
 
+    /// [`keep_alive`](Self::keep_alive), waiting up to `within` for etcd's answer, never less
+    /// than the request deadline ([`Kv::keep_alive_within`]).
+    pub async fn keep_alive_within(&self, presence: &Presence, within: Duration) -> Result<()> {
+        self.registry
+            .kv()
+            .keep_alive_within(presence.lease, within)
+            .await
+            .map_err(RegistryError::kv("refreshing machine lease"))
+    }
+
     /// Ends a presence: the machine record and every state published under it vanish.
     pub async fn unregister(&self, presence: &Presence) -> Result<()> {
         self.registry

@@ -311,6 +311,13 @@ impl<K: Kv> Kv for Metered<K> {
         res
     }
 
+    async fn keep_alive_within(&self, lease: LeaseId, within: Duration) -> Result<(), KvError> {
+        let sent = Instant::now();
+        let res = self.inner.keep_alive_within(lease, within).await;
+        self.metrics.record(Op::KeepAlive, sent, &res);
+        res
+    }
+
     async fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {
         let sent = Instant::now();
         let res = self.inner.revoke(lease).await;

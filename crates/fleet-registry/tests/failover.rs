@@ -151,3 +151,28 @@ async fn a_fresh_client_gets_past_a_frozen_first_member_within_its_timeout() {
     assert_ne!(kv.current_endpoint(), cluster.endpoint(frozen));
     cluster.thaw(frozen);
 }
+
+#[tokio::test]
+async fn a_renewal_waits_out_a_stall_its_window_covers_where_the_request_deadline_gives_up() {
+    let cluster = TestEtcdCluster::start(1).await;
+    let mut config = cluster.config_for(cluster.endpoints());
+    config.request_timeout = Duration::from_secs(1);
+    let kv = EtcdKv::connect(&config).await.expect("valid config");
+    let lease = kv.grant(Duration::from_secs(30)).await.expect("a grant");
+
+    // etcd holds every request for 2 s, as 3.4 did renewals under a bulk start.
+    cluster.freeze(0);
+    let stalled = Instant::now();
+    let plain = kv.keep_alive(lease).await;
+    assert!(
+        matches!(&plain, Err(fleet_registry::kv::KvError::Timeout(d, _)) if *d == Duration::from_secs(1)),
+        "{plain:?}"
+    );
+    let thaw = async {
+        sleep(Duration::from_secs(2).saturating_sub(stalled.elapsed())).await;
+        cluster.thaw(0);
+    };
+    let (within, ()) = tokio::join!(kv.keep_alive_within(lease, Duration::from_secs(10)), thaw);
+    within.expect("a renewal let wait 10 s outlasts a 2 s stall");
+    assert!(stalled.elapsed() >= Duration::from_secs(2));
+}

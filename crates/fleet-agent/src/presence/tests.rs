@@ -17,6 +17,8 @@ struct Flaky {
     /// Fail as etcd's RBAC refusing, not as a timeout.
     refuse: bool,
     sent: Arc<Mutex<Vec<Duration>>>,
+    /// How long each keep-alive was let wait for its answer.
+    windows: Arc<Mutex<Vec<Option<Duration>>>>,
 }
 
 type FlakyKv = Hooked<MemKv, Flaky>;
@@ -29,9 +31,10 @@ impl Flaky {
 
 impl Hook for Flaky {
     async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
-        if let Request::KeepAlive(_) = request {
+        if let Request::KeepAlive { within, .. } = request {
             let at = self.start.elapsed();
             self.sent.lock().unwrap().push(at);
+            self.windows.lock().unwrap().push(within);
             if self.failing.contains(&at) {
                 tokio::time::sleep(self.latency).await;
                 if self.refuse {
@@ -87,6 +90,7 @@ async fn keep_failing(
             latency,
             refuse,
             sent: Arc::default(),
+            windows: Arc::default(),
         },
     };
     let registry = Registry::new(kv.clone(), "/t/");
@@ -236,6 +240,7 @@ async fn peers_are_asked_about_the_time_since_the_first_failure_only() {
                 latency: ms(1000),
                 refuse: false,
                 sent: Arc::default(),
+                windows: Arc::default(),
             },
         },
         "/t/",
@@ -267,6 +272,22 @@ async fn peers_are_asked_about_the_time_since_the_first_failure_only() {
     // Keep-alives sent at 1 s (fails at 2 s) and 2.25 s (fails at 3.25 s).
     tokio::time::sleep(ms(3500)).await;
     assert_eq!(*recorder.0.lock().unwrap(), [ms(1000), ms(2250)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_keep_alive_is_let_wait_what_is_left_of_its_window() {
+    // Sent at 1 s and failing at 1.1 s, again at 1.35 s: the second may wait 650 ms, until
+    // two thirds of the TTL after the registration. It succeeds, and the third, a third of
+    // the TTL later, has a whole third again.
+    let w = keep_with(ms(500)..ms(1200), ms(100)).await;
+    tokio::time::sleep(ms(2500)).await;
+
+    assert_eq!(w.kv.hook.sent()[..3], [1000, 1350, 2350].map(ms));
+    let windows = w.kv.hook.windows.lock().unwrap().clone();
+    assert_eq!(
+        windows[..3],
+        [Some(ms(1000)), Some(ms(650)), Some(ms(1000))]
+    );
 }
 
 #[tokio::test(start_paused = true)]

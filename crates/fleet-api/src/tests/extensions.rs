@@ -362,7 +362,7 @@ impl Hook for FileReads {
             }
             fleet_registry::kv::Request::Txn(_)
             | fleet_registry::kv::Request::Grant
-            | fleet_registry::kv::Request::KeepAlive(_)
+            | fleet_registry::kv::Request::KeepAlive { .. }
             | fleet_registry::kv::Request::Revoke(_)
             | fleet_registry::kv::Request::Watch { .. } => {}
         }

@@ -23,7 +23,7 @@
 //! its view's schedule once; every schedule write after that carries its placement.
 
 use fleet_core::{Backoff, UnitFile, UnitHash};
-use fleet_registry::kv::{Kv, KvError};
+use fleet_registry::kv::{Kv, KvError, renewal_window};
 use fleet_registry::{
     Changes, EngineWrite, Leadership, Registry, RegistryError, SharedStore, Snapshot, Store,
     Subscription, Touched, WatchHints,
@@ -410,9 +410,11 @@ async fn keep<K: Kv>(leadership: Leadership<K>, ttl: Duration, lost: watch::Send
         }
         tokio::select! {
             () = tokio::time::sleep_until(next_renewal) => {
-                next_renewal = Instant::now() + ttl / 3;
-                match leadership.refresh().await {
-                    Ok(()) => renewed = Instant::now(),
+                let sent = Instant::now();
+                next_renewal = sent + ttl / 3;
+                // etcd renewed the lease no earlier than the request's send time.
+                match leadership.refresh_within(renewal_window(ttl, sent - renewed)).await {
+                    Ok(()) => renewed = sent,
                     Err(RegistryError::LostLeadership) => {
                         warn!("engine leadership lost: the lease is gone");
                         break;

@@ -394,12 +394,19 @@ impl Kv for EtcdKv {
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<(), KvError> {
+        self.keep_alive_within(lease, self.request_timeout).await
+    }
+
+    async fn keep_alive_within(&self, lease: LeaseId, within: Duration) -> Result<(), KvError> {
         // etcd-client sends the first ping and reads its answer before returning the keeper;
         // a TTL of 0 in that answer (expired or unknown lease) comes back as an error. Dropping
         // the keeper and its stream then closes the keep-alive stream.
         let ping = |c: Client| async move { c.lease_client().keep_alive(lease.0).await };
-        match self.read(ping).await {
+        let within = within.max(self.request_timeout);
+        let deadline = Instant::now() + within;
+        match self.with_failover(Call::Read, deadline, ping).await {
             Ok(_) => Ok(()),
+            Err(Failure::Timeout) => Err(KvError::Timeout(within, self.endpoints.to_string())),
             Err(f) => Err(self.error(f, Request::KeepAlive(lease))),
         }
     }

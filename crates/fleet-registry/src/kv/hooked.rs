@@ -19,7 +19,12 @@ pub enum Request<'a> {
     Read(&'a [Read]),
     Txn(&'a Txn),
     Grant,
-    KeepAlive(LeaseId),
+    /// A renewal, waiting `within` for its answer if given ([`Kv::keep_alive_within`]), else
+    /// the request deadline.
+    KeepAlive {
+        lease: LeaseId,
+        within: Option<Duration>,
+    },
     Revoke(LeaseId),
     Watch {
         key: &'a str,
@@ -125,10 +130,24 @@ impl<K: Kv, H: Hook> Kv for Hooked<K, H> {
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<(), KvError> {
-        let request = Request::KeepAlive(lease);
+        let request = Request::KeepAlive {
+            lease,
+            within: None,
+        };
         self.hook.before(request).await?;
         let sent = Instant::now();
         let res = self.inner.keep_alive(lease).await;
+        self.after(request, sent, res, |_| Outcome::Done)
+    }
+
+    async fn keep_alive_within(&self, lease: LeaseId, within: Duration) -> Result<(), KvError> {
+        let request = Request::KeepAlive {
+            lease,
+            within: Some(within),
+        };
+        self.hook.before(request).await?;
+        let sent = Instant::now();
+        let res = self.inner.keep_alive_within(lease, within).await;
         self.after(request, sent, res, |_| Outcome::Done)
     }
 

@@ -308,6 +308,17 @@ impl KvError {
     }
 }
 
+/// How long a renewal of a lease of `ttl`, sent `since_renewal` after the last one that
+/// succeeded, may wait for etcd's answer ([`Kv::keep_alive_within`]): a third of the TTL, and
+/// never past two thirds of the TTL after that success, which leaves the lease's last third
+/// to retries (and to fleetd's asking its peers whether etcd is down for all). etcd's own
+/// clients wait on a renewal as long as the lease lives; waiting only fleetd's request
+/// deadline (1 s) gave up on renewals etcd answered in 1.3 s under a bulk start at 5,000
+/// machines, and sent them again (docs/benchmarks.md, section 7).
+pub fn renewal_window(ttl: Duration, since_renewal: Duration) -> Duration {
+    (ttl / 3).min((ttl * 2 / 3).saturating_sub(since_renewal))
+}
+
 /// The store. Every method is one etcd round trip, except a prefix read of more than
 /// [`RANGE_PAGE`] keys.
 pub trait Kv: Clone + Send + Sync + 'static {
@@ -364,6 +375,20 @@ pub trait Kv: Clone + Send + Sync + 'static {
     /// Refreshes a lease once; `LeaseNotFound` when it has expired.
     fn keep_alive(&self, lease: LeaseId) -> impl Future<Output = Result<(), KvError>> + Send;
 
+    /// [`keep_alive`](Self::keep_alive), waiting up to `within` for etcd's answer instead of
+    /// the request deadline, and never less than it. A renewal is worth waiting for as long
+    /// as the lease may live: one given up at fleetd's 1 s while etcd was answering in 1.3 s
+    /// under a bulk start was sent again, and the retries of 5,000 machines added to the load
+    /// that slowed etcd (docs/benchmarks.md, section 7). Stores without deadlines ignore it.
+    fn keep_alive_within(
+        &self,
+        lease: LeaseId,
+        within: Duration,
+    ) -> impl Future<Output = Result<(), KvError>> + Send {
+        let _ = within;
+        self.keep_alive(lease)
+    }
+
     /// Revokes a lease, deleting its keys. Revoking an unknown lease is not an error.
     fn revoke(&self, lease: LeaseId) -> impl Future<Output = Result<(), KvError>> + Send;
 
@@ -374,4 +399,26 @@ pub trait Kv: Clone + Send + Sync + 'static {
         prefix: bool,
         from_revision: Revision,
     ) -> impl Future<Output = Result<Watch, KvError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn a_renewal_waits_a_third_of_the_ttl_and_never_into_the_leases_last_third() {
+        let ttl = Duration::from_secs(3);
+        assert_eq!(renewal_window(ttl, ms(1000)), ms(1000));
+        assert_eq!(renewal_window(ttl, ms(1500)), ms(500));
+        assert_eq!(renewal_window(ttl, ms(2250)), Duration::ZERO);
+        assert_eq!(renewal_window(ttl, ms(9000)), Duration::ZERO);
+        assert_eq!(
+            renewal_window(Duration::from_secs(30), ms(10_000)),
+            ms(10_000)
+        );
+    }
 }

@@ -176,6 +176,14 @@ impl<K: Kv> Kv for Rbac<K> {
         self.inner.keep_alive(lease).await
     }
 
+    async fn keep_alive_within(
+        &self,
+        lease: LeaseId,
+        within: std::time::Duration,
+    ) -> Result<(), KvError> {
+        self.inner.keep_alive_within(lease, within).await
+    }
+
     async fn revoke(&self, lease: LeaseId) -> Result<(), KvError> {
         let all = self.inner.range("", true, None).await?;
         if let Some(kv) = all
