@@ -202,7 +202,8 @@ enum Scenario {
         /// etcd's `--quota-backend-bytes` (etcd's default is 2 GiB).
         #[arg(long, default_value_t = 8 << 30)]
         quota_bytes: u64,
-        /// How long to wait for every unit before reporting how far it got.
+        /// How long to wait for every unit, after the last one is written, before reporting
+        /// how far it got.
         #[arg(long, default_value_t = 1800)]
         within_secs: u64,
     },
