@@ -13,9 +13,9 @@ use fleet_core::{DesiredState, MachineId, UnitFile, UnitName};
 use fleet_engine::EngineConfig;
 use fleet_ops::ReplaceHow;
 use fleet_ops::etcd::RegistryCluster;
-use fleet_registry::kv::{EtcdKv, Kv};
+use fleet_registry::kv::EtcdKv;
 use fleet_registry::{
-    DEFAULT_PREFIX, EngineRole, EventConfig, EventLog, EventSink, EventStats, Keys, MachineRole,
+    DEFAULT_PREFIX, EngineRole, EventConfig, EventLog, EventSink, EventStats, MachineRole,
     Presence, Registry, UnitsRole,
 };
 use fleet_testing::TestEtcd;
@@ -38,6 +38,7 @@ use crate::shape::{Shape, ShapeSpec};
 mod auth;
 pub use auth::forget_seeds;
 mod connect;
+mod events;
 mod names;
 pub use crate::shape::etcd_line;
 use connect::Connections;
@@ -403,28 +404,6 @@ impl Sim {
         Ok(args)
     }
 
-    /// The keys of events in etcd now (a key holds one event or several of one subject): how
-    /// many, and their keys' and values' bytes.
-    pub async fn event_space(&self) -> Result<(u64, u64)> {
-        let prefix = Keys::new(DEFAULT_PREFIX).events();
-        let found = self
-            .conns
-            .monitor
-            .range(&prefix, true, None)
-            .await
-            .context("reading the events")?;
-        let bytes = found
-            .kvs
-            .iter()
-            .map(|kv| kv.key.len() + kv.value.len())
-            .sum::<usize>();
-        println!(
-            "scale: events by writer and kind: {}",
-            event_breakdown(&prefix, &found.kvs)
-        );
-        Ok((found.kvs.len() as u64, bytes as u64))
-    }
-
     /// Loses the machines `indexes` as the shape says: in production they crash (their
     /// agent, presence keeper and engine candidate end at once, nothing is revoked: etcd
     /// ends their leases after the TTL); in the lab their agents stop and their leases are
@@ -582,42 +561,4 @@ fn spawn_machine(
         shutdown,
         tasks: vec![agent, keeper],
     }
-}
-
-/// How many events each writer (`user`, `engine`, `machine`) holds of each kind, as
-/// `user/submitted 100000, …` (a key holds one event, or an array of one subject's), and the
-/// keys holding more than one: which events a launch's keys are.
-fn event_breakdown(prefix: &str, kvs: &[fleet_registry::kv::KeyValue]) -> String {
-    #[derive(serde::Deserialize)]
-    struct Kind {
-        kind: String,
-    }
-    #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum Value {
-        One(Kind),
-        Many(Vec<Kind>),
-    }
-    let mut counts = std::collections::BTreeMap::<(String, String), u64>::new();
-    let mut shared = 0;
-    for kv in kvs {
-        let rest = kv.key.strip_prefix(prefix).unwrap_or(&kv.key);
-        let writer = rest.split('/').next().unwrap_or("?").to_owned();
-        let kinds = match serde_json::from_slice::<Value>(&kv.value) {
-            Ok(Value::One(k)) => vec![k.kind],
-            Ok(Value::Many(ks)) => {
-                shared += 1;
-                ks.into_iter().map(|k| k.kind).collect()
-            }
-            Err(_) => vec!["?".to_owned()],
-        };
-        for kind in kinds {
-            *counts.entry((writer.clone(), kind)).or_default() += 1;
-        }
-    }
-    let parts: Vec<String> = counts
-        .iter()
-        .map(|((w, k), n)| format!("{w}/{k} {n}"))
-        .collect();
-    format!("{}; keys holding several: {shared}", parts.join(", "))
 }
