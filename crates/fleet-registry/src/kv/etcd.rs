@@ -71,6 +71,19 @@ impl fmt::Debug for EtcdAuth {
 /// often than every 5 s, and pings on idle connections altogether.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
+/// How long a ping may go unanswered before the connection is given up (never less than the
+/// request deadline). Not the request deadline itself: an etcd starved of CPU under a bulk
+/// start at 5,000 machines answered pings later than fleetd's 1 s, and each connection closed
+/// under its calls failed them all and logged in again into the same etcd (docs/benchmarks.md,
+/// section 7, item 5). A server that vanished still breaks a watch within the interval plus
+/// this; a call to it ends at its own deadline as before.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The ping timeout of a client whose requests must end within `request_timeout`.
+fn ping_timeout(request_timeout: Duration) -> Duration {
+    KEEPALIVE_TIMEOUT.max(request_timeout)
+}
+
 /// The store on a real etcd cluster. Cheap to clone: clones share the connections and the
 /// choice of the current member.
 #[derive(Clone)]
@@ -124,7 +137,7 @@ impl EtcdKv {
             // A safety net only: every call has its own deadline. A login may take longer
             // than one call (`login.rs`), and runs on under it.
             .with_timeout(cfg.request_timeout.max(login::LOGIN_TIMEOUT))
-            .with_keep_alive(KEEPALIVE_INTERVAL, cfg.request_timeout)
+            .with_keep_alive(KEEPALIVE_INTERVAL, ping_timeout(cfg.request_timeout))
             .with_keep_alive_while_idle(false)
             // A member cut off from the others then refuses every request at once ("no
             // leader", before handling it: safe to repeat elsewhere) and ends its watches,

@@ -233,3 +233,10 @@ async fn connect_is_lazy_about_an_unreachable_endpoint() {
     let kv = EtcdKv::connect(&cfg(&["http://127.0.0.1:9"], TlsFiles::default())).await;
     assert_eq!(kv.unwrap().endpoints(), "http://127.0.0.1:9");
 }
+
+#[test]
+fn a_ping_may_go_unanswered_ten_seconds_not_just_the_request_deadline() {
+    let s = Duration::from_secs;
+    assert_eq!(ping_timeout(s(1)), s(10));
+    assert_eq!(ping_timeout(s(30)), s(30));
+}
