@@ -285,7 +285,12 @@ impl<K: Kv> PresenceKeeper<K> {
             }
             let sent = Instant::now();
             let within = renewal_window(self.ttl, sent - renewed);
-            match self.registry.keep_alive_within(&presence, within).await {
+            // A renewal may wait a third of the TTL: a shutdown must not wait for it.
+            let renewal = tokio::select! {
+                _ = shutdown.changed() => return Ok(()),
+                r = self.registry.keep_alive_within(&presence, within) => r,
+            };
+            match renewal {
                 Ok(()) => {
                     self.renewed(sent);
                     run = FailureRun::default();

@@ -63,7 +63,8 @@ struct World {
     renewals: watch::Receiver<Option<Instant>>,
     witnesses: Fixed,
     lease_file: std::path::PathBuf,
-    _shutdown: watch::Sender<bool>,
+    shutdown: watch::Sender<bool>,
+    keeper: tokio::task::JoinHandle<Result<(), RegistryError>>,
 }
 
 impl Drop for World {
@@ -126,7 +127,7 @@ async fn keep_failing(
     let first = keeper.register().await.unwrap();
     let (tx, presence) = watch::channel(Some(first));
     let (shutdown, shutdown_rx) = watch::channel(false);
-    tokio::spawn(keeper.keep(first, tx, shutdown_rx));
+    let keeper = tokio::spawn(keeper.keep(first, tx, shutdown_rx));
     World {
         kv,
         registry,
@@ -136,7 +137,8 @@ async fn keep_failing(
         renewals,
         witnesses,
         lease_file,
-        _shutdown: shutdown,
+        shutdown,
+        keeper,
     }
 }
 
@@ -288,6 +290,17 @@ async fn each_keep_alive_is_let_wait_what_is_left_of_its_window() {
         windows[..3],
         [Some(ms(1000)), Some(ms(650)), Some(ms(1000))]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_does_not_wait_for_a_renewal_etcd_holds() {
+    // The keep-alive sent at 1 s is held 5 s; the shutdown comes at 1.5 s.
+    let mut w = keep_with(ms(500)..ms(1500), ms(5000)).await;
+    tokio::time::sleep(ms(1500)).await;
+    let asked = Instant::now();
+    w.shutdown.send(true).unwrap();
+    (&mut w.keeper).await.unwrap().unwrap();
+    assert_eq!(asked.elapsed(), Duration::ZERO);
 }
 
 #[tokio::test(start_paused = true)]
