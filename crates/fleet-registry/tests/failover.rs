@@ -153,6 +153,48 @@ async fn a_fresh_client_gets_past_a_frozen_first_member_within_its_timeout() {
 }
 
 #[tokio::test]
+async fn a_page_that_passes_its_deadline_is_asked_again_where_the_read_was() {
+    let cluster = TestEtcdCluster::start(1).await;
+    let mut config = cluster.config_for(cluster.endpoints());
+    config.request_timeout = Duration::from_secs(1);
+    let kv = EtcdKv::connect(&config).await.expect("valid config");
+    let puts = (0..1_200).map(|i| TxnOp::Put {
+        key: format!("/pages/{i:05}"),
+        value: vec![b'v'; 100],
+        lease: None,
+    });
+    for chunk in puts.collect::<Vec<_>>().chunks(100) {
+        let txn = Txn {
+            success: chunk.to_vec(),
+            ..Txn::default()
+        };
+        kv.txn(txn).await.expect("a write");
+    }
+
+    // etcd holds every request for 1.5 s: the first ask of a page passes its 1 s deadline,
+    // the second is answered.
+    cluster.freeze(0);
+    let stalled = Instant::now();
+    let thaw = async {
+        sleep(Duration::from_millis(1_500).saturating_sub(stalled.elapsed())).await;
+        cluster.thaw(0);
+    };
+    let (read, ()) = tokio::join!(kv.range("/pages/", true, None), thaw);
+    let read = read.expect("a page asked again outlasts a 1.5 s stall");
+    assert_eq!(read.kvs.len(), 1_200);
+    assert!(stalled.elapsed() >= Duration::from_millis(1_500));
+
+    // A single key keeps its one deadline.
+    cluster.freeze(0);
+    let one = kv.range("/pages/00000", false, None).await;
+    cluster.thaw(0);
+    assert!(
+        matches!(&one, Err(fleet_registry::kv::KvError::Timeout(d, _)) if *d == Duration::from_secs(1)),
+        "{one:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_renewal_waits_out_a_stall_its_window_covers_where_the_request_deadline_gives_up() {
     let cluster = TestEtcdCluster::start(1).await;
     let mut config = cluster.config_for(cluster.endpoints());

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
 use tokio::time::Instant;
+use tracing::debug;
 
 use super::{EtcdKv, Failure, Request, convert, kv_client, watch};
 use crate::kv::{KeyValue, KvError, RANGE_PAGE, RangeResult, Revision};
@@ -57,6 +58,22 @@ impl PageSize {
 /// How often a read of the present starts again after history was compacted between its
 /// pages.
 pub(super) const PINNED_READ_ATTEMPTS: u32 = 3;
+
+/// How often a page of a prefix read that passed its deadline is asked again, each time for
+/// half its keys, before the read fails. Every earlier page stays read: the page is asked at
+/// the same pinned revision, so the result is still the registry at one revision.
+///
+/// Under a load etcd cannot keep up with, a page of 4 MiB (fleetd's 1 s) passes its deadline
+/// when a smaller one does not. In the million at fleetd's defaults, a new engine leader's
+/// read of the registry failed its page three times over and started again from its first
+/// page each time: scheduling stood still at 273,648 of 400,000 units. A single key is not
+/// asked again: it is one small read, and its deadline is the caller's.
+pub(super) const PAGE_RETRIES: u32 = 2;
+
+/// The keys a page that passed its deadline asks for when asked again.
+pub(super) fn smaller_page(limit: usize) -> usize {
+    (limit / 2).max(1)
+}
 
 /// A failed paged read: on its first page (nothing pinned yet, or the caller's revision), or
 /// on a later one, pinned at the first page's revision.
@@ -155,9 +172,35 @@ impl EtcdKv {
 
     /// One page: `start` alone (no `end`), or up to `limit` keys of `[start, end)`, at
     /// revision `pinned` (0: the present), on whichever member answers under a request
-    /// deadline of its own (at a pinned revision every member serves the same keys). With
-    /// the key the next page starts at, if there are more.
+    /// deadline of its own (at a pinned revision every member serves the same keys). A page
+    /// of a range that passes its deadline is asked again for fewer keys ([`PAGE_RETRIES`]).
+    /// With the key the next page starts at, if there are more.
     async fn read_page(
+        &self,
+        start: Vec<u8>,
+        end: Option<&[u8]>,
+        pinned: Revision,
+        mut limit: usize,
+    ) -> Result<(RangeResult, Option<Vec<u8>>), Failure> {
+        let mut retries = if end.is_some() { PAGE_RETRIES } else { 0 };
+        loop {
+            match self.ask_page(start.clone(), end, pinned, limit).await {
+                Err(Failure::Timeout) if retries > 0 => {
+                    retries -= 1;
+                    limit = smaller_page(limit);
+                    debug!(
+                        timeout = ?self.request_timeout,
+                        keys = limit,
+                        "a page passed its deadline, asking again for fewer keys"
+                    );
+                }
+                answer => return answer,
+            }
+        }
+    }
+
+    /// One request of [`read_page`](Self::read_page)'s.
+    async fn ask_page(
         &self,
         start: Vec<u8>,
         end: Option<&[u8]>,

@@ -1,4 +1,4 @@
-use super::pages::{PAGE_PER_SECOND, after, next_page_keys, split};
+use super::pages::{PAGE_PER_SECOND, PAGE_RETRIES, after, next_page_keys, smaller_page, split};
 use super::*;
 
 fn cfg(endpoints: &[&str], tls: TlsFiles) -> EtcdConfig {
@@ -35,6 +35,16 @@ fn sizes_the_next_page_by_the_bytes_of_the_last() {
     let fleetctl = PageSize::for_deadline(Duration::from_secs(3));
     assert_eq!(next_page_keys(&vec![kv(1 << 20); 3], fleetctl), 11);
     assert_eq!(next_page_keys(&vec![kv(100); 500], fleetctl), 30_000);
+}
+
+#[test]
+fn a_page_past_its_deadline_is_asked_again_for_half_its_keys_twice() {
+    let fleetd = PageSize::for_deadline(Duration::from_secs(1)).keys;
+    let asked: Vec<usize> = std::iter::successors(Some(fleetd), |k| Some(smaller_page(*k)))
+        .take(1 + PAGE_RETRIES as usize)
+        .collect();
+    assert_eq!(asked, [10_000, 5_000, 2_500]);
+    assert_eq!(smaller_page(1), 1, "never a page of no keys");
 }
 
 #[test]
