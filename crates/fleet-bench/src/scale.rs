@@ -92,6 +92,19 @@ impl Roles {
         by_role.join(", ")
     }
 
+    /// `fleetctl 96 / 812 ms, engines …`: each role's transactions, mean over this tally and
+    /// slowest since counting began.
+    pub fn txn_latency_by_role(&self) -> String {
+        let by_role: Vec<String> = self.all()[..3]
+            .iter()
+            .map(|(role, t)| {
+                let (mean, most) = (t.mean_latency(Method::Txn), t.max_latency(Method::Txn));
+                format!("{role} {} / {} ms", mean.as_millis(), most.as_millis())
+            })
+            .collect();
+        by_role.join(", ")
+    }
+
     /// Keep-alives of leases etcd no longer had.
     pub fn leases_lost(&self) -> u64 {
         self.all().iter().map(|(_, t)| t.leases_lost).sum()
@@ -451,6 +464,10 @@ async fn measure(sim: &mut Sim, a: &ScaleArgs) -> Result<Measured> {
         c.roles.timeouts(),
         c.roles.timeouts_by_role(),
         c.roles.leases_lost()
+    );
+    println!(
+        "scale: transactions, mean / slowest: {}",
+        c.roles.txn_latency_by_role()
     );
     let rss = process_rss_mib();
     let (space, follow) = events_figures(sim, a).await?;
