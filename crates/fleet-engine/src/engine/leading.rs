@@ -90,6 +90,11 @@ pub(super) struct Leading<K> {
     /// new one (214.6 MiB read in one launch, issue 43), while a successful pass already
     /// waits a lease for its own writes to arrive.
     catch_up: Duration,
+    /// The store of a pass whose write failed, held until the next subscription so that it
+    /// lives to be caught up with (`catch_up`): the store lives only while held, and the
+    /// leader is often its only holder, so letting go of it made every failed write a read
+    /// of the whole registry.
+    kept: Option<Store>,
     /// What each pass plans, and what passes remember between them.
     planner: PassPlanner,
     /// The hold last logged, to log a change once.
@@ -133,6 +138,7 @@ impl<K: Kv> Leading<K> {
             lease_ttl: cfg.lease_ttl.max(MIN_INTERVAL * 3),
             view: None,
             catch_up: CATCH_UP,
+            kept: None,
             planner: PassPlanner::new(cfg.disruption, Instant::now()),
             logged_hold: None,
             placements_repaired: false,
@@ -232,8 +238,9 @@ impl<K: Kv> Leading<K> {
             Ok(landed) => landed,
             Err(err) => {
                 // Some of the writes may have landed: the next pass subscribes again, to a
-                // store caught up with the present.
+                // store caught up with the present (this one, if it catches up in time).
                 self.view = None;
+                self.kept = Some(store);
                 self.catch_up = self.lease_ttl.max(CATCH_UP);
                 self.in_doubt = in_doubt(&err);
                 self.planner.write_failed();
@@ -301,6 +308,7 @@ impl<K: Kv> Leading<K> {
     async fn read(&mut self) -> Result<(), RegistryError> {
         if self.view.is_none() {
             self.view = Some(self.stores.current(self.catch_up).await?.subscribe());
+            self.kept = None;
             self.catch_up = CATCH_UP;
             self.planner.new_view();
         }
