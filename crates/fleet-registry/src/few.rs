@@ -207,7 +207,7 @@ impl<K: Kv> Registry<K> {
             success: ops,
             failure: vec![],
         };
-        let res = self.txn(txn, "reading units").await?;
+        let res = self.read_txn(txn, "reading units").await?;
         let kvs = res
             .responses
             .into_iter()
@@ -358,10 +358,12 @@ impl<K: Kv> UnitsView<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::MemKv;
-    use crate::registry::{encode, put};
+    use crate::kv::{Hook, Hooked, KvError, MemKv, Request};
+    use crate::registry::{READ_RETRIES, encode, put};
     use crate::{MachineRole, ScheduleEntry, UnitsRole};
     use fleet_core::{MachineInfo, SystemdState, UnitFile};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
 
     fn name(s: &str) -> UnitName {
@@ -469,6 +471,45 @@ mod tests {
         assert!(!few.units.contains_key(&name("c.service")));
         assert!(!few.states.contains_key(&name("c.service")));
         assert!(few.machines.contains_key(&machine("m1")));
+    }
+
+    /// Times out the first `late` transactions, as an etcd answering past the deadline would.
+    #[derive(Clone)]
+    struct Late(Arc<AtomicU32>);
+
+    impl Hook for Late {
+        async fn before(&self, request: Request<'_>) -> std::result::Result<(), KvError> {
+            let late = matches!(request, Request::Txn(_))
+                && self
+                    .0
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+            match late {
+                true => Err(KvError::Timeout(Duration::from_secs(3), "test".into())),
+                false => Ok(()),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_of_a_few_units_past_its_deadline_is_asked_again_twice() {
+        let reg = registry().await;
+        let names = BTreeSet::from([name("a.service"), name("c.service")]);
+        let want = reg.units_snapshot(&names).await.unwrap();
+        let late = |n: u32| {
+            let kv = Hooked {
+                inner: reg.kv().clone(),
+                hook: Late(Arc::new(AtomicU32::new(n))),
+            };
+            Registry::new(kv, "/few-test/")
+        };
+        let again = late(READ_RETRIES).units_snapshot(&names).await.unwrap();
+        assert_eq!(again.units, want.units);
+        assert_eq!(again.states, want.states);
+        let named = late(READ_RETRIES).units_named(&names).await.unwrap();
+        assert_eq!(named.len(), 2);
+        let err = late(READ_RETRIES + 1).units_snapshot(&names).await;
+        assert!(err.unwrap_err().to_string().contains("reading units"));
     }
 
     #[tokio::test(start_paused = true)]

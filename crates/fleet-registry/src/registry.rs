@@ -11,13 +11,22 @@
 use fleet_core::{MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
+use tracing::debug;
 
 use crate::error::{RegistryError, Result};
 use crate::keys::Keys;
-use crate::kv::{KeyValue, Kv, MAX_TXN_OPS, Revision, Txn, TxnOp, TxnOpResponse, TxnResult};
+use crate::kv::{
+    KeyValue, Kv, KvError, MAX_TXN_OPS, Revision, Txn, TxnOp, TxnOpResponse, TxnResult,
+};
 use crate::metadata;
 use crate::read::{self, Listing};
 use crate::records::{ScheduleEntry, Unit, UnitStateRecord};
+
+/// How often a transaction of reads that passed its deadline is asked again before the read
+/// fails ([`Registry::read_txn`]). A bulk `fleetctl start` reads its names' records in such
+/// transactions, 8 at once: in the million at fleetctl's 3 s, one of them passing 3 s while
+/// etcd was behind failed the whole command at 250,000 units (docs/benchmarks.md, section 7).
+pub(crate) const READ_RETRIES: u32 = 2;
 
 /// The registry: one etcd (or fake) and one key prefix.
 #[derive(Debug, Clone)]
@@ -70,6 +79,24 @@ impl<K: Kv> Registry<K> {
         self.kv.txn(txn).await.map_err(RegistryError::kv(op))
     }
 
+    /// A transaction of `Get`s alone, asked again ([`READ_RETRIES`] times at most) when it
+    /// passes its deadline: it writes nothing, so asking again is safe, and the transactions
+    /// a large read has already had answered stay read.
+    pub(crate) async fn read_txn(&self, txn: Txn, op: &'static str) -> Result<TxnResult> {
+        debug_assert!(txn.compares.is_empty() && txn.failure.is_empty());
+        debug_assert!(txn.success.iter().all(|o| matches!(o, TxnOp::Get { .. })));
+        let mut retries = READ_RETRIES;
+        loop {
+            match self.kv.txn(txn.clone()).await {
+                Err(KvError::Timeout(after, _)) if retries > 0 => {
+                    retries -= 1;
+                    debug!(op, ?after, "a read passed its deadline, asking again");
+                }
+                res => return res.map_err(RegistryError::kv(op)),
+            }
+        }
+    }
+
     pub async fn unit(&self, name: &UnitName) -> Result<Option<Unit>> {
         let res = self
             .kv
@@ -103,7 +130,7 @@ impl<K: Kv> Registry<K> {
                 failure: vec![],
             };
             // The same operation name as `unit`: a caller's error reads the same either way.
-            let res = self.txn(txn, "reading unit").await?;
+            let res = self.read_txn(txn, "reading unit").await?;
             for (name, response) in chunk.iter().zip(&res.responses) {
                 if let TxnOpResponse::Get(kvs) = response
                     && let Some(kv) = kvs.first()
