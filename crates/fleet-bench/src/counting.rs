@@ -131,6 +131,8 @@ pub struct Counters {
     errors: AtomicU64,
     /// Requests that failed on their deadline (the client's `request_timeout`).
     timeouts: AtomicU64,
+    /// The same, per method.
+    method_timeouts: [AtomicU64; METHODS],
     /// Keep-alives etcd answered with "lease not found": a machine's lease had expired.
     leases_lost: AtomicU64,
     read_bytes: AtomicU64,
@@ -159,6 +161,7 @@ impl Counters {
             deletes: self.deletes.each_ref().map(load),
             errors: load(&self.errors),
             timeouts: load(&self.timeouts),
+            method_timeouts: self.method_timeouts.each_ref().map(load),
             leases_lost: load(&self.leases_lost),
             read_bytes: load(&self.read_bytes),
             watch_messages: load(&self.watch_messages),
@@ -261,7 +264,10 @@ impl Hook for Counting {
             (_, Outcome::Failed(e)) => self.each(|c| {
                 add(&c.errors, 1);
                 match e {
-                    KvError::Timeout(..) => add(&c.timeouts, 1),
+                    KvError::Timeout(..) => {
+                        add(&c.timeouts, 1);
+                        add(&c.method_timeouts[method.index()], 1);
+                    }
                     KvError::LeaseNotFound(_) => add(&c.leases_lost, 1),
                     _ => {}
                 }

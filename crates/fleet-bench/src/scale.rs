@@ -92,6 +92,18 @@ impl Roles {
         by_role.join(", ")
     }
 
+    /// `agents txn 20, range 3; engines txn 2`: the roles with requests past their deadline,
+    /// by method.
+    pub fn timeouts_by_method(&self) -> String {
+        let by_role: Vec<String> = self
+            .all()
+            .iter()
+            .filter(|(_, t)| t.timeouts > 0)
+            .map(|(role, t)| format!("{role} {}", t.timeouts_by_method()))
+            .collect();
+        by_role.join("; ")
+    }
+
     /// `fleetctl 96 / 812 ms, engines …`: each role's transactions, mean over this tally and
     /// slowest since counting began.
     pub fn txn_latency_by_role(&self) -> String {
@@ -464,6 +476,10 @@ async fn measure(sim: &mut Sim, a: &ScaleArgs) -> Result<Measured> {
         c.roles.timeouts(),
         c.roles.timeouts_by_role(),
         c.roles.leases_lost()
+    );
+    println!(
+        "scale: requests past their deadline by kind: {}",
+        c.roles.timeouts_by_method()
     );
     println!(
         "scale: transactions, mean / slowest: {}",

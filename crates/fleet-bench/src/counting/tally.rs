@@ -16,6 +16,8 @@ pub struct Tally {
     pub errors: u64,
     /// Requests that failed on their deadline.
     pub timeouts: u64,
+    /// The same, per method.
+    pub(super) method_timeouts: [u64; METHODS],
     /// Keep-alives of a lease etcd no longer had.
     pub leases_lost: u64,
     /// Keys and values returned by range reads.
@@ -31,6 +33,17 @@ impl Tally {
     /// The slowest `method` request since counting began.
     pub fn max_latency(&self, method: Method) -> Duration {
         Duration::from_micros(self.latency_max_us[method.index()])
+    }
+
+    /// `txn 20, range 3`: the requests that failed on their deadline, by method (none: empty).
+    pub fn timeouts_by_method(&self) -> String {
+        let parts: Vec<String> = Method::ALL
+            .iter()
+            .map(|m| (m, self.method_timeouts[m.index()]))
+            .filter(|(_, n)| *n > 0)
+            .map(|(m, n)| format!("{} {n}", m.label()))
+            .collect();
+        parts.join(", ")
     }
 
     /// The mean latency of `method` requests in this tally.
@@ -95,6 +108,7 @@ impl Sub for Tally {
             deletes: zip(self.deletes, o.deletes, f),
             errors: f(self.errors, o.errors),
             timeouts: f(self.timeouts, o.timeouts),
+            method_timeouts: zip(self.method_timeouts, o.method_timeouts, f),
             leases_lost: f(self.leases_lost, o.leases_lost),
             read_bytes: f(self.read_bytes, o.read_bytes),
             watch_messages: f(self.watch_messages, o.watch_messages),
@@ -115,6 +129,7 @@ impl Add for Tally {
             deletes: zip(self.deletes, o.deletes, f),
             errors: self.errors + o.errors,
             timeouts: self.timeouts + o.timeouts,
+            method_timeouts: zip(self.method_timeouts, o.method_timeouts, |a, b| a + b),
             leases_lost: self.leases_lost + o.leases_lost,
             read_bytes: self.read_bytes + o.read_bytes,
             watch_messages: self.watch_messages + o.watch_messages,
