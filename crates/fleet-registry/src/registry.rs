@@ -11,6 +11,8 @@
 use fleet_core::{MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 use tracing::debug;
 
 use crate::error::{RegistryError, Result};
@@ -23,7 +25,7 @@ use crate::read::{self, Listing};
 use crate::records::{ScheduleEntry, Unit, UnitStateRecord};
 
 /// How often a transaction of reads that passed its deadline is asked again before the read
-/// fails ([`Registry::read_txn`]). A bulk `fleetctl start` reads its names' records in such
+/// fails, once etcd answered another piece of the read ([`Registry::read_txn`]). A bulk `fleetctl start` reads its names' records in such
 /// transactions, 8 at once: in the million at fleetctl's 3 s, one of them passing 3 s while
 /// etcd was behind failed the whole command at 250,000 units (docs/benchmarks.md, section 7).
 pub(crate) const READ_RETRIES: u32 = 2;
@@ -79,20 +81,30 @@ impl<K: Kv> Registry<K> {
         self.kv.txn(txn).await.map_err(RegistryError::kv(op))
     }
 
-    /// A transaction of `Get`s alone, asked again ([`READ_RETRIES`] times at most) when it
-    /// passes its deadline: it writes nothing, so asking again is safe, and the transactions
-    /// a large read has already had answered stay read.
-    pub(crate) async fn read_txn(&self, txn: Txn, op: &'static str) -> Result<TxnResult> {
+    /// A transaction of `Get`s alone, one piece of a larger read, asked again
+    /// ([`READ_RETRIES`] times at most) when it passes its deadline once `answered` says
+    /// etcd answered another piece of the read: it writes nothing, so asking again is safe,
+    /// and the pieces already answered stay read. An etcd that answered no piece may be
+    /// hung, and a read of a hung etcd fails within its deadline, as a page's does.
+    pub(crate) async fn read_txn(
+        &self,
+        txn: Txn,
+        op: &'static str,
+        answered: &AtomicBool,
+    ) -> Result<TxnResult> {
         debug_assert!(txn.compares.is_empty() && txn.failure.is_empty());
         debug_assert!(txn.success.iter().all(|o| matches!(o, TxnOp::Get { .. })));
         let mut retries = READ_RETRIES;
         loop {
             match self.kv.txn(txn.clone()).await {
-                Err(KvError::Timeout(after, _)) if retries > 0 => {
+                Err(KvError::Timeout(after, _)) if retries > 0 && answered.load(Relaxed) => {
                     retries -= 1;
                     debug!(op, ?after, "a read passed its deadline, asking again");
                 }
-                res => return res.map_err(RegistryError::kv(op)),
+                res => {
+                    answered.fetch_or(res.is_ok(), Relaxed);
+                    return res.map_err(RegistryError::kv(op));
+                }
             }
         }
     }
@@ -117,6 +129,7 @@ impl<K: Kv> Registry<K> {
     ) -> Result<BTreeMap<UnitName, Unit>> {
         let names: Vec<&UnitName> = names.iter().collect();
         let mut units = BTreeMap::new();
+        let answered = AtomicBool::new(false);
         for chunk in names.chunks(MAX_TXN_OPS) {
             let txn = Txn {
                 compares: vec![],
@@ -130,7 +143,7 @@ impl<K: Kv> Registry<K> {
                 failure: vec![],
             };
             // The same operation name as `unit`: a caller's error reads the same either way.
-            let res = self.read_txn(txn, "reading unit").await?;
+            let res = self.read_txn(txn, "reading unit", &answered).await?;
             for (name, response) in chunk.iter().zip(&res.responses) {
                 if let TxnOpResponse::Get(kvs) = response
                     && let Some(kv) = kvs.first()

@@ -163,35 +163,52 @@ async fn a_page_that_passes_its_deadline_is_asked_again_where_the_read_was() {
         value: vec![b'v'; 100],
         lease: None,
     });
+    let mut revision = 0;
     for chunk in puts.collect::<Vec<_>>().chunks(100) {
         let txn = Txn {
             success: chunk.to_vec(),
             ..Txn::default()
         };
-        kv.txn(txn).await.expect("a write");
+        revision = kv.txn(txn).await.expect("a write").revision;
     }
 
-    // etcd holds every request for 1.5 s: the first ask of a page passes its 1 s deadline,
-    // the second is answered.
-    cluster.freeze(0);
-    let stalled = Instant::now();
+    // etcd holds every request for 1.5 s from the moment the first page (500 keys) arrives:
+    // the first ask of each later page passes its 1 s deadline, the second is answered.
+    let (frozen, mut read) = (std::sync::OnceLock::new(), 0);
+    let pages = kv.range_each("/pages/", revision, |page| {
+        if frozen.set(Instant::now()).is_ok() {
+            cluster.freeze(0);
+        }
+        read += page.len();
+    });
     let thaw = async {
-        sleep(Duration::from_millis(1_500).saturating_sub(stalled.elapsed())).await;
+        while frozen.get().is_none() {
+            sleep(Duration::from_millis(10)).await;
+        }
+        sleep(Duration::from_millis(1_500).saturating_sub(frozen.get().unwrap().elapsed())).await;
         cluster.thaw(0);
     };
-    let (read, ()) = tokio::join!(kv.range("/pages/", true, None), thaw);
-    let read = read.expect("a page asked again outlasts a 1.5 s stall");
-    assert_eq!(read.kvs.len(), 1_200);
-    assert!(stalled.elapsed() >= Duration::from_millis(1_500));
+    let (pages, ()) = tokio::join!(pages, thaw);
+    pages.expect("a page asked again outlasts a 1.5 s stall");
+    assert_eq!(read, 1_200);
+    assert!(frozen.get().unwrap().elapsed() >= Duration::from_millis(1_500));
 
-    // A single key keeps its one deadline.
-    cluster.freeze(0);
-    let one = kv.range("/pages/00000", false, None).await;
-    cluster.thaw(0);
-    assert!(
-        matches!(&one, Err(fleet_registry::kv::KvError::Timeout(d, _)) if *d == Duration::from_secs(1)),
-        "{one:?}"
-    );
+    // An etcd that never answered the read may be hung: its first page and a single key
+    // keep their one deadline.
+    for prefix in [true, false] {
+        cluster.freeze(0);
+        let asked = Instant::now();
+        let first = kv.range("/pages/", prefix, None).await;
+        cluster.thaw(0);
+        assert!(
+            matches!(&first, Err(fleet_registry::kv::KvError::Timeout(d, _)) if *d == Duration::from_secs(1)),
+            "{first:?}"
+        );
+        assert!(
+            asked.elapsed() < Duration::from_millis(1_900),
+            "prefix {prefix}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -63,6 +63,11 @@ pub(super) const PINNED_READ_ATTEMPTS: u32 = 3;
 /// half its keys, before the read fails. Every earlier page stays read: the page is asked at
 /// the same pinned revision, so the result is still the registry at one revision.
 ///
+/// Only pages after the first: an etcd that answered this read's first page is slow, one
+/// that never answered may be hung, and a read of a hung etcd fails within its deadline (a
+/// `fleetctl --request-timeout 2 list-units` against a frozen etcd fails within 4 s,
+/// functional-tests' `a_frozen_etcd_moves_and_restarts_nothing_and_fleetctl_fails_within_its_timeout`).
+///
 /// Under a load etcd cannot keep up with, a page of 4 MiB (fleetd's 1 s) passes its deadline
 /// when a smaller one does not. In the million at fleetd's defaults, a new engine leader's
 /// read of the registry failed its page three times over and started again from its first
@@ -127,7 +132,7 @@ impl EtcdKv {
         let end = prefix.then(|| prefix_end(key.as_bytes()));
         let start = key.as_bytes().to_vec();
         let (first, next) = self
-            .read_page(start, end.as_deref(), revision.unwrap_or(0), RANGE_PAGE)
+            .read_page(start, end.as_deref(), revision.unwrap_or(0), RANGE_PAGE, 0)
             .await
             .map_err(Paged::First)?;
         // etcd's header carries the current revision: for a read of the present, the
@@ -160,7 +165,9 @@ impl EtcdKv {
         sink: &(dyn Fn(usize, Vec<KeyValue>) + Sync),
     ) -> Result<(), Failure> {
         loop {
-            let (page, next) = self.read_page(start, Some(&end), pinned, limit).await?;
+            let (page, next) = self
+                .read_page(start, Some(&end), pinned, limit, PAGE_RETRIES)
+                .await?;
             limit = next_page_keys(&page.kvs, self.page);
             sink(interval, page.kvs);
             match next {
@@ -173,16 +180,17 @@ impl EtcdKv {
     /// One page: `start` alone (no `end`), or up to `limit` keys of `[start, end)`, at
     /// revision `pinned` (0: the present), on whichever member answers under a request
     /// deadline of its own (at a pinned revision every member serves the same keys). A page
-    /// of a range that passes its deadline is asked again for fewer keys ([`PAGE_RETRIES`]).
-    /// With the key the next page starts at, if there are more.
+    /// of a range that passes its deadline is asked again for fewer keys, up to `retries`
+    /// times ([`PAGE_RETRIES`]). With the key the next page starts at, if there are more.
     async fn read_page(
         &self,
         start: Vec<u8>,
         end: Option<&[u8]>,
         pinned: Revision,
         mut limit: usize,
+        retries: u32,
     ) -> Result<(RangeResult, Option<Vec<u8>>), Failure> {
-        let mut retries = if end.is_some() { PAGE_RETRIES } else { 0 };
+        let mut retries = if end.is_some() { retries } else { 0 };
         loop {
             match self.ask_page(start.clone(), end, pinned, limit).await {
                 Err(Failure::Timeout) if retries > 0 => {
