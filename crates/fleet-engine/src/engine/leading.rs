@@ -234,6 +234,7 @@ impl<K: Kv> Leading<K> {
             (pass, writes, stray_keys)
         };
         let planned_in = started.elapsed();
+        let writing = Instant::now();
         let landed = match self.leadership.write(&writes).await {
             Ok(landed) => landed,
             Err(err) => {
@@ -248,6 +249,7 @@ impl<K: Kv> Leading<K> {
                 return Err(err);
             }
         };
+        let written_in = writing.elapsed();
         if let Some(revision) = landed
             && let Err(err) = self.applied(&store, revision).await
         {
@@ -255,6 +257,7 @@ impl<K: Kv> Leading<K> {
             self.metrics.failed(Failure::of(&err), Some(&pass.plan));
             return Err(err);
         }
+        let applied_in = writing.elapsed() - written_in;
         self.metrics.reconciled(&pass.plan, started.elapsed());
         for key in &stray_keys {
             info!(key = %key, "deleted a schedule key that names no entry");
@@ -263,16 +266,13 @@ impl<K: Kv> Leading<K> {
         let (snapshot, files) = (read.snapshot(), read.files());
         self.planner.done(&pass, snapshot, writes.is_empty());
         record(&mut self.copies, &self.metrics, &pass, snapshot, files);
-        debug!(
-            revision = read.revision(),
-            planned = pass.what(),
-            changed = pass.changed,
-            decisions = pass.plan.decisions.len(),
-            waiting = pass.plan.waiting.len(),
-            planned_in = ?planned_in,
-            written_in = ?(started.elapsed() - planned_in),
-            "engine pass done"
-        );
+        let times = PassTimes {
+            planned_in,
+            written_in,
+            applied_in,
+            done_in: started.elapsed(),
+        };
+        log_pass(read.revision(), &pass, writes.len(), &times);
         drop(read);
         self.log_assessment(&pass.assessment);
         pass.plan.decisions.iter().for_each(decision_log::log);
@@ -355,6 +355,33 @@ impl<K> Leading<K> {
             );
         }
     }
+}
+
+/// Where a pass's time went: planning (with reading the view), writing, and waiting for
+/// its writes to come back through the store's watch.
+struct PassTimes {
+    planned_in: Duration,
+    written_in: Duration,
+    applied_in: Duration,
+    done_in: Duration,
+}
+
+/// The pass's debug line: what it planned and decided, and where its time went (the scale
+/// bench's passes are read from it, docs/benchmarks.md).
+fn log_pass(revision: i64, pass: &PassPlan, writes: usize, t: &PassTimes) {
+    debug!(
+        revision,
+        planned = pass.what(),
+        changed = pass.changed,
+        decisions = pass.plan.decisions.len(),
+        waiting = pass.plan.waiting.len(),
+        writes,
+        planned_in = ?t.planned_in,
+        written_in = ?t.written_in,
+        applied_in = ?t.applied_in,
+        done_in = ?t.done_in,
+        "engine pass done"
+    );
 }
 
 /// Counts what the view holds that cannot be read, and reports the strays among the
