@@ -90,7 +90,11 @@ pub enum EngineWrite {
     DeleteStray(StrayScheduleKey),
 }
 
-/// Engine transactions of one kind in flight at once (see [`Leadership::write`]).
+/// Engine transactions of one kind in flight at once (see [`Leadership::write`]). More is
+/// not faster: at 32, in the 100,000-unit launch on 5,000 machines, the engine's bursts of
+/// 128-operation transactions pushed 21,777 of the agents' 1 s writes past their deadline
+/// (98–2,334 at 8), each sent again, and the launch took 78 s (docs/benchmarks.md, *etcd's
+/// profile*).
 pub const WRITES_IN_FLIGHT: usize = 8;
 
 impl EngineWrite {

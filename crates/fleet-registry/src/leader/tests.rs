@@ -271,23 +271,30 @@ async fn writes_of_one_kind_go_several_at_once_and_kinds_in_order() {
     };
     let reg = Registry::new(kv.clone(), "/leader-test/");
     let a = lead(&reg, "a").await;
-    let mut writes: Vec<EngineWrite> = (0..640)
+    // More transactions of each kind (64 writes of two operations each) than go at once.
+    let txns = WRITES_IN_FLIGHT + 2;
+    let units = txns * 64;
+    let mut writes: Vec<EngineWrite> = (0..units)
         .map(|i| EngineWrite::Unschedule {
             machine: machine("m0"),
             unit: format!("u{i}.service").parse().unwrap(),
         })
         .collect();
-    writes.extend((0..640).map(|i| EngineWrite::Schedule(entry(&format!("u{i}.service"), "m1"))));
+    writes.extend((0..units).map(|i| EngineWrite::Schedule(entry(&format!("u{i}.service"), "m1"))));
     a.write(&writes).await.unwrap();
     let seen = kv.hook.seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 2 * 20, "10 transactions of each kind: {seen:?}");
+    assert_eq!(
+        seen.len(),
+        2 * 2 * txns,
+        "{txns} transactions of each kind: {seen:?}"
+    );
     let last_delete_end = seen.iter().rposition(|e| *e == ('d', "end")).unwrap();
     let first_put_start = seen.iter().position(|e| *e == ('p', "start")).unwrap();
     assert!(last_delete_end < first_put_start, "{seen:?}");
     let most = kv.hook.most.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(most, WRITES_IN_FLIGHT, "transactions in flight at once");
     let keys = schedule_keys(&Registry::new(kv.inner.clone(), "/leader-test/")).await;
-    assert_eq!(keys.len(), 640);
+    assert_eq!(keys.len(), units);
 }
 
 #[tokio::test(start_paused = true)]
