@@ -24,11 +24,6 @@
 //!
 //! It measures; it never asserts the targets (they are reported as met or missed).
 
-/// fleetd's allocator (mimalloc, see fleetd's `main.rs`), so that the simulated fleetds cost
-/// what fleetd does.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod api;
 mod counting;
 mod e2e;

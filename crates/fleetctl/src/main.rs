@@ -16,12 +16,6 @@ use fleetctl::commands::watching::{self, Table};
 use fleetctl::commands::{self, Ctx, lifecycle};
 use fleetctl::driver::{self, Driver, HttpCluster};
 
-/// mimalloc, not glibc's malloc: `malloc` and `free` were a fifth of the simulated fleetds'
-/// CPU in the 100,000-unit launch, and the same run with mimalloc took 43.8 s of CPU instead of
-/// 47–62 s (docs/benchmarks.md, *etcd's profile*).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// What `--debug` shows: fleetctl's and the fleet crates' debug lines, others' warnings.
 const DEBUG_FILTER: &str = "warn,fleetctl=debug,fleet_=debug";

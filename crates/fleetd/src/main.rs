@@ -3,12 +3,6 @@
 //! Stopping or restarting fleetd never stops the units it runs: on SIGTERM it stops its loops
 //! and exits, leaving its lease to the restarted fleetd (or to expire).
 
-/// mimalloc, not glibc's malloc: `malloc` and `free` were a fifth of the simulated fleetds'
-/// CPU in the 100,000-unit launch, and the same run with mimalloc took 43.8 s of CPU instead of
-/// 47–62 s (docs/benchmarks.md, *etcd's profile*).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod api;
 mod cli;
 mod config;
