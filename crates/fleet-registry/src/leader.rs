@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tracing::{debug, warn};
 
+use crate::carried::{CarriedTexts, encode_entry};
 use crate::error::{RegistryError, Result};
 use crate::keys::{Keys, StrayScheduleKey};
 use crate::kv::{
@@ -382,9 +383,19 @@ impl<K: Kv> Leadership<K> {
     /// may have landed, and no later kind was sent (callers order the kinds so that this is
     /// safe, removals first).
     pub async fn write(&self, writes: &[EngineWrite]) -> Result<Option<Revision>> {
+        self.write_carrying(writes, &CarriedTexts::new()).await
+    }
+
+    /// As [`write`](Self::write), each schedule entry whose file's text is in `texts`
+    /// carrying it (see [`crate::carried`]): its agent then need not read the file.
+    pub async fn write_carrying(
+        &self,
+        writes: &[EngineWrite],
+        texts: &CarriedTexts,
+    ) -> Result<Option<Revision>> {
         let mut revision = None;
         for run in writes.chunk_by(|a, b| a.kind() == b.kind()) {
-            let landed = self.send_all(self.transactions(run)).await?;
+            let landed = self.send_all(self.transactions(run, texts)).await?;
             revision = landed.into_iter().flatten().max().max(revision);
         }
         Ok(revision)
@@ -392,12 +403,12 @@ impl<K: Kv> Leadership<K> {
 
     /// The operations of `writes` cut into transactions of at most [`MAX_TXN_OPS`], the
     /// operations of one write never split.
-    fn transactions(&self, writes: &[EngineWrite]) -> Vec<Vec<TxnOp>> {
+    fn transactions(&self, writes: &[EngineWrite], texts: &CarriedTexts) -> Vec<Vec<TxnOp>> {
         let mut txns = Vec::new();
         let mut ops = Vec::with_capacity(MAX_TXN_OPS);
         for write in writes {
             let before = ops.len();
-            self.ops(write, &mut ops);
+            self.ops(write, texts, &mut ops);
             if ops.len() > MAX_TXN_OPS {
                 let rest = ops.split_off(before);
                 txns.push(std::mem::replace(&mut ops, rest));
@@ -465,14 +476,15 @@ impl<K: Kv> Leadership<K> {
     }
 
     /// The operations of `write`, pushed onto `ops`.
-    fn ops(&self, write: &EngineWrite, ops: &mut Vec<TxnOp>) {
+    fn ops(&self, write: &EngineWrite, texts: &CarriedTexts, ops: &mut Vec<TxnOp>) {
         let keys = self.registry.keys();
         let delete = |key| TxnOp::Delete { key, prefix: false };
         match write {
             EngineWrite::Schedule(entry) => {
+                let text = texts.get(&entry.hash).map(String::as_str);
                 ops.push(TxnOp::Put {
                     key: keys.schedule(&entry.machine, &entry.name),
-                    value: encode(entry),
+                    value: encode_entry(entry, text),
                     lease: None,
                 });
                 ops.push(placement_put(keys, &entry.name, &entry.machine));

@@ -8,6 +8,7 @@
 //! Every multi-key change is one transaction guarded by compare-and-swap, so concurrent
 //! clients never leave anything half-written.
 
+mod carried;
 pub mod changes;
 mod drain;
 mod error;
@@ -36,6 +37,7 @@ mod store;
 mod units;
 mod watch;
 
+pub use carried::{CarriedFile, CarriedTexts, MAX_CARRIED_TEXT, texts_of};
 pub use changes::{ChangeFeed, Changed, Part};
 pub use error::{RegistryError, Result};
 pub use events::log::{EventConfig, EventLog, EventSink, EventStats};

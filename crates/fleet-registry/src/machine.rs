@@ -11,11 +11,12 @@ use crate::keys::EventSource;
 use fleet_core::{MachineId, MachineInfo, UnitFile, UnitHash, UnitName};
 use std::time::Duration;
 
+use crate::carried::{CarriedFile, carried_file};
 use crate::error::{RegistryError, Result};
 use crate::keys::Key;
 use crate::kv::{
-    CmpOp, CmpTarget, Compare, Event, EventKind, Kv, LeaseId, MAX_TXN_OPS, Revision, Txn, TxnOp,
-    TxnOpResponse,
+    CmpOp, CmpTarget, Compare, Event, EventKind, KeyValue, Kv, LeaseId, MAX_TXN_OPS, Revision, Txn,
+    TxnOp, TxnOpResponse,
 };
 use crate::read::{self, Listing};
 use crate::records::{ScheduleEntry, UnitStateRecord};
@@ -49,8 +50,8 @@ impl Presence {
 /// One change of a machine's schedule, as its watch delivered it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScheduleChange {
-    /// The entry was written (created or changed).
-    Put(ScheduleEntry),
+    /// The entry was written (created or changed), with the file it carries.
+    Put(ScheduleEntry, CarriedFile),
     /// The unit's entry was deleted.
     Removed(UnitName),
     /// A value or key that does not read as this machine's entry: re-read the schedule,
@@ -107,9 +108,29 @@ impl<K: Kv> MachineRole<K> {
 
     // ---- reads ----------------------------------------------------------------------------
 
-    /// Every readable entry of this machine's schedule, at one revision.
-    pub async fn schedule(&self) -> Result<Listing<Vec<ScheduleEntry>>> {
-        self.registry.machine_schedule(&self.machine).await
+    /// Every readable entry of this machine's schedule, at one revision, with the file
+    /// each carries.
+    pub async fn schedule(&self) -> Result<Listing<Vec<(ScheduleEntry, CarriedFile)>>> {
+        let keys = self.registry.keys();
+        let res = self
+            .registry
+            .kv()
+            .range(&keys.machine_schedule(&self.machine), true, None)
+            .await
+            .map_err(RegistryError::kv("reading machine schedule"))?;
+        let mut skipped = Vec::new();
+        let read = |kv: &KeyValue| {
+            read::schedule_entry(keys, kv).map(|e| {
+                let file = carried_file(&e, kv);
+                (e, file)
+            })
+        };
+        let items = read::all(&res.kvs, read, &mut skipped);
+        Ok(Listing {
+            revision: res.revision,
+            items,
+            skipped,
+        })
     }
 
     /// A watch that wakes on every change of this machine's schedule from revision `from` on
@@ -126,7 +147,10 @@ impl<K: Kv> MachineRole<K> {
         let keys = self.registry.keys();
         match event.kind {
             EventKind::Put => match read::schedule_entry(keys, &event.kv) {
-                Ok(entry) if entry.machine == self.machine => ScheduleChange::Put(entry),
+                Ok(entry) if entry.machine == self.machine => {
+                    let file = carried_file(&entry, &event.kv);
+                    ScheduleChange::Put(entry, file)
+                }
                 Ok(_) | Err(_) => ScheduleChange::Unreadable,
             },
             EventKind::Delete => match Key::parse(keys, &event.kv.key) {

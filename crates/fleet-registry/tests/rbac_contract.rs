@@ -280,7 +280,7 @@ async fn a_host_does_its_own_work<S: Side>(side: S) {
     me.keep_alive(&presence).await.expect("keep alive");
     let schedule = me.schedule().await.expect("read its schedule");
     assert_eq!(schedule.items.len(), 1);
-    let hash = schedule.items[0].hash;
+    let hash = schedule.items[0].0.hash;
     assert!(me.file(&hash).await.expect("read a file").is_some());
     me.unregister(&presence).await.expect("unregister");
 }

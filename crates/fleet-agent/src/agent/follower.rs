@@ -11,7 +11,8 @@
 use fleet_core::{Backoff, UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::{Event, Kv, Revision};
 use fleet_registry::{
-    Delta, MachineRole, RegistryError, ScheduleChange, ScheduleEntry, Skipped, WatchHints,
+    CarriedFile, Delta, MachineRole, RegistryError, ScheduleChange, ScheduleEntry, Skipped,
+    WatchHints,
 };
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -241,10 +242,12 @@ impl<K: Kv> ScheduleFollower<K> {
         let listing = self.registry.schedule().await?;
         self.note_skipped(&listing.skipped);
         let mut schedule = BTreeMap::new();
-        for e in listing.items {
+        let mut carried = Vec::new();
+        for (e, file) in listing.items {
             if self.refuse(&e.name) {
                 continue;
             }
+            carried.push((e.hash, file));
             schedule.insert(e.name.clone(), e);
         }
         let wanted: BTreeSet<UnitHash> = schedule.values().map(|e| e.hash).collect();
@@ -254,6 +257,9 @@ impl<K: Kv> ScheduleFollower<K> {
                 .extend(names.filter(|n| old.get(*n) != schedule.get(*n)).cloned());
         }
         self.files.retain(|h, _| wanted.contains(h));
+        for (hash, file) in carried {
+            self.take_carried(hash, file);
+        }
         self.fetch_files(wanted).await?;
         self.schedule = Some(schedule);
         self.doubt.read(at_start, started);
@@ -297,8 +303,11 @@ impl<K: Kv> ScheduleFollower<K> {
         for (revision, change) in fresh {
             self.revision = self.revision.max(revision);
             let (name, entry) = match change {
-                ScheduleChange::Put(e) if self.refuse(&e.name) => (e.name, None),
-                ScheduleChange::Put(e) => (e.name.clone(), Some(e)),
+                ScheduleChange::Put(e, _) if self.refuse(&e.name) => (e.name, None),
+                ScheduleChange::Put(e, file) => {
+                    self.take_carried(e.hash, file);
+                    (e.name.clone(), Some(e))
+                }
                 ScheduleChange::Removed(name) => (name, None),
                 ScheduleChange::Unreadable => unreachable!("refused above"),
             };
@@ -327,6 +336,20 @@ impl<K: Kv> ScheduleFollower<K> {
         }
         self.fetch_files(new_hashes).await?;
         Ok(Some(changed))
+    }
+
+    /// Keeps the file a schedule entry carries (issue 43), so that it need not be read. One
+    /// that does not read as the entry's file is warned about and read from the registry.
+    fn take_carried(&mut self, hash: UnitHash, file: CarriedFile) {
+        match file {
+            CarriedFile::File(file) => {
+                self.files.entry(hash).or_insert(file);
+            }
+            CarriedFile::Absent => {}
+            CarriedFile::Unreadable(why) => {
+                warn!(hash = %hash, error = %why, "a schedule entry carries an unreadable file; reading the file instead")
+            }
+        }
     }
 
     /// Reads the files of `hashes` not held yet, in as few requests as the registry can.

@@ -26,7 +26,7 @@ use fleet_core::{Backoff, UnitFile, UnitHash};
 use fleet_registry::kv::{Kv, KvError, renewal_window};
 use fleet_registry::{
     Changes, EngineWrite, Leadership, Registry, RegistryError, SharedStore, Snapshot, Store,
-    Subscription, Touched, WatchHints,
+    Subscription, Touched, WatchHints, texts_of,
 };
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -220,7 +220,7 @@ impl<K: Kv> Leading<K> {
         }
         let view = self.view.as_ref().expect("just read");
         let store = view.store().clone();
-        let (pass, writes, stray_keys) = {
+        let (pass, writes, stray_keys, texts) = {
             let read = store.read().await;
             let Changes { touched, units } = view.take(&read);
             // What arrived since the loop woke up is planned now: the planner hears of it.
@@ -231,11 +231,12 @@ impl<K: Kv> Leading<K> {
             let mut writes: Vec<EngineWrite> = pass.decision_writes().collect();
             writes.extend(stray_keys.iter().cloned().map(EngineWrite::DeleteStray));
             writes.extend(pass.notice_write());
-            (pass, writes, stray_keys)
+            let texts = texts_of(writes.iter().filter_map(scheduled_hash), files);
+            (pass, writes, stray_keys, texts)
         };
         let planned_in = started.elapsed();
         let writing = Instant::now();
-        let landed = match self.leadership.write(&writes).await {
+        let landed = match self.leadership.write_carrying(&writes, &texts).await {
             Ok(landed) => landed,
             Err(err) => {
                 // Some of the writes may have landed: the next pass subscribes again, to a
@@ -498,6 +499,15 @@ async fn key_changed(key: &mut Option<WatchHints>) -> bool {
 
 /// Whether a failed write may still be applied by etcd: it ran past its deadline, or the
 /// connection went under it.
+/// The file a write's schedule entry names, if it writes one: the files whose text the
+/// entries carry to their agents.
+fn scheduled_hash(write: &EngineWrite) -> Option<&UnitHash> {
+    match write {
+        EngineWrite::Schedule(entry) => Some(&entry.hash),
+        _ => None,
+    }
+}
+
 fn in_doubt(err: &RegistryError) -> bool {
     matches!(
         err,

@@ -335,6 +335,49 @@ async fn writes_schedules_and_reasons_and_splits_large_batches() {
     assert_eq!(a.write(&[]).await.unwrap(), None);
 }
 
+/// Issue 43: a schedule entry carries its file's text when the engine passes it, and every
+/// transaction stays within the bytes etcd takes even when every carried text is as long as
+/// allowed and escapes at its worst (a control character is six bytes of JSON).
+#[tokio::test(start_paused = true)]
+async fn schedule_entries_carry_the_texts_given_within_a_transactions_bytes() {
+    let reg = registry();
+    let a = lead(&reg, "a").await;
+    let e = entry("u.service", "m1");
+    let texts: CarriedTexts = [(e.hash, "\u{1}".repeat(crate::MAX_CARRIED_TEXT))].into();
+    let writes: Vec<EngineWrite> = (0..300)
+        .map(|i| EngineWrite::Schedule(entry(&format!("u{i}.service"), "m1")))
+        .collect();
+    for txn in a.transactions(&writes, &texts) {
+        let bytes: usize = txn
+            .iter()
+            .map(|op| match op {
+                TxnOp::Put { key, value, .. } => key.len() + value.len(),
+                TxnOp::Delete { key, .. } | TxnOp::Get { key, .. } => key.len(),
+            })
+            .sum();
+        assert!(
+            bytes <= crate::kv::MAX_TXN_BYTES,
+            "{bytes} bytes in one transaction"
+        );
+    }
+    let file = UnitFile::parse(b"[Service]\nExecStart=/bin/true\n").unwrap();
+    let texts: CarriedTexts = [(e.hash, file.canonical())].into();
+    a.write_carrying(&[EngineWrite::Schedule(e.clone())], &texts)
+        .await
+        .unwrap();
+    let res = reg
+        .kv()
+        .range(&reg.keys().schedules(), true, None)
+        .await
+        .unwrap();
+    let kv = &res.kvs[0];
+    assert_eq!(crate::read::schedule_entry(reg.keys(), kv).unwrap(), e);
+    assert_eq!(
+        crate::carried::carried_file(&e, kv),
+        crate::CarriedFile::File(file)
+    );
+}
+
 async fn placement_keys(reg: &Registry<MemKv>) -> Vec<String> {
     keys_under(reg, &reg.keys().placements()).await
 }

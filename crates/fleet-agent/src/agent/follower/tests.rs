@@ -3,7 +3,7 @@
 use super::*;
 use fleet_core::{DesiredState, MachineId};
 use fleet_registry::kv::MemKv;
-use fleet_registry::{Registry, UnitsRole};
+use fleet_registry::{EngineRole, EngineWrite, Registry, UnitsRole};
 use std::time::Duration;
 
 fn m1() -> MachineId {
@@ -16,6 +16,18 @@ fn name(s: &str) -> UnitName {
 
 fn file(exec: &str) -> UnitFile {
     UnitFile::parse(format!("[Service]\nExecStart={exec}\n").as_bytes()).unwrap()
+}
+
+fn entry(unit: &str, f: &UnitFile) -> ScheduleEntry {
+    ScheduleEntry {
+        name: name(unit),
+        machine: m1(),
+        hash: f.hash(),
+        desired: DesiredState::Launched,
+        restart: 0,
+        no_restart: false,
+        placement: 0,
+    }
 }
 
 struct World {
@@ -47,15 +59,7 @@ impl World {
             .create_unit(&name(unit), f, DesiredState::Launched)
             .await
             .unwrap();
-        let entry = ScheduleEntry {
-            name: name(unit),
-            machine: m1(),
-            hash: f.hash(),
-            desired: DesiredState::Launched,
-            restart: 0,
-            no_restart: false,
-            placement: 0,
-        };
+        let entry = entry(unit, f);
         self.registry.write_schedule(&[entry], &[]).await.unwrap();
     }
 
@@ -199,4 +203,57 @@ async fn a_failed_read_is_due_again_after_a_pause_and_a_good_one_ends_the_retrie
     follower.follow(Delta::Gap).await.unwrap();
     assert_eq!(follower.retry_at(), None);
     assert!(!follower.wants_read(Instant::now() + Duration::from_secs(60)));
+}
+
+/// Issue 43: the file an entry carries, as the engine writes it, is taken from a whole read
+/// and from the watch's events, so the registry need not hold it; a text that does not hash
+/// to the entry is not taken, and the file is read instead.
+#[tokio::test(start_paused = true)]
+async fn the_file_an_entry_carries_is_taken_and_one_of_another_hash_is_not() {
+    let world = World::new();
+    let leader = EngineRole::new(world.registry.clone())
+        .campaign(&"m9".parse().unwrap(), Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("leads");
+    let write = |unit: &str, f: &UnitFile, text: &UnitFile| {
+        let texts = [(f.hash(), text.canonical())].into();
+        let writes = [EngineWrite::Schedule(entry(unit, f))];
+        let leader = leader.clone();
+        async move { leader.write_carrying(&writes, &texts).await.unwrap() }
+    };
+    let (a, b, c, d) = (
+        file("/bin/a"),
+        file("/bin/b"),
+        file("/bin/c"),
+        file("/bin/d"),
+    );
+    write("a.service", &a, &a).await;
+    let mut follower = world.follower(&[]);
+    follower.read().await.unwrap();
+    assert_eq!(
+        follower.files().get(&a.hash()),
+        Some(&a),
+        "from a whole read"
+    );
+    follower.watch();
+    write("b.service", &b, &b).await;
+    UnitsRole::new(world.registry.clone())
+        .create_unit(&name("c.service"), &c, DesiredState::Launched)
+        .await
+        .unwrap();
+    write("c.service", &c, &d).await;
+    while !follower.is_scheduled(&name("c.service")) {
+        follower.hinted().await.expect("the watch runs");
+        let delta = follower.take_delta();
+        let followed = follower.follow(delta).await.unwrap();
+        assert!(matches!(followed, Followed::Units(_)), "{followed:?}");
+    }
+    assert_eq!(follower.files().get(&b.hash()), Some(&b), "from the watch");
+    assert_eq!(
+        follower.files().get(&c.hash()),
+        Some(&c),
+        "read from the registry"
+    );
+    assert!(!follower.files().contains_key(&d.hash()));
 }
