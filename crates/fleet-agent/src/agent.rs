@@ -95,7 +95,8 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
                 registry.clone(),
                 cfg.deny_units.clone(),
                 retry::reconnect_backoff(&cfg),
-            ),
+            )
+            .trusting_carried_files(cfg.trust_engine_files),
             publisher: Publisher::new(registry, cfg.events.clone()),
             holds: Holds::new(cfg.backoff_min, cfg.backoff_max),
             manager,

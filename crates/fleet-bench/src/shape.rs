@@ -62,6 +62,9 @@ pub struct ShapeSpec {
     pub etcd_args: Vec<String>,
     /// Whether the roles write events (issue 41), as fleetd and fleetctl do by default.
     pub events: bool,
+    /// fleetd's `trust_engine_files` (off by default): engines write small files into the
+    /// schedule entries and agents take them from there.
+    pub trust_engine_files: bool,
     /// The factors `--vary` changed, as the shape line names them.
     pub varied: Vec<String>,
 }
@@ -89,6 +92,7 @@ impl ShapeSpec {
                     auth: true,
                     etcd_args: deploy_etcd_args(extra),
                     events: true,
+                    trust_engine_files: false,
                     varied: Vec::new(),
                 }
             }
@@ -101,6 +105,7 @@ impl ShapeSpec {
                 auth: false,
                 etcd_args: lab_etcd_args,
                 events: false,
+                trust_engine_files: false,
                 varied: Vec::new(),
             },
         }

@@ -511,6 +511,7 @@ fn spawn_engine(
     if let Some(rate) = sim.spec.move_rate {
         cfg.disruption.move_rate = rate;
     }
+    cfg.carry_files = sim.spec.shape.trust_engine_files;
     let (shutdown, rx) = watch::channel(false);
     let task = tokio::spawn(fleet_engine::run(registry, cfg, rx).in_current_span());
     Engine {
@@ -536,6 +537,7 @@ fn spawn_machine(
     let mut cfg = AgentConfig::new(id.clone());
     cfg.resync_interval = spec.resync;
     cfg.events = events;
+    cfg.trust_engine_files = spec.shape.trust_engine_files;
     let (presence_tx, presence_rx) = watch::channel(Some(presence));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let keep = keeper.keep(presence, presence_tx, shutdown_rx.clone());

@@ -49,6 +49,9 @@ pub struct EngineConfig {
     /// Where the leader's decisions go as events (issue 41): off unless
     /// [`EngineConfig::with_events`] (fleetd gives the engine role's writer).
     pub events: fleet_registry::EventSink,
+    /// Whether schedule entries carry their small files' text for agents that trust them
+    /// (fleetd's `trust_engine_files`, issue 43; `fleet_registry::MAX_CARRIED_TEXT`).
+    pub carry_files: bool,
 }
 
 impl EngineConfig {
@@ -68,6 +71,7 @@ impl EngineConfig {
             disruption: DisruptionConfig::for_ttl(Self::DEFAULT_AGENT_TTL),
             metrics: Metrics::default(),
             events: fleet_registry::EventSink::off(),
+            carry_files: false,
         }
     }
 

@@ -73,6 +73,9 @@ pub struct Config {
     /// No fence in systemd (`fleet_core::fence`): a fleetd that stops or hangs leaves its
     /// units running, as fleet did.
     pub disable_fence: bool,
+    /// Take small unit files from the schedule entries that carry them, and write them there
+    /// as an engine (issue 43; docs/security.md says what it costs).
+    pub trust_engine_files: bool,
     pub verbosity: u8,
     /// `RUST_LOG`-style directives; over `RUST_LOG` and `verbosity` (`logging.rs`).
     pub log_filter: Option<String>,

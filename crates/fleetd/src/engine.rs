@@ -34,6 +34,7 @@ pub fn spawn<K: Kv>(
         move_rate: config.engine_move_rate,
         ..DisruptionConfig::for_ttl(config.agent_ttl)
     };
+    cfg.carry_files = config.trust_engine_files;
     tasks.spawn(
         async move {
             fleet_engine::run_sharing(stores, cfg, shutdown).await;

@@ -275,6 +275,7 @@ async fn run(config: Config, activated: api::Activated) -> Result<()> {
     let mut agent_cfg = AgentConfig::new(machine.clone());
     agent_cfg.deny_units = config.deny_units.clone();
     agent_cfg.restarts_dir = Some(runtime_dir.join("restarts"));
+    agent_cfg.trust_engine_files = config.trust_engine_files;
     let role = MachineRole::new(registry.clone(), machine.clone());
     agent_cfg.events = role
         .event_log(

@@ -21,6 +21,10 @@ pub struct AgentConfig {
     /// Where what the agent did goes as events (issue 41): off unless fleetd gives this
     /// machine's writer (`MachineRole::event_log`).
     pub events: fleet_registry::EventSink,
+    /// Take a small unit file from the schedule entry that carries it instead of reading it
+    /// (fleetd's `trust_engine_files`, issue 43): one etcd request fewer per unit started,
+    /// but an engine host may then run files no operator stored (docs/security.md).
+    pub trust_engine_files: bool,
 }
 
 impl AgentConfig {
@@ -33,6 +37,7 @@ impl AgentConfig {
             backoff_max: Duration::from_secs(60),
             restarts_dir: None,
             events: fleet_registry::EventSink::off(),
+            trust_engine_files: false,
         }
     }
 }

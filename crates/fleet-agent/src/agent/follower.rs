@@ -65,6 +65,8 @@ pub(super) struct ScheduleFollower<K> {
     /// one burst started up to a minute late (issue 43).
     retry_at: Option<Instant>,
     retry: Backoff,
+    /// Whether a file an entry carries is taken without reading it (`trust_engine_files`).
+    trust_carried: bool,
 }
 
 /// What following the schedule found.
@@ -98,6 +100,7 @@ impl<K: Kv> ScheduleFollower<K> {
             held_in_doubt: false,
             retry_at: None,
             retry,
+            trust_carried: false,
         }
     }
 
@@ -338,14 +341,24 @@ impl<K: Kv> ScheduleFollower<K> {
         Ok(Some(changed))
     }
 
-    /// Keeps the file a schedule entry carries (issue 43), so that it need not be read. One
-    /// that does not read as the entry's file is warned about and read from the registry.
+    /// Takes the files schedule entries carry without reading them (issue 43). Only an
+    /// engine host can write an entry, but it cannot write a file: trusting what its entries
+    /// carry lets it run files no operator stored (docs/security.md), so this is fleetd's
+    /// `trust_engine_files`, off unless set.
+    pub(super) fn trusting_carried_files(mut self, trust: bool) -> Self {
+        self.trust_carried = trust;
+        self
+    }
+
+    /// Keeps the file a schedule entry carries (issue 43), when trusted, so that it need not
+    /// be read. One that does not read as the entry's file is warned about and read from the
+    /// registry.
     fn take_carried(&mut self, hash: UnitHash, file: CarriedFile) {
         match file {
-            CarriedFile::File(file) => {
+            CarriedFile::File(file) if self.trust_carried => {
                 self.files.entry(hash).or_insert(file);
             }
-            CarriedFile::Absent => {}
+            CarriedFile::File(_) | CarriedFile::Absent => {}
             CarriedFile::Unreadable(why) => {
                 warn!(hash = %hash, error = %why, "a schedule entry carries an unreadable file; reading the file instead")
             }

@@ -23,11 +23,14 @@ pub enum Vary {
     Deadline(Duration),
     /// `client-deadline=15s`: fleetctl's.
     ClientDeadline(Duration),
+    /// `engine-files=trusted|read`: fleetd's `trust_engine_files` on (engines carry small
+    /// files in the schedule entries, agents take them) or off (fleetd's default).
+    EngineFiles(bool),
 }
 
 /// What `--vary` takes.
 pub const FACTORS: &str = "connections=N, auth=on|off, events=on|off, deadline=Ns, \
-                           client-deadline=Ns";
+                           client-deadline=Ns, engine-files=trusted|read";
 
 impl FromStr for Vary {
     type Err = String;
@@ -54,6 +57,11 @@ impl FromStr for Vary {
             "client-deadline" => seconds(value)
                 .map(Vary::ClientDeadline)
                 .ok_or_else(|| bad("seconds, e.g. 15s")),
+            "engine-files" => match value {
+                "trusted" => Ok(Vary::EngineFiles(true)),
+                "read" => Ok(Vary::EngineFiles(false)),
+                _ => Err(bad("trusted or read")),
+            },
             _ => Err(format!("{s:?}: unknown factor; one of {FACTORS}")),
         }
     }
@@ -82,6 +90,8 @@ impl Vary {
             Vary::Events(on) => format!("events {}", word(on)),
             Vary::Deadline(d) => format!("deadline {} s", d.as_secs_f64()),
             Vary::ClientDeadline(d) => format!("client deadline {} s", d.as_secs_f64()),
+            Vary::EngineFiles(true) => "engine files trusted".to_owned(),
+            Vary::EngineFiles(false) => "engine files read".to_owned(),
         }
     }
 }
@@ -99,6 +109,7 @@ impl ShapeSpec {
                 Vary::Events(on) => self.events = on,
                 Vary::Deadline(d) => self.daemon_deadline = d,
                 Vary::ClientDeadline(d) => self.client_deadline = d,
+                Vary::EngineFiles(trust) => self.trust_engine_files = trust,
             }
             self.varied.push(v.describe());
         }
@@ -143,9 +154,11 @@ mod tests {
             "client-deadline=0.5".parse(),
             Ok(Vary::ClientDeadline(Duration::from_millis(500)))
         );
+        assert_eq!("engine-files=trusted".parse(), Ok(Vary::EngineFiles(true)));
         for bad in [
             "auth",
             "auth=maybe",
+            "engine-files=yes",
             "connections=0",
             "deadline=-1s",
             "tls=on",

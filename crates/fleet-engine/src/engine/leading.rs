@@ -107,6 +107,8 @@ pub(super) struct Leading<K> {
     metrics: Metrics,
     /// The decisions written, as events (issue 41).
     events: EngineEvents,
+    /// Whether schedule entries carry their files' text (`EngineConfig::carry_files`).
+    carry_files: bool,
 }
 
 /// Aborts the lease keeper when leading ends, however it ends.
@@ -145,6 +147,7 @@ impl<K: Kv> Leading<K> {
             copies: Copies::default(),
             metrics: cfg.metrics.clone(),
             events: EngineEvents::new(cfg.events.clone()),
+            carry_files: cfg.carry_files,
         }
     }
 
@@ -231,7 +234,8 @@ impl<K: Kv> Leading<K> {
             let mut writes: Vec<EngineWrite> = pass.decision_writes().collect();
             writes.extend(stray_keys.iter().cloned().map(EngineWrite::DeleteStray));
             writes.extend(pass.notice_write());
-            let texts = texts_of(writes.iter().filter_map(scheduled_hash), files);
+            let carried = writes.iter().filter_map(scheduled_hash);
+            let texts = texts_of(carried.filter(|_| self.carry_files), files);
             (pass, writes, stray_keys, texts)
         };
         let planned_in = started.elapsed();
@@ -497,8 +501,6 @@ async fn key_changed(key: &mut Option<WatchHints>) -> bool {
     }
 }
 
-/// Whether a failed write may still be applied by etcd: it ran past its deadline, or the
-/// connection went under it.
 /// The file a write's schedule entry names, if it writes one: the files whose text the
 /// entries carry to their agents.
 fn scheduled_hash(write: &EngineWrite) -> Option<&UnitHash> {
@@ -508,6 +510,8 @@ fn scheduled_hash(write: &EngineWrite) -> Option<&UnitHash> {
     }
 }
 
+/// Whether a failed write may still be applied by etcd: it ran past its deadline, or the
+/// connection went under it.
 fn in_doubt(err: &RegistryError) -> bool {
     matches!(
         err,

@@ -251,6 +251,14 @@ pub const KEYS: &[Key] = &[
         },
     ),
     Key::switch(
+        "trust_engine_files",
+        "take a unit file of at most 2 KiB from the schedule entry the engine wrote instead of reading it from etcd, and as an engine write it there: one etcd request fewer per unit started, but an engine host may then run files no operator stored (docs/security.md)",
+        |p, v| {
+            p.config.trust_engine_files = parse_bool(v).ok_or("expected true or false")?;
+            Ok(())
+        },
+    ),
+    Key::switch(
         "disable_fence",
         "never arm the fence: a stopped or hung fleetd then leaves its units running while the engine starts them elsewhere (docs/guarantees.md, promise 2)",
         |p, v| {

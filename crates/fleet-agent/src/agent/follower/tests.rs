@@ -205,17 +205,21 @@ async fn a_failed_read_is_due_again_after_a_pause_and_a_good_one_ends_the_retrie
     assert!(!follower.wants_read(Instant::now() + Duration::from_secs(60)));
 }
 
-/// Issue 43: the file an entry carries, as the engine writes it, is taken from a whole read
-/// and from the watch's events, so the registry need not hold it; a text that does not hash
-/// to the entry is not taken, and the file is read instead.
-#[tokio::test(start_paused = true)]
-async fn the_file_an_entry_carries_is_taken_and_one_of_another_hash_is_not() {
-    let world = World::new();
-    let leader = EngineRole::new(world.registry.clone())
+async fn leader(world: &World) -> fleet_registry::Leadership<MemKv> {
+    EngineRole::new(world.registry.clone())
         .campaign(&"m9".parse().unwrap(), Duration::from_secs(10))
         .await
         .unwrap()
-        .expect("leads");
+        .expect("leads")
+}
+
+/// Issue 43, with `trust_engine_files`: the file an entry carries, as the engine writes it,
+/// is taken from a whole read and from the watch's events, so the registry need not hold it;
+/// a text that does not hash to the entry is not taken, and the file is read instead.
+#[tokio::test(start_paused = true)]
+async fn the_file_an_entry_carries_is_taken_and_one_of_another_hash_is_not() {
+    let world = World::new();
+    let leader = leader(&world).await;
     let write = |unit: &str, f: &UnitFile, text: &UnitFile| {
         let texts = [(f.hash(), text.canonical())].into();
         let writes = [EngineWrite::Schedule(entry(unit, f))];
@@ -229,7 +233,7 @@ async fn the_file_an_entry_carries_is_taken_and_one_of_another_hash_is_not() {
         file("/bin/d"),
     );
     write("a.service", &a, &a).await;
-    let mut follower = world.follower(&[]);
+    let mut follower = world.follower(&[]).trusting_carried_files(true);
     follower.read().await.unwrap();
     assert_eq!(
         follower.files().get(&a.hash()),
@@ -256,4 +260,27 @@ async fn the_file_an_entry_carries_is_taken_and_one_of_another_hash_is_not() {
         "read from the registry"
     );
     assert!(!follower.files().contains_key(&d.hash()));
+}
+
+/// Without `trust_engine_files` (fleetd's default) a carried file is never taken: an engine
+/// host cannot write a file, and must not run one no operator stored (docs/security.md).
+#[tokio::test(start_paused = true)]
+async fn without_trust_a_carried_file_is_not_taken_and_only_the_registrys_is_run() {
+    let world = World::new();
+    let leader = leader(&world).await;
+    let (stored, forged) = (file("/bin/stored"), file("/bin/forged"));
+    world.schedule("stored.service", &stored).await;
+    for (unit, f) in [("stored.service", &stored), ("forged.service", &forged)] {
+        let texts = [(f.hash(), f.canonical())].into();
+        let writes = [EngineWrite::Schedule(entry(unit, f))];
+        leader.write_carrying(&writes, &texts).await.unwrap();
+    }
+    let mut follower = world.follower(&[]);
+    follower.read().await.unwrap();
+    assert!(follower.is_scheduled(&name("forged.service")));
+    assert_eq!(follower.files().get(&stored.hash()), Some(&stored));
+    assert!(
+        !follower.files().contains_key(&forged.hash()),
+        "a file no operator stored is not taken from its entry"
+    );
 }

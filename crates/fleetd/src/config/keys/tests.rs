@@ -87,6 +87,9 @@ const BEFORE: &[Before] = &[
     before("disable_engine", Unset::Value("false"), |c| {
         !c.disable_engine
     }),
+    before("trust_engine_files", Unset::Value("false"), |c| {
+        !c.trust_engine_files
+    }),
     before("disable_fence", Unset::Value("false"), |c| !c.disable_fence),
     before("token_limit", Unset::Value("100"), |c| {
         c.api.token_limit == fleet_api::DEFAULT_TOKEN_LIMIT
