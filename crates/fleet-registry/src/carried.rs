@@ -1,17 +1,19 @@
 //! Unit files carried in schedule entries (issue 43).
 //!
-//! An agent needs the file of every unit scheduled on its machine. It used to read each
-//! from `P/file/<hash>` when the entry arrived: in the 100,000-unit launch on 5,000 machines
+//! An agent needs the file of every unit scheduled on its machine, and reads each from
+//! `P/file/<hash>` when the entry arrives: in the 100,000-unit launch on 5,000 machines
 //! those reads were 100,000 of etcd's 207,000 transactions, each paying etcd 3.4's per-`Txn`
-//! read view and its garbage (docs/benchmarks.md, *etcd's profile in the launch*). So the
-//! engine writes a small file's canonical text into the entry's value, next to the entry's
-//! fields, and the agent takes it from there when it hashes to the entry's `hash`. A larger
-//! file, an entry written by anything but the engine, or a text that does not hash to the
-//! entry, is read from `P/file/<hash>` as before. Every other reader of an entry ignores the
-//! text, which [`ScheduleEntry`] does not hold: a carried text never makes two entries differ.
+//! read view and its garbage (docs/benchmarks.md, *etcd's profile in the launch*). With
+//! fleetd's `trust_engine_files`, the engine writes a small file's canonical text into the
+//! entry's value, next to the entry's fields, and the agent takes it from there when it
+//! hashes to the entry's `hash`. A larger file, an entry written by anything but the engine,
+//! or a text that does not hash to the entry, is read from `P/file/<hash>` as before. Every
+//! other reader of an entry ignores the text, which [`ScheduleEntry`] does not hold: a
+//! carried text never makes two entries differ.
 //!
-//! The text adds no trust: it must hash to the entry's `hash`, which names the same content
-//! the agent would otherwise read and check at `P/file/<hash>`.
+//! The check that the text hashes to the entry proves nothing against an engine host, which
+//! writes both: taking the text is trusting engine hosts with files no operator stored, which
+//! without it they cannot write (docs/security.md). So it is a setting, off by default.
 
 use fleet_core::{UnitFile, UnitHash};
 use serde::{Deserialize, Serialize};
@@ -117,14 +119,7 @@ mod tests {
     }
 
     fn kv(value: Vec<u8>) -> KeyValue {
-        KeyValue {
-            key: "/t/schedule/m1/a.service".to_owned(),
-            value,
-            create_revision: 1,
-            mod_revision: 1,
-            version: 1,
-            lease: 0,
-        }
+        crate::read::tests::kv("/t/schedule/m1/a.service", value)
     }
 
     #[test]

@@ -413,10 +413,11 @@ pub(crate) fn states(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn kv(key: &str, value: Vec<u8>) -> KeyValue {
+    /// A key-value pair as etcd would return it, at revision 1.
+    pub(crate) fn kv(key: &str, value: Vec<u8>) -> KeyValue {
         KeyValue {
             key: key.to_owned(),
             value,

@@ -354,11 +354,14 @@ impl<K: Kv> ScheduleFollower<K> {
     /// be read. One that does not read as the entry's file is warned about and read from the
     /// registry.
     fn take_carried(&mut self, hash: UnitHash, file: CarriedFile) {
+        if !self.trust_carried {
+            return;
+        }
         match file {
-            CarriedFile::File(file) if self.trust_carried => {
+            CarriedFile::File(file) => {
                 self.files.entry(hash).or_insert(file);
             }
-            CarriedFile::File(_) | CarriedFile::Absent => {}
+            CarriedFile::Absent => {}
             CarriedFile::Unreadable(why) => {
                 warn!(hash = %hash, error = %why, "a schedule entry carries an unreadable file; reading the file instead")
             }
