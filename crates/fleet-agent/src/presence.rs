@@ -1,6 +1,7 @@
 //! This machine's presence in the registry: registered on a lease, kept alive at TTL/3 (every
-//! [`RETRY`] after a failure, while the lease may still be alive; each renewal waiting for
-//! etcd's answer as long as [`renewal_window`] allows, not just the request deadline), and
+//! [`RENEWAL_RETRY`](fleet_registry::kv::RENEWAL_RETRY) after a failure, while the lease may
+//! still be alive ([`next_renewal`]); each renewal waiting for etcd's answer as long as
+//! [`renewal_window`] allows, not just the request deadline), and
 //! registered again (a new lease, all states republished) if the lease ever expires, e.g.
 //! after etcd was unreachable for longer than the TTL.
 //!
@@ -26,7 +27,7 @@
 use crate::fence::Deadline;
 use crate::witness::{Evidence, Witnesses};
 use fleet_core::{Backoff, MachineInfo};
-use fleet_registry::kv::{Kv, KvError, LeaseId, renewal_window};
+use fleet_registry::kv::{Kv, KvError, LeaseId, next_renewal, renewal_window};
 use fleet_registry::{MachineRole, Presence, RegistryError};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
@@ -35,26 +36,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{Instrument, Span, info, info_span, warn};
-
-/// The pause before retrying a failed keep-alive. Waiting the regular TTL/3 instead cost a
-/// machine its lease: with a 3 s TTL, one renewal that etcd 3.4 held for 1 s under a write
-/// burst left no time for another, and the engine unscheduled all 1,000 units of the machine
-/// (docs/benchmarks.md, item 6).
-const RETRY: Duration = Duration::from_millis(250);
-
-/// How long to wait before the next keep-alive, `since_renewal` after the start of the last
-/// one that succeeded (or of the registration). After a success: TTL/3. After a failure:
-/// [`RETRY`] while the lease may still be alive, then TTL/3 again, since the lease is gone
-/// unless etcd itself is down (it renews every lease when it recovers, or answers
-/// `LeaseNotFound` and we register again), and hammering it would not help.
-fn next_keep_alive(ttl: Duration, last_failed: bool, since_renewal: Duration) -> Duration {
-    let period = ttl / 3;
-    if last_failed && since_renewal < ttl {
-        RETRY.min(period)
-    } else {
-        period
-    }
-}
 
 /// A run of failed renewals or registrations, from the first failure to the next success.
 #[derive(Debug, Default)]
@@ -278,7 +259,7 @@ impl<K: Kv> PresenceKeeper<K> {
         let mut failures = 0u32;
         let mut run = FailureRun::default();
         loop {
-            let delay = next_keep_alive(self.ttl, failures > 0, renewed.elapsed());
+            let delay = next_renewal(self.ttl, failures > 0, renewed.elapsed());
             tokio::select! {
                 _ = shutdown.changed() => return Ok(()),
                 _ = tokio::time::sleep(delay) => {}
@@ -323,7 +304,7 @@ impl<K: Kv> PresenceKeeper<K> {
                         error = %e,
                         failures,
                         since_renewal = ?renewed.elapsed(),
-                        retry_in = ?next_keep_alive(self.ttl, true, renewed.elapsed()),
+                        retry_in = ?next_renewal(self.ttl, true, renewed.elapsed()),
                         "refreshing machine lease failed"
                     );
                 }

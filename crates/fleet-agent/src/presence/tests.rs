@@ -151,16 +151,6 @@ impl World {
     }
 }
 
-#[test]
-fn waits_a_third_of_the_ttl_after_a_success_and_retries_quickly_after_a_failure() {
-    assert_eq!(next_keep_alive(TTL, false, ms(100)), ms(1000));
-    assert_eq!(next_keep_alive(TTL, true, ms(2000)), RETRY);
-    // Past the TTL the lease is gone unless etcd is down: back to the regular pace.
-    assert_eq!(next_keep_alive(TTL, true, ms(3000)), ms(1000));
-    // A TTL so short that TTL/3 is below the retry pause keeps TTL/3.
-    assert_eq!(next_keep_alive(ms(600), true, ms(100)), ms(200));
-}
-
 #[tokio::test(start_paused = true)]
 async fn pushes_the_fence_to_a_renewals_send_time_plus_the_ttl_and_on_while_etcd_fails() {
     let start = Instant::now();

@@ -23,7 +23,7 @@
 //! its view's schedule once; every schedule write after that carries its placement.
 
 use fleet_core::{Backoff, UnitFile, UnitHash};
-use fleet_registry::kv::{Kv, KvError, renewal_window};
+use fleet_registry::kv::{Kv, KvError, next_renewal, renewal_window};
 use fleet_registry::{
     Changes, EngineWrite, Leadership, Registry, RegistryError, SharedStore, Snapshot, Store,
     Subscription, Touched, WatchHints, texts_of,
@@ -425,8 +425,9 @@ async fn changed(view: Option<&Subscription>) -> Result<Touched, RegistryError> 
     }
 }
 
-/// Renews the lease every third of its TTL; signals `lost` when leadership is gone or could
-/// not be renewed for a whole TTL (etcd unreachable: the lease has lapsed by then).
+/// Renews the lease every third of its TTL, and [`next_renewal`]'s moment after a renewal
+/// failed while the lease may live; signals `lost` when leadership is gone or could not be
+/// renewed for a whole TTL (etcd unreachable: the lease has lapsed by then).
 ///
 /// A renewal is a lease call only. Whether the leader key still holds us is known from a
 /// watch of the key, read again only when the watch says it changed or broke: an idle
@@ -434,7 +435,7 @@ async fn changed(view: Option<&Subscription>) -> Result<Touched, RegistryError> 
 /// nothing either: every write is fenced by the key, and the first one refused ends leading.
 async fn keep<K: Kv>(leadership: Leadership<K>, ttl: Duration, lost: watch::Sender<bool>) {
     let mut renewed = Instant::now();
-    let mut next_renewal = Instant::now() + ttl / 3;
+    let mut renewal_due = Instant::now() + ttl / 3;
     let mut key: Option<WatchHints> = None;
     loop {
         if key.is_none() {
@@ -449,18 +450,23 @@ async fn keep<K: Kv>(leadership: Leadership<K>, ttl: Duration, lost: watch::Send
             }
         }
         tokio::select! {
-            () = tokio::time::sleep_until(next_renewal) => {
+            () = tokio::time::sleep_until(renewal_due) => {
                 let sent = Instant::now();
-                next_renewal = sent + ttl / 3;
                 // etcd renewed the lease no earlier than the request's send time.
                 match leadership.refresh_within(renewal_window(ttl, sent - renewed)).await {
-                    Ok(()) => renewed = sent,
+                    Ok(()) => {
+                        renewed = sent;
+                        renewal_due = sent + next_renewal(ttl, false, Duration::ZERO);
+                    }
                     Err(RegistryError::LostLeadership) => {
                         warn!("engine leadership lost: the lease is gone");
                         break;
                     }
                     Err(err) if renewed.elapsed() < ttl => {
-                        warn!(error = %err, "renewing engine leadership failed; retrying");
+                        // The lease may live a while yet: ask again soon, not a third later.
+                        let retry_in = next_renewal(ttl, true, renewed.elapsed());
+                        renewal_due = Instant::now() + retry_in;
+                        warn!(error = %err, ?retry_in, "renewing engine leadership failed; retrying");
                     }
                     Err(err) => {
                         warn!(error = %err, "engine leadership lapsed: not renewed for a whole lease");
