@@ -322,8 +322,9 @@ pub fn renewal_window(ttl: Duration, since_renewal: Duration) -> Duration {
 /// The pause before retrying a failed renewal. Waiting the regular TTL/3 instead cost a
 /// machine its lease: with a 3 s TTL, one renewal that etcd 3.4 held for 1 s under a write
 /// burst left no time for another, and the engine unscheduled all 1,000 units of the machine
-/// (docs/benchmarks.md, item 6). The engine's leader lost its lease the same way in the
-/// million (item 9): two renewals failed and the next was due only when the lease had gone.
+/// (docs/benchmarks.md, "What the first run found", item 6). The engine's leader lost its
+/// lease the same way in the million (section 7, item 9): two renewals failed, and the next
+/// was due only when the lease had gone.
 pub const RENEWAL_RETRY: Duration = Duration::from_millis(250);
 
 /// How long to wait before the next renewal of a lease of `ttl`, `since_renewal` after the
