@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::{Instant, MissedTickBehavior, timeout};
 use tracing::{Instrument, debug, debug_span, info, warn};
 
 use super::copies::{self, Copies};
@@ -83,18 +83,14 @@ pub(super) struct Leading<K> {
     /// The registry as the next plan sees it, and what changed in it since the last pass;
     /// `None` until subscribed (again).
     view: Option<Subscription>,
-    /// How long the next subscription waits for the store it shares to apply the present
-    /// before reading a new one: [`CATCH_UP`] for a new leader, a lease after a failed pass.
-    /// At 100,000 units on 5,000 machines a store is some 50 MB of etcd reads, and under that
-    /// load the shared store's watch ran more than a second behind: each failed write made a
-    /// new one (214.6 MiB read in one launch, issue 43), while a successful pass already
-    /// waits a lease for its own writes to arrive.
-    catch_up: Duration,
-    /// The store of a pass whose write failed, held until the next subscription so that it
-    /// lives to be caught up with (`catch_up`): the store lives only while held, and the
-    /// leader is often its only holder, so letting go of it made every failed write a read
-    /// of the whole registry.
-    kept: Option<Store>,
+    /// Whether a pass's write failed since the view last caught up: some of it may have
+    /// landed, so the next pass first waits for the view to apply the present revision, up
+    /// to a lease, and reads a new one only if it has not by then. The view is kept, not
+    /// subscribed anew: at 100,000 units on 5,000 machines a store is some 50 MB of etcd
+    /// reads, and each failed write made a new one (214.6 MiB read in one launch, issue 43);
+    /// and a new subscription plans every unit, where a kept one plans the failed pass's
+    /// units and what changed since (`PassPlanner::write_failed`).
+    behind: bool,
     /// What each pass plans, and what passes remember between them.
     planner: PassPlanner,
     /// The hold last logged, to log a change once.
@@ -139,8 +135,7 @@ impl<K: Kv> Leading<K> {
             safety_net: SAFETY_NET.max(cfg.reconcile_interval),
             lease_ttl: cfg.lease_ttl.max(MIN_INTERVAL * 3),
             view: None,
-            catch_up: CATCH_UP,
-            kept: None,
+            behind: false,
             planner: PassPlanner::new(cfg.disruption, Instant::now()),
             logged_hold: None,
             placements_repaired: false,
@@ -243,13 +238,11 @@ impl<K: Kv> Leading<K> {
         let landed = match self.leadership.write_carrying(&writes, &texts).await {
             Ok(landed) => landed,
             Err(err) => {
-                // Some of the writes may have landed: the next pass subscribes again, to a
-                // store caught up with the present (this one, if it catches up in time).
-                self.view = None;
-                self.kept = Some(store);
-                self.catch_up = self.lease_ttl.max(CATCH_UP);
+                // Some of the writes may have landed: the next pass plans on the view caught
+                // up with the present, and plans this pass's units again.
+                self.behind = true;
                 self.in_doubt = in_doubt(&err);
-                self.planner.write_failed();
+                self.planner.write_failed(&pass);
                 self.metrics.failed(Failure::of(&err), Some(&pass.plan));
                 return Err(err);
             }
@@ -285,10 +278,34 @@ impl<K: Kv> Leading<K> {
         Ok(())
     }
 
+    /// After a failed write: waits until the view has applied the present revision, at most
+    /// a lease (a successful pass waits as long for its own writes); a view that has not by
+    /// then is given up, and the next subscription reads a new one.
+    async fn catch_up(&mut self) -> Result<(), RegistryError> {
+        if let Some(view) = &self.view {
+            let store = view.store().clone();
+            let present = self
+                .registry
+                .present_revision("reading the present revision for the engine's view")
+                .await?;
+            let within = self.lease_ttl.max(CATCH_UP);
+            if !matches!(timeout(within, store.reached(present)).await, Ok(Ok(()))) {
+                debug!(
+                    store = store.revision(),
+                    present, "the view is behind the present; reading a new one"
+                );
+                store.give_up("behind the present revision after a failed write");
+                self.view = None;
+            }
+        }
+        self.behind = false;
+        Ok(())
+    }
+
     /// Waits until `store` has applied the writes that landed at `revision`, at most a
     /// lease: a store that has not by then is given up (every user reads a new one).
     async fn applied(&self, store: &Store, revision: i64) -> Result<(), RegistryError> {
-        match tokio::time::timeout(self.lease_ttl, store.reached(revision)).await {
+        match timeout(self.lease_ttl, store.reached(revision)).await {
             Ok(reached) => reached,
             Err(_) => {
                 let why = "the engine's writes did not arrive within a lease";
@@ -311,10 +328,11 @@ impl<K: Kv> Leading<K> {
     /// Subscribes to the store if not subscribed, and makes the placement mirror match its
     /// schedule once per leadership.
     async fn read(&mut self) -> Result<(), RegistryError> {
+        if self.behind {
+            self.catch_up().await?;
+        }
         if self.view.is_none() {
-            self.view = Some(self.stores.current(self.catch_up).await?.subscribe());
-            self.kept = None;
-            self.catch_up = CATCH_UP;
+            self.view = Some(self.stores.current(CATCH_UP).await?.subscribe());
             self.planner.new_view();
         }
         if !self.placements_repaired {

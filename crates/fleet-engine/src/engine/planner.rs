@@ -10,7 +10,9 @@
 //!
 //! A whole plan is made at the start of a view, after a machine registered or changed what
 //! it offers, while a unit waits for a copy to stop, on the safety net, and whenever the
-//! changed units cannot be traced; a delta the scheduler refuses falls back to it too.
+//! changed units cannot be traced; a delta the scheduler refuses falls back to it too. A pass
+//! whose write failed is planned again: a whole plan whole, a delta's units with the next
+//! pass's changes.
 //!
 //! No I/O and no clock: `engine/leading.rs` reads the view, calls this, writes the plan
 //! fenced and records it. It must not decide where a unit goes (the scheduler does) nor
@@ -66,6 +68,10 @@ pub(crate) struct PassPlanner {
     /// fifth of an idle fleetd's CPU with 3,000 units). Any pass that is not such a plan
     /// clears it.
     settled: Option<Revision>,
+    /// The units of a delta pass whose write failed: the next pass plans them again with
+    /// the units changed since. Some of the writes may have landed, others not; either way
+    /// the view, caught up, tells, and planning them again gives what a whole plan would.
+    replan: BTreeSet<UnitName>,
 }
 
 /// Which units a pass planned.
@@ -117,6 +123,7 @@ impl PassPlanner {
             entangled: None,
             load: None,
             settled: None,
+            replan: BTreeSet::new(),
         }
     }
 
@@ -155,13 +162,20 @@ impl PassPlanner {
     pub fn new_view(&mut self) {
         self.entangled = None;
         self.load = None;
+        self.replan.clear();
     }
 
-    /// A write failed, and some of it may have landed: only a fresh read knows what the
-    /// registry holds.
-    pub fn write_failed(&mut self) {
+    /// The write of `pass` failed, and some of it may have landed: the machines' loads and
+    /// the notice are counted again, and the next pass plans `pass`'s units again (all of
+    /// them after a whole plan). Issue 43: a failed pass was followed by a whole plan, and
+    /// in the million every whole plan wrote the whole backlog and failed in turn.
+    pub fn write_failed(&mut self, pass: &PassPlan) {
         self.load = None;
         self.notice = None;
+        match &pass.scope {
+            Scope::Units(units) => self.replan.extend(units.iter().cloned()),
+            Scope::Whole => self.whole_due = true,
+        }
     }
 
     /// Plans the pass on `snapshot` (and its unit `files`) at `now`, `changed` being the
@@ -174,6 +188,11 @@ impl PassPlanner {
         now: Instant,
     ) -> PassPlan {
         self.settled = None;
+        let replan = std::mem::take(&mut self.replan);
+        let changed = changed.map(|mut units| {
+            units.extend(replan);
+            units
+        });
         let count = changed.as_ref().map_or(0, BTreeSet::len);
         let partial = !self.whole_due && !self.waiting && self.entangled.is_some();
         let changed = changed.filter(|_| partial);

@@ -221,12 +221,49 @@ fn the_safety_net_skips_only_a_revision_known_to_plan_to_nothing() {
 fn a_failed_write_forgets_what_the_registry_holds() {
     let now = Instant::now();
     let (mut p, w) = settled(now);
-    p.write_failed();
+    let failed = p.next(&w.snap, &w.files, Some(BTreeSet::new()), now);
+    p.write_failed(&failed);
     let next = p.next(&w.snap, &w.files, Some(BTreeSet::new()), now);
     assert_eq!(
         next.notice_write(),
         Some(EngineWrite::Disruption { notice: None })
     );
+}
+
+/// Issue 43: after a failed write the leader planned every unit, and in the million each
+/// whole plan wrote the whole backlog and failed in turn. A failed delta's units are
+/// planned again, alone, with what changed since; a failed whole plan is made again whole.
+#[test]
+fn a_failed_deltas_units_are_planned_again_with_the_next_changes() {
+    let now = Instant::now();
+    let (mut p, w) = settled(now);
+    let mut w = w
+        .unit("e.service", Launched, "")
+        .unit("f.service", Launched, "");
+    let failed = p.next(
+        &w.snap,
+        &w.files,
+        Some(units(&["e.service", "f.service"])),
+        now,
+    );
+    assert_eq!(failed.plan.decisions.len(), 2);
+    // e's entry landed before the deadline passed, f's did not.
+    w.apply(&failed.plan.decisions[..1]);
+    p.write_failed(&failed);
+    let w = w.unit("g.service", Launched, "");
+    let next = p.next(&w.snap, &w.files, Some(units(&["g.service"])), now);
+    let all = units(&["e.service", "f.service", "g.service"]);
+    assert_eq!(next.scope, Scope::Units(all));
+    assert_eq!(next.plan, plan(&w.snap, &w.files));
+    assert_eq!(next.plan.decisions.len(), 2, "f and g: e is scheduled");
+
+    let (mut p, w) = settled(now);
+    p.safety_net(None);
+    let whole = p.next(&w.snap, &w.files, Some(BTreeSet::new()), now);
+    assert_eq!(whole.scope, Scope::Whole);
+    p.write_failed(&whole);
+    let again = p.next(&w.snap, &w.files, Some(BTreeSet::new()), now);
+    assert_eq!(again.scope, Scope::Whole);
 }
 
 #[test]
@@ -278,6 +315,8 @@ struct Round {
     untraced: bool,
     /// Whether the safety net ticks.
     safety_net: bool,
+    /// Whether the pass's write fails, and how many of its decisions landed all the same.
+    fails: Option<usize>,
 }
 
 fn gen_round() -> impl Strategy<Value = Round> {
@@ -287,14 +326,18 @@ fn gen_round() -> impl Strategy<Value = Round> {
         prop::option::weighted(0.1, 0..MACHINES.len()),
         prop::bool::weighted(0.1),
         prop::bool::weighted(0.1),
+        prop::option::weighted(0.2, 0..4usize),
     )
-        .prop_map(|(changes, departs, joins, untraced, safety_net)| Round {
-            changes,
-            departs,
-            joins,
-            untraced,
-            safety_net,
-        })
+        .prop_map(
+            |(changes, departs, joins, untraced, safety_net, fails)| Round {
+                changes,
+                departs,
+                joins,
+                untraced,
+                safety_net,
+                fails,
+            },
+        )
 }
 
 /// Applies `round` to `w` as the view would deliver it to the planner; returns the units
@@ -333,7 +376,8 @@ proptest! {
     /// What lets the leader plan only what changed: whatever happened since the last pass,
     /// a pass planned alone is the whole plan of the same snapshot (holding the same units
     /// of vanished machines), decision for decision, so applied it leaves the schedule a
-    /// whole plan would.
+    /// whole plan would. Passes whose write failed, with some of their decisions landed,
+    /// included.
     #[test]
     fn a_delta_pass_is_the_whole_plan_of_the_same_snapshot(
         g in gen_world(),
@@ -355,7 +399,14 @@ proptest! {
                 prop_assert_eq!(lines(&next.plan.decisions), lines(&whole.decisions));
                 prop_assert_eq!(&next.plan, &whole);
             }
-            apply(&mut p, &mut w, &next);
+            match round.fails {
+                Some(landed) => {
+                    let landed = landed.min(next.plan.decisions.len());
+                    w.apply(&next.plan.decisions[..landed]);
+                    p.write_failed(&next);
+                }
+                None => apply(&mut p, &mut w, &next),
+            }
         }
     }
 }
