@@ -188,12 +188,13 @@ impl PassPlanner {
         now: Instant,
     ) -> PassPlan {
         self.settled = None;
+        // Units changed since the last pass, not counting a failed pass's units.
+        let count = changed.as_ref().map_or(0, BTreeSet::len);
         let replan = std::mem::take(&mut self.replan);
         let changed = changed.map(|mut units| {
             units.extend(replan);
             units
         });
-        let count = changed.as_ref().map_or(0, BTreeSet::len);
         let partial = !self.whole_due && !self.waiting && self.entangled.is_some();
         let changed = changed.filter(|_| partial);
         // Machines left, or units of vanished machines wait: the disruption rule says which

@@ -315,8 +315,10 @@ struct Round {
     untraced: bool,
     /// Whether the safety net ticks.
     safety_net: bool,
-    /// Whether the pass's write fails, and how many of its decisions landed all the same.
-    fails: Option<usize>,
+    /// Whether the pass's write fails, and which of its decisions landed all the same (the
+    /// `i`th when the `i`th flag, cycled, is set): transactions go several at once and one
+    /// past its deadline may land or not.
+    fails: Option<Vec<bool>>,
 }
 
 fn gen_round() -> impl Strategy<Value = Round> {
@@ -326,7 +328,7 @@ fn gen_round() -> impl Strategy<Value = Round> {
         prop::option::weighted(0.1, 0..MACHINES.len()),
         prop::bool::weighted(0.1),
         prop::bool::weighted(0.1),
-        prop::option::weighted(0.2, 0..4usize),
+        prop::option::weighted(0.2, prop::collection::vec(any::<bool>(), 1..4)),
     )
         .prop_map(
             |(changes, departs, joins, untraced, safety_net, fails)| Round {
@@ -399,10 +401,17 @@ proptest! {
                 prop_assert_eq!(lines(&next.plan.decisions), lines(&whole.decisions));
                 prop_assert_eq!(&next.plan, &whole);
             }
-            match round.fails {
+            match &round.fails {
                 Some(landed) => {
-                    let landed = landed.min(next.plan.decisions.len());
-                    w.apply(&next.plan.decisions[..landed]);
+                    let landed: Vec<Decision> = next
+                        .plan
+                        .decisions
+                        .iter()
+                        .zip(landed.iter().cycle())
+                        .filter(|(_, landed)| **landed)
+                        .map(|(d, _)| d.clone())
+                        .collect();
+                    w.apply(&landed);
                     p.write_failed(&next);
                 }
                 None => apply(&mut p, &mut w, &next),
