@@ -17,8 +17,6 @@ mod leading;
 pub(crate) mod planner;
 mod stray;
 
-pub use planner::UNITS_PER_PASS;
-
 use crate::disruption::DisruptionConfig;
 use crate::metrics::Metrics;
 use fleet_core::MachineId;

@@ -15,7 +15,7 @@ pub use fleet_scheduler as scheduler;
 use fleet_scheduler::{disruption, unreadable};
 
 pub use disruption::{Assessment, Disruption, DisruptionConfig, Hold};
-pub use engine::{EngineConfig, REFUSED_RETRY_MAX, UNITS_PER_PASS, run, run_sharing};
+pub use engine::{EngineConfig, REFUSED_RETRY_MAX, run, run_sharing};
 pub use metrics::Metrics;
 
 pub use scheduler::{

@@ -166,13 +166,7 @@ impl<K: Kv> Leading<K> {
                     res = self.pass().instrument(debug_span!("engine pass")) => res,
                 };
                 match pass {
-                    Ok(()) => {
-                        self.retry.reset();
-                        if self.planner.left_over() {
-                            // The pass left units to the next one: it is due at once.
-                            continue;
-                        }
-                    }
+                    Ok(()) => self.retry.reset(),
                     Err(RegistryError::LostLeadership) => {
                         warn!("engine leadership lost: a write was refused");
                         return Flow::Campaign;

@@ -32,15 +32,6 @@ use crate::scheduler::{
 /// Unit files by hash, as the view keeps them.
 type Files = BTreeMap<UnitHash, UnitFile>;
 
-/// The most units whose decisions one delta pass writes; the others are planned again by the
-/// next pass, which comes at once. A pass fails when one of its transactions passes fleetd's
-/// deadline, and in the million (docs/benchmarks.md, section 7, item 9) the passes after a
-/// failure carried the backlog of the failed pass and of the retry's wait, 12–40 s of
-/// writes, until one transaction passed 1 s again. 2,048 units are some 32 transactions,
-/// written in about a second there. Only a delta is cut: its units are plain, so no rule
-/// between two units is split, and a unit's decisions are kept or left together.
-pub const UNITS_PER_PASS: usize = 2_048;
-
 /// What one leadership's passes remember between them.
 #[derive(Debug)]
 pub(crate) struct PassPlanner {
@@ -80,10 +71,7 @@ pub(crate) struct PassPlanner {
     /// The units of a delta pass whose write failed: the next pass plans them again with
     /// the units changed since. Some of the writes may have landed, others not; either way
     /// the view, caught up, tells, and planning them again gives what a whole plan would.
-    /// Also the units a delta left to the next pass ([`UNITS_PER_PASS`]).
     replan: BTreeSet<UnitName>,
-    /// The most units whose decisions a delta pass writes ([`UNITS_PER_PASS`]).
-    units_per_pass: usize,
 }
 
 /// Which units a pass planned.
@@ -136,14 +124,7 @@ impl PassPlanner {
             load: None,
             settled: None,
             replan: BTreeSet::new(),
-            units_per_pass: UNITS_PER_PASS,
         }
-    }
-
-    /// Whether units wait to be planned by the next pass, with or without a change: the
-    /// leader runs it at once.
-    pub fn left_over(&self) -> bool {
-        !self.replan.is_empty()
     }
 
     /// Takes in a change of the view; returns whether it can change the plan (a pass is
@@ -229,7 +210,7 @@ impl PassPlanner {
         let assessed = assessment.is_some();
         let assessment = assessment.unwrap_or_default();
         let (plan, scope) = match delta {
-            Some((plan, touched)) => (self.bounded(plan), Scope::Units(touched)),
+            Some((plan, touched)) => (plan, Scope::Units(touched)),
             None => (
                 plan_holding(snapshot, files, &assessment.held),
                 Scope::Whole,
@@ -273,27 +254,6 @@ impl PassPlanner {
         let plan = plan_delta_on(snapshot, files, &touched, entangled, held, others.clone())?;
         self.load = Some(others);
         Some((plan, touched))
-    }
-
-    /// `plan` (a delta's) cut to the decisions of its first [`UNITS_PER_PASS`] units, in
-    /// decision order; the others' units are left to the next pass. A unit's decisions are
-    /// kept or left together, and their order is the plan's (removals first).
-    fn bounded(&mut self, mut plan: Plan) -> Plan {
-        let mut kept = BTreeSet::new();
-        let mut left = BTreeSet::new();
-        for unit in plan.decisions.iter().map(|d| d.kind.unit()) {
-            if !kept.contains(unit) && !left.contains(unit) {
-                match kept.len() < self.units_per_pass {
-                    true => kept.insert(unit.clone()),
-                    false => left.insert(unit.clone()),
-                };
-            }
-        }
-        if !left.is_empty() {
-            plan.decisions.retain(|d| kept.contains(d.kind.unit()));
-            self.replan.extend(left);
-        }
-        plan
     }
 
     /// The disruption rule's history, for a simulation's final check.

@@ -266,35 +266,6 @@ fn a_failed_deltas_units_are_planned_again_with_the_next_changes() {
     assert_eq!(again.scope, Scope::Whole);
 }
 
-/// A delta writes the decisions of at most `units_per_pass` units; the others are left to
-/// the next pass, which the leader runs at once and which plans them with what changed since.
-#[test]
-fn a_delta_writes_at_most_its_share_of_units_and_leaves_the_rest_to_the_next_pass() {
-    let now = Instant::now();
-    let (mut p, w) = settled(now);
-    p.units_per_pass = 1;
-    let mut w = w
-        .unit("e.service", Launched, "")
-        .unit("f.service", Launched, "");
-    let first = p.next(
-        &w.snap,
-        &w.files,
-        Some(units(&["e.service", "f.service"])),
-        now,
-    );
-    let whole = plan(&w.snap, &w.files);
-    assert_eq!(whole.decisions.len(), 2);
-    assert_eq!(first.plan.decisions, whole.decisions[..1]);
-    assert!(p.left_over());
-    apply(&mut p, &mut w, &first);
-    let second = p.next(&w.snap, &w.files, Some(BTreeSet::new()), now);
-    assert_eq!(second.plan, plan(&w.snap, &w.files));
-    assert_eq!(second.plan.decisions.len(), 1);
-    assert!(!p.left_over());
-    apply(&mut p, &mut w, &second);
-    assert!(plan(&w.snap, &w.files).decisions.is_empty());
-}
-
 #[test]
 fn a_lost_machines_units_stay_for_the_settle_then_move_with_the_changed_units() {
     let start = Instant::now();
@@ -344,9 +315,6 @@ struct Round {
     untraced: bool,
     /// Whether the safety net ticks.
     safety_net: bool,
-    /// How many units a delta may write (`PassPlanner::units_per_pass`): `None` for the
-    /// default, which these small clusters never reach.
-    units_per_pass: Option<usize>,
     /// Whether the pass's write fails, and which of its decisions landed all the same (the
     /// `i`th when the `i`th flag, cycled, is set): transactions go several at once and one
     /// past its deadline may land or not.
@@ -360,17 +328,15 @@ fn gen_round() -> impl Strategy<Value = Round> {
         prop::option::weighted(0.1, 0..MACHINES.len()),
         prop::bool::weighted(0.1),
         prop::bool::weighted(0.1),
-        prop::option::weighted(0.3, 1..3usize),
         prop::option::weighted(0.2, prop::collection::vec(any::<bool>(), 1..4)),
     )
         .prop_map(
-            |(changes, departs, joins, untraced, safety_net, units_per_pass, fails)| Round {
+            |(changes, departs, joins, untraced, safety_net, fails)| Round {
                 changes,
                 departs,
                 joins,
                 untraced,
                 safety_net,
-                units_per_pass,
                 fails,
             },
         )
@@ -429,23 +395,11 @@ proptest! {
             if p.recheck().is_some_and(|at| at <= now) {
                 p.recheck_came();
             }
-            p.units_per_pass = round.units_per_pass.unwrap_or(UNITS_PER_PASS);
             let next = p.next(&w.snap, &w.files, changed, now);
             let whole = plan_holding(&w.snap, &w.files, &next.assessment.held);
             if next.planned().is_some() {
-                // A delta cut to its share of units: the whole plan's decisions of those units.
-                let cut: BTreeSet<&UnitName> =
-                    next.plan.decisions.iter().map(|d| d.kind.unit()).collect();
-                let of_cut: Vec<Decision> = whole
-                    .decisions
-                    .iter()
-                    .filter(|d| cut.contains(d.kind.unit()))
-                    .cloned()
-                    .collect();
-                prop_assert_eq!(lines(&next.plan.decisions), lines(&of_cut));
-                if !p.left_over() {
-                    prop_assert_eq!(&next.plan, &whole);
-                }
+                prop_assert_eq!(lines(&next.plan.decisions), lines(&whole.decisions));
+                prop_assert_eq!(&next.plan, &whole);
             }
             match &round.fails {
                 Some(landed) => {
