@@ -292,7 +292,8 @@ impl<K: Kv> Leading<K> {
             if !matches!(timeout(within, store.reached(present)).await, Ok(Ok(()))) {
                 debug!(
                     store = store.revision(),
-                    present, "the view is behind the present; reading a new one"
+                    present,
+                    "the view did not reach the present (behind or lost); reading a new one"
                 );
                 store.give_up("behind the present revision after a failed write");
                 self.view = None;
