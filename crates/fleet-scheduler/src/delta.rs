@@ -104,7 +104,8 @@ pub fn plan_delta(
 }
 
 /// [`plan_delta`], which is then the whole plan's that holds the same `held` units
-/// ([`plan_holding`](super::plan_holding)).
+/// ([`plan_holding`](super::plan_holding)); `None` too while a held unit is entangled or
+/// named by an entangled unit.
 pub fn plan_delta_holding(
     snapshot: &Snapshot,
     files: &BTreeMap<UnitHash, UnitFile>,
@@ -126,11 +127,20 @@ pub fn plan_delta_on(
     held: &BTreeSet<UnitName>,
     others: Load,
 ) -> Option<Plan> {
+    let checks = touched.len().saturating_add(held.len());
     let quiet = snapshot.skipped.is_empty()
         && snapshot.drained.is_empty()
         && snapshot.moving.is_empty()
-        && touched.len().saturating_mul(entangled.len().max(1)) <= MAX_CHECKS;
+        && checks.saturating_mul(entangled.len().max(1)) <= MAX_CHECKS;
     if !quiet {
+        return None;
+    }
+    // A held unit stays exactly where it is, and the whole plan gives it no requirements:
+    // while it is held, a unit it names (or that names it) may be placed where its options
+    // would not let it be, and placed back when it is released. Such a unit may be in no
+    // touched set (a unit that became held is left out of them), so only the whole plan
+    // knows.
+    if held.iter().any(|name| entangled.ties(name)) {
         return None;
     }
     for name in touched {

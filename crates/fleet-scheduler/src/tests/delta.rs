@@ -110,3 +110,39 @@ fn a_load_kept_across_passes_is_the_load_counted_again() {
     let all: BTreeSet<UnitName> = w.snap.schedule.keys().cloned().collect();
     assert_eq!(Load::of(&w.snap).without(&w.snap, &all), Load::default());
 }
+
+/// The planner's property test found it (issue 43's stop 57): a unit that became held is in
+/// no touched set, and the whole plan gives a held unit no requirements. A held unit that
+/// replaces a global one let the global come back to its machine in the whole plan, while
+/// the delta of the same change decided nothing.
+#[test]
+fn a_held_unit_tied_to_others_means_the_whole_plan() {
+    let mut w = settled().unit("g.service", Launched, "Global=true").unit(
+        "x.service",
+        Launched,
+        "Replaces=g.service",
+    );
+    w.settle();
+    let x_on = w.placement()["x.service"].clone();
+    let before = Entangled::of(&w.snap, &w.files);
+    let held: BTreeSet<UnitName> = [name("x.service")].into();
+    let whole = plan_holding(&w.snap, &w.files, &held);
+    assert_eq!(
+        lines(&whole.decisions),
+        [format!(
+            "schedule g.service on {} (launched): global unit and the machine qualifies",
+            x_on[0]
+        )],
+        "the whole plan places the global beside the held unit that replaces it"
+    );
+    let none = BTreeSet::new();
+    assert_eq!(
+        plan_delta_holding(&w.snap, &w.files, &none, &before, &held),
+        None
+    );
+
+    // A held unit that nothing names and that names nothing is planned around.
+    let held: BTreeSet<UnitName> = [name("a.service")].into();
+    let part = plan_delta_holding(&w.snap, &w.files, &none, &before, &held).expect("alone");
+    assert_eq!(part, plan_holding(&w.snap, &w.files, &held));
+}
