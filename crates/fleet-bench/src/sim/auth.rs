@@ -27,6 +27,26 @@ use tokio::time::Instant;
 /// share its commits (500 machines took 17 s with 8, 9 s with 64; debug build, loaded host).
 const IN_FLIGHT: usize = 64;
 
+/// Users made with one count in flight ([`in_flight`]) before it is counted again.
+const USERS_PER_STEP: usize = 500;
+
+/// What one auth change costs etcd 3.4 per user it holds: it rebuilds every user's merged
+/// permissions on each change (`refreshRangePermCache`, 70 % of its CPU while users were
+/// made). Measured at 10,000 machines (docs/benchmarks.md, *Past these sizes*): about 85 ms a
+/// change at 6,543 users, where 64 changes in flight made the last wait past the admin's
+/// 5 s deadline and the run could not start.
+const CHANGE_PER_USER: Duration = Duration::from_micros(13);
+
+/// How many auth changes to keep in flight while etcd holds `users` users: as many as
+/// [`IN_FLIGHT`], fewer once the queue would wait more than about a second.
+fn in_flight(users: usize) -> usize {
+    let one = CHANGE_PER_USER.saturating_mul(u32::try_from(users).unwrap_or(u32::MAX));
+    let fit = Duration::from_secs(1).as_nanos() / one.as_nanos().max(1);
+    usize::try_from(fit)
+        .unwrap_or(IN_FLIGHT)
+        .clamp(1, IN_FLIGHT)
+}
+
 /// The credentials of a simulation with etcd's authentication on.
 #[derive(Debug, Clone)]
 pub struct Credentials {
@@ -89,13 +109,20 @@ pub async fn issue(
         .collect()
         .await;
     roles.into_iter().collect::<Result<Vec<()>>>()?;
-    let made: Vec<Result<EtcdAuth>> = futures::stream::iter(ids.iter().enumerate())
-        .map(|(i, id)| add_host_user(admin, keys, id, i < engines))
-        .buffered(IN_FLIGHT)
-        .collect()
-        .await;
+    let mut machines = Vec::with_capacity(ids.len());
+    for (step, chunk) in ids.chunks(USERS_PER_STEP).enumerate() {
+        let first = step * USERS_PER_STEP;
+        let made: Vec<Result<EtcdAuth>> = futures::stream::iter(chunk.iter().enumerate())
+            .map(|(i, id)| add_host_user(admin, keys, id, first + i < engines))
+            .buffered(in_flight(first))
+            .collect()
+            .await;
+        for user in made {
+            machines.push(user?);
+        }
+    }
     Ok(Credentials {
-        machines: made.into_iter().collect::<Result<_>>()?,
+        machines,
         operator,
         viewer,
         took: started.elapsed(),
@@ -220,4 +247,20 @@ pub(super) fn write_secret(file: &std::path::Path, password: &str) -> Result<()>
         .open(file)
         .with_context(|| format!("creating {}", file.display()))?;
     writeln!(f, "{password}").with_context(|| format!("writing {}", file.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fewer_auth_changes_are_in_flight_the_more_users_etcd_holds() {
+        assert_eq!(in_flight(0), IN_FLIGHT);
+        assert_eq!(in_flight(1_000), IN_FLIGHT);
+        // 5,000 users: 65 ms a change, 15 of them in a second.
+        assert_eq!(in_flight(5_000), 15);
+        // 10,000: 130 ms, 7; what the admin's 5 s deadline took 64 of at 6,543 (85 ms).
+        assert_eq!(in_flight(10_000), 7);
+        assert_eq!(in_flight(1_000_000), 1);
+    }
 }
