@@ -7,8 +7,8 @@ use fleet_registry::kv::{
     Compare, Hook, Hooked, Kv, KvError, LeaseId, MemKv, Outcome, Rbac, Request, Txn, TxnOp,
 };
 use fleet_registry::{
-    EngineRole, EngineWrite, LeftCopy, MachineRole, Presence, Registry, RegistryError,
-    UnitStateRecord, UnitsRole, rbac,
+    EngineRole, EngineWrite, EventConfig, EventFilter, EventKind, EventStats, LeftCopy,
+    MachineRole, Presence, Registry, RegistryError, UnitStateRecord, UnitsRole, rbac,
 };
 use fleet_testing::TestEtcd;
 use std::collections::BTreeMap;
@@ -1348,6 +1348,82 @@ async fn failed_schedule_writes(in_doubt: bool) -> FailScheduleWrites {
     assert_eq!(kv.hook.refused().len(), 3);
     a.shutdown().await;
     kv.hook.clone()
+}
+
+/// Lets the first schedule write land, then answers it with a timeout: a transaction past
+/// its deadline that etcd applied all the same.
+#[derive(Debug, Clone, Default)]
+struct LandThenTimeOut {
+    store: MemKv,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Hook for LandThenTimeOut {
+    async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
+        let Request::Txn(txn) = request else {
+            return Ok(());
+        };
+        let schedules = txn
+            .success
+            .iter()
+            .any(|op| matches!(op, TxnOp::Put { key, .. } if key.contains("/schedule/")));
+        if schedules && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.store.txn(txn.clone()).await?;
+            return Err(KvError::Timeout(Duration::from_secs(1), "test".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Issue 43: only a pass written whole emitted its events. A pass whose write failed after
+/// some of it landed told nothing of what landed, and the next pass, finding it written,
+/// decided nothing. The next pass now emits the events of the failed pass's decisions it
+/// finds written, once.
+#[tokio::test(start_paused = true)]
+async fn a_decision_that_landed_in_a_failed_write_gets_its_event_once() {
+    let store = MemKv::new();
+    let hook = LandThenTimeOut {
+        store: store.clone(),
+        ..LandThenTimeOut::default()
+    };
+    let reg = Registry::new(
+        Hooked {
+            inner: store,
+            hook: hook.clone(),
+        },
+        PREFIX,
+    );
+    join(&reg, "m1").await;
+    submit(&reg, "web.service").await;
+    let log = EngineRole::new(reg.clone()).event_log(EventConfig::default(), EventStats::default());
+    let mut cfg = EngineConfig::new(machine("a"), MEM.interval).with_events(log.sink());
+    cfg.lease_ttl = MEM.lease_ttl;
+    cfg.disruption = DisruptionConfig::for_ttl(MEM.agent_ttl);
+    let (stop, shutdown) = watch::channel(false);
+    let task = tokio::spawn(fleet_engine::run(reg.clone(), cfg, shutdown));
+    let a = Engine { task, stop };
+    let filter = EventFilter {
+        unit: Some(name("web.service")),
+        ..EventFilter::default()
+    };
+    let scheduled = || async {
+        let events = reg.events(&filter).await.unwrap().items;
+        events
+            .iter()
+            .filter(|e| e.kind == EventKind::Scheduled)
+            .count()
+    };
+    eventually(MEM.interval * 10, "web's scheduled event", || async {
+        scheduled().await > 0
+    })
+    .await;
+    assert!(hook.done.load(std::sync::atomic::Ordering::SeqCst));
+    // Passes after it write nothing more of web's.
+    sleep(MEM.interval * 3).await;
+    assert_eq!(scheduled().await, 1);
+    assert!(schedule(&reg).await.contains_key("web.service"));
+    a.shutdown().await;
+    log.close(Duration::from_secs(1)).await;
 }
 
 /// Records what the fake RBAC refused.

@@ -224,6 +224,7 @@ impl<K: Kv> Leading<K> {
             // What arrived since the loop woke up is planned now: the planner hears of it.
             self.planner.changed(touched);
             let (snapshot, files) = (read.snapshot(), read.files());
+            self.events.confirm(snapshot);
             let pass = self.planner.next(snapshot, files, units, Instant::now());
             let stray_keys = crate::unreadable::stray_schedule_keys(snapshot, self.registry.keys());
             let mut writes: Vec<EngineWrite> = pass.decision_writes().collect();
@@ -243,6 +244,7 @@ impl<K: Kv> Leading<K> {
                 self.behind = true;
                 self.in_doubt = in_doubt(&err);
                 self.planner.write_failed(&pass);
+                self.events.failed(&pass.plan.decisions);
                 self.metrics.failed(Failure::of(&err), Some(&pass.plan));
                 return Err(err);
             }
@@ -252,6 +254,8 @@ impl<K: Kv> Leading<K> {
             && let Err(err) = self.applied(&store, revision).await
         {
             self.view = None;
+            // Written: its events are told, though the view did not see it in time.
+            self.events.decided(&pass.plan.decisions);
             self.metrics.failed(Failure::of(&err), Some(&pass.plan));
             return Err(err);
         }
