@@ -1265,6 +1265,13 @@ impl FailScheduleWrites {
     }
 }
 
+/// Whether `txn` puts a schedule entry: one of the leader's decision writes.
+fn writes_schedules(txn: &Txn) -> bool {
+    txn.success
+        .iter()
+        .any(|op| matches!(op, TxnOp::Put { key, .. } if key.contains("/schedule/")))
+}
+
 impl Hook for FailScheduleWrites {
     async fn before(&self, request: Request<'_>) -> Result<(), KvError> {
         if let Request::Watch { key, prefix: true } = request
@@ -1276,12 +1283,8 @@ impl Hook for FailScheduleWrites {
         let Request::Txn(txn) = request else {
             return Ok(());
         };
-        let schedules = txn
-            .success
-            .iter()
-            .any(|op| matches!(op, TxnOp::Put { key, .. } if key.contains("/schedule/")));
         let mut refused = self.refused.lock().unwrap();
-        if schedules && refused.len() < self.failures {
+        if writes_schedules(txn) && refused.len() < self.failures {
             refused.push(tokio::time::Instant::now());
             return Err(match self.in_doubt {
                 true => KvError::Timeout(Duration::from_secs(1), "test".into()),
@@ -1363,11 +1366,7 @@ impl Hook for LandThenTimeOut {
         let Request::Txn(txn) = request else {
             return Ok(());
         };
-        let schedules = txn
-            .success
-            .iter()
-            .any(|op| matches!(op, TxnOp::Put { key, .. } if key.contains("/schedule/")));
-        if schedules && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        if writes_schedules(txn) && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
             self.store.txn(txn.clone()).await?;
             return Err(KvError::Timeout(Duration::from_secs(1), "test".into()));
         }
