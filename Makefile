@@ -37,6 +37,8 @@ test: build
 	# The agent's log-capture tests, alone: a thread-scoped tracing subscriber misses events
 	# while other tests log on other threads (about half the runs failed in parallel).
 	$(CARGO) test -p fleet-agent --lib -- --ignored --test-threads=1
+	# The engine's timing to compare by hand (under 1 s): run so that it keeps working.
+	$(CARGO) test -p fleet-engine --test engine -- --ignored timed
 	$(MAKE) --no-print-directory test-api
 	$(MAKE) --no-print-directory soak-only
 

@@ -1498,7 +1498,7 @@ async fn the_engine_needs_nothing_beyond_the_engine_role() {
 /// run by hand to compare the engine's passes before and after a change, in the same build
 /// profile (`cargo test -p fleet-engine --test engine -- --ignored --nocapture timed`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a timing to compare by hand, not a check"]
+#[ignore = "a timing to compare by hand, not a check; make test runs it so that it keeps working"]
 async fn timed_places_three_thousand_units_then_three_hundred_one_by_one() {
     let reg = Registry::new(MemKv::new(), PREFIX);
     for i in 0..10 {
