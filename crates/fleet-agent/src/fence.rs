@@ -22,13 +22,43 @@ pub struct Deadline {
     /// lease may have lapsed then (a frozen fleetd), and the schedule held may be stale
     /// (`agent/doubt.rs`).
     pub lapses: u64,
+    /// The lapses counted when a renewal (or registration) last pushed the deadline: below
+    /// `lapses` while every push since a lapse was an unanswered request's, which moves the
+    /// fence on (an outage must stop nothing) but says nothing of whether the lease lives.
+    /// A thawed fleetd's first keep-alive times out at once, and it was such a push that
+    /// let its agent act on a schedule read on an expired lease.
+    pub live_lapses: u64,
 }
 
 impl Deadline {
-    /// The deadline that follows `previous` when it is pushed to `at` at `now`.
-    pub fn pushed(previous: Option<Deadline>, at: Instant, now: Instant) -> Deadline {
-        let lapses = previous.map_or(0, |p| p.lapses + u64::from(now > p.at));
-        Deadline { at, lapses }
+    /// The deadline that follows `previous` when a renewal or registration sent at
+    /// `at - TTL` succeeded at `now`: the lease lives, whatever lapsed before.
+    pub fn renewed(previous: Option<Deadline>, at: Instant, now: Instant) -> Deadline {
+        let lapses = Deadline::lapses_after(previous, now);
+        Deadline {
+            at,
+            lapses,
+            live_lapses: lapses,
+        }
+    }
+
+    /// The deadline that follows `previous` when it is moved to `at` at `now` without a
+    /// renewal (etcd did not answer): a lapse is counted, and not taken as ended.
+    pub fn moved(previous: Option<Deadline>, at: Instant, now: Instant) -> Deadline {
+        Deadline {
+            at,
+            lapses: Deadline::lapses_after(previous, now),
+            live_lapses: previous.map_or(0, |p| p.live_lapses),
+        }
+    }
+
+    /// Whether the last lapse was followed by a renewal.
+    pub fn live(&self) -> bool {
+        self.live_lapses == self.lapses
+    }
+
+    fn lapses_after(previous: Option<Deadline>, now: Instant) -> u64 {
+        previous.map_or(0, |p| p.lapses + u64::from(now > p.at))
     }
 }
 
@@ -192,12 +222,30 @@ mod tests {
     async fn a_push_after_the_deadline_passed_counts_a_lapse() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
-        let first = Deadline::pushed(None, t0 + s(3), t0);
+        let first = Deadline::renewed(None, t0 + s(3), t0);
         assert_eq!(first.lapses, 0);
-        let on_time = Deadline::pushed(Some(first), t0 + s(4), t0 + s(1));
+        let on_time = Deadline::renewed(Some(first), t0 + s(4), t0 + s(1));
         assert_eq!(on_time.lapses, 0);
-        let late = Deadline::pushed(Some(on_time), t0 + s(13), t0 + s(10));
+        let late = Deadline::renewed(Some(on_time), t0 + s(13), t0 + s(10));
         assert_eq!(late.lapses, 1);
+        assert!(late.live());
+    }
+
+    /// A fleetd thawed past its deadline: its first keep-alive times out at once, and the
+    /// outage's move of the fence counts the lapse but does not end it; the renewal does.
+    #[tokio::test(start_paused = true)]
+    async fn a_move_without_a_renewal_leaves_a_lapse_unended() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let first = Deadline::renewed(None, t0 + s(3), t0);
+        let on_time = Deadline::moved(Some(first), t0 + s(4), t0 + s(1));
+        assert_eq!((on_time.lapses, on_time.live()), (0, true));
+        let thawed = Deadline::moved(Some(on_time), t0 + s(13), t0 + s(10));
+        assert_eq!((thawed.lapses, thawed.live()), (1, false));
+        let again = Deadline::moved(Some(thawed), t0 + s(14), t0 + s(11));
+        assert_eq!((again.lapses, again.live()), (1, false));
+        let renewed = Deadline::renewed(Some(again), t0 + s(15), t0 + s(12));
+        assert_eq!((renewed.lapses, renewed.live()), (1, true));
     }
 
     #[test]
@@ -255,6 +303,7 @@ mod tests {
             Some(Deadline {
                 at: start + Duration::from_secs(s),
                 lapses: 0,
+                live_lapses: 0,
             })
         };
         let (tx, rx) = watch::channel(at(5));

@@ -91,18 +91,24 @@ impl<K: Kv> PresenceKeeper<K> {
         }
     }
 
-    /// Publishes the fence's deadline, `ttl` after `from`.
-    fn push_fence(&self, from: Instant) {
+    /// Publishes the fence's deadline, `ttl` after `from`: after a renewal or registration
+    /// sent at `from` when `live`, else after a request etcd did not answer.
+    fn push_fence(&self, from: Instant, live: bool) {
         if let Some(fence) = &self.fence {
             let now = Instant::now();
-            fence.send_modify(|d| *d = Some(Deadline::pushed(*d, from + self.ttl, now)));
+            let push = if live {
+                Deadline::renewed
+            } else {
+                Deadline::moved
+            };
+            fence.send_modify(|d| *d = Some(push(*d, from + self.ttl, now)));
         }
     }
 
     /// Publishes a success: the fence moves to `sent` plus the TTL, and the peers that ask
     /// hear that this machine reached etcd at `sent`.
     fn renewed(&self, sent: Instant) {
-        self.push_fence(sent);
+        self.push_fence(sent, true);
         if let Some(renewals) = &self.renewals {
             renewals.send_replace(Some(sent));
         }
@@ -157,7 +163,7 @@ impl<K: Kv> PresenceKeeper<K> {
                     info!(evidence = ?other.map(|e| e.to_string()), "no peer reaches etcd now: the fence moves on again");
                 }
                 run.cut_off = false;
-                self.push_fence(Instant::now());
+                self.push_fence(Instant::now(), false);
             }
         }
     }
@@ -171,7 +177,7 @@ impl<K: Kv> PresenceKeeper<K> {
             fence.send_if_modified(|d| {
                 let later = d.is_none_or(|d| d.at > at);
                 if later {
-                    *d = Some(Deadline::pushed(*d, at, now));
+                    *d = Some(Deadline::moved(*d, at, now));
                 }
                 later
             });

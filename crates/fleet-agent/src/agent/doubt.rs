@@ -7,7 +7,10 @@
 //!
 //! In doubt: the fence's deadline has passed (the lease may have expired), or it passed at
 //! some point since the last schedule read ([`Deadline::lapses`] counts such lapses, as the
-//! presence keeper saw them when it pushed the deadline again). Pure: `now` is an argument.
+//! presence keeper saw them when it pushed the deadline again). Only a read that began after
+//! a renewal ends a lapse: a thawed fleetd's first keep-alive times out at once, and the move
+//! of the fence that follows says nothing of the lease ([`Deadline::live_lapses`]).
+//! Pure: `now` is an argument.
 
 use crate::fence::Deadline;
 use tokio::sync::watch;
@@ -47,17 +50,19 @@ impl LeaseDoubt {
     }
 
     /// Whether a read of the schedule now would end the doubt: in doubt, but the lease was
-    /// renewed since.
+    /// renewed since (a renewal, not only a move of the fence after etcd did not answer).
     pub(crate) fn wants_read(&self, now: Instant) -> bool {
-        self.deadline().is_some_and(|d| now <= d.at) && self.in_doubt(now)
+        self.deadline()
+            .is_some_and(|d| now <= d.at && d.live() && d.lapses > self.read_at_lapses)
     }
 
-    /// A schedule read that began at `started`, with the deadline `at_start`, succeeded.
+    /// A schedule read that began at `started`, with the deadline `at_start`, succeeded: it
+    /// ends the lapses a renewal had ended before it began.
     pub(crate) fn read(&mut self, at_start: Option<Deadline>, started: Instant) {
         if let Some(d) = at_start
             && started <= d.at
         {
-            self.read_at_lapses = d.lapses;
+            self.read_at_lapses = self.read_at_lapses.max(d.live_lapses);
         }
     }
 }
@@ -81,6 +86,7 @@ mod tests {
         let (tx, rx) = watch::channel(Some(Deadline {
             at: t0 + secs(3),
             lapses: 0,
+            live_lapses: 0,
         }));
         let mut d = LeaseDoubt::of(rx);
         d.read(d.deadline(), t0);
@@ -88,6 +94,7 @@ mod tests {
         tx.send_replace(Some(Deadline {
             at: t0 + secs(4),
             lapses: 0,
+            live_lapses: 0,
         }));
         assert!(!d.in_doubt(t0 + secs(3)));
     }
@@ -98,6 +105,7 @@ mod tests {
         let (tx, rx) = watch::channel(Some(Deadline {
             at: t0 + secs(3),
             lapses: 0,
+            live_lapses: 0,
         }));
         let mut d = LeaseDoubt::of(rx);
         d.read(d.deadline(), t0);
@@ -110,6 +118,7 @@ mod tests {
         tx.send_replace(Some(Deadline {
             at: t0 + secs(13),
             lapses: 1,
+            live_lapses: 1,
         }));
         assert!(
             d.in_doubt(t0 + secs(10)),
@@ -121,12 +130,43 @@ mod tests {
             Some(Deadline {
                 at: t0 + secs(3),
                 lapses: 0,
+                live_lapses: 0,
             }),
             t0 + secs(9),
         );
         assert!(d.in_doubt(t0 + secs(10)));
         d.read(d.deadline(), t0 + secs(10));
         assert!(!d.in_doubt(t0 + secs(11)));
+    }
+
+    /// The thawed fleetd's first keep-alive timed out (its timer ran out while frozen): the
+    /// fence moved on, but a read then would be on a lease that may have expired, and it
+    /// neither is asked for nor ends the doubt. The registration that follows does.
+    #[tokio::test(start_paused = true)]
+    async fn a_move_of_the_fence_after_a_lapse_is_doubt_until_a_renewal() {
+        let t0 = Instant::now();
+        let first = Deadline::renewed(None, t0 + secs(3), t0);
+        let (tx, rx) = watch::channel(Some(first));
+        let mut d = LeaseDoubt::of(rx);
+        d.read(d.deadline(), t0);
+        let moved = Deadline::moved(Some(first), t0 + secs(13), t0 + secs(10));
+        tx.send_replace(Some(moved));
+        assert!(d.in_doubt(t0 + secs(10)));
+        assert!(!d.wants_read(t0 + secs(10)), "no renewal yet");
+        d.read(d.deadline(), t0 + secs(10));
+        assert!(
+            d.in_doubt(t0 + secs(11)),
+            "a read on a moved fence ended the doubt"
+        );
+        tx.send_replace(Some(Deadline::renewed(
+            Some(moved),
+            t0 + secs(14),
+            t0 + secs(11),
+        )));
+        assert!(d.wants_read(t0 + secs(11)));
+        d.read(d.deadline(), t0 + secs(11));
+        assert!(!d.in_doubt(t0 + secs(12)));
+        assert!(!d.wants_read(t0 + secs(12)));
     }
 
     #[test]
