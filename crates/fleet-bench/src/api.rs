@@ -15,7 +15,7 @@
 //! against the host's systemd.
 
 use anyhow::{Context, Result, ensure};
-use fleet_registry::kv::{EtcdConfig, EtcdKv, TlsFiles};
+use fleet_registry::kv::{EtcdConfig, EtcdKv};
 use fleet_registry::{DEFAULT_PREFIX, Registry};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -183,7 +183,7 @@ async fn serve_api(
     let config = EtcdConfig {
         endpoints: vec![sim.etcd_endpoint()],
         request_timeout,
-        tls: TlsFiles::default(),
+        tls: sim.etcd_tls(),
         auth,
     };
     let kv = EtcdKv::connect(&config)
@@ -259,12 +259,12 @@ async fn start_all(
 /// With `$FLEET_BENCH_HOLD` set to a path, writes the drivers' endpoints there and waits
 /// until that file is removed: the cluster of U launched units stays up for a profiler
 /// (`perf record -- fleetctl list-unit-files`) before anything is measured.
-async fn hold(etcd: &str, socket: &Path) -> Result<()> {
+async fn hold(etcd_flags: &str, socket: &Path) -> Result<()> {
     let Some(path) = std::env::var_os("FLEET_BENCH_HOLD").map(PathBuf::from) else {
         return Ok(());
     };
     let text = format!(
-        "--driver etcd --endpoint {etcd}\n--driver api --endpoint unix://{}\n",
+        "--driver etcd {etcd_flags}\n--driver api --endpoint unix://{}\n",
         socket.display()
     );
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
@@ -298,7 +298,7 @@ async fn measure(
         })
         .await?;
     println!("api: {units} units launched in {}", secs(got.launched_in));
-    hold(&sim.etcd_endpoint(), socket).await?;
+    hold(&sim.etcd_flags().join(" "), socket).await?;
     for run in 0..a.runs {
         one_run(&mut got, run, fleetctl, dir, g, units).await?;
     }

@@ -174,10 +174,11 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
         .etcd_args
         .insert(0, format!("--quota-backend-bytes={}", spec.quota_bytes));
     let etcd_args = sim_spec.shape.etcd_args.clone();
+    let tls = sim_spec.shape.tls;
     println!("huge: starting {} simulated machines", spec.machines);
     let sim = Sim::start(sim_spec).await?;
     let dir = report::work_dir().join("huge");
-    let before = Metrics::fetch(&sim.etcd_endpoint())?;
+    let before = Metrics::fetch(&sim.etcd_metrics())?;
     let roles = Roles::now(&sim);
     let cpu = process_cpu();
     println!("huge: starting {} units", spec.units);
@@ -233,7 +234,7 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
     }
     let waited = t0.elapsed();
     let keys = roles.since(&sim).keys_written();
-    let after = Metrics::fetch(&sim.etcd_endpoint())?;
+    let after = Metrics::fetch(&sim.etcd_metrics())?;
     let (scheduled, launched) = sim.monitor.with(|v| (v.scheduled(), v.launched()));
     let reached = Reached {
         prepared_in,
@@ -251,7 +252,7 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
     sim.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
     println!("huge: etcd alone, for the {keys} keys the run wrote");
-    let raw = crate::limit::raw_time(keys, &etcd_args).await?;
+    let raw = crate::limit::raw_time(keys, &etcd_args, tls).await?;
     let verdicts = [
         verdict::million(spec.units, spec.machines, reached.launched_in),
         verdict::raw_ratio(

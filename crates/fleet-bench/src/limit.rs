@@ -10,8 +10,8 @@
 
 use anyhow::{Context, Result};
 use fleet_registry::MAX_TXN_OPS;
-use fleet_registry::kv::{EtcdConfig, EtcdKv, Kv, TlsFiles, Txn, TxnOp};
-use fleet_testing::TestEtcd;
+use fleet_registry::kv::{EtcdConfig, EtcdKv, Kv, Txn, TxnOp};
+use fleet_testing::{Shaped, TestEtcd};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
@@ -38,14 +38,18 @@ impl Raw {
     }
 }
 
-/// How long etcd with `etcd_args` takes to accept `keys` keys from the raw loop.
-pub async fn raw_time(keys: u64, etcd_args: &[String]) -> Result<Raw> {
-    let etcd = TestEtcd::start_with_args(etcd_args).await;
+/// How long etcd with `etcd_args` takes to accept `keys` keys from the raw loop, its
+/// clients over TLS with client certificates when `tls` (as the production shape's are).
+pub async fn raw_time(keys: u64, etcd_args: &[String], tls: bool) -> Result<Raw> {
+    let etcd = TestEtcd::start_shaped(Shaped {
+        tls,
+        args: etcd_args,
+        ..Shaped::default()
+    })
+    .await;
     let config = EtcdConfig {
-        endpoints: vec![etcd.endpoint()],
         request_timeout: Duration::from_secs(60),
-        tls: TlsFiles::default(),
-        auth: None,
+        ..etcd.config()
     };
     let mut clients = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
@@ -55,7 +59,7 @@ pub async fn raw_time(keys: u64, etcd_args: &[String]) -> Result<Raw> {
                 .context("connecting to etcd")?,
         );
     }
-    let before = Metrics::fetch(&etcd.endpoint())?;
+    let before = Metrics::fetch(&etcd.metrics_endpoint())?;
     let t0 = Instant::now();
     let mut tasks = Vec::with_capacity(CLIENTS);
     for (c, kv) in clients.into_iter().enumerate() {
@@ -66,7 +70,7 @@ pub async fn raw_time(keys: u64, etcd_args: &[String]) -> Result<Raw> {
         task.await.context("a raw writer panicked")??;
     }
     let took = t0.elapsed();
-    let after = Metrics::fetch(&etcd.endpoint())?;
+    let after = Metrics::fetch(&etcd.metrics_endpoint())?;
     let cpu = |m: &Metrics| m.sum("process_cpu_seconds_total", &[]);
     Ok(Raw {
         keys,
@@ -117,22 +121,25 @@ pub async fn run(keys: u64) -> Result<String> {
     let extra = Vec::new();
     let mut sets = vec![
         (
-            "docs/deploy.md's (production shape)",
+            "docs/deploy.md's over TLS (production shape)",
             deploy_etcd_args(&extra),
+            true,
         ),
+        ("docs/deploy.md's", deploy_etcd_args(&extra), false),
         (
             "etcd's defaults",
             ETCD_DEFAULT_ELECTIONS.map(str::to_owned).to_vec(),
+            false,
         ),
     ];
     let lab = etcd_args_from_env();
-    if !sets.iter().any(|(_, a)| *a == lab) {
-        sets.push(("the lab shape's", lab));
+    if !sets.iter().any(|(_, a, tls)| *a == lab && !tls) {
+        sets.push(("the lab shape's", lab, false));
     }
     let mut t = Table::new(&["etcd flags", "keys", "took", "keys / s", "etcd CPU"]);
-    for (name, args) in &sets {
+    for (name, args, tls) in &sets {
         println!("limit: {keys} keys with {name} flags");
-        let raw = raw_time(keys, args).await?;
+        let raw = raw_time(keys, args, *tls).await?;
         println!(
             "limit: {keys} keys in {} ({:.0} keys/s)",
             secs(raw.took),

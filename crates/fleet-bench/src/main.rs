@@ -57,13 +57,14 @@ struct Cli {
     #[arg(long, global = true)]
     no_write: bool,
     /// Run the scale scenarios (`scale`, `plot`, `huge`, `api`) in the lab shape they were
-    /// first measured in (16 shared etcd connections, 15 s deadlines, no etcd auth, no
-    /// events) instead of the production shape (docs/benchmarks.md, "Shapes").
+    /// first measured in (16 shared etcd connections, 15 s deadlines, no etcd auth, no TLS,
+    /// no events) instead of the production shape (docs/benchmarks.md, "Shapes").
     #[arg(long, global = true)]
     lab: bool,
     /// Change one factor of the shape, FACTOR=VALUE (repeatable): connections=N,
-    /// auth=on|off, events=on|off, deadline=Ns (fleetd's roles), client-deadline=Ns. To see
-    /// what each factor costs; the run's shape line names what was varied.
+    /// auth=on|off, tls=on|off, events=on|off, deadline=Ns (fleetd's roles),
+    /// client-deadline=Ns, engine-files=trusted|read. To see what each factor costs; the
+    /// run's shape line names what was varied.
     #[arg(long, global = true, value_parser = clap::value_parser!(shape::Vary))]
     vary: Vec<shape::Vary>,
     #[command(subcommand)]

@@ -52,7 +52,7 @@ pub async fn converge(sim: &Sim, units: usize) -> Result<Converged> {
     let all: Vec<_> = (0..units).map(|i| bench_unit(i, 1)).collect();
     let args = sim.write_units(&all)?;
     let before = Roles::now(sim);
-    let metrics = Metrics::fetch(&sim.etcd_endpoint())?;
+    let metrics = Metrics::fetch(&sim.etcd_metrics())?;
     let cpu = process_cpu();
     let t0 = Instant::now();
     sim.submit(&args).await?;
@@ -70,7 +70,7 @@ pub async fn converge(sim: &Sim, units: usize) -> Result<Converged> {
         })
         .await?;
     let roles = before.since(sim);
-    let after = Metrics::fetch(&sim.etcd_endpoint())?;
+    let after = Metrics::fetch(&sim.etcd_metrics())?;
     Ok(Converged {
         machines: sim.machines.len(),
         units,
@@ -119,7 +119,7 @@ async fn one_start(
     };
     let before = snapshot(sim);
     let roles = Roles::now(sim);
-    let metrics = Metrics::fetch(&sim.etcd_endpoint())?;
+    let metrics = Metrics::fetch(&sim.etcd_metrics())?;
     let t0 = Instant::now();
     // fleetctl's default driver is the API (as fleet's); the simulation has only etcd.
     let out = tokio::process::Command::new(fleetctl)
@@ -139,7 +139,7 @@ async fn one_start(
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = snapshot(sim);
     let roles = roles.since(sim);
-    let etcd = received_between(&metrics, &Metrics::fetch(&sim.etcd_endpoint())?);
+    let etcd = received_between(&metrics, &Metrics::fetch(&sim.etcd_metrics())?);
     let involved_id = sim
         .monitor
         .with(|v| v.machine_of("probe.service").map(str::to_owned));
@@ -208,7 +208,7 @@ async fn idle(sim: &Sim, window: Duration) -> Result<Idle> {
     let engines_before = engines
         .as_ref()
         .map(|(lead, follow)| (ranges(lead), follow.iter().map(ranges).sum::<u64>()));
-    let metrics = Metrics::fetch(&sim.etcd_endpoint())?;
+    let metrics = Metrics::fetch(&sim.etcd_metrics())?;
     let reads = |sim: &Sim| {
         sim.roles
             .agents
@@ -225,7 +225,7 @@ async fn idle(sim: &Sim, window: Duration) -> Result<Idle> {
         per_second[second] += now - last;
         last = now;
     }
-    let etcd = received_between(&metrics, &Metrics::fetch(&sim.etcd_endpoint())?);
+    let etcd = received_between(&metrics, &Metrics::fetch(&sim.etcd_metrics())?);
     let still_leading = match (&engines, sim.engine_counters().await?) {
         (Some((lead, _)), Some((now, _))) => std::sync::Arc::ptr_eq(lead, &now),
         _ => false,
@@ -340,7 +340,7 @@ pub async fn run(a: ScaleArgs) -> Result<String> {
     };
     let keys = m.c.roles.keys_written();
     println!("scale: etcd alone, for the {keys} keys the launch wrote");
-    let raw = crate::limit::raw_time(keys, &a.shape.etcd_args).await?;
+    let raw = crate::limit::raw_time(keys, &a.shape.etcd_args, a.shape.tls).await?;
     println!(
         "scale: submitted {}, scheduled {}, launched {}",
         crate::limit::ratio(m.c.submitted_in, &raw),

@@ -3,7 +3,8 @@
 //! authentication is on, and etcd's flags. `production` (the default) is what a real cluster
 //! runs: one connection per fleetd, fleetd's and fleetctl's default deadlines, one etcd user
 //! and role per machine as `fleetctl auth add-host` makes them, etcd with the flags
-//! docs/deploy.md recommends and nothing else. `lab` (`--lab`) is the shape the scale figures
+//! docs/deploy.md recommends and nothing else, over TLS with client certificates as
+//! docs/deploy.md runs it. `lab` (`--lab`) is the shape the scale figures
 //! were first measured in, kept for comparison.
 //!
 //! Pure: the caller reads the open-file limit and the environment and passes them in.
@@ -58,6 +59,10 @@ pub struct ShapeSpec {
     pub client_deadline: Duration,
     /// etcd's authentication on, one user and role per machine.
     pub auth: bool,
+    /// etcd's clients over TLS with client certificates (`--client-cert-auth`), as
+    /// docs/deploy.md's section 2 runs it: every connection pays a handshake, every request
+    /// its encryption.
+    pub tls: bool,
     /// The simulation's etcd flags (before a scenario's own, e.g. `huge`'s quota).
     pub etcd_args: Vec<String>,
     /// Whether the roles write events (issue 41), as fleetd and fleetctl do by default.
@@ -90,6 +95,7 @@ impl ShapeSpec {
                     daemon_deadline: FLEETD_DEADLINE,
                     client_deadline: FLEETCTL_DEADLINE,
                     auth: true,
+                    tls: true,
                     etcd_args: deploy_etcd_args(extra),
                     events: true,
                     trust_engine_files: false,
@@ -103,6 +109,7 @@ impl ShapeSpec {
                 daemon_deadline: LAB_DEADLINE,
                 client_deadline: LAB_DEADLINE,
                 auth: false,
+                tls: false,
                 etcd_args: lab_etcd_args,
                 events: false,
                 trust_engine_files: false,
@@ -154,12 +161,14 @@ impl ShapeSpec {
         };
         format!(
             "shape: {}{varied}, {} etcd connections for {machines} machines{shared}, deadlines \
-             {} / {} (fleetd / fleetctl), etcd auth {}, {roles}, events {}, etcd flags: {flags}",
+             {} / {} (fleetd / fleetctl), etcd auth {}, {roles}, etcd TLS {}, events {}, etcd \
+             flags: {flags}",
             self.name(),
             self.connections,
             seconds(self.daemon_deadline),
             seconds(self.client_deadline),
             on_off(self.auth),
+            tls_words(self.tls),
             on_off(self.events),
         )
     }
@@ -167,6 +176,15 @@ impl ShapeSpec {
 
 fn on_off(on: bool) -> &'static str {
     if on { "on" } else { "off" }
+}
+
+/// `on (client certificates, ECDSA P-256)` or `off`.
+fn tls_words(on: bool) -> &'static str {
+    if on {
+        "on (client certificates, ECDSA P-256)"
+    } else {
+        "off"
+    }
 }
 
 /// `1 s`, `0.5 s`.
@@ -269,7 +287,7 @@ mod tests {
             (s.daemon_deadline, s.client_deadline),
             (FLEETD_DEADLINE, FLEETCTL_DEADLINE)
         );
-        assert!(s.auth && s.events);
+        assert!(s.auth && s.events && s.tls);
     }
 
     #[test]
@@ -300,7 +318,7 @@ mod tests {
         let s = ShapeSpec::new(Shape::Lab, 5000, 20_000, vec!["--x".into()], &[]);
         assert_eq!(s.connections, 16);
         assert_eq!(s.daemon_deadline, LAB_DEADLINE);
-        assert!(!s.auth && !s.events);
+        assert!(!s.auth && !s.events && !s.tls);
         assert_eq!(s.etcd_args, ["--x"]);
     }
 
@@ -310,7 +328,8 @@ mod tests {
         assert!(
             line.starts_with(
                 "shape: production, 5000 etcd connections for 5000 machines, deadlines 1 s / 3 s \
-                 (fleetd / fleetctl), etcd auth on, 5000 machine roles (+3 shared), events on"
+                 (fleetd / fleetctl), etcd auth on, 5000 machine roles (+3 shared), etcd TLS on \
+                 (client certificates, ECDSA P-256), events on"
             ),
             "{line}"
         );

@@ -13,7 +13,7 @@ use fleet_core::{DesiredState, MachineId, UnitFile, UnitName};
 use fleet_engine::EngineConfig;
 use fleet_ops::ReplaceHow;
 use fleet_ops::etcd::RegistryCluster;
-use fleet_registry::kv::EtcdKv;
+use fleet_registry::kv::{EtcdKv, TlsFiles};
 use fleet_registry::{
     DEFAULT_PREFIX, EngineRole, EventConfig, EventLog, EventSink, EventStats, MachineRole,
     Presence, Registry, UnitsRole,
@@ -282,6 +282,23 @@ impl Sim {
         self.etcd.endpoint()
     }
 
+    /// The TLS files of the simulation's etcd clients (none without TLS).
+    pub fn etcd_tls(&self) -> TlsFiles {
+        self.etcd.config().tls
+    }
+
+    /// Where the simulation's etcd serves `/metrics` over plain HTTP (with TLS, a port of
+    /// its own).
+    pub fn etcd_metrics(&self) -> String {
+        self.etcd.metrics_endpoint()
+    }
+
+    /// fleetctl's flags that reach the simulation's etcd: `--endpoint`, and with TLS its
+    /// CA and client certificate.
+    pub fn etcd_flags(&self) -> Vec<String> {
+        connect::fleetctl_flags(&self.etcd)
+    }
+
     async fn wait_agents_watching(&self, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
         loop {
@@ -381,14 +398,9 @@ impl Sim {
     /// [`fleetctl_args`](Self::fleetctl_args) with another `--request-timeout`.
     pub fn fleetctl_args_with(&self, viewer: bool, timeout: Duration) -> Result<Vec<String>> {
         let deadline = timeout.as_secs_f64();
-        let mut args = vec![
-            "--driver".to_owned(),
-            "etcd".to_owned(),
-            "--endpoint".to_owned(),
-            self.etcd.endpoint(),
-            "--request-timeout".to_owned(),
-            deadline.to_string(),
-        ];
+        let mut args = vec!["--driver".to_owned(), "etcd".to_owned()];
+        args.extend(self.etcd_flags());
+        args.extend(["--request-timeout".to_owned(), deadline.to_string()]);
         if let Some(c) = &self.credentials {
             let user = if viewer { &c.viewer } else { &c.operator };
             let file = self.scratch.0.join(format!("{}.pw", user.username));

@@ -11,6 +11,7 @@ use std::fs::{self, File};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
@@ -57,6 +58,23 @@ pub struct TestEtcd {
     auth: Option<AuthSetup>,
     /// More server flags, e.g. a benchmark's `--quota-backend-bytes` and `--max-txn-ops`.
     extra_args: Vec<String>,
+    /// With TLS: the port of its plain-HTTP `/metrics` (`--listen-metrics-urls`).
+    metrics_port: Option<u16>,
+}
+
+/// How [`TestEtcd::start_shaped`] starts a benchmark's etcd.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Shaped<'a> {
+    /// TLS with client certificates, as docs/deploy.md runs etcd: certificates made for
+    /// loopback (ECDSA P-256) and kept as long as the server.
+    pub tls: bool,
+    /// etcd's authentication on, user `root` as [`TestEtcd::start_auth`] makes it (or as
+    /// `data` holds it).
+    pub auth: bool,
+    /// More server flags.
+    pub args: &'a [String],
+    /// A data directory to start on a copy of ([`TestEtcd::copy_data`] kept it).
+    pub data: Option<&'a Path>,
 }
 
 /// A test etcd's authentication (etcd's simple tokens).
@@ -75,6 +93,29 @@ struct ServerTls {
     cert: PathBuf,
     key: PathBuf,
     client: TlsFiles,
+    /// The certificates, when the server owns them ([`TestEtcd::start_shaped`]): etcd reads
+    /// its files at each handshake, and clients at each connection.
+    _owned: Option<Arc<TestCerts>>,
+}
+
+impl ServerTls {
+    fn of(certs: &TestCerts) -> ServerTls {
+        ServerTls {
+            ca: certs.ca(),
+            cert: certs.server_cert(),
+            key: certs.server_key(),
+            client: certs.client_files(),
+            _owned: None,
+        }
+    }
+
+    fn owning(certs: TestCerts) -> ServerTls {
+        let certs = Arc::new(certs);
+        ServerTls {
+            _owned: Some(certs.clone()),
+            ..ServerTls::of(&certs)
+        }
+    }
 }
 
 impl TestEtcd {
@@ -133,12 +174,37 @@ impl TestEtcd {
     /// kept), with authentication on when it was on there, and the flags `args`. A
     /// benchmark's way to set up etcd's users once and start many servers holding them.
     pub async fn start_from_data(data: &Path, auth: bool, args: &[String]) -> TestEtcd {
-        let auth = auth.then_some(AuthSetup {
-            token_ttl: None,
-            enabled: true,
-        });
+        TestEtcd::start_shaped(Shaped {
+            auth,
+            args,
+            data: Some(data),
+            ..Shaped::default()
+        })
+        .await
+    }
+
+    /// A benchmark's etcd as `shape` says (issue 43's production shape: TLS, auth, flags),
+    /// on loopback. With TLS its `/metrics` is served over plain HTTP on a port of its own
+    /// ([`metrics_endpoint`](Self::metrics_endpoint)). Panics if it cannot start.
+    pub async fn start_shaped(shape: Shaped<'_>) -> TestEtcd {
         let host = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        TestEtcd::start_tls_seeded(host, None, auth, args, Some(data)).await
+        let tls = shape
+            .tls
+            .then(|| ServerTls::owning(TestCerts::generate(&[host])));
+        let auth = shape.auth.then_some(AuthSetup {
+            token_ttl: None,
+            enabled: shape.data.is_some(),
+        });
+        let mut etcd = TestEtcd::start_tls_seeded(host, tls, auth, shape.args, shape.data).await;
+        if let Some(auth) = &mut etcd.auth
+            && !auth.enabled
+        {
+            enable_auth(&etcd.config()).await;
+            if let Some(auth) = &mut etcd.auth {
+                auth.enabled = true;
+            }
+        }
+        etcd
     }
 
     /// Keeps a copy of the server's data in `to` (a new directory): kills the server, so
@@ -173,13 +239,7 @@ impl TestEtcd {
     /// (`--client-cert-auth`). `host` must be one of the server certificate's addresses (a
     /// local address: loopback, or a bridge the test made). Panics if it cannot start.
     pub async fn start_tls(certs: &TestCerts, host: IpAddr) -> TestEtcd {
-        let tls = ServerTls {
-            ca: certs.ca(),
-            cert: certs.server_cert(),
-            key: certs.server_key(),
-            client: certs.client_files(),
-        };
-        TestEtcd::start_on(host, Some(tls), None, &[]).await
+        TestEtcd::start_on(host, Some(ServerTls::of(certs)), None, &[]).await
     }
 
     async fn start_on(
@@ -202,7 +262,7 @@ impl TestEtcd {
     ) -> TestEtcd {
         let mut last_log = String::new();
         for attempt in 1..=START_ATTEMPTS {
-            let [client_port, peer_port] = free_ports(2)[..] else {
+            let [client_port, peer_port, metrics_port] = free_ports(3)[..] else {
                 unreachable!("free_ports returns as many ports as asked")
             };
             let mut etcd = TestEtcd {
@@ -214,6 +274,7 @@ impl TestEtcd {
                 tls: tls.clone(),
                 auth,
                 extra_args: extra_args.to_vec(),
+                metrics_port: tls.is_some().then_some(metrics_port),
             };
             if let Some(data) = data {
                 copy_dir(data, &etcd.data_dir())
@@ -298,14 +359,23 @@ impl TestEtcd {
         }
     }
 
+    /// Where its `/metrics` is served over plain HTTP: the client URL, or with TLS a port
+    /// of its own on loopback.
+    pub fn metrics_endpoint(&self) -> String {
+        match self.metrics_port {
+            Some(port) => format!("http://127.0.0.1:{port}"),
+            None => self.endpoint(),
+        }
+    }
+
     /// How many watchers the server holds (its `etcd_debugging_mvcc_watcher_total` gauge).
-    /// Plain-HTTP servers only.
+    /// Plain-HTTP servers, and those [`start_shaped`](Self::start_shaped) started.
     pub async fn watcher_count(&self) -> u64 {
-        assert!(
-            self.tls.is_none(),
-            "watcher_count reads metrics over plain HTTP"
-        );
-        let port = self.client_port;
+        let port = match (&self.tls, self.metrics_port) {
+            (_, Some(port)) => port,
+            (None, None) => self.client_port,
+            (Some(_), None) => panic!("watcher_count reads metrics over plain HTTP"),
+        };
         let metrics = tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
             .await
             .expect("the metrics reader does not panic")
@@ -356,6 +426,9 @@ impl TestEtcd {
                 .arg(format!("--key-file={}", tls.key.display()))
                 .arg("--client-cert-auth")
                 .arg(format!("--trusted-ca-file={}", tls.ca.display()));
+        }
+        if let Some(port) = self.metrics_port {
+            command.arg(format!("--listen-metrics-urls=http://127.0.0.1:{port}"));
         }
         let child = command
             .spawn()

@@ -41,7 +41,7 @@ mod registry;
 pub use auth::ROOT_PASSWORD;
 pub use certs::{CertIssuer, Leaf, TestCerts};
 pub use cluster::TestEtcdCluster;
-pub use etcd::{ETCD_FAST_ELECTIONS, TestEtcd};
+pub use etcd::{ETCD_FAST_ELECTIONS, Shaped, TestEtcd};
 pub use gateway::{MemberStatus, http_exchange, member_status, post_json};
 pub use ports::free_ports;
 pub use registry::machine_running;

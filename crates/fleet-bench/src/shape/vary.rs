@@ -17,6 +17,8 @@ pub enum Vary {
     Connections(usize),
     /// `auth=on|off`: etcd's authentication and the machines' roles.
     Auth(bool),
+    /// `tls=on|off`: etcd's clients over TLS with client certificates.
+    Tls(bool),
     /// `events=on|off`: the roles' event writers.
     Events(bool),
     /// `deadline=15s`: fleetd's roles' request deadline.
@@ -29,8 +31,8 @@ pub enum Vary {
 }
 
 /// What `--vary` takes.
-pub const FACTORS: &str = "connections=N, auth=on|off, events=on|off, deadline=Ns, \
-                           client-deadline=Ns, engine-files=trusted|read";
+pub const FACTORS: &str = "connections=N, auth=on|off, tls=on|off, events=on|off, \
+                           deadline=Ns, client-deadline=Ns, engine-files=trusted|read";
 
 impl FromStr for Vary {
     type Err = String;
@@ -48,6 +50,7 @@ impl FromStr for Vary {
             "auth" => on_off(value)
                 .map(Vary::Auth)
                 .ok_or_else(|| bad("on or off")),
+            "tls" => on_off(value).map(Vary::Tls).ok_or_else(|| bad("on or off")),
             "events" => on_off(value)
                 .map(Vary::Events)
                 .ok_or_else(|| bad("on or off")),
@@ -87,6 +90,7 @@ impl Vary {
         match self {
             Vary::Connections(n) => format!("connections {n}"),
             Vary::Auth(on) => format!("auth {}", word(on)),
+            Vary::Tls(on) => format!("tls {}", word(on)),
             Vary::Events(on) => format!("events {}", word(on)),
             Vary::Deadline(d) => format!("deadline {} s", d.as_secs_f64()),
             Vary::ClientDeadline(d) => format!("client deadline {} s", d.as_secs_f64()),
@@ -106,6 +110,7 @@ impl ShapeSpec {
                     self.shared_because = None;
                 }
                 Vary::Auth(on) => self.auth = on,
+                Vary::Tls(on) => self.tls = on,
                 Vary::Events(on) => self.events = on,
                 Vary::Deadline(d) => self.daemon_deadline = d,
                 Vary::ClientDeadline(d) => self.client_deadline = d,
@@ -145,6 +150,7 @@ mod tests {
     fn parses_each_factor_and_refuses_the_rest_by_name() {
         assert_eq!("connections=16".parse(), Ok(Vary::Connections(16)));
         assert_eq!("auth=off".parse(), Ok(Vary::Auth(false)));
+        assert_eq!("tls=off".parse(), Ok(Vary::Tls(false)));
         assert_eq!("events=on".parse(), Ok(Vary::Events(true)));
         assert_eq!(
             "deadline=15s".parse(),
@@ -161,7 +167,8 @@ mod tests {
             "engine-files=yes",
             "connections=0",
             "deadline=-1s",
-            "tls=on",
+            "tls=yes",
+            "compression=on",
         ] {
             let err = bad.parse::<Vary>().unwrap_err();
             assert!(err.contains(bad.split('=').next().unwrap()), "{err}");

@@ -10,7 +10,7 @@
 
 use anyhow::{Context, Result};
 use fleet_registry::DEFAULT_PREFIX;
-use fleet_testing::TestEtcd;
+use fleet_testing::{Shaped, TestEtcd};
 
 use super::{SimSpec, machine_id};
 use fleet_core::MachineId;
@@ -186,22 +186,32 @@ fn seeds() -> std::sync::MutexGuard<'static, Vec<Seed>> {
 /// the run's first etcd of this size, copied from it after.
 pub(super) async fn start_etcd(spec: &SimSpec) -> Result<(TestEtcd, Option<Credentials>)> {
     let shape = &spec.shape;
+    let shaped = Shaped {
+        tls: shape.tls,
+        auth: shape.auth,
+        args: &shape.etcd_args,
+        data: None,
+    };
     if !shape.auth {
-        return Ok((TestEtcd::start_with_args(&shape.etcd_args).await, None));
+        return Ok((TestEtcd::start_shaped(shaped).await, None));
     }
     let found = seeds()
         .iter()
         .find(|s| s.machines == spec.machines && s.engines == spec.engines)
         .map(|s| (s.data.clone(), s.credentials.clone()));
     if let Some((data, credentials)) = found {
-        let etcd = TestEtcd::start_from_data(&data, true, &shape.etcd_args).await;
+        let etcd = TestEtcd::start_shaped(Shaped {
+            data: Some(&data),
+            ..shaped
+        })
+        .await;
         let copied = Credentials {
             copied: true,
             ..credentials
         };
         return Ok((etcd, Some(copied)));
     }
-    let mut etcd = TestEtcd::start_auth_with_args(&shape.etcd_args).await;
+    let mut etcd = TestEtcd::start_shaped(shaped).await;
     let ids: Vec<MachineId> = (0..spec.machines).map(machine_id).collect();
     let keys = Keys::new(DEFAULT_PREFIX);
     let credentials = issue(&etcd.admin().await, &keys, &ids, spec.engines).await?;

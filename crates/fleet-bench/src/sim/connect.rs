@@ -4,7 +4,7 @@
 //! monitor's (as root, on a long deadline: it measures, it is not part of the cluster).
 
 use anyhow::{Context, Result};
-use fleet_registry::kv::{EtcdAuth, EtcdConfig, EtcdKv, TlsFiles};
+use fleet_registry::kv::{EtcdAuth, EtcdConfig, EtcdKv};
 use fleet_testing::TestEtcd;
 use std::time::Duration;
 
@@ -31,10 +31,14 @@ impl Connections {
         credentials: Option<&Credentials>,
     ) -> Result<Connections> {
         let root = etcd.config().auth;
+        // With TLS every connection, the machines' too, presents etcd's one client
+        // certificate: docs/deploy.md gives each host its own, but the password decides who
+        // a request is, and the handshake costs the same.
+        let tls = etcd.config().tls;
         let config = |auth: Option<EtcdAuth>, request_timeout: Duration| EtcdConfig {
             endpoints: vec![etcd.endpoint()],
             request_timeout,
-            tls: TlsFiles::default(),
+            tls: tls.clone(),
             auth,
         };
         let own = credentials.filter(|c| c.machines.len() == shape.connections);
@@ -66,4 +70,21 @@ impl Connections {
             monitor,
         })
     }
+}
+
+/// fleetctl's flags that reach `etcd`: `--endpoint`, and with TLS its CA and client
+/// certificate.
+pub(super) fn fleetctl_flags(etcd: &TestEtcd) -> Vec<String> {
+    let mut flags = vec!["--endpoint".to_owned(), etcd.endpoint()];
+    let tls = etcd.config().tls;
+    for (flag, path) in [
+        ("--ca-file", &tls.ca_file),
+        ("--cert-file", &tls.cert_file),
+        ("--key-file", &tls.key_file),
+    ] {
+        if let Some(path) = path {
+            flags.extend([flag.to_owned(), path.to_string_lossy().into_owned()]);
+        }
+    }
+    flags
 }

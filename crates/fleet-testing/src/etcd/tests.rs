@@ -173,3 +173,50 @@ async fn a_server_started_on_a_copy_of_anothers_data_holds_its_users_and_keys() 
     assert_eq!(got.kvs[0].value, b"v");
     let _ = fs::remove_dir_all(&copy);
 }
+
+/// The benchmark's production shape (issue 43): TLS with client certificates and auth at
+/// once, its metrics over plain HTTP on their own port; a copy of its data starts in the
+/// same shape and a user made on the first logs in to it.
+#[tokio::test]
+async fn a_shaped_server_takes_tls_and_auth_and_serves_its_metrics_plainly() {
+    let mut etcd = TestEtcd::start_shaped(Shaped {
+        tls: true,
+        auth: true,
+        ..Shaped::default()
+    })
+    .await;
+    assert!(etcd.endpoint().starts_with("https://127.0.0.1:"));
+    assert_ne!(etcd.metrics_endpoint(), etcd.endpoint());
+    let viewer = fleet_registry::rbac::viewer(&fleet_registry::Keys::new("/fleet/"));
+    let user = etcd.issue_user("shaped-viewer", &[viewer]).await;
+    assert!(user.tls.cert_file.is_some(), "{:?}", user.tls);
+    let kv = EtcdKv::connect(&user).await.expect("a valid config");
+    kv.range("/fleet/k", false, None)
+        .await
+        .expect("the user reads over TLS");
+    let anonymous = EtcdKv::connect(&etcd.anonymous_config()).await.unwrap();
+    assert!(
+        anonymous.range("/fleet/k", false, None).await.is_err(),
+        "auth is on"
+    );
+    assert!(etcd.watcher_count().await < 10);
+    let copy = crate::unique_dir("etcd-shaped-copy");
+    etcd.copy_data(&copy).await.expect("copying the data");
+    let copied = TestEtcd::start_shaped(Shaped {
+        tls: true,
+        auth: true,
+        data: Some(&copy),
+        ..Shaped::default()
+    })
+    .await;
+    let cfg = EtcdConfig {
+        endpoints: vec![copied.endpoint()],
+        tls: copied.config().tls,
+        ..user
+    };
+    let kv = EtcdKv::connect(&cfg).await.expect("a valid config");
+    kv.range("/fleet/k", false, None)
+        .await
+        .expect("the copied user reads with the copy's certificates");
+    let _ = fs::remove_dir_all(&copy);
+}
