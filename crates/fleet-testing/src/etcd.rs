@@ -163,11 +163,18 @@ impl TestEtcd {
         };
         let mut etcd =
             TestEtcd::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST), None, Some(auth), args).await;
-        enable_auth(&etcd.config()).await;
-        if let Some(auth) = &mut etcd.auth {
-            auth.enabled = true;
-        }
+        etcd.enable_auth().await;
         etcd
+    }
+
+    /// Turns on the authentication the server was started for, unless it is on already.
+    async fn enable_auth(&mut self) {
+        if self.auth.is_some_and(|a| !a.enabled) {
+            enable_auth(&self.config()).await;
+            if let Some(auth) = &mut self.auth {
+                auth.enabled = true;
+            }
+        }
     }
 
     /// Starts a server on a copy of `data` (a data directory [`copy_data`](Self::copy_data)
@@ -196,14 +203,7 @@ impl TestEtcd {
             enabled: shape.data.is_some(),
         });
         let mut etcd = TestEtcd::start_tls_seeded(host, tls, auth, shape.args, shape.data).await;
-        if let Some(auth) = &mut etcd.auth
-            && !auth.enabled
-        {
-            enable_auth(&etcd.config()).await;
-            if let Some(auth) = &mut etcd.auth {
-                auth.enabled = true;
-            }
-        }
+        etcd.enable_auth().await;
         etcd
     }
 
