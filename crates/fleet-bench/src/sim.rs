@@ -296,7 +296,9 @@ impl Sim {
     /// fleetctl's flags that reach the simulation's etcd: `--endpoint`, and with TLS its
     /// CA and client certificate.
     pub fn etcd_flags(&self) -> Vec<String> {
-        connect::fleetctl_flags(&self.etcd)
+        let mut flags = vec!["--endpoint".to_owned(), self.etcd.endpoint()];
+        flags.extend(self.etcd.fleetctl_tls_flags());
+        flags
     }
 
     async fn wait_agents_watching(&self, within: Duration) -> Result<()> {

@@ -314,6 +314,20 @@ impl TestEtcd {
         }
     }
 
+    /// fleetctl's flags for this server's TLS (`--ca-file=…`, `--cert-file=…`, `--key-file=…`,
+    /// those it has): none without TLS.
+    pub fn fleetctl_tls_flags(&self) -> Vec<String> {
+        let tls = self.config().tls;
+        [
+            ("--ca-file", &tls.ca_file),
+            ("--cert-file", &tls.cert_file),
+            ("--key-file", &tls.key_file),
+        ]
+        .into_iter()
+        .filter_map(|(flag, path)| Some(format!("{flag}={}", path.as_ref()?.display())))
+        .collect()
+    }
+
     /// [`config`](Self::config) without credentials.
     pub fn anonymous_config(&self) -> EtcdConfig {
         EtcdConfig {

@@ -80,18 +80,7 @@ impl Env {
 
     /// The flags giving this etcd's TLS files, if any.
     fn etcd_tls_flags(&self) -> Vec<String> {
-        let mut all = Vec::new();
-        let tls = self.etcd.config().tls;
-        for (flag, path) in [
-            ("--ca-file", &tls.ca_file),
-            ("--cert-file", &tls.cert_file),
-            ("--key-file", &tls.key_file),
-        ] {
-            if let Some(p) = path {
-                all.push(format!("{flag}={}", p.display()));
-            }
-        }
-        all
+        self.etcd.fleetctl_tls_flags()
     }
 
     /// fleetctl with exactly `args`, over the etcd driver whatever the chosen one: its

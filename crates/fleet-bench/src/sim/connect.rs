@@ -71,20 +71,3 @@ impl Connections {
         })
     }
 }
-
-/// fleetctl's flags that reach `etcd`: `--endpoint`, and with TLS its CA and client
-/// certificate.
-pub(super) fn fleetctl_flags(etcd: &TestEtcd) -> Vec<String> {
-    let mut flags = vec!["--endpoint".to_owned(), etcd.endpoint()];
-    let tls = etcd.config().tls;
-    for (flag, path) in [
-        ("--ca-file", &tls.ca_file),
-        ("--cert-file", &tls.cert_file),
-        ("--key-file", &tls.key_file),
-    ] {
-        if let Some(path) = path {
-            flags.extend([flag.to_owned(), path.to_string_lossy().into_owned()]);
-        }
-    }
-    flags
-}
