@@ -22,7 +22,8 @@
 //!   revision, else from etcd at it, as without a view: every page of a listing shows the
 //!   registry as it was at its first. The full view's whole listing (`pageSize=0`) is one
 //!   page. fleetctl asks for pages of 65,535, each of which costs the same from etcd at any
-//!   size of the registry.
+//!   size of the registry; a page also ends at [`PAGE_BYTES`](fleet_ops::etcd::page::PAGE_BYTES)
+//!   of its units' files ([`page_of`]), from the view and from etcd alike.
 //! - **Only while used.** The store is taken on the first listing (which waits for it at most
 //!   [`START_WAIT`], then reads its page from etcd) and let go after [`HeldView::new`]'s
 //!   `idle` without one (checked every [`CHECK_IDLE_EVERY`]), so a fleetd whose API nobody
@@ -34,19 +35,15 @@
 //!   [`RETRY_AFTER`]. A store is taken by a task of its own, so a client that gives up does
 //!   not waste the read, and listings meanwhile read etcd.
 
-use fleet_core::{UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::{Kv, Revision};
-use fleet_registry::{
-    Key, Registry, RegistryError, SharedStore, Skipped, Snapshot, Store, StoreRead, Unit,
-};
-use std::collections::{BTreeMap, BTreeSet};
+use fleet_registry::{Registry, RegistryError, SharedStore, Store, StoreRead};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::{Mutex, oneshot};
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, info, warn};
 
-use fleet_ops::etcd::views;
+pub use fleet_ops::etcd::page::{PageLimit, Report, page_of};
 use fleet_ops::model::UnitListing;
 use fleet_ops::{OpsError, UnitsCursor};
 
@@ -134,14 +131,6 @@ impl Bypass {
     }
 }
 
-/// Which units' unreadable values a page reports: those of its own units, or, for the whole
-/// listing, everything the registry could not read, as one snapshot's listing reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Report {
-    Page,
-    Whole,
-}
-
 impl<K: Kv> HeldView<K> {
     /// A view of the store of `stores`, let go after `idle` without a listing.
     pub fn new(idle: Duration, stores: SharedStore<K>) -> HeldView<K> {
@@ -164,7 +153,8 @@ impl<K: Kv> HeldView<K> {
         self.held.lock().await.view.is_some()
     }
 
-    /// At most `limit` units after `cursor` (from the first without one), from the view once
+    /// The units after `cursor` (from the first without one) that `limit` lets into a page
+    /// ([`page_of`]), from the view once
     /// it has applied the present revision, and only if the present is `at` when one is
     /// asked (a later page of a listing); why not, when it cannot serve the page. Reading
     /// the present revision is the one error.
@@ -172,7 +162,7 @@ impl<K: Kv> HeldView<K> {
         &self,
         registry: &Registry<K>,
         cursor: Option<&UnitsCursor>,
-        limit: usize,
+        limit: PageLimit,
         at: Option<Revision>,
         report: Report,
     ) -> Result<Result<(UnitListing, Option<UnitsCursor>), Bypass>, OpsError> {
@@ -353,85 +343,6 @@ fn let_go_when_idle(shared: &Arc<Mutex<Held>>, generation: u64, idle: Duration) 
         }
     };
     tokio::spawn(task.instrument(held_span()));
-}
-
-/// At most `limit` units of `snap` after the unit named `after` (from the first without
-/// one), with the cursor of the next page when more follow. A unit whose file is not in
-/// `files` is left out, as a corrupt record is, and reported: as its unreadable file, or as
-/// a file missing from the registry. What could not be read is reported as a
-/// listing from etcd reports it (`report`): a page, the values of its own units' keys (its
-/// records, schedule entries, states, reasons and files; a key naming nothing, on the
-/// first page); the whole listing, everything (`snap.skipped`, and the `unreadable` files
-/// a unit names).
-pub fn page_of<'a>(
-    snap: &'a Snapshot,
-    files: &BTreeMap<UnitHash, UnitFile>,
-    unreadable: impl Iterator<Item = &'a Skipped>,
-    after: Option<&str>,
-    limit: usize,
-    report: Report,
-) -> (UnitListing, Option<UnitsCursor>) {
-    let mut rest = snap
-        .units
-        .values()
-        .skip_while(|u| after.is_some_and(|a| u.name().as_str() <= a));
-    let page: Vec<&Unit> = rest.by_ref().take(limit).collect();
-    let more = rest.next().is_some();
-    let units = page
-        .iter()
-        .filter_map(|u| Some(views::unit_view(snap, u, files.get(&u.hash())?)))
-        .collect();
-    let unreadable: Vec<&Skipped> = unreadable.collect();
-    let unreadable_hashes: BTreeSet<UnitHash> = unreadable
-        .iter()
-        .filter_map(|s| match s.named.as_deref() {
-            Some(Key::File(hash)) => Some(*hash),
-            _ => None,
-        })
-        .collect();
-    let missing = views::missing_files(page.iter().copied(), files, &unreadable_hashes);
-    // The page's names: after `after`, up to its last unit (to the end on the last page).
-    let last = page.last().filter(|_| more).map(|u| u.name().as_str());
-    let on_page = |name: &UnitName| {
-        after.is_none_or(|a| name.as_str() > a) && last.is_none_or(|l| name.as_str() <= l)
-    };
-    let first = after.is_none();
-    let reported = |s: &&Skipped| match (report, s.named.as_deref()) {
-        (Report::Whole, _) => true,
-        (
-            Report::Page,
-            Some(
-                Key::Unit(name)
-                | Key::Schedule { unit: name, .. }
-                | Key::State { unit: name, .. }
-                | Key::Unscheduled(name),
-            ),
-        ) => on_page(name),
-        (Report::Page, Some(_)) => false,
-        (Report::Page, None) => first,
-    };
-    // Only the files some listed unit names, as a listing from etcd reads only those.
-    let mut unreadable = unreadable.into_iter().peekable();
-    let named: BTreeSet<UnitHash> = match (unreadable.peek(), report) {
-        (None, _) => BTreeSet::new(),
-        (Some(_), Report::Page) => page.iter().map(|u| u.hash()).collect(),
-        (Some(_), Report::Whole) => snap.units.values().map(Unit::hash).collect(),
-    };
-    let unreadable = unreadable
-        .filter(|s| matches!(s.named.as_deref(), Some(Key::File(hash)) if named.contains(hash)));
-    let skipped = snap
-        .skipped
-        .values()
-        .filter(reported)
-        .chain(unreadable)
-        .map(ToString::to_string)
-        .chain(missing)
-        .collect();
-    let next = page.last().filter(|_| more).map(|u| UnitsCursor {
-        after: u.name().to_string(),
-        revision: snap.revision,
-    });
-    (UnitListing { units, skipped }, next)
 }
 
 #[cfg(test)]

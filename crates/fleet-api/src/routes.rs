@@ -24,7 +24,7 @@ use crate::authz::{self, Action, Peer, Principal, Refusal, Role, Roles};
 use crate::discovery;
 use crate::entity;
 use crate::error::{ApiError, json_response};
-use crate::held::{HeldView, Report};
+use crate::held::{HeldView, PageLimit, Report};
 use crate::maintenance;
 use crate::metrics::{self, Metrics};
 use crate::page::{Cursor, UnitsToken};

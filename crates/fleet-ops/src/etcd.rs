@@ -19,6 +19,7 @@ mod events;
 mod feed;
 mod listing;
 mod maintenance;
+pub mod page;
 pub mod views;
 mod watch;
 

@@ -3,6 +3,7 @@
 //! `Cluster`. fleetctl's etcd driver and fleetd's API handlers both run this code.
 
 use fleet_core::{DesiredState, MachineId, MachineInfo, UnitFile, UnitName};
+use fleet_ops::etcd::page::PageLimit;
 use fleet_ops::model::Changes;
 use fleet_ops::{
     Cluster, Destroyed, Expect, OpsError, PutOutcome, PutRequest, RegistryCluster, ReplaceHow,
@@ -1162,7 +1163,7 @@ async fn a_unit_whose_file_is_missing_is_reported_by_every_listing_and_destroyed
     assert!(reported(&listing.skipped), "{:?}", listing.skipped);
     let (page, _) = c.units_page(None, 0, 100).await.unwrap();
     assert!(reported(&page.skipped), "{:?}", page.skipped);
-    let (page, _) = c.units_after(None, 100).await.unwrap();
+    let (page, _) = c.units_after(None, PageLimit::units(100)).await.unwrap();
     assert!(reported(&page.skipped), "{:?}", page.skipped);
     let few = BTreeSet::from([name("b.service")]);
     let named = c.units(Some(&few)).await.unwrap();

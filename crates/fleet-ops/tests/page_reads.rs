@@ -4,6 +4,7 @@
 //! 10,000, counted by a hook on the in-memory store.
 
 use fleet_core::{DesiredState, MachineInfo, UnitFile, UnitName};
+use fleet_ops::etcd::page::PageLimit;
 use fleet_ops::{Cluster, RegistryCluster, UnitsCursor};
 use fleet_registry::kv::{Hook, Hooked, KvError, MemKv, Outcome, Request};
 use fleet_registry::{Registry, ScheduleEntry, UnitsRole};
@@ -110,10 +111,13 @@ async fn registry_of(count: usize) -> Registry<Hooked<MemKv, Meter>> {
 async fn second_page(reg: &Registry<Hooked<MemKv, Meter>>) -> (usize, Vec<String>) {
     let meter = reg.raw_kv().hook.clone();
     let c = RegistryCluster::new(reg.clone());
-    let (_, next) = c.units_after(None, PAGE).await.unwrap();
+    let (_, next) = c.units_after(None, PageLimit::units(PAGE)).await.unwrap();
     let next: UnitsCursor = next.expect("more than one page");
     meter.take();
-    let (page, _) = c.units_after(Some(&next), PAGE).await.unwrap();
+    let (page, _) = c
+        .units_after(Some(&next), PageLimit::units(PAGE))
+        .await
+        .unwrap();
     let names: Vec<UnitName> = page.units.iter().map(|u| u.status.name.clone()).collect();
     assert_eq!(names, (PAGE..2 * PAGE).map(name).collect::<Vec<_>>());
     assert!(
@@ -153,7 +157,10 @@ async fn pages_after_cursors_list_what_one_listing_lists() {
     let mut cursor: Option<UnitsCursor> = None;
     let mut seen = BTreeSet::new();
     loop {
-        let (page, next) = c.units_after(cursor.as_ref(), PAGE).await.unwrap();
+        let (page, next) = c
+            .units_after(cursor.as_ref(), PageLimit::units(PAGE))
+            .await
+            .unwrap();
         assert!(page.units.len() <= PAGE);
         paged.extend(page.units);
         if let Some(next) = &next {
@@ -165,4 +172,54 @@ async fn pages_after_cursors_list_what_one_listing_lists() {
         }
     }
     assert_eq!(paged, whole.units);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_page_cut_by_its_files_bytes_reads_the_files_only_until_then() {
+    let kv = Hooked {
+        inner: MemKv::new(),
+        hook: Meter::default(),
+    };
+    let reg = Registry::new(kv, PREFIX);
+    let units = UnitsRole::new(reg.clone());
+    let mut size = 0;
+    for i in 0..2_100 {
+        let file =
+            UnitFile::parse(format!("[Service]\nExecStart=/bin/sleep {i}\n").as_bytes()).unwrap();
+        size = file.api_form_len();
+        units
+            .create_unit(&name(i), &file, DesiredState::Launched)
+            .await
+            .unwrap();
+    }
+    let c = RegistryCluster::new(reg.clone());
+    let meter = reg.raw_kv().hook.clone();
+    meter.take();
+    // About 50 units' files a page, and every unit by count.
+    let limit = PageLimit {
+        units: 5_000,
+        bytes: 50 * size,
+    };
+    let (page, next) = c.units_after(None, limit).await.unwrap();
+    let files_read = meter
+        .take()
+        .1
+        .iter()
+        .filter(|k| k.starts_with(&format!("{PREFIX}file/")))
+        .count();
+    assert!(
+        (45..=55).contains(&page.units.len()),
+        "{} units",
+        page.units.len()
+    );
+    assert!(files_read <= 1_024, "read {files_read} files for one page");
+    let mut paged = page.units;
+    let mut cursor = next;
+    while let Some(at) = cursor {
+        let (page, next) = c.units_after(Some(&at), limit).await.unwrap();
+        assert!(!page.units.is_empty(), "a page after {}", at.after);
+        paged.extend(page.units);
+        cursor = next;
+    }
+    assert_eq!(paged, c.units(None).await.unwrap().units, "every unit once");
 }

@@ -4,7 +4,7 @@
 
 use axum::Router;
 use axum::body::Body;
-use fleet_core::{DesiredState, MachineInfo, UnitName};
+use fleet_core::{DesiredState, MachineInfo, UnitFile, UnitName};
 use fleet_registry::kv::MemKv;
 use fleet_registry::{Registry, ScheduleEntry, UnitsRole};
 use fleet_testing::machine_running;
@@ -17,6 +17,7 @@ use tower::ServiceExt;
 use super::*;
 use crate::tests::file;
 use crate::{Api, router};
+use fleet_ops::etcd::page::PAGE_BYTES;
 
 const IDLE: Duration = Duration::from_secs(60);
 
@@ -310,7 +311,7 @@ async fn a_view_behind_the_present_is_not_used_and_etcd_is_read() {
     b.registry.put_raw("/flannel/subnet", "10.1.0.0/16").await;
     let view = b.held.held_view().unwrap();
     let page = view
-        .units_after(&b.registry, None, 100, None, Report::Page)
+        .units_after(&b.registry, None, PageLimit::units(100), None, Report::Page)
         .await
         .unwrap();
     assert_eq!(page.err(), Some(Bypass::Behind));
@@ -324,7 +325,7 @@ async fn a_view_behind_the_present_is_not_used_and_etcd_is_read() {
     // Waited in vain once: until the view moves, a listing gives it only a moment.
     let t0 = tokio::time::Instant::now();
     let page = view
-        .units_after(&b.registry, None, 100, None, Report::Page)
+        .units_after(&b.registry, None, PageLimit::units(100), None, Report::Page)
         .await
         .unwrap();
     assert_eq!(page.err(), Some(Bypass::Behind));
@@ -332,7 +333,7 @@ async fn a_view_behind_the_present_is_not_used_and_etcd_is_read() {
     // A change under the prefix brings the view past it again.
     create(&b.registry, "b.service", DesiredState::Inactive).await;
     let page = view
-        .units_after(&b.registry, None, 100, None, Report::Page)
+        .units_after(&b.registry, None, PageLimit::units(100), None, Report::Page)
         .await
         .unwrap();
     let (listing, _) = page.expect("from the view");
@@ -346,7 +347,7 @@ async fn a_view_is_read_to_the_end_when_the_listing_that_asked_gives_up() {
     let view = b.held.held_view().unwrap();
     let gave_up = tokio::time::timeout(
         Duration::ZERO,
-        view.units_after(&b.registry, None, 100, None, Report::Page),
+        view.units_after(&b.registry, None, PageLimit::units(100), None, Report::Page),
     )
     .await;
     assert!(gave_up.is_err(), "dropped before its answer");
@@ -358,60 +359,47 @@ async fn a_view_is_read_to_the_end_when_the_listing_that_asked_gives_up() {
     }
     assert!(view.is_held().await, "read by its own task");
     let page = view
-        .units_after(&b.registry, None, 100, None, Report::Page)
+        .units_after(&b.registry, None, PageLimit::units(100), None, Report::Page)
         .await
         .unwrap();
     assert_eq!(page.map(|(l, _)| l.units.len()).ok(), Some(1));
 }
 
-#[test]
-fn a_page_of_a_snapshot_starts_after_its_cursor_and_says_whether_more_follow() {
-    let mut snap = Snapshot {
-        revision: 9,
-        ..Snapshot::default()
-    };
-    let f = file("/bin/true");
-    for name in ["a.service", "b.service", "c.service"] {
-        let record = fleet_registry::UnitRecord {
-            name: name.parse().unwrap(),
-            hash: f.hash(),
-            desired: DesiredState::Inactive,
-            restart: 0,
-            replace: Default::default(),
-        };
-        let unit = Unit {
-            record,
-            mod_revision: 1,
-        };
-        snap.units.insert(name.parse().unwrap(), unit);
+#[tokio::test]
+async fn large_files_come_in_pages_of_at_most_page_bytes_from_the_view_and_from_etcd() {
+    let b = both(100);
+    let names: Vec<String> = (0..24).map(|i| format!("u{i:02}.service")).collect();
+    for (i, name) in names.iter().enumerate() {
+        // 512 lines of 1 KiB (a unit file's line is at most 2 KiB).
+        let mut text = format!("[Service]\nExecStart=/bin/echo {i}\n");
+        for v in 0..512 {
+            text.push_str(&format!("Environment=V{v}={}\n", "x".repeat(1000)));
+        }
+        UnitsRole::new(b.registry.clone())
+            .create_unit(
+                &name.parse().unwrap(),
+                &UnitFile::parse(text.as_bytes()).unwrap(),
+                DesiredState::Inactive,
+            )
+            .await
+            .unwrap();
     }
-    let files = BTreeMap::from([(f.hash(), f)]);
-    let names =
-        |l: &UnitListing| -> Vec<String> { l.units.iter().map(|u| u.name().to_string()).collect() };
-    let (page, next) = page_of(&snap, &files, std::iter::empty(), None, 2, Report::Page);
-    assert_eq!(names(&page), ["a.service", "b.service"]);
-    let next = next.unwrap();
-    assert_eq!((next.after.as_str(), next.revision), ("b.service", 9));
-    let (page, next) = page_of(
-        &snap,
-        &files,
-        std::iter::empty(),
-        Some("b.service"),
+    // fleetctl's page size: one page by count, 12 MiB of files by bytes.
+    let path = "/fleet/v1/units?view=full&pageSize=65535";
+    for router in [&b.plain, &b.held_router] {
+        let listed = pages(router, path).await;
+        assert_eq!(listed.len(), 2, "cut by bytes");
+        for page in &listed {
+            let size = page.to_string().len();
+            assert!(size < PAGE_BYTES + 64 * 1024, "a page of {size} bytes");
+        }
+        assert_eq!(names_of(&listed), names, "every unit once, in order");
+    }
+    assert_eq!(
+        b.held.metrics().held_pages("view"),
         2,
-        Report::Page,
+        "the view served both"
     );
-    assert_eq!(names(&page), ["c.service"]);
-    assert_eq!(next, None);
-    let (page, next) = page_of(
-        &snap,
-        &files,
-        std::iter::empty(),
-        Some("bb"),
-        1,
-        Report::Page,
-    );
-    assert_eq!(names(&page), ["c.service"]);
-    assert_eq!(next, None, "nothing after the last");
 }
 
 /// Makes every watch take `delay` to be created: a view slow to read.

@@ -61,7 +61,7 @@ pub(super) async fn list_units<K: Kv>(api: &Api<K>, query: &Query) -> Result<Res
                 held.units_after(
                     api.cluster.registry(),
                     cursor.as_ref(),
-                    take,
+                    PageLimit::units(take),
                     cursor.as_ref().map(|c| c.revision),
                     Report::Page,
                 )
@@ -71,7 +71,11 @@ pub(super) async fn list_units<K: Kv>(api: &Api<K>, query: &Query) -> Result<Res
         };
         let (listing, next) = match held {
             Some(page) => page,
-            None => api.cluster.units_after(cursor.as_ref(), take).await?,
+            None => {
+                api.cluster
+                    .units_after(cursor.as_ref(), PageLimit::units(take))
+                    .await?
+            }
         };
         let next = next.map(|c| {
             token.next(Cursor {
@@ -101,7 +105,7 @@ async fn whole_units<K: Kv>(
                 held.units_after(
                     api.cluster.registry(),
                     None,
-                    usize::MAX,
+                    PageLimit::WHOLE,
                     None,
                     Report::Whole,
                 )

@@ -6,10 +6,11 @@
 
 use fleet_core::{UnitFile, UnitHash, UnitName};
 use fleet_registry::kv::{Kv, Revision};
-use fleet_registry::{RegistryError, Snapshot, Unit};
+use fleet_registry::{Listing, RegistryError, Snapshot, Unit};
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::page::{PageLimit, Report, page_of};
 use super::{ATTEMPTS, RegistryCluster, views};
 use crate::OpsError;
 use crate::model::UnitListing;
@@ -23,6 +24,10 @@ const FILES_READ_ONE_BY_ONE: usize = 64;
 /// not grow with the registry. Of more names than this (a bulk `fleetctl start`, most of
 /// them new), it reads their records first and the rest of the keys of those that exist.
 const FEW_UNITS: usize = 1_000;
+
+/// How many units' files a page read from etcd reads at a time, until its files pass the
+/// page's bytes.
+const FILES_PER_READ: usize = 1_024;
 
 /// How many file reads are in flight at once.
 const CONCURRENT_READS: usize = 32;
@@ -46,51 +51,80 @@ pub struct UnitsCursor {
 }
 
 impl<K: Kv> RegistryCluster<K> {
-    /// At most `limit` units in name order, from the first (no `cursor`) or after `cursor`,
-    /// with the cursor of the next page when more follow. Each page reads its own units'
-    /// keys and files only, all at the revision of the listing's first page, so its cost
-    /// does not grow with the registry; a revision compacted away since goes on at the
-    /// present from the same cursor (the next cursor carries the new revision). Each page
-    /// carries what it skipped of its own keys.
+    /// The units in name order, from the first (no `cursor`) or after `cursor`, that `limit`
+    /// lets into a page ([`page_of`]), with the cursor of the next page when more follow.
+    /// Each page reads its own units' keys and files only (at most `limit.units` units'),
+    /// all at the revision of the listing's first page, so its cost does not grow with the
+    /// registry; a revision compacted away since goes on at the present from the same
+    /// cursor (the next cursor carries the new revision). Each page carries what it skipped
+    /// of its own read. It reads its units' files only until they pass `limit.bytes`.
     pub async fn units_after(
         &self,
         cursor: Option<&UnitsCursor>,
-        limit: usize,
+        limit: PageLimit,
     ) -> Result<(UnitListing, Option<UnitsCursor>), OpsError> {
+        let after = cursor.map(|c| c.after.as_str());
         let page = self
             .registry
-            .units_page(
-                cursor.map(|c| c.after.as_str()),
-                limit,
-                cursor.map(|c| c.revision),
-            )
+            .units_page(after, limit.units, cursor.map(|c| c.revision))
             .await?;
         let snap = &page.snapshot;
-        let hashes: BTreeSet<UnitHash> = snap.units.values().map(Unit::hash).collect();
-        let files = self.registry.files_at(&hashes, snap.revision).await?;
-        // A unit whose file cannot be read is left out, as a corrupt record is.
-        let units = snap
-            .units
-            .values()
-            .filter_map(|u| Some(views::unit_view(snap, u, files.items.get(&u.hash())?)))
-            .collect();
-        let unreadable = unreadable_files(&files.skipped);
-        let mut skipped: Vec<String> = snap
-            .skipped
-            .values()
-            .chain(&files.skipped)
-            .map(ToString::to_string)
-            .collect();
-        skipped.extend(views::missing_files(
-            snap.units.values(),
+        let (files, read) = self.page_files(snap, limit.bytes).await?;
+        // Only the units whose files were read: the page ends there at the latest.
+        let limit = PageLimit {
+            units: limit.units.min(read),
+            ..limit
+        };
+        let (listing, cut) = page_of(
+            snap,
             &files.items,
-            &unreadable,
-        ));
-        let next = page.next.map(|after| UnitsCursor {
+            files.skipped.iter(),
             after,
-            revision: snap.revision,
+            limit,
+            Report::PageRead,
+        );
+        // Cut by its files' bytes, the page ends before the keys read: the next one starts
+        // after its last unit. Otherwise after the last unit read, if more follow.
+        let next = cut.or_else(|| {
+            page.next.map(|after| UnitsCursor {
+                after,
+                revision: snap.revision,
+            })
         });
-        Ok((UnitListing { units, skipped }, next))
+        Ok((listing, next))
+    }
+
+    /// The files of `snap`'s units in name order, [`FILES_PER_READ`] units' at a time, until
+    /// they pass `bytes` in the API's form (or every unit's is read), at the snapshot's
+    /// revision; with how many units' files were read. A page of 65,535 units of 1 KiB files
+    /// so reads about the 8 MiB it serves, not 64 MiB.
+    async fn page_files(
+        &self,
+        snap: &Snapshot,
+        bytes: usize,
+    ) -> Result<(Listing<BTreeMap<UnitHash, UnitFile>>, usize), OpsError> {
+        let units: Vec<&Unit> = snap.units.values().collect();
+        let mut files: Listing<BTreeMap<UnitHash, UnitFile>> = Listing::default();
+        let (mut read, mut used) = (0, 0usize);
+        for chunk in units.chunks(FILES_PER_READ) {
+            let hashes: BTreeSet<UnitHash> = chunk
+                .iter()
+                .map(|u| u.hash())
+                .filter(|h| !files.items.contains_key(h))
+                .collect();
+            let more = self.registry.files_at(&hashes, snap.revision).await?;
+            files.items.extend(more.items);
+            files.skipped.extend(more.skipped);
+            read += chunk.len();
+            used = chunk
+                .iter()
+                .filter_map(|u| files.items.get(&u.hash()))
+                .fold(used, |sum, f| sum.saturating_add(f.api_form_len()));
+            if used > bytes {
+                break;
+            }
+        }
+        Ok((files, read))
     }
 
     /// One page of [`Cluster::units`]: the units (of `names`, or all) from the `skip`th on,
