@@ -243,8 +243,9 @@ impl<K: Kv, M: UnitManager> Agent<K, M> {
             if idle {
                 continue;
             }
-            if schedule.is_none() && self.schedule.wants_read(Instant::now()) {
-                schedule = Some(Delta::Gap);
+            let now = Instant::now();
+            if schedule.is_none() && self.schedule.wants_read(now) {
+                schedule = Some(self.schedule.due(now));
             }
             if let Some(delta) = schedule {
                 reread = self.follow(delta).await;

@@ -284,3 +284,55 @@ async fn without_trust_a_carried_file_is_not_taken_and_only_the_registrys_is_run
         "a file no operator stored is not taken from its entry"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_file_not_read_after_the_events_is_read_again_alone_not_the_whole_schedule() {
+    let world = World::new();
+    world.schedule("a.service", &file("/bin/a")).await;
+    let mut follower = world.follower(&[]);
+    follower.read().await.unwrap();
+    follower.watch();
+    world.schedule("b.service", &file("/bin/b")).await;
+    follower.hinted().await.expect("the watch runs");
+    let delta = follower.take_delta();
+    world.kv.set_unavailable(true);
+    assert!(follower.follow(delta).await.is_err(), "b's file not read");
+    assert!(
+        follower.is_scheduled(&name("b.service")),
+        "its entry applied"
+    );
+    assert!(!follower.files().contains_key(&file("/bin/b").hash()));
+    let at = follower.retry_at().expect("retried");
+    assert!(follower.wants_read(at));
+    let due = follower.due(at);
+    assert!(
+        matches!(&due, Delta::Events(e) if e.is_empty()),
+        "the files alone: {due:?}"
+    );
+    tokio::time::sleep_until(at).await;
+    world.kv.set_unavailable(false);
+    // Its unit gets a pass like any unit after a whole read.
+    assert_eq!(follower.follow(due).await.unwrap(), Followed::Whole);
+    assert!(follower.files().contains_key(&file("/bin/b").hash()));
+    assert_eq!(follower.retry_at(), None);
+    // Done: a later retry would read the whole schedule again.
+    assert!(matches!(follower.due(Instant::now()), Delta::Gap));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_file_read_under_lease_doubt_is_retried_by_a_whole_read() {
+    let world = World::new();
+    let mut follower = world.follower(&[]);
+    follower.read().await.unwrap();
+    follower.watch();
+    world.schedule("a.service", &file("/bin/a")).await;
+    follower.hinted().await.expect("the watch runs");
+    let delta = follower.take_delta();
+    world.kv.set_unavailable(true);
+    assert!(follower.follow(delta).await.is_err());
+    follower.distrust_events();
+    assert!(
+        matches!(follower.due(Instant::now()), Delta::Gap),
+        "stale: all of it"
+    );
+}
