@@ -314,8 +314,8 @@ impl TestEtcd {
         }
     }
 
-    /// fleetctl's flags for this server's TLS (`--ca-file=…`, `--cert-file=…`, `--key-file=…`,
-    /// those it has): none without TLS.
+    /// fleetctl's flags for this server's TLS (`--ca-file=…`, `--cert-file=…` and
+    /// `--key-file=…`, those it has): none without TLS.
     pub fn fleetctl_tls_flags(&self) -> Vec<String> {
         let tls = self.config().tls;
         [

@@ -40,9 +40,10 @@ pub(super) struct ScheduleFollower<K> {
     revision: Revision,
     /// The next change re-reads everything instead of applying the watch's events: this
     /// machine's lease was in doubt (a failed renewal, a new lease) since the last full read.
-    /// In that case the watch may be late (a file that could not be read is `unfetched`). After a partition heals, etcd's buffered responses arrive one by one. The
-    /// first of them can say "start U here" while a later one says "U moved elsewhere". Applied
-    /// one response at a time, they made an agent start a unit that already ran on another
+    /// In that case the watch may be late (a file that could not be read is `unfetched`).
+    /// After a partition heals, etcd's buffered responses arrive one by one. The first of
+    /// them can say "start U here" while a later one says "U moved elsewhere". Applied one
+    /// response at a time, they made an agent start a unit that already ran on another
     /// machine, and then stop it (the chaos soak, seed 1796183104550035049).
     stale: bool,
     files: BTreeMap<UnitHash, UnitFile>,

@@ -61,12 +61,13 @@ pub enum Report {
 }
 
 /// The units of `snap` after the unit named `after` (from the first without one) that
-/// `limit` lets into one page, with the cursor of the next page when more follow. A unit whose file is not in
-/// `files` is left out, as a corrupt record is, and reported: as its unreadable file, or as
-/// a file missing from the registry. What could not be read is reported as `report` says:
-/// for a page, the values of its own units' keys (its records, schedule entries, states,
-/// reasons and files) and, as [`Report`] says, those naming nothing; for the whole listing,
-/// everything (`snap.skipped`, and the `unreadable` files a unit names).
+/// `limit` lets into one page, with the cursor of the next page when more follow. A unit
+/// whose file is not in `files` is left out, as a corrupt record is, and reported: as its
+/// unreadable file, or as a file missing from the registry. What could not be read is
+/// reported as `report` says: for a page, the values of its own units' keys (its records,
+/// schedule entries, states, reasons and files) and, as [`Report`] says, those naming
+/// nothing; for the whole listing, everything (`snap.skipped`, and the `unreadable` files a
+/// unit names).
 pub fn page_of<'a>(
     snap: &'a Snapshot,
     files: &BTreeMap<UnitHash, UnitFile>,
