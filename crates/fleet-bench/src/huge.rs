@@ -24,7 +24,7 @@ use crate::report::{self, Table, secs, verdict};
 use crate::scale::Roles;
 use crate::scale::process_cpu;
 use crate::shape::ShapeSpec;
-use crate::sim::{Sim, SimSpec};
+use crate::sim::{Sim, SimSpec, Submitted};
 use crate::verdict;
 
 /// Issue 19's target: every unit launched within ten minutes.
@@ -135,11 +135,43 @@ fn load_average() -> String {
         .unwrap_or_else(|| "?".to_owned())
 }
 
+/// How far the submit got.
+#[derive(Debug, Default)]
+struct Progress {
+    /// The time spent resolving the arguments.
+    prepared: Duration,
+    /// The units written: every unit, or those written before the submit stopped.
+    written: usize,
+    /// What the submit stopped on (fleetctl's error), if it did not write every unit.
+    stopped: Option<String>,
+}
+
+impl Progress {
+    /// This progress after one more submit: its units written count, and its error
+    /// (resolving its arguments, or the first unit it did not write) stops the submit.
+    fn after(self, submit: Result<Submitted>) -> Progress {
+        match submit {
+            Err(e) => Progress {
+                stopped: Some(format!("{e:#}")),
+                ..self
+            },
+            Ok(s) => Progress {
+                prepared: self.prepared + s.prepared,
+                written: self.written + s.written,
+                stopped: s.failed.map(|e| format!("{e:#}")),
+            },
+        }
+    }
+}
+
 /// How far the run got.
 #[derive(Debug)]
 struct Reached {
     prepared_in: Duration,
     written_in: Duration,
+    /// Units written, and the error the submit stopped on if that is not all of them.
+    written: usize,
+    stopped: Option<String>,
     /// Each `None` if not reached within the spec's limit.
     scheduled_in: Option<Duration>,
     launched_in: Option<Duration>,
@@ -183,24 +215,34 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
     let cpu = process_cpu();
     println!("huge: starting {} units", spec.units);
     let t0 = Instant::now();
-    let prepared_in = match spec.templates {
+    let submitted = match spec.templates {
         Some(_) => {
             let args = write_templates(&dir, &spec)?;
-            sim.submit(&args).await?
+            Progress::default().after(sim.submit(&args).await)
         }
         None => submit_distinct(&sim, &dir, spec.units).await?,
     };
     let written_in = t0.elapsed();
+    // A submit that stopped is reported with what it reached: the units written before it
+    // stopped are waited for as every unit would have been.
+    let units = submitted.written;
     println!(
-        "huge: {} units prepared in {}, written in {}",
-        spec.units,
-        secs(prepared_in),
+        "huge: {units} units prepared in {}, written in {}",
+        secs(submitted.prepared),
         secs(written_in)
     );
-    let units = spec.units;
+    if let Some(e) = &submitted.stopped {
+        println!(
+            "huge: the submit stopped with {units} of {} units written: {e}",
+            spec.units
+        );
+    }
     let wait = |what: &'static str, done: fn(&crate::monitor::View, usize) -> bool| {
         let sim = &sim;
         async move {
+            if units == 0 {
+                return None;
+            }
             let res = sim
                 .monitor
                 .wait(t0, written_in + spec.within, what, |v| done(v, units))
@@ -224,9 +266,8 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
     };
     if let (Some(b), Some(c)) = (scheduled_in, launched_in) {
         println!(
-            "huge: {} units submitted in {}, scheduled in {}, launched in {} (each from the \
-             start of the submit)",
-            spec.units,
+            "huge: {units} units submitted in {}, scheduled in {}, launched in {} (each from \
+             the start of the submit)",
             secs(written_in),
             secs(b),
             secs(c)
@@ -237,8 +278,10 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
     let after = Metrics::fetch(&sim.etcd_metrics())?;
     let (scheduled, launched) = sim.monitor.with(|v| (v.scheduled(), v.launched()));
     let reached = Reached {
-        prepared_in,
+        prepared_in: submitted.prepared,
         written_in,
+        written: units,
+        stopped: submitted.stopped,
         scheduled_in,
         launched_in,
         scheduled,
@@ -262,6 +305,10 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
             RAW_WITHIN,
         ),
     ];
+    let verdicts = verdicts.map(|v| match &reached.stopped {
+        Some(e) => verdict::stopped(v, reached.written, spec.units, e),
+        None => v,
+    });
     verdicts.iter().for_each(|v| println!("{}", v.line()));
     let mut out = report::provenance(wall, started.elapsed())
         .replace("(part of `make bench`)", "(`make bench-huge`)");
@@ -283,11 +330,11 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
 }
 
 /// `fleetctl start --no-block` of `units` distinct unit files, [`BATCH`] at a time (each
-/// batch's files written, submitted, removed); returns the time spent resolving arguments.
-/// Prints a line after each batch: how far the submit, the schedule and the launch got.
-async fn submit_distinct(sim: &Sim, dir: &Path, units: usize) -> Result<Duration> {
+/// batch's files written, submitted, removed), until a batch's submit fails. Prints a line
+/// after each batch: how far the submit, the schedule and the launch got.
+async fn submit_distinct(sim: &Sim, dir: &Path, units: usize) -> Result<Progress> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut prepared = Duration::ZERO;
+    let mut done = Progress::default();
     let t0 = Instant::now();
     for start in (0..units).step_by(BATCH) {
         let mut args = Vec::with_capacity(BATCH);
@@ -298,22 +345,26 @@ async fn submit_distinct(sim: &Sim, dir: &Path, units: usize) -> Result<Duration
             args.push(path.to_string_lossy().into_owned());
         }
         let batch = Instant::now();
-        let resolved = sim.submit(&args).await?;
-        prepared += resolved;
+        let res = sim.submit(&args).await;
         args.iter().for_each(|a| {
             let _ = std::fs::remove_file(a);
         });
+        let before = done.prepared;
+        done = done.after(res);
+        if done.stopped.is_some() {
+            return Ok(done);
+        }
         let (scheduled, launched) = sim.monitor.with(|v| (v.scheduled(), v.launched()));
         println!(
             "huge: {} of {units} units written at {} (this batch {}, resolving {}); \
              {scheduled} scheduled, {launched} launched",
-            start + args.len(),
+            done.written,
             secs(t0.elapsed()),
             secs(batch.elapsed()),
-            secs(resolved)
+            secs(done.prepared - before)
         );
     }
-    Ok(prepared)
+    Ok(done)
 }
 
 /// The text of distinct unit `i`.
@@ -353,13 +404,21 @@ fn render(spec: &HugeSpec, r: &Reached, peak: f64, view: &ViewMemory, etcd: &Met
         None => format!(
             "not within {} of the last write ({n} of {})",
             secs(spec.within),
-            spec.units
+            r.written
+        ),
+    };
+    let (written, stopped, every) = match &r.stopped {
+        None => (format!("{} units", spec.units), String::new(), "every unit"),
+        Some(e) => (
+            format!("{} of {} units", r.written, spec.units),
+            format!("; then the submit stopped: {e}"),
+            "every unit written",
         ),
     };
     t.row(vec![
-        format!("{} units written (fleetctl's submit path)", spec.units),
+        format!("{written} written (fleetctl's submit path)"),
         format!(
-            "{} (of which resolving the arguments {})",
+            "{} (of which resolving the arguments {}){stopped}",
             secs(r.written_in),
             secs(r.prepared_in)
         ),
@@ -367,14 +426,15 @@ fn render(spec: &HugeSpec, r: &Reached, peak: f64, view: &ViewMemory, etcd: &Met
         String::new(),
     ]);
     t.row(vec![
-        "every unit scheduled".into(),
+        format!("{every} scheduled"),
         reached(r.scheduled_in, r.scheduled),
         String::new(),
         String::new(),
     ]);
-    let met = r.launched_in.is_some_and(|d| d < TARGET) && spec.units >= 1_000_000;
+    let met =
+        r.launched_in.is_some_and(|d| d < TARGET) && spec.units >= 1_000_000 && r.stopped.is_none();
     t.row(vec![
-        "every unit reported launched".into(),
+        format!("{every} reported launched"),
         reached(r.launched_in, r.launched),
         format!("1,000,000 units in < {}", secs(TARGET)),
         verdict(met).into(),
@@ -450,4 +510,39 @@ fn render(spec: &HugeSpec, r: &Reached, peak: f64, view: &ViewMemory, etcd: &Met
         r.load_at_end
     ));
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_submit_that_stops_counts_the_units_it_wrote_and_keeps_its_error() {
+        let ms = Duration::from_millis;
+        let written = |prepared, written, failed| {
+            Ok(Submitted {
+                prepared,
+                written,
+                failed,
+            })
+        };
+        let done = Progress::default().after(written(ms(20), 100, None));
+        let done = done.after(written(ms(30), 50, None));
+        assert_eq!((done.prepared, done.written), (ms(50), 150));
+        assert!(done.stopped.is_none());
+        let failed = anyhow::anyhow!("etcd request timed out after 1s").context("creating a");
+        let stopped = done.after(written(ms(10), 49, Some(failed)));
+        assert_eq!((stopped.prepared, stopped.written), (ms(60), 199));
+        assert_eq!(
+            stopped.stopped.as_deref(),
+            Some("creating a: etcd request timed out after 1s")
+        );
+        let unread = anyhow::anyhow!("etcd request timed out after 3s").context("reading units");
+        let stopped = Progress::default().after(Err(unread));
+        assert_eq!((stopped.prepared, stopped.written), (ms(0), 0));
+        assert_eq!(
+            stopped.stopped.as_deref(),
+            Some("reading units: etcd request timed out after 3s")
+        );
+    }
 }

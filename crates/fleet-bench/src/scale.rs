@@ -55,7 +55,7 @@ pub async fn converge(sim: &Sim, units: usize) -> Result<Converged> {
     let metrics = Metrics::fetch(&sim.etcd_metrics())?;
     let cpu = process_cpu();
     let t0 = Instant::now();
-    sim.submit(&args).await?;
+    sim.submit(&args).await?.all()?;
     let submitted_in = t0.elapsed();
     let scheduled_in = sim
         .monitor

@@ -85,6 +85,27 @@ impl SimSpec {
     }
 }
 
+/// What [`Sim::submit`] did, once its arguments were resolved.
+#[derive(Debug)]
+pub struct Submitted {
+    /// How long resolving the arguments (reading the files and the registry) took.
+    pub prepared: Duration,
+    /// The units written (or kept, already registered).
+    pub written: usize,
+    /// The first unit not written, with why: the others were still written.
+    pub failed: Option<anyhow::Error>,
+}
+
+impl Submitted {
+    /// The time resolving the arguments, if every unit was written.
+    pub fn all(self) -> Result<Duration> {
+        match self.failed {
+            Some(e) => Err(e),
+            None => Ok(self.prepared),
+        }
+    }
+}
+
 /// Whose requests a counter holds.
 #[derive(Debug, Default)]
 pub struct Roles {
@@ -368,10 +389,10 @@ impl Sim {
 
     /// `fleetctl start --no-block ARGS` for units not yet registered, through fleetctl's own
     /// submit path over fleet-ops's `RegistryCluster`: read the local files, read the units
-    /// they name together (one `Cluster::units`), then create them 32 at a time (new units get the desired state at once, so start has
-    /// nothing more to write). Returns how long resolving the arguments (reading the files
-    /// and the registry) took.
-    pub async fn submit(&self, args: &[String]) -> Result<Duration> {
+    /// they name together (one `Cluster::units`), then create them 32 at a time (new units
+    /// get the desired state at once, so start has nothing more to write). Fails if resolving
+    /// the arguments fails (nothing is written then); otherwise says what was written.
+    pub async fn submit(&self, args: &[String]) -> Result<Submitted> {
         let cluster =
             RegistryCluster::new(self.client.clone()).with_events(self.client_events.clone());
         let mut ctx = Ctx {
@@ -385,10 +406,20 @@ impl Sim {
         let prepared_in = t0.elapsed();
         let how = ReplaceHow::default();
         let results = submit::apply(&cluster, prepared, DesiredState::Launched, &how).await;
+        let mut done = Submitted {
+            prepared: prepared_in,
+            written: 0,
+            failed: None,
+        };
         for (name, res) in results {
-            res.with_context(|| format!("creating {name}"))?;
+            match res.with_context(|| format!("creating {name}")) {
+                Ok(_) => done.written += 1,
+                Err(e) => {
+                    done.failed.get_or_insert(e);
+                }
+            }
         }
-        Ok(prepared_in)
+        Ok(done)
     }
 
     /// The global arguments of a `fleetctl` run against this simulation's etcd, as the

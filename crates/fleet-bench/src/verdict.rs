@@ -222,6 +222,19 @@ pub fn raw_ratio(
     }
 }
 
+/// `v` for a run whose submit stopped after `written` of `units` units on `error`: missed,
+/// whatever the figures of the units written say, and the stop is told in its measure.
+pub fn stopped(v: Verdict, written: usize, units: usize, error: &str) -> Verdict {
+    Verdict {
+        measured: format!(
+            "{}; the submit stopped with {written} of {units} units written: {error}",
+            v.measured
+        ),
+        met: false,
+        ..v
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,6 +300,25 @@ mod tests {
             v.line()
         );
         assert!(!raw_ratio("x", Ok(S(300)), S(40), 5.0).met);
+    }
+
+    #[test]
+    fn a_goal_met_by_the_units_written_before_the_submit_stopped_is_missed() {
+        let v = stopped(
+            raw_ratio("the million", Ok(S(100)), S(40), 5.0),
+            150_000,
+            1_000_000,
+            "reading units: etcd request timed out after 3s",
+        );
+        assert!(!v.met, "{v:?}");
+        assert!(
+            v.measured.starts_with("2.5× (")
+                && v.measured.ends_with(
+                    "; the submit stopped with 150000 of 1000000 units written: reading \
+                     units: etcd request timed out after 3s"
+                ),
+            "{v:?}"
+        );
     }
 
     #[test]
