@@ -178,6 +178,10 @@ struct Reached {
     /// What was reached at the end.
     scheduled: usize,
     launched: usize,
+    /// Requests past their deadline (all, then by role) and keep-alives of expired leases.
+    timeouts: u64,
+    timeouts_by_role: String,
+    leases_lost: u64,
     bench_cpu: f64,
     etcd_cpu: f64,
     load_at_end: String,
@@ -274,7 +278,8 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
         );
     }
     let waited = t0.elapsed();
-    let keys = roles.since(&sim).keys_written();
+    let counted = roles.since(&sim);
+    let keys = counted.keys_written();
     let after = Metrics::fetch(&sim.etcd_metrics())?;
     let (scheduled, launched) = sim.monitor.with(|v| (v.scheduled(), v.launched()));
     let reached = Reached {
@@ -286,6 +291,9 @@ pub async fn run(spec: HugeSpec) -> Result<String> {
         launched_in,
         scheduled,
         launched,
+        timeouts: counted.timeouts(),
+        timeouts_by_role: counted.timeouts_by_role(),
+        leases_lost: counted.leases_lost(),
         bench_cpu: process_cpu() - cpu,
         etcd_cpu: after.sum("process_cpu_seconds_total", &[])
             - before.sum("process_cpu_seconds_total", &[]),
@@ -438,6 +446,15 @@ fn render(spec: &HugeSpec, r: &Reached, peak: f64, view: &ViewMemory, etcd: &Met
         reached(r.launched_in, r.launched),
         format!("1,000,000 units in < {}", secs(TARGET)),
         verdict(met).into(),
+    ]);
+    t.row(vec![
+        "etcd requests past their deadline / lease keep-alives of expired leases".into(),
+        format!(
+            "{} ({}) / {}",
+            r.timeouts, r.timeouts_by_role, r.leases_lost
+        ),
+        String::new(),
+        String::new(),
     ]);
     t.row(vec![
         "bench peak memory (VmHWM: agents, engines, its watch)".into(),
